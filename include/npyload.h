@@ -1,0 +1,474 @@
+/*
+ * npyload — stream NPY arrays from disk into reused (pinned) host buffers and
+ * onto the GPU, in batches, in a deterministic order.
+ *
+ * This header is the whole public interface. It carries no CUDA, liburing or
+ * zstd types: streams are `void *` (a cudaStream_t), so host-only users need
+ * neither CUDA headers nor CUDA libraries.
+ *
+ * Conventions
+ *  - Functions return int: 0 (or a count) on success, a negative code on
+ *    failure. OS failures are -errno; library failures are the NPYLOAD_E*
+ *    codes below. npyload_strerror() turns any of them into words, and
+ *    npyload_loader_errmsg() gives the detail of the last failure on a loader
+ *    (which file, which offset, what was expected).
+ *  - errno is never used as an output.
+ *  - Objects are opaque handles in create/destroy pairs; destroy accepts NULL.
+ *  - There is no global state: two loaders in one process share nothing.
+ */
+#ifndef NPYLOAD_H
+#define NPYLOAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NPYLOAD_VERSION_MAJOR 0
+#define NPYLOAD_VERSION_MINOR 1
+#define NPYLOAD_VERSION_PATCH 0
+#define NPYLOAD_VERSION_STRING "0.1.0"
+
+#if defined(_WIN32)
+#define NPYLOAD_API
+#else
+#define NPYLOAD_API __attribute__((visibility("default")))
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                     */
+/* ------------------------------------------------------------------------ */
+
+/*! NPYLOAD_ERROR_MAP: the one table of library error codes. It generates the
+ * enum below and the messages of npyload_strerror(). Codes are negative and
+ * far below any -errno value. */
+#define NPYLOAD_ERROR_MAP(XX)                                                  \
+    XX(INVAL, -10001, "invalid argument")                                     \
+    XX(FORMAT, -10002, "malformed NPY file")                                  \
+    XX(UNSUPPORTED, -10003, "unsupported NPY content")                        \
+    XX(TRUNCATED, -10004, "file shorter than its header says")                \
+    XX(MISMATCH, -10005, "fields or files disagree")                          \
+    XX(STATE, -10006, "operation not allowed in the loader's current state")  \
+    XX(NOFILES, -10007, "no files matched")                                   \
+    XX(TOOBIG, -10008, "size over a documented limit")                        \
+    XX(NOCUDA, -10009, "CUDA is not usable here")                             \
+    XX(CUDA, -10010, "CUDA runtime call failed")                              \
+    XX(NOURING, -10011, "io_uring is not usable here")                        \
+    XX(CHANGED, -10012, "file changed after the loader started")
+
+typedef enum npyload_error {
+#define NPYLOAD_XX_ENUM(name, code, msg) NPYLOAD_E##name = (code),
+    NPYLOAD_ERROR_MAP(NPYLOAD_XX_ENUM)
+#undef NPYLOAD_XX_ENUM
+} npyload_error;
+
+/*! NPYLOAD_EOF: npyload_loader_next() returns it (a positive value) when the
+ * epoch has no more batches for this rank. */
+#define NPYLOAD_EOF 1
+
+/*! npyload_strerror() :
+ * @return : a static string describing `err`, which may be 0, NPYLOAD_EOF,
+ *           a -errno value or an NPYLOAD_E* code. Never NULL. Thread-safe. */
+NPYLOAD_API const char *npyload_strerror(int err);
+
+/*! npyload_version_string() : the library's version, "major.minor.patch". */
+NPYLOAD_API const char *npyload_version_string(void);
+
+/* ------------------------------------------------------------------------ */
+/* NPY headers                                                                */
+/* ------------------------------------------------------------------------ */
+
+/*! Limits. A header longer than NPYLOAD_MAX_HEADER_LEN bytes or an array of
+ * more than NPYLOAD_MAX_DIMS dimensions is refused (NPYLOAD_ETOOBIG). numpy
+ * itself writes headers far shorter than this limit. */
+#define NPYLOAD_MAX_DIMS 32
+#define NPYLOAD_MAX_HEADER_LEN (1u << 20)
+#define NPYLOAD_DESCR_LEN 8
+
+/*! npyload_header: the facts of one NPY file's header. */
+typedef struct npyload_header {
+    int major_version;          /* 1, 2 or 3 */
+    int minor_version;          /* 0 */
+    char descr[NPYLOAD_DESCR_LEN]; /* normalised: "<f4", "|b1", ">i8"...; '='
+                                   is resolved to the host's byte order and
+                                   one-byte types always use '|' */
+    char kind;                  /* 'b' bool, 'i', 'u', 'f', 'c' */
+    char byteorder;             /* '<', '>' or '|' */
+    size_t itemsize;            /* bytes per element */
+    int fortran_order;          /* 0 or 1 */
+    int ndim;                   /* 0 for a 0-d array */
+    int64_t shape[NPYLOAD_MAX_DIMS];
+    uint64_t header_len;        /* length of the header dict text, padding in */
+    uint64_t data_offset;       /* where the data starts in the file */
+    uint64_t data_bytes;        /* product(shape) * itemsize */
+    uint64_t file_bytes;        /* size of the whole file (0 if unknown) */
+} npyload_header;
+
+/*! npyload_parse_header() :
+ * Parses an NPY header held in memory: `buf` holds the first `len` bytes of
+ * a file whose total size is `file_size` (pass UINT64_MAX when unknown, then
+ * the data length is not checked). The header dict is parsed as the
+ * restricted Python literal it is, never evaluated.
+ * `name` names the input in messages (a path, or NULL for "<memory>").
+ * @return : 0 on success;
+ *           NPYLOAD_EFORMAT / EUNSUPPORTED / ETRUNCATED / ETOOBIG / EINVAL
+ *           with a message "name: problem" written to `err` (NUL-terminated,
+ *           truncated to `errlen`; `err` may be NULL);
+ *           -EAGAIN-free: when `len` is too short to hold the header that the
+ *           preamble announces, returns NPYLOAD_ETRUNCATED and sets
+ *           out->header_len so a caller may read more and retry.
+ * Thread-safe; touches no global state. */
+NPYLOAD_API int npyload_parse_header(const void *buf, size_t len,
+                                     uint64_t file_size, const char *name,
+                                     npyload_header *out, char *err,
+                                     size_t errlen);
+
+/*! npyload_read_header() :
+ * Opens `path`, reads only the header bytes it needs, and parses them
+ * (npyload_parse_header with the file's real size).
+ * @return : 0, a -errno for OS failures, or a parse error; `err` as above. */
+NPYLOAD_API int npyload_read_header(const char *path, npyload_header *out,
+                                    char *err, size_t errlen);
+
+/*! npyload_format_header() :
+ * Writes a version 1.0 NPY preamble and header (version 2.0 if the dict does
+ * not fit 65535 bytes) for `descr` (e.g. "<f4"), `fortran_order`, and the
+ * `ndim` dimensions of `shape` into `buf` of capacity `cap`. The total length
+ * is padded to a multiple of 64 bytes, as numpy does.
+ * @return : the number of bytes written (> 0), or NPYLOAD_EINVAL /
+ *           NPYLOAD_ETOOBIG when `cap` is too small or arguments are bad. */
+NPYLOAD_API int npyload_format_header(void *buf, size_t cap, const char *descr,
+                                      int fortran_order, int ndim,
+                                      const int64_t *shape);
+
+/* ------------------------------------------------------------------------ */
+/* Loader                                                                     */
+/* ------------------------------------------------------------------------ */
+
+typedef struct npyload_loader npyload_loader;
+typedef struct npyload_batch npyload_batch;
+
+/*! I/O backends (NPYLOAD_OPT_IO_BACKEND). AUTO probes io_uring once at start
+ * (containers and seccomp profiles often refuse it) and falls back to PREAD;
+ * npyload_loader_backend() says which one is active. */
+typedef enum npyload_io_backend {
+    NPYLOAD_IO_AUTO = 0,
+    NPYLOAD_IO_URING = 1,
+    NPYLOAD_IO_PREAD = 2,
+    NPYLOAD_IO_MMAP = 3
+} npyload_io_backend;
+
+/*! Shuffle modes (NPYLOAD_OPT_SHUFFLE).
+ *  NONE   : identity order.
+ *  FULL   : a uniform permutation of all N samples per epoch.
+ *  LOCAL  : locality-preserving, for disk-bound data: the files of the first
+ *           field are permuted, then taken in windows of
+ *           NPYLOAD_OPT_SHUFFLE_WINDOW files, and samples are permuted within
+ *           each window. Reads stay within a few files at a time. */
+typedef enum npyload_shuffle {
+    NPYLOAD_SHUFFLE_NONE = 0,
+    NPYLOAD_SHUFFLE_FULL = 1,
+    NPYLOAD_SHUFFLE_LOCAL = 2
+} npyload_shuffle;
+
+/*! Options for npyload_loader_set(). 0 means "default" where a default is
+ * documented. All options must be set before npyload_loader_start(); setting
+ * one afterwards fails with NPYLOAD_ESTATE. */
+typedef enum npyload_option {
+    NPYLOAD_OPT_BATCH_SIZE = 1,   /* samples per batch, >= 1; default 1 */
+    NPYLOAD_OPT_NUM_WORKERS = 2,  /* worker threads, >= 1; 0 = default 2 */
+    NPYLOAD_OPT_PREFETCH = 3,     /* batch slots, >= 1; 0 = default 2 x workers.
+                                     Memory is PREFETCH x batch bytes. */
+    NPYLOAD_OPT_SHUFFLE = 4,      /* npyload_shuffle; default NONE */
+    NPYLOAD_OPT_SEED = 5,         /* any int64; default 0 */
+    NPYLOAD_OPT_DROP_LAST = 6,    /* 0/1: see "Order semantics" below */
+    NPYLOAD_OPT_RANK = 7,         /* 0 <= rank < world_size; default 0 */
+    NPYLOAD_OPT_WORLD_SIZE = 8,   /* >= 1; default 1 */
+    NPYLOAD_OPT_IO_BACKEND = 9,   /* npyload_io_backend; default AUTO */
+    NPYLOAD_OPT_DEVICE = 10,      /* -1 = host memory (default), k >= 0 = CUDA
+                                     device k */
+    NPYLOAD_OPT_DIRECT_IO = 11,   /* 0/1: O_DIRECT reads (bypass the page
+                                     cache); unaligned data offsets handled by
+                                     aligned over-reads. Default 0. */
+    NPYLOAD_OPT_SHUFFLE_WINDOW = 12, /* files per window in LOCAL shuffle;
+                                        0 = default 8 */
+    NPYLOAD_OPT_QUEUE_DEPTH = 13, /* reads in flight per worker (io_uring);
+                                     0 = default 32 */
+    NPYLOAD_OPT_PIN_MEMORY = 14   /* -1 auto (pin when CUDA is usable,
+                                     default), 0 never, 1 require */
+} npyload_option;
+
+/*! Order semantics (identical in C and Python).
+ * Per epoch the loader forms a sequence of all N sample indices: identity, or
+ * a permutation that is a pure function of (seed, epoch) — the same for every
+ * backend, worker count and prefetch depth. The generator is documented in
+ * lib/order (SplitMix64-seeded xoshiro256**, Lemire's bounded draws,
+ * Fisher–Yates), so any language can reproduce it.
+ * Ranks split the sequence like torch.utils.data.DistributedSampler:
+ *  - drop_last = 0: the sequence is padded by repeating its head until its
+ *    length is a multiple of world_size, then rank r takes positions
+ *    r, r + W, r + 2W, ...; every rank gets ceil(N / W) samples. Ranks are
+ *    disjoint except for those (at most W - 1) padded repeats. The last batch
+ *    of a rank may be short.
+ *  - drop_last = 1: the tail is dropped so the length is a multiple of W
+ *    (each rank gets floor(N / W) samples), and the final incomplete batch of
+ *    each rank is dropped too.
+ * Every rank therefore gets the same number of batches. */
+
+/*! npyload_loader_create() :
+ * @return : 0 and a new loader in *out, or -ENOMEM / NPYLOAD_EINVAL. */
+NPYLOAD_API int npyload_loader_create(npyload_loader **out);
+
+/*! npyload_loader_destroy() :
+ * Stops the workers, waits for reads and copies in flight, frees every slot.
+ * NULL-safe. Safe mid-epoch with workers busy. Batches still held by the
+ * caller stay valid until they are released: the loader's memory lives until
+ * its last batch is released (npyload_batch_release() then frees it).
+ * Must not race with other calls on the same loader. */
+NPYLOAD_API void npyload_loader_destroy(npyload_loader *L);
+
+/*! npyload_loader_add_field() :
+ * Adds a field named `name` whose files are those matching `glob`, sorted
+ * lexicographically (byte order). Headers are read at start.
+ * @return : 0, NPYLOAD_ENOFILES if nothing matches, NPYLOAD_EINVAL for a bad
+ *           or duplicate name, NPYLOAD_ESTATE after start. */
+NPYLOAD_API int npyload_loader_add_field(npyload_loader *L, const char *name,
+                                         const char *glob);
+
+/*! npyload_loader_add_field_files() : the same with an explicit ordered list
+ * of `n` paths (copied). */
+NPYLOAD_API int npyload_loader_add_field_files(npyload_loader *L,
+                                               const char *name,
+                                               const char *const *paths,
+                                               size_t n);
+
+/*! npyload_loader_set() : sets option `opt` (see npyload_option).
+ * @return : 0, NPYLOAD_EINVAL for a value out of range (the message names the
+ *           option and the accepted range), NPYLOAD_ESTATE after start,
+ *           NPYLOAD_ENOCUDA when a CUDA device is asked for and CUDA is not
+ *           usable (the message says why: no runtime library, no driver,
+ *           no device, index out of range). */
+NPYLOAD_API int npyload_loader_set(npyload_loader *L, npyload_option opt,
+                                   int64_t value);
+
+/*! npyload_loader_get() : reads back an option's effective value (after start,
+ * defaults are resolved). @return : 0 or NPYLOAD_EINVAL. */
+NPYLOAD_API int npyload_loader_get(const npyload_loader *L, npyload_option opt,
+                                   int64_t *value);
+
+/*! npyload_loader_start() :
+ * Reads every header, validates the fields (per-sample shape and dtype agree
+ * within a field, totals agree across fields; every mismatch names the file
+ * and both values), chooses the io backend, allocates PREFETCH slots once,
+ * starts the workers and begins epoch 0 (or the epoch given by
+ * npyload_loader_set_epoch / npyload_loader_set_state before start).
+ * Fortran-ordered data with more than one dimension is refused. Big-endian
+ * data is delivered byte for byte with its descr (">f4"); it is not swapped.
+ * @return : 0 or an error (details in npyload_loader_errmsg). */
+NPYLOAD_API int npyload_loader_start(npyload_loader *L);
+
+/*! npyload_loader_set_epoch() :
+ * Selects the epoch whose order the loader produces. Before start it sets the
+ * first epoch; after start it abandons what is left of the current epoch
+ * (reads in flight finish and are discarded; batches the caller holds stay
+ * valid) and begins `epoch` from its first batch.
+ * @return : 0 or NPYLOAD_ESTATE if the loader has failed. */
+NPYLOAD_API int npyload_loader_set_epoch(npyload_loader *L, uint64_t epoch);
+
+/*! npyload_loader_num_batches() : batches per epoch for this rank, or a
+ * negative error if the fields are not yet known (before start). */
+NPYLOAD_API int64_t npyload_loader_num_batches(const npyload_loader *L);
+
+/*! npyload_loader_num_samples() : N, the samples in every field (after
+ * start), or a negative error. */
+NPYLOAD_API int64_t npyload_loader_num_samples(const npyload_loader *L);
+
+/*! npyload_loader_next() :
+ * Hands out the next batch of the epoch, strictly in order, blocking (without
+ * spinning) until it is ready. With a CUDA device the batch's arrays are
+ * device pointers; the copy may still be in flight: call
+ * npyload_batch_wait_stream() (or npyload_batch_sync()) before using them.
+ * @return : 0 with *out set; NPYLOAD_EOF at the end of the epoch (call
+ *           set_epoch to go on); a negative error (a failed read names the
+ *           file and offset in npyload_loader_errmsg). After an error the
+ *           loader stays failed until set_epoch/set_state succeed.
+ * Only one thread may call next() at a time. */
+NPYLOAD_API int npyload_loader_next(npyload_loader *L, npyload_batch **out);
+
+/*! npyload_loader_next_timeout() : as next(), but gives up after
+ * `timeout_ns` nanoseconds with -ETIMEDOUT (used to stay responsive to
+ * signals in bindings). A negative timeout waits forever. */
+NPYLOAD_API int npyload_loader_next_timeout(npyload_loader *L,
+                                            npyload_batch **out,
+                                            int64_t timeout_ns);
+
+/*! npyload_loader_errmsg() : the last error on `L` in words (which file,
+ * which offset, what was expected), or "" if none. Valid until the next call
+ * on `L`. NULL-safe. */
+NPYLOAD_API const char *npyload_loader_errmsg(const npyload_loader *L);
+
+/*! npyload_loader_backend() : the active io backend (after start), or
+ * NPYLOAD_IO_AUTO before. npyload_backend_name() gives its name. */
+NPYLOAD_API npyload_io_backend npyload_loader_backend(const npyload_loader *L);
+NPYLOAD_API const char *npyload_backend_name(npyload_io_backend b);
+
+/*! npyload_loader_num_fields() and npyload_loader_field_name() : the fields in
+ * the order they were added. */
+NPYLOAD_API size_t npyload_loader_num_fields(const npyload_loader *L);
+NPYLOAD_API const char *npyload_loader_field_name(const npyload_loader *L,
+                                                  size_t i);
+
+/* ---- Batches ---- */
+
+/*! npyload_array: one field of a batch. C-contiguous; shape[0] is the number
+ * of rows of the batch, shape[1..] the per-sample shape. */
+typedef struct npyload_array {
+    void *data;                   /* host or device pointer */
+    int ndim;                     /* 1 + per-sample ndim */
+    int64_t shape[NPYLOAD_MAX_DIMS];
+    char descr[NPYLOAD_DESCR_LEN]; /* numpy dtype string, e.g. "<f4" */
+    size_t itemsize;
+    size_t nbytes;                /* shape product x itemsize */
+    int device;                   /* -1 host, k >= 0 CUDA device k */
+} npyload_array;
+
+/*! npyload_batch_size() : rows (samples) in the batch. */
+NPYLOAD_API size_t npyload_batch_size(const npyload_batch *b);
+
+/*! npyload_batch_indices() : the global sample index of each row. */
+NPYLOAD_API const int64_t *npyload_batch_indices(const npyload_batch *b);
+
+/*! npyload_batch_num_fields(), npyload_batch_field() : the fields in the
+ * order they were added; NULL for an index out of range. */
+NPYLOAD_API size_t npyload_batch_num_fields(const npyload_batch *b);
+NPYLOAD_API const npyload_array *npyload_batch_field(const npyload_batch *b,
+                                                     size_t i);
+
+/*! npyload_batch_epoch(), npyload_batch_seq() : the epoch and the batch's
+ * position within this rank's epoch (0, 1, ...). */
+NPYLOAD_API uint64_t npyload_batch_epoch(const npyload_batch *b);
+NPYLOAD_API int64_t npyload_batch_seq(const npyload_batch *b);
+
+/*! npyload_batch_wait_stream() :
+ * Makes the CUDA stream `stream` (a cudaStream_t; NULL is the legacy default
+ * stream) wait for the batch's host-to-device copy, without blocking the
+ * host (cudaStreamWaitEvent). No-op for host batches.
+ * @return : 0 or NPYLOAD_ECUDA. */
+NPYLOAD_API int npyload_batch_wait_stream(npyload_batch *b, void *stream);
+
+/*! npyload_batch_sync() : blocks the host until the batch's copy is done.
+ * No-op for host batches. @return : 0 or NPYLOAD_ECUDA. */
+NPYLOAD_API int npyload_batch_sync(npyload_batch *b);
+
+/*! npyload_batch_release() :
+ * Gives the batch's slot back to the loader. For device batches the slot may
+ * be overwritten as soon as the copy engine reaches it, so all work reading
+ * the batch must have finished — use npyload_batch_release_stream() to
+ * release without waiting on the host. NULL-safe. Thread-safe with respect
+ * to next() on the same loader; each batch is released exactly once. If the
+ * loader was destroyed, the last release frees its memory. */
+NPYLOAD_API void npyload_batch_release(npyload_batch *b);
+
+/*! npyload_batch_release_stream() :
+ * Releases the batch once the work queued on `stream` before this call has
+ * finished: an event is recorded on `stream` now, and the slot's next copy is
+ * ordered after that event (on the device, no host wait). The stream must
+ * stay valid until the event completes. For host batches this is
+ * npyload_batch_release(). */
+NPYLOAD_API void npyload_batch_release_stream(npyload_batch *b, void *stream);
+
+/* ---- Resume ---- */
+
+/*! npyload_state: the loader's position. Small, plain data: save it with
+ * your checkpoint. `consumed` counts samples of this rank handed out in
+ * `epoch` (a multiple of batch_size except at the epoch's end). */
+typedef struct npyload_state {
+    uint64_t version;     /* NPYLOAD_STATE_VERSION */
+    int64_t seed;
+    uint64_t epoch;
+    uint64_t consumed;
+    int64_t num_samples;  /* N, checked on restore */
+    int64_t batch_size;   /* checked on restore */
+    int64_t world_size;   /* checked on restore */
+    int64_t rank;
+    int64_t shuffle;
+    int64_t drop_last;
+} npyload_state;
+#define NPYLOAD_STATE_VERSION 1
+
+/*! npyload_loader_get_state() : the position after the last batch handed
+ * out. @return : 0 or NPYLOAD_ESTATE before start. */
+NPYLOAD_API int npyload_loader_get_state(const npyload_loader *L,
+                                         npyload_state *out);
+
+/*! npyload_loader_set_state() :
+ * Restores a position: the loader then yields exactly the batches the saved
+ * one would have yielded next, whatever its num_workers, prefetch or
+ * backend. Before start the check against N happens at start. seed, shuffle
+ * and drop_last are taken from the state; batch_size, world_size and N must
+ * match (NPYLOAD_EMISMATCH otherwise). */
+NPYLOAD_API int npyload_loader_set_state(npyload_loader *L,
+                                         const npyload_state *st);
+
+/* ---- Stats ---- */
+
+typedef struct npyload_stats {
+    uint64_t bytes_read;        /* bytes landed in slots by the workers */
+    uint64_t batches_delivered; /* batches handed out by next() */
+    uint64_t samples_delivered;
+    uint64_t wait_ns;           /* time the consumer waited inside next() */
+    uint64_t io_ns;             /* worker time spent in reads, summed */
+    uint64_t h2d_bytes;         /* bytes copied to the device */
+    uint64_t h2d_ns;            /* copy time measured by CUDA events, summed */
+    int backend;                /* npyload_io_backend in use */
+    int pinned;                 /* 1 when slots are page-locked */
+    int direct_io;              /* 1 when O_DIRECT is in use */
+    int device;                 /* -1 host, or the CUDA device */
+    uint64_t slot_bytes;        /* host bytes per slot */
+    uint64_t num_slots;
+} npyload_stats;
+
+/*! npyload_loader_get_stats() : counters since start (reading them is
+ * cheap and thread-safe). @return : 0 or NPYLOAD_EINVAL. */
+NPYLOAD_API int npyload_loader_get_stats(const npyload_loader *L,
+                                         npyload_stats *out);
+
+/* ---- Order, without a loader ---- */
+
+/*! npyload_order_indices() :
+ * Writes the sample indices that `rank` of `world_size` gets in `epoch` for
+ * N samples (the exact sequence a loader with these options yields, batches
+ * concatenated) into `out`, which holds `cap` entries. `file_sizes` (the
+ * sample counts of the first field's files, `nfiles` of them) is needed for
+ * NPYLOAD_SHUFFLE_LOCAL only; pass NULL otherwise.
+ * @return : the number of indices (may exceed cap: then only cap written),
+ *           or a negative error. */
+NPYLOAD_API int64_t npyload_order_indices(int64_t n, int shuffle, int64_t seed,
+                                          uint64_t epoch, int64_t rank,
+                                          int64_t world_size, int drop_last,
+                                          int64_t batch_size,
+                                          const int64_t *file_sizes,
+                                          size_t nfiles, int64_t window,
+                                          int64_t *out, size_t cap);
+
+/* ---- CUDA helpers (no CUDA types) ---- */
+
+/*! npyload_cuda_available() : 1 if the CUDA runtime loads and at least
+ * `device`+1 devices exist, else 0; when 0 and `why` is not NULL, a reason
+ * is written to it. The runtime is loaded at run time (dlopen), so host-only
+ * programs never need CUDA libraries. */
+NPYLOAD_API int npyload_cuda_available(int device, char *why, size_t whylen);
+
+/*! npyload_cuda_h2d_bandwidth() : measures pinned host-to-device
+ * cudaMemcpyAsync bandwidth on `device` with `bytes` per copy, `iters`
+ * copies, on a non-blocking stream; writes GB/s (1e9 bytes/s) to *gbps.
+ * @return : 0, NPYLOAD_ENOCUDA or NPYLOAD_ECUDA. */
+NPYLOAD_API int npyload_cuda_h2d_bandwidth(int device, size_t bytes, int iters,
+                                           double *gbps);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NPYLOAD_H */

@@ -1,0 +1,40 @@
+/* Internal helpers shared by every module of lib/. Depends on nothing but
+ * libc and the public header. Symbols are prefixed npyl_ and hidden. */
+#ifndef NPYLOAD_COMMON_H
+#define NPYLOAD_COMMON_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "npyload.h"
+
+#define NPYL_HIDDEN __attribute__((visibility("hidden")))
+#define NPYL_PRINTF(f, a) __attribute__((format(printf, f, a)))
+
+/* Writes a formatted message into err[errlen] (NULL-safe, always
+ * NUL-terminated) and returns `code`, so error paths read
+ * `return npyl_fail(err, errlen, NPYLOAD_EFORMAT, "%s: ...", path);`. */
+NPYL_HIDDEN int npyl_fail(char *err, size_t errlen, int code, const char *fmt,
+                          ...) NPYL_PRINTF(4, 5);
+
+/* Monotonic clock in nanoseconds. */
+NPYL_HIDDEN uint64_t npyl_now_ns(void);
+
+/* Page-aligned allocation of at least `size` bytes (NULL on failure), and its
+ * release. Memory is not zeroed. */
+NPYL_HIDDEN void *npyl_alloc_aligned(size_t size, size_t align);
+NPYL_HIDDEN void npyl_free_aligned(void *p);
+
+/* a * b and a + b with overflow detection: return 0 and store the result, or
+ * -1 on overflow. */
+NPYL_HIDDEN int npyl_mul_u64(uint64_t a, uint64_t b, uint64_t *out);
+NPYL_HIDDEN int npyl_add_u64(uint64_t a, uint64_t b, uint64_t *out);
+
+/* Expands a glob into a sorted (byte order, strcmp) list of paths. On success
+ * *paths holds *n malloc'd strings in one malloc'd array (npyl_free_paths).
+ * Returns 0, NPYLOAD_ENOFILES or -errno. */
+NPYL_HIDDEN int npyl_glob_sorted(const char *pattern, char ***paths, size_t *n);
+NPYL_HIDDEN void npyl_free_paths(char **paths, size_t n);
+
+#endif

@@ -1,0 +1,77 @@
+/* Read backends behind one interface: io_uring, pread, mmap. Depends on
+ * lib/common only. One npyl_io context per worker thread; contexts share
+ * nothing, so no locking happens on the read path.
+ *
+ * A context reads a list of requests, each a run of bytes of one file that
+ * lands directly at its destination, and returns when all are complete or
+ * one failed. Files are identified by index into the table given at
+ * creation; the context opens them lazily (and keeps a small LRU of open
+ * descriptors / mappings, so 10,000+ files never exhaust RLIMIT_NOFILE) and
+ * checks on open that the file is still the one validated at start (same
+ * device, inode, size and mtime), failing with NPYLOAD_ECHANGED otherwise.
+ */
+#ifndef NPYLOAD_IO_H
+#define NPYLOAD_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/npyload_common.h"
+
+typedef struct npyl_file_info {
+    const char *path;
+    uint64_t size;       /* st_size at start */
+    uint64_t dev, ino;   /* identity at start */
+    int64_t mtime_ns;
+} npyl_file_info;
+
+typedef struct npyl_io_req {
+    uint32_t file;       /* index into the file table */
+    uint64_t offset;     /* absolute byte offset in the file */
+    uint64_t len;        /* bytes, > 0 */
+    void *dst;           /* where they land */
+} npyl_io_req;
+
+typedef struct npyl_io_config {
+    int backend;               /* NPYLOAD_IO_URING, _PREAD or _MMAP (not AUTO) */
+    int direct;                /* O_DIRECT (URING and PREAD only) */
+    unsigned queue_depth;      /* reads in flight (URING); >= 1 */
+    unsigned max_open;         /* LRU capacity of open files; >= 1 */
+    const npyl_file_info *files;
+    size_t nfiles;
+} npyl_io_config;
+
+typedef struct npyl_io npyl_io;
+
+/* O_DIRECT alignment used for offsets, lengths and memory addresses. */
+#define NPYL_DIRECT_ALIGN 4096u
+
+/* Creates a per-worker context. Returns 0, NPYLOAD_ENOURING (io_uring refused:
+ * the message says what the kernel answered), -ENOMEM or NPYLOAD_EINVAL. */
+NPYL_HIDDEN int npyl_io_create(npyl_io **out, const npyl_io_config *cfg,
+                               char *err, size_t errlen);
+
+/* Performs all n requests; blocks until every one is complete. Short reads
+ * are continued; a read that hits end-of-file early fails with
+ * NPYLOAD_ETRUNCATED. On failure returns the code (-errno, NPYLOAD_ETRUNCATED,
+ * NPYLOAD_ECHANGED), stores the failing request's index in *bad and writes
+ * "PATH: what happened at offset X (N bytes)" to err. With direct I/O the
+ * part of each request that is 4096-aligned in both file offset and memory is
+ * read with O_DIRECT straight into dst; the unaligned head and tail (< 4 KiB
+ * each) go through the page cache. *bytes_read (if not NULL) accumulates the
+ * bytes that landed. */
+NPYL_HIDDEN int npyl_io_read(npyl_io *io, const npyl_io_req *reqs, size_t n,
+                             size_t *bad, uint64_t *bytes_read, char *err,
+                             size_t errlen);
+
+/* Closes every descriptor and mapping; frees the context. NULL-safe. */
+NPYL_HIDDEN void npyl_io_destroy(npyl_io *io);
+
+/* Probes whether io_uring can be set up here (a tiny ring, then torn down).
+ * Returns 1 if usable, 0 if not (and writes why), never fails otherwise. */
+NPYL_HIDDEN int npyl_io_uring_usable(char *why, size_t whylen);
+
+/* Fills info for `path` from stat(2); returns 0 or -errno. */
+NPYL_HIDDEN int npyl_io_stat(const char *path, npyl_file_info *info);
+
+#endif
