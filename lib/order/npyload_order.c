@@ -1,1 +1,342 @@
-/* placeholder: being written */
+/* Sample order: the per-epoch permutation (SplitMix64-seeded xoshiro256**,
+ * Lemire's bounded draws, Fisher–Yates) and the DistributedSampler-style
+ * split across ranks. The algorithm is specified bit for bit in
+ * npyload_order.h; this file must stay in step with that text (the Python
+ * test reimplements it from the text alone). */
+#include "npyload_order.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- generator ---------------------------------------------------------- */
+
+#define NPYL_GOLDEN 0x9E3779B97F4A7C15ull
+
+typedef struct npyl_rng {
+    uint64_t s[4];
+} npyl_rng;
+
+static inline uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t splitmix64(uint64_t *x)
+{
+    *x += NPYL_GOLDEN;
+    return mix64(*x);
+}
+
+static inline uint64_t rotl64(uint64_t v, int k)
+{
+    return (v << k) | (v >> (64 - k));
+}
+
+static void rng_init(npyl_rng *g, int64_t seed, uint64_t epoch)
+{
+    uint64_t x = (uint64_t)seed;
+    uint64_t k = splitmix64(&x);
+    x = k ^ epoch;
+    for (int i = 0; i < 4; i++)
+        g->s[i] = splitmix64(&x);
+}
+
+static inline uint64_t rng_next(npyl_rng *g)
+{
+    uint64_t *s = g->s;
+    uint64_t r = rotl64(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl64(s[3], 45);
+    return r;
+}
+
+/* 64x64 -> 128-bit product, high and low halves. */
+static inline uint64_t mul_hilo(uint64_t a, uint64_t b, uint64_t *lo)
+{
+#if defined(__SIZEOF_INT128__)
+    unsigned __int128 m = (unsigned __int128)a * b;
+    *lo = (uint64_t)m;
+    return (uint64_t)(m >> 64);
+#else
+    uint64_t a0 = (uint32_t)a, a1 = a >> 32, b0 = (uint32_t)b, b1 = b >> 32;
+    uint64_t p00 = a0 * b0, p01 = a0 * b1, p10 = a1 * b0, p11 = a1 * b1;
+    uint64_t mid = (p00 >> 32) + (uint32_t)p01 + (uint32_t)p10;
+    *lo = (mid << 32) | (uint32_t)p00;
+    return p11 + (p01 >> 32) + (p10 >> 32) + (mid >> 32);
+#endif
+}
+
+/* Uniform in [0, bound), bound >= 1: Lemire's multiply-shift with rejection;
+ * the division only happens on the rare path where rejection is possible. */
+static inline uint64_t rng_bounded(npyl_rng *g, uint64_t bound)
+{
+    uint64_t lo;
+    uint64_t hi = mul_hilo(rng_next(g), bound, &lo);
+    if (lo < bound) {
+        uint64_t thr = (0 - bound) % bound;
+        while (lo < thr)
+            hi = mul_hilo(rng_next(g), bound, &lo);
+    }
+    return hi;
+}
+
+static void fisher_yates(npyl_rng *g, int64_t *a, size_t len)
+{
+    for (size_t i = len; i-- > 1;) {
+        size_t j = (size_t)rng_bounded(g, (uint64_t)i + 1);
+        int64_t t = a[i];
+        a[i] = a[j];
+        a[j] = t;
+    }
+}
+
+/* ---- parameters --------------------------------------------------------- */
+
+static int64_t window_of(const npyl_order_params *p)
+{
+    return p->window > 0 ? p->window : NPYL_ORDER_DEFAULT_WINDOW;
+}
+
+/* Checks what the permutation needs: n, shuffle and the LOCAL file list. */
+static int check_perm(const npyl_order_params *p, char *err, size_t errlen)
+{
+    if (!p)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL, "order: no parameters");
+    if (p->n < 0)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "order: %lld samples; n >= 0 expected",
+                         (long long)p->n);
+    /* Positions up to n + world_size must fit a size_t index and n entries
+     * of int64_t must be allocatable. */
+    if ((uint64_t)p->n > SIZE_MAX / (2 * sizeof(int64_t)))
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "order: %lld samples is over the limit",
+                         (long long)p->n);
+    switch (p->shuffle) {
+    case NPYLOAD_SHUFFLE_NONE:
+    case NPYLOAD_SHUFFLE_FULL:
+        return 0;
+    case NPYLOAD_SHUFFLE_LOCAL:
+        break;
+    default:
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "order: shuffle mode %d; NONE (0), FULL (1) or "
+                         "LOCAL (2) expected", p->shuffle);
+    }
+    if (p->nfiles > 0 && !p->file_sizes)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "order: LOCAL shuffle needs the file sizes");
+    uint64_t sum = 0;
+    for (size_t f = 0; f < p->nfiles; f++) {
+        if (p->file_sizes[f] < 0)
+            return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                             "order: file %zu holds %lld samples; >= 0 "
+                             "expected", f, (long long)p->file_sizes[f]);
+        sum += (uint64_t)p->file_sizes[f];
+        if (sum > (uint64_t)p->n)
+            break;
+    }
+    if (sum != (uint64_t)p->n)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "order: LOCAL shuffle: file sizes of %zu files sum "
+                         "to %s%llu; %lld samples expected", p->nfiles,
+                         sum > (uint64_t)p->n ? "more than " : "",
+                         (unsigned long long)sum, (long long)p->n);
+    return 0;
+}
+
+int npyl_order_check(const npyl_order_params *p, char *err, size_t errlen)
+{
+    int rc = check_perm(p, err, errlen);
+    if (rc)
+        return rc;
+    if (p->world_size < 1)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "order: world_size %lld; >= 1 expected",
+                         (long long)p->world_size);
+    if (p->world_size > INT64_MAX / 4 || (uint64_t)p->world_size > SIZE_MAX / 4)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "order: world_size %lld is over the limit",
+                         (long long)p->world_size);
+    if (p->rank < 0 || p->rank >= p->world_size)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "order: rank %lld; 0 <= rank < world_size (%lld) "
+                         "expected", (long long)p->rank,
+                         (long long)p->world_size);
+    if (p->drop_last != 0 && p->drop_last != 1)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "order: drop_last %d; 0 or 1 expected", p->drop_last);
+    if (p->batch_size < 1)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "order: batch_size %lld; >= 1 expected",
+                         (long long)p->batch_size);
+    return 0;
+}
+
+/* ---- sizes -------------------------------------------------------------- */
+
+int64_t npyl_order_rank_len(const npyl_order_params *p)
+{
+    int64_t q = p->n / p->world_size;
+    if (!p->drop_last && p->n % p->world_size)
+        q++;
+    return q;
+}
+
+int64_t npyl_order_num_batches(const npyl_order_params *p)
+{
+    int64_t len = npyl_order_rank_len(p);
+    int64_t nb = len / p->batch_size;
+    if (!p->drop_last && len % p->batch_size)
+        nb++;
+    return nb;
+}
+
+int64_t npyl_order_delivered_len(const npyl_order_params *p)
+{
+    int64_t len = npyl_order_rank_len(p);
+    if (p->drop_last)
+        return len - len % p->batch_size;
+    return len;
+}
+
+/* ---- permutation -------------------------------------------------------- */
+
+/* LOCAL: permute the files, then the samples within each window of files.
+ * Needs 2 * nfiles scratch entries (on the stack for small file lists). */
+static int perm_local(const npyl_order_params *p, npyl_rng *g, int64_t *out)
+{
+    size_t nf = p->nfiles;
+    size_t win = (size_t)window_of(p);
+    int64_t stackbuf[2 * 256];
+    int64_t *starts = stackbuf;
+    if (nf > 256) {
+        if (nf > SIZE_MAX / (2 * sizeof *starts))
+            return -ENOMEM;
+        starts = malloc(nf * 2 * sizeof *starts);
+        if (!starts)
+            return -ENOMEM;
+    }
+    int64_t *files = starts + nf;
+    int64_t acc = 0;
+    for (size_t f = 0; f < nf; f++) {
+        starts[f] = acc;
+        acc += p->file_sizes[f];
+        files[f] = (int64_t)f;
+    }
+    fisher_yates(g, files, nf);
+    size_t pos = 0;
+    for (size_t w0 = 0; w0 < nf; w0 += win) {
+        size_t w1 = nf - w0 > win ? w0 + win : nf;
+        size_t seg = pos;
+        for (size_t k = w0; k < w1; k++) {
+            int64_t f = files[k], base = starts[f];
+            for (int64_t s = 0; s < p->file_sizes[f]; s++)
+                out[pos++] = base + s;
+        }
+        fisher_yates(g, out + seg, pos - seg);
+    }
+    if (starts != stackbuf)
+        free(starts);
+    return 0;
+}
+
+int npyl_order_permutation(const npyl_order_params *p, int64_t *out)
+{
+    int rc = check_perm(p, NULL, 0);
+    if (rc)
+        return rc;
+    size_t n = (size_t)p->n;
+    if (p->shuffle == NPYLOAD_SHUFFLE_LOCAL) {
+        npyl_rng g;
+        rng_init(&g, p->seed, p->epoch);
+        return perm_local(p, &g, out);
+    }
+    for (size_t i = 0; i < n; i++)
+        out[i] = (int64_t)i;
+    if (p->shuffle == NPYLOAD_SHUFFLE_FULL) {
+        npyl_rng g;
+        rng_init(&g, p->seed, p->epoch);
+        fisher_yates(&g, out, n);
+    }
+    return 0;
+}
+
+/* ---- split across ranks ------------------------------------------------- */
+
+int npyl_order_build(const npyl_order_params *p, int64_t *out)
+{
+    int rc = npyl_order_check(p, NULL, 0);
+    if (rc)
+        return rc;
+    size_t n = (size_t)p->n;
+    size_t w = (size_t)p->world_size;
+    size_t len = (size_t)npyl_order_delivered_len(p);
+    if (len == 0)
+        return 0;
+    int64_t *perm = NULL;
+    if (p->shuffle != NPYLOAD_SHUFFLE_NONE) {
+        perm = malloc(n * sizeof *perm);
+        if (!perm)
+            return -ENOMEM;
+        rc = npyl_order_permutation(p, perm);
+        if (rc) {
+            free(perm);
+            return rc;
+        }
+    }
+    /* Position k of rank r is r + k*W in the padded sequence; positions past
+     * n wrap to the head (cyclic repeat, as DistributedSampler pads). len > 0
+     * implies n > 0, and positions stay below n + W, far from overflow. */
+    size_t pos = (size_t)p->rank;
+    for (size_t k = 0; k < len; k++, pos += w) {
+        size_t q = pos < n ? pos : (pos - n) % n;
+        out[k] = perm ? perm[q] : (int64_t)q;
+    }
+    free(perm);
+    return 0;
+}
+
+/* ---- public ------------------------------------------------------------- */
+
+int64_t npyload_order_indices(int64_t n, int shuffle, int64_t seed,
+                              uint64_t epoch, int64_t rank, int64_t world_size,
+                              int drop_last, int64_t batch_size,
+                              const int64_t *file_sizes, size_t nfiles,
+                              int64_t window, int64_t *out, size_t cap)
+{
+    npyl_order_params p = {
+        .n = n, .shuffle = shuffle, .seed = seed, .epoch = epoch,
+        .rank = rank, .world_size = world_size, .drop_last = drop_last,
+        .batch_size = batch_size, .file_sizes = file_sizes, .nfiles = nfiles,
+        .window = window,
+    };
+    int rc = npyl_order_check(&p, NULL, 0);
+    if (rc)
+        return rc;
+    if (cap > 0 && !out)
+        return NPYLOAD_EINVAL;
+    int64_t len = npyl_order_delivered_len(&p);
+    if (cap == 0 || len == 0)
+        return len;
+    if ((uint64_t)len <= cap) {
+        rc = npyl_order_build(&p, out);
+        return rc ? rc : len;
+    }
+    int64_t *tmp = malloc((size_t)len * sizeof *tmp);
+    if (!tmp)
+        return -ENOMEM;
+    rc = npyl_order_build(&p, tmp);
+    if (rc == 0)
+        memcpy(out, tmp, cap * sizeof *tmp);
+    free(tmp);
+    return rc ? rc : len;
+}
