@@ -1,1 +1,433 @@
-/* placeholder: being written */
+/* The hot path: where a batch is claimed and read (worker_main), where it is
+ * copied to the device (to_device), and where it is handed out (next) and
+ * given back (release). Locking rules are in npyload_loader_internal.h. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "npyload_loader_internal.h"
+
+/* ---- generations ---- */
+
+int npyl_pipeline_reset_locked(npyload_loader *L, uint64_t epoch, int64_t first_seq)
+{
+    L->op.epoch = epoch;
+    int rc = npyl_order_build(&L->op, L->seqbuf);
+    if (rc)
+        return rc;
+    L->gen++;
+    if (first_seq > L->nbatches)
+        first_seq = L->nbatches;
+    L->gen_first_seq = first_seq;
+    L->next_seq = first_seq;
+    L->claim_seq = first_seq;
+    L->dev_next_seq = first_seq;
+    L->failed = 0;
+    /* Batches of the old generation that are READY but not handed out are
+     * recycled now; those still being filled are recycled by their worker. */
+    for (size_t i = 0; i < L->nh; i++)
+        if (L->hslots[i].state == SLOT_READY)
+            L->hslots[i].state = SLOT_FREE;
+    for (size_t i = 0; i < L->nd; i++)
+        if (L->dslots[i].state == SLOT_READY)
+            L->dslots[i].state = SLOT_FREE;
+    pthread_cond_broadcast(&L->work_cv);
+    pthread_cond_broadcast(&L->dev_cv);
+    pthread_cond_broadcast(&L->ready_cv);
+    return 0;
+}
+
+/* ---- reading one batch ---- */
+
+/* The file of field f holding global sample s (binary search). */
+static const npyl_ffile *find_file(const npyl_field *f, int64_t s)
+{
+    size_t lo = 0, hi = f->npaths;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (f->files[mid].first <= s)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return &f->files[lo];
+}
+
+/* Turns the rows of slot s into read requests, one per run of consecutive
+ * samples of one file: a run lands in one read, straight into the slot. */
+static size_t plan_reads(const npyload_loader *L, const npyl_slot *s, npyl_io_req *reqs)
+{
+    size_t n = 0;
+    for (size_t fi = 0; fi < L->nfields; fi++) {
+        const npyl_field *f = &L->fields[fi];
+        uint8_t *base = s->mem + f->host_off;
+        for (size_t r = 0; r < s->rows;) {
+            int64_t first = s->indices[r];
+            const npyl_ffile *ff = find_file(f, first);
+            size_t run = 1;
+            while (r + run < s->rows && s->indices[r + run] == first + (int64_t)run &&
+                   first + (int64_t)run < ff->first + ff->count)
+                run++;
+            reqs[n].file = ff->io_index;
+            reqs[n].offset = ff->data_offset + (uint64_t)(first - ff->first) * f->row_bytes;
+            reqs[n].len = (uint64_t)run * f->row_bytes;
+            reqs[n].dst = base + (uint64_t)r * f->row_bytes;
+            n++;
+            r += run;
+        }
+    }
+    return n;
+}
+
+static void fill_arrays(const npyload_loader *L, npyl_slot *s, int device_slot)
+{
+    for (size_t fi = 0; fi < L->nfields; fi++) {
+        const npyl_field *f = &L->fields[fi];
+        npyload_array *a = &s->arrays[fi];
+        a->data = s->mem + (device_slot ? f->dev_off : f->host_off);
+        a->ndim = f->sndim + 1;
+        a->shape[0] = (int64_t)s->rows;
+        memcpy(a->shape + 1, f->sshape, sizeof(int64_t) * (size_t)f->sndim);
+        memcpy(a->descr, f->descr, sizeof a->descr);
+        a->itemsize = f->itemsize;
+        a->nbytes = (size_t)(s->rows * f->row_bytes);
+        a->device = device_slot ? L->device : -1;
+    }
+}
+
+/* Device mode: takes a device slot in seq order, queues the copy of host
+ * slot h on the worker's stream, publishes the device slot, then waits for
+ * the copy so h can be reused. Called and returns with mu held. */
+static void to_device(npyload_loader *L, npyl_worker *w, npyl_slot *h)
+{
+    npyl_slot *d = NULL;
+    for (;;) {
+        if (L->stopping || h->gen != L->gen) {
+            h->state = SLOT_FREE;
+            pthread_cond_broadcast(&L->work_cv);
+            return;
+        }
+        if (L->dev_next_seq == h->seq) {
+            for (size_t i = 0; i < L->nd && !d; i++)
+                if (L->dslots[i].state == SLOT_FREE)
+                    d = &L->dslots[i];
+            if (d)
+                break;
+        }
+        pthread_cond_wait(&L->dev_cv, &L->mu);
+    }
+    d->state = SLOT_FILLING;
+    d->gen = h->gen;
+    d->seq = h->seq;
+    d->epoch = h->epoch;
+    d->rows = h->rows;
+    memcpy(d->indices, h->indices, h->rows * sizeof *h->indices);
+    d->err = h->err;
+    if (h->err)
+        memcpy(d->errmsg, h->errmsg, NPYL_ERRMSG_LEN);
+    int wait_release = d->release_pending;
+    d->release_pending = 0;
+    L->dev_next_seq++;
+    pthread_cond_broadcast(&L->dev_cv);
+    pthread_mutex_unlock(&L->mu);
+
+    int rc = 0;
+    uint64_t bytes = 0;
+    if (!d->err) {
+        /* The consumer released this slot with an event on its stream: the
+         * copy must not start before the work queued there has finished.
+         * The event was recorded before release returned, and release
+         * happened before we found the slot FREE under mu, so waiting on it
+         * here orders the copy after that work. */
+        if (wait_release)
+            rc = npyl_cuda_stream_wait_event(L->cuda, w->stream, d->ev_release);
+        if (!rc)
+            rc = npyl_cuda_event_record(L->cuda, d->ev_start, w->stream);
+        for (size_t fi = 0; fi < L->nfields && !rc; fi++) {
+            const npyl_field *f = &L->fields[fi];
+            size_t n = (size_t)(h->rows * f->row_bytes);
+            rc = npyl_cuda_memcpy_h2d_async(L->cuda, d->mem + f->dev_off, h->mem + f->host_off,
+                                            n, w->stream);
+            bytes += n;
+        }
+        if (!rc)
+            rc = npyl_cuda_event_record(L->cuda, d->ev_done, w->stream);
+        if (rc) {
+            d->err = rc;
+            snprintf(d->errmsg, NPYL_ERRMSG_LEN, "CUDA device %d: queueing the copy of batch %"
+                     PRId64 " failed: %s", L->device, d->seq, npyl_cuda_errmsg(L->cuda));
+        }
+    }
+    fill_arrays(L, d, 1);
+    pthread_mutex_lock(&L->mu);
+    d->state = SLOT_READY;
+    pthread_cond_broadcast(&L->ready_cv);
+    pthread_mutex_unlock(&L->mu);
+
+    /* The host slot is free once the copy engine has read it. */
+    if (!d->err && !rc) {
+        if (npyl_cuda_event_sync(L->cuda, d->ev_done) == 0) {
+            float ms = 0;
+            if (npyl_cuda_event_elapsed_ms(L->cuda, &ms, d->ev_start, d->ev_done) == 0)
+                atomic_fetch_add(&L->st_h2d_ns, (uint64_t)(ms * 1e6));
+            atomic_fetch_add(&L->st_h2d_bytes, bytes);
+        }
+    }
+    pthread_mutex_lock(&L->mu);
+    h->state = SLOT_FREE;
+    pthread_cond_broadcast(&L->work_cv);
+}
+
+static void *worker_main(void *arg)
+{
+    npyl_worker *w = arg;
+    npyload_loader *L = w->L;
+    if (L->device >= 0)
+        npyl_cuda_bind_thread(L->cuda);
+    pthread_mutex_lock(&L->mu);
+    for (;;) {
+        npyl_slot *h = NULL;
+        while (!L->stopping) {
+            if (L->claim_seq < L->nbatches) {
+                for (size_t i = 0; i < L->nh && !h; i++)
+                    if (L->hslots[i].state == SLOT_FREE)
+                        h = &L->hslots[i];
+                if (h)
+                    break;
+            }
+            pthread_cond_wait(&L->work_cv, &L->mu);
+        }
+        if (L->stopping)
+            break;
+        /* Claim: copy the batch's indices now, under mu, so a later
+         * set_epoch may rebuild seqbuf while we read. */
+        int64_t seq = L->claim_seq++;
+        int64_t B = L->op.batch_size;
+        int64_t lo = seq * B, hi = lo + B < L->delivered ? lo + B : L->delivered;
+        h->state = SLOT_FILLING;
+        h->gen = L->gen;
+        h->seq = seq;
+        h->epoch = L->op.epoch;
+        h->rows = (size_t)(hi - lo);
+        h->err = 0;
+        memcpy(h->indices, L->seqbuf + lo, h->rows * sizeof *h->indices);
+        pthread_mutex_unlock(&L->mu);
+
+        size_t nreq = plan_reads(L, h, w->reqs), bad = 0;
+        uint64_t bytes = 0, t0 = npyl_now_ns();
+        int rc = npyl_io_read(w->io, w->reqs, nreq, &bad, &bytes, w->errmsg, sizeof w->errmsg);
+        atomic_fetch_add(&L->st_io_ns, npyl_now_ns() - t0);
+        atomic_fetch_add(&L->st_bytes, bytes);
+        if (rc) {
+            h->err = rc;
+            snprintf(h->errmsg, NPYL_ERRMSG_LEN, "batch %" PRId64 " of epoch %" PRIu64 ": %.900s",
+                     seq, L->op.epoch, w->errmsg);
+        }
+
+        pthread_mutex_lock(&L->mu);
+        if (h->gen != L->gen || L->stopping) {
+            h->state = SLOT_FREE; /* an abandoned generation: discard */
+            pthread_cond_broadcast(&L->work_cv);
+            continue;
+        }
+        if (L->device >= 0) {
+            to_device(L, w, h);
+            continue;
+        }
+        fill_arrays(L, h, 0);
+        h->state = SLOT_READY;
+        pthread_cond_broadcast(&L->ready_cv);
+    }
+    pthread_mutex_unlock(&L->mu);
+    return NULL;
+}
+
+int npyl_pipeline_start(npyload_loader *L)
+{
+    for (size_t i = 0; i < L->nworkers; i++) {
+        npyl_worker *w = &L->workers[i];
+        int rc = pthread_create(&w->thread, NULL, worker_main, w);
+        if (rc)
+            return npyl_loader_fail(L, -rc, "cannot start worker thread %zu: %s", i,
+                                    npyload_strerror(-rc));
+        w->started = 1;
+    }
+    return 0;
+}
+
+void npyl_pipeline_stop(npyload_loader *L)
+{
+    pthread_mutex_lock(&L->mu);
+    L->stopping = 1;
+    pthread_cond_broadcast(&L->work_cv);
+    pthread_cond_broadcast(&L->dev_cv);
+    pthread_cond_broadcast(&L->ready_cv);
+    pthread_mutex_unlock(&L->mu);
+    for (size_t i = 0; i < L->nworkers; i++) {
+        if (L->workers[i].started) {
+            pthread_join(L->workers[i].thread, NULL);
+            L->workers[i].started = 0;
+        }
+    }
+}
+
+/* ---- handing batches out ---- */
+
+static npyl_slot *find_ready(npyload_loader *L)
+{
+    npyl_slot *list = L->nd ? L->dslots : L->hslots;
+    size_t n = L->nd ? L->nd : L->nh;
+    for (size_t i = 0; i < n; i++)
+        if (list[i].state == SLOT_READY && list[i].gen == L->gen && list[i].seq == L->next_seq)
+            return &list[i];
+    return NULL;
+}
+
+int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t timeout_ns)
+{
+    if (!L || !out)
+        return NPYLOAD_EINVAL;
+    *out = NULL;
+    if (!L->started)
+        return npyl_loader_fail(L, NPYLOAD_ESTATE, "next() before start()");
+    uint64_t t0 = npyl_now_ns();
+    struct timespec deadline;
+    if (timeout_ns >= 0) {
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        uint64_t ns = (uint64_t)deadline.tv_nsec + (uint64_t)timeout_ns;
+        deadline.tv_sec += (time_t)(ns / 1000000000u);
+        deadline.tv_nsec = (long)(ns % 1000000000u);
+    }
+    int rc = 0;
+    npyl_slot *s = NULL;
+    pthread_mutex_lock(&L->mu);
+    for (;;) {
+        if (L->failed) {
+            rc = NPYLOAD_ESTATE;
+            snprintf(L->errmsg, sizeof L->errmsg, "the loader failed earlier; call set_epoch "
+                     "or set_state to go on");
+            break;
+        }
+        if (L->next_seq >= L->nbatches) {
+            rc = NPYLOAD_EOF;
+            break;
+        }
+        if ((s = find_ready(L)) != NULL)
+            break;
+        size_t nbatch_slots = L->nd ? L->nd : L->nh;
+        if (L->held >= nbatch_slots) {
+            /* Every slot is in the caller's hands: waiting would never end. */
+            rc = npyl_loader_fail(L, NPYLOAD_ESTATE, "all %zu batch slots are held by the "
+                                  "caller; release batches (or raise PREFETCH) before "
+                                  "asking for more", nbatch_slots);
+            break;
+        }
+        if (timeout_ns >= 0) {
+            if (pthread_cond_timedwait(&L->ready_cv, &L->mu, &deadline) == ETIMEDOUT &&
+                !find_ready(L)) {
+                rc = -ETIMEDOUT;
+                break;
+            }
+        } else {
+            pthread_cond_wait(&L->ready_cv, &L->mu);
+        }
+    }
+    if (s) {
+        L->next_seq++;
+        if (s->err) {
+            /* A failed read surfaces in order, as an error, never as data. */
+            rc = s->err;
+            memcpy(L->errmsg, s->errmsg, sizeof L->errmsg);
+            L->failed = 1;
+            s->state = SLOT_FREE;
+            pthread_cond_broadcast(&L->work_cv);
+            pthread_cond_broadcast(&L->dev_cv);
+        } else {
+            s->state = SLOT_HELD;
+            L->held++;
+            *out = s->batch;
+        }
+    }
+    pthread_mutex_unlock(&L->mu);
+    atomic_fetch_add(&L->st_wait_ns, npyl_now_ns() - t0);
+    if (*out) {
+        atomic_fetch_add(&L->st_batches, 1);
+        atomic_fetch_add(&L->st_samples, s->rows);
+    }
+    return rc;
+}
+
+int npyload_loader_next(npyload_loader *L, npyload_batch **out)
+{
+    return npyload_loader_next_timeout(L, out, -1);
+}
+
+/* ---- batches ---- */
+
+size_t npyload_batch_size(const npyload_batch *b) { return b ? b->slot->rows : 0; }
+
+const int64_t *npyload_batch_indices(const npyload_batch *b)
+{
+    return b ? b->slot->indices : NULL;
+}
+
+size_t npyload_batch_num_fields(const npyload_batch *b) { return b ? b->L->nfields : 0; }
+
+const npyload_array *npyload_batch_field(const npyload_batch *b, size_t i)
+{
+    return (b && i < b->L->nfields) ? &b->slot->arrays[i] : NULL;
+}
+
+uint64_t npyload_batch_epoch(const npyload_batch *b)
+{
+    return b ? b->slot->epoch : 0;
+}
+
+int64_t npyload_batch_seq(const npyload_batch *b) { return b ? b->slot->seq : -1; }
+
+int npyload_batch_wait_stream(npyload_batch *b, void *stream)
+{
+    if (!b)
+        return NPYLOAD_EINVAL;
+    if (!b->device_mode)
+        return 0;
+    return npyl_cuda_stream_wait_event(b->L->cuda, stream, b->slot->ev_done);
+}
+
+int npyload_batch_sync(npyload_batch *b)
+{
+    if (!b)
+        return NPYLOAD_EINVAL;
+    if (!b->device_mode)
+        return 0;
+    return npyl_cuda_event_sync(b->L->cuda, b->slot->ev_done);
+}
+
+static void release(npyload_batch *b, void *stream, int on_stream)
+{
+    if (!b)
+        return;
+    npyload_loader *L = b->L;
+    npyl_slot *s = b->slot;
+    int recorded = 0;
+    if (b->device_mode && on_stream)
+        recorded = npyl_cuda_event_record(L->cuda, s->ev_release, stream) == 0;
+    pthread_mutex_lock(&L->mu);
+    s->release_pending = recorded;
+    s->state = SLOT_FREE;
+    L->held--;
+    int free_now = L->zombie && L->held == 0;
+    pthread_cond_broadcast(&L->work_cv);
+    pthread_cond_broadcast(&L->dev_cv);
+    pthread_cond_broadcast(&L->ready_cv);
+    pthread_mutex_unlock(&L->mu);
+    if (free_now)
+        npyl_loader_free(L); /* destroyed earlier; this was its last batch */
+}
+
+void npyload_batch_release(npyload_batch *b) { release(b, NULL, 0); }
+
+void npyload_batch_release_stream(npyload_batch *b, void *stream) { release(b, stream, 1); }

@@ -1,0 +1,170 @@
+/* The loader's private state, shared by npyload_loader.c (setup, options,
+ * validation, teardown: the rare paths) and npyload_pipeline.c (workers,
+ * next(), release(): the hot path). Depends on every other module of lib/.
+ *
+ * Concurrency model, in one place:
+ *  - One mutex (mu) guards every field below marked [mu]. Work is coarse
+ *    (one lock round-trip per batch per stage, batches are megabytes), so a
+ *    single lock is simpler than lock-free rings and never the bottleneck.
+ *  - Workers sleep on work_cv until a batch can be claimed (a free staging
+ *    slot and an unclaimed batch of the current generation), read it with no
+ *    lock held, then publish it. The consumer sleeps on ready_cv until the
+ *    batch with seq == next_seq of the current generation is published.
+ *    In device mode, workers also wait on dev_cv for their turn to take a
+ *    device slot: device slots are taken strictly in seq order, so a batch
+ *    ahead can never occupy the last device slot while an earlier batch
+ *    waits for one (that would deadlock the in-order consumer).
+ *  - A generation (gen) is one pass over an epoch's batches. set_epoch and
+ *    set_state start a new generation; work of an older generation is
+ *    discarded when it finishes (its slot goes back to FREE) — in-flight
+ *    reads are never cancelled, they land in memory the loader still owns.
+ *  - Slots handed to the caller are HELD until released. The loader's memory
+ *    outlives npyload_loader_destroy while any slot is HELD ("zombie"): the
+ *    last release frees it.
+ */
+#ifndef NPYLOAD_LOADER_INTERNAL_H
+#define NPYLOAD_LOADER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "../common/npyload_common.h"
+#include "../cuda/npyload_cuda.h"
+#include "../io/npyload_io.h"
+#include "../order/npyload_order.h"
+
+#define NPYL_ERRMSG_LEN 1024
+#define NPYL_NUM_OPTS 15 /* one past the largest npyload_option */
+
+/* One file of a field, after start. */
+typedef struct npyl_ffile {
+    uint32_t io_index;    /* index into loader->io_files */
+    int64_t first;        /* global sample index of its first row */
+    int64_t count;        /* rows */
+    uint64_t data_offset;
+} npyl_ffile;
+
+typedef struct npyl_field {
+    char *name;
+    char **paths;         /* as added (glob already expanded, sorted) */
+    size_t npaths;
+    /* Known after start: */
+    npyl_ffile *files;
+    char descr[NPYLOAD_DESCR_LEN];
+    size_t itemsize;
+    int sndim;            /* per-sample ndim */
+    int64_t sshape[NPYLOAD_MAX_DIMS];
+    uint64_t row_bytes;   /* bytes per sample */
+    uint64_t host_off;    /* where the field starts in a host slot */
+    uint64_t dev_off;     /* where the field starts in a device slot */
+} npyl_field;
+
+enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_READY, SLOT_HELD };
+
+/* A slot: host staging memory (host slots) or device memory (device slots).
+ * In host mode the host slots are also the batches handed out. */
+typedef struct npyl_slot {
+    int state;            /* [mu] SLOT_* */
+    uint64_t gen;         /* [mu] generation it was filled for */
+    int64_t seq;          /* [mu] batch position in the rank's epoch */
+    uint64_t epoch;       /* the epoch it belongs to */
+    size_t rows;
+    int64_t *indices;     /* batch_size entries */
+    int err;              /* a failed batch carries its error in order */
+    char *errmsg;         /* NPYL_ERRMSG_LEN, only when err != 0 */
+    uint8_t *mem;
+    npyload_array *arrays; /* one per field, pointing into mem */
+    npyload_batch *batch;  /* the handle given to the caller */
+    /* device slots only: */
+    void *ev_start, *ev_done, *ev_release;
+    int release_pending;  /* [mu] ev_release recorded and not yet waited on */
+} npyl_slot;
+
+struct npyload_batch {
+    npyload_loader *L;
+    npyl_slot *slot;
+    int device_mode;
+};
+
+typedef struct npyl_worker {
+    npyload_loader *L;
+    pthread_t thread;
+    int started;
+    npyl_io *io;
+    npyl_io_req *reqs;    /* batch_size x nfields capacity */
+    void *stream;         /* device mode: this worker's copy stream */
+    char errmsg[NPYL_ERRMSG_LEN];
+} npyl_worker;
+
+struct npyload_loader {
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, ready_cv, dev_cv;
+
+    int64_t opt[NPYL_NUM_OPTS];
+    int state_pending;        /* set_state called before start */
+    npyload_state pending;
+
+    npyl_field *fields;
+    size_t nfields, cap_fields;
+
+    /* Known after start: */
+    int started;
+    int backend;              /* resolved npyload_io_backend */
+    npyl_file_info *io_files; /* every file of every field */
+    size_t nio_files;
+    int64_t n;                /* samples per field */
+    uint64_t host_slot_bytes, dev_slot_bytes;
+    npyl_cuda *cuda;          /* NULL unless device mode or pinned */
+    int device;               /* -1 host */
+    int pinned;
+    npyl_slot *hslots;        /* staging (host) slots */
+    size_t nh;
+    npyl_slot *dslots;        /* device slots (device mode) */
+    size_t nd;
+    npyl_worker *workers;
+    size_t nworkers;
+
+    /* Order of the current generation. [mu] */
+    npyl_order_params op;
+    int64_t *seqbuf;          /* this rank's delivered indices for the epoch */
+    int64_t delivered;        /* entries in seqbuf */
+    int64_t nbatches;
+    uint64_t gen;
+    uint64_t epoch;
+    int64_t next_seq;         /* next batch next() hands out */
+    int64_t claim_seq;        /* next batch a worker claims */
+    int64_t dev_next_seq;     /* next batch to take a device slot */
+    int64_t gen_first_seq;    /* where the generation began (resume) */
+
+    size_t held;              /* [mu] batch slots held by the caller */
+    int failed;               /* [mu] an error was handed out; until set_epoch */
+    int stopping;             /* [mu] workers exit */
+    int zombie;               /* [mu] destroyed with batches held */
+
+    /* Counters, read without the lock. */
+    _Atomic uint64_t st_bytes, st_batches, st_samples, st_wait_ns, st_io_ns,
+        st_h2d_bytes, st_h2d_ns;
+
+    char errmsg[NPYL_ERRMSG_LEN];
+};
+
+/* Sets L->errmsg and returns code. */
+NPYL_HIDDEN int npyl_loader_fail(npyload_loader *L, int code, const char *fmt,
+                                 ...) NPYL_PRINTF(3, 4);
+
+/* npyload_pipeline.c: */
+/* Starts the worker threads (after slots and io contexts exist). */
+NPYL_HIDDEN int npyl_pipeline_start(npyload_loader *L);
+/* Stops and joins the workers; in-flight reads and copies complete first. */
+NPYL_HIDDEN void npyl_pipeline_stop(npyload_loader *L);
+/* Begins a generation at (epoch, first batch). Caller holds mu. Returns 0 or
+ * -ENOMEM. */
+NPYL_HIDDEN int npyl_pipeline_reset_locked(npyload_loader *L, uint64_t epoch,
+                                           int64_t first_seq);
+/* npyload_loader.c: frees what start allocated (the loader returns to its
+ * pre-start state), or everything including the loader itself. */
+NPYL_HIDDEN void npyl_loader_free_started(npyload_loader *L);
+NPYL_HIDDEN void npyl_loader_free(npyload_loader *L);
+
+#endif

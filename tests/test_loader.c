@@ -1,0 +1,672 @@
+/* Loader tests through the public API. The truth is independent of the
+ * loader: file bytes come from tu_byte() (tests/testutil.h), the order from
+ * npyload_order_indices (itself checked against torch's DistributedSampler in
+ * tests/python/test_order_vs_torch.py). */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "npyload.h"
+#include "testutil.h"
+
+/* Two fields with files of uneven sample counts and different alignments:
+ * "img": <f4 per-sample (3, 5); "lab": |u1 per-sample (7,). */
+static const int64_t FILE_SIZES[] = {7, 1, 13, 30, 5, 8};
+#define NFILES (sizeof FILE_SIZES / sizeof FILE_SIZES[0])
+#define N_TOTAL 64
+static const int64_t IMG_SHAPE[] = {3, 5};
+static const int64_t LAB_SHAPE[] = {7};
+
+typedef struct {
+    char *dir;
+    char img_glob[512], lab_glob[512];
+} dataset;
+
+static dataset make_dataset(void)
+{
+    dataset d;
+    d.dir = tu_mkdtemp("loader");
+    cr_assert_not_null(d.dir);
+    cr_assert_eq(tu_write_field(d.dir, "img", 1, "<f4", 4, 2, IMG_SHAPE, FILE_SIZES, NFILES, 64), 0);
+    cr_assert_eq(tu_write_field(d.dir, "lab", 2, "|u1", 1, 1, LAB_SHAPE, FILE_SIZES, NFILES, 16), 0);
+    snprintf(d.img_glob, sizeof d.img_glob, "%s/img_*.npy", d.dir);
+    snprintf(d.lab_glob, sizeof d.lab_glob, "%s/lab_*.npy", d.dir);
+    return d;
+}
+
+typedef struct {
+    int backend, workers, prefetch, shuffle, drop_last, direct;
+    int64_t batch, rank, world, seed;
+} cfg;
+
+static npyload_loader *open_loader(const dataset *d, const cfg *c)
+{
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "img", d->img_glob), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_add_field(L, "lab", d->lab_glob), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, c->batch), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, c->workers), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, c->prefetch), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, c->shuffle), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SEED, c->seed), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DROP_LAST, c->drop_last), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_WORLD_SIZE, c->world ? c->world : 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_RANK, c->rank), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, c->backend), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DIRECT_IO, c->direct), 0);
+    return L;
+}
+
+static int uring_ok(void)
+{
+    npyload_loader *L;
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_URING, .workers = 1, .prefetch = 1, .batch = 4};
+    L = open_loader(&d, &c);
+    int rc = npyload_loader_start(L);
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+    return rc == 0;
+}
+
+/* Checks one batch's rows against tu_byte. */
+static void check_batch(npyload_batch *b)
+{
+    size_t rows = npyload_batch_size(b);
+    const int64_t *idx = npyload_batch_indices(b);
+    cr_assert_eq(npyload_batch_num_fields(b), 2);
+    const npyload_array *img = npyload_batch_field(b, 0), *lab = npyload_batch_field(b, 1);
+    cr_assert_str_eq(img->descr, "<f4");
+    cr_assert_str_eq(lab->descr, "|u1");
+    cr_assert_eq(img->ndim, 3);
+    cr_assert_eq(img->shape[0], (int64_t)rows);
+    cr_assert_eq(img->shape[1], 3);
+    cr_assert_eq(img->shape[2], 5);
+    cr_assert_eq(lab->ndim, 2);
+    cr_assert_eq(lab->shape[1], 7);
+    cr_assert_eq(img->nbytes, rows * 60);
+    cr_assert_eq(lab->nbytes, rows * 7);
+    cr_assert_eq(img->device, -1);
+    const uint8_t *pi = img->data, *pl = lab->data;
+    for (size_t r = 0; r < rows; r++) {
+        for (size_t i = 0; i < 60; i++)
+            if (pi[r * 60 + i] != tu_byte(1, (uint64_t)idx[r], i))
+                cr_assert_fail("img row %zu (sample %lld) byte %zu differs", r, (long long)idx[r], i);
+        for (size_t i = 0; i < 7; i++)
+            if (pl[r * 7 + i] != tu_byte(2, (uint64_t)idx[r], i))
+                cr_assert_fail("lab row %zu (sample %lld) byte %zu differs", r, (long long)idx[r], i);
+    }
+}
+
+/* Runs one epoch, checks every batch's bytes and that the indices equal the
+ * documented order; returns the number of batches. */
+static int64_t run_epoch(npyload_loader *L, const cfg *c, uint64_t epoch)
+{
+    int64_t expect[N_TOTAL * 2];
+    int64_t n = npyload_order_indices(N_TOTAL, c->shuffle, c->seed, epoch, c->rank,
+                                      c->world ? c->world : 1, c->drop_last, c->batch,
+                                      FILE_SIZES, NFILES, 0, expect, N_TOTAL * 2);
+    cr_assert_geq(n, 0);
+    int64_t got = 0, nb = 0;
+    npyload_batch *b;
+    int rc;
+    while ((rc = npyload_loader_next(L, &b)) == 0) {
+        cr_assert_eq(npyload_batch_seq(b), nb);
+        cr_assert_eq(npyload_batch_epoch(b), epoch);
+        check_batch(b);
+        const int64_t *idx = npyload_batch_indices(b);
+        for (size_t r = 0; r < npyload_batch_size(b); r++, got++)
+            cr_assert_eq(idx[r], expect[got], "epoch %llu position %lld: %lld != %lld",
+                         (unsigned long long)epoch, (long long)got, (long long)idx[r],
+                         (long long)expect[got]);
+        npyload_batch_release(b);
+        nb++;
+    }
+    cr_assert_eq(rc, NPYLOAD_EOF, "next: %s: %s", npyload_strerror(rc), npyload_loader_errmsg(L));
+    cr_assert_eq(got, n);
+    cr_assert_eq(nb, npyload_loader_num_batches(L));
+    /* EOF is sticky until set_epoch. */
+    cr_assert_eq(npyload_loader_next(L, &b), NPYLOAD_EOF);
+    return nb;
+}
+
+static void matrix(int backend, int direct)
+{
+    dataset d = make_dataset();
+    int workers[] = {1, 3}, prefetch[] = {1, 4}, shuffles[] = {0, 1, 2};
+    int64_t batches[] = {1, 5, 64, 100};
+    for (size_t w = 0; w < 2; w++)
+        for (size_t p = 0; p < 2; p++)
+            for (size_t s = 0; s < 3; s++)
+                for (size_t bi = 0; bi < 4; bi++) {
+                    cfg c = {.backend = backend, .workers = workers[w], .prefetch = prefetch[p],
+                             .shuffle = shuffles[s], .batch = batches[bi], .seed = 42,
+                             .direct = direct};
+                    npyload_loader *L = open_loader(&d, &c);
+                    int rc = npyload_loader_start(L);
+                    cr_assert_eq(rc, 0, "start: %s", npyload_loader_errmsg(L));
+                    cr_assert_eq(npyload_loader_num_samples(L), N_TOTAL);
+                    if (backend != NPYLOAD_IO_AUTO)
+                        cr_assert_eq(npyload_loader_backend(L), backend);
+                    run_epoch(L, &c, 0);
+                    cr_assert_eq(npyload_loader_set_epoch(L, 1), 0);
+                    run_epoch(L, &c, 1);
+                    npyload_stats st;
+                    cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+                    cr_assert_eq(st.samples_delivered, 2 * N_TOTAL);
+                    cr_assert_geq(st.bytes_read, 2 * N_TOTAL * 67);
+                    npyload_loader_destroy(L);
+                }
+    tu_rmtree(d.dir);
+}
+
+Test(loader, pread_matrix) { matrix(NPYLOAD_IO_PREAD, 0); }
+Test(loader, mmap_matrix) { matrix(NPYLOAD_IO_MMAP, 0); }
+Test(loader, auto_matrix) { matrix(NPYLOAD_IO_AUTO, 0); }
+Test(loader, pread_direct_matrix) { matrix(NPYLOAD_IO_PREAD, 1); }
+
+Test(loader, uring_matrix)
+{
+    if (!uring_ok())
+        cr_skip_test("io_uring is not usable on this machine");
+    matrix(NPYLOAD_IO_URING, 0);
+}
+
+Test(loader, uring_direct_matrix)
+{
+    if (!uring_ok())
+        cr_skip_test("io_uring is not usable on this machine");
+    matrix(NPYLOAD_IO_URING, 1);
+}
+
+Test(loader, epochs_are_permutations)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 2, .prefetch = 3, .shuffle = 1,
+             .batch = 6, .seed = 7};
+    npyload_loader *L = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    int64_t first[N_TOTAL];
+    for (uint64_t e = 0; e < 3; e++) {
+        cr_assert_eq(npyload_loader_set_epoch(L, e), 0);
+        int seen[N_TOTAL] = {0};
+        int64_t pos = 0, same = 0;
+        npyload_batch *b;
+        while (npyload_loader_next(L, &b) == 0) {
+            const int64_t *idx = npyload_batch_indices(b);
+            for (size_t r = 0; r < npyload_batch_size(b); r++, pos++) {
+                cr_assert(idx[r] >= 0 && idx[r] < N_TOTAL);
+                seen[idx[r]]++;
+                if (e == 0)
+                    first[pos] = idx[r];
+                else
+                    same += first[pos] == idx[r];
+            }
+            npyload_batch_release(b);
+        }
+        cr_assert_eq(pos, N_TOTAL);
+        for (int i = 0; i < N_TOTAL; i++)
+            cr_assert_eq(seen[i], 1, "epoch %llu: sample %d seen %d times",
+                         (unsigned long long)e, i, seen[i]);
+        if (e > 0)
+            cr_assert_lt(same, N_TOTAL / 2, "epoch %llu repeats epoch 0's order", (unsigned long long)e);
+    }
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+}
+
+Test(loader, ranks_balanced_covering)
+{
+    dataset d = make_dataset();
+    for (int64_t W = 1; W <= 5; W++)
+        for (int dl = 0; dl <= 1; dl++) {
+            int count[N_TOTAL] = {0};
+            int64_t nb0 = -1;
+            for (int64_t r = 0; r < W; r++) {
+                cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 2, .prefetch = 2, .shuffle = 1,
+                         .batch = 5, .seed = 3, .rank = r, .world = W, .drop_last = dl};
+                npyload_loader *L = open_loader(&d, &c);
+                cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+                int64_t nb = run_epoch(L, &c, 0);
+                if (nb0 < 0)
+                    nb0 = nb;
+                cr_assert_eq(nb, nb0, "W=%lld rank %lld has %lld batches, rank 0 %lld",
+                             (long long)W, (long long)r, (long long)nb, (long long)nb0);
+                int64_t idx[N_TOTAL * 2];
+                int64_t n = npyload_order_indices(N_TOTAL, 1, 3, 0, r, W, dl, 5, NULL, 0, 0, idx,
+                                                  N_TOTAL * 2);
+                for (int64_t i = 0; i < n; i++)
+                    count[idx[i]]++;
+                npyload_loader_destroy(L);
+            }
+            int64_t total = 0;
+            for (int i = 0; i < N_TOTAL; i++) {
+                if (!dl)
+                    cr_assert_geq(count[i], 1, "W=%lld: sample %d never delivered", (long long)W, i);
+                cr_assert_leq(count[i], 2);
+                total += count[i];
+            }
+            if (!dl)
+                cr_assert_leq(total - N_TOTAL, W - 1, "more padding than W-1");
+        }
+    tu_rmtree(d.dir);
+}
+
+/* Consumes k batches of one loader, restores a second loader (other workers,
+ * prefetch and backend) from the state, and compares what both yield next. */
+static void resume_case(int restore_after_start)
+{
+    dataset d = make_dataset();
+    cfg a = {.backend = NPYLOAD_IO_PREAD, .workers = 1, .prefetch = 1, .shuffle = 1,
+             .batch = 6, .seed = 11};
+    cfg b = a;
+    b.backend = NPYLOAD_IO_MMAP;
+    b.workers = 3;
+    b.prefetch = 5;
+    b.seed = restore_after_start ? 11 : 999; /* before start the state's seed wins */
+    npyload_loader *A = open_loader(&d, &a);
+    cr_assert_eq(npyload_loader_set_epoch(A, 2), 0);
+    cr_assert_eq(npyload_loader_start(A), 0, "%s", npyload_loader_errmsg(A));
+    npyload_batch *x, *y;
+    for (int k = 0; k < 4; k++) {
+        cr_assert_eq(npyload_loader_next(A, &x), 0);
+        npyload_batch_release(x);
+    }
+    npyload_state st;
+    cr_assert_eq(npyload_loader_get_state(A, &st), 0);
+    cr_assert_eq(st.consumed, 24);
+    cr_assert_eq(st.epoch, 2);
+    npyload_loader *B = open_loader(&d, &b);
+    if (restore_after_start) {
+        cr_assert_eq(npyload_loader_start(B), 0, "%s", npyload_loader_errmsg(B));
+        npyload_batch *tmp;
+        cr_assert_eq(npyload_loader_next(B, &tmp), 0);
+        npyload_batch_release(tmp);
+        cr_assert_eq(npyload_loader_set_state(B, &st), 0, "%s", npyload_loader_errmsg(B));
+    } else {
+        cr_assert_eq(npyload_loader_set_state(B, &st), 0, "%s", npyload_loader_errmsg(B));
+        cr_assert_eq(npyload_loader_start(B), 0, "%s", npyload_loader_errmsg(B));
+    }
+    int ra, rb, n = 0;
+    for (;;) {
+        ra = npyload_loader_next(A, &x);
+        rb = npyload_loader_next(B, &y);
+        cr_assert_eq(ra, rb);
+        if (ra)
+            break;
+        cr_assert_eq(npyload_batch_size(x), npyload_batch_size(y));
+        cr_assert_eq(npyload_batch_seq(x), npyload_batch_seq(y));
+        cr_assert_eq(memcmp(npyload_batch_indices(x), npyload_batch_indices(y),
+                            npyload_batch_size(x) * sizeof(int64_t)), 0);
+        for (size_t f = 0; f < 2; f++)
+            cr_assert_eq(memcmp(npyload_batch_field(x, f)->data, npyload_batch_field(y, f)->data,
+                                npyload_batch_field(x, f)->nbytes), 0);
+        check_batch(y);
+        npyload_batch_release(x);
+        npyload_batch_release(y);
+        n++;
+    }
+    cr_assert_eq(ra, NPYLOAD_EOF);
+    cr_assert_eq(n, npyload_loader_num_batches(A) - 4);
+    npyload_loader_destroy(A);
+    npyload_loader_destroy(B);
+    tu_rmtree(d.dir);
+}
+
+Test(loader, resume_before_start) { resume_case(0); }
+Test(loader, resume_after_start) { resume_case(1); }
+
+Test(loader, destroy_with_batches_outstanding)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 3, .prefetch = 4, .batch = 3, .shuffle = 1};
+    npyload_loader *L = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_batch *b1, *b2;
+    cr_assert_eq(npyload_loader_next(L, &b1), 0);
+    cr_assert_eq(npyload_loader_next(L, &b2), 0);
+    npyload_loader_destroy(L); /* workers busy, two batches outstanding */
+    check_batch(b1);           /* still valid after destroy */
+    check_batch(b2);
+    npyload_batch_release(b2);
+    npyload_batch_release(b1); /* the last release frees the loader (ASan checks) */
+    tu_rmtree(d.dir);
+}
+
+Test(loader, destroy_while_workers_busy)
+{
+    dataset d = make_dataset();
+    for (int i = 0; i < 20; i++) {
+        cfg c = {.backend = i % 2 ? NPYLOAD_IO_PREAD : NPYLOAD_IO_AUTO, .workers = 4,
+                 .prefetch = 8, .batch = 1, .shuffle = 1};
+        npyload_loader *L = open_loader(&d, &c);
+        cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+        if (i % 3 == 0) {
+            npyload_batch *b;
+            cr_assert_eq(npyload_loader_next(L, &b), 0);
+            npyload_batch_release(b);
+        }
+        npyload_loader_destroy(L);
+    }
+    npyload_loader_destroy(NULL);
+    tu_rmtree(d.dir);
+}
+
+Test(loader, set_epoch_mid_epoch_restarts_cleanly)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 3, .prefetch = 3, .batch = 4, .shuffle = 1,
+             .seed = 5};
+    npyload_loader *L = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_batch *held;
+    cr_assert_eq(npyload_loader_next(L, &held), 0);
+    npyload_batch *b;
+    cr_assert_eq(npyload_loader_next(L, &b), 0);
+    npyload_batch_release(b);
+    cr_assert_eq(npyload_loader_set_epoch(L, 4), 0);
+    check_batch(held); /* a held batch survives set_epoch */
+    npyload_batch_release(held);
+    run_epoch(L, &c, 4);
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+}
+
+Test(loader, all_slots_held_is_an_error_not_a_hang)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 2, .prefetch = 2, .batch = 2};
+    npyload_loader *L = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_batch *a, *b, *x;
+    cr_assert_eq(npyload_loader_next(L, &a), 0);
+    cr_assert_eq(npyload_loader_next(L, &b), 0);
+    cr_assert_eq(npyload_loader_next(L, &x), NPYLOAD_ESTATE);
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "held"), "%s", npyload_loader_errmsg(L));
+    npyload_batch_release(a);
+    cr_assert_eq(npyload_loader_next(L, &x), 0);
+    cr_assert_eq(npyload_batch_seq(x), 2);
+    npyload_batch_release(x);
+    npyload_batch_release(b);
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+}
+
+Test(loader, next_timeout)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 1, .prefetch = 1, .batch = 64};
+    npyload_loader *L = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(L), 0);
+    npyload_batch *b;
+    int rc;
+    while ((rc = npyload_loader_next_timeout(L, &b, 1000)) == -ETIMEDOUT)
+        ;
+    cr_assert_eq(rc, 0, "%s", npyload_strerror(rc));
+    check_batch(b);
+    npyload_batch_release(b);
+    cr_assert_eq(npyload_loader_next_timeout(L, &b, 0), NPYLOAD_EOF);
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+}
+
+static void truncated_case(int backend)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = backend, .workers = 1, .prefetch = 1, .batch = 8};
+    npyload_loader *L = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    /* Cut the last file (samples 56..63) to half a sample of data. */
+    char *p = tu_path(d.dir, "img_0005.npy");
+    size_t sz;
+    free(tu_read_file(p, &sz));
+    cr_assert_eq(truncate(p, (off_t)(sz - 8 * 60 + 30)), 0);
+    npyload_batch *b;
+    int rc;
+    while ((rc = npyload_loader_next(L, &b)) == 0) {
+        check_batch(b); /* whatever is delivered as success is right */
+        npyload_batch_release(b);
+    }
+    cr_assert_lt(rc, 0, "a truncated file must surface as an error, got %d", rc);
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "img_0005.npy"), "%s",
+                       npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_next(L, &b), NPYLOAD_ESTATE); /* stays failed */
+    free(p);
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+}
+
+Test(loader, truncated_file_pread) { truncated_case(NPYLOAD_IO_PREAD); }
+Test(loader, truncated_file_mmap) { truncated_case(NPYLOAD_IO_MMAP); }
+Test(loader, truncated_file_auto) { truncated_case(NPYLOAD_IO_AUTO); }
+
+/* io_uring refused, as seccomp profiles in containers do: AUTO must fall back
+ * to pread and say so; asking for io_uring explicitly must fail clearly. */
+Test(loader, uring_refused_falls_back_to_pread)
+{
+    struct sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {.len = sizeof filter / sizeof filter[0], .filter = filter};
+    cr_assert_eq(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+    cr_assert_eq(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog), 0);
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_AUTO, .workers = 2, .prefetch = 2, .batch = 8, .shuffle = 1};
+    npyload_loader *L = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_backend(L), NPYLOAD_IO_PREAD);
+    cr_assert_str_eq(npyload_backend_name(npyload_loader_backend(L)), "pread");
+    run_epoch(L, &c, 0);
+    npyload_loader_destroy(L);
+    c.backend = NPYLOAD_IO_URING;
+    L = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(L), NPYLOAD_ENOURING);
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "io_uring"), "%s", npyload_loader_errmsg(L));
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+}
+
+static npyload_loader *two_globs(const char *g1, const char *g2)
+{
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "a", g1), 0, "%s", npyload_loader_errmsg(L));
+    if (g2)
+        cr_assert_eq(npyload_loader_add_field(L, "b", g2), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, NPYLOAD_IO_PREAD), 0);
+    return L;
+}
+
+Test(loader, validation_errors_name_files)
+{
+    char *dir = tu_mkdtemp("valid");
+    char g[512], g2[512];
+    int64_t s1[] = {4}, s2[] = {5}, n3[] = {3, 3}, n2[] = {3, 2};
+    /* shape mismatch within a field */
+    cr_assert_eq(tu_write_field(dir, "x", 1, "<f4", 4, 1, s1, n3, 1, 64), 0);
+    char *p = tu_path(dir, "x_0001.npy");
+    uint8_t buf[60] = {0};
+    int64_t sh[] = {3, 5};
+    cr_assert_geq(tu_write_npy(p, "<f4", 0, 2, sh, buf, 60, 64), 0);
+    snprintf(g, sizeof g, "%s/x_*.npy", dir);
+    npyload_loader *L = two_globs(g, NULL);
+    cr_assert_eq(npyload_loader_start(L), NPYLOAD_EMISMATCH);
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "x_0001.npy"), "%s", npyload_loader_errmsg(L));
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "(5)"), "%s", npyload_loader_errmsg(L));
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "(4)"), "%s", npyload_loader_errmsg(L));
+    npyload_loader_destroy(L);
+    /* dtype mismatch within a field */
+    int64_t sh2[] = {3, 4};
+    cr_assert_geq(tu_write_npy(p, "<i4", 0, 2, sh2, buf, 48, 64), 0);
+    L = two_globs(g, NULL);
+    cr_assert_eq(npyload_loader_start(L), NPYLOAD_EMISMATCH);
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "<i4"), "%s", npyload_loader_errmsg(L));
+    npyload_loader_destroy(L);
+    free(p);
+    /* totals disagree across fields */
+    cr_assert_eq(tu_write_field(dir, "y", 2, "<f4", 4, 1, s2, n3, 2, 64), 0);
+    cr_assert_eq(tu_write_field(dir, "z", 3, "<f4", 4, 1, s2, n2, 2, 64), 0);
+    snprintf(g, sizeof g, "%s/y_*.npy", dir);
+    snprintf(g2, sizeof g2, "%s/z_*.npy", dir);
+    L = two_globs(g, g2);
+    cr_assert_eq(npyload_loader_start(L), NPYLOAD_EMISMATCH);
+    const char *m = npyload_loader_errmsg(L);
+    cr_assert(strstr(m, "'a'") && strstr(m, "'b'") && strstr(m, "6") && strstr(m, "5"), "%s", m);
+    cr_assert_not_null(strstr(m, "y_0001.npy"), "%s", m);
+    npyload_loader_destroy(L);
+    /* Fortran order refused; 0-d refused */
+    p = tu_path(dir, "f.npy");
+    cr_assert_geq(tu_write_npy(p, "<f4", 1, 2, sh, buf, 60, 64), 0);
+    L = two_globs(p, NULL);
+    cr_assert_eq(npyload_loader_start(L), NPYLOAD_EUNSUPPORTED);
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "Fortran"), "%s", npyload_loader_errmsg(L));
+    npyload_loader_destroy(L);
+    cr_assert_geq(tu_write_npy(p, "<f4", 0, 0, sh, buf, 4, 64), 0);
+    L = two_globs(p, NULL);
+    cr_assert_eq(npyload_loader_start(L), NPYLOAD_EUNSUPPORTED);
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "f.npy"), "%s", npyload_loader_errmsg(L));
+    npyload_loader_destroy(L);
+    /* malformed header: the parser's message comes through with the path */
+    FILE *fp = fopen(p, "wb");
+    fputs("not an npy file at all", fp);
+    fclose(fp);
+    L = two_globs(p, NULL);
+    cr_assert_lt(npyload_loader_start(L), 0);
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "f.npy"), "%s", npyload_loader_errmsg(L));
+    npyload_loader_destroy(L);
+    free(p);
+    /* nothing matches */
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    snprintf(g, sizeof g, "%s/nothing_*.npy", dir);
+    cr_assert_eq(npyload_loader_add_field(L, "a", g), NPYLOAD_ENOFILES);
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "nothing_"), "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_start(L), NPYLOAD_EINVAL); /* no fields */
+    npyload_loader_destroy(L);
+    tu_rmtree(dir);
+}
+
+Test(loader, options_checked)
+{
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 0), NPYLOAD_EINVAL);
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "BATCH_SIZE"));
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_WORLD_SIZE, 0), NPYLOAD_EINVAL);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 3), NPYLOAD_EINVAL);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, 9), NPYLOAD_EINVAL);
+    cr_assert_eq(npyload_loader_set(L, (npyload_option)999, 1), NPYLOAD_EINVAL);
+    cr_assert_eq(npyload_loader_add_field(L, "", "x"), NPYLOAD_EINVAL);
+    cr_assert_eq(npyload_loader_num_batches(L), NPYLOAD_ESTATE);
+    npyload_batch *b;
+    cr_assert_eq(npyload_loader_next(L, &b), NPYLOAD_ESTATE);
+    npyload_loader_destroy(L);
+
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 1, .prefetch = 1, .batch = 8, .rank = 2,
+             .world = 2};
+    L = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(L), NPYLOAD_EINVAL); /* rank >= world */
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "RANK"));
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_RANK, 1), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 4), NPYLOAD_ESTATE);
+    cr_assert_eq(npyload_loader_add_field(L, "c", d.img_glob), NPYLOAD_ESTATE);
+    cr_assert_eq(npyload_loader_start(L), NPYLOAD_ESTATE);
+    cr_assert_eq(npyload_loader_add_field(L, "img", d.img_glob), NPYLOAD_ESTATE);
+    npyload_loader_destroy(L);
+
+    L = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_add_field(L, "img", d.img_glob), NPYLOAD_EINVAL); /* duplicate */
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+}
+
+Test(loader, explicit_file_list_and_big_endian_verbatim)
+{
+    char *dir = tu_mkdtemp("be");
+    int64_t sh[] = {4, 2};
+    uint8_t data[32];
+    for (int i = 0; i < 32; i++)
+        data[i] = (uint8_t)(i * 7 + 1);
+    char *p1 = tu_path(dir, "b.npy"), *p2 = tu_path(dir, "a.npy");
+    cr_assert_geq(tu_write_npy(p1, ">f4", 0, 2, sh, data, 32, 64), 0);
+    cr_assert_geq(tu_write_npy(p2, ">f4", 0, 2, sh, data, 32, 16), 0);
+    const char *paths[] = {p1, p2}; /* explicit order, not sorted */
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field_files(L, "x", paths, 2), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 8), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_batch *b;
+    cr_assert_eq(npyload_loader_next(L, &b), 0);
+    const npyload_array *a = npyload_batch_field(b, 0);
+    cr_assert_str_eq(a->descr, ">f4");
+    cr_assert_eq(a->nbytes, 64);
+    cr_assert_eq(memcmp(a->data, data, 32), 0);
+    cr_assert_eq(memcmp((uint8_t *)a->data + 32, data, 32), 0);
+    npyload_batch_release(b);
+    cr_assert_str_eq(npyload_loader_field_name(L, 0), "x");
+    npyload_loader_destroy(L);
+    free(p1);
+    free(p2);
+    tu_rmtree(dir);
+}
+
+Test(loader, many_files_more_than_fd_budget)
+{
+    char *dir = tu_mkdtemp("many");
+    enum { NF = 1200 };
+    int64_t *sizes = malloc(NF * sizeof *sizes);
+    for (int i = 0; i < NF; i++)
+        sizes[i] = 1 + i % 3;
+    int64_t sshape[] = {16};
+    cr_assert_eq(tu_write_field(dir, "m", 9, "<u2", 2, 1, sshape, sizes, NF, 64), 0);
+    char g[512];
+    snprintf(g, sizeof g, "%s/m_*.npy", dir);
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "m", g), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 50), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, 2), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    int64_t n = npyload_loader_num_samples(L), seen = 0;
+    npyload_batch *b;
+    int rc;
+    while ((rc = npyload_loader_next(L, &b)) == 0) {
+        const int64_t *idx = npyload_batch_indices(b);
+        const uint8_t *p = npyload_batch_field(b, 0)->data;
+        for (size_t r = 0; r < npyload_batch_size(b); r++, seen++)
+            for (size_t i = 0; i < 32; i++)
+                cr_assert_eq(p[r * 32 + i], tu_byte(9, (uint64_t)idx[r], i));
+        npyload_batch_release(b);
+    }
+    cr_assert_eq(rc, NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(seen, n);
+    npyload_loader_destroy(L);
+    free(sizes);
+    tu_rmtree(dir);
+}
+
+Test(loader, strerror_covers_codes)
+{
+    cr_assert_str_eq(npyload_strerror(0), "success");
+    cr_assert_str_eq(npyload_strerror(NPYLOAD_EOF), "end of epoch");
+    cr_assert_str_eq(npyload_strerror(NPYLOAD_EFORMAT), "malformed NPY file");
+    cr_assert_str_eq(npyload_strerror(-ENOENT), "No such file or directory");
+    cr_assert_str_eq(npyload_strerror(-99999), "unknown error");
+    cr_assert_str_eq(npyload_version_string(), NPYLOAD_VERSION_STRING);
+}
