@@ -220,7 +220,7 @@ int npyload_loader_set(npyload_loader *L, npyload_option opt, int64_t v)
         break;
     case NPYLOAD_OPT_DEVICE:
         if (v < -1 || v > 1024)
-            return range_fail(L, opt, v, "-1 (host) or a CUDA device index >= 0");
+            return range_fail(L, opt, v, "-1 (host) or a CUDA device index 0 .. 1024");
         if (v >= 0) {
             char why[256] = "";
             if (!npyload_cuda_available((int)v, why, sizeof why))
@@ -682,6 +682,9 @@ fail:
 /* Frees what start allocated; the loader returns to its pre-start state. */
 void npyl_loader_free_started(npyload_loader *L)
 {
+    /* May run on any user thread (destroy, the last release): switch to the
+     * loader's device for the frees and back. */
+    int prev = -1, entered = L->cuda && npyl_cuda_enter(L->cuda, &prev) == 0;
     for (size_t i = 0; i < L->nworkers; i++) {
         npyl_worker *w = &L->workers[i];
         npyl_io_destroy(w->io);
@@ -723,6 +726,8 @@ void npyl_loader_free_started(npyload_loader *L)
     }
     L->hslots = L->dslots = NULL;
     L->nh = L->nd = 0;
+    if (entered)
+        npyl_cuda_leave(L->cuda, prev);
     npyl_cuda_close(L->cuda);
     L->cuda = NULL;
     L->pinned = 0;

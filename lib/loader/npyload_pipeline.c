@@ -156,9 +156,11 @@ static void to_device(npyload_loader *L, npyl_worker *w, npyl_slot *h)
         if (!rc)
             rc = npyl_cuda_event_record(L->cuda, d->ev_done, w->stream);
         if (rc) {
+            char cerr[512];
+            npyl_cuda_errmsg_copy(L->cuda, cerr, sizeof cerr);
             d->err = rc;
             snprintf(d->errmsg, NPYL_ERRMSG_LEN, "CUDA device %d: queueing the copy of batch %"
-                     PRId64 " failed: %s", L->device, d->seq, npyl_cuda_errmsg(L->cuda));
+                     PRId64 " failed: %s", L->device, d->seq, cerr);
         }
     }
     fill_arrays(L, d, 1);
@@ -394,7 +396,13 @@ int npyload_batch_wait_stream(npyload_batch *b, void *stream)
         return NPYLOAD_EINVAL;
     if (!b->device_mode)
         return 0;
-    return npyl_cuda_stream_wait_event(b->L->cuda, stream, b->slot->ev_done);
+    /* Called on the user's thread: keep its current device as it was. */
+    int prev, rc = npyl_cuda_enter(b->L->cuda, &prev);
+    if (rc)
+        return rc;
+    rc = npyl_cuda_stream_wait_event(b->L->cuda, stream, b->slot->ev_done);
+    npyl_cuda_leave(b->L->cuda, prev);
+    return rc;
 }
 
 int npyload_batch_sync(npyload_batch *b)
@@ -403,7 +411,12 @@ int npyload_batch_sync(npyload_batch *b)
         return NPYLOAD_EINVAL;
     if (!b->device_mode)
         return 0;
-    return npyl_cuda_event_sync(b->L->cuda, b->slot->ev_done);
+    int prev, rc = npyl_cuda_enter(b->L->cuda, &prev);
+    if (rc)
+        return rc;
+    rc = npyl_cuda_event_sync(b->L->cuda, b->slot->ev_done);
+    npyl_cuda_leave(b->L->cuda, prev);
+    return rc;
 }
 
 static void release(npyload_batch *b, void *stream, int on_stream)
@@ -413,8 +426,13 @@ static void release(npyload_batch *b, void *stream, int on_stream)
     npyload_loader *L = b->L;
     npyl_slot *s = b->slot;
     int recorded = 0;
-    if (b->device_mode && on_stream)
-        recorded = npyl_cuda_event_record(L->cuda, s->ev_release, stream) == 0;
+    if (b->device_mode && on_stream) {
+        int prev;
+        if (npyl_cuda_enter(L->cuda, &prev) == 0) {
+            recorded = npyl_cuda_event_record(L->cuda, s->ev_release, stream) == 0;
+            npyl_cuda_leave(L->cuda, prev);
+        }
+    }
     pthread_mutex_lock(&L->mu);
     s->release_pending = recorded;
     s->state = SLOT_FREE;

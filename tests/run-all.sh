@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Runs every test of npyload: the C tests (Criterion, through ctest), the
+# stress driver, and the Python tests (pytest, against `pip install .`).
+#
+#   bash tests/run-all.sh                     # everything (the README's command)
+#   bash tests/run-all.sh --sanitize address  # C tests under ASan+UBSan
+#   bash tests/run-all.sh --sanitize thread   # concurrency stress under TSan
+#   bash tests/run-all.sh --fuzz SECONDS      # the header fuzzer, briefly
+#
+# Needs: cmake, ninja or make, a C compiler, liburing-dev, libcriterion-dev,
+# python3 with numpy and pytest (torch==2.13.0 for the torch comparisons).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=$(nproc 2>/dev/null || echo 2)
+GEN=()
+command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
+
+mode=all
+arg=""
+case "${1:-}" in
+  --sanitize) mode=sanitize; arg=${2:?address or thread} ;;
+  --fuzz) mode=fuzz; arg=${2:-60} ;;
+  "") ;;
+  *) echo "usage: $0 [--sanitize address|thread | --fuzz SECONDS]" >&2; exit 2 ;;
+esac
+
+if [[ $mode == sanitize ]]; then
+  B=build-$arg
+  cmake -S . -B "$B" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Debug -DNPYLOAD_SANITIZE="$arg" \
+        -DNPYLOAD_GPU_TESTS=OFF
+  cmake --build "$B" -j"$JOBS"
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+  if [[ $arg == thread ]]; then
+    # Criterion itself cannot start under TSan (Snaipe/Criterion#274); the
+    # stress driver covers the loader's concurrent paths without it.
+    ctest --test-dir "$B" --output-on-failure -R '^stress_'
+  else
+    ctest --test-dir "$B" --output-on-failure
+  fi
+  exit 0
+fi
+
+if [[ $mode == fuzz ]]; then
+  B=build-fuzz
+  CC=clang cmake -S . -B "$B" "${GEN[@]}" -DNPYLOAD_FUZZ=ON -DNPYLOAD_BUILD_TESTS=OFF \
+        -DNPYLOAD_BUILD_TOOLS=OFF -DNPYLOAD_GPU_TESTS=OFF
+  cmake --build "$B" -j"$JOBS" --target fuzz_header
+  mkdir -p "$B/corpus"
+  cp tests/fuzz/corpus/* "$B/corpus/" 2>/dev/null || true
+  "$B/tests/fuzz_header" -max_total_time="$arg" -print_final_stats=1 "$B/corpus" 2>&1 | tail -25
+  echo "fuzz_header: no crash in ${arg}s"
+  exit 0
+fi
+
+B=${NPYLOAD_BUILD_DIR:-build}
+cmake -S . -B "$B" "${GEN[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build "$B" -j"$JOBS"
+ctest --test-dir "$B" --output-on-failure
+# GPU tests skip visibly without a device; show their verdicts.
+if [[ -x "$B/tests/test_gpu" ]]; then
+  "$B/tests/test_gpu" --verbose 2>&1 | grep -E "SKIP|PASS|FAIL|Synthesis" | head -20 || true
+fi
+
+python3 -m pip install -q --no-build-isolation . 2>&1 | tail -5
+set +e
+NPYLOAD_BUILD_DIR="$B" python3 -m pytest -q tests/python
+rc=$?
+set -e
+if [[ $rc == 5 ]]; then
+  echo "pytest collected no tests: that is a failure" >&2
+  exit 1
+fi
+exit $rc

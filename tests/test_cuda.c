@@ -1,0 +1,455 @@
+/* lib/cuda: the CUDA runtime reached through dlopen, and the public helpers
+ * npyload_cuda_available / npyload_cuda_h2d_bandwidth.
+ *
+ * Runs everywhere, CI included. Two groups:
+ *  - "no GPU" tests check that a machine without a usable device says so,
+ *    precisely, through every entry point (and the loader). On a machine with
+ *    a GPU they skip, visibly.
+ *  - "GPU" tests exercise the handle on device 0; without one they skip,
+ *    visibly, with the reason npyload_cuda_available gives.
+ * Kernel-level and loader-on-GPU tests live in tests/gpu (they need nvcc). */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/npyload_cuda.h"
+#include "npyload.h"
+#include "testutil.h"
+
+/* ---- helpers ---- */
+
+static int gpu_present(char *why, size_t whylen)
+{
+    return npyload_cuda_available(0, why, whylen);
+}
+
+#define SKIP_IF_GPU()                                                          \
+    do {                                                                       \
+        char why_[512];                                                        \
+        if (gpu_present(why_, sizeof why_))                                    \
+            cr_skip_test("CUDA device 0 is usable here: this test covers "     \
+                         "machines without one");                              \
+    } while (0)
+
+#define NEED_GPU()                                                             \
+    do {                                                                       \
+        char why_[512];                                                        \
+        if (!gpu_present(why_, sizeof why_))                                   \
+            cr_skip_test("needs CUDA device 0: %s", why_);                     \
+    } while (0)
+
+/* A reason that names its cause: one of the documented phrasings. */
+static int names_cause(const char *why)
+{
+    static const char *const causes[] = {
+        "no CUDA runtime library", "no CUDA driver", "no CUDA device",
+        "out of range", "no CUDA runtime usable", "CUDA driver",
+    };
+    for (size_t i = 0; i < sizeof causes / sizeof causes[0]; i++)
+        if (strstr(why, causes[i]))
+            return 1;
+    return 0;
+}
+
+static int can_dlopen(const char *name)
+{
+    void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (h)
+        dlclose(h);
+    return h != NULL;
+}
+
+/* ---- no GPU: precise reasons ---- */
+
+Test(cuda_nogpu, available_says_why)
+{
+    SKIP_IF_GPU();
+    char why[512] = "unchanged";
+    cr_assert_eq(npyload_cuda_available(0, why, sizeof why), 0);
+    cr_log_info("npyload_cuda_available(0): %s", why);
+    cr_assert_neq(why[0], '\0', "empty reason");
+    cr_assert(names_cause(why), "reason does not name its cause: \"%s\"", why);
+    /* NULL reason buffer is allowed. */
+    cr_assert_eq(npyload_cuda_available(0, NULL, 0), 0);
+    /* A tiny buffer is truncated, NUL-terminated. */
+    char small[8];
+    memset(small, 'x', sizeof small);
+    cr_assert_eq(npyload_cuda_available(0, small, sizeof small), 0);
+    cr_assert_eq(strlen(small), sizeof small - 1);
+}
+
+Test(cuda_nogpu, runtime_present_driver_absent_says_no_driver)
+{
+    /* The situation of this project's CI and dev machines: the toolkit (and
+     * so libcudart) is installed, the driver (libcuda.so.1) is not. */
+    SKIP_IF_GPU();
+    int rt = can_dlopen("libcudart.so.13") || can_dlopen("libcudart.so.12") ||
+             can_dlopen("libcudart.so.11.0") || can_dlopen("libcudart.so");
+    if (!rt)
+        cr_skip_test("no libcudart on this machine: the no-runtime path is "
+                     "covered by open_no_runtime_library");
+    if (can_dlopen("libcuda.so.1"))
+        cr_skip_test("libcuda.so.1 loads here (driver present, no device): "
+                     "covered by available_says_why");
+    char why[512];
+    cr_assert_eq(npyload_cuda_available(0, why, sizeof why), 0);
+    cr_assert(strstr(why, "no CUDA driver") != NULL,
+              "expected \"no CUDA driver\", got \"%s\"", why);
+    cr_assert(strstr(why, "libcudart") != NULL,
+              "the reason should say which runtime loaded: \"%s\"", why);
+}
+
+Test(cuda_nogpu, open_fails_with_enocuda)
+{
+    SKIP_IF_GPU();
+    char why[512] = "", avail[512] = "";
+    npyl_cuda *c = (npyl_cuda *)0x1;
+    cr_assert_eq(npyl_cuda_open(&c, 0, why, sizeof why), NPYLOAD_ENOCUDA);
+    cr_assert_null(c, "*out must be NULL on failure");
+    cr_assert(names_cause(why), "reason: \"%s\"", why);
+    npyload_cuda_available(0, avail, sizeof avail);
+    cr_assert_str_eq(why, avail, "open and available disagree");
+    /* Device 1 fails for the same reason, not "out of range". */
+    cr_assert_eq(npyl_cuda_open(&c, 1, why, sizeof why), NPYLOAD_ENOCUDA);
+    cr_assert_str_eq(why, avail);
+}
+
+Test(cuda_nogpu, h2d_bandwidth_enocuda)
+{
+    SKIP_IF_GPU();
+    double g = -1.0;
+    cr_assert_eq(npyload_cuda_h2d_bandwidth(0, 1 << 20, 4, &g), NPYLOAD_ENOCUDA);
+}
+
+/* ---- everywhere ---- */
+
+Test(cuda, open_no_runtime_library)
+{
+    static const char *const names[] = {"libcudart-npyload-absent.so.99",
+                                        "libnpyload-no-such-runtime.so"};
+    char why[512];
+    npyl_cuda *c = (npyl_cuda *)0x1;
+    cr_assert_eq(npyl_cuda_open_sonames(&c, 0, names, 2, why, sizeof why),
+                 NPYLOAD_ENOCUDA);
+    cr_assert_null(c);
+    cr_log_info("%s", why);
+    cr_assert(strstr(why, "no CUDA runtime library (libcudart) found") != NULL,
+              "reason: \"%s\"", why);
+    cr_assert(strstr(why, names[0]) && strstr(why, names[1]),
+              "the reason must list what was tried: \"%s\"", why);
+}
+
+Test(cuda, open_library_without_cuda_symbols)
+{
+    /* A library that loads but is no CUDA runtime. */
+    static const char *const names[] = {"libc.so.6"};
+    char why[512];
+    npyl_cuda *c = NULL;
+    cr_assert_eq(npyl_cuda_open_sonames(&c, 0, names, 1, why, sizeof why),
+                 NPYLOAD_ENOCUDA);
+    cr_assert(strstr(why, "no CUDA runtime library") && strstr(why, "libc.so.6") &&
+                  strstr(why, "cudaGetDeviceCount"),
+              "reason: \"%s\"", why);
+}
+
+Test(cuda, open_bad_arguments)
+{
+    char why[256];
+    npyl_cuda *c = NULL;
+    cr_assert_eq(npyl_cuda_open(NULL, 0, why, sizeof why), NPYLOAD_EINVAL);
+    cr_assert_eq(npyl_cuda_open(&c, -1, why, sizeof why), NPYLOAD_EINVAL);
+    cr_assert(strstr(why, "-1") != NULL, "reason: \"%s\"", why);
+    cr_assert_null(c);
+    npyl_cuda_close(NULL);
+    cr_assert_str_eq(npyl_cuda_errmsg(NULL), "");
+    cr_assert_eq(npyl_cuda_device(NULL), -1);
+}
+
+Test(cuda, available_negative_and_huge_device)
+{
+    char why[512];
+    cr_assert_eq(npyload_cuda_available(-1, why, sizeof why), 0);
+    cr_assert(strstr(why, "-1") != NULL, "reason: \"%s\"", why);
+    cr_assert_eq(npyload_cuda_available(4096, why, sizeof why), 0);
+    cr_assert(names_cause(why), "reason: \"%s\"", why);
+    char g[512];
+    if (gpu_present(g, sizeof g))
+        cr_assert(strstr(why, "device 4096 out of range (") != NULL,
+                  "reason: \"%s\"", why);
+}
+
+Test(cuda, h2d_bandwidth_bad_arguments)
+{
+    double g;
+    cr_assert_eq(npyload_cuda_h2d_bandwidth(0, 0, 4, &g), NPYLOAD_EINVAL);
+    cr_assert_eq(npyload_cuda_h2d_bandwidth(0, 4096, 0, &g), NPYLOAD_EINVAL);
+    cr_assert_eq(npyload_cuda_h2d_bandwidth(0, 4096, 4, NULL), NPYLOAD_EINVAL);
+}
+
+/* ---- the loader asked for a device it cannot have ---- */
+
+/* One small field; returns the glob (malloc'd) and the directory in *dir. */
+static char *small_field(char **dir)
+{
+    *dir = tu_mkdtemp("cuda");
+    cr_assert_not_null(*dir);
+    const int64_t sshape[1] = {16};
+    const int64_t per_file[2] = {8, 5};
+    cr_assert_eq(tu_write_field(*dir, "x", 1, "<f4", 4, 1, sshape, per_file, 2,
+                                64), 0);
+    return tu_path(*dir, "x_*.npy");
+}
+
+/* Sets the device on a fresh loader with one field, then starts it; returns
+ * the first failure (set or start) and where it happened in *at. */
+static int loader_with_device(npyload_loader *L, int64_t device,
+                              const char **at)
+{
+    int rc = npyload_loader_set(L, NPYLOAD_OPT_DEVICE, device);
+    *at = "set";
+    if (rc != 0)
+        return rc;
+    rc = npyload_loader_start(L);
+    *at = "start";
+    return rc;
+}
+
+Test(cuda_nogpu, loader_device_fails_with_reason)
+{
+    SKIP_IF_GPU();
+    char avail[512];
+    npyload_cuda_available(0, avail, sizeof avail);
+
+    char *dir;
+    char *glob = small_field(&dir);
+    npyload_loader *L = NULL;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "x", glob), 0, "%s",
+                 npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 4), 0);
+    const char *at;
+    int rc = loader_with_device(L, 0, &at);
+    cr_log_info("NPYLOAD_OPT_DEVICE=0 failed at %s: %s", at,
+                npyload_loader_errmsg(L));
+    cr_assert_eq(rc, NPYLOAD_ENOCUDA, "%s returned %d (%s): %s", at, rc,
+                 npyload_strerror(rc), npyload_loader_errmsg(L));
+    const char *msg = npyload_loader_errmsg(L);
+    cr_assert(names_cause(msg), "loader message does not name the cause: \"%s\"",
+              msg);
+
+    if (strcmp(at, "set") == 0) {
+        /* A refused option leaves the loader as it was: the program can fall
+         * back to host memory. */
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DEVICE, -1), 0);
+        cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+        npyload_batch *b = NULL;
+        cr_assert_eq(npyload_loader_next(L, &b), 0, "%s",
+                     npyload_loader_errmsg(L));
+        cr_assert_eq(npyload_batch_field(b, 0)->device, -1);
+        /* Stream calls are no-ops on host batches. */
+        cr_assert_eq(npyload_batch_wait_stream(b, NULL), 0);
+        cr_assert_eq(npyload_batch_sync(b), 0);
+        npyload_batch_release_stream(b, NULL);
+    }
+    npyload_loader_destroy(L);
+    free(glob);
+    tu_rmtree(dir);
+}
+
+Test(cuda, loader_device_out_of_range)
+{
+    char *dir;
+    char *glob = small_field(&dir);
+    npyload_loader *L = NULL;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "x", glob), 0);
+    const char *at;
+    /* 1000: inside the option's accepted range, beyond any machine. */
+    int rc = loader_with_device(L, 1000, &at);
+    cr_assert_eq(rc, NPYLOAD_ENOCUDA, "%s returned %d: %s", at, rc,
+                 npyload_loader_errmsg(L));
+    const char *msg = npyload_loader_errmsg(L);
+    cr_assert(names_cause(msg), "loader message: \"%s\"", msg);
+    char g[512];
+    if (gpu_present(g, sizeof g))
+        cr_assert(strstr(msg, "out of range") != NULL, "loader message: \"%s\"",
+                  msg);
+    npyload_loader_destroy(L);
+    free(glob);
+    tu_rmtree(dir);
+}
+
+/* ---- GPU: the handle on device 0 ---- */
+
+Test(cuda_gpu, roundtrip_pinned_async_copy)
+{
+    NEED_GPU();
+    char why[512];
+    npyl_cuda *c = NULL;
+    cr_assert_eq(npyl_cuda_open(&c, 0, why, sizeof why), 0, "%s", why);
+    cr_log_info("runtime %s", npyl_cuda_soname(c));
+    cr_assert_eq(npyl_cuda_device(c), 0);
+
+    const size_t n = (4u << 20) + 13;
+    void *h = NULL, *d = NULL, *s = NULL, *e0 = NULL, *e1 = NULL;
+    cr_assert_eq(npyl_cuda_host_alloc(c, &h, n), 0, "%s", npyl_cuda_errmsg(c));
+    cr_assert_eq(npyl_cuda_malloc(c, &d, n), 0, "%s", npyl_cuda_errmsg(c));
+    cr_assert_eq(npyl_cuda_stream_create(c, &s), 0, "%s", npyl_cuda_errmsg(c));
+    cr_assert_eq(npyl_cuda_event_create(c, &e0, 1), 0);
+    cr_assert_eq(npyl_cuda_event_create(c, &e1, 1), 0);
+    for (size_t i = 0; i < n; i++)
+        ((uint8_t *)h)[i] = tu_byte(7, 0, i);
+
+    cr_assert_eq(npyl_cuda_event_record(c, e0, s), 0);
+    cr_assert_eq(npyl_cuda_memcpy_h2d_async(c, d, h, n, s), 0, "%s",
+                 npyl_cuda_errmsg(c));
+    cr_assert_eq(npyl_cuda_event_record(c, e1, s), 0);
+    cr_assert_eq(npyl_cuda_event_sync(c, e1), 0);
+    cr_assert_eq(npyl_cuda_event_query(c, e1), 1);
+    float ms = -1.0f;
+    cr_assert_eq(npyl_cuda_event_elapsed_ms(c, &ms, e0, e1), 0);
+    cr_assert_geq(ms, 0.0f);
+
+    uint8_t *back = malloc(n);
+    cr_assert_eq(npyl_cuda_memcpy_d2h(c, back, d, n), 0, "%s",
+                 npyl_cuda_errmsg(c));
+    cr_assert_eq(memcmp(back, h, n), 0, "device copy differs from the source");
+    free(back);
+
+    cr_assert_eq(npyl_cuda_stream_sync(c, s), 0);
+    cr_assert_eq(npyl_cuda_event_destroy(c, e1), 0);
+    cr_assert_eq(npyl_cuda_event_destroy(c, e0), 0);
+    cr_assert_eq(npyl_cuda_stream_destroy(c, s), 0);
+    cr_assert_eq(npyl_cuda_free(c, d), 0);
+    cr_assert_eq(npyl_cuda_host_free(c, h), 0);
+    npyl_cuda_close(c);
+}
+
+Test(cuda_gpu, stream_waits_for_event)
+{
+    NEED_GPU();
+    char why[512];
+    npyl_cuda *c = NULL;
+    cr_assert_eq(npyl_cuda_open(&c, 0, why, sizeof why), 0, "%s", why);
+    void *s1, *s2, *e, *done;
+    cr_assert_eq(npyl_cuda_stream_create(c, &s1), 0);
+    cr_assert_eq(npyl_cuda_stream_create(c, &s2), 0);
+    cr_assert_eq(npyl_cuda_event_create(c, &e, 0), 0);
+    cr_assert_eq(npyl_cuda_event_create(c, &done, 0), 0);
+    const size_t n = 64u << 20;
+    void *h, *d;
+    cr_assert_eq(npyl_cuda_host_alloc(c, &h, n), 0);
+    cr_assert_eq(npyl_cuda_malloc(c, &d, n), 0);
+    memset(h, 1, n);
+    cr_assert_eq(npyl_cuda_memcpy_h2d_async(c, d, h, n, s1), 0);
+    cr_assert_eq(npyl_cuda_event_record(c, e, s1), 0);
+    cr_assert_eq(npyl_cuda_stream_wait_event(c, s2, e), 0);
+    cr_assert_eq(npyl_cuda_event_record(c, done, s2), 0);
+    cr_assert_eq(npyl_cuda_event_sync(c, done), 0);
+    /* done completed after e: e must be complete now. */
+    cr_assert_eq(npyl_cuda_event_query(c, e), 1);
+    npyl_cuda_free(c, d);
+    npyl_cuda_host_free(c, h);
+    npyl_cuda_event_destroy(c, e);
+    npyl_cuda_event_destroy(c, done);
+    npyl_cuda_stream_destroy(c, s1);
+    npyl_cuda_stream_destroy(c, s2);
+    npyl_cuda_close(c);
+}
+
+static void *bound_thread(void *arg)
+{
+    npyl_cuda *c = arg;
+    void *d = NULL;
+    intptr_t rc = npyl_cuda_bind_thread(c);
+    if (rc == 0)
+        rc = npyl_cuda_malloc(c, &d, 1 << 20);
+    if (rc == 0)
+        rc = npyl_cuda_free(c, d);
+    return (void *)rc;
+}
+
+Test(cuda_gpu, bind_thread_from_worker)
+{
+    NEED_GPU();
+    char why[512];
+    npyl_cuda *c = NULL;
+    cr_assert_eq(npyl_cuda_open(&c, 0, why, sizeof why), 0, "%s", why);
+    pthread_t t;
+    void *res;
+    cr_assert_eq(pthread_create(&t, NULL, bound_thread, c), 0);
+    pthread_join(t, &res);
+    cr_assert_eq((intptr_t)res, 0, "%s", npyl_cuda_errmsg(c));
+    npyl_cuda_close(c);
+}
+
+Test(cuda_gpu, failed_call_names_itself)
+{
+    NEED_GPU();
+    char why[512];
+    npyl_cuda *c = NULL;
+    cr_assert_eq(npyl_cuda_open(&c, 0, why, sizeof why), 0, "%s", why);
+    /* Freeing a pointer the runtime never gave out: a synchronous, non-sticky
+     * error. */
+    int x;
+    cr_assert_eq(npyl_cuda_free(c, &x), NPYLOAD_ECUDA);
+    cr_log_info("%s", npyl_cuda_errmsg(c));
+    cr_assert(strstr(npyl_cuda_errmsg(c), "cudaFree(") != NULL, "message: \"%s\"",
+              npyl_cuda_errmsg(c));
+    cr_assert(strstr(npyl_cuda_errmsg(c), "CUDA error") != NULL);
+    char copy[64];
+    npyl_cuda_errmsg_copy(c, copy, sizeof copy);
+    cr_assert_eq(strncmp(copy, npyl_cuda_errmsg(c), strlen(copy)), 0);
+    /* The handle still works. */
+    void *d;
+    cr_assert_eq(npyl_cuda_malloc(c, &d, 4096), 0, "%s", npyl_cuda_errmsg(c));
+    cr_assert_eq(npyl_cuda_free(c, d), 0);
+    npyl_cuda_close(c);
+}
+
+Test(cuda_gpu, two_handles_share_nothing)
+{
+    NEED_GPU();
+    char why[512];
+    npyl_cuda *a = NULL, *b = NULL;
+    cr_assert_eq(npyl_cuda_open(&a, 0, why, sizeof why), 0, "%s", why);
+    cr_assert_eq(npyl_cuda_open(&b, 0, why, sizeof why), 0, "%s", why);
+    int x;
+    cr_assert_eq(npyl_cuda_free(a, &x), NPYLOAD_ECUDA);
+    cr_assert_str_eq(npyl_cuda_errmsg(b), "", "an error on one handle leaked "
+                     "into another");
+    npyl_cuda_close(a);
+    void *d;
+    cr_assert_eq(npyl_cuda_malloc(b, &d, 4096), 0, "closing one handle broke "
+                 "the other: %s", npyl_cuda_errmsg(b));
+    npyl_cuda_free(b, d);
+    npyl_cuda_close(b);
+}
+
+Test(cuda_gpu, device_out_of_range_counts_devices)
+{
+    NEED_GPU();
+    char why[512];
+    npyl_cuda *c = NULL;
+    cr_assert_eq(npyl_cuda_open(&c, 4096, why, sizeof why), NPYLOAD_ENOCUDA);
+    cr_assert(strstr(why, "device 4096 out of range (") && strstr(why, "device"),
+              "reason: \"%s\"", why);
+}
+
+Test(cuda_gpu, h2d_bandwidth_measures)
+{
+    NEED_GPU();
+    double g = 0.0;
+    int rc = npyload_cuda_h2d_bandwidth(0, 32u << 20, 8, &g);
+    cr_assert_eq(rc, 0, "%s", npyload_strerror(rc));
+    cr_log_info("pinned H2D: %.2f GB/s", g);
+    /* Any PCIe 3 x16 link or better exceeds 1 GB/s by far: this only guards
+     * against unit errors (bytes vs GB, ms vs s). */
+    cr_assert_gt(g, 1.0);
+    cr_assert_lt(g, 10000.0);
+}
