@@ -1,0 +1,365 @@
+"""npyload-gen: the captcha reference layout (paths, shapes, dtypes, content
+properties), determinism, the generic mode, argument errors.
+
+The tool is looked up in $NPYLOAD_BUILD_DIR/tools (default <repo>/build); a
+missing binary is a failure, not a skip. Datasets stay tiny (2-3 samples per
+file).
+"""
+import hashlib
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _tool(name):
+    build = Path(os.environ.get("NPYLOAD_BUILD_DIR", REPO / "build"))
+    if not build.is_absolute() and not build.exists():
+        build = REPO / build
+    exe = build / "tools" / name
+    if not exe.is_file() or not os.access(exe, os.X_OK):
+        pytest.fail(
+            f"{exe} not found: build it first (ninja -C {build} {name}) or "
+            f"point NPYLOAD_BUILD_DIR at the build directory",
+            pytrace=False,
+        )
+    return str(exe.resolve())
+
+
+@pytest.fixture(scope="module")
+def gen_exe():
+    return _tool("npyload-gen")
+
+
+def run(exe, *args):
+    return subprocess.run([exe, *map(str, args)], capture_output=True,
+                          text=True, timeout=120)
+
+
+def tree(root):
+    return sorted(str(p.relative_to(root)) for p in Path(root).rglob("*")
+                  if p.is_file())
+
+
+def digests(root):
+    return {name: hashlib.sha256((Path(root) / name).read_bytes()).hexdigest()
+            for name in tree(root)}
+
+
+LEVELS = np.arange(16, dtype=np.float32) / np.float32(15)
+
+
+@pytest.fixture(scope="module")
+def captcha2(gen_exe, tmp_path_factory):
+    out = tmp_path_factory.mktemp("captcha2")
+    r = run(gen_exe, "--preset", "captcha", "--out", out, "--files", 3,
+            "--samples-per-file", 3, "--seed", 7)
+    assert r.returncode == 0, r.stderr
+    return out, r
+
+
+def test_captcha_layout(captcha2):
+    out, r = captcha2
+    want = []
+    for i in range(3):
+        want += [f"images/train/train_{i:04d}.npy",
+                 f"labels/train/train_{i:04d}_heatmaps.npy",
+                 f"labels/train/train_{i:04d}_offsets.npy"]
+    assert tree(out) == sorted(want)
+    for i in range(3):
+        img = np.load(out / f"images/train/train_{i:04d}.npy")
+        hm = np.load(out / f"labels/train/train_{i:04d}_heatmaps.npy")
+        off = np.load(out / f"labels/train/train_{i:04d}_offsets.npy")
+        assert img.dtype == np.dtype("<f4") and img.shape == (3, 2, 256, 512)
+        assert hm.dtype == np.dtype("<f4") and hm.shape == (3, 2, 64, 128)
+        assert off.dtype == np.dtype("<f4") and off.shape == (3, 4, 64, 128)
+        for a in (img, hm, off):
+            assert a.flags.c_contiguous
+
+
+def test_captcha_summary_line(captcha2):
+    out, r = captcha2
+    m = re.search(r"wrote (\d+) files, (\d+) samples, (\d+) bytes .* "
+                  r"([\d.]+) s, ([\d.]+) MB/s", r.stdout)
+    assert m, r.stdout
+    assert int(m[1]) == 9 and int(m[2]) == 9
+    total = sum((out / n).stat().st_size for n in tree(out))
+    assert int(m[3]) == total
+
+
+def check_captcha_content(out, split, channels, nfiles, samples):
+    for i in range(nfiles):
+        img = np.load(out / f"images/{split}/{split}_{i:04d}.npy")
+        hm = np.load(out / f"labels/{split}/{split}_{i:04d}_heatmaps.npy")
+        off = np.load(out / f"labels/{split}/{split}_{i:04d}_offsets.npy")
+        assert img.shape == (samples, channels, 256, 512)
+        # image channels: 16 levels k/15; the last channel: an all-ones mask
+        colour = img[:, :channels - 1]
+        vals = np.unique(colour)
+        assert len(vals) <= 16
+        assert np.isin(vals, LEVELS).all(), vals
+        assert len(vals) >= 8  # a texture, not a flat image
+        assert (img[:, channels - 1] == 1.0).all()
+        for s in range(samples):
+            peaks = []
+            for c in range(2):
+                h = hm[s, c]
+                assert h.max() == np.float32(1.0)
+                (ys, xs) = np.nonzero(h == h.max())
+                assert len(ys) == 1, (i, s, c)
+                py, px = int(ys[0]), int(xs[0])
+                nz_y, nz_x = np.nonzero(h)
+                assert (np.abs(nz_y - py) <= 4).all()
+                assert (np.abs(nz_x - px) <= 4).all()
+                assert len(nz_y) <= 81
+                assert (h >= 0).all()
+                # a gaussian of sigma 1.5 around the peak cell
+                if 4 <= py < 60 and 4 <= px < 124:
+                    win = h[py - 4:py + 5, px - 4:px + 5]
+                    yy, xx = np.mgrid[-4:5, -4:5]
+                    g = np.exp(-(yy ** 2 + xx ** 2) / (2 * 1.5 ** 2))
+                    np.testing.assert_allclose(win, g, rtol=1e-5, atol=1e-7)
+                # offsets: (du, dv) at channels 2c, 2c+1, one cell, the peak
+                for k in (2 * c, 2 * c + 1):
+                    o = off[s, k]
+                    oy, ox = np.nonzero(o)
+                    assert len(oy) == 1, (i, s, k)
+                    assert (int(oy[0]), int(ox[0])) == (py, px)
+                    v = o[py, px]
+                    assert -0.5 <= v < 0.5 and v != 0
+                peaks.append((py, px))
+            # gap (channel 0) to the right of the slider (channel 1)
+            assert peaks[0][1] > peaks[1][1]
+
+
+def test_captcha_content(captcha2):
+    out, _ = captcha2
+    check_captcha_content(out, "train", 2, 3, 3)
+
+
+def test_captcha_gap_is_visible(captcha2):
+    """The gap region (around the gap peak) differs from the background: a
+    darker body, so the image is not label-independent noise."""
+    out, _ = captcha2
+    img = np.load(out / "images/train/train_0000.npy")
+    hm = np.load(out / "labels/train/train_0000_heatmaps.npy")
+    for s in range(img.shape[0]):
+        py, px = np.unravel_index(np.argmax(hm[s, 0]), hm[s, 0].shape)
+        cy, cx = 4 * py + 2, 4 * px + 2
+        inside = img[s, 0, cy - 8:cy + 8, cx - 8:cx + 8].mean()
+        assert inside < img[s, 0].mean(), s
+
+
+def test_captcha_four_channels(gen_exe, tmp_path):
+    r = run(gen_exe, "--preset", "captcha", "--out", tmp_path, "--files", 1,
+            "--samples-per-file", 2, "--channels", 4, "--split", "val")
+    assert r.returncode == 0, r.stderr
+    assert tree(tmp_path) == ["images/val/val_0000.npy",
+                              "labels/val/val_0000_heatmaps.npy",
+                              "labels/val/val_0000_offsets.npy"]
+    check_captcha_content(tmp_path, "val", 4, 1, 2)
+    img = np.load(tmp_path / "images/val/val_0000.npy")
+    assert img.shape == (2, 4, 256, 512)
+    # RGB: the colour channels are not copies of one another
+    assert not np.array_equal(img[:, 0], img[:, 1])
+    assert not np.array_equal(img[:, 1], img[:, 2])
+
+
+def test_captcha_defaults(gen_exe, tmp_path):
+    """Defaults: 4 files, split train, 2 channels (samples kept small)."""
+    r = run(gen_exe, "--preset", "captcha", "--out", tmp_path / "x",
+            "--samples-per-file", 1)
+    assert r.returncode == 0, r.stderr
+    files = tree(tmp_path / "x")
+    assert len(files) == 12
+    assert "images/train/train_0003.npy" in files
+    assert np.load(tmp_path / "x/images/train/train_0000.npy").shape == \
+        (1, 2, 256, 512)
+
+
+def test_captcha_determinism(gen_exe, captcha2, tmp_path):
+    out, _ = captcha2
+    again = tmp_path / "again"
+    r = run(gen_exe, "--preset", "captcha", "--out", again, "--files", 3,
+            "--samples-per-file", 3, "--seed", 7)
+    assert r.returncode == 0, r.stderr
+    assert digests(again) == digests(out)
+
+    other = tmp_path / "other"
+    r = run(gen_exe, "--preset", "captcha", "--out", other, "--files", 3,
+            "--samples-per-file", 3, "--seed", 8)
+    assert r.returncode == 0, r.stderr
+    d_out, d_other = digests(out), digests(other)
+    assert d_out.keys() == d_other.keys()
+    for name in d_out:
+        assert d_out[name] != d_other[name], name
+
+
+def test_captcha_first_id_shards(gen_exe, captcha2, tmp_path):
+    """--first-id writes the same files as one run would: shards compose."""
+    out, _ = captcha2
+    r = run(gen_exe, "--preset", "captcha", "--out", tmp_path, "--files", 2,
+            "--first-id", 1, "--samples-per-file", 3, "--seed", 7)
+    assert r.returncode == 0, r.stderr
+    d = digests(tmp_path)
+    ref = digests(out)
+    assert len(d) == 6
+    for name, h in d.items():
+        assert ref[name] == h, name
+
+
+# ---- generic mode ---------------------------------------------------------
+
+GENERIC_DTYPES = ["|b1", "|i1", "|u1", "<i2", ">i2", "<i4", ">i4", "<i8",
+                  ">i8", "<u2", ">u2", "<u4", ">u4", "<u8", ">u8", "<f2",
+                  ">f2", "<f4", ">f4", "<f8", ">f8", "<c8", ">c8", "<c16",
+                  ">c16"]
+
+
+@pytest.mark.parametrize("dtype", GENERIC_DTYPES)
+def test_generic_dtypes(gen_exe, tmp_path, dtype):
+    r = run(gen_exe, "--generic", "--out", tmp_path, "--prefix", "d",
+            "--files", 2, "--samples-per-file", 5, "--shape", "3,4",
+            "--dtype", dtype, "--seed", 3)
+    assert r.returncode == 0, r.stderr
+    assert tree(tmp_path) == ["d_0000.npy", "d_0001.npy"]
+    a = np.load(tmp_path / "d_0000.npy")
+    b = np.load(tmp_path / "d_0001.npy")
+    assert a.dtype == np.dtype(dtype) and a.dtype.str == dtype
+    assert a.shape == (5, 3, 4)
+    assert not np.array_equal(a, b) or dtype == "|b1"
+    if a.dtype.kind in "fc":
+        assert np.isfinite(a).all()
+        assert (np.abs(a.real) <= 1).all() and (np.abs(a.imag) <= 1).all()
+        assert len(np.unique(a)) > 30
+    if a.dtype.kind == "b":
+        assert a.any() and not a.all()
+
+
+def test_generic_byte_orders_hold_same_values(gen_exe, tmp_path):
+    """'<' and '>' differ only in byte order: same values for one seed."""
+    for t in ("i4", "u8", "f2", "f8", "c8"):
+        got = {}
+        for order in "<>":
+            out = tmp_path / (t + order.replace("<", "le").replace(">", "be"))
+            r = run(gen_exe, "--generic", "--out", out, "--files", 1,
+                    "--samples-per-file", 4, "--shape", "8", "--dtype",
+                    order + t, "--seed", 5)
+            assert r.returncode == 0, r.stderr
+            got[order] = np.load(out / "data_0000.npy")
+            assert got[order].dtype.str == order + t
+        assert np.array_equal(got["<"], got[">"]), t
+
+
+def test_generic_shapes(gen_exe, tmp_path):
+    cases = {"s3": ("3,32,32", (7, 3, 32, 32)),
+             "scalar": ("", (7,)),
+             "one": ("1", (7, 1)),
+             "empty": ("0,5", (7, 0, 5))}
+    for prefix, (shape, want) in cases.items():
+        r = run(gen_exe, "--generic", "--out", tmp_path, "--prefix", prefix,
+                "--files", 1, "--samples-per-file", 7, "--shape", shape)
+        assert r.returncode == 0, (prefix, r.stderr)
+        a = np.load(tmp_path / f"{prefix}_0000.npy")
+        assert a.shape == want and a.dtype == np.dtype("<f4")
+
+
+def test_generic_zero_samples_and_fortran(gen_exe, tmp_path):
+    r = run(gen_exe, "--generic", "--out", tmp_path, "--prefix", "z",
+            "--files", 1, "--samples-per-file", 0, "--shape", "2")
+    assert r.returncode == 0, r.stderr
+    assert np.load(tmp_path / "z_0000.npy").shape == (0, 2)
+    r = run(gen_exe, "--generic", "--out", tmp_path, "--prefix", "f",
+            "--files", 1, "--samples-per-file", 3, "--shape", "4",
+            "--fortran")
+    assert r.returncode == 0, r.stderr
+    assert np.load(tmp_path / "f_0000.npy").flags.f_contiguous
+
+
+def test_generic_determinism(gen_exe, tmp_path):
+    args = ["--generic", "--prefix", "g", "--files", 2, "--samples-per-file",
+            3, "--shape", "5,5", "--dtype", "<i4"]
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        r = run(gen_exe, *args, "--out", tmp_path / name, "--seed", seed)
+        assert r.returncode == 0, r.stderr
+    assert digests(tmp_path / "a") == digests(tmp_path / "b")
+    da, dc = digests(tmp_path / "a"), digests(tmp_path / "c")
+    assert all(da[k] != dc[k] for k in da)
+
+
+def test_generic_mkdir_p(gen_exe, tmp_path):
+    out = tmp_path / "a" / "b" / "c"
+    r = run(gen_exe, "--generic", "--out", out, "--files", 1,
+            "--samples-per-file", 1, "--shape", "2")
+    assert r.returncode == 0, r.stderr
+    assert (out / "data_0000.npy").is_file()
+
+
+# ---- command line ---------------------------------------------------------
+
+BAD_ARGS = [
+    [],
+    ["--out", "X"],
+    ["--preset", "captcha"],
+    ["--preset", "nope", "--out", "X"],
+    ["--preset", "captcha", "--generic", "--out", "X", "--shape", "2"],
+    ["--preset", "captcha", "--out", "X", "--channels", "3"],
+    ["--preset", "captcha", "--out", "X", "--files", "0"],
+    ["--preset", "captcha", "--out", "X", "--files", "abc"],
+    ["--preset", "captcha", "--out", "X", "--files", "-1"],
+    ["--preset", "captcha", "--out", "X", "--samples-per-file", "0"],
+    ["--preset", "captcha", "--out", "X", "--seed", "x1"],
+    ["--preset", "captcha", "--out", "X", "--split", "a/b"],
+    ["--preset", "captcha", "--out", "X", "--shape", "2"],
+    ["--preset", "captcha", "--out", "X", "--bogus"],
+    ["--preset", "captcha", "--out"],
+    ["--generic", "--out", "X"],
+    ["--generic", "--out", "X", "--shape", "3,x"],
+    ["--generic", "--out", "X", "--shape", "3,,4"],
+    ["--generic", "--out", "X", "--shape", "-3"],
+    ["--generic", "--out", "X", "--shape", "2", "--dtype", "<f3"],
+    ["--generic", "--out", "X", "--shape", "2", "--dtype", "|f4"],
+    ["--generic", "--out", "X", "--shape", "2", "--dtype", "<O8"],
+    ["--generic", "--out", "X", "--shape", "2", "--dtype", "<U4"],
+    ["--generic", "--out", "X", "--shape", "2", "--channels", "4"],
+    ["--generic", "--out", "X", "--shape", "2", "--prefix", ""],
+    ["--generic", "--out", "X", "--shape", "100000,100000,100000,100000,100000"],
+]
+
+
+@pytest.mark.parametrize("args", BAD_ARGS, ids=lambda a: " ".join(a) or "none")
+def test_bad_arguments_exit_2(gen_exe, tmp_path, args):
+    args = [str(tmp_path / "out") if a == "X" else a for a in args]
+    r = run(gen_exe, *args)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.strip(), "a message is expected on stderr"
+    assert not (tmp_path / "out").exists() or not any(
+        (tmp_path / "out").rglob("*.npy"))
+
+
+def test_help_and_version(gen_exe):
+    r = run(gen_exe, "--help")
+    assert r.returncode == 0
+    assert "--preset captcha" in r.stdout and "--generic" in r.stdout
+    r = run(gen_exe, "--version")
+    assert r.returncode == 0
+    assert re.fullmatch(r"npyload-gen \d+\.\d+\.\d+\n", r.stdout)
+
+
+def test_option_equals_form(gen_exe, tmp_path):
+    r = run(gen_exe, "--generic", f"--out={tmp_path}", "--shape=2,2",
+            "--files=1", "--samples-per-file=2", "--dtype=>i2", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ""
+    a = np.load(tmp_path / "data_0000.npy")
+    assert a.shape == (2, 2, 2) and a.dtype.str == ">i2"
+
+
+def test_no_temporary_files_left(captcha2):
+    out, _ = captcha2
+    assert not [p for p in Path(out).rglob("*.tmp")]
