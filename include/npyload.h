@@ -116,9 +116,14 @@ typedef struct npyload_header {
  *           NPYLOAD_EFORMAT / EUNSUPPORTED / ETRUNCATED / ETOOBIG / EINVAL
  *           with a message "name: problem" written to `err` (NUL-terminated,
  *           truncated to `errlen`; `err` may be NULL);
- *           -EAGAIN-free: when `len` is too short to hold the header that the
- *           preamble announces, returns NPYLOAD_ETRUNCATED and sets
- *           out->header_len so a caller may read more and retry.
+ *           when `len` is too short to hold the header that the preamble
+ *           announces, NPYLOAD_ETRUNCATED with out->header_len set and
+ *           out->data_offset = the bytes needed, so a caller may read more
+ *           and retry (header_len stays 0 if even the 10- or 12-byte
+ *           preamble is incomplete). A shape whose byte size exceeds
+ *           2^63-1 is NPYLOAD_ETOOBIG. numpy writes none of the refused
+ *           forms; the corpus in tests/malformed lists where numpy itself
+ *           would accept one (negative dims, duplicate keys...). 
  * Thread-safe; touches no global state. */
 NPYLOAD_API int npyload_parse_header(const void *buf, size_t len,
                                      uint64_t file_size, const char *name,
