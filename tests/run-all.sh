@@ -62,6 +62,22 @@ if [[ -x "$B/tests/test_gpu" ]]; then
   "$B/tests/test_gpu" --verbose 2>&1 | grep -E "SKIP|PASS|FAIL|Synthesis" | head -20 || true
 fi
 
+# The install as users get it: cmake --install, then a downstream project
+# through find_package and through pkg-config.
+I="$PWD/$B/_install"
+rm -rf "$I" "$B/_consumer"
+cmake --install "$B" --prefix "$I" >/dev/null
+cmake -S tests/install -B "$B/_consumer" "${GEN[@]}" -DCMAKE_PREFIX_PATH="$I" >/dev/null
+cmake --build "$B/_consumer" >/dev/null
+G=tests/golden/v1_le_f4.npy
+[[ -f $G ]] || G=$(ls tests/golden/*.npy | head -1)
+LD_LIBRARY_PATH="$I/lib" "$B/_consumer/consumer_shared" "$G"
+"$B/_consumer/consumer_static" "$G"
+cc tests/install/consumer.c $(PKG_CONFIG_PATH="$I/lib/pkgconfig" pkg-config --cflags --libs npyload) \
+   -o "$B/_consumer/consumer_pc"
+LD_LIBRARY_PATH="$I/lib" "$B/_consumer/consumer_pc" "$G"
+echo "install: find_package (shared, static) and pkg-config consumers OK"
+
 python3 -m pip install -q --no-build-isolation . 2>&1 | tail -5
 set +e
 NPYLOAD_BUILD_DIR="$B" python3 -m pytest -q tests/python
