@@ -1,0 +1,563 @@
+/* lib/io: every backend (pread, mmap, io_uring) with and without O_DIRECT,
+ * checked against an independent truth (the file read back with plain
+ * read(2) by testutil, and tu_byte). Criterion runs each test in its own
+ * process, so the seccomp test cannot leak into the others. */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <dirent.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/magic.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "io/npyload_io.h"
+#include "testutil.h"
+
+#define MiB (1024ull * 1024ull)
+
+/* ---- helpers ------------------------------------------------------------ */
+
+/* A temp dir on a filesystem that is not tmpfs when one is at hand (tmpfs
+ * refuses or ignores O_DIRECT): $TMPDIR, then /var/tmp, then /tmp. */
+static char *mkdir_realfs(const char *tag)
+{
+    const char *cands[] = {getenv("TMPDIR"), "/var/tmp", "/tmp"};
+    for (size_t i = 0; i < 3; i++) {
+        struct statfs sf;
+        if (!cands[i] || !*cands[i] || statfs(cands[i], &sf) != 0 ||
+            sf.f_type == TMPFS_MAGIC)
+            continue;
+        char *p = malloc(strlen(cands[i]) + strlen(tag) + 32);
+        sprintf(p, "%s/npyload-%s-XXXXXX", cands[i], tag);
+        if (mkdtemp(p))
+            return p;
+        free(p);
+    }
+    return tu_mkdtemp(tag);
+}
+
+typedef struct tfile {
+    char *path;
+    uint8_t *bytes; /* the whole file, read back independently */
+    size_t size;
+    long data_offset;
+} tfile;
+
+/* An NPY file of `n` uint8 values tu_byte(seed, 0, i); header padded so the
+ * data starts at a multiple of `align` (64 → offset 128, 16 → offset 80). */
+static void make_file(tfile *t, const char *dir, const char *name,
+                      uint32_t seed, size_t n, unsigned align)
+{
+    uint8_t *data = malloc(n ? n : 1);
+    cr_assert(data);
+    for (size_t i = 0; i < n; i++)
+        data[i] = tu_byte(seed, 0, i);
+    t->path = tu_path(dir, name);
+    int64_t shape[1] = {(int64_t)n};
+    t->data_offset = tu_write_npy(t->path, "|u1", 0, 1, shape, data, n, align);
+    cr_assert(t->data_offset > 0, "cannot write %s", t->path);
+    free(data);
+    t->bytes = tu_read_file(t->path, &t->size);
+    cr_assert(t->bytes && t->size == (size_t)t->data_offset + n);
+    for (size_t i = 0; i < n; i += 4093) /* the writer agrees with tu_byte */
+        cr_assert_eq(t->bytes[t->data_offset + i], tu_byte(seed, 0, i));
+}
+
+static void free_file(tfile *t)
+{
+    free(t->path);
+    free(t->bytes);
+}
+
+static void stat_all(const tfile *t, size_t n, npyl_file_info *info)
+{
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(npyl_io_stat(t[i].path, &info[i]), 0, "%s", t[i].path);
+}
+
+/* A uring test skips visibly when io_uring is refused or compiled out. */
+static void need_uring(void)
+{
+    char why[256] = "";
+    if (!npyl_io_uring_usable(why, sizeof why))
+        cr_skip_test("io_uring unusable here: %s", why);
+}
+
+/* A direct test skips visibly when the filesystem refuses O_DIRECT. */
+static void need_direct(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECT);
+    if (fd < 0)
+        cr_skip_test("O_DIRECT refused on %s: %s", path, strerror(errno));
+    void *buf = npyl_alloc_aligned(4096, 4096);
+    ssize_t r = pread(fd, buf, 4096, 0);
+    int e = errno;
+    npyl_free_aligned(buf);
+    close(fd);
+    if (r < 0)
+        cr_skip_test("O_DIRECT read refused on %s: %s", path, strerror(e));
+}
+
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    int n = 0;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+static uint64_t rng_state;
+static uint64_t rnd(void)
+{
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static uint64_t rnd_below(uint64_t n) { return n ? rnd() % n : 0; }
+
+static npyl_io *make_io(int backend, int direct, unsigned qd, unsigned max_open,
+                        const npyl_file_info *info, size_t nfiles)
+{
+    npyl_io_config cfg = {.backend = backend, .direct = direct,
+                          .queue_depth = qd, .max_open = max_open,
+                          .files = info, .nfiles = nfiles};
+    npyl_io *io = NULL;
+    char err[512] = "";
+    int rc = npyl_io_create(&io, &cfg, err, sizeof err);
+    cr_assert_eq(rc, 0, "npyl_io_create: %d %s", rc, err);
+    return io;
+}
+
+/* ---- random runs against the truth -------------------------------------- */
+
+#define GUARD 0xEE
+
+static void random_runs(int backend, int direct, unsigned qd,
+                        unsigned max_open, int iters)
+{
+    enum { NF = 5 };
+    char *dir = mkdir_realfs("io");
+    cr_assert(dir);
+    tfile f[NF];
+    /* Sizes not multiples of 4096; data offsets 128 and 80. */
+    const size_t sizes[NF] = {9 * MiB + 12345, 3 * MiB + 1, 777777, 4097,
+                              6 * MiB + 4095};
+    for (int k = 0; k < NF; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "f%d.npy", k);
+        make_file(&f[k], dir, name, (uint32_t)k + 1, sizes[k],
+                  k % 2 ? 16 : 64);
+    }
+    cr_assert_eq(f[0].data_offset, 128);
+    cr_assert_eq(f[1].data_offset, 80);
+    if (direct)
+        need_direct(f[0].path);
+    npyl_file_info info[NF];
+    stat_all(f, NF, info);
+    npyl_io *io = make_io(backend, direct, qd, max_open, info, NF);
+
+    enum { MAXREQ = 12 };
+    const size_t cap = MAXREQ * (4 * MiB + 2 * 4096);
+    uint8_t *buf = npyl_alloc_aligned(cap, 4096);
+    cr_assert(buf);
+    rng_state = 0x1234 + (uint64_t)backend * 7 + (uint64_t)direct;
+    uint64_t direct_bytes = 0;
+    for (int it = 0; it < iters; it++) {
+        npyl_io_req req[MAXREQ];
+        size_t n = 1 + rnd_below(MAXREQ), at = 0;
+        memset(buf, GUARD, cap);
+        for (size_t r = 0; r < n; r++) {
+            uint32_t k = (uint32_t)rnd_below(NF);
+            uint64_t len;
+            switch (rnd_below(4)) {
+            case 0: len = 1 + rnd_below(64); break;
+            case 1: len = 1 + rnd_below(8192); break;
+            case 2: len = 1 + rnd_below(512 * 1024); break;
+            default: len = 1 + rnd_below(4 * MiB); break;
+            }
+            if (len > f[k].size)
+                len = f[k].size;
+            uint64_t off;
+            if (rnd_below(3) == 0) /* inside the data, from its start */
+                off = (uint64_t)f[k].data_offset +
+                      rnd_below(f[k].size - (uint64_t)f[k].data_offset);
+            else
+                off = rnd_below(f[k].size - len + 1);
+            if (off + len > f[k].size)
+                len = f[k].size - off;
+            /* Half the destinations congruent to the offset mod 4096 (the
+             * direct path), half anywhere. */
+            size_t slack = rnd_below(2) ? (size_t)(off % 4096)
+                                        : (size_t)rnd_below(4096);
+            at = (at + 4095) / 4096 * 4096 + 4096; /* a guard page between */
+            uint8_t *dst = buf + at + slack;
+            at += slack + len;
+            cr_assert(at + 4096 <= cap);
+            req[r] = (npyl_io_req){k, off, len, dst};
+            if (direct && (off % 4096) == ((uintptr_t)dst % 4096) &&
+                len >= 4096)
+                direct_bytes += len;
+        }
+        uint64_t got = 0;
+        size_t bad = 99;
+        char err[512] = "";
+        int rc = npyl_io_read(io, req, n, &bad, &got, err, sizeof err);
+        cr_assert_eq(rc, 0, "iteration %d: rc %d (%s) req %zu: %s", it, rc,
+                     npyload_strerror(rc), bad, err);
+        uint64_t want = 0;
+        for (size_t r = 0; r < n; r++) {
+            const uint8_t *truth = f[req[r].file].bytes + req[r].offset;
+            uint8_t *d = req[r].dst;
+            want += req[r].len;
+            cr_assert(memcmp(d, truth, req[r].len) == 0,
+                      "iteration %d request %zu: file %u offset %llu len %llu "
+                      "differs",
+                      it, r, req[r].file, (unsigned long long)req[r].offset,
+                      (unsigned long long)req[r].len);
+            if ((uintptr_t)d > (uintptr_t)buf)
+                cr_assert_eq(d[-1], GUARD, "write before request %zu", r);
+            cr_assert_eq(d[req[r].len], GUARD, "write after request %zu", r);
+        }
+        cr_assert_eq(got, want, "bytes_read %llu, expected %llu",
+                     (unsigned long long)got, (unsigned long long)want);
+    }
+    if (direct)
+        cr_assert(direct_bytes > 0, "no request exercised the direct path");
+    npyl_io_destroy(io);
+    npyl_free_aligned(buf);
+    for (int k = 0; k < NF; k++)
+        free_file(&f[k]);
+    tu_rmtree(dir);
+}
+
+Test(io_pread, random_runs) { random_runs(NPYLOAD_IO_PREAD, 0, 1, 4, 80); }
+Test(io_pread, random_runs_direct)
+{
+    random_runs(NPYLOAD_IO_PREAD, 1, 1, 4, 80);
+}
+Test(io_pread, random_runs_one_open_file)
+{
+    random_runs(NPYLOAD_IO_PREAD, 0, 1, 1, 40);
+}
+Test(io_mmap, random_runs) { random_runs(NPYLOAD_IO_MMAP, 0, 1, 4, 80); }
+Test(io_mmap, random_runs_one_open_file)
+{
+    random_runs(NPYLOAD_IO_MMAP, 0, 1, 1, 40);
+}
+Test(io_uring, random_runs_qd1)
+{
+    need_uring();
+    random_runs(NPYLOAD_IO_URING, 0, 1, 4, 60);
+}
+Test(io_uring, random_runs_qd32)
+{
+    need_uring();
+    random_runs(NPYLOAD_IO_URING, 0, 32, 4, 80);
+}
+Test(io_uring, random_runs_qd8_one_open_file)
+{
+    /* Every file switch must wait for the reads on the open one. */
+    need_uring();
+    random_runs(NPYLOAD_IO_URING, 0, 8, 1, 40);
+}
+Test(io_uring, random_runs_direct_qd32)
+{
+    need_uring();
+    random_runs(NPYLOAD_IO_URING, 1, 32, 4, 80);
+}
+Test(io_uring, random_runs_direct_qd3_two_open_files)
+{
+    need_uring();
+    random_runs(NPYLOAD_IO_URING, 1, 3, 2, 40);
+}
+
+/* ---- more files than max_open ------------------------------------------- */
+
+static void many_files(int backend, int direct, unsigned qd)
+{
+    enum { NF = 300, MAXOPEN = 8 };
+    char *dir = mkdir_realfs("io-many");
+    cr_assert(dir);
+    tfile *f = calloc(NF, sizeof *f);
+    for (int k = 0; k < NF; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "m%03d.npy", k);
+        make_file(&f[k], dir, name, 1000u + (uint32_t)k,
+                  5000 + (size_t)k * 37, k % 3 ? 64 : 16);
+    }
+    if (direct)
+        need_direct(f[0].path);
+    npyl_file_info *info = calloc(NF, sizeof *info);
+    stat_all(f, NF, info);
+    int fds0 = count_fds();
+    npyl_io *io = make_io(backend, direct, qd, MAXOPEN, info, NF);
+    enum { PER = 64 };
+    uint8_t *buf = npyl_alloc_aligned(PER * 16384, 4096);
+    rng_state = 99;
+    for (int round = 0; round < 20; round++) {
+        npyl_io_req req[PER];
+        for (int r = 0; r < PER; r++) {
+            uint32_t k = (uint32_t)rnd_below(NF);
+            uint64_t off = (uint64_t)f[k].data_offset;
+            uint64_t len = f[k].size - off; /* the whole data of the file */
+            req[r] = (npyl_io_req){k, off, len, buf + (size_t)r * 16384 +
+                                                   (size_t)(off % 4096)};
+        }
+        char err[512] = "";
+        size_t bad = 0;
+        int rc = npyl_io_read(io, req, PER, &bad, NULL, err, sizeof err);
+        cr_assert_eq(rc, 0, "round %d: %s", round, err);
+        for (int r = 0; r < PER; r++)
+            for (uint64_t i = 0; i < req[r].len; i += 97)
+                cr_assert_eq(((uint8_t *)req[r].dst)[i],
+                             tu_byte(1000u + req[r].file, 0, i),
+                             "file %u byte %llu", req[r].file,
+                             (unsigned long long)i);
+        int open_now = count_fds() - fds0;
+        /* fd + O_DIRECT fd per cached file, and a ring fd. */
+        cr_assert(open_now <= MAXOPEN * (direct ? 2 : 1) + 1,
+                  "%d descriptors open with max_open %d", open_now, MAXOPEN);
+    }
+    npyl_io_destroy(io);
+    cr_assert_eq(count_fds(), fds0, "descriptors leaked by destroy");
+    npyl_free_aligned(buf);
+    for (int k = 0; k < NF; k++)
+        free_file(&f[k]);
+    free(f);
+    free(info);
+    tu_rmtree(dir);
+}
+
+Test(io_pread, many_files) { many_files(NPYLOAD_IO_PREAD, 0, 1); }
+Test(io_pread, many_files_direct) { many_files(NPYLOAD_IO_PREAD, 1, 1); }
+Test(io_mmap, many_files) { many_files(NPYLOAD_IO_MMAP, 0, 1); }
+Test(io_uring, many_files)
+{
+    need_uring();
+    many_files(NPYLOAD_IO_URING, 0, 16);
+}
+Test(io_uring, many_files_direct)
+{
+    need_uring();
+    many_files(NPYLOAD_IO_URING, 1, 16);
+}
+
+/* ---- truncated after open: an error naming the path, never wrong bytes -- */
+
+static void truncated(int backend, int direct)
+{
+    char *dir = mkdir_realfs("io-trunc");
+    tfile f;
+    make_file(&f, dir, "t.npy", 7, 2 * MiB, 64);
+    if (backend == NPYLOAD_IO_URING)
+        need_uring();
+    if (direct)
+        need_direct(f.path);
+    npyl_file_info info;
+    stat_all(&f, 1, &info);
+    npyl_io *io = make_io(backend, direct, 8, 2, &info, 1);
+    uint8_t *buf = npyl_alloc_aligned(2 * MiB + 8192, 4096);
+    char err[512] = "";
+    size_t bad = 0;
+    /* First read opens (and for mmap maps) the file. */
+    npyl_io_req r0 = {0, 128, 4096, buf + 128};
+    cr_assert_eq(npyl_io_read(io, &r0, 1, &bad, NULL, err, sizeof err), 0,
+                 "%s", err);
+    cr_assert(truncate(f.path, 100000) == 0);
+    /* A request wholly past the new end, then one straddling it. */
+    npyl_io_req reqs[2] = {{0, 128, 8192, buf + 128},
+                           {0, 1 * MiB, 64 * 1024, buf + 1 * MiB}};
+    int rc = npyl_io_read(io, &reqs[1], 1, &bad, NULL, err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_ETRUNCATED, "rc %d: %s", rc, err);
+    cr_assert(strstr(err, f.path), "message lacks the path: %s", err);
+    cr_assert(strstr(err, "file ends at byte"), "message: %s", err);
+    npyl_io_req straddle = {0, 90000, 20000, buf + 90000};
+    rc = npyl_io_read(io, &straddle, 1, &bad, NULL, err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_ETRUNCATED, "rc %d: %s", rc, err);
+    cr_assert(strstr(err, "file ends at byte 100000"), "message: %s", err);
+    /* Good and bad in one call: the bad index is reported. */
+    rc = npyl_io_read(io, reqs, 2, &bad, NULL, err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_ETRUNCATED);
+    cr_assert_eq(bad, 1);
+    /* What is still there reads correctly. */
+    cr_assert_eq(npyl_io_read(io, reqs, 1, &bad, NULL, err, sizeof err), 0);
+    cr_assert(memcmp(buf + 128, f.bytes + 128, 8192) == 0);
+    npyl_io_destroy(io);
+    npyl_free_aligned(buf);
+    free_file(&f);
+    tu_rmtree(dir);
+}
+
+Test(io_pread, truncated) { truncated(NPYLOAD_IO_PREAD, 0); }
+Test(io_pread, truncated_direct) { truncated(NPYLOAD_IO_PREAD, 1); }
+Test(io_mmap, truncated) { truncated(NPYLOAD_IO_MMAP, 0); }
+Test(io_uring, truncated) { truncated(NPYLOAD_IO_URING, 0); }
+Test(io_uring, truncated_direct) { truncated(NPYLOAD_IO_URING, 1); }
+
+/* ---- a request past the size recorded at start -------------------------- */
+
+static void past_end(int backend)
+{
+    if (backend == NPYLOAD_IO_URING)
+        need_uring();
+    char *dir = mkdir_realfs("io-end");
+    tfile f;
+    make_file(&f, dir, "e.npy", 3, 10000, 64);
+    npyl_file_info info;
+    stat_all(&f, 1, &info);
+    npyl_io *io = make_io(backend, 0, 4, 1, &info, 1);
+    uint8_t buf[20000];
+    char err[512] = "";
+    size_t bad = 9;
+    npyl_io_req r = {0, 5000, 10000, buf};
+    int rc = npyl_io_read(io, &r, 1, &bad, NULL, err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_ETRUNCATED, "rc %d: %s", rc, err);
+    cr_assert_eq(bad, 0);
+    char want[600];
+    snprintf(want, sizeof want,
+             "%s: file ends at byte 10128, 10000 bytes expected at offset 5000",
+             f.path);
+    cr_assert_str_eq(err, want);
+    npyl_io_destroy(io);
+    free_file(&f);
+    tu_rmtree(dir);
+}
+
+Test(io_pread, past_end) { past_end(NPYLOAD_IO_PREAD); }
+Test(io_mmap, past_end) { past_end(NPYLOAD_IO_MMAP); }
+Test(io_uring, past_end) { past_end(NPYLOAD_IO_URING); }
+
+/* ---- replaced (write new, rename over) → ECHANGED on open --------------- */
+
+static void replaced(int backend, int same_size)
+{
+    if (backend == NPYLOAD_IO_URING)
+        need_uring();
+    char *dir = mkdir_realfs("io-repl");
+    tfile f, g;
+    make_file(&f, dir, "r.npy", 11, 50000, 64);
+    npyl_file_info info;
+    stat_all(&f, 1, &info);
+    npyl_io *io = make_io(backend, 0, 4, 1, &info, 1);
+    make_file(&g, dir, "r.npy.tmp", 12, same_size ? 50000 : 40000, 64);
+    cr_assert(rename(g.path, f.path) == 0);
+    uint8_t buf[4096];
+    char err[512] = "";
+    size_t bad = 9;
+    npyl_io_req r = {0, 128, 4096, buf};
+    int rc = npyl_io_read(io, &r, 1, &bad, NULL, err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_ECHANGED, "rc %d: %s", rc, err);
+    cr_assert_eq(bad, 0);
+    cr_assert(strstr(err, f.path), "message lacks the path: %s", err);
+    cr_assert(strstr(err, "file changed since the loader started"), "%s", err);
+    if (!same_size) {
+        char want[64];
+        snprintf(want, sizeof want, "(size %zu \u2192 %zu)", f.size, g.size);
+        cr_assert(strstr(err, want), "message lacks '%s': %s", want, err);
+    }
+    npyl_io_destroy(io);
+    free_file(&f);
+    free_file(&g);
+    tu_rmtree(dir);
+}
+
+Test(io_pread, replaced) { replaced(NPYLOAD_IO_PREAD, 0); }
+Test(io_pread, replaced_same_size) { replaced(NPYLOAD_IO_PREAD, 1); }
+Test(io_mmap, replaced) { replaced(NPYLOAD_IO_MMAP, 0); }
+Test(io_uring, replaced_same_size) { replaced(NPYLOAD_IO_URING, 1); }
+
+/* ---- stat, bad configs --------------------------------------------------- */
+
+Test(io_common, stat_and_bad_config)
+{
+    npyl_file_info info;
+    cr_assert_eq(npyl_io_stat("/nonexistent/npyload/x.npy", &info), -ENOENT);
+    npyl_io *io = (npyl_io *)1;
+    char err[256];
+    npyl_io_config cfg = {.backend = NPYLOAD_IO_MMAP, .direct = 1,
+                          .queue_depth = 1, .max_open = 1};
+    cr_assert_eq(npyl_io_create(&io, &cfg, err, sizeof err), NPYLOAD_EINVAL);
+    cr_assert_null(io);
+    cfg = (npyl_io_config){.backend = NPYLOAD_IO_AUTO, .max_open = 1};
+    cr_assert_eq(npyl_io_create(&io, &cfg, err, sizeof err), NPYLOAD_EINVAL);
+    cfg = (npyl_io_config){.backend = NPYLOAD_IO_PREAD, .max_open = 0};
+    cr_assert_eq(npyl_io_create(&io, &cfg, err, sizeof err), NPYLOAD_EINVAL);
+    npyl_io_destroy(NULL);
+}
+
+/* ---- io_uring refused by seccomp ---------------------------------------- */
+
+#if defined(__x86_64__)
+#define TEST_AUDIT_ARCH AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define TEST_AUDIT_ARCH AUDIT_ARCH_AARCH64
+#endif
+
+Test(io_uring, refused_by_seccomp)
+{
+#ifndef TEST_AUDIT_ARCH
+    cr_skip_test("no seccomp arch constant for this CPU in the test");
+#else
+    struct sock_filter prog[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, TEST_AUDIT_ARCH, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog fprog = {.len = sizeof prog / sizeof prog[0],
+                               .filter = prog};
+    cr_assert_eq(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0, "%s",
+                 strerror(errno));
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &fprog) != 0)
+        cr_skip_test("cannot install a seccomp filter here: %s",
+                     strerror(errno));
+    char why[256] = "";
+    cr_assert_eq(npyl_io_uring_usable(why, sizeof why), 0);
+    cr_assert(why[0], "no reason given");
+#ifdef NPYLOAD_HAVE_URING
+    cr_assert(strstr(why, strerror(EPERM)), "reason: %s", why);
+#endif
+    npyl_io *io = NULL;
+    char err[256] = "";
+    npyl_io_config cfg = {.backend = NPYLOAD_IO_URING, .queue_depth = 8,
+                          .max_open = 4};
+    cr_assert_eq(npyl_io_create(&io, &cfg, err, sizeof err), NPYLOAD_ENOURING,
+                 "%s", err);
+    cr_assert_null(io);
+    cr_assert(err[0]);
+    /* pread stays available. */
+    cfg.backend = NPYLOAD_IO_PREAD;
+    cr_assert_eq(npyl_io_create(&io, &cfg, err, sizeof err), 0, "%s", err);
+    npyl_io_destroy(io);
+#endif
+}
+
+#ifndef NPYLOAD_HAVE_URING
+Test(io_uring, compiled_out)
+{
+    npyl_io *io = NULL;
+    char err[256] = "";
+    npyl_io_config cfg = {.backend = NPYLOAD_IO_URING, .queue_depth = 8,
+                          .max_open = 4};
+    cr_assert_eq(npyl_io_create(&io, &cfg, err, sizeof err), NPYLOAD_ENOURING);
+    cr_assert(strstr(err, "built without liburing"), "%s", err);
+}
+#endif
