@@ -56,7 +56,8 @@ extern "C" {
     XX(NOCUDA, -10009, "CUDA is not usable here")                             \
     XX(CUDA, -10010, "CUDA runtime call failed")                              \
     XX(NOURING, -10011, "io_uring is not usable here")                        \
-    XX(CHANGED, -10012, "file changed after the loader started")
+    XX(CHANGED, -10012, "file changed after the loader started")            \
+    XX(HELD, -10013, "all batch slots are held by the caller")
 
 typedef enum npyload_error {
 #define NPYLOAD_XX_ENUM(name, code, msg) NPYLOAD_E##name = (code),
@@ -296,9 +297,11 @@ NPYLOAD_API int64_t npyload_loader_num_samples(const npyload_loader *L);
  * device pointers; the copy may still be in flight: call
  * npyload_batch_wait_stream() (or npyload_batch_sync()) before using them.
  * @return : 0 with *out set; NPYLOAD_EOF at the end of the epoch (call
- *           set_epoch to go on); a negative error (a failed read names the
- *           file and offset in npyload_loader_errmsg). After an error the
- *           loader stays failed until set_epoch/set_state succeed.
+ *           set_epoch to go on); NPYLOAD_EHELD when every slot is in the
+ *           caller's hands, so waiting could never end (release a batch and
+ *           call again: the loader is not failed); another negative error (a
+ *           failed read names the file and offset in npyload_loader_errmsg),
+ *           after which the loader stays failed until set_epoch/set_state.
  * Only one thread may call next() at a time. */
 NPYLOAD_API int npyload_loader_next(npyload_loader *L, npyload_batch **out);
 
@@ -412,8 +415,9 @@ NPYLOAD_API int npyload_loader_get_state(const npyload_loader *L,
  * Restores a position: the loader then yields exactly the batches the saved
  * one would have yielded next, whatever its num_workers, prefetch or
  * backend. Before start the check against N happens at start. seed, shuffle
- * and drop_last are taken from the state; batch_size, world_size and N must
- * match (NPYLOAD_EMISMATCH otherwise). */
+ * and drop_last are taken from the state (before or after start);
+ * batch_size, world_size and N must match (NPYLOAD_EMISMATCH otherwise).
+ * After start it abandons the current position like set_epoch. */
 NPYLOAD_API int npyload_loader_set_state(npyload_loader *L,
                                          const npyload_state *st);
 

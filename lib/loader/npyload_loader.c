@@ -573,7 +573,7 @@ int npyload_loader_start(npyload_loader *L)
     op->batch_size = L->opt[NPYLOAD_OPT_BATCH_SIZE];
     op->window = L->opt[NPYLOAD_OPT_SHUFFLE_WINDOW] ? L->opt[NPYLOAD_OPT_SHUFFLE_WINDOW]
                                                     : DEFAULT_WINDOW;
-    if (op->shuffle == NPYLOAD_SHUFFLE_LOCAL) {
+    {   /* kept for every mode: set_state may switch to LOCAL after start */
         npyl_field *f0 = &L->fields[0];
         int64_t *sizes = malloc(f0->npaths * sizeof *sizes);
         if (!sizes) {
@@ -602,7 +602,14 @@ int npyload_loader_start(npyload_loader *L)
     }
     L->delivered = npyl_order_delivered_len(op);
     L->nbatches = npyl_order_num_batches(op);
-    L->seqbuf = malloc((size_t)(L->delivered ? L->delivered : 1) * sizeof *L->seqbuf);
+    {   /* sized for the larger of the drop_last cases: set_state may switch */
+        npyl_order_params keep = *op;
+        keep.drop_last = 0;
+        int64_t cap = npyl_order_delivered_len(&keep);
+        if (cap < L->delivered)
+            cap = L->delivered;
+        L->seqbuf = malloc((size_t)(cap ? cap : 1) * sizeof *L->seqbuf);
+    }
     if (!L->seqbuf) {
         rc = npyl_loader_fail(L, -ENOMEM, "out of memory for the epoch's order (%" PRId64
                               " samples)", L->delivered);
@@ -893,14 +900,16 @@ int npyload_loader_set_state(npyload_loader *L, const npyload_state *st)
     if (st->num_samples != L->n)
         return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state is for %" PRId64
                                 " samples, the fields hold %" PRId64, st->num_samples, L->n);
-    if (st->seed != L->op.seed || st->shuffle != L->op.shuffle ||
-        st->drop_last != L->op.drop_last)
-        return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state has seed/shuffle/drop_last "
-                                "%" PRId64 "/%" PRId64 "/%" PRId64 ", the started loader %" PRId64
-                                "/%d/%d: restore before start to adopt them", st->seed,
-                                st->shuffle, st->drop_last, L->op.seed, L->op.shuffle,
-                                L->op.drop_last);
     pthread_mutex_lock(&L->mu);
+    /* Adopt the saved order parameters; workers read op only under mu. */
+    L->op.seed = st->seed;
+    L->op.shuffle = (int)st->shuffle;
+    L->op.drop_last = (int)st->drop_last;
+    L->opt[NPYLOAD_OPT_SEED] = st->seed;
+    L->opt[NPYLOAD_OPT_SHUFFLE] = st->shuffle;
+    L->opt[NPYLOAD_OPT_DROP_LAST] = st->drop_last;
+    L->delivered = npyl_order_delivered_len(&L->op);
+    L->nbatches = npyl_order_num_batches(&L->op);
     int rc = npyl_pipeline_reset_locked(L, st->epoch,
                                         (int64_t)(st->consumed / (uint64_t)st->batch_size));
     pthread_mutex_unlock(&L->mu);

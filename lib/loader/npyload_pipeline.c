@@ -322,7 +322,7 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
         size_t nbatch_slots = L->nd ? L->nd : L->nh;
         if (L->held >= nbatch_slots) {
             /* Every slot is in the caller's hands: waiting would never end. */
-            rc = npyl_loader_fail(L, NPYLOAD_ESTATE, "all %zu batch slots are held by the "
+            rc = npyl_loader_fail(L, NPYLOAD_EHELD, "all %zu batch slots are held by the "
                                   "caller; release batches (or raise PREFETCH) before "
                                   "asking for more", nbatch_slots);
             break;

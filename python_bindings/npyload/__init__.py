@@ -1,0 +1,528 @@
+"""npyload: stream NPY arrays into reused pinned buffers and onto the GPU.
+
+A drop-in for ``torch.utils.data.DataLoader`` over pre-batched ``.npy`` files::
+
+    import npyload
+    loader = npyload.Loader({"images": "data/images/train/*.npy",
+                             "heatmaps": "data/labels/train/*_heatmaps.npy"},
+                            batch_size=128, shuffle=True, num_workers=4,
+                            device="cuda")
+    for epoch in range(10):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            x, y = batch["images"], batch["heatmaps"]   # torch tensors
+            ...
+
+Lifetime rule
+-------------
+Arrays and tensors of a batch are zero-copy views of one of the loader's
+``prefetch`` slots. A slot is given back to the loader when the last array or
+tensor made from its batch is freed (and the ``Batch`` object itself).
+Keeping batches alive therefore holds slots: when every slot is held, the next
+batch cannot be read and iteration raises ``NpyloadError`` (rather than
+hanging). Copy what you keep (``.clone()`` / ``.copy()``), or pass
+``copy=True`` to get owned copies and release slots immediately.
+Deleting (or closing) the loader while arrays from it are alive is safe: the
+workers stop at once and the slots still in use are freed when their last
+array dies.
+
+Threads: a loader is used by one thread at a time; waits for a batch release
+the GIL and Ctrl-C interrupts them promptly.
+"""
+
+import os as _os
+import sys as _sys
+from collections.abc import Mapping as _Mapping
+
+from . import _npyload
+from ._npyload import NpyloadError, inspect, load, order_indices, cuda_available
+
+__all__ = ["Loader", "Batch", "NpyloadError", "inspect", "load",
+           "order_indices", "cuda_available", "__version__"]
+__version__ = _npyload.__version__
+
+_IO = {"auto": _npyload.IO_AUTO, "uring": _npyload.IO_URING,
+       "io_uring": _npyload.IO_URING, "pread": _npyload.IO_PREAD,
+       "mmap": _npyload.IO_MMAP}
+_SHUFFLE = {"none": _npyload.SHUFFLE_NONE, "full": _npyload.SHUFFLE_FULL,
+            "local": _npyload.SHUFFLE_LOCAL}
+
+
+def _int_arg(name, value, minimum=None, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    value = value.__index__()
+    if minimum is not None and value < minimum:
+        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name} must be {what}, got {value}")
+    return value
+
+
+def _env_int(var):
+    v = _os.environ.get(var)
+    if v is None or v.strip() == "":
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"environment variable {var}={v!r} is not an int") from None
+
+
+def _dist_rank_world():
+    """(rank, world_size) from an initialised torch.distributed, else None."""
+    dist = _sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:  # pragma: no cover - defensive
+        pass
+    return None
+
+
+def _parse_device(device):
+    """-1 for host memory, k for CUDA device k."""
+    if device is None:
+        return -1
+    if isinstance(device, bool):
+        raise TypeError(f"device must be 'cpu', 'cuda', 'cuda:N' or an int, got {device!r}")
+    if hasattr(device, "__index__"):
+        k = device.__index__()
+        if k < -1:
+            raise ValueError(f"device index must be >= -1, got {k}")
+        return k
+    if type(device).__name__ == "device" and hasattr(device, "type"):  # torch.device
+        device = str(device)
+    if not isinstance(device, str):
+        raise TypeError(f"device must be 'cpu', 'cuda', 'cuda:N' or an int, got {device!r}")
+    d = device.strip().lower()
+    if d == "cpu":
+        return -1
+    if d == "cuda":
+        lr = _env_int("LOCAL_RANK")
+        return lr if lr is not None else 0
+    if d.startswith("cuda:"):
+        tail = d[5:]
+        if tail.isdigit():
+            return int(tail)
+    raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N' (N a device index), got {device!r}")
+
+
+def _parse_shuffle(shuffle):
+    if isinstance(shuffle, bool):
+        return _npyload.SHUFFLE_FULL if shuffle else _npyload.SHUFFLE_NONE
+    if isinstance(shuffle, str) and shuffle.lower() in _SHUFFLE:
+        return _SHUFFLE[shuffle.lower()]
+    raise ValueError(f"shuffle must be True, False, 'full', 'local' or 'none', got {shuffle!r}")
+
+
+def _torch_or_none():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+class Batch(_Mapping):
+    """One batch: a read-only mapping from field name to array or tensor.
+
+    Attributes: ``indices`` (global sample index of each row; an int64 numpy
+    array or torch tensor, an owned copy), ``epoch``, ``seq`` (the batch's
+    position in this rank's epoch) and ``num_samples`` (rows).
+    Without ``copy=True`` the values share memory with a loader slot; the
+    slot is given back when the last of them (and this object) is freed.
+    """
+
+    __slots__ = ("_data", "indices", "epoch", "seq", "num_samples", "_raw")
+
+    def __init__(self, data, indices, epoch, seq, num_samples, raw):
+        self._data = data
+        self.indices = indices
+        self.epoch = epoch
+        self.seq = seq
+        self.num_samples = num_samples
+        self._raw = raw
+
+    def __getitem__(self, key):
+        return self._data[key]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self):
+        return len(self._data)
+
+    def __contains__(self, key):
+        return key in self._data
+
+    def wait_stream(self, stream=None):
+        """Makes a CUDA stream (a torch.cuda.Stream or an int handle; None =
+        legacy default) wait for this batch's copy. Tensors made by the loader
+        already wait on the stream current when the batch was yielded."""
+        if self._raw is None:
+            return
+        if stream is not None and hasattr(stream, "cuda_stream"):
+            stream = stream.cuda_stream
+        self._raw.wait_stream(stream)
+
+    def __repr__(self):
+        fields = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in self._data.items())
+        return f"<npyload.Batch epoch={self.epoch} seq={self.seq} rows={self.num_samples} {{{fields}}}>"
+
+
+class _Iterator:
+    __slots__ = ("_loader", "_gen")
+
+    def __init__(self, loader, gen):
+        self._loader = loader
+        self._gen = gen
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        ld = self._loader
+        if ld is None:
+            raise StopIteration
+        if ld._gen != self._gen:
+            self._loader = None
+            raise RuntimeError("npyload: this iterator was superseded by a newer "
+                               "iter(loader), set_epoch() or load_state_dict()")
+        raw = ld._c.next()
+        if raw is None:
+            self._loader = None
+            ld._at_eof = True
+            raise StopIteration
+        return ld._wrap(raw)
+
+    def __len__(self):
+        return len(self._loader) if self._loader is not None else 0
+
+
+class Loader:
+    """Batches of NPY fields, read by worker threads into reused slots.
+
+    Parameters
+    ----------
+    fields : mapping name -> glob string or list of paths
+        Each field is the concatenation of its files along the first (sample)
+        axis; a glob's matches are sorted lexicographically. All fields must
+        hold the same number of samples.
+    batch_size : int >= 1
+    shuffle : bool or 'full' / 'local' / 'none'
+        True = 'full' (a permutation of all samples per epoch, a pure function
+        of (seed, epoch)); 'local' permutes files, then samples within windows
+        of ``window`` files (for data larger than RAM).
+    seed : int
+    drop_last : bool
+        As DistributedSampler(drop_last) and DataLoader(drop_last) together.
+    num_workers : int >= 1
+        Worker *threads* (no processes, no copies of the dataset).
+    prefetch : int >= 1 or None
+        Batches read ahead of the one the loop body holds: the loader has
+        prefetch + 1 slots (memory = (prefetch + 1) x batch bytes), because a
+        ``for b in loader`` loop still holds the previous batch while it asks
+        for the next. None: the library default (2 x num_workers slots).
+    device : 'cpu', 'cuda', 'cuda:N', an int, or None (= 'cpu')
+        'cuda' without an index uses LOCAL_RANK when set (torchrun).
+    rank, world_size : int or None
+        Default: torch.distributed when initialised, else the RANK and
+        WORLD_SIZE environment variables (torchrun), else 0 and 1.
+    io : 'auto', 'uring', 'pread' or 'mmap'
+    output : 'auto', 'torch' or 'numpy'
+        'auto': torch tensors when torch is importable, numpy arrays otherwise.
+    copy : bool
+        True: yield owned copies and give each slot back immediately.
+    window : int >= 1
+        Files per window for shuffle='local'.
+    direct_io : bool
+        O_DIRECT reads (bypass the page cache).
+    pin_memory : bool or None
+        None: pin when CUDA is usable.
+
+    Iteration follows DataLoader with DistributedSampler: ``for b in loader``
+    runs the epoch chosen with ``set_epoch`` (0 at first) from its first batch;
+    every new ``iter(loader)`` starts that epoch again, except the first one
+    after ``load_state_dict``, which resumes where the saved loader stopped.
+    See the module docstring for the lifetime rule.
+    """
+
+    def __init__(self, fields, batch_size, shuffle=False, seed=0, drop_last=False,
+                 num_workers=2, prefetch=None, device="cpu", rank=None,
+                 world_size=None, io="auto", output="auto", copy=False, window=8,
+                 direct_io=False, pin_memory=None):
+        self._c = None
+        if not isinstance(fields, _Mapping) or len(fields) == 0:
+            raise TypeError("fields must be a non-empty mapping from field name "
+                            "to a glob string or a list of paths"
+                            if not isinstance(fields, _Mapping) else
+                            "fields must be a non-empty mapping (got an empty one)")
+        specs = []
+        for name, spec in fields.items():
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"field names must be non-empty strings, got {name!r}")
+            if isinstance(spec, (str, bytes, _os.PathLike)):
+                specs.append((name, _os.fsdecode(spec), None))
+            elif isinstance(spec, (list, tuple)):
+                if not spec:
+                    raise ValueError(f"field {name!r}: the list of paths is empty")
+                paths = []
+                for p in spec:
+                    if not isinstance(p, (str, bytes, _os.PathLike)):
+                        raise TypeError(f"field {name!r}: paths must be str or os.PathLike, got {p!r}")
+                    paths.append(_os.fsdecode(p))
+                specs.append((name, None, paths))
+            else:
+                raise TypeError(f"field {name!r}: expected a glob string or a list of "
+                                f"paths, got {type(spec).__name__}")
+
+        batch_size = _int_arg("batch_size", batch_size, 1)
+        seed = _int_arg("seed", seed)
+        num_workers = _int_arg("num_workers", num_workers, 1)
+        prefetch = _int_arg("prefetch", prefetch, 1, allow_none=True)
+        window = _int_arg("window", window, 1)
+        shuffle_mode = _parse_shuffle(shuffle)
+        if not isinstance(drop_last, (bool, int)):
+            raise TypeError(f"drop_last must be a bool, got {drop_last!r}")
+        if not isinstance(direct_io, (bool, int)):
+            raise TypeError(f"direct_io must be a bool, got {direct_io!r}")
+        if not isinstance(io, str) or io.lower() not in _IO:
+            raise ValueError(f"io must be one of 'auto', 'uring', 'pread', 'mmap', got {io!r}")
+        dev = _parse_device(device)
+        if output not in ("auto", "torch", "numpy"):
+            raise ValueError(f"output must be 'auto', 'torch' or 'numpy', got {output!r}")
+        if pin_memory not in (None, True, False):
+            raise TypeError(f"pin_memory must be None, True or False, got {pin_memory!r}")
+
+        dist = _dist_rank_world()
+        if world_size is None:
+            world_size = dist[1] if dist else _env_int("WORLD_SIZE")
+            world_size = 1 if world_size is None else world_size
+        if rank is None:
+            rank = dist[0] if dist else _env_int("RANK")
+            rank = 0 if rank is None else rank
+        world_size = _int_arg("world_size", world_size, 1)
+        rank = _int_arg("rank", rank, 0)
+        if rank >= world_size:
+            raise ValueError(f"rank must be in [0, world_size): rank={rank}, world_size={world_size}")
+
+        torch = None
+        if output in ("auto", "torch"):
+            torch = _torch_or_none()
+            if torch is None and output == "torch":
+                raise ImportError("output='torch' needs torch, which is not importable")
+        if torch is None:
+            if dev >= 0:
+                raise ValueError("device memory needs torch output (numpy cannot view "
+                                 "CUDA memory): install torch or use device='cpu'")
+            try:
+                import numpy
+            except ImportError:
+                raise ImportError("npyload.Loader needs numpy or torch to yield arrays") from None
+            self._np = numpy
+        else:
+            self._np = None
+        self._torch = torch
+
+        self._specs = specs
+        self._opts = {
+            _npyload.OPT_BATCH_SIZE: batch_size,
+            _npyload.OPT_NUM_WORKERS: num_workers,
+            _npyload.OPT_PREFETCH: prefetch + 1 if prefetch else 0,
+            _npyload.OPT_SHUFFLE: shuffle_mode,
+            _npyload.OPT_SEED: seed,
+            _npyload.OPT_DROP_LAST: int(bool(drop_last)),
+            _npyload.OPT_WORLD_SIZE: world_size,
+            _npyload.OPT_RANK: rank,
+            _npyload.OPT_IO_BACKEND: _IO[io.lower()],
+            _npyload.OPT_SHUFFLE_WINDOW: window,
+            _npyload.OPT_DIRECT_IO: int(bool(direct_io)),
+        }
+        if pin_memory is not None:
+            self._opts[_npyload.OPT_PIN_MEMORY] = int(pin_memory)
+        self._opts[_npyload.OPT_DEVICE] = dev  # last: it may load CUDA
+        self._c = c = self._build()
+
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = bool(drop_last)
+        self.num_workers = num_workers
+        self.num_slots = c.get(_npyload.OPT_PREFETCH)
+        self.prefetch = prefetch if prefetch else self.num_slots - 1
+        self.device = dev
+        self.rank = rank
+        self.world_size = world_size
+        self.copy = bool(copy)
+        self.field_names = c.field_names
+        self._epoch = 0
+        self._gen = 0
+        self._fresh = True      # the C loader is at the start of _epoch
+        self._resumed = False   # a load_state_dict position awaits iteration
+        self._at_eof = False
+
+    # ---- DataLoader-like surface ----
+
+    def __len__(self):
+        """Batches per epoch for this rank (the same on every rank)."""
+        return self._live().num_batches()
+
+    @property
+    def num_samples(self):
+        """N: samples in every field (all ranks together)."""
+        return self._live().num_samples()
+
+    @property
+    def epoch(self):
+        return self._epoch
+
+    @property
+    def backend(self):
+        """Name of the active io backend ('uring', 'pread' or 'mmap')."""
+        return self._live().backend
+
+    def set_epoch(self, epoch):
+        """Selects the epoch the next ``for`` loop runs (its order is a pure
+        function of (seed, epoch)). Prefetching for it starts now. Right after
+        load_state_dict, set_epoch with the saved epoch keeps the resumed
+        position."""
+        epoch = _int_arg("epoch", epoch, 0)
+        c = self._live()
+        if self._resumed and epoch == self._epoch:
+            return
+        c.set_epoch(epoch)
+        self._epoch = epoch
+        self._gen += 1
+        self._fresh = True
+        self._resumed = False
+        self._at_eof = False
+
+    def __iter__(self):
+        c = self._live()
+        if self._resumed:
+            self._resumed = False
+        elif not self._fresh:
+            c.set_epoch(self._epoch)
+        self._fresh = False
+        self._at_eof = False
+        self._gen += 1
+        return _Iterator(self, self._gen)
+
+    def state_dict(self):
+        """The position after the last batch handed out, as a dict of ints
+        (save it with your checkpoint)."""
+        return dict(self._live().get_state())
+
+    def load_state_dict(self, state):
+        """Resumes from ``state_dict()`` of a loader over the same data with
+        the same batch_size and world_size (num_workers, prefetch and io may
+        differ): the next ``iter(loader)`` yields exactly the batches the saved
+        loader would have yielded next."""
+        if not isinstance(state, _Mapping):
+            raise TypeError("state must be the dict returned by state_dict()")
+        c = self._live()
+        adopt = {_npyload.OPT_SEED: "seed", _npyload.OPT_SHUFFLE: "shuffle",
+                 _npyload.OPT_DROP_LAST: "drop_last"}
+        for key in ("epoch", "consumed", "seed", "shuffle", "drop_last"):
+            if key not in state:
+                raise ValueError(f"state lacks the key {key!r} (expected the dict "
+                                 "returned by state_dict())")
+        if all(int(state[k]) == self._opts[o] for o, k in adopt.items()):
+            c.set_state(state)
+        else:
+            # The order depends on seed/shuffle/drop_last, which a started
+            # loader cannot change: build a new one restored before start.
+            new = self._build(state)
+            for o, k in adopt.items():
+                self._opts[o] = int(state[k])
+            self.seed = int(state["seed"])
+            self.drop_last = bool(state["drop_last"])
+            self.shuffle = {0: False, 1: True, 2: "local"}.get(int(state["shuffle"]), self.shuffle)
+            self._c, old = new, c
+            old.close()
+        self._epoch = int(state["epoch"])
+        self._gen += 1
+        self._resumed = True
+        self._fresh = False
+        self._at_eof = False
+
+    def stats(self):
+        """Counters since start: bytes_read, batches_delivered, wait_ns, io_ns,
+        h2d_bytes, h2d_ns, backend, pinned, direct_io, device, slot_bytes,
+        num_slots."""
+        return self._live().stats()
+
+    def close(self):
+        """Stops the workers and frees the loader. Arrays and tensors still
+        alive stay valid (their slots are freed when they die)."""
+        if self._c is not None:
+            self._c.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        if self._c is None or self._c.closed:
+            return "<npyload.Loader closed>"
+        return (f"<npyload.Loader fields={list(self.field_names)} batch_size={self.batch_size} "
+                f"batches={len(self)} rank={self.rank}/{self.world_size} "
+                f"backend={self.backend} device={self.device}>")
+
+    # ---- internals ----
+
+    def _build(self, state=None):
+        """A started C loader for the stored fields and options, positioned
+        at `state` when given (restored before start, so the state's seed,
+        shuffle and drop_last are adopted)."""
+        c = _npyload.Loader()
+        try:
+            for name, glob, paths in self._specs:
+                if paths is None:
+                    c.add_field(name, glob)
+                else:
+                    c.add_field_files(name, paths)
+            for opt, value in self._opts.items():
+                c.set(opt, value)
+            if state is not None:
+                c.set_state(state)
+            c.start()
+        except BaseException:
+            c.close()
+            raise
+        return c
+
+    def _live(self):
+        c = self._c
+        if c is None or c.closed:
+            raise ValueError("npyload loader is closed")
+        return c
+
+    def _wrap(self, raw):
+        names = raw.field_names
+        torch = self._torch
+        copy = self.copy
+        data = {}
+        if torch is not None:
+            for i, name in enumerate(names):
+                t = torch.from_dlpack(raw.field(i))
+                data[name] = t.clone() if copy else t
+            indices = torch.frombuffer(raw.indices_bytes(), dtype=torch.int64) \
+                if raw.size else torch.empty(0, dtype=torch.int64)
+        else:
+            np = self._np
+            for i, name in enumerate(names):
+                a = np.asarray(raw.field(i))
+                data[name] = a.copy() if copy else a
+            indices = np.frombuffer(raw.indices_bytes(), dtype=np.int64)
+        epoch, seq, n = raw.epoch, raw.seq, raw.size
+        keep = raw
+        if copy:
+            if raw.live_views == 0:
+                raw.release()
+            keep = None
+        return Batch(data, indices, epoch, seq, n, keep)

@@ -1,0 +1,79 @@
+/*
+ * Internal declarations shared by the files of the extension npyload._npyload.
+ * One .c file per Python type (python-zstandard's c-ext layout):
+ *   _npyload_module.c  module init, NpyloadError, inspect(), load(), order
+ *   _npyload_loader.c  _npyload.Loader   (owns an npyload_loader)
+ *   _npyload_batch.c   _npyload.Batch    (owns one npyload_batch)
+ *   _npyload_view.c    _npyload.View     (one field of a batch: array
+ *                                          interface and DLPack exporter)
+ *
+ * Lifetime rule (the one thing to keep in mind when reading these files):
+ *   tensor/ndarray --> View --> Batch --(npyload_batch_release)--> slot
+ *   Every exported array keeps its View alive (numpy: the array's base;
+ *   torch: the DLPack deleter), every View keeps its Batch alive, and the
+ *   Batch's dealloc gives the slot back. The Loader is NOT kept alive by its
+ *   batches: destroying it stops the workers at once, and the C library keeps
+ *   the loader's memory until the last batch is released (the "zombie" rule
+ *   of npyload_loader_destroy, like sqlite3_close_v2).
+ *
+ * Only include/npyload.h is used from the library.
+ */
+#ifndef NPYLOAD_PY_H
+#define NPYLOAD_PY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "npyload.h"
+
+/* The module's exception: npyload.NpyloadError(RuntimeError), with .code. */
+extern PyObject *NpyloadPy_Error;
+
+/* Raises NpyloadError(code=rc) with `detail`, or npyload_strerror(rc) when
+ * detail is NULL or empty. Returns NULL. */
+PyObject *npyloadpy_raise(int rc, const char *detail);
+
+typedef struct NpyloadPy_Loader {
+    PyObject_HEAD
+    npyload_loader *L;
+    int started;
+    /* Set while a thread waits in next() with the GIL released: every other
+     * call on the loader is refused meanwhile (the C API allows one caller
+     * at a time, and destroy must not race with next). */
+    int busy;
+    PyObject *field_names; /* tuple of str, built at start */
+} NpyloadPy_Loader;
+
+typedef struct NpyloadPy_Batch {
+    PyObject_HEAD
+    npyload_batch *b;      /* NULL once released */
+    PyObject *field_names; /* tuple of str (shared with the loader) */
+    Py_ssize_t live_views; /* Views alive on this batch */
+    int device;            /* -1 host, k CUDA device */
+    int have_stream;       /* a consumer stream was seen by __dlpack__ */
+    void *stream;          /* ... and this is the last one (cudaStream_t) */
+} NpyloadPy_Batch;
+
+typedef struct NpyloadPy_View {
+    PyObject_HEAD
+    NpyloadPy_Batch *batch; /* strong reference: keeps the slot */
+    npyload_array arr;      /* copy of the field's description */
+    int is_indices;         /* the view is the batch's index array */
+} NpyloadPy_View;
+
+extern PyTypeObject NpyloadPy_LoaderType;
+extern PyTypeObject NpyloadPy_BatchType;
+extern PyTypeObject NpyloadPy_ViewType;
+
+/* New Batch owning `b` (released by the Batch's dealloc). Steals `b` even on
+ * failure (then releases it). */
+PyObject *npyloadpy_batch_new(npyload_batch *b, PyObject *field_names);
+
+/* New View on field `i` of `batch` (or on its indices when i == (size_t)-1).
+ * The view holds a reference to the batch. */
+PyObject *npyloadpy_view_new(NpyloadPy_Batch *batch, size_t i);
+
+/* Parses an int64 from a Python int, refusing bool. */
+int npyloadpy_as_int64(PyObject *o, const char *what, int64_t *out);
+
+#endif /* NPYLOAD_PY_H */

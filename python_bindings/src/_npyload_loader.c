@@ -1,0 +1,464 @@
+/*
+ * _npyload.Loader: a thin owner of one npyload_loader. The friendly
+ * constructor, argument checks and iteration protocol live in Python
+ * (npyload/__init__.py); this type maps the C API one call to one method.
+ *
+ * Threads and the GIL: next() waits with the GIL released, in slices of
+ * 100 ms, checking for signals in between so Ctrl-C raises
+ * KeyboardInterrupt promptly. While one thread waits, every other method on
+ * the same loader raises RuntimeError (the C API allows one caller at a
+ * time). Nothing else blocks on I/O except start() (reads every header),
+ * which also runs without the GIL.
+ */
+#include "_npyload.h"
+
+#include <errno.h>
+#include <string.h>
+
+#define NEXT_SLICE_NS (100LL * 1000 * 1000)
+
+static PyObject *loader_error(NpyloadPy_Loader *self, int rc)
+{
+    return npyloadpy_raise(rc, npyload_loader_errmsg(self->L));
+}
+
+/* Refuses a call while another thread waits in next(), or after close(). */
+static int loader_check(NpyloadPy_Loader *self)
+{
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "npyload loader is in use by another thread (next() "
+                        "is waiting); calls on one loader must not overlap");
+        return -1;
+    }
+    if (!self->L) {
+        PyErr_SetString(PyExc_ValueError, "npyload loader is closed");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    NpyloadPy_Loader *self = (NpyloadPy_Loader *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    int rc = npyload_loader_create(&self->L);
+    if (rc < 0) {
+        Py_DECREF(self);
+        if (rc == -ENOMEM)
+            return PyErr_NoMemory();
+        return npyloadpy_raise(rc, NULL);
+    }
+    return (PyObject *)self;
+}
+
+static void loader_dealloc(NpyloadPy_Loader *self)
+{
+    /* No Python references to other objects that could form a cycle (the
+     * field-name tuple holds only str), so the type is not GC-tracked.
+     * Destroy is safe with batches outstanding: their memory stays until the
+     * last npyload_batch_release() (zombie rule). It joins the workers, so
+     * the GIL is released while it waits. */
+    npyload_loader *L = self->L;
+    self->L = NULL;
+    if (L) {
+        Py_BEGIN_ALLOW_THREADS
+        npyload_loader_destroy(L);
+        Py_END_ALLOW_THREADS
+    }
+    Py_CLEAR(self->field_names);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *loader_close(NpyloadPy_Loader *self, PyObject *unused)
+{
+    if (self->busy) {
+        loader_check(self); /* sets the "in use" error */
+        return NULL;
+    }
+    npyload_loader *L = self->L;
+    self->L = NULL;
+    if (L) {
+        Py_BEGIN_ALLOW_THREADS
+        npyload_loader_destroy(L);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *loader_add_field(NpyloadPy_Loader *self, PyObject *args)
+{
+    const char *name;
+    PyObject *glob_obj, *bytes = NULL;
+    if (!PyArg_ParseTuple(args, "sO:add_field", &name, &glob_obj))
+        return NULL;
+    if (loader_check(self) < 0)
+        return NULL;
+    if (!PyUnicode_FSConverter(glob_obj, &bytes))
+        return NULL;
+    int rc;
+    const char *glob = PyBytes_AS_STRING(bytes);
+    Py_BEGIN_ALLOW_THREADS /* globbing touches the file system */
+    rc = npyload_loader_add_field(self->L, name, glob);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(bytes);
+    if (rc < 0)
+        return loader_error(self, rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject *loader_add_field_files(NpyloadPy_Loader *self, PyObject *args)
+{
+    const char *name;
+    PyObject *paths_obj;
+    if (!PyArg_ParseTuple(args, "sO:add_field_files", &name, &paths_obj))
+        return NULL;
+    if (loader_check(self) < 0)
+        return NULL;
+    PyObject *seq = PySequence_Fast(paths_obj, "paths must be a sequence");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **bytes = PyMem_Calloc((size_t)(n ? n : 1), sizeof *bytes);
+    const char **paths = PyMem_Calloc((size_t)(n ? n : 1), sizeof *paths);
+    PyObject *res = NULL;
+    if (!bytes || !paths) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(seq, i), &bytes[i]))
+            goto done;
+        paths[i] = PyBytes_AS_STRING(bytes[i]);
+    }
+    int rc = npyload_loader_add_field_files(self->L, name, paths, (size_t)n);
+    if (rc < 0) {
+        loader_error(self, rc);
+        goto done;
+    }
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    if (bytes)
+        for (Py_ssize_t i = 0; i < n; i++)
+            Py_XDECREF(bytes[i]);
+    PyMem_Free(bytes);
+    PyMem_Free(paths);
+    Py_DECREF(seq);
+    return res;
+}
+
+static PyObject *loader_set(NpyloadPy_Loader *self, PyObject *args)
+{
+    int opt;
+    PyObject *vobj;
+    int64_t v;
+    if (!PyArg_ParseTuple(args, "iO:set", &opt, &vobj))
+        return NULL;
+    if (loader_check(self) < 0 || npyloadpy_as_int64(vobj, "value", &v) < 0)
+        return NULL;
+    int rc;
+    /* Asking for a CUDA device loads the runtime (dlopen): no GIL. */
+    Py_BEGIN_ALLOW_THREADS
+    rc = npyload_loader_set(self->L, (npyload_option)opt, v);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return loader_error(self, rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject *loader_get(NpyloadPy_Loader *self, PyObject *args)
+{
+    int opt;
+    int64_t v = 0;
+    if (!PyArg_ParseTuple(args, "i:get", &opt))
+        return NULL;
+    if (loader_check(self) < 0)
+        return NULL;
+    int rc = npyload_loader_get(self->L, (npyload_option)opt, &v);
+    if (rc < 0)
+        return loader_error(self, rc);
+    return PyLong_FromLongLong((long long)v);
+}
+
+static PyObject *loader_start(NpyloadPy_Loader *self, PyObject *unused)
+{
+    if (loader_check(self) < 0)
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = npyload_loader_start(self->L);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return loader_error(self, rc);
+    self->started = 1;
+    size_t nf = npyload_loader_num_fields(self->L);
+    PyObject *names = PyTuple_New((Py_ssize_t)nf);
+    if (!names)
+        return NULL;
+    for (size_t i = 0; i < nf; i++) {
+        const char *s = npyload_loader_field_name(self->L, i);
+        PyObject *u = PyUnicode_FromString(s ? s : "");
+        if (!u) {
+            Py_DECREF(names);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(names, (Py_ssize_t)i, u);
+    }
+    Py_XSETREF(self->field_names, names);
+    Py_RETURN_NONE;
+}
+
+static PyObject *loader_set_epoch(NpyloadPy_Loader *self, PyObject *arg)
+{
+    int64_t e;
+    if (loader_check(self) < 0 || npyloadpy_as_int64(arg, "epoch", &e) < 0)
+        return NULL;
+    if (e < 0) {
+        PyErr_SetString(PyExc_ValueError, "epoch must be >= 0");
+        return NULL;
+    }
+    int rc;
+    /* Abandoning an epoch waits for the reads in flight. */
+    Py_BEGIN_ALLOW_THREADS
+    rc = npyload_loader_set_epoch(self->L, (uint64_t)e);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return loader_error(self, rc);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(next_doc,
+"next() -> Batch or None\n\n"
+"The next batch of the epoch, or None at its end. Waits without the GIL;\n"
+"signals are checked every 100 ms (Ctrl-C raises KeyboardInterrupt).\n"
+"Raises NpyloadError for a failed read, and when every slot is still held\n"
+"by live batches (keep fewer batches, or raise `prefetch`).");
+
+static PyObject *loader_next(NpyloadPy_Loader *self, PyObject *unused)
+{
+    if (loader_check(self) < 0)
+        return NULL;
+    if (!self->started) {
+        PyErr_SetString(PyExc_RuntimeError, "npyload loader is not started");
+        return NULL;
+    }
+    npyload_batch *b = NULL;
+    npyload_loader *L = self->L;
+    int rc;
+    self->busy = 1;
+    for (;;) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = npyload_loader_next_timeout(L, &b, NEXT_SLICE_NS);
+        Py_END_ALLOW_THREADS
+        if (rc != -ETIMEDOUT)
+            break;
+        if (PyErr_CheckSignals() < 0) {
+            self->busy = 0;
+            return NULL;
+        }
+    }
+    self->busy = 0;
+    if (rc == NPYLOAD_EOF)
+        Py_RETURN_NONE;
+    if (rc < 0)
+        return loader_error(self, rc);
+    return npyloadpy_batch_new(b, self->field_names);
+}
+
+static PyObject *loader_num_batches(NpyloadPy_Loader *self, PyObject *unused)
+{
+    if (loader_check(self) < 0)
+        return NULL;
+    int64_t n = npyload_loader_num_batches(self->L);
+    if (n < 0)
+        return loader_error(self, (int)n);
+    return PyLong_FromLongLong((long long)n);
+}
+
+static PyObject *loader_num_samples(NpyloadPy_Loader *self, PyObject *unused)
+{
+    if (loader_check(self) < 0)
+        return NULL;
+    int64_t n = npyload_loader_num_samples(self->L);
+    if (n < 0)
+        return loader_error(self, (int)n);
+    return PyLong_FromLongLong((long long)n);
+}
+
+static PyObject *loader_get_state(NpyloadPy_Loader *self, PyObject *unused)
+{
+    npyload_state st;
+    if (loader_check(self) < 0)
+        return NULL;
+    int rc = npyload_loader_get_state(self->L, &st);
+    if (rc < 0)
+        return loader_error(self, rc);
+    return Py_BuildValue("{s:K,s:L,s:K,s:K,s:L,s:L,s:L,s:L,s:L,s:L}",
+                         "version", (unsigned long long)st.version,
+                         "seed", (long long)st.seed,
+                         "epoch", (unsigned long long)st.epoch,
+                         "consumed", (unsigned long long)st.consumed,
+                         "num_samples", (long long)st.num_samples,
+                         "batch_size", (long long)st.batch_size,
+                         "world_size", (long long)st.world_size,
+                         "rank", (long long)st.rank,
+                         "shuffle", (long long)st.shuffle,
+                         "drop_last", (long long)st.drop_last);
+}
+
+static int state_item(PyObject *d, const char *key, int64_t *out)
+{
+    PyObject *v = PyMapping_GetItemString(d, key);
+    if (!v) {
+        if (PyErr_ExceptionMatches(PyExc_KeyError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError,
+                         "state dict lacks the key '%s' (expected the dict "
+                         "returned by state_dict())", key);
+        }
+        return -1;
+    }
+    char what[64];
+    snprintf(what, sizeof what, "state['%s']", key);
+    int r = npyloadpy_as_int64(v, what, out);
+    Py_DECREF(v);
+    return r;
+}
+
+static PyObject *loader_set_state(NpyloadPy_Loader *self, PyObject *d)
+{
+    npyload_state st;
+    int64_t v[10];
+    static const char *keys[] = {"version", "seed", "epoch", "consumed",
+                                 "num_samples", "batch_size", "world_size",
+                                 "rank", "shuffle", "drop_last"};
+    if (loader_check(self) < 0)
+        return NULL;
+    if (!PyMapping_Check(d)) {
+        PyErr_SetString(PyExc_TypeError, "state must be a dict from state_dict()");
+        return NULL;
+    }
+    for (int i = 0; i < 10; i++)
+        if (state_item(d, keys[i], &v[i]) < 0)
+            return NULL;
+    if (v[2] < 0 || v[3] < 0) {
+        PyErr_SetString(PyExc_ValueError, "state: epoch and consumed must be >= 0");
+        return NULL;
+    }
+    memset(&st, 0, sizeof st);
+    st.version = (uint64_t)v[0];
+    st.seed = v[1];
+    st.epoch = (uint64_t)v[2];
+    st.consumed = (uint64_t)v[3];
+    st.num_samples = v[4];
+    st.batch_size = v[5];
+    st.world_size = v[6];
+    st.rank = v[7];
+    st.shuffle = v[8];
+    st.drop_last = v[9];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = npyload_loader_set_state(self->L, &st);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return loader_error(self, rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *unused)
+{
+    npyload_stats s;
+    if (loader_check(self) < 0)
+        return NULL;
+    int rc = npyload_loader_get_stats(self->L, &s);
+    if (rc < 0)
+        return loader_error(self, rc);
+    return Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:s,s:O,s:O,s:i,s:K,s:K}",
+        "bytes_read", (unsigned long long)s.bytes_read,
+        "batches_delivered", (unsigned long long)s.batches_delivered,
+        "samples_delivered", (unsigned long long)s.samples_delivered,
+        "wait_ns", (unsigned long long)s.wait_ns,
+        "io_ns", (unsigned long long)s.io_ns,
+        "h2d_bytes", (unsigned long long)s.h2d_bytes,
+        "h2d_ns", (unsigned long long)s.h2d_ns,
+        "backend", npyload_backend_name((npyload_io_backend)s.backend),
+        "pinned", s.pinned ? Py_True : Py_False,
+        "direct_io", s.direct_io ? Py_True : Py_False,
+        "device", s.device,
+        "slot_bytes", (unsigned long long)s.slot_bytes,
+        "num_slots", (unsigned long long)s.num_slots);
+}
+
+static PyObject *loader_get_backend(NpyloadPy_Loader *self, void *closure)
+{
+    if (!self->L) {
+        PyErr_SetString(PyExc_ValueError, "npyload loader is closed");
+        return NULL;
+    }
+    return PyUnicode_FromString(npyload_backend_name(npyload_loader_backend(self->L)));
+}
+
+static PyObject *loader_get_field_names(NpyloadPy_Loader *self, void *closure)
+{
+    if (!self->field_names)
+        return PyTuple_New(0);
+    Py_INCREF(self->field_names);
+    return self->field_names;
+}
+
+static PyObject *loader_get_closed(NpyloadPy_Loader *self, void *closure)
+{
+    return PyBool_FromLong(self->L == NULL);
+}
+
+static PyMethodDef loader_methods[] = {
+    {"add_field", (PyCFunction)loader_add_field, METH_VARARGS,
+     "add_field(name, glob): a field made of the files matching glob, sorted."},
+    {"add_field_files", (PyCFunction)loader_add_field_files, METH_VARARGS,
+     "add_field_files(name, paths): a field made of these files, in order."},
+    {"set", (PyCFunction)loader_set, METH_VARARGS,
+     "set(option, value): npyload_loader_set (before start)."},
+    {"get", (PyCFunction)loader_get, METH_VARARGS,
+     "get(option) -> int: the option's effective value."},
+    {"start", (PyCFunction)loader_start, METH_NOARGS,
+     "start(): read headers, validate fields, start the workers."},
+    {"set_epoch", (PyCFunction)loader_set_epoch, METH_O,
+     "set_epoch(e): (re)start epoch e from its first batch."},
+    {"next", (PyCFunction)loader_next, METH_NOARGS, next_doc},
+    {"num_batches", (PyCFunction)loader_num_batches, METH_NOARGS,
+     "num_batches() -> int: batches per epoch for this rank."},
+    {"num_samples", (PyCFunction)loader_num_samples, METH_NOARGS,
+     "num_samples() -> int: N, the samples in every field."},
+    {"get_state", (PyCFunction)loader_get_state, METH_NOARGS,
+     "get_state() -> dict: position after the last batch handed out."},
+    {"set_state", (PyCFunction)loader_set_state, METH_O,
+     "set_state(d): resume from a get_state() dict."},
+    {"stats", (PyCFunction)loader_stats, METH_NOARGS,
+     "stats() -> dict: counters since start."},
+    {"close", (PyCFunction)loader_close, METH_NOARGS,
+     "close(): stop the workers and free the loader; batches still alive stay "
+     "valid until they die."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef loader_getset[] = {
+    {"backend", (getter)loader_get_backend, NULL,
+     "name of the active io backend ('auto' before start)", NULL},
+    {"field_names", (getter)loader_get_field_names, NULL,
+     "tuple of the field names, in the order they were added", NULL},
+    {"closed", (getter)loader_get_closed, NULL, "True after close()", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+PyTypeObject NpyloadPy_LoaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "npyload._npyload.Loader",
+    .tp_basicsize = sizeof(NpyloadPy_Loader),
+    .tp_dealloc = (destructor)loader_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Low-level owner of one npyload_loader (see npyload.Loader).",
+    .tp_methods = loader_methods,
+    .tp_getset = loader_getset,
+    .tp_new = loader_new,
+};

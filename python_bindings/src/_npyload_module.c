@@ -1,0 +1,403 @@
+/*
+ * npyload._npyload: module init, the exception class, and the helpers that
+ * need no loader: inspect(), load(), order_indices(), cuda_available().
+ */
+#include "_npyload.h"
+
+#include <string.h>
+
+PyObject *NpyloadPy_Error = NULL;
+
+PyObject *npyloadpy_raise(int rc, const char *detail)
+{
+    const char *msg = (detail && detail[0]) ? detail : npyload_strerror(rc);
+    PyObject *exc = PyObject_CallFunction(NpyloadPy_Error, "s", msg);
+    if (!exc)
+        return NULL;
+    PyObject *code = PyLong_FromLong(rc);
+    if (!code || PyObject_SetAttrString(exc, "code", code) < 0) {
+        Py_XDECREF(code);
+        Py_DECREF(exc);
+        return NULL;
+    }
+    Py_DECREF(code);
+    PyErr_SetObject(NpyloadPy_Error, exc);
+    Py_DECREF(exc);
+    return NULL;
+}
+
+int npyloadpy_as_int64(PyObject *o, const char *what, int64_t *out)
+{
+    if (PyBool_Check(o) || !PyIndex_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.80s", what,
+                     Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    PyObject *idx = PyNumber_Index(o);
+    if (!idx)
+        return -1;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(idx, &overflow);
+    Py_DECREF(idx);
+    if (overflow) {
+        PyErr_Format(PyExc_ValueError, "%s is out of the int64 range", what);
+        return -1;
+    }
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *out = (int64_t)v;
+    return 0;
+}
+
+/* Reads a header with the GIL released (it is file I/O). */
+static int read_header(PyObject *path_obj, npyload_header *h, PyObject **bytes)
+{
+    if (!PyUnicode_FSConverter(path_obj, bytes))
+        return -1;
+    const char *path = PyBytes_AS_STRING(*bytes);
+    char err[1024];
+    int rc;
+    err[0] = 0;
+    Py_BEGIN_ALLOW_THREADS
+    rc = npyload_read_header(path, h, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        if (!err[0])
+            snprintf(err, sizeof err, "%s: %s", path, npyload_strerror(rc));
+        npyloadpy_raise(rc, err);
+        Py_CLEAR(*bytes);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *shape_tuple(int ndim, const int64_t *shape)
+{
+    PyObject *t = PyTuple_New(ndim);
+    if (!t)
+        return NULL;
+    for (int i = 0; i < ndim; i++) {
+        PyObject *v = PyLong_FromLongLong((long long)shape[i]);
+        if (!v) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, i, v);
+    }
+    return t;
+}
+
+PyDoc_STRVAR(inspect_doc,
+"inspect(path) -> dict\n\n"
+"Header facts of one NPY file, read without loading the data: version\n"
+"(major, minor), descr (numpy dtype string), shape, fortran_order,\n"
+"itemsize, header_len, data_offset, data_bytes, file_bytes.\n"
+"Raises NpyloadError (with the file name) for a malformed or truncated file.");
+
+static PyObject *mod_inspect(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"path", NULL};
+    PyObject *path_obj, *bytes = NULL;
+    npyload_header h;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O:inspect", kwlist, &path_obj))
+        return NULL;
+    if (read_header(path_obj, &h, &bytes) < 0)
+        return NULL;
+    Py_DECREF(bytes);
+    PyObject *shape = shape_tuple(h.ndim, h.shape);
+    if (!shape)
+        return NULL;
+    return Py_BuildValue(
+        "{s:(ii),s:s,s:N,s:O,s:n,s:K,s:K,s:K,s:K}",
+        "version", h.major_version, h.minor_version,
+        "descr", h.descr,
+        "shape", shape,
+        "fortran_order", h.fortran_order ? Py_True : Py_False,
+        "itemsize", (Py_ssize_t)h.itemsize,
+        "header_len", (unsigned long long)h.header_len,
+        "data_offset", (unsigned long long)h.data_offset,
+        "data_bytes", (unsigned long long)h.data_bytes,
+        "file_bytes", (unsigned long long)h.file_bytes);
+}
+
+PyDoc_STRVAR(load_doc,
+"load(path, mmap=True) -> numpy.ndarray\n\n"
+"Reads one NPY file with npyload's header parser. With mmap=True the result\n"
+"is a read-only numpy.memmap over the file's data (nothing is read until\n"
+"used); with mmap=False the data is read into a new array. numpy is\n"
+"imported on first use (it is not needed by the rest of npyload).");
+
+static PyObject *mod_load(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"path", "mmap", NULL};
+    PyObject *path_obj, *bytes = NULL;
+    int use_mmap = 1;
+    npyload_header h;
+    PyObject *np = NULL, *dtype = NULL, *shape = NULL, *res = NULL;
+    PyObject *fn = NULL, *a = NULL, *kwargs = NULL, *tmp = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p:load", kwlist, &path_obj,
+                                     &use_mmap))
+        return NULL;
+    if (read_header(path_obj, &h, &bytes) < 0)
+        return NULL;
+    np = PyImport_ImportModule("numpy");
+    if (!np)
+        goto done;
+    dtype = PyObject_CallMethod(np, "dtype", "s", h.descr);
+    if (!dtype)
+        goto done;
+    shape = shape_tuple(h.ndim, h.shape);
+    if (!shape)
+        goto done;
+    const char *order = h.fortran_order ? "F" : "C";
+    if (h.data_bytes == 0) {
+        res = PyObject_CallMethod(np, "empty", "OOs", shape, dtype, order);
+    } else if (use_mmap) {
+        fn = PyObject_GetAttrString(np, "memmap");
+        if (!fn)
+            goto done;
+        a = Py_BuildValue("(O)", bytes);
+        kwargs = Py_BuildValue("{s:O,s:s,s:K,s:O,s:s}", "dtype", dtype,
+                               "mode", "r", "offset",
+                               (unsigned long long)h.data_offset, "shape",
+                               shape, "order", order);
+        if (!a || !kwargs)
+            goto done;
+        res = PyObject_Call(fn, a, kwargs);
+    } else {
+        fn = PyObject_GetAttrString(np, "fromfile");
+        if (!fn)
+            goto done;
+        a = Py_BuildValue("(O)", bytes);
+        kwargs = Py_BuildValue("{s:O,s:K,s:K}", "dtype", dtype, "count",
+                               (unsigned long long)(h.data_bytes / h.itemsize),
+                               "offset", (unsigned long long)h.data_offset);
+        if (!a || !kwargs)
+            goto done;
+        tmp = PyObject_Call(fn, a, kwargs);
+        if (!tmp)
+            goto done;
+        Py_DECREF(kwargs);
+        kwargs = Py_BuildValue("{s:s}", "order", order);
+        Py_DECREF(a);
+        a = Py_BuildValue("(O)", shape);
+        PyObject *reshape = PyObject_GetAttrString(tmp, "reshape");
+        if (reshape && a && kwargs)
+            res = PyObject_Call(reshape, a, kwargs);
+        Py_XDECREF(reshape);
+    }
+done:
+    Py_XDECREF(tmp);
+    Py_XDECREF(kwargs);
+    Py_XDECREF(a);
+    Py_XDECREF(fn);
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
+    Py_XDECREF(np);
+    Py_XDECREF(bytes);
+    return res;
+}
+
+PyDoc_STRVAR(order_doc,
+"order_indices(n, shuffle, seed, epoch, rank, world_size, drop_last,\n"
+"              batch_size, file_sizes=None, window=0) -> list[int]\n\n"
+"The sample indices that `rank` of `world_size` gets in `epoch`, in the\n"
+"order a loader with these options yields them (batches concatenated).\n"
+"shuffle: 0 none, 1 full, 2 local (local needs file_sizes, the sample\n"
+"counts of the first field's files).");
+
+static PyObject *mod_order_indices(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"n", "shuffle", "seed", "epoch", "rank",
+                             "world_size", "drop_last", "batch_size",
+                             "file_sizes", "window", NULL};
+    long long n, seed, rank, ws, bs, window = 0;
+    unsigned long long epoch;
+    int shuffle, drop_last;
+    PyObject *fs_obj = Py_None;
+    int64_t *fs = NULL, *out = NULL;
+    size_t nfs = 0;
+    PyObject *res = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "LiLKLLpL|OL:order_indices",
+                                     kwlist, &n, &shuffle, &seed, &epoch,
+                                     &rank, &ws, &drop_last, &bs, &fs_obj,
+                                     &window))
+        return NULL;
+    if (fs_obj != Py_None) {
+        PyObject *seq = PySequence_Fast(fs_obj, "file_sizes must be a sequence of ints");
+        if (!seq)
+            return NULL;
+        nfs = (size_t)PySequence_Fast_GET_SIZE(seq);
+        fs = PyMem_Malloc((nfs ? nfs : 1) * sizeof *fs);
+        if (!fs) {
+            Py_DECREF(seq);
+            return PyErr_NoMemory();
+        }
+        for (size_t i = 0; i < nfs; i++) {
+            if (npyloadpy_as_int64(PySequence_Fast_GET_ITEM(seq, i),
+                                   "file_sizes[i]", &fs[i]) < 0) {
+                Py_DECREF(seq);
+                PyMem_Free(fs);
+                return NULL;
+            }
+        }
+        Py_DECREF(seq);
+    }
+    int64_t cnt = npyload_order_indices(n, shuffle, seed, epoch, rank, ws,
+                                        drop_last, bs, fs, nfs, window, NULL, 0);
+    if (cnt < 0) {
+        PyMem_Free(fs);
+        return npyloadpy_raise((int)cnt, NULL);
+    }
+    out = PyMem_Malloc((cnt ? (size_t)cnt : 1) * sizeof *out);
+    if (!out) {
+        PyMem_Free(fs);
+        return PyErr_NoMemory();
+    }
+    int64_t got = npyload_order_indices(n, shuffle, seed, epoch, rank, ws,
+                                        drop_last, bs, fs, nfs, window, out,
+                                        (size_t)cnt);
+    PyMem_Free(fs);
+    if (got < 0) {
+        PyMem_Free(out);
+        return npyloadpy_raise((int)got, NULL);
+    }
+    if (got > cnt)
+        got = cnt;
+    res = PyList_New((Py_ssize_t)got);
+    for (int64_t i = 0; res && i < got; i++) {
+        PyObject *v = PyLong_FromLongLong((long long)out[i]);
+        if (!v) {
+            Py_CLEAR(res);
+            break;
+        }
+        PyList_SET_ITEM(res, (Py_ssize_t)i, v);
+    }
+    PyMem_Free(out);
+    return res;
+}
+
+static PyObject *mod_strerror(PyObject *self, PyObject *arg)
+{
+    int overflow = 0;
+    long v = PyLong_AsLongAndOverflow(arg, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return NULL;
+    if (overflow || v < INT32_MIN || v > INT32_MAX)
+        return PyUnicode_FromString("unknown error");
+    return PyUnicode_FromString(npyload_strerror((int)v));
+}
+
+static PyObject *mod_cuda_available(PyObject *self, PyObject *args)
+{
+    int dev = 0;
+    char why[512];
+    if (!PyArg_ParseTuple(args, "|i:cuda_available", &dev))
+        return NULL;
+    why[0] = 0;
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = npyload_cuda_available(dev, why, sizeof why);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(Os)", ok ? Py_True : Py_False, ok ? "" : why);
+}
+
+static PyMethodDef module_methods[] = {
+    {"inspect", (PyCFunction)(void (*)(void))mod_inspect,
+     METH_VARARGS | METH_KEYWORDS, inspect_doc},
+    {"load", (PyCFunction)(void (*)(void))mod_load,
+     METH_VARARGS | METH_KEYWORDS, load_doc},
+    {"order_indices", (PyCFunction)(void (*)(void))mod_order_indices,
+     METH_VARARGS | METH_KEYWORDS, order_doc},
+    {"strerror", mod_strerror, METH_O,
+     "strerror(code) -> str: npyload_strerror() of an error code."},
+    {"cuda_available", mod_cuda_available, METH_VARARGS,
+     "cuda_available(device=0) -> (bool, reason): whether CUDA device "
+     "`device` is usable by npyload (the runtime is loaded with dlopen)."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_npyload",
+    "C extension of npyload; use the `npyload` package instead.", -1,
+    module_methods, NULL, NULL, NULL, NULL};
+
+static int add_int(PyObject *m, const char *name, long long v)
+{
+    PyObject *o = PyLong_FromLongLong(v);
+    if (!o)
+        return -1;
+    if (PyModule_AddObject(m, name, o) < 0) {
+        Py_DECREF(o);
+        return -1;
+    }
+    return 0;
+}
+
+PyMODINIT_FUNC PyInit__npyload(void)
+{
+    PyObject *m = PyModule_Create(&module_def);
+    if (!m)
+        return NULL;
+    PyObject *dict = Py_BuildValue("{s:O,s:s}", "code", Py_None, "__doc__",
+        "Raised for every failure reported by the npyload C library. The\n"
+        "message says which file, offset or field and what was expected;\n"
+        "`code` is the library's negative error code (NPYLOAD_E* or -errno).");
+    if (!dict)
+        goto fail;
+    NpyloadPy_Error = PyErr_NewException("npyload.NpyloadError",
+                                         PyExc_RuntimeError, dict);
+    Py_DECREF(dict);
+    if (!NpyloadPy_Error)
+        goto fail;
+    Py_INCREF(NpyloadPy_Error);
+    if (PyModule_AddObject(m, "NpyloadError", NpyloadPy_Error) < 0) {
+        Py_DECREF(NpyloadPy_Error);
+        goto fail;
+    }
+    PyTypeObject *types[] = {&NpyloadPy_LoaderType, &NpyloadPy_BatchType,
+                             &NpyloadPy_ViewType};
+    const char *names[] = {"Loader", "Batch", "View"};
+    for (int i = 0; i < 3; i++) {
+        if (PyType_Ready(types[i]) < 0)
+            goto fail;
+        Py_INCREF(types[i]);
+        if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) {
+            Py_DECREF(types[i]);
+            goto fail;
+        }
+    }
+    if (PyModule_AddStringConstant(m, "__version__", npyload_version_string()) < 0)
+        goto fail;
+#define ADD(name, v) if (add_int(m, name, (long long)(v)) < 0) goto fail
+    ADD("OPT_BATCH_SIZE", NPYLOAD_OPT_BATCH_SIZE);
+    ADD("OPT_NUM_WORKERS", NPYLOAD_OPT_NUM_WORKERS);
+    ADD("OPT_PREFETCH", NPYLOAD_OPT_PREFETCH);
+    ADD("OPT_SHUFFLE", NPYLOAD_OPT_SHUFFLE);
+    ADD("OPT_SEED", NPYLOAD_OPT_SEED);
+    ADD("OPT_DROP_LAST", NPYLOAD_OPT_DROP_LAST);
+    ADD("OPT_RANK", NPYLOAD_OPT_RANK);
+    ADD("OPT_WORLD_SIZE", NPYLOAD_OPT_WORLD_SIZE);
+    ADD("OPT_IO_BACKEND", NPYLOAD_OPT_IO_BACKEND);
+    ADD("OPT_DEVICE", NPYLOAD_OPT_DEVICE);
+    ADD("OPT_DIRECT_IO", NPYLOAD_OPT_DIRECT_IO);
+    ADD("OPT_SHUFFLE_WINDOW", NPYLOAD_OPT_SHUFFLE_WINDOW);
+    ADD("OPT_QUEUE_DEPTH", NPYLOAD_OPT_QUEUE_DEPTH);
+    ADD("OPT_PIN_MEMORY", NPYLOAD_OPT_PIN_MEMORY);
+    ADD("IO_AUTO", NPYLOAD_IO_AUTO);
+    ADD("IO_URING", NPYLOAD_IO_URING);
+    ADD("IO_PREAD", NPYLOAD_IO_PREAD);
+    ADD("IO_MMAP", NPYLOAD_IO_MMAP);
+    ADD("SHUFFLE_NONE", NPYLOAD_SHUFFLE_NONE);
+    ADD("SHUFFLE_FULL", NPYLOAD_SHUFFLE_FULL);
+    ADD("SHUFFLE_LOCAL", NPYLOAD_SHUFFLE_LOCAL);
+    ADD("EOF", NPYLOAD_EOF);
+    ADD("STATE_VERSION", NPYLOAD_STATE_VERSION);
+#define NPYLOAD_PY_ADD_ERR(name, code, msg) ADD("E" #name, code);
+    NPYLOAD_ERROR_MAP(NPYLOAD_PY_ADD_ERR)
+#undef NPYLOAD_PY_ADD_ERR
+#undef ADD
+    return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
+}

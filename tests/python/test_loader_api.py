@@ -1,0 +1,394 @@
+"""npyload.Loader's public behaviour with numpy output: values, order, ranks,
+resume, errors, arguments, torchrun environment, inspect/load."""
+import glob
+import os
+
+import numpy as np
+import pytest
+
+from conftest import N, check_values, collect, concat_indices, sampler_indices, write_dataset
+
+npyload = pytest.importorskip("npyload", reason="npyload is not installed (run `pip install .`)")
+from npyload import NpyloadError
+
+BS = 4
+
+
+def make(globs, **kw):
+    kw.setdefault("output", "numpy")
+    kw.setdefault("batch_size", BS)
+    return npyload.Loader(globs, **kw)
+
+
+def expected_order(n, shuffle, seed=0, epoch=0, rank=0, world_size=1, drop_last=False, bs=BS):
+    return np.array(npyload.order_indices(n, shuffle, seed, epoch, rank, world_size,
+                                          drop_last, bs), dtype=np.int64)
+
+
+# ---- inspect / load ----
+
+def test_inspect_and_load_match_numpy(dataset):
+    globs, _ = dataset
+    for g in globs.values():
+        for path in sorted(glob.glob(g)):
+            ref = np.load(path)
+            info = npyload.inspect(path)
+            assert info["shape"] == ref.shape
+            assert np.dtype(info["descr"]) == ref.dtype
+            assert info["fortran_order"] is False
+            assert info["data_bytes"] == ref.nbytes
+            assert info["data_offset"] + info["data_bytes"] == os.path.getsize(path)
+            assert info["version"][0] in (1, 2, 3)
+            for mm in (True, False):
+                arr = npyload.load(path, mmap=mm)
+                assert arr.dtype == ref.dtype and arr.shape == ref.shape
+                np.testing.assert_array_equal(arr, ref)
+
+
+def test_load_fortran_and_scalar(tmp_path):
+    a = np.asfortranarray(np.arange(12, dtype=np.int16).reshape(3, 4))
+    np.save(tmp_path / "f.npy", a)
+    np.save(tmp_path / "s.npy", np.float64(2.5))
+    assert npyload.inspect(tmp_path / "f.npy")["fortran_order"] is True
+    for mm in (True, False):
+        np.testing.assert_array_equal(npyload.load(tmp_path / "f.npy", mmap=mm), a)
+        assert npyload.load(tmp_path / "s.npy", mmap=mm) == 2.5
+
+
+def test_inspect_malformed_names_file(tmp_path):
+    p = tmp_path / "bad.npy"
+    p.write_bytes(b"\x93NUMPY\x01\x00garbage")
+    with pytest.raises(NpyloadError) as ei:
+        npyload.inspect(p)
+    assert "bad.npy" in str(ei.value)
+    assert isinstance(ei.value, RuntimeError)
+    assert isinstance(ei.value.code, int) and ei.value.code < 0
+
+
+# ---- values and order ----
+
+@pytest.mark.parametrize("io", ["auto", "pread", "mmap"])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_values_equal_numpy(dataset, io, shuffle):
+    globs, ref = dataset
+    loader = make(globs, io=io, shuffle=shuffle, seed=3, num_workers=2)
+    assert loader.backend in ("io_uring", "uring", "pread", "mmap")
+    assert loader.num_samples == N
+    batches = collect(loader)
+    assert len(batches) == len(loader) == -(-N // BS)
+    check_values(batches, ref)
+    order = concat_indices(batches)
+    assert sorted(order.tolist()) == list(range(N))
+    np.testing.assert_array_equal(order, expected_order(N, int(shuffle), seed=3))
+    if not shuffle:
+        np.testing.assert_array_equal(order, np.arange(N))
+    assert [b[0].shape[0] for b in batches] == [BS] * (N // BS) + [N % BS]
+
+
+def test_batch_is_a_mapping(dataset):
+    globs, ref = dataset
+    loader = make(globs)
+    b = next(iter(loader))
+    assert list(b.keys()) == list(globs.keys())
+    assert len(b) == 3 and "images" in b and "nope" not in b
+    assert b.epoch == 0 and b.seq == 0 and b.num_samples == BS
+    assert isinstance(b["images"], np.ndarray)
+    assert b.indices.dtype == np.int64
+    with pytest.raises(KeyError):
+        b["nope"]
+    with pytest.raises(TypeError):
+        b["images"] = 1
+    assert "images" in repr(b)
+
+
+@pytest.mark.parametrize("shuffle", [False, True, "local"])
+def test_order_independent_of_workers_prefetch_io(dataset, shuffle):
+    globs, ref = dataset
+    runs = []
+    for nw, pf, io in [(1, 1, "pread"), (3, 4, "mmap"), (2, None, "auto"), (3, 1, "auto")]:
+        b = collect(make(globs, shuffle=shuffle, seed=11, num_workers=nw, prefetch=pf, io=io, window=2))
+        check_values(b, ref)
+        runs.append(concat_indices(b))
+    for r in runs[1:]:
+        np.testing.assert_array_equal(r, runs[0])
+    assert sorted(runs[0].tolist()) == list(range(N))
+
+
+def test_epochs_and_set_epoch(dataset):
+    globs, ref = dataset
+    loader = make(globs, shuffle=True, seed=5)
+    e0 = concat_indices(collect(loader))
+    e0_again = concat_indices(collect(loader))  # new iter: the same epoch again
+    np.testing.assert_array_equal(e0, e0_again)
+    loader.set_epoch(1)
+    e1 = concat_indices(collect(loader))
+    assert not np.array_equal(e0, e1)
+    np.testing.assert_array_equal(e1, expected_order(N, 1, seed=5, epoch=1))
+    assert sorted(e1.tolist()) == list(range(N))
+    b = next(iter(loader))
+    assert b.epoch == 1 and loader.epoch == 1
+    # another loader, other seed: another order
+    other = concat_indices(collect(make(globs, shuffle=True, seed=6)))
+    assert not np.array_equal(e0, other)
+
+
+def test_break_and_iterate_again(dataset):
+    globs, ref = dataset
+    loader = make(globs, prefetch=2)
+    first = collect(loader)
+    for i, b in enumerate(loader):
+        if i == 2:
+            break
+    again = collect(loader)
+    assert len(again) == len(first)
+    for (i1, d1), (i2, d2) in zip(first, again):
+        np.testing.assert_array_equal(i1, i2)
+    check_values(again, ref)
+    # an iterator superseded by a newer one refuses to go on
+    it1 = iter(loader)
+    next(it1)
+    it2 = iter(loader)
+    assert next(it2).seq == 0
+    with pytest.raises(RuntimeError):
+        next(it1)
+
+
+def test_fields_as_path_lists(dataset):
+    globs, ref = dataset
+    fields = {k: sorted(glob.glob(g)) for k, g in globs.items()}
+    b = collect(make(fields))
+    check_values(b, ref)
+    # explicit order is kept (not re-sorted): reverse the image files
+    rev = dict(fields, images=list(reversed(fields["images"])))
+    imgs = np.concatenate([np.load(p) for p in rev["images"]])
+    got = collect(make({"images": rev["images"]}))
+    for idx, data in got:
+        np.testing.assert_array_equal(data["images"], imgs[idx])
+
+
+def test_drop_last(dataset):
+    globs, ref = dataset
+    loader = make(globs, drop_last=True)
+    b = collect(loader)
+    assert len(loader) == len(b) == N // BS
+    assert all(len(i) == BS for i, _ in b)
+    check_values(b, ref)
+
+
+# ---- ranks ----
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_ranks_cover_and_agree(dataset, drop_last, shuffle):
+    globs, ref = dataset
+    for W in range(1, 5):
+        seen, lens = [], set()
+        for r in range(W):
+            loader = make(globs, rank=r, world_size=W, drop_last=drop_last, shuffle=shuffle, seed=2)
+            b = collect(loader)
+            check_values(b, ref)
+            lens.add(len(loader))
+            assert len(b) == len(loader)
+            idx = concat_indices(b)
+            np.testing.assert_array_equal(
+                idx, expected_order(N, int(shuffle), 2, 0, r, W, drop_last))
+            if not shuffle:
+                exp = sampler_indices(N, W, r, drop_last)
+                if drop_last:
+                    exp = exp[:len(exp) // BS * BS]
+                assert idx.tolist() == exp
+            seen.append(idx)
+        assert len(lens) == 1, f"world_size {W}: ranks disagree on len(loader): {lens}"
+        union = set(np.concatenate(seen).tolist())
+        if not drop_last:
+            assert union == set(range(N))
+        else:
+            # only the dropped tail is missing
+            assert len(union) == sum(len(s) for s in seen)
+
+
+def test_torchrun_environment(dataset, monkeypatch):
+    globs, ref = dataset
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    loader = make(globs)
+    assert (loader.rank, loader.world_size) == (2, 3)
+    idx = concat_indices(collect(loader))
+    assert idx.tolist() == sampler_indices(N, 3, 2, False)
+    # explicit arguments win over the environment
+    loader = make(globs, rank=0, world_size=1)
+    assert (loader.rank, loader.world_size) == (0, 1)
+    monkeypatch.setenv("RANK", "3")
+    with pytest.raises(ValueError, match="rank"):
+        make(globs)
+
+
+def test_device_string_parsing(monkeypatch):
+    from npyload import _parse_device
+    assert _parse_device("cpu") == -1
+    assert _parse_device(None) == -1
+    assert _parse_device("cuda:3") == 3
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert _parse_device("cuda") == 0
+    monkeypatch.setenv("LOCAL_RANK", "5")
+    assert _parse_device("cuda") == 5
+    for bad in ["gpu", "cuda:", "cuda:x", "cuda:-1", ""]:
+        with pytest.raises(ValueError, match="device"):
+            _parse_device(bad)
+    with pytest.raises(TypeError):
+        _parse_device(1.5)
+
+
+# ---- resume ----
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("k", [0, 1, 3, 9])
+def test_resume_mid_epoch(dataset, shuffle, k):
+    globs, ref = dataset
+    full = collect(make(globs, shuffle=shuffle, seed=9, num_workers=1))
+    loader = make(globs, shuffle=shuffle, seed=9, num_workers=1)
+    it = iter(loader)
+    for _ in range(k):
+        next(it)
+    state = loader.state_dict()
+    assert all(isinstance(v, int) for v in state.values())
+    assert state["consumed"] == min(k * BS, N)
+    del it, loader
+    resumed = make(globs, shuffle=shuffle, seed=0, num_workers=3, prefetch=5, io="pread")
+    resumed.load_state_dict(dict(state))
+    resumed.set_epoch(state["epoch"])  # the usual epoch loop: keeps the position
+    rest = collect(resumed)
+    assert len(rest) == len(full) - k
+    for (i1, d1), (i2, d2) in zip(full[k:], rest):
+        np.testing.assert_array_equal(i1, i2)
+        for name in d1:
+            np.testing.assert_array_equal(d1[name], d2[name])
+    # the next iter() starts the epoch from its beginning again
+    again = collect(resumed)
+    np.testing.assert_array_equal(concat_indices(again), concat_indices(full))
+
+
+def test_resume_in_later_epoch_with_ranks(dataset):
+    globs, ref = dataset
+    loader = make(globs, shuffle=True, seed=4, rank=1, world_size=2)
+    loader.set_epoch(3)
+    it = iter(loader)
+    next(it), next(it)
+    st = loader.state_dict()
+    assert st["epoch"] == 3 and st["rank"] == 1
+    ref_rest = concat_indices(collect_from(it))
+    other = make(globs, shuffle=True, seed=4, rank=1, world_size=2, num_workers=1)
+    other.load_state_dict(st)
+    np.testing.assert_array_equal(concat_indices(collect(other)), ref_rest)
+
+
+def collect_from(it):
+    from conftest import to_numpy
+    return [(to_numpy(b.indices), {}) for b in it]
+
+
+def test_resume_mismatch_raises(dataset):
+    globs, _ = dataset
+    st = make(globs).state_dict()
+    other = make(globs, batch_size=BS + 1)
+    with pytest.raises(NpyloadError):
+        other.load_state_dict(st)
+    with pytest.raises((ValueError, TypeError)):
+        other.load_state_dict({"epoch": 0})
+
+
+# ---- errors ----
+
+def test_truncated_file_names_it(tmp_path):
+    globs, _ = write_dataset(tmp_path)
+    victim = sorted(glob.glob(globs["images"]))[1]
+    data = open(victim, "rb").read()
+    with open(victim, "wb") as f:
+        f.write(data[: len(data) - 100])
+    with pytest.raises(NpyloadError) as ei:
+        collect(make(globs))
+    assert os.path.basename(victim) in str(ei.value)
+
+
+def test_malformed_file_names_it(tmp_path):
+    globs, _ = write_dataset(tmp_path)
+    victim = sorted(glob.glob(globs["labels"]))[0]
+    with open(victim, "r+b") as f:
+        f.write(b"\x93NUMPX")
+    with pytest.raises(NpyloadError) as ei:
+        make(globs)
+    assert os.path.basename(victim) in str(ei.value)
+
+
+def test_mismatched_sample_counts_name_files(tmp_path):
+    globs, _ = write_dataset(tmp_path)
+    extra = os.path.join(os.path.dirname(globs["mask"]), "mask_0001.npy")
+    np.save(extra, np.zeros((3, 5), np.uint8))
+    with pytest.raises(NpyloadError) as ei:
+        make(globs)
+    msg = str(ei.value)
+    assert "mask" in msg and ("37" in msg or "40" in msg), msg
+
+
+def test_mismatched_shape_within_field(tmp_path):
+    globs, _ = write_dataset(tmp_path)
+    victim = sorted(glob.glob(globs["images"]))[2]
+    np.save(victim, np.zeros((9, 2, 8, 15), np.float32))
+    with pytest.raises(NpyloadError) as ei:
+        make(globs)
+    assert os.path.basename(victim) in str(ei.value)
+
+
+def test_no_files_matched(tmp_path):
+    with pytest.raises(NpyloadError) as ei:
+        make({"x": str(tmp_path / "nothing_*.npy")})
+    assert ei.value.code == npyload._npyload.ENOFILES
+
+
+@pytest.mark.parametrize("kw, exc", [
+    (dict(batch_size=0), ValueError),
+    (dict(batch_size=-3), ValueError),
+    (dict(batch_size=2.5), TypeError),
+    (dict(batch_size=True), TypeError),
+    (dict(batch_size="4"), TypeError),
+    (dict(num_workers=0), ValueError),
+    (dict(prefetch=0), ValueError),
+    (dict(shuffle="sometimes"), ValueError),
+    (dict(io="floppy"), ValueError),
+    (dict(device="gpu"), ValueError),
+    (dict(device="cuda:x"), ValueError),
+    (dict(rank=2, world_size=2), ValueError),
+    (dict(rank=-1, world_size=2), ValueError),
+    (dict(world_size=0), ValueError),
+    (dict(output="jax"), ValueError),
+    (dict(window=0), ValueError),
+])
+def test_bad_arguments(dataset, kw, exc):
+    globs, _ = dataset
+    kw.setdefault("batch_size", BS)
+    kw.setdefault("output", "numpy")
+    with pytest.raises(exc) as ei:
+        npyload.Loader(globs, **kw)
+    assert str(ei.value)
+
+
+@pytest.mark.parametrize("fields, exc", [
+    ({}, ValueError), ([], TypeError), ("a/*.npy", TypeError),
+    ({"x": 3}, TypeError), ({"x": []}, ValueError), ({"": "a"}, TypeError),
+])
+def test_bad_fields(fields, exc):
+    with pytest.raises((exc, TypeError, ValueError)) as ei:
+        npyload.Loader(fields, batch_size=2, output="numpy")
+    assert "field" in str(ei.value)
+
+
+def test_stats_and_backend(dataset):
+    globs, _ = dataset
+    loader = make(globs, io="pread")
+    collect(loader)
+    s = loader.stats()
+    assert s["backend"] == loader.backend == "pread"
+    assert s["batches_delivered"] >= len(loader)
+    assert s["samples_delivered"] >= N
+    assert s["device"] == -1
+    assert "pread" in repr(loader)

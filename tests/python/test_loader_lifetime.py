@@ -1,0 +1,228 @@
+"""Zero-copy views and their lifetime: shared memory, slot release, deleting
+the loader while arrays live, the bounded slot ring, DLPack capsules,
+Ctrl-C while iterating."""
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from conftest import N, check_values, collect, to_numpy
+
+npyload = pytest.importorskip("npyload", reason="npyload is not installed (run `pip install .`)")
+from npyload import NpyloadError
+
+BS = 4
+
+
+def make(globs, **kw):
+    kw.setdefault("output", "numpy")
+    kw.setdefault("batch_size", BS)
+    return npyload.Loader(globs, **kw)
+
+
+def test_views_share_slot_memory(dataset):
+    globs, ref = dataset
+    loader = make(globs)
+    b = next(iter(loader))
+    raw = b._raw
+    ptrs = raw.data_ptrs
+    for i, name in enumerate(loader.field_names):
+        a = b[name]
+        assert a.__array_interface__["data"][0] == ptrs[i]
+        again = np.asarray(raw.field(name))
+        assert np.shares_memory(a, again)
+        assert a.base is not None  # the View keeps the slot
+        assert a.flags.c_contiguous
+    np.testing.assert_array_equal(b["labels"], ref["labels"][b.indices])
+
+
+def test_copy_does_not_share(dataset):
+    globs, ref = dataset
+    loader = make(globs, copy=True, prefetch=1)
+    got = []
+    for b in loader:
+        assert b._raw is None
+        for name in loader.field_names:
+            assert b[name].flags.owndata
+        got.append(b)  # keeping copies holds no slot
+    assert len(got) == len(loader)
+    check_values([(b.indices, dict(b)) for b in got], ref)
+    assert not np.shares_memory(got[0]["images"], got[1]["images"])
+
+
+def test_slot_released_when_last_view_dies(dataset):
+    globs, ref = dataset
+    loader = make(globs, prefetch=1)  # 2 slots
+    it = iter(loader)
+    b0 = next(it)
+    keep = b0["images"]  # an array alone keeps the slot
+    raw = b0._raw
+    del b0
+    gc.collect()
+    assert not raw.released and raw.live_views >= 1
+    b1 = next(it)
+    with pytest.raises(NpyloadError, match="slot"):
+        next(it)  # both slots held: an error, not a hang
+    with pytest.raises(RuntimeError, match="live view"):
+        raw.release()  # refused: memory still exported
+    np.testing.assert_array_equal(keep, ref["images"][:BS])
+    del keep, raw, b1
+    gc.collect()
+    # the loader recovers once slots come back (a new pass starts cleanly)
+    check_values(collect(loader), ref)
+
+
+def test_bounded_ring_error_message(dataset):
+    globs, _ = dataset
+    loader = make(globs, prefetch=2)
+    held = []
+    with pytest.raises(NpyloadError) as ei:
+        for b in loader:
+            held.append(b)
+    assert len(held) == loader.num_slots
+    assert "slot" in str(ei.value)
+
+
+def test_delete_loader_while_arrays_alive(dataset):
+    globs, ref = dataset
+    loader = make(globs, prefetch=4, num_workers=3)
+    it = iter(loader)
+    kept = [next(it) for _ in range(3)]
+    arrays = [(b.indices.copy(), b["images"], b["labels"], b["mask"]) for b in kept]
+    del it, loader, kept
+    gc.collect()
+    for idx, im, lab, mask in arrays:
+        np.testing.assert_array_equal(im, ref["images"][idx])
+        np.testing.assert_array_equal(lab, ref["labels"][idx])
+        np.testing.assert_array_equal(mask, ref["mask"][idx])
+    arrays[0][1][...] = 0  # writable, and still ours
+    del arrays
+    gc.collect()
+
+
+def test_close_then_use(dataset):
+    globs, ref = dataset
+    with make(globs) as loader:
+        b = next(iter(loader))
+    with pytest.raises(ValueError, match="closed"):
+        len(loader)
+    with pytest.raises(ValueError, match="closed"):
+        iter(loader)
+    np.testing.assert_array_equal(b["images"], ref["images"][b.indices])
+    assert "closed" in repr(loader)
+
+
+def test_dlpack_capsules(dataset):
+    globs, ref = dataset
+    loader = make(globs)
+    b = next(iter(loader))
+    raw = b._raw
+    base = raw.live_views
+    v = raw.field("labels")
+    assert v.__dlpack_device__() == (1, 0)
+    # unconsumed capsules (legacy and versioned) free their reference
+    c1 = v.__dlpack__()
+    c2 = v.__dlpack__(max_version=(1, 0))
+    assert "dltensor" in repr(c1) and "dltensor_versioned" in repr(c2)
+    del c1, c2, v
+    gc.collect()
+    assert raw.live_views == base
+    # numpy as a DLPack consumer (versioned protocol)
+    if hasattr(np, "from_dlpack"):
+        a = np.from_dlpack(raw.field("labels"))
+        assert np.shares_memory(a, b["labels"])
+        np.testing.assert_array_equal(a, ref["labels"][b.indices])
+        a2 = np.from_dlpack(raw.field("mask"), copy=True) if np.__version__ >= "2" else None
+        if a2 is not None:
+            assert not np.shares_memory(a2, b["mask"])
+            np.testing.assert_array_equal(a2, ref["mask"][b.indices])
+    with pytest.raises(BufferError):
+        raw.field("labels").__dlpack__(dl_device=(2, 0))
+
+
+def test_indices_view(dataset):
+    globs, _ = dataset
+    loader = make(globs, shuffle=True)
+    b = next(iter(loader))
+    iv = np.asarray(b._raw.indices_view())
+    np.testing.assert_array_equal(iv, b.indices)
+    assert b._raw.indices_list() == b.indices.tolist()
+
+
+SIGINT_SCRIPT = textwrap.dedent("""
+    import sys, time, npyload
+    globs = dict(images=sys.argv[1], labels=sys.argv[2], mask=sys.argv[3])
+    loader = npyload.Loader(globs, batch_size=1, prefetch=1, num_workers=1, output="numpy")
+    print("started", flush=True)
+    e = 0
+    while True:
+        loader.set_epoch(e)
+        for b in loader:
+            pass
+        e += 1
+""")
+
+
+def test_ctrl_c_interrupts_promptly(many_batches, tmp_path):
+    globs, _ = many_batches
+    script = tmp_path / "spin.py"
+    script.write_text(SIGINT_SCRIPT)
+    p = subprocess.Popen([sys.executable, str(script), globs["images"], globs["labels"], globs["mask"]],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "started"
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=5)
+        assert time.monotonic() - t0 < 5
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode != 0
+    assert "KeyboardInterrupt" in err, err
+
+
+WAIT_SCRIPT = textwrap.dedent("""
+    import sys, threading, time, npyload
+    globs = dict(images=sys.argv[1], labels=sys.argv[2], mask=sys.argv[3])
+    loader = npyload.Loader(globs, batch_size=1, prefetch=1, num_workers=1, output="numpy")
+    it = iter(loader)
+    a = next(it)
+    b = next(it)   # both slots held now: next() must refuse, not hang
+    try:
+        next(it)
+    except npyload.NpyloadError as e:
+        print("refused:", e, flush=True)
+    # a second thread runs Python while the main thread iterates: the GIL is
+    # released during waits
+    n = [0]
+    def spin():
+        while n[0] >= 0:
+            n[0] += 1
+            time.sleep(0.001)
+    t = threading.Thread(target=spin, daemon=True)
+    t.start()
+    del a, b
+    for _ in loader:
+        pass
+    print("ok", n[0] > 0, flush=True)
+""")
+
+
+def test_refusal_and_gil_release(many_batches, tmp_path):
+    globs, _ = many_batches
+    script = tmp_path / "wait.py"
+    script.write_text(WAIT_SCRIPT)
+    r = subprocess.run([sys.executable, str(script), globs["images"], globs["labels"], globs["mask"]],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "refused:" in r.stdout and "slot" in r.stdout
+    assert "ok True" in r.stdout
