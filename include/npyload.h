@@ -279,8 +279,9 @@ NPYLOAD_API int npyload_loader_start(npyload_loader *L);
  * Selects the epoch whose order the loader produces. Before start it sets the
  * first epoch; after start it abandons what is left of the current epoch
  * (reads in flight finish and are discarded; batches the caller holds stay
- * valid) and begins `epoch` from its first batch.
- * @return : 0 or NPYLOAD_ESTATE if the loader has failed. */
+ * valid) and begins `epoch` from its first batch. It also clears a failure
+ * (after a failed read, set_epoch retries from the epoch's start).
+ * @return : 0, or -ENOMEM (the loader then keeps its previous order). */
 NPYLOAD_API int npyload_loader_set_epoch(npyload_loader *L, uint64_t epoch);
 
 /*! npyload_loader_num_batches() : batches per epoch for this rank, or a

@@ -446,8 +446,7 @@ static int init_slot(npyload_loader *L, npyl_slot *s, int device_slot)
     int rc;
     if (device_slot) {
         if ((rc = npyl_cuda_malloc(L->cuda, (void **)&s->mem, L->dev_slot_bytes)) ||
-            (rc = npyl_cuda_event_create(L->cuda, &s->ev_start, 1)) ||
-            (rc = npyl_cuda_event_create(L->cuda, &s->ev_done, 1)) ||
+            (rc = npyl_cuda_event_create(L->cuda, &s->ev_done, 0)) ||
             (rc = npyl_cuda_event_create(L->cuda, &s->ev_release, 0)))
             return npyl_loader_fail(L, rc, "CUDA device %d: allocating a %" PRIu64
                                     "-byte device slot failed: %s", L->device,
@@ -648,7 +647,9 @@ int npyload_loader_start(npyload_loader *L)
             rc = npyl_loader_fail(L, -ENOMEM, "out of memory");
             goto fail;
         }
-        if (L->device >= 0 && (rc = npyl_cuda_stream_create(L->cuda, &w->stream))) {
+        if (L->device >= 0 && ((rc = npyl_cuda_stream_create(L->cuda, &w->stream)) ||
+                               (rc = npyl_cuda_event_create(L->cuda, &w->ev_start, 1)) ||
+                               (rc = npyl_cuda_event_create(L->cuda, &w->ev_end, 1)))) {
             npyl_loader_fail(L, rc, "CUDA: creating a copy stream failed: %s",
                              npyl_cuda_errmsg(L->cuda));
             goto fail;
@@ -660,7 +661,15 @@ int npyload_loader_start(npyload_loader *L)
     if (L->state_pending) {
         const npyload_state *st = &L->pending;
         epoch = st->epoch;
-        first_seq = (int64_t)(st->consumed / (uint64_t)B);
+        /* Round up: a short last batch counts as consumed. */
+        first_seq = (int64_t)((st->consumed + (uint64_t)B - 1) / (uint64_t)B);
+        if ((st->consumed % (uint64_t)B != 0 && (int64_t)st->consumed != L->delivered) ||
+            (int64_t)st->consumed > L->delivered) {
+            rc = npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: %" PRIu64 " samples "
+                                  "consumed is not a batch boundary of this rank's %" PRId64
+                                  " samples", st->consumed, L->delivered);
+            goto fail;
+        }
         L->state_pending = 0;
     }
     pthread_mutex_lock(&L->mu);
@@ -698,6 +707,10 @@ void npyl_loader_free_started(npyload_loader *L)
         free(w->reqs);
         if (w->stream)
             npyl_cuda_stream_destroy(L->cuda, w->stream);
+        if (w->ev_start)
+            npyl_cuda_event_destroy(L->cuda, w->ev_start);
+        if (w->ev_end)
+            npyl_cuda_event_destroy(L->cuda, w->ev_end);
     }
     free(L->workers);
     L->workers = NULL;
@@ -712,8 +725,6 @@ void npyl_loader_free_started(npyload_loader *L)
                     npyl_cuda_event_sync(L->cuda, s->ev_release);
                 if (s->mem)
                     npyl_cuda_free(L->cuda, s->mem);
-                if (s->ev_start)
-                    npyl_cuda_event_destroy(L->cuda, s->ev_start);
                 if (s->ev_done)
                     npyl_cuda_event_destroy(L->cuda, s->ev_done);
                 if (s->ev_release)
@@ -910,8 +921,9 @@ int npyload_loader_set_state(npyload_loader *L, const npyload_state *st)
     L->opt[NPYLOAD_OPT_DROP_LAST] = st->drop_last;
     L->delivered = npyl_order_delivered_len(&L->op);
     L->nbatches = npyl_order_num_batches(&L->op);
-    int rc = npyl_pipeline_reset_locked(L, st->epoch,
-                                        (int64_t)(st->consumed / (uint64_t)st->batch_size));
+    int rc = npyl_pipeline_reset_locked(
+        L, st->epoch,
+        (int64_t)((st->consumed + (uint64_t)st->batch_size - 1) / (uint64_t)st->batch_size));
     pthread_mutex_unlock(&L->mu);
     if (rc)
         return npyl_loader_fail(L, rc, "out of memory restoring the state");

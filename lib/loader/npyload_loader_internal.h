@@ -77,7 +77,8 @@ typedef struct npyl_slot {
     npyload_array *arrays; /* one per field, pointing into mem */
     npyload_batch *batch;  /* the handle given to the caller */
     /* device slots only: */
-    void *ev_start, *ev_done, *ev_release;
+    void *ev_done, *ev_release; /* copy done (recorded by the copying
+                                   worker), slot released (by the consumer) */
     int release_pending;  /* [mu] ev_release recorded and not yet waited on */
 } npyl_slot;
 
@@ -94,6 +95,7 @@ typedef struct npyl_worker {
     npyl_io *io;
     npyl_io_req *reqs;    /* batch_size x nfields capacity */
     void *stream;         /* device mode: this worker's copy stream */
+    void *ev_start, *ev_end; /* device mode: times this worker's copies */
     char errmsg[NPYL_ERRMSG_LEN];
 } npyl_worker;
 

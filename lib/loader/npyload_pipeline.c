@@ -14,10 +14,12 @@
 
 int npyl_pipeline_reset_locked(npyload_loader *L, uint64_t epoch, int64_t first_seq)
 {
-    L->op.epoch = epoch;
-    int rc = npyl_order_build(&L->op, L->seqbuf);
+    npyl_order_params op = L->op;
+    op.epoch = epoch;
+    int rc = npyl_order_build(&op, L->seqbuf);
     if (rc)
-        return rc;
+        return rc; /* L->op, gen and the position unchanged */
+    L->op.epoch = epoch;
     L->gen++;
     if (first_seq > L->nbatches)
         first_seq = L->nbatches;
@@ -142,10 +144,15 @@ static void to_device(npyload_loader *L, npyl_worker *w, npyl_slot *h)
          * The event was recorded before release returned, and release
          * happened before we found the slot FREE under mu, so waiting on it
          * here orders the copy after that work. */
-        if (wait_release)
+        /* The previous copy into d (on another worker's stream, possibly
+         * still in flight if d was released unread or recycled by
+         * set_epoch) must land first: its ev_done was last recorded by that
+         * copy's owner, before d became FREE under mu. */
+        rc = npyl_cuda_stream_wait_event(L->cuda, w->stream, d->ev_done);
+        if (!rc && wait_release)
             rc = npyl_cuda_stream_wait_event(L->cuda, w->stream, d->ev_release);
         if (!rc)
-            rc = npyl_cuda_event_record(L->cuda, d->ev_start, w->stream);
+            rc = npyl_cuda_event_record(L->cuda, w->ev_start, w->stream);
         for (size_t fi = 0; fi < L->nfields && !rc; fi++) {
             const npyl_field *f = &L->fields[fi];
             size_t n = (size_t)(h->rows * f->row_bytes);
@@ -155,6 +162,8 @@ static void to_device(npyload_loader *L, npyl_worker *w, npyl_slot *h)
         }
         if (!rc)
             rc = npyl_cuda_event_record(L->cuda, d->ev_done, w->stream);
+        if (!rc)
+            rc = npyl_cuda_event_record(L->cuda, w->ev_end, w->stream);
         if (rc) {
             char cerr[512];
             npyl_cuda_errmsg_copy(L->cuda, cerr, sizeof cerr);
@@ -164,19 +173,25 @@ static void to_device(npyload_loader *L, npyl_worker *w, npyl_slot *h)
         }
     }
     fill_arrays(L, d, 1);
+    int copied = !d->err; /* read while d is still ours */
     pthread_mutex_lock(&L->mu);
-    d->state = SLOT_READY;
-    pthread_cond_broadcast(&L->ready_cv);
+    if (d->gen != L->gen || L->stopping) {
+        d->state = SLOT_FREE; /* set_epoch/set_state ran during the copy */
+        pthread_cond_broadcast(&L->dev_cv);
+    } else {
+        d->state = SLOT_READY;
+        pthread_cond_broadcast(&L->ready_cv);
+    }
     pthread_mutex_unlock(&L->mu);
 
-    /* The host slot is free once the copy engine has read it. */
-    if (!d->err && !rc) {
-        if (npyl_cuda_event_sync(L->cuda, d->ev_done) == 0) {
-            float ms = 0;
-            if (npyl_cuda_event_elapsed_ms(L->cuda, &ms, d->ev_start, d->ev_done) == 0)
-                atomic_fetch_add(&L->st_h2d_ns, (uint64_t)(ms * 1e6));
-            atomic_fetch_add(&L->st_h2d_bytes, bytes);
-        }
+    /* The host slot is free once the copy engine has read it. Wait on this
+     * worker's own stream and events: d may already be handed out, released
+     * and re-recorded by another worker. */
+    if (npyl_cuda_stream_sync(L->cuda, w->stream) == 0 && copied) {
+        float ms = 0;
+        if (npyl_cuda_event_elapsed_ms(L->cuda, &ms, w->ev_start, w->ev_end) == 0)
+            atomic_fetch_add(&L->st_h2d_ns, (uint64_t)(ms * 1e6));
+        atomic_fetch_add(&L->st_h2d_bytes, bytes);
     }
     pthread_mutex_lock(&L->mu);
     h->state = SLOT_FREE;
@@ -187,8 +202,9 @@ static void *worker_main(void *arg)
 {
     npyl_worker *w = arg;
     npyload_loader *L = w->L;
-    if (L->device >= 0)
-        npyl_cuda_bind_thread(L->cuda);
+    /* A worker that cannot bind its device would copy to the wrong one:
+     * every batch it reads then carries the error instead. */
+    int bind_rc = L->device >= 0 ? npyl_cuda_bind_thread(L->cuda) : 0;
     pthread_mutex_lock(&L->mu);
     for (;;) {
         npyl_slot *h = NULL;
@@ -226,7 +242,10 @@ static void *worker_main(void *arg)
         if (rc) {
             h->err = rc;
             snprintf(h->errmsg, NPYL_ERRMSG_LEN, "batch %" PRId64 " of epoch %" PRIu64 ": %.900s",
-                     seq, L->op.epoch, w->errmsg);
+                     seq, h->epoch, w->errmsg);
+        } else if (bind_rc) {
+            h->err = bind_rc;
+            snprintf(h->errmsg, NPYL_ERRMSG_LEN, "worker cannot use CUDA device %d", L->device);
         }
 
         pthread_mutex_lock(&L->mu);
@@ -338,8 +357,9 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
         }
     }
     if (s) {
-        L->next_seq++;
         if (s->err) {
+            /* next_seq stays: the position saved by get_state excludes the
+             * failed batch, so a resume retries it. */
             /* A failed read surfaces in order, as an error, never as data. */
             rc = s->err;
             memcpy(L->errmsg, s->errmsg, sizeof L->errmsg);
@@ -348,6 +368,7 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
             pthread_cond_broadcast(&L->work_cv);
             pthread_cond_broadcast(&L->dev_cv);
         } else {
+            L->next_seq++;
             s->state = SLOT_HELD;
             L->held++;
             *out = s->batch;
@@ -430,6 +451,10 @@ static void release(npyload_batch *b, void *stream, int on_stream)
         int prev;
         if (npyl_cuda_enter(L->cuda, &prev) == 0) {
             recorded = npyl_cuda_event_record(L->cuda, s->ev_release, stream) == 0;
+            /* No event, no device-side ordering: wait on the host instead,
+             * never hand the slot back while the caller's work may read it. */
+            if (!recorded)
+                npyl_cuda_stream_sync(L->cuda, stream);
             npyl_cuda_leave(L->cuda, prev);
         }
     }
