@@ -1,0 +1,483 @@
+/* npyload-bench's pure logic on synthetic measurements: percentiles, the
+ * recommendation rule, the JSON document and the hand-written PNG. The
+ * report code is compiled into this test directly (it is not part of the
+ * library). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../tools/npyload_bench_report.c"
+#include "testutil.h"
+
+/* ---- helpers ---- */
+
+static nb_run mk(int w, int p, const char *io, double gbps, double stall, int ok)
+{
+    nb_run r;
+    memset(&r, 0, sizeof r);
+    r.workers = w;
+    r.prefetch = p;
+    snprintf(r.io_requested_name, sizeof r.io_requested_name, "%s", io);
+    snprintf(r.io_used, sizeof r.io_used, "%s", io);
+    r.ok = ok;
+    r.gbps = gbps;
+    r.samples_per_s = gbps * 1e9 / 1245184.0;
+    r.stall_pct = stall;
+    r.slot_mib = p * 152.0;
+    r.frac_of_ceiling = -1;
+    return r;
+}
+
+static void check_matches_run(const nb_run *runs, size_t n, const nb_recommendation *rec)
+{
+    cr_assert(rec->valid);
+    cr_assert(rec->run_index >= 0 && (size_t)rec->run_index < n);
+    const nb_run *r = &runs[rec->run_index];
+    cr_assert_eq(r->workers, rec->workers);
+    cr_assert_eq(r->prefetch, rec->prefetch);
+    cr_assert(r->ok);
+}
+
+/* ---- percentiles ---- */
+
+Test(bench_percentile, numpy_linear)
+{
+    double v[100];
+    for (int i = 0; i < 100; i++)
+        v[i] = 100 - i; /* unsorted: 100..1 */
+    cr_assert_float_eq(nb_percentile(v, 100, 50), 50.5, 1e-9);
+    cr_assert_float_eq(nb_percentile(v, 100, 99), 99.01, 1e-9);
+    cr_assert_float_eq(nb_percentile(v, 100, 0), 1, 1e-12);
+    cr_assert_float_eq(nb_percentile(v, 100, 100), 100, 1e-12);
+}
+
+Test(bench_percentile, small_and_empty)
+{
+    double one[1] = {3.5};
+    cr_assert_float_eq(nb_percentile(one, 1, 50), 3.5, 1e-12);
+    cr_assert_float_eq(nb_percentile(one, 1, 99), 3.5, 1e-12);
+    double two[2] = {4, 2};
+    cr_assert_float_eq(nb_percentile(two, 2, 50), 3, 1e-12);
+    cr_assert_float_eq(nb_percentile(NULL, 0, 50), 0, 1e-12);
+}
+
+/* ---- recommendation without compute ---- */
+
+Test(bench_recommend, smallest_within_5_percent)
+{
+    nb_run runs[] = {
+        mk(1, 1, "auto", 1.00, 100, 1), mk(1, 2, "auto", 1.50, 100, 1),
+        mk(2, 1, "auto", 1.80, 100, 1), mk(2, 4, "auto", 1.93, 100, 1),
+        mk(4, 8, "auto", 2.00, 100, 1), mk(4, 4, "auto", 1.99, 100, 1),
+    };
+    nb_recommendation rec;
+    int i = nb_recommend(runs, 6, 0, &rec);
+    cr_assert_eq(i, 3);
+    cr_assert_eq(rec.workers, 2);
+    cr_assert_eq(rec.prefetch, 4);
+    cr_assert_float_eq(rec.frac_of_best, 0.965, 1e-9);
+    check_matches_run(runs, 6, &rec);
+    char line[256];
+    nb_format_recommendation(&rec, 0, line, sizeof line);
+    cr_assert(strstr(line, "recommend: num_workers=2 prefetch=4 (1.93 GB/s, 96% of best, 608 MiB of slots)"),
+              "%s", line);
+}
+
+Test(bench_recommend, fewer_workers_beat_fewer_slots)
+{
+    /* (1,8) and (2,1) both qualify: fewest workers first. */
+    nb_run runs[] = {mk(2, 1, "auto", 1.98, 100, 1), mk(1, 8, "auto", 1.97, 100, 1),
+                     mk(4, 4, "auto", 2.00, 100, 1)};
+    nb_recommendation rec;
+    cr_assert_eq(nb_recommend(runs, 3, 0, &rec), 1);
+    cr_assert_eq(rec.workers, 1);
+    cr_assert_eq(rec.prefetch, 8);
+}
+
+Test(bench_recommend, boundary_is_inclusive)
+{
+    nb_run runs[] = {mk(1, 1, "auto", 0.95, 100, 1), mk(2, 2, "auto", 1.00, 100, 1)};
+    nb_recommendation rec;
+    cr_assert_eq(nb_recommend(runs, 2, 0, &rec), 0);
+    runs[0].gbps = 0.9499;
+    cr_assert_eq(nb_recommend(runs, 2, 0, &rec), 1);
+}
+
+Test(bench_recommend, same_config_other_io_takes_faster)
+{
+    nb_run runs[] = {mk(2, 2, "pread", 1.96, 100, 1), mk(2, 2, "io_uring", 1.99, 100, 1),
+                     mk(2, 4, "io_uring", 2.00, 100, 1)};
+    nb_recommendation rec;
+    cr_assert_eq(nb_recommend(runs, 3, 0, &rec), 1);
+    cr_assert_str_eq(rec.io, "io_uring");
+    /* An exact tie: the earlier run. */
+    runs[0].gbps = runs[1].gbps;
+    cr_assert_eq(nb_recommend(runs, 3, 0, &rec), 0);
+}
+
+Test(bench_recommend, failed_runs_ignored)
+{
+    nb_run runs[] = {mk(1, 1, "auto", 9.0, 0, 0), mk(2, 2, "auto", 1.0, 100, 1),
+                     mk(2, 1, "auto", 0.5, 100, 1)};
+    nb_recommendation rec;
+    cr_assert_eq(nb_recommend(runs, 3, 0, &rec), 1);
+    check_matches_run(runs, 3, &rec);
+    cr_assert_float_eq(rec.frac_of_best, 1.0, 1e-12);
+}
+
+Test(bench_recommend, nothing_ran)
+{
+    nb_run runs[] = {mk(1, 1, "auto", 0, 0, 0)};
+    nb_recommendation rec;
+    cr_assert_eq(nb_recommend(runs, 1, 0, &rec), -1);
+    cr_assert_eq(rec.valid, 0);
+    cr_assert_eq(nb_recommend(NULL, 0, 0, &rec), -1);
+    char line[128];
+    nb_format_recommendation(&rec, 0, line, sizeof line);
+    cr_assert(strstr(line, "none"));
+}
+
+/* ---- recommendation with compute ---- */
+
+Test(bench_recommend, compute_smallest_under_1_percent)
+{
+    nb_run runs[] = {
+        mk(1, 1, "auto", 1.0, 40.0, 1), mk(1, 4, "auto", 1.2, 0.9, 1),
+        mk(2, 2, "auto", 1.2, 0.1, 1),  mk(1, 2, "auto", 1.1, 1.0, 1), /* 1.0 is not < 1 */
+        mk(4, 8, "auto", 1.3, 0.0, 1),
+    };
+    nb_recommendation rec;
+    cr_assert_eq(nb_recommend(runs, 5, 10.0, &rec), 1);
+    cr_assert_eq(rec.workers, 1);
+    cr_assert_eq(rec.prefetch, 4);
+    cr_assert(strstr(rec.criterion, "stall < 1%"));
+    char line[256];
+    nb_format_recommendation(&rec, 10.0, line, sizeof line);
+    cr_assert(strstr(line, "num_workers=1 prefetch=4"), "%s", line);
+    cr_assert(strstr(line, "stall 0.9%"), "%s", line);
+}
+
+Test(bench_recommend, compute_fallback_lowest_stall)
+{
+    nb_run runs[] = {mk(1, 1, "auto", 1.0, 40.0, 1), mk(4, 8, "auto", 1.3, 5.0, 1),
+                     mk(2, 4, "auto", 1.2, 5.0, 1), mk(8, 8, "auto", 9.9, 1.0, 0)};
+    nb_recommendation rec;
+    /* Lowest stall 5.0 is tied: the smaller (2,4) wins; the failed run with
+     * 1.0 never counts. */
+    cr_assert_eq(nb_recommend(runs, 4, 10.0, &rec), 2);
+    cr_assert(strstr(rec.criterion, "lowest stall"));
+    check_matches_run(runs, 4, &rec);
+}
+
+/* ---- JSON ---- */
+
+/* A strict little JSON syntax checker (RFC 8259 values). */
+static const char *js_ws(const char *p)
+{
+    while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r')
+        p++;
+    return p;
+}
+static const char *js_value(const char *p, int depth);
+static const char *js_string(const char *p)
+{
+    if (*p++ != '"')
+        return NULL;
+    while (*p && *p != '"') {
+        if ((unsigned char)*p < 0x20)
+            return NULL;
+        if (*p == '\\') {
+            p++;
+            if (*p == 'u') {
+                for (int i = 1; i <= 4; i++)
+                    if (!strchr("0123456789abcdefABCDEF", p[i]) || !p[i])
+                        return NULL;
+                p += 4;
+            } else if (!strchr("\"\\/bfnrt", *p) || !*p)
+                return NULL;
+        }
+        p++;
+    }
+    return *p == '"' ? p + 1 : NULL;
+}
+static const char *js_value(const char *p, int depth)
+{
+    if (depth > 64)
+        return NULL;
+    p = js_ws(p);
+    if (*p == '{' || *p == '[') {
+        char close = *p == '{' ? '}' : ']';
+        int obj = *p == '{';
+        p = js_ws(p + 1);
+        if (*p == close)
+            return p + 1;
+        for (;;) {
+            if (obj) {
+                p = js_string(js_ws(p));
+                if (!p)
+                    return NULL;
+                p = js_ws(p);
+                if (*p++ != ':')
+                    return NULL;
+            }
+            p = js_value(p, depth + 1);
+            if (!p)
+                return NULL;
+            p = js_ws(p);
+            if (*p == ',') {
+                p++;
+                continue;
+            }
+            return *p == close ? p + 1 : NULL;
+        }
+    }
+    if (*p == '"')
+        return js_string(p);
+    if (!strncmp(p, "true", 4)) return p + 4;
+    if (!strncmp(p, "false", 5)) return p + 5;
+    if (!strncmp(p, "null", 4)) return p + 4;
+    char *end;
+    if (*p == '-' || (*p >= '0' && *p <= '9')) {
+        if (p[0] == '0' && p[1] >= '0' && p[1] <= '9')
+            return NULL;
+        strtod(p, &end);
+        return end > p ? end : NULL;
+    }
+    return NULL;
+}
+static int js_valid(const char *s)
+{
+    const char *p = js_value(s, 0);
+    return p && *js_ws(p) == 0;
+}
+
+static nb_config test_config(void)
+{
+    nb_config c;
+    memset(&c, 0, sizeof c);
+    c.batch_size = 128;
+    c.shuffle = 1;
+    c.device = -1;
+    c.seconds = 1.5;
+    c.nfields = 2;
+    snprintf(c.fields[0].name, sizeof c.fields[0].name, "images");
+    snprintf(c.fields[0].glob, sizeof c.fields[0].glob, "/d/\"q\"\\images/*.npy");
+    c.fields[0].nfiles = 8;
+    c.fields[0].sample_bytes = 1048576;
+    snprintf(c.fields[0].descr, sizeof c.fields[0].descr, "<f4");
+    c.fields[0].ndim = 3;
+    c.fields[0].shape[0] = 2;
+    c.fields[0].shape[1] = 256;
+    c.fields[0].shape[2] = 512;
+    snprintf(c.fields[1].name, sizeof c.fields[1].name, "heatmaps");
+    snprintf(c.fields[1].glob, sizeof c.fields[1].glob, "h/*.npy");
+    c.fields[1].nfiles = 8;
+    c.fields[1].sample_bytes = 65536;
+    c.fields[1].ndim = 0; /* scalar samples: an empty shape list */
+    c.num_samples = 512;
+    c.batch_bytes = 128ull * (1048576 + 65536);
+    snprintf(c.ceiling_ref, sizeof c.ceiling_ref, "pread_copy");
+    snprintf(c.note, sizeof c.note, "line one\nline\ttwo \x01");
+    return c;
+}
+
+static char *write_json(const nb_report *rep)
+{
+    char *dir = tu_mkdtemp("bench_json");
+    char *path = tu_path(dir, "out.json");
+    cr_assert_eq(nb_write_json_file(path, rep), 0);
+    size_t n;
+    char *text = tu_read_file(path, &n);
+    cr_assert(text);
+    text = realloc(text, n + 1);
+    text[n] = 0;
+    free(path);
+    tu_rmtree(dir);
+    return text;
+}
+
+Test(bench_json, valid_document_with_everything)
+{
+    nb_config c = test_config();
+    nb_machine m = {.cores_online = 2, .cores_allowed = 2, .mem_total_gib = 23.5};
+    snprintf(m.kernel, sizeof m.kernel, "Linux 6.1");
+    snprintf(m.library_version, sizeof m.library_version, "0.1.0");
+    nb_ceiling ce[2];
+    memset(ce, 0, sizeof ce);
+    snprintf(ce[0].name, sizeof ce[0].name, "pread_copy");
+    ce[0].measured = 1;
+    ce[0].gbps = 10.5;
+    snprintf(ce[1].name, sizeof ce[1].name, "odirect_uring");
+    snprintf(ce[1].note, sizeof ce[1].note, "O_DIRECT open failed: \"EINVAL\"");
+    nb_run runs[3] = {mk(1, 1, "auto", 1.0, 100, 1), mk(2, 4, "io_uring", 2.0, 100, 1),
+                      mk(2, 8, "mmap", 0, 0, 0)};
+    runs[0].frac_of_ceiling = 0.5;
+    runs[0].p99_ms = NAN; /* must come out as null, never as nan */
+    runs[1].gpu_samples = 3;
+    runs[1].gpu_util_avg_pct = 50;
+    snprintf(runs[2].error, sizeof runs[2].error, "start: bad\n\"thing\"");
+    nb_recommendation rec;
+    nb_recommend(runs, 3, 0, &rec);
+    nb_report rep = {.config = &c, .machine = &m, .ceilings = ce, .nceilings = 2,
+                     .runs = runs, .nruns = 3, .rec = &rec,
+                     .warnings = "first warning\nsecond \"quoted\"\n"};
+    char *text = write_json(&rep);
+    cr_assert(js_valid(text), "invalid JSON:\n%s", text);
+    cr_assert(strstr(text, "\"tool\": \"npyload-bench\""));
+    cr_assert(strstr(text, "\"recommendation\": {\n    \"workers\": 2,\n    \"prefetch\": 4"), "%s", text);
+    cr_assert(strstr(text, "\"p99\": null"));
+    cr_assert(strstr(text, "\"gbps\": null")); /* the skipped ceiling */
+    cr_assert(strstr(text, "\"sample_shape\": [2, 256, 512]"));
+    cr_assert(strstr(text, "\"sample_shape\": []"));
+    cr_assert(strstr(text, "\"second \\\"quoted\\\"\""));
+    cr_assert(strstr(text, "\\u0001"));
+    cr_assert(strstr(text, "\"gpu\": {\"samples\": 3"));
+    cr_assert(strstr(text, "\"shuffle\": \"full\""));
+    cr_assert_null(strstr(text, "nan"));
+    free(text);
+}
+
+Test(bench_json, empty_runs_and_no_recommendation)
+{
+    nb_config c = test_config();
+    c.nfields = 0;
+    nb_machine m;
+    memset(&m, 0, sizeof m);
+    nb_recommendation rec;
+    nb_recommend(NULL, 0, 0, &rec);
+    nb_report rep = {.config = &c, .machine = &m, .rec = &rec};
+    char *text = write_json(&rep);
+    cr_assert(js_valid(text), "invalid JSON:\n%s", text);
+    cr_assert(strstr(text, "\"recommendation\": null"));
+    cr_assert(strstr(text, "\"runs\": []"));
+    cr_assert(strstr(text, "\"warnings\": []"));
+    free(text);
+}
+
+Test(bench_json, checker_rejects_broken_json)
+{
+    cr_assert(!js_valid("{\"a\": 1,}"));
+    cr_assert(!js_valid("{\"a\": nan}"));
+    cr_assert(!js_valid("[1 2]"));
+    cr_assert(js_valid("{\"a\": [1, -2.5e3, \"x\\n\", true, null]}"));
+}
+
+/* ---- PNG ---- */
+
+Test(bench_png, checksums_known_values)
+{
+    cr_assert_eq(nb_crc32((const uint8_t *)"123456789", 9, 0), 0xCBF43926u);
+    cr_assert_eq(nb_adler32((const uint8_t *)"Wikipedia", 9), 0x11E60398u);
+}
+
+static uint32_t be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* Writes a w x h image, then walks the file: chunks with good CRCs, IHDR
+ * size, and the stored deflate blocks decode back to the scanlines. */
+static void png_roundtrip(int w, int h)
+{
+    size_t n = (size_t)w * h * 3;
+    uint8_t *rgb = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        rgb[i] = (uint8_t)(i * 7 + i / 13);
+    char *dir = tu_mkdtemp("bench_png");
+    char *path = tu_path(dir, "x.png");
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    cr_assert_eq(nb_png_write(f, rgb, w, h), 0);
+    fclose(f);
+    size_t len;
+    uint8_t *png = tu_read_file(path, &len);
+    cr_assert(png && len > 8 + 25);
+    cr_assert(!memcmp(png, "\x89PNG\r\n\x1a\n", 8));
+    cr_assert(!memcmp(png + 12, "IHDR", 4));
+    cr_assert_eq(be32(png + 16), (uint32_t)w);
+    cr_assert_eq(be32(png + 20), (uint32_t)h);
+    size_t off = 8;
+    uint8_t *z = NULL;
+    size_t zn = 0;
+    int saw_end = 0;
+    while (off + 12 <= len) {
+        uint32_t clen = be32(png + off);
+        cr_assert(off + 12 + clen <= len);
+        uint32_t crc = nb_crc32(png + off + 4, 4 + clen, 0);
+        cr_assert_eq(crc, be32(png + off + 8 + clen), "bad CRC");
+        if (!memcmp(png + off + 4, "IDAT", 4)) {
+            z = realloc(z, zn + clen);
+            memcpy(z + zn, png + off + 8, clen);
+            zn += clen;
+        }
+        if (!memcmp(png + off + 4, "IEND", 4))
+            saw_end = 1;
+        off += 12 + clen;
+    }
+    cr_assert(saw_end);
+    cr_assert_eq(off, len);
+    /* zlib: header, stored blocks, Adler-32. */
+    cr_assert_eq(((z[0] << 8) | z[1]) % 31, 0);
+    size_t row = (size_t)w * 3 + 1, raw_n = row * h, got = 0, p = 2;
+    uint8_t *raw = malloc(raw_n);
+    int final = 0;
+    while (!final) {
+        final = z[p] & 1;
+        cr_assert_eq(z[p] >> 1, 0, "not a stored block");
+        uint16_t blen = (uint16_t)(z[p + 1] | z[p + 2] << 8);
+        uint16_t nlen = (uint16_t)(z[p + 3] | z[p + 4] << 8);
+        cr_assert_eq((uint16_t)~blen, nlen);
+        cr_assert(got + blen <= raw_n);
+        memcpy(raw + got, z + p + 5, blen);
+        got += blen;
+        p += 5 + blen;
+    }
+    cr_assert_eq(got, raw_n);
+    cr_assert_eq(be32(z + p), nb_adler32(raw, raw_n));
+    cr_assert_eq(p + 4, zn);
+    for (int y = 0; y < h; y++) {
+        cr_assert_eq(raw[y * row], 0);
+        cr_assert(!memcmp(raw + y * row + 1, rgb + (size_t)y * w * 3, (size_t)w * 3));
+    }
+    free(raw);
+    free(z);
+    free(png);
+    free(rgb);
+    free(path);
+    tu_rmtree(dir);
+}
+
+Test(bench_png, one_block) { png_roundtrip(7, 5); }
+Test(bench_png, many_blocks) { png_roundtrip(301, 250); }
+
+Test(bench_plot, png_and_svg)
+{
+    nb_config c = test_config();
+    nb_machine m;
+    memset(&m, 0, sizeof m);
+    nb_run runs[] = {mk(1, 1, "auto", 1.0, 100, 1), mk(1, 2, "auto", 1.5, 100, 1),
+                     mk(2, 1, "auto", 1.8, 100, 1), mk(2, 2, "auto", 0, 0, 0)};
+    nb_recommendation rec;
+    nb_recommend(runs, 4, 0, &rec);
+    nb_report rep = {.config = &c, .machine = &m, .runs = runs, .nruns = 4, .rec = &rec};
+    char *dir = tu_mkdtemp("bench_plot");
+    char *png = tu_path(dir, "h.png"), *svg = tu_path(dir, "h.SVG");
+    cr_assert_eq(nb_write_plot(png, &rep), 0);
+    c.compute_ms = 5; /* stall heatmap */
+    cr_assert_eq(nb_write_plot(svg, &rep), 0);
+    size_t n;
+    uint8_t *b = tu_read_file(png, &n);
+    cr_assert(n > 1000 && !memcmp(b, "\x89PNG\r\n\x1a\n", 8));
+    cr_assert(be32(b + 16) >= 600 && be32(b + 20) >= 200);
+    free(b);
+    char *s = tu_read_file(svg, &n);
+    cr_assert(n > 100 && !memcmp(s, "<svg", 4));
+    free(s);
+    nb_report empty = {.config = &c, .machine = &m, .rec = &rec};
+    cr_assert_eq(nb_write_plot(png, &empty), -1);
+    free(png);
+    free(svg);
+    tu_rmtree(dir);
+}

@@ -1,0 +1,164 @@
+/* npyload-bench: declarations shared by the measuring program
+ * (npyload_bench.c) and its pure, unit-tested logic (npyload_bench_report.c:
+ * percentiles, the recommendation, JSON, PNG/SVG heatmaps).
+ *
+ * Like every tool, this uses nothing of lib/ but include/npyload.h. */
+#ifndef NPYLOAD_BENCH_H
+#define NPYLOAD_BENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define NB_MAX_FIELDS 16
+#define NB_MAX_GRID 32   /* values per list option (--workers, --prefetch) */
+#define NB_MAX_IO 4
+
+/* One measured configuration of the workers x prefetch x io grid. */
+typedef struct nb_run {
+    int workers;
+    int prefetch;
+    int io_requested;          /* npyload_io_backend asked for */
+    char io_requested_name[16];
+    char io_used[16];          /* npyload_backend_name(npyload_loader_backend) */
+    int ok;                    /* 1 measured; 0 failed (error says why) */
+    char error[256];
+
+    uint64_t batches;          /* measured batches (warm-up excluded) */
+    uint64_t samples;
+    uint64_t bytes;            /* samples x bytes per sample, all fields */
+    double wall_s;
+    double samples_per_s;
+    double gbps;               /* 1e9 bytes/s */
+    double frac_of_ceiling;    /* gbps / ceiling gbps; < 0 when unknown */
+    double p50_ms, p99_ms, max_ms; /* latency of next() (+ sync on cuda) */
+    double stall_pct;          /* time in next() / wall, percent */
+    double cpu_pct;            /* (user + sys) / wall, percent of one core */
+    double peak_rss_mib;       /* VmHWM (reset per run) or sampled VmRSS */
+    double base_rss_mib;       /* VmRSS before the loader was created */
+    double slot_mib;           /* prefetch x batch bytes */
+    int pinned;                /* slots page-locked (from npyload_stats) */
+    int direct_io;
+
+    /* GPU monitoring (NVML), when sampled. */
+    int gpu_samples;
+    double gpu_util_avg_pct, gpu_util_max_pct;
+    double gpu_power_avg_w;
+    double gpu_mem_max_mib;
+} nb_run;
+
+/* A ceiling: what the machine itself gives on the same bytes. */
+typedef struct nb_ceiling {
+    char name[32];             /* "pread_copy", "odirect_uring", "h2d_pinned" */
+    int measured;              /* 0: skipped (note says why) */
+    double gbps;
+    int threads;
+    uint64_t bytes;
+    double seconds;
+    char note[256];
+} nb_ceiling;
+
+typedef struct nb_machine {
+    int cores_online;
+    int cores_allowed;         /* sched_getaffinity */
+    char kernel[128];          /* uname -sr */
+    char cpu_model[128];
+    double mem_total_gib;
+    char library_version[32];
+    char hostname[64];
+} nb_machine;
+
+typedef struct nb_recommendation {
+    int valid;
+    int run_index;             /* index into the runs; workers/prefetch match it */
+    int workers;
+    int prefetch;
+    char io[16];
+    double gbps;
+    double samples_per_s;
+    double frac_of_best;       /* gbps / best gbps */
+    double stall_pct;
+    double slot_mib;
+    char criterion[96];        /* which rule chose it */
+} nb_recommendation;
+
+typedef struct nb_field_info {
+    char name[64];
+    char glob[512];
+    size_t nfiles;
+    uint64_t sample_bytes;
+    char descr[8];
+    int ndim;                  /* per-sample ndim */
+    int64_t shape[8];
+} nb_field_info;
+
+typedef struct nb_config {
+    int batch_size;
+    int shuffle;
+    int device;                /* -1 cpu */
+    int64_t batches;           /* > 0: count-bounded */
+    double seconds;            /* time bound per configuration */
+    double compute_ms;         /* simulated step; 0 none */
+    int cold;
+    int direct;
+    int nfields;
+    nb_field_info fields[NB_MAX_FIELDS];
+    int64_t num_samples;
+    uint64_t batch_bytes;      /* batch_size x bytes per sample, all fields */
+    char ceiling_ref[32];      /* the ceiling runs are compared with ("" none) */
+    char note[512];            /* notes about the measurement (cuda compute, ...) */
+} nb_config;
+
+typedef struct nb_report {
+    const nb_config *config;
+    const nb_machine *machine;
+    const nb_ceiling *ceilings;
+    size_t nceilings;
+    const nb_run *runs;
+    size_t nruns;
+    const nb_recommendation *rec;
+    const char *warnings;      /* newline-separated, may be NULL */
+} nb_report;
+
+/* ---- npyload_bench_report.c: pure logic ---- */
+
+/* Percentile p in [0,100] of v[0..n) with linear interpolation between
+ * closest ranks (numpy's default). Sorts v in place. n == 0 gives 0. */
+double nb_percentile(double *v, size_t n, double p);
+
+/* Recommendation.
+ * Without compute (compute_ms <= 0): among the runs that succeeded, the
+ * "smallest" configuration whose throughput (GB/s) is at least 95 % of the
+ * best run's.
+ * With compute (compute_ms > 0): the smallest configuration whose consumer
+ * stall is under 1 %; when none qualifies, the one with the lowest stall.
+ * "Smallest" orders by workers, then prefetch (fewest threads first, then
+ * least slot memory); among runs with equal (workers, prefetch) — other io
+ * backends — the higher throughput wins, then the earlier run.
+ * The result always names one measured run (run_index).
+ * @return : run_index, or -1 when no run succeeded (out->valid = 0). */
+int nb_recommend(const nb_run *runs, size_t n, double compute_ms,
+                 nb_recommendation *out);
+
+/* One line: "recommend: num_workers=2 prefetch=4 (1.93 GB/s, 97% of best,
+ * 512 MiB of slots)". */
+void nb_format_recommendation(const nb_recommendation *r, double compute_ms,
+                              char *buf, size_t len);
+
+/* JSON document (see bench/schema.json). @return : 0 or -1 on I/O error. */
+int nb_write_json(FILE *f, const nb_report *rep);
+int nb_write_json_file(const char *path, const nb_report *rep);
+
+/* Heatmap of the workers x prefetch grid, one panel per io backend: GB/s, or
+ * stall % when compute_ms > 0. PNG unless the path ends in ".svg".
+ * @return : 0 or -1. */
+int nb_write_plot(const char *path, const nb_report *rep);
+
+/* Building blocks, exposed for tests. */
+uint32_t nb_crc32(const uint8_t *p, size_t n, uint32_t crc);
+uint32_t nb_adler32(const uint8_t *p, size_t n);
+/* Writes an 8-bit RGB image as a PNG with stored (uncompressed) deflate
+ * blocks. @return : 0 or -1. */
+int nb_png_write(FILE *f, const uint8_t *rgb, int w, int h);
+
+#endif
