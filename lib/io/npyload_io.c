@@ -441,3 +441,28 @@ int npyl_io_read(npyl_io *io, const npyl_io_req *reqs, size_t n, size_t *bad,
     }
     return npyl_fail(err, errlen, NPYLOAD_EINVAL, "bad backend");
 }
+
+int npyl_io_each(npyl_io *io, const npyl_io_req *reqs, size_t n, size_t *bad,
+                 uint64_t *bytes_read, char *err, size_t errlen,
+                 npyl_io_one_fn one)
+{
+    uint64_t got = 0;
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        const npyl_io_req *r = &reqs[i];
+        if (r->len == 0)
+            continue;
+        npyl_io_fh *fh;
+        /* NPYL_IO_BUSY cannot happen here: one pin at a time. */
+        rc = npyl_io_fh_get(io, r->file, &fh, err, errlen);
+        if (rc == 0) {
+            rc = one(io, r, fh, &got, err, errlen);
+            npyl_io_fh_put(io, fh);
+        }
+        if (rc)
+            *bad = i;
+    }
+    if (bytes_read)
+        *bytes_read += got;
+    return rc;
+}

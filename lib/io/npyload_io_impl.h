@@ -76,4 +76,15 @@ NPYL_HIDDEN int npyl_io_uring_read(npyl_io *io, npyl_io_uring *u,
                                    size_t *bad, uint64_t *bytes_read,
                                    char *err, size_t errlen);
 
+/* The synchronous backends (pread, mmap) handle one request at a time: this
+ * runs `one` on each request in order with its file pinned, stops at the first
+ * failure (storing its index in *bad) and adds the bytes that landed to
+ * *bytes_read. `one` returns 0 or an error with its message written. */
+typedef int (*npyl_io_one_fn)(npyl_io *io, const npyl_io_req *r,
+                              const npyl_io_fh *fh, uint64_t *got, char *err,
+                              size_t errlen);
+NPYL_HIDDEN int npyl_io_each(npyl_io *io, const npyl_io_req *reqs, size_t n,
+                             size_t *bad, uint64_t *bytes_read, char *err,
+                             size_t errlen, npyl_io_one_fn one);
+
 #endif

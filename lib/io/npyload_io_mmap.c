@@ -19,46 +19,29 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+static int copy_one(npyl_io *io, const npyl_io_req *r, const npyl_io_fh *fh,
+                    uint64_t *got, char *err, size_t errlen)
+{
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t end;
+    struct stat st;
+    if (npyl_add_u64(r->offset, r->len, &end) || end > fh->map_len)
+        /* Beyond the size validated at start (the mapping's length). */
+        return npyl_io_fail_eof(io, r, fh->map_len, err, errlen);
+    if (fstat(fh->fd, &st) != 0)
+        return npyl_io_fail_read(io, r, -errno, err, errlen);
+    if ((uint64_t)st.st_size < end)
+        return npyl_io_fail_eof(io, r, (uint64_t)st.st_size, err, errlen);
+    uint64_t a = r->offset / page * page;
+    (void)madvise((void *)(fh->map + a), (size_t)(end - a), MADV_WILLNEED);
+    memcpy(r->dst, fh->map + r->offset, (size_t)r->len);
+    *got += r->len;
+    return 0;
+}
+
 int npyl_io_mmap_read(npyl_io *io, const npyl_io_req *reqs, size_t n,
                       size_t *bad, uint64_t *bytes_read, char *err,
                       size_t errlen)
 {
-    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-    uint64_t got = 0;
-    int rc = 0;
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        const npyl_io_req *r = &reqs[i];
-        if (r->len == 0)
-            continue;
-        npyl_io_fh *fh;
-        rc = npyl_io_fh_get(io, r->file, &fh, err, errlen);
-        if (rc) {
-            *bad = i;
-            break;
-        }
-        uint64_t end;
-        struct stat st;
-        if (npyl_add_u64(r->offset, r->len, &end)) {
-            rc = npyl_io_fail_eof(io, r, fh->map_len, err, errlen);
-        } else if (end > fh->map_len) {
-            /* Beyond the size validated at start (the mapping's length). */
-            rc = npyl_io_fail_eof(io, r, fh->map_len, err, errlen);
-        } else if (fstat(fh->fd, &st) != 0) {
-            rc = npyl_io_fail_read(io, r, -errno, err, errlen);
-        } else if ((uint64_t)st.st_size < end) {
-            rc = npyl_io_fail_eof(io, r, (uint64_t)st.st_size, err, errlen);
-        } else {
-            uint64_t a = r->offset / page * page;
-            (void)madvise((void *)(fh->map + a), (size_t)(end - a),
-                          MADV_WILLNEED);
-            memcpy(r->dst, fh->map + r->offset, (size_t)r->len);
-            got += r->len;
-        }
-        npyl_io_fh_put(io, fh);
-        if (rc)
-            *bad = i;
-    }
-    if (bytes_read)
-        *bytes_read += got;
-    return rc;
+    return npyl_io_each(io, reqs, n, bad, bytes_read, err, errlen, copy_one);
 }

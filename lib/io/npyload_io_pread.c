@@ -39,36 +39,23 @@ static int read_seg(const npyl_io_fh *fh, const npyl_io_seg *s, uint64_t *got,
     return 0;
 }
 
+static int read_one(npyl_io *io, const npyl_io_req *r, const npyl_io_fh *fh,
+                    uint64_t *got, char *err, size_t errlen)
+{
+    npyl_io_seg seg[3];
+    unsigned k = npyl_io_split(io, r, seg);
+    uint64_t eof = 0;
+    int rc = 0;
+    for (unsigned j = 0; j < k && rc == 0; j++)
+        rc = read_seg(fh, &seg[j], got, &eof);
+    if (rc == NPYLOAD_ETRUNCATED)
+        return npyl_io_fail_eof(io, r, eof, err, errlen);
+    return rc ? npyl_io_fail_read(io, r, rc, err, errlen) : 0;
+}
+
 int npyl_io_pread_read(npyl_io *io, const npyl_io_req *reqs, size_t n,
                        size_t *bad, uint64_t *bytes_read, char *err,
                        size_t errlen)
 {
-    uint64_t got = 0;
-    int rc = 0;
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        const npyl_io_req *r = &reqs[i];
-        if (r->len == 0)
-            continue;
-        npyl_io_fh *fh;
-        rc = npyl_io_fh_get(io, r->file, &fh, err, errlen);
-        if (rc) {
-            *bad = i; /* NPYL_IO_BUSY cannot happen: one pin at a time */
-            break;
-        }
-        npyl_io_seg seg[3];
-        unsigned k = npyl_io_split(io, r, seg);
-        uint64_t eof = 0;
-        for (unsigned j = 0; j < k && rc == 0; j++)
-            rc = read_seg(fh, &seg[j], &got, &eof);
-        npyl_io_fh_put(io, fh);
-        if (rc) {
-            *bad = i;
-            rc = rc == NPYLOAD_ETRUNCATED
-                     ? npyl_io_fail_eof(io, r, eof, err, errlen)
-                     : npyl_io_fail_read(io, r, rc, err, errlen);
-        }
-    }
-    if (bytes_read)
-        *bytes_read += got;
-    return rc;
+    return npyl_io_each(io, reqs, n, bad, bytes_read, err, errlen, read_one);
 }

@@ -240,7 +240,9 @@ class Loader:
     direct_io : bool
         O_DIRECT reads (bypass the page cache).
     pin_memory : bool or None
-        None: pin when CUDA is usable.
+        None: pin the staging slots when a CUDA device is the output; True:
+        pin host slots through CUDA device 0 even for device='cpu' (fails if
+        CUDA is unusable); False: never pin.
 
     Iteration follows DataLoader with DistributedSampler: ``for b in loader``
     runs the epoch chosen with ``set_epoch`` (0 at first) from its first batch;

@@ -5,9 +5,28 @@ are tiny and built with numpy in a temporary directory: several files per
 field, different splits per field, several dtypes and shapes.
 """
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def built_tool(name):
+    """Path of a tool in $NPYLOAD_BUILD_DIR/tools (default <repo>/build). A
+    missing binary fails the test: it is never a reason to skip."""
+    build = Path(os.environ.get("NPYLOAD_BUILD_DIR", REPO / "build"))
+    if not build.is_absolute() and not build.exists():
+        build = REPO / build
+    exe = build / "tools" / name
+    if not exe.is_file() or not os.access(exe, os.X_OK):
+        pytest.fail(
+            f"{exe} not found: build it first (ninja -C {build} {name}) or "
+            f"point NPYLOAD_BUILD_DIR at the build directory",
+            pytrace=False,
+        )
+    return str(exe.resolve())
 
 # rows per file for each field: the fields are split differently on purpose
 # (a field is the concatenation of its files; only the totals must agree).

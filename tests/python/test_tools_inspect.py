@@ -14,21 +14,7 @@ import numpy as np
 import numpy.lib.format as npformat
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _tool(name):
-    build = Path(os.environ.get("NPYLOAD_BUILD_DIR", REPO / "build"))
-    if not build.is_absolute() and not build.exists():
-        build = REPO / build
-    exe = build / "tools" / name
-    if not exe.is_file() or not os.access(exe, os.X_OK):
-        pytest.fail(
-            f"{exe} not found: build it first (ninja -C {build} {name}) or "
-            f"point NPYLOAD_BUILD_DIR at the build directory",
-            pytrace=False,
-        )
-    return str(exe.resolve())
+from conftest import REPO, built_tool as _tool
 
 
 @pytest.fixture(scope="module")
