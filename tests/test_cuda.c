@@ -453,3 +453,18 @@ Test(cuda_gpu, h2d_bandwidth_measures)
     cr_assert_gt(g, 1.0);
     cr_assert_lt(g, 10000.0);
 }
+
+Test(cuda_nogpu, compute_sim_refused_with_reason)
+{
+    char why[256] = "";
+    if (npyload_cuda_available(0, why, sizeof why))
+        cr_skip_test("a CUDA device is present: the no-GPU path cannot be shown here");
+    npyload_compute_sim *s = (npyload_compute_sim *)0x1;
+    int rc = npyload_compute_sim_create(0, &s, why, sizeof why);
+    cr_assert_eq(rc, NPYLOAD_ENOCUDA, "rc %d", rc);
+    cr_assert_null(s);
+    cr_assert_neq(why[0], 0, "a reason is given");
+    cr_assert_eq(npyload_compute_sim_busy(NULL, 1000), NPYLOAD_EINVAL);
+    cr_assert_null(npyload_compute_sim_stream(NULL));
+    npyload_compute_sim_destroy(NULL);
+}

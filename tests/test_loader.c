@@ -672,3 +672,65 @@ Test(loader, strerror_covers_codes)
     cr_assert_str_eq(npyload_strerror(-99999), "unknown error");
     cr_assert_str_eq(npyload_version_string(), NPYLOAD_VERSION_STRING);
 }
+
+/* Review finding: a state saved at the end of an epoch whose last batch is
+ * short (64 = 10 x 6 + 4) must resume at EOF, not re-deliver that batch. */
+Test(loader, resume_at_end_with_short_last_batch)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 2, .prefetch = 2, .batch = 6, .shuffle = 1};
+    npyload_loader *A = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(A), 0);
+    npyload_batch *b;
+    while (npyload_loader_next(A, &b) == 0)
+        npyload_batch_release(b);
+    npyload_state st;
+    cr_assert_eq(npyload_loader_get_state(A, &st), 0);
+    cr_assert_eq(st.consumed, N_TOTAL);
+    for (int after_start = 0; after_start <= 1; after_start++) {
+        npyload_loader *B = open_loader(&d, &c);
+        if (after_start)
+            cr_assert_eq(npyload_loader_start(B), 0);
+        cr_assert_eq(npyload_loader_set_state(B, &st), 0, "%s", npyload_loader_errmsg(B));
+        if (!after_start)
+            cr_assert_eq(npyload_loader_start(B), 0, "%s", npyload_loader_errmsg(B));
+        cr_assert_eq(npyload_loader_next(B, &b), NPYLOAD_EOF, "resume at EOF re-delivered a batch");
+        npyload_loader_destroy(B);
+    }
+    /* a position inside a batch is refused */
+    st.consumed = 7;
+    npyload_loader *C = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(C), 0);
+    cr_assert_eq(npyload_loader_set_state(C, &st), NPYLOAD_EINVAL);
+    npyload_loader_destroy(C);
+    npyload_loader_destroy(A);
+    tu_rmtree(d.dir);
+}
+
+/* Review finding: after a failed read the saved position excludes the failed
+ * batch, so a resume retries it rather than skipping its samples. */
+Test(loader, failed_batch_not_counted_as_consumed)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 1, .prefetch = 1, .batch = 8};
+    npyload_loader *L = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(L), 0);
+    char *p = tu_path(d.dir, "img_0005.npy"); /* samples 56..63: the last batch */
+    size_t sz;
+    free(tu_read_file(p, &sz));
+    cr_assert_eq(truncate(p, (off_t)(sz - 60)), 0);
+    npyload_batch *b;
+    int rc, good = 0;
+    while ((rc = npyload_loader_next(L, &b)) == 0) {
+        good++;
+        npyload_batch_release(b);
+    }
+    cr_assert_lt(rc, 0);
+    npyload_state st;
+    cr_assert_eq(npyload_loader_get_state(L, &st), 0);
+    cr_assert_eq(st.consumed, (uint64_t)good * 8, "consumed %llu after %d good batches",
+                 (unsigned long long)st.consumed, good);
+    free(p);
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+}

@@ -608,8 +608,9 @@ int npyload_loader_start(npyload_loader *L)
         if (cap < L->delivered)
             cap = L->delivered;
         L->seqbuf = malloc((size_t)(cap ? cap : 1) * sizeof *L->seqbuf);
+        L->seqspare = malloc((size_t)(cap ? cap : 1) * sizeof *L->seqspare);
     }
-    if (!L->seqbuf) {
+    if (!L->seqbuf || !L->seqspare) {
         rc = npyl_loader_fail(L, -ENOMEM, "out of memory for the epoch's order (%" PRId64
                               " samples)", L->delivered);
         goto fail;
@@ -672,9 +673,11 @@ int npyload_loader_start(npyload_loader *L)
         }
         L->state_pending = 0;
     }
-    pthread_mutex_lock(&L->mu);
-    rc = npyl_pipeline_reset_locked(L, epoch, first_seq);
-    pthread_mutex_unlock(&L->mu);
+    {
+        npyl_order_params first = L->op;
+        first.epoch = epoch;
+        rc = npyl_pipeline_reset(L, &first, first_seq);
+    }
     if (rc) {
         npyl_loader_fail(L, rc, "out of memory building the epoch's order");
         goto fail;
@@ -752,7 +755,8 @@ void npyl_loader_free_started(npyload_loader *L)
     free((void *)L->op.file_sizes);
     L->op.file_sizes = NULL;
     free(L->seqbuf);
-    L->seqbuf = NULL;
+    free(L->seqspare);
+    L->seqbuf = L->seqspare = NULL;
     for (size_t i = 0; i < L->nfields; i++) {
         free(L->fields[i].files);
         L->fields[i].files = NULL;
@@ -804,12 +808,16 @@ int npyload_loader_set_epoch(npyload_loader *L, uint64_t epoch)
         return 0;
     }
     pthread_mutex_lock(&L->mu);
-    int rc = 0;
     /* Nothing consumed yet of this very epoch: keep the batches already
      * prefetched (start; set_epoch(0) is the common pattern). */
-    if (!(epoch == L->op.epoch && L->next_seq == 0 && L->gen_first_seq == 0 && !L->failed))
-        rc = npyl_pipeline_reset_locked(L, epoch, 0);
+    int keep = epoch == L->op.epoch && L->next_seq == 0 && L->gen_first_seq == 0 && !L->failed;
+    npyl_order_params op = L->op;
     pthread_mutex_unlock(&L->mu);
+    int rc = 0;
+    if (!keep) {
+        op.epoch = epoch;
+        rc = npyl_pipeline_reset(L, &op, 0);
+    }
     if (rc)
         return npyl_loader_fail(L, rc, "out of memory building the order of epoch %" PRIu64,
                                 epoch);
@@ -894,10 +902,6 @@ int npyload_loader_set_state(npyload_loader *L, const npyload_state *st)
     if (st->shuffle < 0 || st->shuffle > NPYLOAD_SHUFFLE_LOCAL ||
         (st->drop_last != 0 && st->drop_last != 1))
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state has invalid shuffle/drop_last");
-    if (st->consumed % (uint64_t)st->batch_size != 0 && L->started &&
-        (int64_t)st->consumed != L->delivered)
-        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: %" PRIu64 " samples consumed "
-                                "is not a whole number of batches", st->consumed);
     if (!L->started) {
         L->opt[NPYLOAD_OPT_SEED] = st->seed;
         L->opt[NPYLOAD_OPT_SHUFFLE] = st->shuffle;
@@ -911,20 +915,28 @@ int npyload_loader_set_state(npyload_loader *L, const npyload_state *st)
     if (st->num_samples != L->n)
         return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state is for %" PRId64
                                 " samples, the fields hold %" PRId64, st->num_samples, L->n);
+    /* Adopt the saved order parameters (installed under mu by reset). */
     pthread_mutex_lock(&L->mu);
-    /* Adopt the saved order parameters; workers read op only under mu. */
-    L->op.seed = st->seed;
-    L->op.shuffle = (int)st->shuffle;
-    L->op.drop_last = (int)st->drop_last;
-    L->opt[NPYLOAD_OPT_SEED] = st->seed;
-    L->opt[NPYLOAD_OPT_SHUFFLE] = st->shuffle;
-    L->opt[NPYLOAD_OPT_DROP_LAST] = st->drop_last;
-    L->delivered = npyl_order_delivered_len(&L->op);
-    L->nbatches = npyl_order_num_batches(&L->op);
-    int rc = npyl_pipeline_reset_locked(
-        L, st->epoch,
-        (int64_t)((st->consumed + (uint64_t)st->batch_size - 1) / (uint64_t)st->batch_size));
+    npyl_order_params op = L->op;
     pthread_mutex_unlock(&L->mu);
+    op.seed = st->seed;
+    op.shuffle = (int)st->shuffle;
+    op.drop_last = (int)st->drop_last;
+    op.epoch = st->epoch;
+    int64_t delivered = npyl_order_delivered_len(&op);
+    if ((st->consumed % (uint64_t)st->batch_size != 0 && (int64_t)st->consumed != delivered) ||
+        (int64_t)st->consumed > delivered)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: %" PRIu64 " samples consumed "
+                                "is not a batch boundary of this rank's %" PRId64 " samples",
+                                st->consumed, delivered);
+    int rc = npyl_pipeline_reset(
+        L, &op,
+        (int64_t)((st->consumed + (uint64_t)st->batch_size - 1) / (uint64_t)st->batch_size));
+    if (rc == 0) {
+        L->opt[NPYLOAD_OPT_SEED] = st->seed;
+        L->opt[NPYLOAD_OPT_SHUFFLE] = st->shuffle;
+        L->opt[NPYLOAD_OPT_DROP_LAST] = st->drop_last;
+    }
     if (rc)
         return npyl_loader_fail(L, rc, "out of memory restoring the state");
     L->errmsg[0] = 0;

@@ -130,6 +130,7 @@ struct npyload_loader {
     /* Order of the current generation. [mu] */
     npyl_order_params op;
     int64_t *seqbuf;          /* this rank's delivered indices for the epoch */
+    int64_t *seqspare;        /* the next order is built here, then swapped */
     int64_t delivered;        /* entries in seqbuf */
     int64_t nbatches;
     uint64_t gen;
@@ -160,10 +161,12 @@ NPYL_HIDDEN int npyl_loader_fail(npyload_loader *L, int code, const char *fmt,
 NPYL_HIDDEN int npyl_pipeline_start(npyload_loader *L);
 /* Stops and joins the workers; in-flight reads and copies complete first. */
 NPYL_HIDDEN void npyl_pipeline_stop(npyload_loader *L);
-/* Begins a generation at (epoch, first batch). Caller holds mu. Returns 0 or
- * -ENOMEM. */
-NPYL_HIDDEN int npyl_pipeline_reset_locked(npyload_loader *L, uint64_t epoch,
-                                           int64_t first_seq);
+/* Begins a generation with order parameters `op` (its epoch included) at
+ * batch first_seq. Called from the API thread without mu (it builds the order
+ * unlocked, then takes mu to install it). Returns 0 or -ENOMEM, in which case
+ * nothing changed. */
+NPYL_HIDDEN int npyl_pipeline_reset(npyload_loader *L, const npyl_order_params *op,
+                                    int64_t first_seq);
 /* npyload_loader.c: frees what start allocated (the loader returns to its
  * pre-start state), or everything including the loader itself. */
 NPYL_HIDDEN void npyl_loader_free_started(npyload_loader *L);

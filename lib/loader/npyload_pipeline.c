@@ -12,14 +12,21 @@
 
 /* ---- generations ---- */
 
-int npyl_pipeline_reset_locked(npyload_loader *L, uint64_t epoch, int64_t first_seq)
+int npyl_pipeline_reset(npyload_loader *L, const npyl_order_params *op, int64_t first_seq)
 {
-    npyl_order_params op = L->op;
-    op.epoch = epoch;
-    int rc = npyl_order_build(&op, L->seqbuf);
+    /* Build the new order without the lock (O(N): a permutation of every
+     * sample), into the spare buffer that only this (the API) thread touches,
+     * then swap it in under the lock. Workers read seqbuf only under mu. */
+    int rc = npyl_order_build(op, L->seqspare);
     if (rc)
         return rc; /* L->op, gen and the position unchanged */
-    L->op.epoch = epoch;
+    pthread_mutex_lock(&L->mu);
+    int64_t *old = L->seqbuf;
+    L->seqbuf = L->seqspare;
+    L->seqspare = old;
+    L->op = *op;
+    L->delivered = npyl_order_delivered_len(op);
+    L->nbatches = npyl_order_num_batches(op);
     L->gen++;
     if (first_seq > L->nbatches)
         first_seq = L->nbatches;
@@ -39,6 +46,7 @@ int npyl_pipeline_reset_locked(npyload_loader *L, uint64_t epoch, int64_t first_
     pthread_cond_broadcast(&L->work_cv);
     pthread_cond_broadcast(&L->dev_cv);
     pthread_cond_broadcast(&L->ready_cv);
+    pthread_mutex_unlock(&L->mu);
     return 0;
 }
 

@@ -6,6 +6,7 @@
  * visibly and with the reason, when npyload_cuda_available(0) is 0. Run them
  * under compute-sanitizer as tests/gpu/README.md says. */
 #include <criterion/criterion.h>
+#include <time.h>
 #include <criterion/logging.h>
 
 #include <cuda_runtime_api.h>
@@ -483,4 +484,30 @@ Test(gpu, h2d_bandwidth_helper)
     cr_assert_eq(rc, 0, "%s", npyload_strerror(rc));
     cr_log_info("pinned cudaMemcpyAsync H2D: %.2f GB/s", g);
     cr_assert_gt(g, 1.0);
+}
+
+/* The compute simulator's kernel occupies its stream for the time asked:
+ * measured on the host around a sync, and two kernels queue one after the
+ * other. */
+Test(gpu, compute_sim_busy_takes_its_time)
+{
+    NEED_GPU();
+    npyload_compute_sim *s;
+    char why[256];
+    int rc = npyload_compute_sim_create(0, &s, why, sizeof why);
+    cr_assert_eq(rc, 0, "%s", why);
+    cr_assert_not_null(npyload_compute_sim_stream(s));
+    cr_assert_eq(npyload_compute_sim_busy(s, 1000), 0); /* JIT and first launch */
+    cr_assert_eq(npyload_compute_sim_sync(s), 0);
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    cr_assert_eq(npyload_compute_sim_busy(s, 20 * 1000 * 1000), 0);
+    cr_assert_eq(npyload_compute_sim_busy(s, 20 * 1000 * 1000), 0);
+    cr_assert_eq(npyload_compute_sim_sync(s), 0);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+    cr_log_info("two 20 ms busy kernels took %.2f ms", ms);
+    cr_assert_geq(ms, 39.0, "busy kernels too short: %.2f ms", ms);
+    cr_assert_lt(ms, 400.0, "busy kernels far too long: %.2f ms", ms);
+    npyload_compute_sim_destroy(s);
 }

@@ -1,0 +1,155 @@
+/* A stand-in for a training step on the GPU: a stream and a kernel that
+ * spins for a given time on it. npyload-bench and tests use it to measure the
+ * stall a trainer would see, and to show that copies overlap compute, from C
+ * code that has no CUDA headers and no nvcc.
+ *
+ * The kernel is PTX text, JIT-compiled by the driver for whatever GPU is
+ * present (cuModuleLoadData), so the library needs no CUDA toolkit at build
+ * time. The driver API (libcuda.so.1) is loaded with dlopen like the runtime;
+ * it works on the primary context that the runtime makes current, so the
+ * runtime's stream is a valid CUstream for cuLaunchKernel. */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "npyload_cuda.h"
+
+/* Spins until %globaltimer (ns) has advanced by `ns` from the kernel's start.
+ * One thread: the point is to occupy the stream, not the SMs. */
+static const char BUSY_PTX[] =
+    ".version 6.0\n"
+    ".target sm_50\n"
+    ".address_size 64\n"
+    ".visible .entry npyload_busy(.param .u64 npyload_busy_ns)\n"
+    "{\n"
+    "  .reg .pred %p;\n"
+    "  .reg .b64 %n, %t0, %t1, %d;\n"
+    "  ld.param.u64 %n, [npyload_busy_ns];\n"
+    "  mov.u64 %t0, %globaltimer;\n"
+    "SPIN:\n"
+    "  mov.u64 %t1, %globaltimer;\n"
+    "  sub.u64 %d, %t1, %t0;\n"
+    "  setp.lt.u64 %p, %d, %n;\n"
+    "  @%p bra SPIN;\n"
+    "  ret;\n"
+    "}\n";
+
+typedef int (*fn_module_load_data)(void **, const void *);
+typedef int (*fn_module_unload)(void *);
+typedef int (*fn_module_get_function)(void **, void *, const char *);
+typedef int (*fn_launch_kernel)(void *, unsigned, unsigned, unsigned, unsigned,
+                                unsigned, unsigned, unsigned, void *, void **,
+                                void **);
+
+struct npyload_compute_sim {
+    npyl_cuda *cuda;
+    void *stream;
+    void *driver;   /* dlopen handle of libcuda.so.1 */
+    void *module;   /* CUmodule */
+    void *busy;     /* CUfunction */
+    fn_module_unload module_unload;
+    fn_launch_kernel launch;
+};
+
+void npyload_compute_sim_destroy(npyload_compute_sim *s)
+{
+    if (!s)
+        return;
+    int prev = -1, entered = s->cuda && npyl_cuda_enter(s->cuda, &prev) == 0;
+    if (s->stream) {
+        npyl_cuda_stream_sync(s->cuda, s->stream);
+        npyl_cuda_stream_destroy(s->cuda, s->stream);
+    }
+    if (s->module && s->module_unload)
+        s->module_unload(s->module);
+    if (entered)
+        npyl_cuda_leave(s->cuda, prev);
+    if (s->driver)
+        dlclose(s->driver);
+    npyl_cuda_close(s->cuda);
+    free(s);
+}
+
+int npyload_compute_sim_create(int device, npyload_compute_sim **out, char *why,
+                               size_t whylen)
+{
+    if (!out)
+        return npyl_fail(why, whylen, NPYLOAD_EINVAL, "out is NULL");
+    *out = NULL;
+    npyload_compute_sim *s = calloc(1, sizeof *s);
+    if (!s)
+        return npyl_fail(why, whylen, -12, "out of memory");
+    int rc = npyl_cuda_open(&s->cuda, device, why, whylen);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    int prev = -1, entered = 0;
+    if ((rc = npyl_cuda_enter(s->cuda, &prev)) != 0) {
+        npyl_fail(why, whylen, rc, "%s", npyl_cuda_errmsg(s->cuda));
+        goto fail;
+    }
+    entered = 1;
+    if ((rc = npyl_cuda_stream_create(s->cuda, &s->stream)) != 0) {
+        npyl_fail(why, whylen, rc, "%s", npyl_cuda_errmsg(s->cuda));
+        goto fail;
+    }
+    s->driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    fn_module_load_data load = s->driver ? (fn_module_load_data)dlsym(s->driver, "cuModuleLoadData") : NULL;
+    fn_module_get_function getf = s->driver ? (fn_module_get_function)dlsym(s->driver, "cuModuleGetFunction") : NULL;
+    s->module_unload = s->driver ? (fn_module_unload)dlsym(s->driver, "cuModuleUnload") : NULL;
+    s->launch = s->driver ? (fn_launch_kernel)dlsym(s->driver, "cuLaunchKernel") : NULL;
+    if (!load || !getf || !s->module_unload || !s->launch) {
+        rc = npyl_fail(why, whylen, NPYLOAD_ENOCUDA,
+                       "CUDA driver API (libcuda.so.1) not loadable: %s",
+                       s->driver ? "entry points missing" : dlerror());
+        goto fail;
+    }
+    int e = load(&s->module, BUSY_PTX);
+    if (e == 0)
+        e = getf(&s->busy, s->module, "npyload_busy");
+    if (e != 0) {
+        rc = npyl_fail(why, whylen, NPYLOAD_ECUDA,
+                       "loading the busy kernel's PTX failed (CUresult %d)", e);
+        goto fail;
+    }
+    npyl_cuda_leave(s->cuda, prev);
+    *out = s;
+    return 0;
+fail:
+    if (entered)
+        npyl_cuda_leave(s->cuda, prev);
+    npyload_compute_sim_destroy(s);
+    return rc;
+}
+
+void *npyload_compute_sim_stream(const npyload_compute_sim *s)
+{
+    return s ? s->stream : NULL;
+}
+
+int npyload_compute_sim_busy(npyload_compute_sim *s, uint64_t ns)
+{
+    if (!s)
+        return NPYLOAD_EINVAL;
+    int prev, rc = npyl_cuda_enter(s->cuda, &prev);
+    if (rc)
+        return rc;
+    void *args[] = {&ns};
+    int e = s->launch(s->busy, 1, 1, 1, 1, 1, 1, 0, s->stream, args, NULL);
+    npyl_cuda_leave(s->cuda, prev);
+    return e == 0 ? 0 : NPYLOAD_ECUDA;
+}
+
+int npyload_compute_sim_sync(npyload_compute_sim *s)
+{
+    if (!s)
+        return NPYLOAD_EINVAL;
+    int prev, rc = npyl_cuda_enter(s->cuda, &prev);
+    if (rc)
+        return rc;
+    rc = npyl_cuda_stream_sync(s->cuda, s->stream);
+    npyl_cuda_leave(s->cuda, prev);
+    return rc;
+}
