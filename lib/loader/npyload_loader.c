@@ -268,8 +268,9 @@ static void fmt_shape(char *buf, size_t len, int ndim, const int64_t *shape)
 }
 
 /* Reads the headers of field f's files, checks they agree, and records the
- * files in the io table. *io_next is the next free io_files index. */
-static int load_field(npyload_loader *L, npyl_field *f, size_t *io_next)
+ * files in the io table. *io_next is the next free io_files index; *samples
+ * receives the field's total. */
+static int load_field(npyload_loader *L, npyl_field *f, size_t *io_next, int64_t *samples)
 {
     char err[NPYL_ERRMSG_LEN];
     f->files = calloc(f->npaths, sizeof *f->files);
@@ -332,7 +333,7 @@ static int load_field(npyload_loader *L, npyl_field *f, size_t *io_next)
     if (f->row_bytes == 0)
         return npyl_loader_fail(L, NPYLOAD_EUNSUPPORTED,
                                 "field '%s': %s: samples of zero bytes", f->name, f->paths[0]);
-    L->n = total; /* compared across fields by the caller */
+    *samples = total;
     return 0;
 }
 
@@ -349,15 +350,15 @@ static int validate_fields(npyload_loader *L)
     if (!L->io_files)
         return npyl_loader_fail(L, -ENOMEM, "out of memory");
     size_t io_next = 0;
-    int64_t n0 = 0;
+    int64_t n0 = 0, n = 0;
     for (size_t i = 0; i < L->nfields; i++) {
-        int rc = load_field(L, &L->fields[i], &io_next);
+        int rc = load_field(L, &L->fields[i], &io_next, &n);
         L->nio_files = io_next;
         if (rc)
             return rc;
         if (i == 0) {
-            n0 = L->n;
-        } else if (L->n != n0) {
+            n0 = n;
+        } else if (n != n0) {
             npyl_field *a = &L->fields[0], *b = &L->fields[i];
             /* Name the first file where the running counts part ways. */
             size_t ka = 0, kb = 0;
@@ -370,12 +371,12 @@ static int validate_fields(npyload_loader *L)
                     L, NPYLOAD_EMISMATCH,
                     "field '%s' holds %" PRId64 " samples, field '%s' holds %" PRId64
                     "; they part at %s (%" PRId64 " samples) vs %s (%" PRId64 " samples)",
-                    a->name, n0, b->name, L->n, a->paths[ka], a->files[ka].count,
+                    a->name, n0, b->name, n, a->paths[ka], a->files[ka].count,
                     b->paths[kb], b->files[kb].count);
             return npyl_loader_fail(L, NPYLOAD_EMISMATCH,
                                     "field '%s' holds %" PRId64 " samples (%zu files), "
                                     "field '%s' holds %" PRId64 " (%zu files)",
-                                    a->name, n0, a->npaths, b->name, L->n, b->npaths);
+                                    a->name, n0, a->npaths, b->name, n, b->npaths);
         }
     }
     L->n = n0;
