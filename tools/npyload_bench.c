@@ -417,32 +417,27 @@ static double mem_available_gib(void)
 /* The order (the same sequence the loader reads, for the copy ceiling)      */
 /* ------------------------------------------------------------------------ */
 
+/* The library's own order (npyload_order_indices), so the ceiling reads
+ * the samples in the pattern the loader reads them; LOCAL needs the first
+ * field's file sizes. NULL when out of memory or the order is refused. */
 static int64_t *make_order(int64_t n, int shuffle_mode, int batch, uint64_t epoch)
 {
-    int64_t *o = malloc((size_t)n * sizeof *o);
-    if (!o)
+    const bfield *f0 = &g_fields[0];
+    int64_t *sizes = malloc((f0->nfiles ? f0->nfiles : 1) * sizeof *sizes);
+    int64_t *o = malloc((size_t)(n ? n : 1) * sizeof *o);
+    if (!sizes || !o) {
+        free(sizes);
+        free(o);
         return NULL;
-    int64_t got = -1;
-    if (shuffle_mode != NPYLOAD_SHUFFLE_LOCAL)
-        got = npyload_order_indices(n, shuffle_mode, 0, epoch, 0, 1, 0, batch,
-                                    NULL, 0, 0, o, (size_t)n);
+    }
+    for (size_t i = 0; i < f0->nfiles; i++)
+        sizes[i] = f0->files[i].nsamples;
+    int64_t got = npyload_order_indices(n, shuffle_mode, 0, epoch, 0, 1, 0, batch, sizes,
+                                        f0->nfiles, 0, o, (size_t)n);
+    free(sizes);
     if (got != n) {
-        /* Not available (or LOCAL): a plain Fisher-Yates with the same
-         * cost profile; only the access pattern matters here. */
-        for (int64_t i = 0; i < n; i++)
-            o[i] = i;
-        if (shuffle_mode != NPYLOAD_SHUFFLE_NONE) {
-            uint64_t x = 0x9E3779B97F4A7C15ull ^ epoch;
-            for (int64_t i = n - 1; i > 0; i--) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                int64_t j = (int64_t)(x % (uint64_t)(i + 1));
-                int64_t t = o[i];
-                o[i] = o[j];
-                o[j] = t;
-            }
-        }
+        free(o);
+        return NULL;
     }
     return o;
 }
@@ -506,7 +501,7 @@ static void ceiling_copy(const nb_config *cfg, int shuffle_mode, int threads,
     out->threads = threads;
     int64_t *order = make_order(cfg->num_samples, shuffle_mode, cfg->batch_size, 0);
     if (!order) {
-        snprintf(out->note, sizeof out->note, "out of memory");
+        snprintf(out->note, sizeof out->note, "cannot build the order (out of memory)");
         return;
     }
     copy_ctx c = {.order = order, .n = cfg->num_samples, .batch = cfg->batch_size,
