@@ -14,7 +14,6 @@
  * layout only. */
 #include <criterion/criterion.h>
 
-#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -121,18 +120,6 @@ static void *exact_copy(const void *p, size_t n)
     if (n)
         memcpy(q, p, n);
     return q;
-}
-
-static int open_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    if (!d)
-        return -1;
-    int n = 0;
-    while (readdir(d))
-        n++;
-    closedir(d);
-    return n;
 }
 
 /* ---- golden files ---- */
@@ -291,14 +278,14 @@ Test(header, malformed_files_refused_with_clear_message)
 
 Test(header, read_header_closes_every_fd)
 {
-    int before = open_fds();
+    int before = tu_count_fds();
     if (before < 0)
         cr_skip_test("no /proc/self/fd here");
     for (int k = 0; k < 3; k++) {
         each_entry(GOLDEN "/manifest.json", golden_one);
         each_entry(MALFORMED "/manifest.json", malformed_one);
     }
-    cr_expect_eq(open_fds(), before, "file descriptors leaked");
+    cr_expect_eq(tu_count_fds(), before, "file descriptors leaked");
 }
 
 Test(header, read_header_os_errors)

@@ -6,7 +6,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <dirent.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/magic.h>
@@ -106,18 +105,6 @@ static void need_direct(const char *path)
     close(fd);
     if (r < 0)
         cr_skip_test("O_DIRECT read refused on %s: %s", path, strerror(e));
-}
-
-static int count_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    if (!d)
-        return -1;
-    int n = 0;
-    while (readdir(d))
-        n++;
-    closedir(d);
-    return n;
 }
 
 static uint64_t rng_state;
@@ -304,7 +291,7 @@ static void many_files(int backend, int direct, unsigned qd)
         need_direct(f[0].path);
     npyl_file_info *info = calloc(NF, sizeof *info);
     stat_all(f, NF, info);
-    int fds0 = count_fds();
+    int fds0 = tu_count_fds();
     npyl_io *io = make_io(backend, direct, qd, MAXOPEN, info, NF);
     enum { PER = 64 };
     uint8_t *buf = npyl_alloc_aligned(PER * 16384, 4096);
@@ -328,13 +315,13 @@ static void many_files(int backend, int direct, unsigned qd)
                              tu_byte(1000u + req[r].file, 0, i),
                              "file %u byte %llu", req[r].file,
                              (unsigned long long)i);
-        int open_now = count_fds() - fds0;
+        int open_now = tu_count_fds() - fds0;
         /* fd + O_DIRECT fd per cached file, and a ring fd. */
         cr_assert(open_now <= MAXOPEN * (direct ? 2 : 1) + 1,
                   "%d descriptors open with max_open %d", open_now, MAXOPEN);
     }
     npyl_io_destroy(io);
-    cr_assert_eq(count_fds(), fds0, "descriptors leaked by destroy");
+    cr_assert_eq(tu_count_fds(), fds0, "descriptors leaked by destroy");
     npyl_free_aligned(buf);
     for (int k = 0; k < NF; k++)
         free_file(&f[k]);

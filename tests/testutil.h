@@ -42,6 +42,10 @@ int tu_write_field(const char *dir, const char *prefix, uint32_t field_seed,
 /* Bytes per sample for a per-sample shape. */
 size_t tu_sample_bytes(size_t itemsize, int sndim, const int64_t *sshape);
 
+/* Entries in /proc/self/fd (open descriptors, plus the listing's own), or -1:
+ * compare two counts to see whether descriptors leaked. */
+int tu_count_fds(void);
+
 /* Reads a whole file into a malloc'd buffer; *n its size. NULL on error. */
 void *tu_read_file(const char *path, size_t *n);
 
