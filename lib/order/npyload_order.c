@@ -178,6 +178,11 @@ int npyl_order_check(const npyl_order_params *p, char *err, size_t errlen)
         return npyl_fail(err, errlen, NPYLOAD_EINVAL,
                          "order: batch_size %lld; >= 1 expected",
                          (long long)p->batch_size);
+    if (p->base < 0 || p->base > p->n)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "order: resume base %lld; 0 <= base <= %lld (the "
+                         "samples) expected", (long long)p->base,
+                         (long long)p->n);
     return 0;
 }
 
@@ -185,8 +190,9 @@ int npyl_order_check(const npyl_order_params *p, char *err, size_t errlen)
 
 int64_t npyl_order_rank_len(const npyl_order_params *p)
 {
-    int64_t q = p->n / p->world_size;
-    if (!p->drop_last && p->n % p->world_size)
+    int64_t m = p->n - p->base;
+    int64_t q = m / p->world_size;
+    if (!p->drop_last && m % p->world_size)
         q++;
     return q;
 }
@@ -278,6 +284,8 @@ int npyl_order_build(const npyl_order_params *p, int64_t *out)
     if (rc)
         return rc;
     size_t n = (size_t)p->n;
+    size_t b = (size_t)p->base;
+    size_t m = n - b;   /* the rest R = S[b..n) */
     size_t w = (size_t)p->world_size;
     size_t len = (size_t)npyl_order_delivered_len(p);
     if (len == 0)
@@ -293,12 +301,13 @@ int npyl_order_build(const npyl_order_params *p, int64_t *out)
             return rc;
         }
     }
-    /* Position k of rank r is r + k*W in the padded sequence; positions past
-     * n wrap to the head (cyclic repeat, as DistributedSampler pads). len > 0
-     * implies n > 0, and positions stay below n + W, far from overflow. */
+    /* Position k of rank r is r + k*W in the padded rest; positions past m
+     * wrap to the rest's head (cyclic repeat, as DistributedSampler pads).
+     * len > 0 implies m > 0, and positions stay below m + W, far from
+     * overflow. */
     size_t pos = (size_t)p->rank;
     for (size_t k = 0; k < len; k++, pos += w) {
-        size_t q = pos < n ? pos : (pos - n) % n;
+        size_t q = b + (pos < m ? pos : (pos - m) % m);
         out[k] = perm ? perm[q] : (int64_t)q;
     }
     free(perm);

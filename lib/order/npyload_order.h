@@ -55,16 +55,27 @@
  * NONE: the identity, no generator.
  *
  * ==== Split across ranks (torch.utils.data.DistributedSampler) ====
- * With S the epoch sequence above (length n) and W world_size:
- *   drop_last = 0: rank_len = ceil(n / W); S is padded to rank_len * W by
- *     repeating its head cyclically (position p >= n holds S[(p - n) mod n]).
- *   drop_last = 1: rank_len = floor(n / W); S is truncated to rank_len * W.
+ * With S the epoch sequence above (length n), W world_size and B the resume
+ * base (0 <= B <= n; 0 except after an elastic resume, see below), the split
+ * is over the rest R = S[B..n) of length m = n - B, exactly as if R were the
+ * whole dataset (m in place of n, R in place of S):
+ *   drop_last = 0: rank_len = ceil(m / W); R is padded to rank_len * W by
+ *     repeating its head cyclically (position p >= m holds R[(p - m) mod m]).
+ *   drop_last = 1: rank_len = floor(m / W); R is truncated to rank_len * W.
  *   Rank r takes positions r, r + W, r + 2W, ... (rank_len of them).
  *   num_batches = ceil(rank_len / batch_size) (drop_last = 0) or
  *                 floor(rank_len / batch_size) (drop_last = 1), the same on
  *                 every rank; delivered = min(rank_len, num_batches *
  *                 batch_size) samples: a short last batch is kept with
  *                 drop_last = 0, dropped with drop_last = 1.
+ *
+ * Elastic resume: in DDP every rank consumes the same number c of samples
+ * of its split, so after c samples per rank the first c * W positions of the
+ * padded R are consumed, and the epoch's global position is
+ * B' = min(n, B + c * W). A loader resumed at B' with any world size W'
+ * splits S[B'..n) by the same rule: no sample of S is lost, and nothing
+ * consumed before is repeated except the padding of the new split (at most
+ * W' - 1 samples).
  *
  * Every function here is pure (no global state) and thread-safe.
  */
@@ -86,6 +97,9 @@ typedef struct npyl_order_params {
     int64_t rank;         /* 0 <= rank < world_size */
     int64_t world_size;   /* >= 1 */
     int drop_last;        /* 0/1, semantics in include/npyload.h */
+    int64_t base;         /* resume base B: positions of the epoch's
+                             sequence consumed before this split,
+                             0 <= base <= n */
     int64_t batch_size;   /* >= 1 */
     const int64_t *file_sizes; /* LOCAL shuffle: samples per file of the
                                   first field, summing to n (each >= 0);
