@@ -438,6 +438,9 @@ typedef struct npyload_stats {
     int device;                 /* -1 host, or the CUDA device */
     uint64_t slot_bytes;        /* host bytes per slot */
     uint64_t num_slots;
+    uint64_t uring_fallbacks;   /* workers whose io_uring_enter was refused
+                                   at run time and that read with pread
+                                   since (backend stays NPYLOAD_IO_URING) */
 } npyload_stats;
 
 /*! npyload_loader_get_stats() : counters since start (reading them is

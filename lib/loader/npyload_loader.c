@@ -962,5 +962,12 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *out)
     out->device = L->device;
     out->slot_bytes = L->host_slot_bytes;
     out->num_slots = L->nh + L->nd;
+    /* workers[] and their io contexts live from start to free_started, like
+     * the slots read above; backend_now is atomic. */
+    if (L->started && L->workers)
+        for (size_t i = 0; i < L->nworkers; i++)
+            if (L->workers[i].io && L->backend == NPYLOAD_IO_URING &&
+                npyl_io_backend_now(L->workers[i].io) == NPYLOAD_IO_PREAD)
+                out->uring_fallbacks++;
     return 0;
 }
