@@ -866,6 +866,143 @@ Test(io_uring, refused_by_seccomp)
 #endif
 }
 
+/* ---- io_uring_setup allowed, io_uring_enter refused --------------------- */
+
+/* Installs a filter that lets io_uring_setup through and makes
+ * io_uring_enter fail with EPERM, on every thread of the process when
+ * `all_threads` (SECCOMP_FILTER_FLAG_TSYNC). Criterion runs each test in its
+ * own forked process, so the filter dies with it. Skips visibly when seccomp
+ * is unavailable. */
+static void refuse_uring_enter(int all_threads)
+{
+#ifndef TEST_AUDIT_ARCH
+    (void)all_threads;
+    cr_skip_test("no seccomp arch constant for this CPU in the test");
+#else
+    struct sock_filter prog[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, TEST_AUDIT_ARCH, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_enter, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog fprog = {.len = sizeof prog / sizeof prog[0],
+                               .filter = prog};
+    cr_assert_eq(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0, "%s",
+                 strerror(errno));
+    long rc = syscall(__NR_seccomp, SECCOMP_SET_MODE_FILTER,
+                      all_threads ? SECCOMP_FILTER_FLAG_TSYNC : 0, &fprog);
+    if (rc != 0)
+        cr_skip_test("cannot install a seccomp filter here: %s",
+                     rc > 0 ? "another thread's filter differs"
+                            : strerror(errno));
+#endif
+}
+
+Test(io_uring, enter_refused_falls_back_to_pread)
+{
+    need_uring(); /* before the filter: io_uring must work to start with */
+    char *dir = mkdir_realfs("io-enter");
+    tfile f;
+    make_file(&f, dir, "u.npy", 17, 3 * MiB + 77, 64);
+    npyl_file_info info;
+    stat_all(&f, 1, &info);
+    refuse_uring_enter(0);
+
+    /* The probe submits a no-op: it sees the refusal. */
+    char why[256] = "";
+    cr_assert_eq(npyl_io_uring_usable(why, sizeof why), 0);
+    cr_assert(strstr(why, "io_uring_enter"), "reason: %s", why);
+    cr_assert(strstr(why, strerror(EPERM)), "reason: %s", why);
+
+    /* A ring still sets up; its first read is refused and redone with
+     * pread, and the context stays on pread. */
+    npyl_io *io = make_io(NPYLOAD_IO_URING, 0, 8, 2, &info, 1);
+    cr_assert_eq(npyl_io_backend_now(io), NPYLOAD_IO_URING);
+    uint8_t *buf = npyl_alloc_aligned(4 * MiB, 4096);
+    for (int it = 0; it < 3; it++) {
+        memset(buf, 0, 4 * MiB);
+        npyl_io_req r = {0, (uint64_t)it * 1000, 3 * MiB - 4096, buf};
+        uint64_t got = 0;
+        char err[512] = "";
+        size_t bad = 9;
+        int rc = npyl_io_read(io, &r, 1, &bad, &got, err, sizeof err);
+        cr_assert_eq(rc, 0, "read %d: %s", it, err);
+        cr_assert_eq(got, 3 * MiB - 4096);
+        cr_assert(memcmp(buf, f.bytes + it * 1000, 3 * MiB - 4096) == 0,
+                  "read %d: wrong bytes", it);
+        cr_assert_eq(npyl_io_backend_now(io), NPYLOAD_IO_PREAD);
+    }
+    npyl_io_destroy(io);
+    npyl_free_aligned(buf);
+    free_file(&f);
+    tu_rmtree(dir);
+}
+
+/* The same through the loader: started on io_uring, then io_uring_enter is
+ * refused on every thread; the next epoch still delivers the right bytes
+ * and the stats count the workers that fell back. */
+Test(io_uring, enter_refused_loader_stats)
+{
+    need_uring();
+    char *dir = tu_mkdtemp("io-enter-loader");
+    const int64_t sshape[1] = {3000};
+    const int64_t per_file[3] = {20, 13, 31};
+    cr_assert_eq(tu_write_field(dir, "x", 3, "|u1", 1, 1, sshape, per_file, 3,
+                                64), 0);
+    char glob[600];
+    snprintf(glob, sizeof glob, "%s/x_*.npy", dir);
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "x", glob), 0, "%s",
+                 npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 4), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, 2), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, 2), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND,
+                                    NPYLOAD_IO_URING), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    for (int epoch = 0; epoch < 2; epoch++) {
+        if (epoch == 1) {
+            /* Workers sit idle: the epoch's batches are all consumed. */
+            refuse_uring_enter(1);
+            cr_assert_eq(npyload_loader_set_epoch(L, 1), 0);
+        }
+        npyload_batch *b;
+        int rc, rows = 0;
+        while ((rc = npyload_loader_next(L, &b)) == 0) {
+            const npyload_array *a = npyload_batch_field(b, 0);
+            const int64_t *idx = npyload_batch_indices(b);
+            const uint8_t *d = a->data;
+            for (size_t r = 0; r < npyload_batch_size(b); r++)
+                for (size_t i = 0; i < 3000; i += 7)
+                    cr_assert_eq(d[r * 3000 + i],
+                                 tu_byte(3, (uint64_t)idx[r], i),
+                                 "epoch %d sample %lld byte %zu", epoch,
+                                 (long long)idx[r], i);
+            rows += (int)npyload_batch_size(b);
+            npyload_batch_release(b);
+        }
+        cr_assert_eq(rc, NPYLOAD_EOF, "epoch %d: %d %s", epoch, rc,
+                     npyload_loader_errmsg(L));
+        cr_assert_eq(rows, 64);
+        npyload_stats st;
+        cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+        cr_assert_eq(st.backend, NPYLOAD_IO_URING);
+        if (epoch == 0)
+            cr_assert_eq(st.uring_fallbacks, 0);
+        else
+            cr_assert(st.uring_fallbacks >= 1 && st.uring_fallbacks <= 2,
+                      "uring_fallbacks %llu",
+                      (unsigned long long)st.uring_fallbacks);
+    }
+    npyload_loader_destroy(L);
+    tu_rmtree(dir);
+}
+
 #ifndef NPYLOAD_HAVE_URING
 Test(io_uring, compiled_out)
 {
