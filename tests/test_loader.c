@@ -734,3 +734,78 @@ Test(loader, failed_batch_not_counted_as_consumed)
     npyload_loader_destroy(L);
     tu_rmtree(d.dir);
 }
+
+/* Issue 11 item 1: a corrupted or hostile saved state is refused with
+ * NPYLOAD_EINVAL and a message naming the field, before and after start; it
+ * never yields a batch (consumed = UINT64_MAX - 4 with batch size 1 used to
+ * pass the signed comparison and send workers to seqbuf[-5]). */
+Test(loader, hostile_states_refused)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 2, .prefetch = 2, .batch = 1, .shuffle = 1};
+    npyload_loader *A = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(A), 0);
+    npyload_state good;
+    cr_assert_eq(npyload_loader_get_state(A, &good), 0);
+    npyload_loader_destroy(A);
+    struct {
+        const char *field;
+        npyload_state st;
+    } bad[16];
+    size_t nbad = 0;
+#define BAD(name, member, value)                                                             \
+    do {                                                                                     \
+        bad[nbad].field = name;                                                              \
+        bad[nbad].st = good;                                                                 \
+        bad[nbad].st.member = value;                                                         \
+        nbad++;                                                                              \
+    } while (0)
+    BAD("consumed", consumed, UINT64_MAX - 4);
+    BAD("consumed", consumed, UINT64_MAX);
+    BAD("consumed", consumed, (uint64_t)INT64_MAX + 1);
+    BAD("consumed", consumed, N_TOTAL + 1);            /* one batch past the epoch */
+    BAD("world_size", world_size, 0);
+    BAD("world_size", world_size, -1);
+    BAD("world_size", world_size, INT64_MIN);
+    BAD("rank", rank, -1);
+    BAD("rank", rank, 1);                              /* == world_size */
+    BAD("batch_size", batch_size, 0);
+    BAD("batch_size", batch_size, -1);
+    BAD("num_samples", num_samples, -5);
+    BAD("shuffle", shuffle, 7);
+    BAD("drop_last", drop_last, -1);
+#undef BAD
+    for (int after_start = 0; after_start <= 1; after_start++) {
+        for (size_t i = 0; i < nbad; i++) {
+            npyload_loader *B = open_loader(&d, &c);
+            if (after_start)
+                cr_assert_eq(npyload_loader_start(B), 0);
+            int rc = npyload_loader_set_state(B, &bad[i].st);
+            cr_assert_eq(rc, NPYLOAD_EINVAL, "state with bad %s accepted (%d, after_start %d)",
+                         bad[i].field, rc, after_start);
+            cr_assert_not_null(strstr(npyload_loader_errmsg(B), bad[i].field),
+                               "message does not name %s: %s", bad[i].field,
+                               npyload_loader_errmsg(B));
+            cr_assert_not_null(strstr(npyload_loader_errmsg(B), "range"), "%s",
+                               npyload_loader_errmsg(B));
+            if (!after_start)
+                cr_assert_eq(npyload_loader_start(B), 0, "%s", npyload_loader_errmsg(B));
+            /* the loader is unaffected: batch 0 of epoch 0 comes first */
+            npyload_batch *b;
+            cr_assert_eq(npyload_loader_next(B, &b), 0, "%s", npyload_loader_errmsg(B));
+            cr_assert_eq(npyload_batch_seq(b), 0);
+            check_batch(b);
+            npyload_batch_release(b);
+            npyload_loader_destroy(B);
+        }
+    }
+    /* a state whose N differs from the fields is a mismatch, caught at start */
+    npyload_state other = good;
+    other.num_samples = N_TOTAL * 4;
+    other.consumed = N_TOTAL * 2;
+    npyload_loader *C = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_set_state(C, &other), 0);
+    cr_assert_eq(npyload_loader_start(C), NPYLOAD_EMISMATCH, "%s", npyload_loader_errmsg(C));
+    npyload_loader_destroy(C);
+    tu_rmtree(d.dir);
+}

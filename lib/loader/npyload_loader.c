@@ -521,6 +521,9 @@ static unsigned max_open_per_worker(size_t nworkers, int direct)
     return (unsigned)per;
 }
 
+static int check_state(npyload_loader *L, const npyload_state *st, int64_t n,
+                       npyl_order_params *op, int64_t *first_seq);
+
 static int open_cuda(npyload_loader *L)
 {
     int dev = (int)L->opt[NPYLOAD_OPT_DEVICE];
@@ -584,14 +587,6 @@ int npyload_loader_start(npyload_loader *L)
             sizes[k] = f0->files[k].count;
         op->file_sizes = sizes; /* owned by the loader; freed in npyl_loader_free */
         op->nfiles = f0->npaths;
-    }
-    if (L->state_pending) {
-        const npyload_state *st = &L->pending;
-        if (st->num_samples != L->n) {
-            rc = npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state is for %" PRId64
-                                  " samples, the fields hold %" PRId64, st->num_samples, L->n);
-            goto fail;
-        }
     }
     {
         char oerr[256];
@@ -658,27 +653,15 @@ int npyload_loader_start(npyload_loader *L)
         }
     }
 
-    uint64_t epoch = L->epoch;
+    npyl_order_params first = L->op;
+    first.epoch = L->epoch;
     int64_t first_seq = 0;
     if (L->state_pending) {
-        const npyload_state *st = &L->pending;
-        epoch = st->epoch;
-        /* Round up: a short last batch counts as consumed. */
-        first_seq = (int64_t)((st->consumed + (uint64_t)B - 1) / (uint64_t)B);
-        if ((st->consumed % (uint64_t)B != 0 && (int64_t)st->consumed != L->delivered) ||
-            (int64_t)st->consumed > L->delivered) {
-            rc = npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: %" PRIu64 " samples "
-                                  "consumed is not a batch boundary of this rank's %" PRId64
-                                  " samples", st->consumed, L->delivered);
+        if ((rc = check_state(L, &L->pending, L->n, &first, &first_seq)))
             goto fail;
-        }
         L->state_pending = 0;
     }
-    {
-        npyl_order_params first = L->op;
-        first.epoch = epoch;
-        rc = npyl_pipeline_reset(L, &first, first_seq);
-    }
+    rc = npyl_pipeline_reset(L, &first, first_seq);
     if (rc) {
         npyl_loader_fail(L, rc, "out of memory building the epoch's order");
         goto fail;
@@ -884,14 +867,42 @@ int npyload_loader_get_state(const npyload_loader *L, npyload_state *out)
     return 0;
 }
 
-int npyload_loader_set_state(npyload_loader *L, const npyload_state *st)
+/* Checks every field of a saved state (it may come from an untrusted
+ * checkpoint) and computes the batch to resume at. Comparisons are made in
+ * unsigned arithmetic after range checks, so no value can wrap into a
+ * negative position. `n` is the loader's sample count, or -1 before start
+ * (then the state's own num_samples sizes the check, and start compares it
+ * with the fields). The order parameters the state selects (seed, shuffle,
+ * drop_last, epoch) are stored in *op on success; other members of *op are
+ * left as the caller set them. */
+static int check_state(npyload_loader *L, const npyload_state *st, int64_t n,
+                       npyl_order_params *op, int64_t *first_seq)
 {
-    if (!L || !st)
-        return NPYLOAD_EINVAL;
     if (st->version != NPYLOAD_STATE_VERSION)
         return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state has version %" PRIu64
                                 ", this library reads version %d", st->version,
                                 NPYLOAD_STATE_VERSION);
+    if (st->batch_size < 1 || st->batch_size > (INT64_C(1) << 31))
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: batch_size = %" PRId64
+                                " out of range: 1 .. 2^31", st->batch_size);
+    if (st->world_size < 1 || st->world_size > (INT64_C(1) << 24))
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: world_size = %" PRId64
+                                " out of range: 1 .. 2^24", st->world_size);
+    if (st->rank < 0 || st->rank >= st->world_size)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: rank = %" PRId64
+                                " out of range: 0 .. world_size - 1 (%" PRId64 ")",
+                                st->rank, st->world_size - 1);
+    if (st->shuffle < NPYLOAD_SHUFFLE_NONE || st->shuffle > NPYLOAD_SHUFFLE_LOCAL)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: shuffle = %" PRId64
+                                " out of range: 0 (none), 1 (full) or 2 (local)", st->shuffle);
+    if (st->drop_last != 0 && st->drop_last != 1)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: drop_last = %" PRId64
+                                " out of range: 0 or 1", st->drop_last);
+    if (st->num_samples < 0)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: num_samples = %" PRId64
+                                " out of range: >= 0", st->num_samples);
+    /* seed (any int64) and epoch (any uint64) feed the generator as bit
+     * patterns: every value is valid. */
     if (st->batch_size != L->opt[NPYLOAD_OPT_BATCH_SIZE])
         return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state has batch size %" PRId64
                                 ", the loader %" PRId64, st->batch_size,
@@ -900,10 +911,46 @@ int npyload_loader_set_state(npyload_loader *L, const npyload_state *st)
         return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state has world size %" PRId64
                                 ", the loader %" PRId64 " (changing it on resume is not "
                                 "supported)", st->world_size, L->opt[NPYLOAD_OPT_WORLD_SIZE]);
-    if (st->shuffle < 0 || st->shuffle > NPYLOAD_SHUFFLE_LOCAL ||
-        (st->drop_last != 0 && st->drop_last != 1))
-        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state has invalid shuffle/drop_last");
+    if (n >= 0 && st->num_samples != n)
+        return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state is for %" PRId64
+                                " samples, the fields hold %" PRId64, st->num_samples, n);
+    /* The samples per epoch of a rank do not depend on the rank or the
+     * permutation: size the check with the state's own N and split. */
+    npyl_order_params sz = {.n = st->num_samples, .shuffle = NPYLOAD_SHUFFLE_NONE,
+                            .rank = 0, .world_size = st->world_size,
+                            .drop_last = (int)st->drop_last, .batch_size = st->batch_size};
+    char oerr[256];
+    int rc = npyl_order_check(&sz, oerr, sizeof oerr);
+    if (rc)
+        return npyl_loader_fail(L, rc, "saved state: %s", oerr);
+    uint64_t delivered = (uint64_t)npyl_order_delivered_len(&sz); /* >= 0 */
+    uint64_t B = (uint64_t)st->batch_size;
+    if (st->consumed > delivered || (st->consumed % B != 0 && st->consumed != delivered))
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: consumed = %" PRIu64
+                                " out of range: a multiple of batch_size %" PRIu64
+                                " in 0 .. %" PRIu64 ", or %" PRIu64 " (this rank's samples "
+                                "per epoch)", st->consumed, B, delivered, delivered);
+    /* Round up: a short last batch counts as consumed. consumed <= delivered
+     * < 2^63, so neither the sum nor the cast can overflow. */
+    *first_seq = (int64_t)((st->consumed + B - 1) / B);
+    op->seed = st->seed;
+    op->shuffle = (int)st->shuffle;
+    op->drop_last = (int)st->drop_last;
+    op->epoch = st->epoch;
+    return 0;
+}
+
+int npyload_loader_set_state(npyload_loader *L, const npyload_state *st)
+{
+    if (!L || !st)
+        return NPYLOAD_EINVAL;
+    npyl_order_params op;
+    int64_t first_seq;
     if (!L->started) {
+        memset(&op, 0, sizeof op);
+        int rc = check_state(L, st, -1, &op, &first_seq);
+        if (rc)
+            return rc;
         L->opt[NPYLOAD_OPT_SEED] = st->seed;
         L->opt[NPYLOAD_OPT_SHUFFLE] = st->shuffle;
         L->opt[NPYLOAD_OPT_DROP_LAST] = st->drop_last;
@@ -913,33 +960,19 @@ int npyload_loader_set_state(npyload_loader *L, const npyload_state *st)
         L->errmsg[0] = 0;
         return 0;
     }
-    if (st->num_samples != L->n)
-        return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state is for %" PRId64
-                                " samples, the fields hold %" PRId64, st->num_samples, L->n);
     /* Adopt the saved order parameters (installed under mu by reset). */
     pthread_mutex_lock(&L->mu);
-    npyl_order_params op = L->op;
+    op = L->op;
     pthread_mutex_unlock(&L->mu);
-    op.seed = st->seed;
-    op.shuffle = (int)st->shuffle;
-    op.drop_last = (int)st->drop_last;
-    op.epoch = st->epoch;
-    int64_t delivered = npyl_order_delivered_len(&op);
-    if ((st->consumed % (uint64_t)st->batch_size != 0 && (int64_t)st->consumed != delivered) ||
-        (int64_t)st->consumed > delivered)
-        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: %" PRIu64 " samples consumed "
-                                "is not a batch boundary of this rank's %" PRId64 " samples",
-                                st->consumed, delivered);
-    int rc = npyl_pipeline_reset(
-        L, &op,
-        (int64_t)((st->consumed + (uint64_t)st->batch_size - 1) / (uint64_t)st->batch_size));
-    if (rc == 0) {
-        L->opt[NPYLOAD_OPT_SEED] = st->seed;
-        L->opt[NPYLOAD_OPT_SHUFFLE] = st->shuffle;
-        L->opt[NPYLOAD_OPT_DROP_LAST] = st->drop_last;
-    }
+    int rc = check_state(L, st, L->n, &op, &first_seq);
+    if (rc)
+        return rc;
+    rc = npyl_pipeline_reset(L, &op, first_seq);
     if (rc)
         return npyl_loader_fail(L, rc, "out of memory restoring the state");
+    L->opt[NPYLOAD_OPT_SEED] = st->seed;
+    L->opt[NPYLOAD_OPT_SHUFFLE] = st->shuffle;
+    L->opt[NPYLOAD_OPT_DROP_LAST] = st->drop_last;
     L->errmsg[0] = 0;
     return 0;
 }
