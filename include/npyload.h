@@ -270,7 +270,9 @@ NPYLOAD_API int npyload_loader_get(const npyload_loader *L, npyload_option opt,
  * and both values), chooses the io backend, allocates PREFETCH slots once,
  * starts the workers and begins epoch 0 (or the epoch given by
  * npyload_loader_set_epoch / npyload_loader_set_state before start).
- * Fortran-ordered data with more than one dimension is refused. Big-endian
+ * Fortran-ordered data is refused unless its bytes are also C-ordered (at
+ * most one dimension longer than 1), so it is never delivered transposed;
+ * the message names the file. Big-endian
  * data is delivered byte for byte with its descr (">f4"); it is not swapped.
  * @return : 0 or an error (details in npyload_loader_errmsg). */
 NPYLOAD_API int npyload_loader_start(npyload_loader *L);

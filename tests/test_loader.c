@@ -809,3 +809,63 @@ Test(loader, hostile_states_refused)
     npyload_loader_destroy(C);
     tu_rmtree(d.dir);
 }
+
+/* Issue 11 item 2: np.save(p, np.asfortranarray(np.arange(6).reshape(1,2,3)))
+ * used to load as [[0,3,1],[4,2,5]] (a single sample escaped the refusal).
+ * Fortran files are refused, naming the file, unless their bytes are also
+ * C-ordered; those load with numpy's values. */
+static int start_one_file(const char *dir, const char *name, int fortran, int ndim,
+                          const int64_t *shape, const int64_t *data, size_t n,
+                          npyload_loader **out)
+{
+    char *p = tu_path(dir, name);
+    cr_assert_geq(tu_write_npy(p, "<i8", fortran, ndim, shape, data, n * sizeof *data, 64), 0);
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    const char *paths[1] = {p};
+    cr_assert_eq(npyload_loader_add_field_files(L, "x", paths, 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, shape[0] ? shape[0] : 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, NPYLOAD_IO_PREAD), 0);
+    int rc = npyload_loader_start(L);
+    if (rc)
+        cr_assert_not_null(strstr(npyload_loader_errmsg(L), p), "%s", npyload_loader_errmsg(L));
+    free(p);
+    *out = L;
+    return rc;
+}
+
+Test(loader, fortran_order_never_transposed)
+{
+    char *dir = tu_mkdtemp("fortran");
+    /* Fortran bytes of arange(6).reshape(1,2,3): column-major 0,3,1,4,2,5. */
+    const int64_t f123[6] = {0, 3, 1, 4, 2, 5};
+    const int64_t s123[3] = {1, 2, 3}, s423[3] = {4, 2, 3}, s23[2] = {2, 3};
+    npyload_loader *L;
+    cr_assert_eq(start_one_file(dir, "one_sample.npy", 1, 3, s123, f123, 6, &L),
+                 NPYLOAD_EUNSUPPORTED, "a (1,2,3) Fortran file was accepted");
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "Fortran"));
+    npyload_loader_destroy(L);
+    int64_t z[24] = {0};
+    cr_assert_eq(start_one_file(dir, "many.npy", 1, 3, s423, z, 24, &L), NPYLOAD_EUNSUPPORTED);
+    npyload_loader_destroy(L);
+    cr_assert_eq(start_one_file(dir, "two_d.npy", 1, 2, s23, z, 6, &L), NPYLOAD_EUNSUPPORTED);
+    npyload_loader_destroy(L);
+
+    /* Bytes identical in both orders: accepted, values as numpy reads them. */
+    const int64_t v[6] = {10, 11, 12, 13, 14, 15};
+    const int64_t shapes[3][3] = {{6, 1, 1}, {1, 1, 6}, {1, 6, 1}};
+    for (int k = 0; k < 3; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "ok_%d.npy", k);
+        cr_assert_eq(start_one_file(dir, name, 1, 3, shapes[k], v, 6, &L), 0, "%s",
+                     npyload_loader_errmsg(L));
+        npyload_batch *b;
+        cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+        const npyload_array *a = npyload_batch_field(b, 0);
+        cr_assert_eq(a->nbytes, sizeof v);
+        cr_assert_eq(memcmp(a->data, v, sizeof v), 0);
+        npyload_batch_release(b);
+        npyload_loader_destroy(L);
+    }
+    tu_rmtree(dir);
+}

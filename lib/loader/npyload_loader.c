@@ -267,6 +267,21 @@ static void fmt_shape(char *buf, size_t len, int ndim, const int64_t *shape)
         snprintf(buf + k, len - k, ")");
 }
 
+/* Whether a Fortran-ordered array's bytes are also its C-order bytes: true
+ * when at most one dimension is longer than 1 (or it holds no element).
+ * Only then can it be delivered as C-ordered rows; any other Fortran file,
+ * a single sample (1, 2, 3) included, would come out transposed. */
+static int f_order_is_c_order(const npyload_header *h)
+{
+    int longer = 0;
+    for (int d = 0; d < h->ndim; d++) {
+        if (h->shape[d] == 0)
+            return 1;
+        longer += h->shape[d] > 1;
+    }
+    return longer <= 1;
+}
+
 /* Reads the headers of field f's files, checks they agree, and records the
  * files in the io table. *io_next is the next free io_files index; *samples
  * receives the field's total. */
@@ -289,11 +304,14 @@ static int load_field(npyload_loader *L, npyl_field *f, size_t *io_next, int64_t
         uint64_t row = h.itemsize;
         for (int d = 1; d < h.ndim; d++)
             row *= (uint64_t)h.shape[d]; /* cannot overflow: the parser checked the product */
-        if (h.fortran_order && h.ndim > 1 && row != h.itemsize && h.shape[0] > 1)
+        if (h.fortran_order && !f_order_is_c_order(&h)) {
+            char a[256];
+            fmt_shape(a, sizeof a, h.ndim, h.shape);
             return npyl_loader_fail(L, NPYLOAD_EUNSUPPORTED,
-                                    "field '%s': %s: Fortran-ordered data is not supported "
-                                    "(samples are not contiguous); rewrite it C-ordered "
-                                    "(numpy.ascontiguousarray)", f->name, path);
+                                    "field '%s': %s: Fortran-ordered data of shape %s is not "
+                                    "supported (its bytes are not in C order); rewrite it "
+                                    "C-ordered (numpy.ascontiguousarray)", f->name, path, a);
+        }
         if (k == 0) {
             memcpy(f->descr, h.descr, sizeof f->descr);
             f->itemsize = h.itemsize;
