@@ -57,7 +57,8 @@ extern "C" {
     XX(CUDA, -10010, "CUDA runtime call failed")                              \
     XX(NOURING, -10011, "io_uring is not usable here")                        \
     XX(CHANGED, -10012, "file changed after the loader started")            \
-    XX(HELD, -10013, "all batch slots are held by the caller")
+    XX(HELD, -10013, "all batch slots are held by the caller")                \
+    XX(FORKED, -10014, "loader used in a child process after fork()")
 
 typedef enum npyload_error {
 #define NPYLOAD_XX_ENUM(name, code, msg) NPYLOAD_E##name = (code),
@@ -232,7 +233,13 @@ NPYLOAD_API int npyload_loader_create(npyload_loader **out);
  * NULL-safe. Safe mid-epoch with workers busy. Batches still held by the
  * caller stay valid until they are released: the loader's memory lives until
  * its last batch is released (npyload_batch_release() then frees it).
- * Must not race with other calls on the same loader. */
+ * Must not race with other calls on the same loader.
+ * fork(): a loader belongs to the process that created it. In a child
+ * process every call on an inherited loader or batch returns
+ * NPYLOAD_EFORKED (create a new loader in the child); there,
+ * npyload_loader_destroy() and npyload_batch_release() return at once and
+ * free nothing: the worker threads, locks and descriptors they would touch
+ * are the parent's, so the child's copy is deliberately leaked. */
 NPYLOAD_API void npyload_loader_destroy(npyload_loader *L);
 
 /*! npyload_loader_add_field() :

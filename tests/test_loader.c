@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "npyload.h"
@@ -868,4 +869,54 @@ Test(loader, fortran_order_never_transposed)
         npyload_loader_destroy(L);
     }
     tu_rmtree(dir);
+}
+
+/* Issue 11 item 6: a fork() child that inherits a started loader used to
+ * hang in next() (no workers) and in destroy (joins and cond_destroy of the
+ * parent's threads). Now every call there returns NPYLOAD_EFORKED, destroy
+ * and release return at once, and the parent carries on unaffected. The
+ * child runs under alarm(): a hang fails the test instead of CI. */
+Test(loader, fork_child_gets_eforked_and_exits)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_AUTO, .workers = 3, .prefetch = 4, .batch = 5, .shuffle = 1,
+             .seed = 3};
+    npyload_loader *L = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_str_eq(npyload_strerror(NPYLOAD_EFORKED),
+                     "loader used in a child process after fork()");
+    npyload_batch *held;
+    cr_assert_eq(npyload_loader_next(L, &held), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        alarm(10);
+        int bad = 0;
+        npyload_batch *b = NULL;
+        bad |= npyload_loader_next(L, &b) != NPYLOAD_EFORKED || b != NULL;
+        bad |= strstr(npyload_loader_errmsg(L), "fork()") == NULL;
+        bad |= npyload_loader_set_epoch(L, 1) != NPYLOAD_EFORKED;
+        npyload_state st;
+        bad |= npyload_loader_get_state(L, &st) != NPYLOAD_EFORKED;
+        bad |= npyload_loader_set(L, NPYLOAD_OPT_SEED, 1) != NPYLOAD_EFORKED;
+        bad |= npyload_loader_num_batches(L) != NPYLOAD_EFORKED;
+        /* the inherited batch's bytes are the child's copy: still readable */
+        bad |= npyload_batch_size(held) != 5;
+        npyload_batch_release(held);
+        npyload_loader_destroy(L);
+        _exit(bad ? 3 : 0);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status), "child did not exit (signal %d: a hang hit alarm?)",
+              WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    cr_assert_eq(WEXITSTATUS(status), 0, "child saw the wrong results");
+    /* the parent is unaffected */
+    check_batch(held);
+    npyload_batch_release(held);
+    cr_assert_eq(npyload_loader_set_epoch(L, 1), 0);
+    run_epoch(L, &c, 1);
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
 }

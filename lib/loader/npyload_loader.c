@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "npyload_loader_internal.h"
 
@@ -24,6 +25,16 @@ int npyl_loader_fail(npyload_loader *L, int code, const char *fmt, ...)
     vsnprintf(L->errmsg, sizeof L->errmsg, fmt, ap);
     va_end(ap);
     return code;
+}
+
+int npyl_in_child(const npyload_loader *L) { return L->pid != getpid(); }
+
+int npyl_loader_forked(npyload_loader *L)
+{
+    if (!npyl_in_child(L))
+        return 0;
+    snprintf(L->errmsg, sizeof L->errmsg, "%s", NPYL_FORKED_MSG);
+    return NPYLOAD_EFORKED;
 }
 
 static const char *opt_name(int opt)
@@ -68,6 +79,7 @@ int npyload_loader_create(npyload_loader **out)
     L->opt[NPYLOAD_OPT_DEVICE] = -1;
     L->opt[NPYLOAD_OPT_PIN_MEMORY] = -1;
     L->device = -1;
+    L->pid = getpid();
     *out = L;
     return 0;
 }
@@ -117,6 +129,9 @@ int npyload_loader_add_field(npyload_loader *L, const char *name, const char *gl
 {
     if (!L)
         return NPYLOAD_EINVAL;
+    int frc = npyl_loader_forked(L);
+    if (frc)
+        return frc;
     int rc = check_new_field(L, name);
     if (rc)
         return rc;
@@ -138,6 +153,9 @@ int npyload_loader_add_field_files(npyload_loader *L, const char *name,
 {
     if (!L)
         return NPYLOAD_EINVAL;
+    int frc = npyl_loader_forked(L);
+    if (frc)
+        return frc;
     int rc = check_new_field(L, name);
     if (rc)
         return rc;
@@ -179,6 +197,9 @@ int npyload_loader_set(npyload_loader *L, npyload_option opt, int64_t v)
 {
     if (!L)
         return NPYLOAD_EINVAL;
+    int frc = npyl_loader_forked(L);
+    if (frc)
+        return frc;
     if (!opt_name(opt))
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "unknown option %d", (int)opt);
     if (L->started)
@@ -252,6 +273,8 @@ int npyload_loader_get(const npyload_loader *L, npyload_option opt, int64_t *val
 {
     if (!L || !value || !opt_name(opt))
         return NPYLOAD_EINVAL;
+    if (npyl_in_child(L))
+        return NPYLOAD_EFORKED;
     *value = L->opt[opt];
     return 0;
 }
@@ -564,6 +587,9 @@ int npyload_loader_start(npyload_loader *L)
 {
     if (!L)
         return NPYLOAD_EINVAL;
+    int frc = npyl_loader_forked(L);
+    if (frc)
+        return frc;
     if (L->started)
         return npyl_loader_fail(L, NPYLOAD_ESTATE, "the loader is already started");
     int64_t W = L->opt[NPYLOAD_OPT_WORLD_SIZE], R = L->opt[NPYLOAD_OPT_RANK];
@@ -788,6 +814,8 @@ void npyload_loader_destroy(npyload_loader *L)
 {
     if (!L)
         return;
+    if (npyl_in_child(L))
+        return; /* fork() child: leaked on purpose, see npyload.h */
     npyl_pipeline_stop(L);
     pthread_mutex_lock(&L->mu);
     int keep = L->held > 0;
@@ -804,6 +832,9 @@ int npyload_loader_set_epoch(npyload_loader *L, uint64_t epoch)
 {
     if (!L)
         return NPYLOAD_EINVAL;
+    int frc = npyl_loader_forked(L);
+    if (frc)
+        return frc;
     if (!L->started) {
         L->epoch = epoch;
         L->state_pending = 0;
@@ -831,6 +862,8 @@ int64_t npyload_loader_num_batches(const npyload_loader *L)
 {
     if (!L)
         return NPYLOAD_EINVAL;
+    if (npyl_in_child(L))
+        return NPYLOAD_EFORKED;
     return L->started ? L->nbatches : NPYLOAD_ESTATE;
 }
 
@@ -838,10 +871,19 @@ int64_t npyload_loader_num_samples(const npyload_loader *L)
 {
     if (!L)
         return NPYLOAD_EINVAL;
+    if (npyl_in_child(L))
+        return NPYLOAD_EFORKED;
     return L->started ? L->n : NPYLOAD_ESTATE;
 }
 
-const char *npyload_loader_errmsg(const npyload_loader *L) { return L ? L->errmsg : ""; }
+const char *npyload_loader_errmsg(const npyload_loader *L)
+{
+    if (!L)
+        return "";
+    /* In a fork() child the message of the call that failed is in the
+     * child's copy; before any call there, say what is wrong. */
+    return (npyl_in_child(L) && !L->errmsg[0]) ? NPYL_FORKED_MSG : L->errmsg;
+}
 
 npyload_io_backend npyload_loader_backend(const npyload_loader *L)
 {
@@ -863,6 +905,8 @@ int npyload_loader_get_state(const npyload_loader *L, npyload_state *out)
 {
     if (!L || !out)
         return NPYLOAD_EINVAL;
+    if (npyl_in_child(L))
+        return NPYLOAD_EFORKED;
     if (!L->started)
         return NPYLOAD_ESTATE;
     npyload_loader *M = (npyload_loader *)L; /* the lock is not part of the value */
@@ -962,6 +1006,9 @@ int npyload_loader_set_state(npyload_loader *L, const npyload_state *st)
 {
     if (!L || !st)
         return NPYLOAD_EINVAL;
+    int frc = npyl_loader_forked(L);
+    if (frc)
+        return frc;
     npyl_order_params op;
     int64_t first_seq;
     if (!L->started) {
@@ -999,6 +1046,8 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *out)
 {
     if (!L || !out)
         return NPYLOAD_EINVAL;
+    if (npyl_in_child(L))
+        return NPYLOAD_EFORKED;
     memset(out, 0, sizeof *out);
     out->bytes_read = atomic_load(&L->st_bytes);
     out->batches_delivered = atomic_load(&L->st_batches);

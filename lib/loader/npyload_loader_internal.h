@@ -28,6 +28,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "../common/npyload_common.h"
 #include "../cuda/npyload_cuda.h"
@@ -100,6 +101,11 @@ typedef struct npyl_worker {
 } npyl_worker;
 
 struct npyload_loader {
+    /* The creating process. In any other (a fork() child) the threads that
+     * mu, the cvs and the io contexts belong to do not exist and mu may be
+     * held forever: every entry returns NPYLOAD_EFORKED and touches none of
+     * it (npyl_loader_forked). */
+    pid_t pid;
     pthread_mutex_t mu;
     pthread_cond_t work_cv, ready_cv, dev_cv;
 
@@ -155,6 +161,15 @@ struct npyload_loader {
 /* Sets L->errmsg and returns code. */
 NPYL_HIDDEN int npyl_loader_fail(npyload_loader *L, int code, const char *fmt,
                                  ...) NPYL_PRINTF(3, 4);
+
+/* 0 in the creating process; in a fork() child sets L->errmsg (the child's
+ * own copy) and returns NPYLOAD_EFORKED. npyl_in_child is the same test for
+ * const entries, without the message. */
+NPYL_HIDDEN int npyl_loader_forked(npyload_loader *L);
+NPYL_HIDDEN int npyl_in_child(const npyload_loader *L);
+#define NPYL_FORKED_MSG                                                        \
+    "loader used in a child process after fork(); create a new loader in "    \
+    "the child"
 
 /* npyload_pipeline.c: */
 /* Starts the worker threads (after slots and io contexts exist). */
