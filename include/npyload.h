@@ -231,8 +231,9 @@ NPYLOAD_API int npyload_loader_create(npyload_loader **out);
 /*! npyload_loader_destroy() :
  * Stops the workers, waits for reads and copies in flight, frees every slot.
  * NULL-safe. Safe mid-epoch with workers busy. Batches still held by the
- * caller stay valid until they are released: the loader's memory lives until
- * its last batch is released (npyload_batch_release() then frees it).
+ * caller stay valid until they are released: destroy then joins the workers
+ * and frees every descriptor, io_uring ring and slot except the held ones;
+ * the last npyload_batch_release() frees those and the handle.
  * Must not race with other calls on the same loader.
  * fork(): a loader belongs to the process that created it. In a child
  * process every call on an inherited loader or batch returns

@@ -726,60 +726,70 @@ fail:
     return rc;
 }
 
-/* Frees what start allocated; the loader returns to its pre-start state. */
-void npyl_loader_free_started(npyload_loader *L)
+/* Frees a worker's io context (its descriptors and ring), requests and CUDA
+ * stream/events. The worker's thread must be joined. */
+static void free_worker(npyload_loader *L, npyl_worker *w)
 {
-    /* May run on any user thread (destroy, the last release): switch to the
-     * loader's device for the frees and back. */
-    int prev = -1, entered = L->cuda && npyl_cuda_enter(L->cuda, &prev) == 0;
-    for (size_t i = 0; i < L->nworkers; i++) {
-        npyl_worker *w = &L->workers[i];
-        npyl_io_destroy(w->io);
-        free(w->reqs);
-        if (w->stream)
-            npyl_cuda_stream_destroy(L->cuda, w->stream);
-        if (w->ev_start)
-            npyl_cuda_event_destroy(L->cuda, w->ev_start);
-        if (w->ev_end)
-            npyl_cuda_event_destroy(L->cuda, w->ev_end);
+    npyl_io_destroy(w->io);
+    w->io = NULL;
+    free(w->reqs);
+    w->reqs = NULL;
+    if (w->stream)
+        npyl_cuda_stream_destroy(L->cuda, w->stream);
+    if (w->ev_start)
+        npyl_cuda_event_destroy(L->cuda, w->ev_start);
+    if (w->ev_end)
+        npyl_cuda_event_destroy(L->cuda, w->ev_end);
+    w->stream = w->ev_start = w->ev_end = NULL;
+}
+
+/* Frees what a slot owns and leaves NULLs, so a second call is a no-op.
+ * A device slot released on a stream waits for that stream's work first. */
+static void free_slot(npyload_loader *L, npyl_slot *s, int device_slot)
+{
+    if (device_slot) {
+        if (s->ev_release && s->release_pending)
+            npyl_cuda_event_sync(L->cuda, s->ev_release);
+        if (s->mem)
+            npyl_cuda_free(L->cuda, s->mem);
+        if (s->ev_done)
+            npyl_cuda_event_destroy(L->cuda, s->ev_done);
+        if (s->ev_release)
+            npyl_cuda_event_destroy(L->cuda, s->ev_release);
+    } else if (s->mem) {
+        if (L->pinned)
+            npyl_cuda_host_free(L->cuda, s->mem);
+        else
+            npyl_free_aligned(s->mem);
     }
-    free(L->workers);
-    L->workers = NULL;
-    L->nworkers = 0;
+    free(s->indices);
+    free(s->arrays);
+    free(s->errmsg);
+    free(s->batch);
+    s->mem = NULL;
+    s->ev_done = s->ev_release = NULL;
+    s->release_pending = 0;
+    s->indices = NULL;
+    s->arrays = NULL;
+    s->errmsg = NULL;
+    s->batch = NULL;
+}
+
+/* Frees every slot, or (keep_held) every slot but those the caller holds. */
+static void free_slots(npyload_loader *L, int keep_held)
+{
     npyl_slot *lists[2] = {L->hslots, L->dslots};
     size_t counts[2] = {L->nh, L->nd};
-    for (int k = 0; k < 2; k++) {
-        for (size_t i = 0; lists[k] && i < counts[k]; i++) {
-            npyl_slot *s = &lists[k][i];
-            if (k == 1) {
-                if (s->ev_release && s->release_pending)
-                    npyl_cuda_event_sync(L->cuda, s->ev_release);
-                if (s->mem)
-                    npyl_cuda_free(L->cuda, s->mem);
-                if (s->ev_done)
-                    npyl_cuda_event_destroy(L->cuda, s->ev_done);
-                if (s->ev_release)
-                    npyl_cuda_event_destroy(L->cuda, s->ev_release);
-            } else if (s->mem) {
-                if (L->pinned)
-                    npyl_cuda_host_free(L->cuda, s->mem);
-                else
-                    npyl_free_aligned(s->mem);
-            }
-            free(s->indices);
-            free(s->arrays);
-            free(s->errmsg);
-            free(s->batch);
-        }
-        free(lists[k]);
-    }
-    L->hslots = L->dslots = NULL;
-    L->nh = L->nd = 0;
-    if (entered)
-        npyl_cuda_leave(L->cuda, prev);
-    npyl_cuda_close(L->cuda);
-    L->cuda = NULL;
-    L->pinned = 0;
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; lists[k] && i < counts[k]; i++)
+            if (!keep_held || lists[k][i].state != SLOT_HELD)
+                free_slot(L, &lists[k][i], k == 1);
+}
+
+/* Frees the per-start tables that neither a held batch nor its release
+ * reads: the epoch's order and the file tables. */
+static void free_tables(npyload_loader *L)
+{
     free((void *)L->op.file_sizes);
     L->op.file_sizes = NULL;
     free(L->seqbuf);
@@ -792,7 +802,50 @@ void npyl_loader_free_started(npyload_loader *L)
     free(L->io_files);
     L->io_files = NULL;
     L->nio_files = 0;
+}
+
+/* Frees what start allocated; the loader returns to its pre-start state. */
+void npyl_loader_free_started(npyload_loader *L)
+{
+    /* May run on any user thread (destroy, the last release): switch to the
+     * loader's device for the frees and back. */
+    int prev = -1, entered = L->cuda && npyl_cuda_enter(L->cuda, &prev) == 0;
+    for (size_t i = 0; i < L->nworkers; i++)
+        free_worker(L, &L->workers[i]);
+    free(L->workers);
+    L->workers = NULL;
+    L->nworkers = 0;
+    free_slots(L, 0);
+    free(L->hslots);
+    free(L->dslots);
+    L->hslots = L->dslots = NULL;
+    L->nh = L->nd = 0;
+    if (entered)
+        npyl_cuda_leave(L->cuda, prev);
+    npyl_cuda_close(L->cuda);
+    L->cuda = NULL;
+    L->pinned = 0;
+    free_tables(L);
     L->started = 0;
+}
+
+/* destroy with batches held: keep only the HELD slots (and the CUDA context
+ * and slot arrays their release needs); free the io contexts (descriptors,
+ * rings), every other slot, host and device, and the tables. Called with mu
+ * held and the workers joined, so no slot changes state meanwhile; release()
+ * of a held batch waits on mu, then sees zombie. */
+static void shed_for_zombie(npyload_loader *L)
+{
+    int prev = -1, entered = L->cuda && npyl_cuda_enter(L->cuda, &prev) == 0;
+    for (size_t i = 0; i < L->nworkers; i++)
+        free_worker(L, &L->workers[i]);
+    free(L->workers);
+    L->workers = NULL;
+    L->nworkers = 0;
+    free_slots(L, 1);
+    if (entered)
+        npyl_cuda_leave(L->cuda, prev);
+    free_tables(L);
 }
 
 void npyl_loader_free(npyload_loader *L)
@@ -819,8 +872,10 @@ void npyload_loader_destroy(npyload_loader *L)
     npyl_pipeline_stop(L);
     pthread_mutex_lock(&L->mu);
     int keep = L->held > 0;
-    if (keep)
-        L->zombie = 1; /* the last npyload_batch_release frees it */
+    if (keep) {
+        shed_for_zombie(L);
+        L->zombie = 1; /* the last npyload_batch_release frees the rest */
+    }
     pthread_mutex_unlock(&L->mu);
     if (!keep)
         npyl_loader_free(L);

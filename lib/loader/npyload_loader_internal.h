@@ -18,9 +18,10 @@
  *    set_state start a new generation; work of an older generation is
  *    discarded when it finishes (its slot goes back to FREE) — in-flight
  *    reads are never cancelled, they land in memory the loader still owns.
- *  - Slots handed to the caller are HELD until released. The loader's memory
- *    outlives npyload_loader_destroy while any slot is HELD ("zombie"): the
- *    last release frees it.
+ *  - Slots handed to the caller are HELD until released. Destroy with slots
+ *    HELD joins the workers and frees everything but those slots, the slot
+ *    arrays, the fields and the CUDA context their release needs ("zombie");
+ *    the last release frees the rest.
  */
 #ifndef NPYLOAD_LOADER_INTERNAL_H
 #define NPYLOAD_LOADER_INTERNAL_H
