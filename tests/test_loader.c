@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -953,4 +954,34 @@ Test(loader, destroy_with_batch_held_frees_the_rest)
         cr_assert_eq(tu_count_fds(), before);
     }
     tu_rmtree(d.dir);
+}
+
+/* Issue 11 item 5: start() on a field whose file is a FIFO returns an error
+ * promptly instead of blocking in open(). Child under alarm(). */
+Test(loader, fifo_field_fails_start_promptly)
+{
+    char *dir = tu_mkdtemp("fifo");
+    char *p = tu_path(dir, "x_0000.npy");
+    cr_assert_eq(mkfifo(p, 0600), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        alarm(10);
+        npyload_loader *L;
+        if (npyload_loader_create(&L) || npyload_loader_add_field(L, "x", p))
+            _exit(2);
+        int rc = npyload_loader_start(L);
+        int ok = rc == NPYLOAD_EINVAL && strstr(npyload_loader_errmsg(L), "(FIFO)") &&
+                 strstr(npyload_loader_errmsg(L), p);
+        npyload_loader_destroy(L);
+        _exit(ok ? 0 : 3);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status), "start() hung on a FIFO (signal %d)",
+              WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    cr_assert_eq(WEXITSTATUS(status), 0, "wrong code or message");
+    free(p);
+    tu_rmtree(dir);
 }
