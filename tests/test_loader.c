@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -983,5 +984,103 @@ Test(loader, fifo_field_fails_start_promptly)
               WIFSIGNALED(status) ? WTERMSIG(status) : 0);
     cr_assert_eq(WEXITSTATUS(status), 0, "wrong code or message");
     free(p);
+    tu_rmtree(dir);
+}
+
+/* Issue 11 item 8: with `ulimit -n 64` and 16 workers, start succeeded and
+ * reads then failed with EMFILE mid-epoch (each worker kept at least 4 files
+ * plus a ring). The open-file caches are now sized from what RLIMIT_NOFILE
+ * leaves, or start refuses with the numbers. Runs in a child (setrlimit is
+ * process-wide); the child checks every byte and reports by exit code. */
+static int fd_limit_child(const char *glob, rlim_t limit, int backend, char *msg, size_t msglen)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return 10;
+    rl.rlim_cur = limit;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return 11;
+    npyload_loader *L;
+    if (npyload_loader_create(&L) || npyload_loader_add_field(L, "x", glob))
+        return 12;
+    npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 16); /* ~16 files per batch */
+    npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, 16);
+    npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, NPYLOAD_SHUFFLE_FULL);
+    npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, backend);
+    int rc = npyload_loader_start(L);
+    snprintf(msg, msglen, "%s", npyload_loader_errmsg(L));
+    if (rc) {
+        npyload_loader_destroy(L);
+        return rc == -EMFILE ? 20 : 13;
+    }
+    int bad = 0;
+    for (uint64_t e = 0; e < 2 && !bad; e++) {
+        npyload_loader_set_epoch(L, e);
+        npyload_batch *b;
+        int64_t got = 0;
+        while ((rc = npyload_loader_next(L, &b)) == 0) {
+            const uint8_t *p = npyload_batch_field(b, 0)->data;
+            const int64_t *idx = npyload_batch_indices(b);
+            for (size_t r = 0; r < npyload_batch_size(b); r++, got++)
+                for (size_t i = 0; i < 32; i++)
+                    bad |= p[r * 32 + i] != tu_byte(5, (uint64_t)idx[r], i);
+            npyload_batch_release(b);
+        }
+        if (rc != NPYLOAD_EOF || got != 240) {
+            snprintf(msg, msglen, "epoch %llu: rc %d after %lld samples: %s",
+                     (unsigned long long)e, rc, (long long)got, npyload_loader_errmsg(L));
+            bad = 1;
+        }
+    }
+    npyload_loader_destroy(L);
+    return bad ? 14 : 0;
+}
+
+static int run_fd_limit_child(const char *glob, rlim_t limit, int backend, char *msg, size_t len)
+{
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(fds[0]);
+        alarm(30);
+        char m[1024] = "";
+        int code = fd_limit_child(glob, limit, backend, m, sizeof m);
+        dprintf(fds[1], "%s", m);
+        _exit(code);
+    }
+    close(fds[1]);
+    ssize_t n = read(fds[0], msg, len - 1);
+    msg[n > 0 ? n : 0] = 0;
+    close(fds[0]);
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status), "child killed by signal %d", WTERMSIG(status));
+    return WEXITSTATUS(status);
+}
+
+Test(loader, fd_budget_follows_rlimit_nofile)
+{
+    char *dir = tu_mkdtemp("fdlimit");
+    int64_t sizes[120]; /* many files: every worker's cache fills up */
+    for (int i = 0; i < 120; i++)
+        sizes[i] = 2;
+    const int64_t shape[1] = {32};
+    cr_assert_eq(tu_write_field(dir, "x", 5, "|u1", 1, 1, shape, sizes, 120, 64), 0);
+    char glob[512], msg[1024];
+    snprintf(glob, sizeof glob, "%s/x_*.npy", dir);
+    int backends[2] = {NPYLOAD_IO_AUTO, NPYLOAD_IO_PREAD};
+    for (int k = 0; k < 2; k++) {
+        int code = run_fd_limit_child(glob, 64, backends[k], msg, sizeof msg);
+        cr_assert_eq(code, 0, "backend %d, ulimit -n 64, 16 workers: exit %d: %s", backends[k],
+                     code, msg);
+        /* far too few: refused at start, with the numbers */
+        code = run_fd_limit_child(glob, 28, backends[k], msg, sizeof msg);
+        cr_assert_eq(code, 20, "backend %d, ulimit -n 28: exit %d: %s", backends[k], code, msg);
+        cr_assert_not_null(strstr(msg, "16 workers need at least"), "%s", msg);
+        cr_assert_not_null(strstr(msg, "RLIMIT_NOFILE is 28"), "%s", msg);
+    }
     tu_rmtree(dir);
 }

@@ -1,5 +1,6 @@
 /* Loader setup, options, validation and teardown: the rare paths. The hot
  * path (workers, next, release) is in npyload_pipeline.c. */
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -545,21 +546,58 @@ static int alloc_slots(npyload_loader *L, size_t nworkers, size_t prefetch)
     return 0;
 }
 
-/* Descriptors each worker may keep open: a share of RLIMIT_NOFILE, so that
- * 10,000 files never exhaust it. */
-static unsigned max_open_per_worker(size_t nworkers, int direct)
+/* Descriptors open in this process now (/proc/self/fd, less the listing's
+ * own), or -1 when /proc is not mounted. */
+static int count_open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(d);
+    return n > 0 ? n - 1 : 0;
+}
+
+/* Sizes the per-worker open-file caches from what RLIMIT_NOFILE leaves, so
+ * that reads never meet EMFILE mid-epoch. Each worker needs its io_uring
+ * ring (one descriptor) and at least one open file (two with DIRECT_IO: a
+ * buffered and an O_DIRECT descriptor); FD_RESERVE stay free for the
+ * application. Workers share half of the rest, at most 256 files each.
+ * Refuses with -EMFILE and the numbers when one file per worker does not
+ * fit. */
+#define FD_RESERVE 16
+#define FD_UNKNOWN_OPEN 64 /* assumed open when /proc is missing */
+static int plan_fd_budget(npyload_loader *L, size_t nworkers, unsigned *per_worker)
 {
     struct rlimit rl;
     uint64_t soft = 1024;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
         soft = rl.rlim_cur;
-    uint64_t budget = soft > 128 ? (soft - 64) / 2 : 16;
-    uint64_t per = budget / (nworkers * (direct ? 2u : 1u));
-    if (per < 4)
-        per = 4;
+    int open_now = count_open_fds();
+    uint64_t used = open_now >= 0 ? (uint64_t)open_now : FD_UNKNOWN_OPEN;
+    uint64_t ring = L->backend == NPYLOAD_IO_URING;
+    uint64_t per_file = L->opt[NPYLOAD_OPT_DIRECT_IO] ? 2 : 1;
+    uint64_t need = nworkers * (ring + per_file) + FD_RESERVE;
+    uint64_t avail = soft > used ? soft - used : 0;
+    if (need > avail)
+        return npyl_loader_fail(L, -EMFILE, "%zu workers need at least %" PRIu64 " file "
+                                "descriptors (%s%" PRIu64 " per open file each, %d kept "
+                                "free), RLIMIT_NOFILE is %" PRIu64 " with %" PRIu64 " open: "
+                                "raise it (ulimit -n) or use fewer workers", nworkers, need,
+                                ring ? "1 io_uring ring + " : "", per_file, FD_RESERVE, soft,
+                                used);
+    uint64_t share = (avail - FD_RESERVE) / 2 / nworkers;
+    uint64_t per = share > ring ? (share - ring) / per_file : 0;
+    if (per < 1)
+        per = 1; /* fits: need <= avail checked one file per worker */
     if (per > 256)
         per = 256;
-    return (unsigned)per;
+    *per_worker = (unsigned)per;
+    return 0;
 }
 
 static int check_state(npyload_loader *L, const npyload_state *st, int64_t n,
@@ -665,11 +703,14 @@ int npyload_loader_start(npyload_loader *L)
         goto fail;
     }
     L->nworkers = nworkers;
+    unsigned max_open = 1;
+    if ((rc = plan_fd_budget(L, nworkers, &max_open)))
+        goto fail;
     npyl_io_config cfg = {
         .backend = L->backend,
         .direct = (int)L->opt[NPYLOAD_OPT_DIRECT_IO],
         .queue_depth = qd,
-        .max_open = max_open_per_worker(nworkers, (int)L->opt[NPYLOAD_OPT_DIRECT_IO]),
+        .max_open = max_open,
         .files = L->io_files,
         .nfiles = L->nio_files,
     };
