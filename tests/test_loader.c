@@ -1084,3 +1084,26 @@ Test(loader, fd_budget_follows_rlimit_nofile)
     }
     tu_rmtree(dir);
 }
+
+/* Issue 11 item 9: a glob into a missing directory said "Input/output
+ * error". It now names the directory; an existing one without matches says
+ * so. */
+Test(loader, glob_into_missing_directory_names_it)
+{
+    char *dir = tu_mkdtemp("glob");
+    char pat[512], want[512];
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    snprintf(pat, sizeof pat, "%s/nope/deeper/*.npy", dir);
+    int rc = npyload_loader_add_field(L, "x", pat);
+    cr_assert_eq(rc, -ENOENT, "%d: %s", rc, npyload_loader_errmsg(L));
+    snprintf(want, sizeof want, "directory %s/nope does not exist", dir);
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), want), "%s", npyload_loader_errmsg(L));
+    cr_assert_null(strstr(npyload_loader_errmsg(L), "Input/output"));
+    snprintf(pat, sizeof pat, "%s/*.npy", dir);
+    cr_assert_eq(npyload_loader_add_field(L, "x", pat), NPYLOAD_ENOFILES);
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "no files match"), "%s",
+                       npyload_loader_errmsg(L));
+    npyload_loader_destroy(L);
+    tu_rmtree(dir);
+}

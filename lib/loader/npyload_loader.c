@@ -138,14 +138,11 @@ int npyload_loader_add_field(npyload_loader *L, const char *name, const char *gl
         return rc;
     if (!glob || !*glob)
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "field '%s': empty glob", name);
-    char **paths;
+    char **paths, err[NPYL_ERRMSG_LEN - 128];
     size_t n;
-    rc = npyl_glob_sorted(glob, &paths, &n);
-    if (rc == NPYLOAD_ENOFILES)
-        return npyl_loader_fail(L, rc, "field '%s': no files match '%s'", name, glob);
+    rc = npyl_glob_sorted(glob, &paths, &n, err, sizeof err);
     if (rc)
-        return npyl_loader_fail(L, rc, "field '%s': cannot expand '%s': %s", name, glob,
-                                npyload_strerror(rc));
+        return npyl_loader_fail(L, rc, "field '%s': %s", name, err);
     return push_field(L, name, paths, n);
 }
 
