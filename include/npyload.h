@@ -267,8 +267,12 @@ NPYLOAD_API int npyload_loader_add_field_files(npyload_loader *L,
 NPYLOAD_API int npyload_loader_set(npyload_loader *L, npyload_option opt,
                                    int64_t value);
 
-/*! npyload_loader_get() : reads back an option's effective value (after start,
- * defaults are resolved). @return : 0 or NPYLOAD_EINVAL. */
+/*! npyload_loader_get() : reads back an option's effective value. Before
+ * start: the value set (0 for a default). After start: what the loader runs
+ * with, defaults resolved: NUM_WORKERS, PREFETCH (batch slots),
+ * QUEUE_DEPTH, SHUFFLE_WINDOW, IO_BACKEND (the backend AUTO chose) and
+ * PIN_MEMORY (1 if the slots are pinned, else 0).
+ * @return : 0 or NPYLOAD_EINVAL. */
 NPYLOAD_API int npyload_loader_get(const npyload_loader *L, npyload_option opt,
                                    int64_t *value);
 

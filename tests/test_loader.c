@@ -1107,3 +1107,34 @@ Test(loader, glob_into_missing_directory_names_it)
     npyload_loader_destroy(L);
     tu_rmtree(dir);
 }
+
+/* Issue 11 item 10: get() after start returned 0 for PREFETCH and
+ * NUM_WORKERS (the defaults as set); it returns the resolved values. */
+Test(loader, get_after_start_returns_resolved_values)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_AUTO, .workers = 0, .prefetch = 0, .batch = 4};
+    npyload_loader *L = open_loader(&d, &c);
+    int64_t v = -1;
+    cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_PREFETCH, &v), 0);
+    cr_assert_eq(v, 0); /* before start: as set */
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_NUM_WORKERS, &v), 0);
+    cr_assert_eq(v, 2, "NUM_WORKERS %lld", (long long)v);
+    cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_PREFETCH, &v), 0);
+    cr_assert_eq(v, 4, "PREFETCH %lld", (long long)v);
+    npyload_stats st;
+    cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+    cr_assert_eq((uint64_t)v, st.num_slots);
+    cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_QUEUE_DEPTH, &v), 0);
+    cr_assert_eq(v, 32);
+    cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_SHUFFLE_WINDOW, &v), 0);
+    cr_assert_eq(v, 8);
+    cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_IO_BACKEND, &v), 0);
+    cr_assert_eq(v, (int64_t)npyload_loader_backend(L));
+    cr_assert_neq(v, NPYLOAD_IO_AUTO);
+    cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_BATCH_SIZE, &v), 0);
+    cr_assert_eq(v, 4);
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+}

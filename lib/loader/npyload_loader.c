@@ -274,6 +274,18 @@ int npyload_loader_get(const npyload_loader *L, npyload_option opt, int64_t *val
     if (npyl_in_child(L))
         return NPYLOAD_EFORKED;
     *value = L->opt[opt];
+    if (!L->started)
+        return 0;
+    /* After start, what the loader runs with: defaults resolved. */
+    switch (opt) {
+    case NPYLOAD_OPT_NUM_WORKERS: *value = (int64_t)L->nworkers; break;
+    case NPYLOAD_OPT_PREFETCH: *value = (int64_t)(L->nd ? L->nd : L->nh); break;
+    case NPYLOAD_OPT_QUEUE_DEPTH: *value = (int64_t)L->queue_depth; break;
+    case NPYLOAD_OPT_SHUFFLE_WINDOW: *value = L->op.window; break;
+    case NPYLOAD_OPT_IO_BACKEND: *value = L->backend; break;
+    case NPYLOAD_OPT_PIN_MEMORY: *value = L->pinned; break;
+    default: break;
+    }
     return 0;
 }
 
@@ -639,6 +651,7 @@ int npyload_loader_start(npyload_loader *L)
         prefetch = MAX_PREFETCH;
     unsigned qd = L->opt[NPYLOAD_OPT_QUEUE_DEPTH] ? (unsigned)L->opt[NPYLOAD_OPT_QUEUE_DEPTH]
                                                    : DEFAULT_QUEUE_DEPTH;
+    L->queue_depth = qd;
     int rc;
     if ((rc = validate_fields(L)) || (rc = resolve_backend(L)) || (rc = plan_layout(L)))
         goto fail;

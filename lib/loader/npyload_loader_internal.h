@@ -120,6 +120,7 @@ struct npyload_loader {
     /* Known after start: */
     int started;
     int backend;              /* resolved npyload_io_backend */
+    unsigned queue_depth;     /* resolved QUEUE_DEPTH */
     npyl_file_info *io_files; /* every file of every field */
     size_t nio_files;
     int64_t n;                /* samples per field */
