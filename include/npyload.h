@@ -180,31 +180,38 @@ typedef enum npyload_shuffle {
     NPYLOAD_SHUFFLE_LOCAL = 2
 } npyload_shuffle;
 
-/*! Options for npyload_loader_set(). 0 means "default" where a default is
- * documented. All options must be set before npyload_loader_start(); setting
- * one afterwards fails with NPYLOAD_ESTATE. */
+/*! NPYLOAD_OPTION_MAP: the one table of options, XX(NAME, value, doc). It
+ * generates the enum below (NPYLOAD_OPT_NAME = value) and the names the
+ * library's messages use. */
+#define NPYLOAD_OPTION_MAP(XX)                                                 \
+    XX(BATCH_SIZE, 1, "samples per batch, >= 1; default 1")                   \
+    XX(NUM_WORKERS, 2, "worker threads, >= 1; 0 = default 2")                 \
+    XX(PREFETCH, 3, "batch slots, >= 1; 0 = default 2 x workers. Memory is "  \
+                    "PREFETCH x batch bytes.")                                \
+    XX(SHUFFLE, 4, "npyload_shuffle; default NONE")                           \
+    XX(SEED, 5, "any int64; default 0")                                       \
+    XX(DROP_LAST, 6, "0/1: see Order semantics below")                        \
+    XX(RANK, 7, "0 <= rank < world_size; default 0")                          \
+    XX(WORLD_SIZE, 8, ">= 1; default 1")                                      \
+    XX(IO_BACKEND, 9, "npyload_io_backend; default AUTO")                     \
+    XX(DEVICE, 10, "-1 = host memory (default), k >= 0 = CUDA device k")      \
+    XX(DIRECT_IO, 11, "0/1: O_DIRECT reads (bypass the page cache); "         \
+                      "unaligned data offsets handled by aligned over-reads. " \
+                      "Default 0.")                                           \
+    XX(SHUFFLE_WINDOW, 12, "files per window in LOCAL shuffle; 0 = default 8") \
+    XX(QUEUE_DEPTH, 13, "reads in flight per worker (io_uring); 0 = default "  \
+                        "32")                                                 \
+    XX(PIN_MEMORY, 14, "-1 auto (pin when CUDA is usable, default), 0 never, " \
+                       "1 require")
+
+/*! Options for npyload_loader_set(), generated from NPYLOAD_OPTION_MAP. 0
+ * means "default" where a default is documented. All options must be set
+ * before npyload_loader_start(); setting one afterwards fails with
+ * NPYLOAD_ESTATE. */
 typedef enum npyload_option {
-    NPYLOAD_OPT_BATCH_SIZE = 1,   /* samples per batch, >= 1; default 1 */
-    NPYLOAD_OPT_NUM_WORKERS = 2,  /* worker threads, >= 1; 0 = default 2 */
-    NPYLOAD_OPT_PREFETCH = 3,     /* batch slots, >= 1; 0 = default 2 x workers.
-                                     Memory is PREFETCH x batch bytes. */
-    NPYLOAD_OPT_SHUFFLE = 4,      /* npyload_shuffle; default NONE */
-    NPYLOAD_OPT_SEED = 5,         /* any int64; default 0 */
-    NPYLOAD_OPT_DROP_LAST = 6,    /* 0/1: see "Order semantics" below */
-    NPYLOAD_OPT_RANK = 7,         /* 0 <= rank < world_size; default 0 */
-    NPYLOAD_OPT_WORLD_SIZE = 8,   /* >= 1; default 1 */
-    NPYLOAD_OPT_IO_BACKEND = 9,   /* npyload_io_backend; default AUTO */
-    NPYLOAD_OPT_DEVICE = 10,      /* -1 = host memory (default), k >= 0 = CUDA
-                                     device k */
-    NPYLOAD_OPT_DIRECT_IO = 11,   /* 0/1: O_DIRECT reads (bypass the page
-                                     cache); unaligned data offsets handled by
-                                     aligned over-reads. Default 0. */
-    NPYLOAD_OPT_SHUFFLE_WINDOW = 12, /* files per window in LOCAL shuffle;
-                                        0 = default 8 */
-    NPYLOAD_OPT_QUEUE_DEPTH = 13, /* reads in flight per worker (io_uring);
-                                     0 = default 32 */
-    NPYLOAD_OPT_PIN_MEMORY = 14   /* -1 auto (pin when CUDA is usable,
-                                     default), 0 never, 1 require */
+#define NPYLOAD_XX_OPT(name, value, doc) NPYLOAD_OPT_##name = (value),
+    NPYLOAD_OPTION_MAP(NPYLOAD_XX_OPT)
+#undef NPYLOAD_XX_OPT
 } npyload_option;
 
 /*! Order semantics (identical in C and Python).

@@ -817,14 +817,14 @@ int npyload_read_header(const char *path, npyload_header *out, char *err,
     if (fd < 0) {
         int e = errno;
         return npyl_fail(err, errlen, -e, "%s: cannot open: %s", path,
-                         strerror(e));
+                         npyload_strerror(-e));
     }
     int rc;
     unsigned char *big = NULL;
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
-        rc = npyl_fail(err, errlen, -e, "%s: cannot stat: %s", path, strerror(e));
+        rc = npyl_fail(err, errlen, -e, "%s: cannot stat: %s", path, npyload_strerror(-e));
         goto done;
     }
     if (S_ISDIR(st.st_mode)) {
@@ -844,7 +844,7 @@ int npyload_read_header(const char *path, npyload_header *out, char *err,
     if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
         int e = errno;
         rc = npyl_fail(err, errlen, -e, "%s: fcntl failed: %s", path,
-                       strerror(e));
+                       npyload_strerror(-e));
         goto done;
     }
     uint64_t size = (uint64_t)st.st_size;
@@ -854,7 +854,7 @@ int npyload_read_header(const char *path, npyload_header *out, char *err,
     ssize_t got = pread_full(fd, pre, size < sizeof pre ? (size_t)size : sizeof pre, 0);
     if (got < 0) {
         rc = npyl_fail(err, errlen, (int)got, "%s: read failed at offset 0: %s",
-                       path, strerror((int)-got));
+                       path, npyload_strerror((int)got));
         goto done;
     }
     rc = npyload_parse_header(pre, (size_t)got, size, path, out, err, errlen);
@@ -871,7 +871,7 @@ int npyload_read_header(const char *path, npyload_header *out, char *err,
         got = pread_full(fd, big, need, 0);
         if (got < 0) {
             rc = npyl_fail(err, errlen, (int)got, "%s: read failed at offset 0: %s",
-                           path, strerror((int)-got));
+                           path, npyload_strerror((int)got));
             goto done;
         }
         /* A file that shrank meanwhile gives a short read: parse reports it. */

@@ -38,26 +38,26 @@ int npyl_loader_forked(npyload_loader *L)
     return NPYLOAD_EFORKED;
 }
 
+/* The option's name from the table, or NULL for a value not in it. */
 static const char *opt_name(int opt)
 {
     switch (opt) {
-    case NPYLOAD_OPT_BATCH_SIZE: return "BATCH_SIZE";
-    case NPYLOAD_OPT_NUM_WORKERS: return "NUM_WORKERS";
-    case NPYLOAD_OPT_PREFETCH: return "PREFETCH";
-    case NPYLOAD_OPT_SHUFFLE: return "SHUFFLE";
-    case NPYLOAD_OPT_SEED: return "SEED";
-    case NPYLOAD_OPT_DROP_LAST: return "DROP_LAST";
-    case NPYLOAD_OPT_RANK: return "RANK";
-    case NPYLOAD_OPT_WORLD_SIZE: return "WORLD_SIZE";
-    case NPYLOAD_OPT_IO_BACKEND: return "IO_BACKEND";
-    case NPYLOAD_OPT_DEVICE: return "DEVICE";
-    case NPYLOAD_OPT_DIRECT_IO: return "DIRECT_IO";
-    case NPYLOAD_OPT_SHUFFLE_WINDOW: return "SHUFFLE_WINDOW";
-    case NPYLOAD_OPT_QUEUE_DEPTH: return "QUEUE_DEPTH";
-    case NPYLOAD_OPT_PIN_MEMORY: return "PIN_MEMORY";
-    default: return NULL;
+#define NPYL_XX_NAME(name, value, doc)                                         \
+    case NPYLOAD_OPT_##name:                                                   \
+        return #name;
+        NPYLOAD_OPTION_MAP(NPYL_XX_NAME)
+#undef NPYL_XX_NAME
+    default:
+        return NULL;
     }
 }
+
+/* The table's values index L->opt: each must be below NPYL_NUM_OPTS. */
+#define NPYL_XX_CHECK(name, value, doc)                                        \
+    _Static_assert((value) > 0 && (value) < NPYL_NUM_OPTS,                     \
+                   "option " #name " outside 1 .. NPYL_NUM_OPTS - 1");
+NPYLOAD_OPTION_MAP(NPYL_XX_CHECK)
+#undef NPYL_XX_CHECK
 
 int npyload_loader_create(npyload_loader **out)
 {

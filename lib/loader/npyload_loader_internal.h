@@ -37,7 +37,11 @@
 #include "../order/npyload_order.h"
 
 #define NPYL_ERRMSG_LEN 1024
-#define NPYL_NUM_OPTS 15 /* one past the largest npyload_option */
+/* One past the largest npyload_option: the table's values are 1 .. count
+ * (checked by static assertions next to opt_name). */
+#define NPYL_XX_COUNT(name, value, doc) +1
+enum { NPYL_NUM_OPTS = 1 NPYLOAD_OPTION_MAP(NPYL_XX_COUNT) };
+#undef NPYL_XX_COUNT
 
 /* One file of a field, after start. */
 typedef struct npyl_ffile {
