@@ -37,6 +37,14 @@
 #include "../order/npyload_order.h"
 
 #define NPYL_ERRMSG_LEN 1024
+#define DEFAULT_WORKERS 2
+#define DEFAULT_WINDOW 8
+#define DEFAULT_QUEUE_DEPTH 32
+#define MAX_WORKERS 256
+#define MAX_PREFETCH 1024
+#define MAX_QUEUE_DEPTH 4096
+#define DEV_ALIGN 256u
+
 /* One past the largest npyload_option: the table's values are 1 .. count
  * (checked by static assertions next to opt_name). */
 #define NPYL_XX_COUNT(name, value, doc) +1
@@ -176,6 +184,16 @@ NPYL_HIDDEN int npyl_in_child(const npyload_loader *L);
 #define NPYL_FORKED_MSG                                                        \
     "loader used in a child process after fork(); create a new loader in "    \
     "the child"
+
+/* npyload_loader_fields.c: reads every field's headers at start, checks
+ * them and fills the io file table and L->n. */
+NPYL_HIDDEN int npyl_load_fields(npyload_loader *L);
+
+/* npyload_loader_state.c: checks every field of a saved state against the
+ * loader (n = its sample count, or -1 before start) and yields the order
+ * parameters it selects (into *op) and the batch to resume at. */
+NPYL_HIDDEN int npyl_state_check(npyload_loader *L, const npyload_state *st, int64_t n,
+                                 npyl_order_params *op, int64_t *first_seq);
 
 /* npyload_pipeline.c: */
 /* Starts the worker threads (after slots and io contexts exist). */
