@@ -18,9 +18,10 @@
  *    set_state start a new generation; work of an older generation is
  *    discarded when it finishes (its slot goes back to FREE) — in-flight
  *    reads are never cancelled, they land in memory the loader still owns.
- *  - Slots handed to the caller are HELD until released. The loader's memory
- *    outlives npyload_loader_destroy while any slot is HELD ("zombie"): the
- *    last release frees it.
+ *  - Slots handed to the caller are HELD until released. Destroy with slots
+ *    HELD joins the workers and frees everything but those slots, the slot
+ *    arrays, the fields and the CUDA context their release needs ("zombie");
+ *    the last release frees the rest.
  */
 #ifndef NPYLOAD_LOADER_INTERNAL_H
 #define NPYLOAD_LOADER_INTERNAL_H
@@ -28,6 +29,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "../common/npyload_common.h"
 #include "../cuda/npyload_cuda.h"
@@ -35,7 +37,19 @@
 #include "../order/npyload_order.h"
 
 #define NPYL_ERRMSG_LEN 1024
-#define NPYL_NUM_OPTS 15 /* one past the largest npyload_option */
+#define DEFAULT_WORKERS 2
+#define DEFAULT_WINDOW 8
+#define DEFAULT_QUEUE_DEPTH 32
+#define MAX_WORKERS 256
+#define MAX_PREFETCH 1024
+#define MAX_QUEUE_DEPTH 4096
+#define DEV_ALIGN 256u
+
+/* One past the largest npyload_option: the table's values are 1 .. count
+ * (checked by static assertions next to opt_name). */
+#define NPYL_XX_COUNT(name, value, doc) +1
+enum { NPYL_NUM_OPTS = 1 NPYLOAD_OPTION_MAP(NPYL_XX_COUNT) };
+#undef NPYL_XX_COUNT
 
 /* One file of a field, after start. */
 typedef struct npyl_ffile {
@@ -100,6 +114,11 @@ typedef struct npyl_worker {
 } npyl_worker;
 
 struct npyload_loader {
+    /* The creating process. In any other (a fork() child) the threads that
+     * mu, the cvs and the io contexts belong to do not exist and mu may be
+     * held forever: every entry returns NPYLOAD_EFORKED and touches none of
+     * it (npyl_loader_forked). */
+    pid_t pid;
     pthread_mutex_t mu;
     pthread_cond_t work_cv, ready_cv, dev_cv;
 
@@ -113,6 +132,7 @@ struct npyload_loader {
     /* Known after start: */
     int started;
     int backend;              /* resolved npyload_io_backend */
+    unsigned queue_depth;     /* resolved QUEUE_DEPTH */
     npyl_file_info *io_files; /* every file of every field */
     size_t nio_files;
     int64_t n;                /* samples per field */
@@ -155,6 +175,25 @@ struct npyload_loader {
 /* Sets L->errmsg and returns code. */
 NPYL_HIDDEN int npyl_loader_fail(npyload_loader *L, int code, const char *fmt,
                                  ...) NPYL_PRINTF(3, 4);
+
+/* 0 in the creating process; in a fork() child sets L->errmsg (the child's
+ * own copy) and returns NPYLOAD_EFORKED. npyl_in_child is the same test for
+ * const entries, without the message. */
+NPYL_HIDDEN int npyl_loader_forked(npyload_loader *L);
+NPYL_HIDDEN int npyl_in_child(const npyload_loader *L);
+#define NPYL_FORKED_MSG                                                        \
+    "loader used in a child process after fork(); create a new loader in "    \
+    "the child"
+
+/* npyload_loader_fields.c: reads every field's headers at start, checks
+ * them and fills the io file table and L->n. */
+NPYL_HIDDEN int npyl_load_fields(npyload_loader *L);
+
+/* npyload_loader_state.c: checks every field of a saved state against the
+ * loader (n = its sample count, or -1 before start) and yields the order
+ * parameters it selects (into *op) and the batch to resume at. */
+NPYL_HIDDEN int npyl_state_check(npyload_loader *L, const npyload_state *st, int64_t n,
+                                 npyl_order_params *op, int64_t *first_seq);
 
 /* npyload_pipeline.c: */
 /* Starts the worker threads (after slots and io contexts exist). */

@@ -320,6 +320,9 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
     if (!L || !out)
         return NPYLOAD_EINVAL;
     *out = NULL;
+    int frc = npyl_loader_forked(L);
+    if (frc)
+        return frc;
     if (!L->started)
         return npyl_loader_fail(L, NPYLOAD_ESTATE, "next() before start()");
     uint64_t t0 = npyl_now_ns();
@@ -423,6 +426,8 @@ int npyload_batch_wait_stream(npyload_batch *b, void *stream)
 {
     if (!b)
         return NPYLOAD_EINVAL;
+    if (npyl_in_child(b->L))
+        return NPYLOAD_EFORKED;
     if (!b->device_mode)
         return 0;
     /* Called on the user's thread: keep its current device as it was. */
@@ -438,6 +443,8 @@ int npyload_batch_sync(npyload_batch *b)
 {
     if (!b)
         return NPYLOAD_EINVAL;
+    if (npyl_in_child(b->L))
+        return NPYLOAD_EFORKED;
     if (!b->device_mode)
         return 0;
     int prev, rc = npyl_cuda_enter(b->L->cuda, &prev);
@@ -453,6 +460,8 @@ static void release(npyload_batch *b, void *stream, int on_stream)
     if (!b)
         return;
     npyload_loader *L = b->L;
+    if (npyl_in_child(L))
+        return; /* fork() child: never touch the parent's lock or streams */
     npyl_slot *s = b->slot;
     int recorded = 0;
     if (b->device_mode && on_stream) {
