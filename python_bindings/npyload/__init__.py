@@ -207,7 +207,9 @@ class Loader:
     Parameters
     ----------
     fields : mapping name -> glob string or list of paths
-        Each field is the concatenation of its files along the first (sample)
+        Paths and globs may be str, bytes or os.PathLike; names that are not
+        UTF-8 work as with os.fsencode / os.fsdecode (messages naming such a
+        path hold it surrogate-escaped). Each field is the concatenation of its files along the first (sample)
         axis; a glob's matches are sorted lexicographically. All fields must
         hold the same number of samples.
     batch_size : int >= 1
@@ -273,7 +275,7 @@ class Loader:
                 paths = []
                 for p in spec:
                     if not isinstance(p, (str, bytes, _os.PathLike)):
-                        raise TypeError(f"field {name!r}: paths must be str or os.PathLike, got {p!r}")
+                        raise TypeError(f"field {name!r}: paths must be str, bytes or os.PathLike, got {p!r}")
                     paths.append(_os.fsdecode(p))
                 specs.append((name, None, paths))
             else:

@@ -29,8 +29,15 @@
 /* The module's exception: npyload.NpyloadError(RuntimeError), with .code. */
 extern PyObject *NpyloadPy_Error;
 
+/* A str from bytes the C library produced (a path, or a message that holds
+ * paths): the file-system encoding with surrogateescape, as os.fsdecode.
+ * Paths need not be UTF-8, and a message cut at its buffer's end may stop
+ * inside a character; either way the bytes survive (os.fsencode gives them
+ * back) instead of turning the error into a UnicodeDecodeError. */
+PyObject *npyloadpy_str(const char *s);
+
 /* Raises NpyloadError(code=rc) with `detail`, or npyload_strerror(rc) when
- * detail is NULL or empty. Returns NULL. */
+ * detail is NULL or empty; the text is decoded by npyloadpy_str. Returns NULL. */
 PyObject *npyloadpy_raise(int rc, const char *detail);
 
 typedef struct NpyloadPy_Loader {

@@ -87,22 +87,32 @@ static PyObject *loader_close(NpyloadPy_Loader *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* Field names and paths cross into C as file-system bytes
+ * (PyUnicode_FSConverter: str with surrogateescape, bytes, os.PathLike), and
+ * come back through npyloadpy_str, so a name or path that is not UTF-8 makes
+ * the round trip unchanged. */
 static PyObject *loader_add_field(NpyloadPy_Loader *self, PyObject *args)
 {
-    const char *name;
-    PyObject *glob_obj, *bytes = NULL;
-    if (!PyArg_ParseTuple(args, "sO:add_field", &name, &glob_obj))
+    PyObject *name_b = NULL, *glob_b = NULL;
+    if (!PyArg_ParseTuple(args, "O&O&:add_field", PyUnicode_FSConverter,
+                          &name_b, PyUnicode_FSConverter, &glob_b)) {
+        Py_XDECREF(name_b);
         return NULL;
-    if (loader_check(self) < 0)
+    }
+    if (loader_check(self) < 0) {
+        Py_DECREF(name_b);
+        Py_DECREF(glob_b);
         return NULL;
-    if (!PyUnicode_FSConverter(glob_obj, &bytes))
-        return NULL;
+    }
     int rc;
-    const char *glob = PyBytes_AS_STRING(bytes);
+    npyload_loader *L = self->L;
+    const char *name = PyBytes_AS_STRING(name_b);
+    const char *glob = PyBytes_AS_STRING(glob_b);
     Py_BEGIN_ALLOW_THREADS /* globbing touches the file system */
-    rc = npyload_loader_add_field(self->L, name, glob);
+    rc = npyload_loader_add_field(L, name, glob);
     Py_END_ALLOW_THREADS
-    Py_DECREF(bytes);
+    Py_DECREF(name_b);
+    Py_DECREF(glob_b);
     if (rc < 0)
         return loader_error(self, rc);
     Py_RETURN_NONE;
@@ -110,15 +120,20 @@ static PyObject *loader_add_field(NpyloadPy_Loader *self, PyObject *args)
 
 static PyObject *loader_add_field_files(NpyloadPy_Loader *self, PyObject *args)
 {
-    const char *name;
-    PyObject *paths_obj;
-    if (!PyArg_ParseTuple(args, "sO:add_field_files", &name, &paths_obj))
+    PyObject *name_b = NULL, *paths_obj;
+    if (!PyArg_ParseTuple(args, "O&O:add_field_files", PyUnicode_FSConverter,
+                          &name_b, &paths_obj))
         return NULL;
-    if (loader_check(self) < 0)
+    if (loader_check(self) < 0) {
+        Py_DECREF(name_b);
         return NULL;
+    }
+    const char *name = PyBytes_AS_STRING(name_b);
     PyObject *seq = PySequence_Fast(paths_obj, "paths must be a sequence");
-    if (!seq)
+    if (!seq) {
+        Py_DECREF(name_b);
         return NULL;
+    }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **bytes = PyMem_Calloc((size_t)(n ? n : 1), sizeof *bytes);
     const char **paths = PyMem_Calloc((size_t)(n ? n : 1), sizeof *paths);
@@ -146,6 +161,7 @@ done:
     PyMem_Free(bytes);
     PyMem_Free(paths);
     Py_DECREF(seq);
+    Py_DECREF(name_b);
     return res;
 }
 
@@ -199,7 +215,7 @@ static PyObject *loader_start(NpyloadPy_Loader *self, PyObject *unused)
         return NULL;
     for (size_t i = 0; i < nf; i++) {
         const char *s = npyload_loader_field_name(self->L, i);
-        PyObject *u = PyUnicode_FromString(s ? s : "");
+        PyObject *u = npyloadpy_str(s);
         if (!u) {
             Py_DECREF(names);
             return NULL;
