@@ -146,6 +146,45 @@ def test_dlpack_capsules(dataset):
         raw.field("labels").__dlpack__(dl_device=(2, 0))
 
 
+def _capsule_words(cap, name, n):
+    """The first n uint64 words of a capsule's struct, read with ctypes (an
+    independent view of the DLPack layout: version, manager_ctx, deleter,
+    flags for DLManagedTensorVersioned)."""
+    import ctypes
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    p = get(cap, name)
+    return (ctypes.c_uint64 * n).from_address(p)
+
+
+def test_versioned_capsule_layout(dataset):
+    """The versioned capsule follows upstream dlpack.h 1.x: version {1, minor}
+    first, flags after manager_ctx and deleter, IS_COPIED (bit 1) set for
+    copy=True only, and the DLTensor's data/ndim/shape after the flags."""
+    import ctypes
+    globs, ref = dataset
+    loader = make(globs)
+    b = next(iter(loader))
+    v = b._raw.field("labels")
+    for copy, flag in ((None, 0), (True, 2)):
+        cap = v.__dlpack__(max_version=(1, 0), copy=copy)
+        w = _capsule_words(cap, b"dltensor_versioned", 8)
+        major, minor = w[0] & 0xFFFFFFFF, w[0] >> 32
+        assert major == 1 and minor >= 0
+        assert w[3] & 3 == flag
+        data, ndim = w[4], ctypes.c_int32.from_address(
+            ctypes.addressof(w) + 6 * 8).value  # DLTensor: data, device(8), ndim
+        assert ndim == 2
+        if copy is None:
+            assert data == v.data_ptr
+        shape = (ctypes.c_int64 * 2).from_address(w[7])
+        assert tuple(shape) == tuple(np.asarray(b["labels"]).shape)
+        del cap, w
+    del v
+    gc.collect()
+
+
 def test_indices_view(dataset):
     globs, _ = dataset
     loader = make(globs, shuffle=True)
