@@ -23,8 +23,8 @@ batch cannot be read and iteration raises ``NpyloadError`` (rather than
 hanging). Copy what you keep (``.clone()`` / ``.copy()``), or pass
 ``copy=True`` to get owned copies and release slots immediately.
 Deleting (or closing) the loader while arrays from it are alive is safe: the
-workers stop at once and the slots still in use are freed when their last
-array dies.
+workers stop at once, its files and free slots are released, and only the
+slots still in use live on, each freed when its last array dies.
 
 Threads: a loader is used by one thread at a time; waits for a batch release
 the GIL and Ctrl-C interrupts them promptly.
@@ -459,8 +459,10 @@ class Loader:
         return self._live().stats()
 
     def close(self):
-        """Stops the workers and frees the loader. Arrays and tensors still
-        alive stay valid (their slots are freed when they die)."""
+        """Stops the workers and frees the loader at once (threads, open
+        files, io_uring rings, unused slots). Arrays and tensors still alive
+        stay valid: only their slots are kept, each freed when its last array
+        dies."""
         if self._c is not None:
             self._c.close()
 

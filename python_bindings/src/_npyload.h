@@ -12,9 +12,12 @@
  *   Every exported array keeps its View alive (numpy: the array's base;
  *   torch: the DLPack deleter), every View keeps its Batch alive, and the
  *   Batch's dealloc gives the slot back. The Loader is NOT kept alive by its
- *   batches: destroying it stops the workers at once, and the C library keeps
- *   the loader's memory until the last batch is released (the "zombie" rule
- *   of npyload_loader_destroy, like sqlite3_close_v2).
+ *   batches: close() and dealloc destroy it at once (workers stopped, files,
+ *   io_uring rings and free slots released by the C library), and only the
+ *   slots still held by batches live on until their last release (the
+ *   "zombie" rule of npyload_loader_destroy, like sqlite3_close_v2). The
+ *   binding holds nothing else of a closed loader: a Batch keeps its
+ *   npyload_batch and the shared tuple of field names, nothing more.
  *
  * Only include/npyload.h is used from the library.
  */

@@ -57,9 +57,9 @@ static void loader_dealloc(NpyloadPy_Loader *self)
 {
     /* No Python references to other objects that could form a cycle (the
      * field-name tuple holds only str), so the type is not GC-tracked.
-     * Destroy is safe with batches outstanding: their memory stays until the
-     * last npyload_batch_release() (zombie rule). It joins the workers, so
-     * the GIL is released while it waits. */
+     * Destroy is safe with batches outstanding: only their slots stay, until
+     * the last npyload_batch_release() (zombie rule); everything else goes
+     * now. It joins the workers, so the GIL is released while it waits. */
     npyload_loader *L = self->L;
     self->L = NULL;
     if (L) {
@@ -455,8 +455,8 @@ static PyMethodDef loader_methods[] = {
     {"stats", (PyCFunction)loader_stats, METH_NOARGS,
      "stats() -> dict: counters since start."},
     {"close", (PyCFunction)loader_close, METH_NOARGS,
-     "close(): stop the workers and free the loader; batches still alive stay "
-     "valid until they die."},
+     "close(): stop the workers and free the loader now (files, rings, free "
+     "slots); batches still alive keep only their own slots, until they die."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef loader_getset[] = {

@@ -110,3 +110,58 @@ def test_long_non_ascii_path_cut_message(tmp_path, extra):
     with pytest.raises(npyload.NpyloadError) as ei:
         npyload.inspect(p)
     assert os.fsencode(p)[:400] in os.fsencode(str(ei.value))
+
+
+# ---- a closed loader frees what no live batch needs (issue 11 item 11) ----
+
+def _open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _many_files_dataset(root, files=24, rows=3):
+    """Fields spread over many files, so a loader that kept its descriptors
+    would show clearly in /proc/self/fd."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((files * rows, 4, 8)).astype(np.float32)
+    y = np.arange(files * rows, dtype=np.int64)
+    for name, arr in (("x", x), ("y", y)):
+        d = os.path.join(str(root), name)
+        os.makedirs(d)
+        for i in range(files):
+            np.save(os.path.join(d, f"{name}_{i:03d}.npy"), arr[i * rows:(i + 1) * rows])
+    return {n: os.path.join(str(root), n, f"{n}_*.npy") for n in ("x", "y")}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="no /proc/self/fd here")
+@pytest.mark.parametrize("how", ["close", "del"])
+@pytest.mark.parametrize("io", ["pread", "auto"])
+def test_closed_loader_keeps_only_the_viewed_slot(tmp_path, how, io):
+    import glob
+    globs = _many_files_dataset(tmp_path)
+    ref = {n: np.concatenate([np.load(p) for p in sorted(glob.glob(g))])
+           for n, g in globs.items()}
+    gc.collect()
+    before = _open_fds()
+    loader = npyload.Loader(globs, batch_size=5, shuffle=True, seed=3, num_workers=4,
+                            prefetch=6, io=io, output="numpy")
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    b = next(it)
+    kept, kept_idx = b["x"], np.array(b.indices)
+    during = _open_fds()
+    del b, it
+    if how == "close":
+        loader.close()
+    else:
+        del loader
+    gc.collect()
+    after = _open_fds()
+    # the loader had files (and maybe io_uring rings) open while it ran ...
+    assert during > before
+    # ... and only the kept array's slot survives its close: no descriptor
+    assert after <= before + 1, (before, during, after)
+    np.testing.assert_array_equal(kept, ref["x"][kept_idx])
+    del kept
+    gc.collect()
+    assert _open_fds() <= before + 1
