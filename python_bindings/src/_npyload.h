@@ -52,6 +52,7 @@ typedef struct NpyloadPy_Loader {
      * at a time, and destroy must not race with next). */
     int busy;
     PyObject *field_names; /* tuple of str, built at start */
+    PyObject *joiner;      /* given to every batch (see NpyloadPy_Batch) */
 } NpyloadPy_Loader;
 
 typedef struct NpyloadPy_Batch {
@@ -60,8 +61,17 @@ typedef struct NpyloadPy_Batch {
     PyObject *field_names; /* tuple of str (shared with the loader) */
     Py_ssize_t live_views; /* Views alive on this batch */
     int device;            /* -1 host, k CUDA device */
-    int have_stream;       /* a consumer stream was seen by __dlpack__ */
-    void *stream;          /* ... and this is the last one (cudaStream_t) */
+    /* Every CUDA stream the batch was handed to (__dlpack__, wait_stream):
+     * distinct cudaStream_t values (NULL = legacy default) in first-seen
+     * order, PyMem-allocated. The slot is released after the work queued on
+     * all of them: on the one stream when there is one, else on the stream
+     * that `joiner` returns after making it wait for all of them. */
+    void **streams;
+    Py_ssize_t nstreams, streams_cap;
+    /* callable(device, [stream ints]) -> stream int, or NULL. The npyload
+     * package gives one built on torch (the only way device batches reach
+     * Python); the C library releases a slot on one stream only. */
+    PyObject *joiner;
 } NpyloadPy_Batch;
 
 typedef struct NpyloadPy_View {
@@ -76,12 +86,21 @@ extern PyTypeObject NpyloadPy_BatchType;
 extern PyTypeObject NpyloadPy_ViewType;
 
 /* New Batch owning `b` (released by the Batch's dealloc). Steals `b` even on
- * failure (then releases it). */
-PyObject *npyloadpy_batch_new(npyload_batch *b, PyObject *field_names);
+ * failure (then releases it). `joiner` may be NULL. */
+PyObject *npyloadpy_batch_new(npyload_batch *b, PyObject *field_names,
+                              PyObject *joiner);
+
+/* Records that `batch` was handed to CUDA stream `s` (device batches: the
+ * view's __dlpack__ and Batch.wait_stream). -1 with MemoryError set. */
+int npyloadpy_batch_note_stream(NpyloadPy_Batch *batch, void *s);
 
 /* New View on field `i` of `batch` (or on its indices when i == (size_t)-1).
  * The view holds a reference to the batch. */
 PyObject *npyloadpy_view_new(NpyloadPy_Batch *batch, size_t i);
+
+/* 0 while the interpreter is finalising (or gone): a deleter or dealloc
+ * reached then must not run Python code. */
+int npyloadpy_can_run_python(void);
 
 /* Parses an int64 from a Python int, refusing bool. */
 int npyloadpy_as_int64(PyObject *o, const char *what, int64_t *out);

@@ -68,6 +68,7 @@ static void loader_dealloc(NpyloadPy_Loader *self)
         Py_END_ALLOW_THREADS
     }
     Py_CLEAR(self->field_names);
+    Py_CLEAR(self->joiner);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -280,7 +281,7 @@ static PyObject *loader_next(NpyloadPy_Loader *self, PyObject *unused)
         Py_RETURN_NONE;
     if (rc < 0)
         return loader_error(self, rc);
-    return npyloadpy_batch_new(b, self->field_names);
+    return npyloadpy_batch_new(b, self->field_names, self->joiner);
 }
 
 static PyObject *loader_num_batches(NpyloadPy_Loader *self, PyObject *unused)
@@ -408,6 +409,19 @@ static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *unused)
         "num_slots", (unsigned long long)s.num_slots);
 }
 
+static PyObject *loader_set_stream_joiner(NpyloadPy_Loader *self, PyObject *fn)
+{
+    if (fn != Py_None && !PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "the stream joiner must be callable or None");
+        return NULL;
+    }
+    if (fn == Py_None)
+        fn = NULL;
+    Py_XINCREF(fn);
+    Py_XSETREF(self->joiner, fn);
+    Py_RETURN_NONE;
+}
+
 static PyObject *loader_get_backend(NpyloadPy_Loader *self, void *closure)
 {
     if (!self->L) {
@@ -454,6 +468,11 @@ static PyMethodDef loader_methods[] = {
      "set_state(d): resume from a get_state() dict."},
     {"stats", (PyCFunction)loader_stats, METH_NOARGS,
      "stats() -> dict: counters since start."},
+    {"_set_stream_joiner", (PyCFunction)loader_set_stream_joiner, METH_O,
+     "_set_stream_joiner(fn): fn(device, [stream ints]) -> stream int, "
+     "called when a device batch handed to several CUDA streams is released; "
+     "it must return a stream ordered after the work queued on all of them "
+     "(npyload.Loader sets one built on torch)."},
     {"close", (PyCFunction)loader_close, METH_NOARGS,
      "close(): stop the workers and free the loader now (files, rings, free "
      "slots); batches still alive keep only their own slots, until they die."},

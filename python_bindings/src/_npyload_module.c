@@ -8,6 +8,15 @@
 
 PyObject *NpyloadPy_Error = NULL;
 
+int npyloadpy_can_run_python(void)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+    return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+
 PyObject *npyloadpy_str(const char *s)
 {
     return PyUnicode_DecodeFSDefault(s ? s : "");

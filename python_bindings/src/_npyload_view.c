@@ -37,21 +37,12 @@ typedef struct dl_export {
     void *copy;      /* malloc'd data for copy=True, else NULL */
 } dl_export;
 
-static int py_finalizing(void)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-    return Py_IsFinalizing();
-#else
-    return _Py_IsFinalizing();
-#endif
-}
-
 static void dl_export_free(dl_export *e)
 {
     if (e->owner) {
         /* The interpreter may already be gone when a consumer frees its
          * tensor at exit: then the reference is leaked on purpose. */
-        if (Py_IsInitialized() && !py_finalizing()) {
+        if (npyloadpy_can_run_python()) {
             PyGILState_STATE g = PyGILState_Ensure();
             Py_DECREF(e->owner);
             PyGILState_Release(g);
@@ -246,7 +237,8 @@ PyDoc_STRVAR(dlpack_doc,
 "CUDA: `stream` is the consumer's stream (None or 1: legacy default,\n"
 "2: per-thread default, -1: no synchronisation, else a cudaStream_t as int);\n"
 "the stream is made to wait for the batch's host-to-device copy, and the\n"
-"slot is later released in order with that stream.\n"
+"slot is later released in order with it (and with every other stream the\n"
+"batch was handed to).\n"
 "copy=True copies host data into memory owned by the capsule; device data\n"
 "is never copied here (BufferError).");
 
@@ -334,8 +326,8 @@ static PyObject *view_dlpack(NpyloadPy_View *self, PyObject *args, PyObject *kw)
             if (rc < 0)
                 return npyloadpy_raise(rc, "npyload: cudaStreamWaitEvent on the "
                                            "consumer's stream failed");
-            batch->have_stream = 1;
-            batch->stream = s;
+            if (npyloadpy_batch_note_stream(batch, s) < 0)
+                return NULL;
         }
     }
 
