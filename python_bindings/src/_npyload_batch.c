@@ -111,8 +111,8 @@ static void batch_do_release(NpyloadPy_Batch *self)
     npyload_batch *b = self->b;
     if (!b)
         return;
+    self->b = NULL; /* first: the joiner runs Python code */
     void *s = release_stream_of(self);
-    self->b = NULL;
     if (self->device >= 0)
         npyload_batch_release_stream(b, s);
     else
