@@ -71,18 +71,28 @@ int mkdir_p(const char *dir)
     return 0;
 }
 
-int gen_npy_bytes(const char *descr, int fortran, int ndim, const int64_t *shape,
-                  uint64_t data_bytes, uint64_t *out)
+/* Formats the NPY header of a file named `name` into hdr[GEN_HDR_MAX].
+ * @return : its length, or -1 (said on stderr). */
+#define GEN_HDR_MAX 8192
+static int npy_header(char *hdr, const char *name, const char *descr, int fortran, int ndim,
+                      const int64_t *shape)
 {
-    char hdr[8192];
-    int hl = npyload_format_header(hdr, sizeof hdr, descr, fortran, ndim, shape);
+    int hl = npyload_format_header(hdr, GEN_HDR_MAX, descr, fortran, ndim, shape);
     if (hl <= 0) {
-        fprintf(stderr, PROG ": cannot format an NPY header for %s: %s\n", descr,
+        fprintf(stderr, PROG ": %s: cannot format the NPY header: %s\n", name,
                 npyload_strerror(hl));
         return -1;
     }
+    return hl;
+}
+
+int gen_npy_bytes(const char *descr, int fortran, int ndim, const int64_t *shape,
+                  uint64_t data_bytes, uint64_t *out)
+{
+    char hdr[GEN_HDR_MAX];
+    int hl = npy_header(hdr, descr, descr, fortran, ndim, shape);
     *out = (uint64_t)hl + data_bytes;
-    return 0;
+    return hl < 0 ? -1 : 0;
 }
 
 int gen_check_space(const char *dir, const uint64_t *sizes, int n, int64_t copies)
@@ -166,13 +176,10 @@ int writer_open(writer *w, int slot, char *buf, const char *path, const char *de
     }
     strcpy(w->path, path);
     w->buf = buf;
-    char hdr[8192];
-    int hl = npyload_format_header(hdr, sizeof hdr, descr, fortran, ndim, shape);
-    if (hl <= 0) {
-        fprintf(stderr, PROG ": %s: cannot format the NPY header: %s\n", path,
-                npyload_strerror(hl));
+    char hdr[GEN_HDR_MAX];
+    int hl = npy_header(hdr, path, descr, fortran, ndim, shape);
+    if (hl < 0)
         return -1;
-    }
     snprintf(g_tmp[slot], sizeof g_tmp[slot], "%s.tmp", path);
     g_tmp_live[slot] = 1; /* before open: the handler never misses the file */
     w->fd = open(g_tmp[slot], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
