@@ -46,6 +46,7 @@ def draw(doc, path):
     fig, axes = plt.subplots(len(panels), 1, squeeze=False,
                              figsize=(2 + 1.6 * max(len(p[1]) for p in panels.values()),
                                       1.5 + 1.2 * sum(len(p[0]) for p in panels.values())))
+    fig.subplots_adjust(bottom=0.22, right=0.85)  # room for the footer line
     cmap = "viridis_r" if stall else "viridis"
     image = None
     for ax, (io, (ws, ps, cells)) in zip(axes[:, 0], panels.items()):
@@ -57,7 +58,9 @@ def draw(doc, path):
         for (w, p), (i, r) in cells.items():
             y, x = ws.index(w), ps.index(p)
             text = (f"{r['stall_pct']:.1f}%" if stall else f"{r['gbps']:.2f}") if r["ok"] else "failed"
-            ax.text(x, y, text, ha="center", va="center", color="white")
+            r_, g_, b_, _ = image.cmap(image.norm(r[key])) if r["ok"] else (1, 1, 1, 1)
+            dark = 0.299 * r_ + 0.587 * g_ + 0.114 * b_ < 0.55
+            ax.text(x, y, text, ha="center", va="center", color="white" if dark else "black")
             if rec and rec["run_index"] == i:
                 ax.add_patch(plt.Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False,
                                            edgecolor="#e0102f", linewidth=3))
