@@ -108,6 +108,7 @@ typedef struct opts {
     int io[NB_MAX_IO], nio;
     int seconds_given;
     const char *json, *plot;
+    char plot_svg[4096];      /* --plot FILE.png: FILE.svg */
 } opts;
 
 static int parse_list(const char *s, int *out, int max, const char *what)
@@ -182,25 +183,24 @@ static int parse_device(const char *d)
     die_usage("--device: '%s' (cpu, cuda or cuda:N)", d);
 }
 
-/* --plot: FILE.svg as given; FILE.png becomes FILE.svg beside it (a PNG is
- * bench/plot_bench.py's job); any other name is refused before measuring. */
-static const char *plot_path(const char *p)
+/* --plot: FILE.svg as given; FILE.png becomes FILE.svg beside it, in `buf`
+ * (a PNG is bench/plot_bench.py's job); any other name is refused before
+ * measuring. */
+static const char *plot_path(const char *p, char *buf, size_t len)
 {
     size_t n = strlen(p);
     if (n >= 4 && !strcasecmp(p + n - 4, ".svg"))
         return p;
     if (n < 4 || strcasecmp(p + n - 4, ".png") != 0)
         die_usage("--plot: '%s': the plot is SVG; name it FILE.svg", p);
-    char *svg = malloc(n + 1);
-    if (!svg)
-        die_usage("out of memory");
-    memcpy(svg, p, n - 4);
-    memcpy(svg + n - 4, ".svg", 5);
+    if (n >= len)
+        die_usage("--plot: '%s': name too long", p);
+    snprintf(buf, len, "%.*s.svg", (int)(n - 4), p);
     fprintf(stderr,
             "npyload-bench: --plot %s: the plot is SVG, written to %s (for a PNG: python3 "
             "bench/plot_bench.py BENCH.json %s)\n",
-            p, svg, p);
-    return svg;
+            p, buf, p);
+    return buf;
 }
 
 /* name=GLOB: one field. */
@@ -272,7 +272,7 @@ static void apply_opt(nb_ctx *ctx, nb_config *cfg, opts *o, int opt, const char 
     case OPT_COLD: cfg->cold = 1; break;
     case OPT_DIRECT: cfg->direct = 1; break;
     case OPT_JSON: o->json = v; break;
-    case OPT_PLOT: o->plot = plot_path(v); break;
+    case OPT_PLOT: o->plot = plot_path(v, o->plot_svg, sizeof o->plot_svg); break;
     case 'q': ctx->quiet = 1; break;
     }
 }
