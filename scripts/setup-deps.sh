@@ -194,18 +194,24 @@ if ((${#MISSING[@]})); then
       fi
     fi
     if [[ ${SUDO[*]-} != false ]]; then
-      say "installing: ${pkgs[*]}"
-      export DEBIAN_FRONTEND=noninteractive
-      if "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2; then
-        inst=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends)
-        if ! "${SUDO[@]}" "${inst[@]}" "${pkgs[@]}" >&2 &&
+      log=$(mktemp "${TMPDIR:-/tmp}/npyload-apt.XXXXXX")
+      apt_quiet() {  # apt_quiet ARGS...: quiet, the log's tail on failure
+        if "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -y -qq "$@" >"$log" 2>&1; then
+          return 0
+        fi
+        tail -n 15 "$log" >&2; return 1
+      }
+      say "apt-get update, then install: ${pkgs[*]}"
+      if apt_quiet update; then
+        if ! apt_quiet install --no-install-recommends "${pkgs[@]}" &&
            ((${#req[@]} < ${#pkgs[@]})) && ((${#req[@]})); then
           say "retrying without the optional packages"
-          "${SUDO[@]}" "${inst[@]}" "${req[@]}" >&2
+          apt_quiet install --no-install-recommends "${req[@]}"
         fi
       else
         say "apt-get update failed"
       fi
+      rm -f "$log"
     fi
   fi
   hash -r
