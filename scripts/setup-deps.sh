@@ -90,7 +90,7 @@ check_debs() {
   if ! have_cmd ninja && ! have_cmd make; then need ninja-build required "a build tool (ninja or make)"; fi
   have_pc libzstd libzstd-dev || need libzstd-dev required "libzstd"
   have_pc liburing liburing-dev ||
-    need liburing-dev optional "liburing (without it io_uring is compiled out; npyload runs on pread)"
+    need liburing-dev optional "liburing: io_uring will be compiled out and npyload will run on pread"
   if wants test; then
     have_pc criterion libcriterion-dev || need libcriterion-dev required "Criterion (C tests)"
     have_cmd zstd || need zstd required "the zstd command"
@@ -219,15 +219,14 @@ if ((${#MISSING[@]})); then
   check_debs
 fi
 
-fail=0
+fail=0 rmiss=()
 for m in "${MISSING[@]}"; do
   IFS='|' read -r p r what <<<"$m"
-  if [[ $r == required ]]; then
-    say "ERROR: still missing $what (Debian package $p)"; fail=1
-  else
-    say "note: $what is not installed (Debian package $p)"
-  fi
+  if [[ $r == required ]]; then rmiss+=("$p"); else say "note: optional, not installed: $what"; fi
 done
+if ((${#rmiss[@]})); then
+  say "ERROR: required Debian packages missing: ${rmiss[*]}"; fail=1
+fi
 
 # ---- Python packages --------------------------------------------------------
 if wants test && [[ $fail == 0 ]]; then
