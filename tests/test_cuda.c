@@ -7,6 +7,9 @@
  *    a GPU they skip, visibly.
  *  - "GPU" tests exercise the handle on device 0; without one they skip,
  *    visibly, with the reason npyload_cuda_available gives.
+ *  - "fake" tests drive the loader's device path on the fake runtime
+ *    (tests/gpu/fake_cudart.c): call counts and injected failures, on any
+ *    machine.
  * Kernel-level and loader-on-GPU tests live in tests/gpu (they need nvcc). */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
@@ -18,6 +21,7 @@
 #include <string.h>
 
 #include "cuda/npyload_cuda.h"
+#include "gpu/fake_cudart.h"
 #include "npyload.h"
 #include "testutil.h"
 
@@ -467,4 +471,176 @@ Test(cuda_nogpu, compute_sim_refused_with_reason)
     cr_assert_eq(npyload_compute_sim_busy(NULL, 1000), NPYLOAD_EINVAL);
     cr_assert_null(npyload_compute_sim_stream(NULL));
     npyload_compute_sim_destroy(NULL);
+}
+
+/* ---- the loader's device path on the fake runtime ---- */
+
+/* Loads the fake runtime into this (forked) test process: lib/cuda then
+ * opens it, as a runtime the process already has, instead of any real one. */
+static fake_cudart *load_fake(void)
+{
+#ifndef NPYLOAD_FAKE_CUDART
+    cr_skip_test("built without tests/gpu/fake_cudart.c");
+    return NULL;
+#else
+    void *h = dlopen(NPYLOAD_FAKE_CUDART, RTLD_NOW | RTLD_LOCAL);
+    cr_assert_not_null(h, "%s", dlerror());
+    fake_cudart_control_fn ctl = (fake_cudart_control_fn)dlsym(h, "fake_cudart_control");
+    cr_assert_not_null(ctl);
+    fake_cudart *f = ctl();
+    npyl_cuda *c = NULL;
+    char why[256];
+    cr_assert_eq(npyl_cuda_open(&c, 0, why, sizeof why), 0, "%s", why);
+    int before = atomic_load(&f->n_set_device);
+    cr_assert_eq(npyl_cuda_bind_thread(c), 0);
+    cr_assert_eq(atomic_load(&f->n_set_device), before + 1,
+                 "lib/cuda did not pick up the fake runtime");
+    npyl_cuda_close(c);
+    return f;
+#endif
+}
+
+/* A started device-mode loader over small_field (13 rows of 64 bytes). */
+static npyload_loader *fake_loader(const char *glob, int64_t batch, int64_t workers,
+                                   int64_t prefetch)
+{
+    npyload_loader *L = NULL;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "x", glob), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, batch), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, workers), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, prefetch), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DEVICE, 0), 0, "%s",
+                 npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    return L;
+}
+
+/* The fake's device memory is host memory: compare with the file bytes. */
+static void check_fake_batch(npyload_batch *b)
+{
+    const npyload_array *a = npyload_batch_field(b, 0);
+    cr_assert_eq(a->device, 0);
+    const int64_t *idx = npyload_batch_indices(b);
+    const uint8_t *p = a->data;
+    for (size_t r = 0; r < npyload_batch_size(b); r++)
+        for (size_t i = 0; i < 64; i++)
+            cr_assert_eq(p[r * 64 + i], tu_byte(1, (uint64_t)idx[r], i),
+                         "row %zu (sample %lld) byte %zu", r, (long long)idx[r], i);
+}
+
+static int dummy_stream_storage;
+#define DUMMY_STREAM ((void *)&dummy_stream_storage)
+
+Test(cuda_fake, workers_release_staging_on_events_not_stream_syncs)
+{
+    fake_cudart *f = load_fake();
+    char *dir;
+    char *glob = small_field(&dir);
+    npyload_loader *L = fake_loader(glob, 2, 2, 3);
+    size_t rows = 0, batches = 0;
+    for (uint64_t e = 0; e < 3; e++) {
+        cr_assert_eq(npyload_loader_set_epoch(L, e), 0);
+        npyload_batch *b;
+        int rc;
+        while ((rc = npyload_loader_next(L, &b)) == 0) {
+            check_fake_batch(b);
+            rows += npyload_batch_size(b);
+            batches++;
+            npyload_batch_release(b);
+        }
+        cr_assert_eq(rc, NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
+    }
+    cr_assert_eq(rows, 3 * 13);
+    /* The worker never blocks on its stream after a copy: the staging slot
+     * is released by the copy's event. */
+    cr_assert_eq(atomic_load(&f->n_stream_sync), 0,
+                 "%d cudaStreamSynchronize calls for %zu batches",
+                 atomic_load(&f->n_stream_sync), batches);
+    npyload_stats st;
+    cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+    cr_assert_eq(st.h2d_bytes, rows * 64);
+    int copies = atomic_load(&f->n_memcpy_async);
+    cr_assert_eq((size_t)copies, batches, "one copy per batch (one field)");
+    npyload_loader_destroy(L);
+    /* Every copy's staging event was waited on exactly once before its slot
+     * was written again or freed (reuse or destroy); nothing else here waits
+     * on events (plain release, no batch_sync). */
+    cr_assert_eq(atomic_load(&f->n_event_sync), copies,
+                 "%d event waits for %d copies", atomic_load(&f->n_event_sync), copies);
+    cr_assert_eq(atomic_load(&f->n_stream_sync), 0);
+    free(glob);
+    tu_rmtree(dir);
+}
+
+Test(cuda_fake, release_stream_without_context_waits_on_host)
+{
+    fake_cudart *f = load_fake();
+    char *dir;
+    char *glob = small_field(&dir);
+    npyload_loader *L = fake_loader(glob, 4, 1, 2);
+    npyload_batch *b;
+    cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+    check_fake_batch(b);
+    atomic_store(&f->watch, DUMMY_STREAM);
+    atomic_store(&f->fail_get_device, 1); /* npyl_cuda_enter fails */
+    npyload_batch_release_stream(b, DUMMY_STREAM);
+    atomic_store(&f->fail_get_device, 0);
+    /* No event could be recorded: the slot goes back only after a host wait
+     * for the stream. */
+    cr_assert_eq(atomic_load(&f->n_watch_sync), 1,
+                 "the slot was handed back without an event or a wait");
+    int rc, n = 1;
+    while ((rc = npyload_loader_next(L, &b)) == 0) {
+        check_fake_batch(b);
+        n++;
+        npyload_batch_release_stream(b, DUMMY_STREAM);
+    }
+    cr_assert_eq(rc, NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(n, 4);
+    npyload_loader_destroy(L);
+    free(glob);
+    tu_rmtree(dir);
+}
+
+/* Neither an event nor a host wait possible: the slot must never come back. */
+static void poisoned_release(void *stream, int fail_sync)
+{
+    fake_cudart *f = load_fake();
+    char *dir;
+    char *glob = small_field(&dir);
+    npyload_loader *L = fake_loader(glob, 4, 1, 1); /* one device slot */
+    npyload_batch *b;
+    cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+    atomic_store(&f->fail_get_device, 1);
+    atomic_store(&f->fail_stream_sync, fail_sync);
+    npyload_batch_release_stream(b, stream);
+    atomic_store(&f->fail_get_device, 0);
+    atomic_store(&f->fail_stream_sync, 0);
+    int rc = npyload_loader_next(L, &b);
+    cr_assert_eq(rc, NPYLOAD_ECUDA, "next() returned %d (%s)", rc, npyload_strerror(rc));
+    const char *m = npyload_loader_errmsg(L);
+    cr_log_info("%s", m);
+    cr_assert(strstr(m, "releasing batch 0") && strstr(m, "withdrawn"), "message: %s", m);
+    cr_assert_eq(npyload_loader_next(L, &b), NPYLOAD_ECUDA, "the failure is sticky");
+    /* set_epoch clears the failure, but the only device slot stays out:
+     * next() says so instead of waiting forever or reusing it. */
+    cr_assert_eq(npyload_loader_set_epoch(L, 1), 0);
+    rc = npyload_loader_next(L, &b);
+    cr_assert_eq(rc, NPYLOAD_EHELD, "next() returned %d: %s", rc, npyload_loader_errmsg(L));
+    cr_assert(strstr(npyload_loader_errmsg(L), "withdrawn"), "%s", npyload_loader_errmsg(L));
+    npyload_loader_destroy(L); /* frees the withdrawn slot too (ASan: no leak) */
+    free(glob);
+    tu_rmtree(dir);
+}
+
+Test(cuda_fake, release_null_stream_without_context_poisons_slot)
+{
+    poisoned_release(NULL, 0); /* the legacy stream of which device? unknown */
+}
+
+Test(cuda_fake, release_stream_wait_failing_poisons_slot)
+{
+    poisoned_release(DUMMY_STREAM, 1);
 }
