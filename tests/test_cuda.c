@@ -23,6 +23,7 @@
 #include "cuda/npyload_cuda.h"
 #include "gpu/fake_cudart.h"
 #include "npyload.h"
+#include "npyload_bench_support.h"
 #include "testutil.h"
 
 /* ---- helpers ---- */

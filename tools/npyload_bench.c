@@ -12,6 +12,7 @@
  * recommendation, JSON, the heatmap) lives in npyload_bench_report.c. */
 #include "npyload.h"
 #include "npyload_bench.h"
+#include "npyload_bench_support.h" /* unstable: h2d ceiling, GPU busy step */
 
 #include <dlfcn.h>
 #include <errno.h>
