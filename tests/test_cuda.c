@@ -476,6 +476,20 @@ Test(cuda_nogpu, compute_sim_refused_with_reason)
 
 /* ---- the loader's device path on the fake runtime ---- */
 
+static int (*fake_stream_create)(void **, unsigned);
+static int (*fake_stream_sync)(void *);
+static int (*fake_memcpy_async)(void *, const void *, size_t, int, void *);
+
+/* A consumer stream of the fake runtime, watched: its syncs are counted
+ * apart from the loader's. */
+static void *consumer_stream(fake_cudart *f)
+{
+    void *s = NULL;
+    cr_assert_eq(fake_stream_create(&s, 1), 0);
+    atomic_store(&f->watch, s);
+    return s;
+}
+
 /* Loads the fake runtime into this (forked) test process: lib/cuda then
  * opens it, as a runtime the process already has, instead of any real one. */
 static fake_cudart *load_fake(void)
@@ -489,6 +503,10 @@ static fake_cudart *load_fake(void)
     fake_cudart_control_fn ctl = (fake_cudart_control_fn)dlsym(h, "fake_cudart_control");
     cr_assert_not_null(ctl);
     fake_cudart *f = ctl();
+    *(void **)&fake_stream_create = dlsym(h, "cudaStreamCreateWithFlags");
+    *(void **)&fake_stream_sync = dlsym(h, "cudaStreamSynchronize");
+    *(void **)&fake_memcpy_async = dlsym(h, "cudaMemcpyAsync");
+    cr_assert(fake_stream_create && fake_stream_sync && fake_memcpy_async);
     npyl_cuda *c = NULL;
     char why[256];
     cr_assert_eq(npyl_cuda_open(&c, 0, why, sizeof why), 0, "%s", why);
@@ -531,12 +549,20 @@ static void check_fake_batch(npyload_batch *b)
                          "row %zu (sample %lld) byte %zu", r, (long long)idx[r], i);
 }
 
-static int dummy_stream_storage;
-#define DUMMY_STREAM ((void *)&dummy_stream_storage)
+/* The consumer's side of a device batch: its stream waits for the copy, the
+ * host waits for its stream (the fake runs queued copies only then), then
+ * the bytes are compared with the files'. */
+static void consume_fake_batch(npyload_batch *b, void *cs)
+{
+    cr_assert_eq(npyload_batch_wait_stream(b, cs), 0);
+    cr_assert_eq(fake_stream_sync(cs), 0);
+    check_fake_batch(b);
+}
 
 Test(cuda_fake, workers_release_staging_on_events_not_stream_syncs)
 {
     fake_cudart *f = load_fake();
+    void *cs = consumer_stream(f);
     char *dir;
     char *glob = small_field(&dir);
     npyload_loader *L = fake_loader(glob, 2, 2, 3);
@@ -546,7 +572,7 @@ Test(cuda_fake, workers_release_staging_on_events_not_stream_syncs)
         npyload_batch *b;
         int rc;
         while ((rc = npyload_loader_next(L, &b)) == 0) {
-            check_fake_batch(b);
+            consume_fake_batch(b, cs);
             rows += npyload_batch_size(b);
             batches++;
             npyload_batch_release(b);
@@ -555,10 +581,11 @@ Test(cuda_fake, workers_release_staging_on_events_not_stream_syncs)
     }
     cr_assert_eq(rows, 3 * 13);
     /* The worker never blocks on its stream after a copy: the staging slot
-     * is released by the copy's event. */
-    cr_assert_eq(atomic_load(&f->n_stream_sync), 0,
-                 "%d cudaStreamSynchronize calls for %zu batches",
-                 atomic_load(&f->n_stream_sync), batches);
+     * is released by the copy's event. (The consumer's own stream syncs are
+     * counted apart.) */
+    int loader_syncs = atomic_load(&f->n_stream_sync) - atomic_load(&f->n_watch_sync);
+    cr_assert_eq(loader_syncs, 0, "%d cudaStreamSynchronize calls by the loader for %zu "
+                 "batches", loader_syncs, batches);
     npyload_stats st;
     cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
     cr_assert_eq(st.h2d_bytes, rows * 64);
@@ -570,7 +597,73 @@ Test(cuda_fake, workers_release_staging_on_events_not_stream_syncs)
      * on events (plain release, no batch_sync). */
     cr_assert_eq(atomic_load(&f->n_event_sync), copies,
                  "%d event waits for %d copies", atomic_load(&f->n_event_sync), copies);
-    cr_assert_eq(atomic_load(&f->n_stream_sync), 0);
+    cr_assert_eq(atomic_load(&f->n_stream_sync) - atomic_load(&f->n_watch_sync), 0);
+    free(glob);
+    tu_rmtree(dir);
+}
+
+/* A batch read by the consumer on its stream, checked later. */
+typedef struct late_read {
+    uint8_t bytes[3 * 64];
+    int64_t idx[3];
+    size_t rows;
+} late_read;
+
+static void check_late_reads(late_read *r, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        for (size_t row = 0; row < r[k].rows; row++)
+            for (size_t i = 0; i < 64; i++)
+                cr_assert_eq(r[k].bytes[row * 64 + i], tu_byte(1, (uint64_t)r[k].idx[row], i),
+                             "read %zu row %zu (sample %lld) byte %zu: overwritten before "
+                             "the consumer's stream read it", k, row, (long long)r[k].idx[row], i);
+}
+
+/* The host never waits: the consumer's stream waits for each batch, reads it
+ * (an async device-to-host copy, run as late as the fake may), and the batch
+ * is released on that stream at once. Several workers, deep prefetch, epochs
+ * abandoned mid-way, a batch held across destroy. The fake runs every copy
+ * as late as CUDA may, so a staging slot written before its copy ran, or a
+ * device slot refilled before the consumer's read, shows as wrong bytes. */
+Test(cuda_fake, late_copies_deliver_file_bytes)
+{
+    fake_cudart *f = load_fake();
+    void *cs = consumer_stream(f);
+    char *dir;
+    char *glob = small_field(&dir);
+    npyload_loader *L = fake_loader(glob, 3, 3, 4);
+    enum { MAXR = 64 };
+    late_read *reads = calloc(MAXR, sizeof *reads);
+    size_t nr = 0;
+    npyload_batch *b, *kept = NULL;
+    for (uint64_t e = 0; e < 6; e++) {
+        cr_assert_eq(npyload_loader_set_epoch(L, e), 0);
+        int rc, k = 0;
+        while ((rc = npyload_loader_next(L, &b)) == 0) {
+            cr_assert_lt(nr, (size_t)MAXR);
+            late_read *r = &reads[nr++];
+            r->rows = npyload_batch_size(b);
+            memcpy(r->idx, npyload_batch_indices(b), r->rows * sizeof *r->idx);
+            cr_assert_eq(npyload_batch_wait_stream(b, cs), 0);
+            cr_assert_eq(fake_memcpy_async(r->bytes, npyload_batch_field(b, 0)->data,
+                                           r->rows * 64, 2 /* D2H */, cs), 0);
+            if (e == 5 && !kept) {
+                kept = b;
+                continue;
+            }
+            npyload_batch_release_stream(b, cs);
+            if (e % 2 && ++k == 2)
+                break; /* abandon the epoch with copies in flight */
+        }
+        cr_assert(rc == 0 || rc == NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
+    }
+    cr_assert_eq(fake_stream_sync(cs), 0);
+    check_late_reads(reads, nr);
+    npyload_loader_destroy(L);
+    cr_assert_not_null(kept);
+    check_fake_batch(kept); /* outlives the loader */
+    npyload_batch_release_stream(kept, cs);
+    free(reads);
     free(glob);
     tu_rmtree(dir);
 }
@@ -580,23 +673,24 @@ Test(cuda_fake, release_stream_without_context_waits_on_host)
     fake_cudart *f = load_fake();
     char *dir;
     char *glob = small_field(&dir);
+    void *cs = consumer_stream(f);
     npyload_loader *L = fake_loader(glob, 4, 1, 2);
     npyload_batch *b;
     cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
-    check_fake_batch(b);
-    atomic_store(&f->watch, DUMMY_STREAM);
+    consume_fake_batch(b, cs);
+    int before = atomic_load(&f->n_watch_sync);
     atomic_store(&f->fail_get_device, 1); /* npyl_cuda_enter fails */
-    npyload_batch_release_stream(b, DUMMY_STREAM);
+    npyload_batch_release_stream(b, cs);
     atomic_store(&f->fail_get_device, 0);
     /* No event could be recorded: the slot goes back only after a host wait
      * for the stream. */
-    cr_assert_eq(atomic_load(&f->n_watch_sync), 1,
+    cr_assert_eq(atomic_load(&f->n_watch_sync), before + 1,
                  "the slot was handed back without an event or a wait");
     int rc, n = 1;
     while ((rc = npyload_loader_next(L, &b)) == 0) {
-        check_fake_batch(b);
+        consume_fake_batch(b, cs);
         n++;
-        npyload_batch_release_stream(b, DUMMY_STREAM);
+        npyload_batch_release_stream(b, cs);
     }
     cr_assert_eq(rc, NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
     cr_assert_eq(n, 4);
@@ -606,9 +700,10 @@ Test(cuda_fake, release_stream_without_context_waits_on_host)
 }
 
 /* Neither an event nor a host wait possible: the slot must never come back. */
-static void poisoned_release(void *stream, int fail_sync)
+static void poisoned_release(int null_stream, int fail_sync)
 {
     fake_cudart *f = load_fake();
+    void *stream = null_stream ? NULL : consumer_stream(f);
     char *dir;
     char *glob = small_field(&dir);
     npyload_loader *L = fake_loader(glob, 4, 1, 1); /* one device slot */
@@ -638,10 +733,10 @@ static void poisoned_release(void *stream, int fail_sync)
 
 Test(cuda_fake, release_null_stream_without_context_poisons_slot)
 {
-    poisoned_release(NULL, 0); /* the legacy stream of which device? unknown */
+    poisoned_release(1, 0); /* the legacy stream of which device? unknown */
 }
 
 Test(cuda_fake, release_stream_wait_failing_poisons_slot)
 {
-    poisoned_release(DUMMY_STREAM, 1);
+    poisoned_release(0, 1);
 }

@@ -17,6 +17,8 @@ typedef struct fake_cudart {
      * or cudaEventQuery answer cudaErrorNotReady */
     atomic_int fail_get_device, fail_set_device, fail_stream_sync,
         fail_event_record, query_not_ready;
+    /* nonzero: run every copy and record at once instead of queueing */
+    atomic_int immediate;
 } fake_cudart;
 
 typedef fake_cudart *(*fake_cudart_control_fn)(void);
