@@ -137,7 +137,7 @@ def report(out):
             errs = sanitizer_errors(log(out, n))
             ok = steps[n]["rc"] == 0 and errs == 0
             check(n, ok, f"{errs if errs is not None else '?'} errors (exit {steps[n]['rc']})",
-                  "0 errors")
+                  "0 errors", steps[n]["note"])
 
     h2d = load_json(out / "bench_h2d.json")
     figures = {}
