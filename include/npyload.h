@@ -495,37 +495,6 @@ NPYLOAD_API int64_t npyload_order_indices(int64_t n, int shuffle, int64_t seed,
  * programs never need CUDA libraries. */
 NPYLOAD_API int npyload_cuda_available(int device, char *why, size_t whylen);
 
-/*! npyload_cuda_h2d_bandwidth() : measures pinned host-to-device
- * cudaMemcpyAsync bandwidth on `device` with `bytes` per copy, `iters`
- * copies, on a non-blocking stream; writes GB/s (1e9 bytes/s) to *gbps.
- * @return : 0, NPYLOAD_ENOCUDA or NPYLOAD_ECUDA. */
-NPYLOAD_API int npyload_cuda_h2d_bandwidth(int device, size_t bytes, int iters,
-                                           double *gbps);
-
-/* ---- A stand-in for GPU compute (benchmarks, tests) ---- */
-
-/*! npyload_compute_sim: a non-blocking CUDA stream on a device and a kernel
- * that keeps it busy for a given time, so programs without CUDA headers (the
- * tools, tests) can stand in for a training step: take a batch, make the
- * simulator's stream wait for it (npyload_batch_wait_stream), queue
- * npyload_compute_sim_busy, release with npyload_batch_release_stream. The
- * kernel is PTX JIT-compiled by the driver; nothing here needs nvcc. */
-typedef struct npyload_compute_sim npyload_compute_sim;
-
-/*! npyload_compute_sim_create() :
- * @return : 0, NPYLOAD_ENOCUDA (reason in `why`) or NPYLOAD_ECUDA. */
-NPYLOAD_API int npyload_compute_sim_create(int device, npyload_compute_sim **out,
-                                           char *why, size_t whylen);
-/*! npyload_compute_sim_stream() : its stream (a cudaStream_t). */
-NPYLOAD_API void *npyload_compute_sim_stream(const npyload_compute_sim *s);
-/*! npyload_compute_sim_busy() : queues a kernel that spins for `ns`
- * nanoseconds (GPU global timer) on the stream; returns at once. */
-NPYLOAD_API int npyload_compute_sim_busy(npyload_compute_sim *s, uint64_t ns);
-/*! npyload_compute_sim_sync() : waits on the host for the stream. */
-NPYLOAD_API int npyload_compute_sim_sync(npyload_compute_sim *s);
-/*! npyload_compute_sim_destroy() : waits for the stream, frees. NULL-safe. */
-NPYLOAD_API void npyload_compute_sim_destroy(npyload_compute_sim *s);
-
 #ifdef __cplusplus
 }
 #endif

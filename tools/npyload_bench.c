@@ -12,7 +12,8 @@
  * the recommendation (npyload_bench_recommend.c) and the reports
  * (npyload_bench_report.c, npyload_bench_plot.c).
  *
- * Uses nothing of lib/: only include/npyload.h, libc, pthreads, and liburing
+ * Uses nothing of lib/ but include/npyload.h and the unstable bench-only
+ * include/npyload_bench_support.h; libc, pthreads, and liburing
  * for the raw O_DIRECT read ceiling. */
 #include "npyload_bench_measure.h"
 

@@ -2,6 +2,7 @@
  * helpers (npyload_cuda_h2d_bandwidth, npyload_compute_sim_*), so that a
  * move of those helpers to a bench-only header is an edit here alone. */
 #include "npyload_bench_measure.h"
+#include "npyload_bench_support.h" /* unstable, bench/test only: h2d ceiling, GPU busy step */
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -18,10 +18,21 @@
  *    set_state start a new generation; work of an older generation is
  *    discarded when it finishes (its slot goes back to FREE) — in-flight
  *    reads are never cancelled, they land in memory the loader still owns.
+ *  - Device mode, staging slots: a worker queues the copy of its host slot
+ *    on its own stream, records the slot's ev_done after it, and hands the
+ *    slot back FREE with copy_pending set, without waiting: it goes on to
+ *    read its next batch while the copy runs. Whoever claims a FREE slot
+ *    with copy_pending waits on its ev_done (no lock held) before reading
+ *    into it; claims prefer slots without a pending copy. The copy itself
+ *    waits only on device events already recorded (the previous copy into
+ *    the device slot, the consumer's release), so no host wait can deadlock.
+ *    npyl_pipeline_stop waits for every pending copy before memory is freed.
  *  - Slots handed to the caller are HELD until released. Destroy with slots
  *    HELD joins the workers and frees everything but those slots, the slot
  *    arrays, the fields and the CUDA context their release needs ("zombie");
- *    the last release frees the rest.
+ *    the last release frees the rest. A device slot released on a stream that can be
+ *    neither ordered by an event nor waited for is POISONED: never reused
+ *    (see release() in npyload_pipeline.c).
  */
 #ifndef NPYLOAD_LOADER_INTERNAL_H
 #define NPYLOAD_LOADER_INTERNAL_H
@@ -74,7 +85,7 @@ typedef struct npyl_field {
     uint64_t dev_off;     /* where the field starts in a device slot */
 } npyl_field;
 
-enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_READY, SLOT_HELD };
+enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_READY, SLOT_HELD, SLOT_POISONED };
 
 /* A slot: host staging memory (host slots) or device memory (device slots).
  * In host mode the host slots are also the batches handed out. */
@@ -90,10 +101,15 @@ typedef struct npyl_slot {
     uint8_t *mem;
     npyload_array *arrays; /* one per field, pointing into mem */
     npyload_batch *batch;  /* the handle given to the caller */
-    /* device slots only: */
+    /* device mode: */
     void *ev_done, *ev_release; /* copy done (recorded by the copying
-                                   worker), slot released (by the consumer) */
+                                   worker; on a staging slot: the copy that
+                                   reads it), slot released (by the consumer;
+                                   device slots only) */
+    void *ev_start;       /* staging slots: before the copy (timing); created
+                             by the first worker that copies from the slot */
     int release_pending;  /* [mu] ev_release recorded and not yet waited on */
+    int copy_pending;     /* [mu] staging slot: ev_done not yet waited on */
 } npyl_slot;
 
 struct npyload_batch {
@@ -109,7 +125,8 @@ typedef struct npyl_worker {
     npyl_io *io;
     npyl_io_req *reqs;    /* batch_size x nfields capacity */
     void *stream;         /* device mode: this worker's copy stream */
-    void *ev_start, *ev_end; /* device mode: times this worker's copies */
+    void *ev_start, *ev_end; /* unused: copies are timed per staging slot
+                                (npyl_slot.ev_start/ev_done) */
     char errmsg[NPYL_ERRMSG_LEN];
 } npyl_worker;
 
@@ -161,7 +178,9 @@ struct npyload_loader {
     int64_t gen_first_seq;    /* where the generation began (resume) */
 
     size_t held;              /* [mu] batch slots held by the caller */
-    int failed;               /* [mu] an error was handed out; until set_epoch */
+    int failed;               /* [mu] until set_epoch: 1 an error was handed
+                                 out; 2 a release poisoned a slot (errmsg
+                                 says why; next() returns NPYLOAD_ECUDA) */
     int stopping;             /* [mu] workers exit */
     int zombie;               /* [mu] destroyed with batches held */
 
