@@ -35,5 +35,5 @@ fi
   "images=$DATA/images/train/train_*.npy" \
   "heatmaps=$DATA/labels/train/train_*_heatmaps.npy" \
   "offsets=$DATA/labels/train/train_*_offsets.npy" \
-  --shuffle --batch-size 128 --json "$DATA/bench.json" --plot "$DATA/bench.png" "$@"
-echo "JSON: $DATA/bench.json  plot: $DATA/bench.png"
+  --shuffle --batch-size 128 --json "$DATA/bench.json" --plot "$DATA/bench.svg" "$@"
+echo "JSON: $DATA/bench.json  plot: $DATA/bench.svg"
