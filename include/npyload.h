@@ -57,7 +57,8 @@ extern "C" {
     XX(CUDA, -10010, "CUDA runtime call failed")                              \
     XX(NOURING, -10011, "io_uring is not usable here")                        \
     XX(CHANGED, -10012, "file changed after the loader started")            \
-    XX(HELD, -10013, "all batch slots are held by the caller")
+    XX(HELD, -10013, "all batch slots are held by the caller")                \
+    XX(FORKED, -10014, "loader used in a child process after fork()")
 
 typedef enum npyload_error {
 #define NPYLOAD_XX_ENUM(name, code, msg) NPYLOAD_E##name = (code),
@@ -179,31 +180,38 @@ typedef enum npyload_shuffle {
     NPYLOAD_SHUFFLE_LOCAL = 2
 } npyload_shuffle;
 
-/*! Options for npyload_loader_set(). 0 means "default" where a default is
- * documented. All options must be set before npyload_loader_start(); setting
- * one afterwards fails with NPYLOAD_ESTATE. */
+/*! NPYLOAD_OPTION_MAP: the one table of options, XX(NAME, value, doc). It
+ * generates the enum below (NPYLOAD_OPT_NAME = value) and the names the
+ * library's messages use. */
+#define NPYLOAD_OPTION_MAP(XX)                                                 \
+    XX(BATCH_SIZE, 1, "samples per batch, >= 1; default 1")                   \
+    XX(NUM_WORKERS, 2, "worker threads, >= 1; 0 = default 2")                 \
+    XX(PREFETCH, 3, "batch slots, >= 1; 0 = default 2 x workers. Memory is "  \
+                    "PREFETCH x batch bytes.")                                \
+    XX(SHUFFLE, 4, "npyload_shuffle; default NONE")                           \
+    XX(SEED, 5, "any int64; default 0")                                       \
+    XX(DROP_LAST, 6, "0/1: see Order semantics below")                        \
+    XX(RANK, 7, "0 <= rank < world_size; default 0")                          \
+    XX(WORLD_SIZE, 8, ">= 1; default 1")                                      \
+    XX(IO_BACKEND, 9, "npyload_io_backend; default AUTO")                     \
+    XX(DEVICE, 10, "-1 = host memory (default), k >= 0 = CUDA device k")      \
+    XX(DIRECT_IO, 11, "0/1: O_DIRECT reads (bypass the page cache); "         \
+                      "unaligned data offsets handled by aligned over-reads. " \
+                      "Default 0.")                                           \
+    XX(SHUFFLE_WINDOW, 12, "files per window in LOCAL shuffle; 0 = default 8") \
+    XX(QUEUE_DEPTH, 13, "reads in flight per worker (io_uring); 0 = default "  \
+                        "32")                                                 \
+    XX(PIN_MEMORY, 14, "-1 auto (pin when CUDA is usable, default), 0 never, " \
+                       "1 require")
+
+/*! Options for npyload_loader_set(), generated from NPYLOAD_OPTION_MAP. 0
+ * means "default" where a default is documented. All options must be set
+ * before npyload_loader_start(); setting one afterwards fails with
+ * NPYLOAD_ESTATE. */
 typedef enum npyload_option {
-    NPYLOAD_OPT_BATCH_SIZE = 1,   /* samples per batch, >= 1; default 1 */
-    NPYLOAD_OPT_NUM_WORKERS = 2,  /* worker threads, >= 1; 0 = default 2 */
-    NPYLOAD_OPT_PREFETCH = 3,     /* batch slots, >= 1; 0 = default 2 x workers.
-                                     Memory is PREFETCH x batch bytes. */
-    NPYLOAD_OPT_SHUFFLE = 4,      /* npyload_shuffle; default NONE */
-    NPYLOAD_OPT_SEED = 5,         /* any int64; default 0 */
-    NPYLOAD_OPT_DROP_LAST = 6,    /* 0/1: see "Order semantics" below */
-    NPYLOAD_OPT_RANK = 7,         /* 0 <= rank < world_size; default 0 */
-    NPYLOAD_OPT_WORLD_SIZE = 8,   /* >= 1; default 1 */
-    NPYLOAD_OPT_IO_BACKEND = 9,   /* npyload_io_backend; default AUTO */
-    NPYLOAD_OPT_DEVICE = 10,      /* -1 = host memory (default), k >= 0 = CUDA
-                                     device k */
-    NPYLOAD_OPT_DIRECT_IO = 11,   /* 0/1: O_DIRECT reads (bypass the page
-                                     cache); unaligned data offsets handled by
-                                     aligned over-reads. Default 0. */
-    NPYLOAD_OPT_SHUFFLE_WINDOW = 12, /* files per window in LOCAL shuffle;
-                                        0 = default 8 */
-    NPYLOAD_OPT_QUEUE_DEPTH = 13, /* reads in flight per worker (io_uring);
-                                     0 = default 32 */
-    NPYLOAD_OPT_PIN_MEMORY = 14   /* -1 auto (pin when CUDA is usable,
-                                     default), 0 never, 1 require */
+#define NPYLOAD_XX_OPT(name, value, doc) NPYLOAD_OPT_##name = (value),
+    NPYLOAD_OPTION_MAP(NPYLOAD_XX_OPT)
+#undef NPYLOAD_XX_OPT
 } npyload_option;
 
 /*! Order semantics (identical in C and Python).
@@ -230,9 +238,16 @@ NPYLOAD_API int npyload_loader_create(npyload_loader **out);
 /*! npyload_loader_destroy() :
  * Stops the workers, waits for reads and copies in flight, frees every slot.
  * NULL-safe. Safe mid-epoch with workers busy. Batches still held by the
- * caller stay valid until they are released: the loader's memory lives until
- * its last batch is released (npyload_batch_release() then frees it).
- * Must not race with other calls on the same loader. */
+ * caller stay valid until they are released: destroy then joins the workers
+ * and frees every descriptor, io_uring ring and slot except the held ones;
+ * the last npyload_batch_release() frees those and the handle.
+ * Must not race with other calls on the same loader.
+ * fork(): a loader belongs to the process that created it. In a child
+ * process every call on an inherited loader or batch returns
+ * NPYLOAD_EFORKED (create a new loader in the child); there,
+ * npyload_loader_destroy() and npyload_batch_release() return at once and
+ * free nothing: the worker threads, locks and descriptors they would touch
+ * are the parent's, so the child's copy is deliberately leaked. */
 NPYLOAD_API void npyload_loader_destroy(npyload_loader *L);
 
 /*! npyload_loader_add_field() :
@@ -259,8 +274,12 @@ NPYLOAD_API int npyload_loader_add_field_files(npyload_loader *L,
 NPYLOAD_API int npyload_loader_set(npyload_loader *L, npyload_option opt,
                                    int64_t value);
 
-/*! npyload_loader_get() : reads back an option's effective value (after start,
- * defaults are resolved). @return : 0 or NPYLOAD_EINVAL. */
+/*! npyload_loader_get() : reads back an option's effective value. Before
+ * start: the value set (0 for a default). After start: what the loader runs
+ * with, defaults resolved: NUM_WORKERS, PREFETCH (batch slots),
+ * QUEUE_DEPTH, SHUFFLE_WINDOW, IO_BACKEND (the backend AUTO chose) and
+ * PIN_MEMORY (1 if the slots are pinned, else 0).
+ * @return : 0 or NPYLOAD_EINVAL. */
 NPYLOAD_API int npyload_loader_get(const npyload_loader *L, npyload_option opt,
                                    int64_t *value);
 
@@ -270,7 +289,9 @@ NPYLOAD_API int npyload_loader_get(const npyload_loader *L, npyload_option opt,
  * and both values), chooses the io backend, allocates PREFETCH slots once,
  * starts the workers and begins epoch 0 (or the epoch given by
  * npyload_loader_set_epoch / npyload_loader_set_state before start).
- * Fortran-ordered data with more than one dimension is refused. Big-endian
+ * Fortran-ordered data is refused unless its bytes are also C-ordered (at
+ * most one dimension longer than 1), so it is never delivered transposed;
+ * the message names the file. Big-endian
  * data is delivered byte for byte with its descr (">f4"); it is not swapped.
  * @return : 0 or an error (details in npyload_loader_errmsg). */
 NPYLOAD_API int npyload_loader_start(npyload_loader *L);
@@ -438,6 +459,9 @@ typedef struct npyload_stats {
     int device;                 /* -1 host, or the CUDA device */
     uint64_t slot_bytes;        /* host bytes per slot */
     uint64_t num_slots;
+    uint64_t uring_fallbacks;   /* workers whose io_uring_enter was refused
+                                   at run time and that read with pread
+                                   since (backend stays NPYLOAD_IO_URING) */
 } npyload_stats;
 
 /*! npyload_loader_get_stats() : counters since start (reading them is
@@ -470,37 +494,6 @@ NPYLOAD_API int64_t npyload_order_indices(int64_t n, int shuffle, int64_t seed,
  * is written to it. The runtime is loaded at run time (dlopen), so host-only
  * programs never need CUDA libraries. */
 NPYLOAD_API int npyload_cuda_available(int device, char *why, size_t whylen);
-
-/*! npyload_cuda_h2d_bandwidth() : measures pinned host-to-device
- * cudaMemcpyAsync bandwidth on `device` with `bytes` per copy, `iters`
- * copies, on a non-blocking stream; writes GB/s (1e9 bytes/s) to *gbps.
- * @return : 0, NPYLOAD_ENOCUDA or NPYLOAD_ECUDA. */
-NPYLOAD_API int npyload_cuda_h2d_bandwidth(int device, size_t bytes, int iters,
-                                           double *gbps);
-
-/* ---- A stand-in for GPU compute (benchmarks, tests) ---- */
-
-/*! npyload_compute_sim: a non-blocking CUDA stream on a device and a kernel
- * that keeps it busy for a given time, so programs without CUDA headers (the
- * tools, tests) can stand in for a training step: take a batch, make the
- * simulator's stream wait for it (npyload_batch_wait_stream), queue
- * npyload_compute_sim_busy, release with npyload_batch_release_stream. The
- * kernel is PTX JIT-compiled by the driver; nothing here needs nvcc. */
-typedef struct npyload_compute_sim npyload_compute_sim;
-
-/*! npyload_compute_sim_create() :
- * @return : 0, NPYLOAD_ENOCUDA (reason in `why`) or NPYLOAD_ECUDA. */
-NPYLOAD_API int npyload_compute_sim_create(int device, npyload_compute_sim **out,
-                                           char *why, size_t whylen);
-/*! npyload_compute_sim_stream() : its stream (a cudaStream_t). */
-NPYLOAD_API void *npyload_compute_sim_stream(const npyload_compute_sim *s);
-/*! npyload_compute_sim_busy() : queues a kernel that spins for `ns`
- * nanoseconds (GPU global timer) on the stream; returns at once. */
-NPYLOAD_API int npyload_compute_sim_busy(npyload_compute_sim *s, uint64_t ns);
-/*! npyload_compute_sim_sync() : waits on the host for the stream. */
-NPYLOAD_API int npyload_compute_sim_sync(npyload_compute_sim *s);
-/*! npyload_compute_sim_destroy() : waits for the stream, frees. NULL-safe. */
-NPYLOAD_API void npyload_compute_sim_destroy(npyload_compute_sim *s);
 
 #ifdef __cplusplus
 }

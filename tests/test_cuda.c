@@ -7,6 +7,9 @@
  *    a GPU they skip, visibly.
  *  - "GPU" tests exercise the handle on device 0; without one they skip,
  *    visibly, with the reason npyload_cuda_available gives.
+ *  - "fake" tests drive the loader's device path on the fake runtime
+ *    (tests/gpu/fake_cudart.c): call counts and injected failures, on any
+ *    machine.
  * Kernel-level and loader-on-GPU tests live in tests/gpu (they need nvcc). */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
@@ -18,7 +21,9 @@
 #include <string.h>
 
 #include "cuda/npyload_cuda.h"
+#include "gpu/fake_cudart.h"
 #include "npyload.h"
+#include "npyload_bench_support.h"
 #include "testutil.h"
 
 /* ---- helpers ---- */
@@ -467,4 +472,271 @@ Test(cuda_nogpu, compute_sim_refused_with_reason)
     cr_assert_eq(npyload_compute_sim_busy(NULL, 1000), NPYLOAD_EINVAL);
     cr_assert_null(npyload_compute_sim_stream(NULL));
     npyload_compute_sim_destroy(NULL);
+}
+
+/* ---- the loader's device path on the fake runtime ---- */
+
+static int (*fake_stream_create)(void **, unsigned);
+static int (*fake_stream_sync)(void *);
+static int (*fake_memcpy_async)(void *, const void *, size_t, int, void *);
+
+/* A consumer stream of the fake runtime, watched: its syncs are counted
+ * apart from the loader's. */
+static void *consumer_stream(fake_cudart *f)
+{
+    void *s = NULL;
+    cr_assert_eq(fake_stream_create(&s, 1), 0);
+    atomic_store(&f->watch, s);
+    return s;
+}
+
+/* Loads the fake runtime into this (forked) test process: lib/cuda then
+ * opens it, as a runtime the process already has, instead of any real one. */
+static fake_cudart *load_fake(void)
+{
+#ifndef NPYLOAD_FAKE_CUDART
+    cr_skip_test("built without tests/gpu/fake_cudart.c");
+    return NULL;
+#else
+    void *h = dlopen(NPYLOAD_FAKE_CUDART, RTLD_NOW | RTLD_LOCAL);
+    cr_assert_not_null(h, "%s", dlerror());
+    fake_cudart_control_fn ctl = (fake_cudart_control_fn)dlsym(h, "fake_cudart_control");
+    cr_assert_not_null(ctl);
+    fake_cudart *f = ctl();
+    *(void **)&fake_stream_create = dlsym(h, "cudaStreamCreateWithFlags");
+    *(void **)&fake_stream_sync = dlsym(h, "cudaStreamSynchronize");
+    *(void **)&fake_memcpy_async = dlsym(h, "cudaMemcpyAsync");
+    cr_assert(fake_stream_create && fake_stream_sync && fake_memcpy_async);
+    npyl_cuda *c = NULL;
+    char why[256];
+    cr_assert_eq(npyl_cuda_open(&c, 0, why, sizeof why), 0, "%s", why);
+    int before = atomic_load(&f->n_set_device);
+    cr_assert_eq(npyl_cuda_bind_thread(c), 0);
+    cr_assert_eq(atomic_load(&f->n_set_device), before + 1,
+                 "lib/cuda did not pick up the fake runtime");
+    npyl_cuda_close(c);
+    return f;
+#endif
+}
+
+/* A started device-mode loader over small_field (13 rows of 64 bytes). */
+static npyload_loader *fake_loader(const char *glob, int64_t batch, int64_t workers,
+                                   int64_t prefetch)
+{
+    npyload_loader *L = NULL;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "x", glob), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, batch), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, workers), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, prefetch), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DEVICE, 0), 0, "%s",
+                 npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    return L;
+}
+
+/* The fake's device memory is host memory: compare with the file bytes. */
+static void check_fake_batch(npyload_batch *b)
+{
+    const npyload_array *a = npyload_batch_field(b, 0);
+    cr_assert_eq(a->device, 0);
+    const int64_t *idx = npyload_batch_indices(b);
+    const uint8_t *p = a->data;
+    for (size_t r = 0; r < npyload_batch_size(b); r++)
+        for (size_t i = 0; i < 64; i++)
+            cr_assert_eq(p[r * 64 + i], tu_byte(1, (uint64_t)idx[r], i),
+                         "row %zu (sample %lld) byte %zu", r, (long long)idx[r], i);
+}
+
+/* The consumer's side of a device batch: its stream waits for the copy, the
+ * host waits for its stream (the fake runs queued copies only then), then
+ * the bytes are compared with the files'. */
+static void consume_fake_batch(npyload_batch *b, void *cs)
+{
+    cr_assert_eq(npyload_batch_wait_stream(b, cs), 0);
+    cr_assert_eq(fake_stream_sync(cs), 0);
+    check_fake_batch(b);
+}
+
+Test(cuda_fake, workers_release_staging_on_events_not_stream_syncs)
+{
+    fake_cudart *f = load_fake();
+    void *cs = consumer_stream(f);
+    char *dir;
+    char *glob = small_field(&dir);
+    npyload_loader *L = fake_loader(glob, 2, 2, 3);
+    size_t rows = 0, batches = 0;
+    for (uint64_t e = 0; e < 3; e++) {
+        cr_assert_eq(npyload_loader_set_epoch(L, e), 0);
+        npyload_batch *b;
+        int rc;
+        while ((rc = npyload_loader_next(L, &b)) == 0) {
+            consume_fake_batch(b, cs);
+            rows += npyload_batch_size(b);
+            batches++;
+            npyload_batch_release(b);
+        }
+        cr_assert_eq(rc, NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
+    }
+    cr_assert_eq(rows, 3 * 13);
+    /* The worker never blocks on its stream after a copy: the staging slot
+     * is released by the copy's event. (The consumer's own stream syncs are
+     * counted apart.) */
+    int loader_syncs = atomic_load(&f->n_stream_sync) - atomic_load(&f->n_watch_sync);
+    cr_assert_eq(loader_syncs, 0, "%d cudaStreamSynchronize calls by the loader for %zu "
+                 "batches", loader_syncs, batches);
+    npyload_stats st;
+    cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+    cr_assert_eq(st.h2d_bytes, rows * 64);
+    int copies = atomic_load(&f->n_memcpy_async);
+    cr_assert_eq((size_t)copies, batches, "one copy per batch (one field)");
+    npyload_loader_destroy(L);
+    /* Every copy's staging event was waited on exactly once before its slot
+     * was written again or freed (reuse or destroy); nothing else here waits
+     * on events (plain release, no batch_sync). */
+    cr_assert_eq(atomic_load(&f->n_event_sync), copies,
+                 "%d event waits for %d copies", atomic_load(&f->n_event_sync), copies);
+    cr_assert_eq(atomic_load(&f->n_stream_sync) - atomic_load(&f->n_watch_sync), 0);
+    free(glob);
+    tu_rmtree(dir);
+}
+
+/* A batch read by the consumer on its stream, checked later. */
+typedef struct late_read {
+    uint8_t bytes[3 * 64];
+    int64_t idx[3];
+    size_t rows;
+} late_read;
+
+static void check_late_reads(late_read *r, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        for (size_t row = 0; row < r[k].rows; row++)
+            for (size_t i = 0; i < 64; i++)
+                cr_assert_eq(r[k].bytes[row * 64 + i], tu_byte(1, (uint64_t)r[k].idx[row], i),
+                             "read %zu row %zu (sample %lld) byte %zu: overwritten before "
+                             "the consumer's stream read it", k, row, (long long)r[k].idx[row], i);
+}
+
+/* The host never waits: the consumer's stream waits for each batch, reads it
+ * (an async device-to-host copy, run as late as the fake may), and the batch
+ * is released on that stream at once. Several workers, deep prefetch, epochs
+ * abandoned mid-way, a batch held across destroy. The fake runs every copy
+ * as late as CUDA may, so a staging slot written before its copy ran, or a
+ * device slot refilled before the consumer's read, shows as wrong bytes. */
+Test(cuda_fake, late_copies_deliver_file_bytes)
+{
+    fake_cudart *f = load_fake();
+    void *cs = consumer_stream(f);
+    char *dir;
+    char *glob = small_field(&dir);
+    npyload_loader *L = fake_loader(glob, 3, 3, 4);
+    enum { MAXR = 64 };
+    late_read *reads = calloc(MAXR, sizeof *reads);
+    size_t nr = 0;
+    npyload_batch *b, *kept = NULL;
+    for (uint64_t e = 0; e < 6; e++) {
+        cr_assert_eq(npyload_loader_set_epoch(L, e), 0);
+        int rc, k = 0;
+        while ((rc = npyload_loader_next(L, &b)) == 0) {
+            cr_assert_lt(nr, (size_t)MAXR);
+            late_read *r = &reads[nr++];
+            r->rows = npyload_batch_size(b);
+            memcpy(r->idx, npyload_batch_indices(b), r->rows * sizeof *r->idx);
+            cr_assert_eq(npyload_batch_wait_stream(b, cs), 0);
+            cr_assert_eq(fake_memcpy_async(r->bytes, npyload_batch_field(b, 0)->data,
+                                           r->rows * 64, 2 /* D2H */, cs), 0);
+            if (e == 5 && !kept) {
+                kept = b;
+                continue;
+            }
+            npyload_batch_release_stream(b, cs);
+            if (e % 2 && ++k == 2)
+                break; /* abandon the epoch with copies in flight */
+        }
+        cr_assert(rc == 0 || rc == NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
+    }
+    cr_assert_eq(fake_stream_sync(cs), 0);
+    check_late_reads(reads, nr);
+    npyload_loader_destroy(L);
+    cr_assert_not_null(kept);
+    check_fake_batch(kept); /* outlives the loader */
+    npyload_batch_release_stream(kept, cs);
+    free(reads);
+    free(glob);
+    tu_rmtree(dir);
+}
+
+Test(cuda_fake, release_stream_without_context_waits_on_host)
+{
+    fake_cudart *f = load_fake();
+    char *dir;
+    char *glob = small_field(&dir);
+    void *cs = consumer_stream(f);
+    npyload_loader *L = fake_loader(glob, 4, 1, 2);
+    npyload_batch *b;
+    cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+    consume_fake_batch(b, cs);
+    int before = atomic_load(&f->n_watch_sync);
+    atomic_store(&f->fail_get_device, 1); /* npyl_cuda_enter fails */
+    npyload_batch_release_stream(b, cs);
+    atomic_store(&f->fail_get_device, 0);
+    /* No event could be recorded: the slot goes back only after a host wait
+     * for the stream. */
+    cr_assert_eq(atomic_load(&f->n_watch_sync), before + 1,
+                 "the slot was handed back without an event or a wait");
+    int rc, n = 1;
+    while ((rc = npyload_loader_next(L, &b)) == 0) {
+        consume_fake_batch(b, cs);
+        n++;
+        npyload_batch_release_stream(b, cs);
+    }
+    cr_assert_eq(rc, NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(n, 4);
+    npyload_loader_destroy(L);
+    free(glob);
+    tu_rmtree(dir);
+}
+
+/* Neither an event nor a host wait possible: the slot must never come back. */
+static void poisoned_release(int null_stream, int fail_sync)
+{
+    fake_cudart *f = load_fake();
+    void *stream = null_stream ? NULL : consumer_stream(f);
+    char *dir;
+    char *glob = small_field(&dir);
+    npyload_loader *L = fake_loader(glob, 4, 1, 1); /* one device slot */
+    npyload_batch *b;
+    cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+    atomic_store(&f->fail_get_device, 1);
+    atomic_store(&f->fail_stream_sync, fail_sync);
+    npyload_batch_release_stream(b, stream);
+    atomic_store(&f->fail_get_device, 0);
+    atomic_store(&f->fail_stream_sync, 0);
+    int rc = npyload_loader_next(L, &b);
+    cr_assert_eq(rc, NPYLOAD_ECUDA, "next() returned %d (%s)", rc, npyload_strerror(rc));
+    const char *m = npyload_loader_errmsg(L);
+    cr_log_info("%s", m);
+    cr_assert(strstr(m, "releasing batch 0") && strstr(m, "withdrawn"), "message: %s", m);
+    cr_assert_eq(npyload_loader_next(L, &b), NPYLOAD_ECUDA, "the failure is sticky");
+    /* set_epoch clears the failure, but the only device slot stays out:
+     * next() says so instead of waiting forever or reusing it. */
+    cr_assert_eq(npyload_loader_set_epoch(L, 1), 0);
+    rc = npyload_loader_next(L, &b);
+    cr_assert_eq(rc, NPYLOAD_EHELD, "next() returned %d: %s", rc, npyload_loader_errmsg(L));
+    cr_assert(strstr(npyload_loader_errmsg(L), "withdrawn"), "%s", npyload_loader_errmsg(L));
+    npyload_loader_destroy(L); /* frees the withdrawn slot too (ASan: no leak) */
+    free(glob);
+    tu_rmtree(dir);
+}
+
+Test(cuda_fake, release_null_stream_without_context_poisons_slot)
+{
+    poisoned_release(1, 0); /* the legacy stream of which device? unknown */
+}
+
+Test(cuda_fake, release_stream_wait_failing_poisons_slot)
+{
+    poisoned_release(0, 1);
 }

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "format/npyload_format.h"
@@ -602,5 +603,48 @@ Test(header, agrees_with_testutil_writer)
             cr_expect_str_eq(h.descr, ">i8");
             free(p);
         }
+    tu_rmtree(dir);
+}
+
+/* Issue 11 item 5: open() of a FIFO without a writer blocked forever before
+ * the regular-file check (start(), npyload-inspect and npyload.inspect all
+ * hung). The reader runs in a child under alarm(), so a hang fails the test
+ * instead of hanging CI; the child reports the code and message back. */
+Test(header, fifo_refused_without_blocking)
+{
+    char *dir = tu_mkdtemp("fifo");
+    cr_assert_not_null(dir);
+    char *p = tu_path(dir, "pipe.npy");
+    cr_assert_eq(mkfifo(p, 0600), 0, "mkfifo: %s", strerror(errno));
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(fds[0]);
+        alarm(10);
+        npyload_header h;
+        char err[512] = "";
+        int rc = npyload_read_header(p, &h, err, sizeof err);
+        dprintf(fds[1], "%d %s", rc, err);
+        _exit(0);
+    }
+    close(fds[1]);
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status), "the reader hung on a FIFO (killed by signal %d)",
+              WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    char buf[600] = "";
+    ssize_t n = read(fds[0], buf, sizeof buf - 1);
+    close(fds[0]);
+    cr_assert_gt(n, 0);
+    buf[n] = 0;
+    int rc = atoi(buf);
+    cr_assert_eq(rc, NPYLOAD_EINVAL, "%s", buf);
+    char want[600];
+    snprintf(want, sizeof want, "%s: not a regular file (FIFO)", p);
+    cr_assert_not_null(strstr(buf, want), "message: %s", buf);
+    free(p);
     tu_rmtree(dir);
 }

@@ -6,6 +6,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/magic.h>
@@ -15,7 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/wait.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -371,8 +377,11 @@ static void truncated(int backend, int direct)
                            {0, 1 * MiB, 64 * 1024, buf + 1 * MiB}};
     int rc = npyl_io_read(io, &reqs[1], 1, &bad, NULL, err, sizeof err);
     cr_assert_eq(rc, NPYLOAD_ETRUNCATED, "rc %d: %s", rc, err);
-    cr_assert(strstr(err, f.path), "message lacks the path: %s", err);
-    cr_assert(strstr(err, "file ends at byte"), "message: %s", err);
+    /* The file's size now and at start, not where the read met EOF. */
+    char eof_msg[600];
+    snprintf(eof_msg, sizeof eof_msg, "%s: file ends at byte 100000 (%zu at "
+             "start), 65536 bytes expected at offset 1048576", f.path, f.size);
+    cr_assert_str_eq(err, eof_msg);
     npyl_io_req straddle = {0, 90000, 20000, buf + 90000};
     rc = npyl_io_read(io, &straddle, 1, &bad, NULL, err, sizeof err);
     cr_assert_eq(rc, NPYLOAD_ETRUNCATED, "rc %d: %s", rc, err);
@@ -381,9 +390,14 @@ static void truncated(int backend, int direct)
     rc = npyl_io_read(io, reqs, 2, &bad, NULL, err, sizeof err);
     cr_assert_eq(rc, NPYLOAD_ETRUNCATED);
     cr_assert_eq(bad, 1);
-    /* What is still there reads correctly. */
-    cr_assert_eq(npyl_io_read(io, reqs, 1, &bad, NULL, err, sizeof err), 0);
-    cr_assert(memcmp(buf + 128, f.bytes + 128, 8192) == 0);
+    /* What is still there reads, but the file is no longer the one
+     * validated at start: the check after the call says so. */
+    rc = npyl_io_read(io, reqs, 1, &bad, NULL, err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_ECHANGED, "rc %d: %s", rc, err);
+    char want[600];
+    snprintf(want, sizeof want, "%s: file changed since the loader started "
+             "(size %zu \u2192 100000)", f.path, f.size);
+    cr_assert_str_eq(err, want);
     npyl_io_destroy(io);
     npyl_free_aligned(buf);
     free_file(&f);
@@ -468,6 +482,321 @@ Test(io_pread, replaced_same_size) { replaced(NPYLOAD_IO_PREAD, 1); }
 Test(io_mmap, replaced) { replaced(NPYLOAD_IO_MMAP, 0); }
 Test(io_uring, replaced_same_size) { replaced(NPYLOAD_IO_URING, 1); }
 
+/* ---- modified in place with the descriptor open → ECHANGED ------------- */
+
+/* Sets the file's mtime to start + 7 s: a rewrite inside the same coarse
+ * clock tick as the file's creation would otherwise keep its mtime, and the
+ * test would depend on timing. */
+static void bump_mtime(const char *path, const npyl_file_info *start)
+{
+    int fd = open(path, O_WRONLY);
+    cr_assert(fd >= 0);
+    struct timespec ts[2];
+    ts[0].tv_sec = ts[1].tv_sec = (time_t)(start->mtime_ns / 1000000000) + 7;
+    ts[0].tv_nsec = ts[1].tv_nsec = (long)(start->mtime_ns % 1000000000);
+    cr_assert_eq(futimens(fd, ts), 0, "%s", strerror(errno));
+    close(fd);
+}
+
+/* mode 0: same-size rewrite of the data; mode 1: truncate to 0, then grow
+ * back to the same size (zeros). The first read opens the file and keeps
+ * its descriptor (and mapping) open; the second must not deliver. */
+static void modified_in_place(int backend, int direct, int mode)
+{
+    if (backend == NPYLOAD_IO_URING)
+        need_uring();
+    char *dir = mkdir_realfs("io-inplace");
+    tfile f;
+    make_file(&f, dir, "p.npy", 21, 1 * MiB, 64);
+    if (direct)
+        need_direct(f.path);
+    npyl_file_info info;
+    stat_all(&f, 1, &info);
+    npyl_io *io = make_io(backend, direct, 4, 2, &info, 1);
+    uint8_t *buf = npyl_alloc_aligned(2 * MiB, 4096);
+    char err[512] = "";
+    size_t bad = 9;
+    npyl_io_req r = {0, 128, 1 * MiB, buf + 128};
+    cr_assert_eq(npyl_io_read(io, &r, 1, &bad, NULL, err, sizeof err), 0,
+                 "%s", err);
+    cr_assert(memcmp(buf + 128, f.bytes + 128, 1 * MiB) == 0);
+
+    int fd = open(f.path, O_WRONLY);
+    cr_assert(fd >= 0);
+    if (mode == 0) {
+        uint8_t *other = malloc(1 * MiB);
+        for (size_t i = 0; i < 1 * MiB; i++)
+            other[i] = (uint8_t)~f.bytes[128 + i];
+        cr_assert_eq(pwrite(fd, other, 1 * MiB, 128), (ssize_t)(1 * MiB));
+        free(other);
+    } else {
+        cr_assert_eq(ftruncate(fd, 0), 0);
+        cr_assert_eq(ftruncate(fd, (off_t)f.size), 0);
+    }
+    close(fd);
+    bump_mtime(f.path, &info);
+
+    memset(buf, 0, 2 * MiB);
+    int rc = npyl_io_read(io, &r, 1, &bad, NULL, err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_ECHANGED, "rc %d (%s): %s", rc,
+                 npyload_strerror(rc), err);
+    cr_assert_eq(bad, 0);
+    char want[600];
+    snprintf(want, sizeof want, "%s: file changed since the loader started "
+             "(modified in place: mtime %lld \u2192 %lld ns)", f.path,
+             (long long)info.mtime_ns,
+             (long long)info.mtime_ns + 7000000000ll);
+    cr_assert_str_eq(err, want);
+    npyl_io_destroy(io);
+    npyl_free_aligned(buf);
+    free_file(&f);
+    tu_rmtree(dir);
+}
+
+Test(io_pread, rewritten_in_place) { modified_in_place(NPYLOAD_IO_PREAD, 0, 0); }
+Test(io_pread, truncated_then_grown) { modified_in_place(NPYLOAD_IO_PREAD, 0, 1); }
+Test(io_pread, rewritten_in_place_direct) { modified_in_place(NPYLOAD_IO_PREAD, 1, 0); }
+Test(io_mmap, rewritten_in_place) { modified_in_place(NPYLOAD_IO_MMAP, 0, 0); }
+Test(io_mmap, truncated_then_grown) { modified_in_place(NPYLOAD_IO_MMAP, 0, 1); }
+Test(io_uring, rewritten_in_place) { modified_in_place(NPYLOAD_IO_URING, 0, 0); }
+Test(io_uring, truncated_then_grown) { modified_in_place(NPYLOAD_IO_URING, 0, 1); }
+Test(io_uring, rewritten_in_place_direct) { modified_in_place(NPYLOAD_IO_URING, 1, 0); }
+
+/* More files than open slots: a file evicted in the middle of a call is
+ * checked when it is evicted (the check after the call no longer sees it). */
+Test(io_pread, rewritten_then_evicted_in_one_call)
+{
+    char *dir = mkdir_realfs("io-evict");
+    tfile f[3];
+    for (int k = 0; k < 3; k++) {
+        char name[16];
+        snprintf(name, sizeof name, "e%d.npy", k);
+        make_file(&f[k], dir, name, 30u + (uint32_t)k, 8192, 64);
+    }
+    npyl_file_info info[3];
+    stat_all(f, 3, info);
+    npyl_io *io = make_io(NPYLOAD_IO_PREAD, 0, 1, 1, info, 3);
+    uint8_t buf[3 * 8192];
+    char err[512] = "";
+    size_t bad = 9;
+    npyl_io_req r[3];
+    for (int k = 0; k < 3; k++)
+        r[k] = (npyl_io_req){(uint32_t)k, 128, 8192, buf + k * 8192};
+    cr_assert_eq(npyl_io_read(io, r, 3, &bad, NULL, err, sizeof err), 0,
+                 "%s", err);
+    /* File 2 holds the only slot and changes; the next call reads it (stale
+     * bytes), then file 0, which evicts it: the eviction checks it. */
+    int fd = open(f[2].path, O_WRONLY);
+    cr_assert_eq(pwrite(fd, "XXXX", 4, 200), 4);
+    close(fd);
+    bump_mtime(f[2].path, &info[2]);
+    npyl_io_req r2[2] = {r[2], r[0]};
+    int rc = npyl_io_read(io, r2, 2, &bad, NULL, err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_ECHANGED, "%s", err);
+    cr_assert(strstr(err, f[2].path), "%s", err);
+    cr_assert(strstr(err, "modified in place"), "%s", err);
+    npyl_io_destroy(io);
+    for (int k = 0; k < 3; k++)
+        free_file(&f[k]);
+    tu_rmtree(dir);
+}
+
+/* ---- a FIFO in a file's place must not block open() ---------------------- */
+
+static void fifo_in_place(int backend)
+{
+    if (backend == NPYLOAD_IO_URING)
+        need_uring();
+    char *dir = mkdir_realfs("io-fifo");
+    tfile f;
+    make_file(&f, dir, "q.npy", 5, 10000, 64);
+    npyl_file_info info;
+    stat_all(&f, 1, &info);
+    npyl_io *io = make_io(backend, 0, 4, 1, &info, 1);
+    cr_assert_eq(unlink(f.path), 0);
+    cr_assert_eq(mkfifo(f.path, 0600), 0, "mkfifo: %s", strerror(errno));
+    alarm(20); /* a blocked open() becomes SIGALRM: a failure, not a hang */
+    uint8_t buf[4096];
+    char err[512] = "";
+    size_t bad = 9;
+    npyl_io_req r = {0, 128, 4096, buf};
+    int rc = npyl_io_read(io, &r, 1, &bad, NULL, err, sizeof err);
+    alarm(0);
+    cr_assert_lt(rc, 0, "a FIFO must be refused, got %d", rc);
+    char want[600];
+    snprintf(want, sizeof want, "%s: not a regular file", f.path);
+    cr_assert_str_eq(err, want);
+    npyl_io_destroy(io);
+    free_file(&f);
+    tu_rmtree(dir);
+}
+
+Test(io_pread, fifo_in_place) { fifo_in_place(NPYLOAD_IO_PREAD); }
+Test(io_mmap, fifo_in_place) { fifo_in_place(NPYLOAD_IO_MMAP); }
+Test(io_uring, fifo_in_place) { fifo_in_place(NPYLOAD_IO_URING); }
+
+/* ---- mmap: SIGBUS from a truncation racing the copies ------------------ */
+
+typedef struct race {
+    const char *path;
+    atomic_int started; /* reads begun by the copier */
+    off_t to;
+} race;
+
+static void *truncator(void *arg)
+{
+    race *rc = arg;
+    /* Truncate as soon as the copier is inside its second read: a 32 MiB
+     * copy takes milliseconds, so this lands mid-copy most of the time. */
+    while (atomic_load(&rc->started) < 2)
+        ;
+    if (truncate(rc->path, rc->to) != 0)
+        return (void *)1;
+    return NULL;
+}
+
+/* Runs in a child: exit 0 when every read returned the right bytes or
+ * ETRUNCATED/ECHANGED and the truncation was seen, another code otherwise;
+ * a death by signal is seen by the parent. */
+static int race_child(const char *dir, int round)
+{
+    const size_t n = 32 * MiB;
+    char name[32];
+    snprintf(name, sizeof name, "big%d.npy", round);
+    tfile f;
+    make_file(&f, dir, name, 40u + (uint32_t)round, n, 64);
+    npyl_file_info info;
+    stat_all(&f, 1, &info);
+    npyl_io *io = make_io(NPYLOAD_IO_MMAP, 0, 1, 1, &info, 1);
+    uint8_t *buf = npyl_alloc_aligned(n, 4096);
+    race rr = {.path = f.path, .to = (off_t)(round % 2 ? 4096 * 3 + 100 : 0)};
+    atomic_init(&rr.started, 0);
+    pthread_t t;
+    pthread_create(&t, NULL, truncator, &rr);
+    int seen = 0;
+    for (int it = 0; it < 50 && !seen; it++) {
+        /* Four 8 MiB requests, the whole data. */
+        npyl_io_req r[4];
+        for (int k = 0; k < 4; k++)
+            r[k] = (npyl_io_req){0, (uint64_t)f.data_offset + k * 8 * MiB,
+                                 8 * MiB, buf + k * 8 * MiB};
+        char err[512] = "";
+        size_t bad = 0;
+        atomic_fetch_add(&rr.started, 1);
+        int rc = npyl_io_read(io, r, 4, &bad, NULL, err, sizeof err);
+        if (rc == NPYLOAD_ETRUNCATED || rc == NPYLOAD_ECHANGED) {
+            if (!strstr(err, f.path))
+                return 3;
+            seen = 1;
+        } else if (rc != 0) {
+            fprintf(stderr, "rc %d: %s\n", rc, err);
+            return 4;
+        } else if (memcmp(buf, f.bytes + f.data_offset, n) != 0) {
+            return 5; /* wrong bytes delivered as success */
+        }
+    }
+    pthread_join(t, NULL);
+    npyl_io_destroy(io);
+    npyl_free_aligned(buf);
+    free_file(&f);
+    return seen ? 0 : 6;
+}
+
+Test(io_mmap, truncation_racing_copies_is_an_error_not_sigbus)
+{
+    char *dir = mkdir_realfs("io-sigbus");
+    for (int round = 0; round < 6; round++) {
+        pid_t pid = fork();
+        cr_assert(pid >= 0);
+        if (pid == 0)
+            _exit(race_child(dir, round));
+        int st = 0;
+        cr_assert_eq(waitpid(pid, &st, 0), pid);
+        cr_assert(!WIFSIGNALED(st), "round %d: the copier died of signal %d "
+                  "(%s)", round, WTERMSIG(st), strsignal(WTERMSIG(st)));
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                  "round %d: child exit %d", round, WEXITSTATUS(st));
+    }
+    tu_rmtree(dir);
+}
+
+/* ---- the SIGBUS handler: installed only while mmap contexts exist ------ */
+
+static atomic_int user_hits;
+static void user_bus(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig; (void)si; (void)uc;
+    atomic_fetch_add(&user_hits, 1);
+}
+
+static npyl_io *mmap_ctx(const npyl_file_info *info)
+{
+    return make_io(NPYLOAD_IO_MMAP, 0, 1, 1, info, 1);
+}
+
+Test(io_mmap, sigbus_handler_chains_and_is_restored)
+{
+    char *dir = mkdir_realfs("io-handler");
+    tfile f;
+    make_file(&f, dir, "h.npy", 9, 5000, 64);
+    npyl_file_info info;
+    stat_all(&f, 1, &info);
+    struct sigaction mine, cur;
+    memset(&mine, 0, sizeof mine);
+    mine.sa_sigaction = user_bus;
+    mine.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&mine.sa_mask);
+    cr_assert_eq(sigaction(SIGBUS, &mine, NULL), 0);
+
+    npyl_io *pr = make_io(NPYLOAD_IO_PREAD, 0, 1, 1, &info, 1);
+    sigaction(SIGBUS, NULL, &cur);
+    cr_assert(cur.sa_sigaction == user_bus, "pread must install nothing");
+    npyl_io *a = mmap_ctx(&info), *b = mmap_ctx(&info);
+    sigaction(SIGBUS, NULL, &cur);
+    cr_assert(cur.sa_sigaction != user_bus, "no handler installed for mmap");
+    cr_assert(cur.sa_flags & SA_SIGINFO);
+    /* A SIGBUS that is not a fault in a guarded copy reaches the user's. */
+    raise(SIGBUS);
+    cr_assert_eq(atomic_load(&user_hits), 1, "not chained to the user's");
+    npyl_io_destroy(a);
+    sigaction(SIGBUS, NULL, &cur);
+    cr_assert(cur.sa_sigaction != user_bus, "removed while b still maps");
+    npyl_io_destroy(b);
+    sigaction(SIGBUS, NULL, &cur);
+    cr_assert(cur.sa_sigaction == user_bus, "user's handler not restored");
+    cr_assert_eq(cur.sa_flags & (SA_SIGINFO | SA_RESTART),
+                 SA_SIGINFO | SA_RESTART);
+    npyl_io_destroy(pr);
+    free_file(&f);
+    tu_rmtree(dir);
+}
+
+Test(io_mmap, sigbus_default_action_still_kills)
+{
+    /* With SIG_DFL before us, a SIGBUS that is not ours still ends the
+     * process with SIGBUS (in a child). */
+    char *dir = mkdir_realfs("io-dfl");
+    tfile f;
+    make_file(&f, dir, "d.npy", 8, 5000, 64);
+    npyl_file_info info;
+    stat_all(&f, 1, &info);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        signal(SIGBUS, SIG_DFL);
+        npyl_io *io = mmap_ctx(&info);
+        raise(SIGBUS);
+        npyl_io_destroy(io);
+        _exit(0);
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGBUS,
+              "child status %#x: expected death by SIGBUS", st);
+    free_file(&f);
+    tu_rmtree(dir);
+}
+
 /* ---- stat, bad configs --------------------------------------------------- */
 
 Test(io_common, stat_and_bad_config)
@@ -535,6 +864,143 @@ Test(io_uring, refused_by_seccomp)
     cr_assert_eq(npyl_io_create(&io, &cfg, err, sizeof err), 0, "%s", err);
     npyl_io_destroy(io);
 #endif
+}
+
+/* ---- io_uring_setup allowed, io_uring_enter refused --------------------- */
+
+/* Installs a filter that lets io_uring_setup through and makes
+ * io_uring_enter fail with EPERM, on every thread of the process when
+ * `all_threads` (SECCOMP_FILTER_FLAG_TSYNC). Criterion runs each test in its
+ * own forked process, so the filter dies with it. Skips visibly when seccomp
+ * is unavailable. */
+static void refuse_uring_enter(int all_threads)
+{
+#ifndef TEST_AUDIT_ARCH
+    (void)all_threads;
+    cr_skip_test("no seccomp arch constant for this CPU in the test");
+#else
+    struct sock_filter prog[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, TEST_AUDIT_ARCH, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_enter, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog fprog = {.len = sizeof prog / sizeof prog[0],
+                               .filter = prog};
+    cr_assert_eq(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0, "%s",
+                 strerror(errno));
+    long rc = syscall(__NR_seccomp, SECCOMP_SET_MODE_FILTER,
+                      all_threads ? SECCOMP_FILTER_FLAG_TSYNC : 0, &fprog);
+    if (rc != 0)
+        cr_skip_test("cannot install a seccomp filter here: %s",
+                     rc > 0 ? "another thread's filter differs"
+                            : strerror(errno));
+#endif
+}
+
+Test(io_uring, enter_refused_falls_back_to_pread)
+{
+    need_uring(); /* before the filter: io_uring must work to start with */
+    char *dir = mkdir_realfs("io-enter");
+    tfile f;
+    make_file(&f, dir, "u.npy", 17, 3 * MiB + 77, 64);
+    npyl_file_info info;
+    stat_all(&f, 1, &info);
+    refuse_uring_enter(0);
+
+    /* The probe submits a no-op: it sees the refusal. */
+    char why[256] = "";
+    cr_assert_eq(npyl_io_uring_usable(why, sizeof why), 0);
+    cr_assert(strstr(why, "io_uring_enter"), "reason: %s", why);
+    cr_assert(strstr(why, strerror(EPERM)), "reason: %s", why);
+
+    /* A ring still sets up; its first read is refused and redone with
+     * pread, and the context stays on pread. */
+    npyl_io *io = make_io(NPYLOAD_IO_URING, 0, 8, 2, &info, 1);
+    cr_assert_eq(npyl_io_backend_now(io), NPYLOAD_IO_URING);
+    uint8_t *buf = npyl_alloc_aligned(4 * MiB, 4096);
+    for (int it = 0; it < 3; it++) {
+        memset(buf, 0, 4 * MiB);
+        npyl_io_req r = {0, (uint64_t)it * 1000, 3 * MiB - 4096, buf};
+        uint64_t got = 0;
+        char err[512] = "";
+        size_t bad = 9;
+        int rc = npyl_io_read(io, &r, 1, &bad, &got, err, sizeof err);
+        cr_assert_eq(rc, 0, "read %d: %s", it, err);
+        cr_assert_eq(got, 3 * MiB - 4096);
+        cr_assert(memcmp(buf, f.bytes + it * 1000, 3 * MiB - 4096) == 0,
+                  "read %d: wrong bytes", it);
+        cr_assert_eq(npyl_io_backend_now(io), NPYLOAD_IO_PREAD);
+    }
+    npyl_io_destroy(io);
+    npyl_free_aligned(buf);
+    free_file(&f);
+    tu_rmtree(dir);
+}
+
+/* The same through the loader: started on io_uring, then io_uring_enter is
+ * refused on every thread; the next epoch still delivers the right bytes
+ * and the stats count the workers that fell back. */
+Test(io_uring, enter_refused_loader_stats)
+{
+    need_uring();
+    char *dir = tu_mkdtemp("io-enter-loader");
+    const int64_t sshape[1] = {3000};
+    const int64_t per_file[3] = {20, 13, 31};
+    cr_assert_eq(tu_write_field(dir, "x", 3, "|u1", 1, 1, sshape, per_file, 3,
+                                64), 0);
+    char glob[600];
+    snprintf(glob, sizeof glob, "%s/x_*.npy", dir);
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "x", glob), 0, "%s",
+                 npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 4), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, 2), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, 2), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND,
+                                    NPYLOAD_IO_URING), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    for (int epoch = 0; epoch < 2; epoch++) {
+        if (epoch == 1) {
+            /* Workers sit idle: the epoch's batches are all consumed. */
+            refuse_uring_enter(1);
+            cr_assert_eq(npyload_loader_set_epoch(L, 1), 0);
+        }
+        npyload_batch *b;
+        int rc, rows = 0;
+        while ((rc = npyload_loader_next(L, &b)) == 0) {
+            const npyload_array *a = npyload_batch_field(b, 0);
+            const int64_t *idx = npyload_batch_indices(b);
+            const uint8_t *d = a->data;
+            for (size_t r = 0; r < npyload_batch_size(b); r++)
+                for (size_t i = 0; i < 3000; i += 7)
+                    cr_assert_eq(d[r * 3000 + i],
+                                 tu_byte(3, (uint64_t)idx[r], i),
+                                 "epoch %d sample %lld byte %zu", epoch,
+                                 (long long)idx[r], i);
+            rows += (int)npyload_batch_size(b);
+            npyload_batch_release(b);
+        }
+        cr_assert_eq(rc, NPYLOAD_EOF, "epoch %d: %d %s", epoch, rc,
+                     npyload_loader_errmsg(L));
+        cr_assert_eq(rows, 64);
+        npyload_stats st;
+        cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+        cr_assert_eq(st.backend, NPYLOAD_IO_URING);
+        if (epoch == 0)
+            cr_assert_eq(st.uring_fallbacks, 0);
+        else
+            cr_assert(st.uring_fallbacks >= 1 && st.uring_fallbacks <= 2,
+                      "uring_fallbacks %llu",
+                      (unsigned long long)st.uring_fallbacks);
+    }
+    npyload_loader_destroy(L);
+    tu_rmtree(dir);
 }
 
 #ifndef NPYLOAD_HAVE_URING

@@ -12,7 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "npyload.h"
@@ -731,6 +734,407 @@ Test(loader, failed_batch_not_counted_as_consumed)
     cr_assert_eq(st.consumed, (uint64_t)good * 8, "consumed %llu after %d good batches",
                  (unsigned long long)st.consumed, good);
     free(p);
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+}
+
+/* Issue 11 item 1: a corrupted or hostile saved state is refused with
+ * NPYLOAD_EINVAL and a message naming the field, before and after start; it
+ * never yields a batch (consumed = UINT64_MAX - 4 with batch size 1 used to
+ * pass the signed comparison and send workers to seqbuf[-5]). */
+Test(loader, hostile_states_refused)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 2, .prefetch = 2, .batch = 1, .shuffle = 1};
+    npyload_loader *A = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(A), 0);
+    npyload_state good;
+    cr_assert_eq(npyload_loader_get_state(A, &good), 0);
+    npyload_loader_destroy(A);
+    struct {
+        const char *field;
+        npyload_state st;
+    } bad[16];
+    size_t nbad = 0;
+#define BAD(name, member, value)                                                             \
+    do {                                                                                     \
+        bad[nbad].field = name;                                                              \
+        bad[nbad].st = good;                                                                 \
+        bad[nbad].st.member = value;                                                         \
+        nbad++;                                                                              \
+    } while (0)
+    BAD("consumed", consumed, UINT64_MAX - 4);
+    BAD("consumed", consumed, UINT64_MAX);
+    BAD("consumed", consumed, (uint64_t)INT64_MAX + 1);
+    BAD("consumed", consumed, N_TOTAL + 1);            /* one batch past the epoch */
+    BAD("world_size", world_size, 0);
+    BAD("world_size", world_size, -1);
+    BAD("world_size", world_size, INT64_MIN);
+    BAD("rank", rank, -1);
+    BAD("rank", rank, 1);                              /* == world_size */
+    BAD("batch_size", batch_size, 0);
+    BAD("batch_size", batch_size, -1);
+    BAD("num_samples", num_samples, -5);
+    BAD("shuffle", shuffle, 7);
+    BAD("drop_last", drop_last, -1);
+#undef BAD
+    for (int after_start = 0; after_start <= 1; after_start++) {
+        for (size_t i = 0; i < nbad; i++) {
+            npyload_loader *B = open_loader(&d, &c);
+            if (after_start)
+                cr_assert_eq(npyload_loader_start(B), 0);
+            int rc = npyload_loader_set_state(B, &bad[i].st);
+            cr_assert_eq(rc, NPYLOAD_EINVAL, "state with bad %s accepted (%d, after_start %d)",
+                         bad[i].field, rc, after_start);
+            cr_assert_not_null(strstr(npyload_loader_errmsg(B), bad[i].field),
+                               "message does not name %s: %s", bad[i].field,
+                               npyload_loader_errmsg(B));
+            cr_assert_not_null(strstr(npyload_loader_errmsg(B), "range"), "%s",
+                               npyload_loader_errmsg(B));
+            if (!after_start)
+                cr_assert_eq(npyload_loader_start(B), 0, "%s", npyload_loader_errmsg(B));
+            /* the loader is unaffected: batch 0 of epoch 0 comes first */
+            npyload_batch *b;
+            cr_assert_eq(npyload_loader_next(B, &b), 0, "%s", npyload_loader_errmsg(B));
+            cr_assert_eq(npyload_batch_seq(b), 0);
+            check_batch(b);
+            npyload_batch_release(b);
+            npyload_loader_destroy(B);
+        }
+    }
+    /* a state whose N differs from the fields is a mismatch, caught at start */
+    npyload_state other = good;
+    other.num_samples = N_TOTAL * 4;
+    other.consumed = N_TOTAL * 2;
+    npyload_loader *C = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_set_state(C, &other), 0);
+    cr_assert_eq(npyload_loader_start(C), NPYLOAD_EMISMATCH, "%s", npyload_loader_errmsg(C));
+    npyload_loader_destroy(C);
+    tu_rmtree(d.dir);
+}
+
+/* Issue 11 item 2: np.save(p, np.asfortranarray(np.arange(6).reshape(1,2,3)))
+ * used to load as [[0,3,1],[4,2,5]] (a single sample escaped the refusal).
+ * Fortran files are refused, naming the file, unless their bytes are also
+ * C-ordered; those load with numpy's values. */
+static int start_one_file(const char *dir, const char *name, int fortran, int ndim,
+                          const int64_t *shape, const int64_t *data, size_t n,
+                          npyload_loader **out)
+{
+    char *p = tu_path(dir, name);
+    cr_assert_geq(tu_write_npy(p, "<i8", fortran, ndim, shape, data, n * sizeof *data, 64), 0);
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    const char *paths[1] = {p};
+    cr_assert_eq(npyload_loader_add_field_files(L, "x", paths, 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, shape[0] ? shape[0] : 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, NPYLOAD_IO_PREAD), 0);
+    int rc = npyload_loader_start(L);
+    if (rc)
+        cr_assert_not_null(strstr(npyload_loader_errmsg(L), p), "%s", npyload_loader_errmsg(L));
+    free(p);
+    *out = L;
+    return rc;
+}
+
+Test(loader, fortran_order_never_transposed)
+{
+    char *dir = tu_mkdtemp("fortran");
+    /* Fortran bytes of arange(6).reshape(1,2,3): column-major 0,3,1,4,2,5. */
+    const int64_t f123[6] = {0, 3, 1, 4, 2, 5};
+    const int64_t s123[3] = {1, 2, 3}, s423[3] = {4, 2, 3}, s23[2] = {2, 3};
+    npyload_loader *L;
+    cr_assert_eq(start_one_file(dir, "one_sample.npy", 1, 3, s123, f123, 6, &L),
+                 NPYLOAD_EUNSUPPORTED, "a (1,2,3) Fortran file was accepted");
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "Fortran"));
+    npyload_loader_destroy(L);
+    int64_t z[24] = {0};
+    cr_assert_eq(start_one_file(dir, "many.npy", 1, 3, s423, z, 24, &L), NPYLOAD_EUNSUPPORTED);
+    npyload_loader_destroy(L);
+    cr_assert_eq(start_one_file(dir, "two_d.npy", 1, 2, s23, z, 6, &L), NPYLOAD_EUNSUPPORTED);
+    npyload_loader_destroy(L);
+
+    /* Bytes identical in both orders: accepted, values as numpy reads them. */
+    const int64_t v[6] = {10, 11, 12, 13, 14, 15};
+    const int64_t shapes[3][3] = {{6, 1, 1}, {1, 1, 6}, {1, 6, 1}};
+    for (int k = 0; k < 3; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "ok_%d.npy", k);
+        cr_assert_eq(start_one_file(dir, name, 1, 3, shapes[k], v, 6, &L), 0, "%s",
+                     npyload_loader_errmsg(L));
+        npyload_batch *b;
+        cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+        const npyload_array *a = npyload_batch_field(b, 0);
+        cr_assert_eq(a->nbytes, sizeof v);
+        cr_assert_eq(memcmp(a->data, v, sizeof v), 0);
+        npyload_batch_release(b);
+        npyload_loader_destroy(L);
+    }
+    tu_rmtree(dir);
+}
+
+/* Issue 11 item 6: a fork() child that inherits a started loader used to
+ * hang in next() (no workers) and in destroy (joins and cond_destroy of the
+ * parent's threads). Now every call there returns NPYLOAD_EFORKED, destroy
+ * and release return at once, and the parent carries on unaffected. The
+ * child runs under alarm(): a hang fails the test instead of CI. */
+Test(loader, fork_child_gets_eforked_and_exits)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_AUTO, .workers = 3, .prefetch = 4, .batch = 5, .shuffle = 1,
+             .seed = 3};
+    npyload_loader *L = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_str_eq(npyload_strerror(NPYLOAD_EFORKED),
+                     "loader used in a child process after fork()");
+    npyload_batch *held;
+    cr_assert_eq(npyload_loader_next(L, &held), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        alarm(10);
+        int bad = 0;
+        npyload_batch *b = NULL;
+        bad |= npyload_loader_next(L, &b) != NPYLOAD_EFORKED || b != NULL;
+        bad |= strstr(npyload_loader_errmsg(L), "fork()") == NULL;
+        bad |= npyload_loader_set_epoch(L, 1) != NPYLOAD_EFORKED;
+        npyload_state st;
+        bad |= npyload_loader_get_state(L, &st) != NPYLOAD_EFORKED;
+        bad |= npyload_loader_set(L, NPYLOAD_OPT_SEED, 1) != NPYLOAD_EFORKED;
+        bad |= npyload_loader_num_batches(L) != NPYLOAD_EFORKED;
+        /* the inherited batch's bytes are the child's copy: still readable */
+        bad |= npyload_batch_size(held) != 5;
+        npyload_batch_release(held);
+        npyload_loader_destroy(L);
+        _exit(bad ? 3 : 0);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status), "child did not exit (signal %d: a hang hit alarm?)",
+              WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    cr_assert_eq(WEXITSTATUS(status), 0, "child saw the wrong results");
+    /* the parent is unaffected */
+    check_batch(held);
+    npyload_batch_release(held);
+    cr_assert_eq(npyload_loader_set_epoch(L, 1), 0);
+    run_epoch(L, &c, 1);
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+}
+
+/* Issue 11 item 11: destroy with a batch held used to keep every slot,
+ * descriptor, ring and worker until the last release. Now only the held
+ * slot survives: the descriptors are closed at destroy, the held batch's
+ * bytes stay right, and the release frees the rest (ASan: no leak). */
+Test(loader, destroy_with_batch_held_frees_the_rest)
+{
+    dataset d = make_dataset();
+    for (int backend = NPYLOAD_IO_URING; backend <= NPYLOAD_IO_MMAP; backend++) {
+        if (backend == NPYLOAD_IO_URING && !uring_ok())
+            continue; /* covered by pread and mmap */
+        int before = tu_count_fds();
+        cr_assert_gt(before, 0);
+        cfg c = {.backend = backend, .workers = 3, .prefetch = 6, .batch = 4, .shuffle = 1};
+        npyload_loader *L = open_loader(&d, &c);
+        cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+        npyload_batch *held, *b;
+        cr_assert_eq(npyload_loader_next(L, &held), 0);
+        for (int k = 0; k < 3; k++) { /* workers open more files meanwhile */
+            cr_assert_eq(npyload_loader_next(L, &b), 0);
+            npyload_batch_release(b);
+        }
+        cr_assert_gt(tu_count_fds(), before, "backend %d: no descriptor open while running",
+                     backend);
+        npyload_loader_destroy(L);
+        cr_assert_eq(tu_count_fds(), before,
+                     "backend %d: descriptors still open after destroy with a batch held",
+                     backend);
+        check_batch(held);
+        npyload_batch_release(held); /* frees the rest */
+        cr_assert_eq(tu_count_fds(), before);
+    }
+    tu_rmtree(d.dir);
+}
+
+/* Issue 11 item 5: start() on a field whose file is a FIFO returns an error
+ * promptly instead of blocking in open(). Child under alarm(). */
+Test(loader, fifo_field_fails_start_promptly)
+{
+    char *dir = tu_mkdtemp("fifo");
+    char *p = tu_path(dir, "x_0000.npy");
+    cr_assert_eq(mkfifo(p, 0600), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        alarm(10);
+        npyload_loader *L;
+        if (npyload_loader_create(&L) || npyload_loader_add_field(L, "x", p))
+            _exit(2);
+        int rc = npyload_loader_start(L);
+        int ok = rc == NPYLOAD_EINVAL && strstr(npyload_loader_errmsg(L), "(FIFO)") &&
+                 strstr(npyload_loader_errmsg(L), p);
+        npyload_loader_destroy(L);
+        _exit(ok ? 0 : 3);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status), "start() hung on a FIFO (signal %d)",
+              WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    cr_assert_eq(WEXITSTATUS(status), 0, "wrong code or message");
+    free(p);
+    tu_rmtree(dir);
+}
+
+/* Issue 11 item 8: with `ulimit -n 64` and 16 workers, start succeeded and
+ * reads then failed with EMFILE mid-epoch (each worker kept at least 4 files
+ * plus a ring). The open-file caches are now sized from what RLIMIT_NOFILE
+ * leaves, or start refuses with the numbers. Runs in a child (setrlimit is
+ * process-wide); the child checks every byte and reports by exit code. */
+static int fd_limit_child(const char *glob, rlim_t limit, int backend, char *msg, size_t msglen)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return 10;
+    rl.rlim_cur = limit;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return 11;
+    npyload_loader *L;
+    if (npyload_loader_create(&L) || npyload_loader_add_field(L, "x", glob))
+        return 12;
+    npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 16); /* ~16 files per batch */
+    npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, 16);
+    npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, NPYLOAD_SHUFFLE_FULL);
+    npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, backend);
+    int rc = npyload_loader_start(L);
+    snprintf(msg, msglen, "%s", npyload_loader_errmsg(L));
+    if (rc) {
+        npyload_loader_destroy(L);
+        return rc == -EMFILE ? 20 : 13;
+    }
+    int bad = 0;
+    for (uint64_t e = 0; e < 2 && !bad; e++) {
+        npyload_loader_set_epoch(L, e);
+        npyload_batch *b;
+        int64_t got = 0;
+        while ((rc = npyload_loader_next(L, &b)) == 0) {
+            const uint8_t *p = npyload_batch_field(b, 0)->data;
+            const int64_t *idx = npyload_batch_indices(b);
+            for (size_t r = 0; r < npyload_batch_size(b); r++, got++)
+                for (size_t i = 0; i < 32; i++)
+                    bad |= p[r * 32 + i] != tu_byte(5, (uint64_t)idx[r], i);
+            npyload_batch_release(b);
+        }
+        if (rc != NPYLOAD_EOF || got != 240) {
+            snprintf(msg, msglen, "epoch %llu: rc %d after %lld samples: %s",
+                     (unsigned long long)e, rc, (long long)got, npyload_loader_errmsg(L));
+            bad = 1;
+        }
+    }
+    npyload_loader_destroy(L);
+    return bad ? 14 : 0;
+}
+
+static int run_fd_limit_child(const char *glob, rlim_t limit, int backend, char *msg, size_t len)
+{
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(fds[0]);
+        alarm(30);
+        char m[1024] = "";
+        int code = fd_limit_child(glob, limit, backend, m, sizeof m);
+        dprintf(fds[1], "%s", m);
+        _exit(code);
+    }
+    close(fds[1]);
+    ssize_t n = read(fds[0], msg, len - 1);
+    msg[n > 0 ? n : 0] = 0;
+    close(fds[0]);
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status), "child killed by signal %d", WTERMSIG(status));
+    return WEXITSTATUS(status);
+}
+
+Test(loader, fd_budget_follows_rlimit_nofile)
+{
+    char *dir = tu_mkdtemp("fdlimit");
+    int64_t sizes[120]; /* many files: every worker's cache fills up */
+    for (int i = 0; i < 120; i++)
+        sizes[i] = 2;
+    const int64_t shape[1] = {32};
+    cr_assert_eq(tu_write_field(dir, "x", 5, "|u1", 1, 1, shape, sizes, 120, 64), 0);
+    char glob[512], msg[1024];
+    snprintf(glob, sizeof glob, "%s/x_*.npy", dir);
+    int backends[2] = {NPYLOAD_IO_AUTO, NPYLOAD_IO_PREAD};
+    for (int k = 0; k < 2; k++) {
+        int code = run_fd_limit_child(glob, 64, backends[k], msg, sizeof msg);
+        cr_assert_eq(code, 0, "backend %d, ulimit -n 64, 16 workers: exit %d: %s", backends[k],
+                     code, msg);
+        /* far too few: refused at start, with the numbers */
+        code = run_fd_limit_child(glob, 28, backends[k], msg, sizeof msg);
+        cr_assert_eq(code, 20, "backend %d, ulimit -n 28: exit %d: %s", backends[k], code, msg);
+        cr_assert_not_null(strstr(msg, "16 workers need at least"), "%s", msg);
+        cr_assert_not_null(strstr(msg, "RLIMIT_NOFILE is 28"), "%s", msg);
+    }
+    tu_rmtree(dir);
+}
+
+/* Issue 11 item 9: a glob into a missing directory said "Input/output
+ * error". It now names the directory; an existing one without matches says
+ * so. */
+Test(loader, glob_into_missing_directory_names_it)
+{
+    char *dir = tu_mkdtemp("glob");
+    char pat[512], want[512];
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    snprintf(pat, sizeof pat, "%s/nope/deeper/*.npy", dir);
+    int rc = npyload_loader_add_field(L, "x", pat);
+    cr_assert_eq(rc, -ENOENT, "%d: %s", rc, npyload_loader_errmsg(L));
+    snprintf(want, sizeof want, "directory %s/nope does not exist", dir);
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), want), "%s", npyload_loader_errmsg(L));
+    cr_assert_null(strstr(npyload_loader_errmsg(L), "Input/output"));
+    snprintf(pat, sizeof pat, "%s/*.npy", dir);
+    cr_assert_eq(npyload_loader_add_field(L, "x", pat), NPYLOAD_ENOFILES);
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "no files match"), "%s",
+                       npyload_loader_errmsg(L));
+    npyload_loader_destroy(L);
+    tu_rmtree(dir);
+}
+
+/* Issue 11 item 10: get() after start returned 0 for PREFETCH and
+ * NUM_WORKERS (the defaults as set); it returns the resolved values. */
+Test(loader, get_after_start_returns_resolved_values)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_AUTO, .workers = 0, .prefetch = 0, .batch = 4};
+    npyload_loader *L = open_loader(&d, &c);
+    int64_t v = -1;
+    cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_PREFETCH, &v), 0);
+    cr_assert_eq(v, 0); /* before start: as set */
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_NUM_WORKERS, &v), 0);
+    cr_assert_eq(v, 2, "NUM_WORKERS %lld", (long long)v);
+    cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_PREFETCH, &v), 0);
+    cr_assert_eq(v, 4, "PREFETCH %lld", (long long)v);
+    npyload_stats st;
+    cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+    cr_assert_eq((uint64_t)v, st.num_slots);
+    cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_QUEUE_DEPTH, &v), 0);
+    cr_assert_eq(v, 32);
+    cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_SHUFFLE_WINDOW, &v), 0);
+    cr_assert_eq(v, 8);
+    cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_IO_BACKEND, &v), 0);
+    cr_assert_eq(v, (int64_t)npyload_loader_backend(L));
+    cr_assert_neq(v, NPYLOAD_IO_AUTO);
+    cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_BATCH_SIZE, &v), 0);
+    cr_assert_eq(v, 4);
     npyload_loader_destroy(L);
     tu_rmtree(d.dir);
 }

@@ -1,6 +1,9 @@
-/* npyload-bench: declarations shared by the measuring program
- * (npyload_bench.c) and its pure, unit-tested logic (npyload_bench_report.c:
- * percentiles, the recommendation, JSON, PNG/SVG heatmaps).
+/* npyload-bench: the types of a measurement and its pure, unit-tested logic:
+ *   npyload_bench_recommend.c  percentiles, the recommendation
+ *   npyload_bench_report.c     the JSON document and the text table
+ *   npyload_bench_plot.c       the SVG heatmap
+ * The measuring side (npyload_bench.c and npyload_bench_*.c beside it) has
+ * its own header, npyload_bench_measure.h.
  *
  * Like every tool, this uses nothing of lib/ but include/npyload.h. */
 #ifndef NPYLOAD_BENCH_H
@@ -86,6 +89,7 @@ typedef struct nb_field_info {
     char name[64];
     char glob[512];
     size_t nfiles;
+    int64_t nsamples;          /* samples in the field's files */
     uint64_t sample_bytes;
     char descr[8];
     int ndim;                  /* per-sample ndim */
@@ -120,7 +124,7 @@ typedef struct nb_report {
     const char *warnings;      /* newline-separated, may be NULL */
 } nb_report;
 
-/* ---- npyload_bench_report.c: pure logic ---- */
+/* ---- npyload_bench_recommend.c ---- */
 
 /* Percentile p in [0,100] of v[0..n) with linear interpolation between
  * closest ranks (numpy's default). Sorts v in place. n == 0 gives 0. */
@@ -145,20 +149,25 @@ int nb_recommend(const nb_run *runs, size_t n, double compute_ms,
 void nb_format_recommendation(const nb_recommendation *r, double compute_ms,
                               char *buf, size_t len);
 
+/* ---- npyload_bench_report.c ---- */
+
 /* JSON document (see bench/schema.json). @return : 0 or -1 on I/O error. */
 int nb_write_json(FILE *f, const nb_report *rep);
 int nb_write_json_file(const char *path, const nb_report *rep);
 
-/* Heatmap of the workers x prefetch grid, one panel per io backend: GB/s, or
- * stall % when compute_ms > 0. PNG unless the path ends in ".svg".
- * @return : 0 or -1. */
-int nb_write_plot(const char *path, const nb_report *rep);
+/* The text report on stdout, piece by piece as the measurement goes: the
+ * machine and the data, the ceilings (`ref`: the reference's name), the
+ * table's header, one row per run. */
+void nb_print_setup(FILE *f, const nb_config *c, const nb_machine *m, uint64_t total_bytes);
+void nb_print_ceilings(FILE *f, const nb_ceiling *ce, size_t n, const char *ref);
+void nb_print_table_header(FILE *f);
+void nb_print_run(FILE *f, const nb_run *r);
 
-/* Building blocks, exposed for tests. */
-uint32_t nb_crc32(const uint8_t *p, size_t n, uint32_t crc);
-uint32_t nb_adler32(const uint8_t *p, size_t n);
-/* Writes an 8-bit RGB image as a PNG with stored (uncompressed) deflate
- * blocks. @return : 0 or -1. */
-int nb_png_write(FILE *f, const uint8_t *rgb, int w, int h);
+/* ---- npyload_bench_plot.c ---- */
+
+/* SVG heatmap of the workers x prefetch grid, one panel per io backend:
+ * GB/s, or stall % when compute_ms > 0; the recommended cell framed.
+ * @return : 0, or -1 (no run, or an I/O error: errno says which). */
+int nb_write_plot(const char *path, const nb_report *rep);
 
 #endif

@@ -14,13 +14,15 @@
  *
  * Exit status: 0 all files read, 1 at least one file failed, 2 usage error.
  *
- * Uses nothing but include/npyload.h and libc.
+ * Uses nothing but include/npyload.h, libc and the tools' JSON writer
+ * (npyload_json.c).
  */
+#include <getopt.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "npyload.h"
+#include "npyload_json.h"
 
 #define PROG "npyload-inspect"
 
@@ -40,57 +42,6 @@ static void usage(FILE *f)
             "\n"
             "Exit status: 0 all files read, 1 some file failed (each failure\n"
             "is named on stderr), 2 usage error.\n");
-}
-
-/* Writes `s` as a JSON string literal: quotes, backslashes and control
- * characters escaped; bytes >= 0x80 passed through (file names are bytes;
- * valid UTF-8 stays valid, and invalid bytes are escaped as \u00XX so the
- * line stays parseable). */
-static void json_string(FILE *f, const char *s)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    fputc('"', f);
-    while (*p) {
-        unsigned char c = *p;
-        if (c == '"' || c == '\\') {
-            fputc('\\', f);
-            fputc(c, f);
-            p++;
-        } else if (c == '\n') {
-            fputs("\\n", f);
-            p++;
-        } else if (c == '\t') {
-            fputs("\\t", f);
-            p++;
-        } else if (c == '\r') {
-            fputs("\\r", f);
-            p++;
-        } else if (c < 0x20 || c == 0x7f) {
-            fprintf(f, "\\u%04x", c);
-            p++;
-        } else if (c < 0x80) {
-            fputc(c, f);
-            p++;
-        } else {
-            /* Pass a well-formed UTF-8 sequence through; escape stray bytes
-             * as the Latin-1 code point of the byte. */
-            size_t n = c >= 0xf0 && c <= 0xf4   ? 4
-                       : c >= 0xe0 && c <= 0xef ? 3
-                       : c >= 0xc2 && c <= 0xdf ? 2
-                                                : 0;
-            size_t k = 1;
-            while (n && k < n && (p[k] & 0xc0) == 0x80)
-                k++;
-            if (n && k == n) {
-                fwrite(p, 1, n, f);
-                p += n;
-            } else {
-                fprintf(f, "\\u%04x", c);
-                p++;
-            }
-        }
-    }
-    fputc('"', f);
 }
 
 static void print_shape_tuple(FILE *f, const npyload_header *h)
@@ -116,22 +67,16 @@ static void print_text(const char *path, const npyload_header *h)
 
 static void print_json(const char *path, const npyload_header *h)
 {
-    fputs("{\"file\": ", stdout);
-    json_string(stdout, path);
-    printf(", \"version\": \"%d.%d\", \"descr\": ", h->major_version,
-           h->minor_version);
-    json_string(stdout, h->descr);
-    fputs(", \"shape\": [", stdout);
+    nj_printf(stdout, "{\"file\": %s, \"version\": \"%d.%d\", \"descr\": %s, \"shape\": [",
+              path, h->major_version, h->minor_version, h->descr);
     for (int i = 0; i < h->ndim; i++)
         printf("%s%lld", i ? ", " : "", (long long)h->shape[i]);
-    printf("], \"fortran_order\": %s, \"itemsize\": %zu, "
-           "\"header_len\": %llu, \"data_offset\": %llu, "
-           "\"data_bytes\": %llu, \"file_bytes\": %llu}\n",
-           h->fortran_order ? "true" : "false", h->itemsize,
-           (unsigned long long)h->header_len,
-           (unsigned long long)h->data_offset,
-           (unsigned long long)h->data_bytes,
-           (unsigned long long)h->file_bytes);
+    nj_printf(stdout,
+              "], \"fortran_order\": %c, \"itemsize\": %zu, \"header_len\": %llu, "
+              "\"data_offset\": %llu, \"data_bytes\": %llu, \"file_bytes\": %llu}\n",
+              h->fortran_order, h->itemsize, (unsigned long long)h->header_len,
+              (unsigned long long)h->data_offset, (unsigned long long)h->data_bytes,
+              (unsigned long long)h->file_bytes);
 }
 
 /* Returns 0 if `path` was reported, 1 if it failed. */
@@ -159,15 +104,9 @@ static int inspect_one(const char *path, int json)
     else
         snprintf(msg, sizeof msg, "%s: %s", path, npyload_strerror(rc));
 
-    if (json) {
-        fputs("{\"file\": ", stdout);
-        json_string(stdout, path);
-        fputs(", \"error\": ", stdout);
-        json_string(stdout, msg);
-        fputs(", \"code\": ", stdout);
-        json_string(stdout, npyload_strerror(rc));
-        fputs("}\n", stdout);
-    }
+    if (json)
+        nj_printf(stdout, "{\"file\": %s, \"error\": %s, \"code\": %s}\n", path, msg,
+                  npyload_strerror(rc));
     /* stdout first so that an interleaved terminal shows the error after the
      * records that precede it. */
     fflush(stdout);
@@ -177,48 +116,42 @@ static int inspect_one(const char *path, int json)
 
 int main(int argc, char **argv)
 {
-    int json = 0, nfiles = 0, opts_done = 0;
-    const char **files = calloc((size_t)argc + 1, sizeof *files);
-    if (!files) {
-        fprintf(stderr, PROG ": out of memory\n");
-        return 1;
-    }
-    /* Options may follow file names (GNU style), so `npyload-inspect a.npy
-     * --json` works; `--` ends the options; "-" alone is a file name. */
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (opts_done || a[0] != '-' || a[1] == '\0') {
-            files[nfiles++] = a;
-        } else if (strcmp(a, "--") == 0) {
-            opts_done = 1;
-        } else if (strcmp(a, "--json") == 0) {
+    static const struct option longopts[] = {
+        {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
+        {NULL, 0, NULL, 0},
+    };
+    int json = 0, c;
+    /* GNU getopt permutes: options may follow file names (`npyload-inspect
+     * a.npy --json`), `--` ends the options, "-" alone is a file name. */
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'j':
             json = 1;
-        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            break;
+        case 'h':
             usage(stdout);
-            free(files);
             return 0;
-        } else if (strcmp(a, "--version") == 0) {
+        case 'V':
             printf(PROG " %s\n", npyload_version_string());
-            free(files);
             return 0;
-        } else {
-            fprintf(stderr, PROG ": unknown option '%s'\n", a);
+        default:
+            fprintf(stderr, PROG ": unknown option '%s'\n", argv[optind - 1]);
             usage(stderr);
-            free(files);
             return 2;
         }
     }
-    if (nfiles == 0) {
+    if (optind == argc) {
         fprintf(stderr, PROG ": no FILE given\n");
         usage(stderr);
-        free(files);
         return 2;
     }
 
     int failed = 0;
-    for (int i = 0; i < nfiles; i++)
-        failed |= inspect_one(files[i], json);
-    free(files);
+    for (int i = optind; i < argc; i++)
+        failed |= inspect_one(argv[i], json);
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, PROG ": error writing to stdout\n");
         return 1;

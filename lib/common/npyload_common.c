@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <time.h>
 
 int npyl_fail(char *err, size_t errlen, int code, const char *fmt, ...)
@@ -52,7 +54,52 @@ static int cmp_paths(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-int npyl_glob_sorted(const char *pattern, char ***paths, size_t *n)
+/* glob() says only "aborted" when a directory cannot be read. Name the
+ * first directory of the pattern's fixed prefix (before any wildcard) that
+ * is missing or unreadable; returns -errno for it, or -EIO if each exists. */
+static int explain_glob_error(const char *pattern, char *err, size_t errlen)
+{
+    size_t meta = strcspn(pattern, "*?[\\");
+    size_t len = meta;
+    while (len > 0 && pattern[len - 1] != '/')
+        len--; /* the directory part of the fixed prefix */
+    char *dir = strndup(pattern, len);
+    if (!dir)
+        return npyl_fail(err, errlen, -ENOMEM, "out of memory");
+    /* Walk down component by component: the first one that fails. */
+    for (size_t k = 1; k <= len; k++) {
+        if (k < len && dir[k] != '/')
+            continue;
+        char c = dir[k];
+        dir[k] = 0;
+        struct stat st;
+        int rc = 0;
+        if (stat(dir, &st) != 0)
+            rc = -errno;
+        else if (!S_ISDIR(st.st_mode))
+            rc = -ENOTDIR;
+        else if (k == len && access(dir, R_OK | X_OK) != 0)
+            rc = -errno;
+        if (rc) {
+            if (rc == -ENOENT)
+                npyl_fail(err, errlen, rc, "%s: directory %s does not exist", pattern, dir);
+            else if (rc == -ENOTDIR)
+                npyl_fail(err, errlen, rc, "%s: %s is not a directory", pattern, dir);
+            else
+                npyl_fail(err, errlen, rc, "%s: directory %s cannot be read: %s", pattern,
+                          dir, npyload_strerror(rc));
+            free(dir);
+            return rc;
+        }
+        dir[k] = c;
+    }
+    free(dir);
+    return npyl_fail(err, errlen, -EIO, "%s: a directory matched by the pattern cannot "
+                     "be read", pattern);
+}
+
+int npyl_glob_sorted(const char *pattern, char ***paths, size_t *n, char *err,
+                     size_t errlen)
 {
     glob_t g;
     *paths = NULL;
@@ -60,32 +107,38 @@ int npyl_glob_sorted(const char *pattern, char ***paths, size_t *n)
     /* GLOB_NOSORT: glob's own sort follows the locale's collation; we want
      * byte order, the same on every machine. */
     int rc = glob(pattern, GLOB_NOSORT | GLOB_ERR, NULL, &g);
-    if (rc == GLOB_NOMATCH)
-        return NPYLOAD_ENOFILES;
+    if (rc == GLOB_NOMATCH) {
+        /* Without GLOB_ERR's abort, a missing directory is "no match" too. */
+        int why = explain_glob_error(pattern, err, errlen);
+        if (why != -EIO)
+            return why;
+        return npyl_fail(err, errlen, NPYLOAD_ENOFILES, "%s: no files match", pattern);
+    }
     if (rc == GLOB_NOSPACE)
-        return -ENOMEM;
+        return npyl_fail(err, errlen, -ENOMEM, "%s: out of memory expanding the pattern",
+                         pattern);
     if (rc != 0) {
         globfree(&g);
-        return -EIO;
+        return explain_glob_error(pattern, err, errlen);
     }
     char **out = calloc(g.gl_pathc ? g.gl_pathc : 1, sizeof *out);
     if (!out) {
         globfree(&g);
-        return -ENOMEM;
+        return npyl_fail(err, errlen, -ENOMEM, "out of memory");
     }
     for (size_t i = 0; i < g.gl_pathc; i++) {
         out[i] = strdup(g.gl_pathv[i]);
         if (!out[i]) {
             npyl_free_paths(out, i);
             globfree(&g);
-            return -ENOMEM;
+            return npyl_fail(err, errlen, -ENOMEM, "out of memory");
         }
     }
     *n = g.gl_pathc;
     globfree(&g);
     qsort(out, *n, sizeof *out, cmp_paths);
     *paths = out;
-    return *n ? 0 : NPYLOAD_ENOFILES;
+    return *n ? 0 : npyl_fail(err, errlen, NPYLOAD_ENOFILES, "%s: no files match", pattern);
 }
 
 void npyl_free_paths(char **paths, size_t n)

@@ -33,8 +33,11 @@ NPYL_HIDDEN int npyl_add_u64(uint64_t a, uint64_t b, uint64_t *out);
 
 /* Expands a glob into a sorted (byte order, strcmp) list of paths. On success
  * *paths holds *n malloc'd strings in one malloc'd array (npyl_free_paths).
- * Returns 0, NPYLOAD_ENOFILES or -errno. */
-NPYL_HIDDEN int npyl_glob_sorted(const char *pattern, char ***paths, size_t *n);
+ * Returns 0, NPYLOAD_ENOFILES or -errno, with a message in err naming the
+ * pattern and, where a directory is at fault, which one ("PATTERN: directory
+ * DIR does not exist"). */
+NPYL_HIDDEN int npyl_glob_sorted(const char *pattern, char ***paths, size_t *n,
+                                 char *err, size_t errlen);
 NPYL_HIDDEN void npyl_free_paths(char **paths, size_t n);
 
 #endif

@@ -7,12 +7,16 @@
  * present (cuModuleLoadData), so the library needs no CUDA toolkit at build
  * time. The driver API (libcuda.so.1) is loaded with dlopen like the runtime;
  * it works on the primary context that the runtime makes current, so the
- * runtime's stream is a valid CUstream for cuLaunchKernel. */
+ * runtime's stream is a valid CUstream for cuLaunchKernel.
+ *
+ * Not part of libnpyload: built into the npyload_bench_support static
+ * library, declared in include/npyload_bench_support.h (unstable). */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "npyload_bench_support.h"
 #include "npyload_cuda.h"
 
 /* Spins until %globaltimer (ns) has advanced by `ns` from the kernel's start.

@@ -770,6 +770,22 @@ int npyload_parse_header(const void *buf, size_t len, uint64_t file_size,
     return 0;
 }
 
+/* What a non-regular file is, for messages. */
+static const char *file_kind(mode_t m)
+{
+    if (S_ISFIFO(m))
+        return "FIFO";
+    if (S_ISCHR(m))
+        return "character device";
+    if (S_ISBLK(m))
+        return "block device";
+    if (S_ISSOCK(m))
+        return "socket";
+    if (S_ISLNK(m))
+        return "symbolic link";
+    return "special file";
+}
+
 /* pread until n bytes or end of file; returns the count or -errno. */
 static ssize_t pread_full(int fd, void *buf, size_t n, off_t off)
 {
@@ -795,18 +811,20 @@ int npyload_read_header(const char *path, npyload_header *out, char *err,
         return npyl_fail(err, errlen, NPYLOAD_EINVAL,
                          "%s: npyload_read_header: NULL argument",
                          path ? path : "<null>");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: open() of a FIFO without a writer (or of some devices)
+     * would block forever before the regular-file check below. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         int e = errno;
         return npyl_fail(err, errlen, -e, "%s: cannot open: %s", path,
-                         strerror(e));
+                         npyload_strerror(-e));
     }
     int rc;
     unsigned char *big = NULL;
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
-        rc = npyl_fail(err, errlen, -e, "%s: cannot stat: %s", path, strerror(e));
+        rc = npyl_fail(err, errlen, -e, "%s: cannot stat: %s", path, npyload_strerror(-e));
         goto done;
     }
     if (S_ISDIR(st.st_mode)) {
@@ -816,8 +834,17 @@ int npyload_read_header(const char *path, npyload_header *out, char *err,
     if (!S_ISREG(st.st_mode)) {
         /* Sizes of pipes and devices mean nothing; the loader needs
          * random access anyway. */
-        rc = npyl_fail(err, errlen, NPYLOAD_EINVAL, "%s: not a regular file",
-                       path);
+        rc = npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                       "%s: not a regular file (%s)", path,
+                       file_kind(st.st_mode));
+        goto done;
+    }
+    /* A regular file: back to ordinary blocking reads. */
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        int e = errno;
+        rc = npyl_fail(err, errlen, -e, "%s: fcntl failed: %s", path,
+                       npyload_strerror(-e));
         goto done;
     }
     uint64_t size = (uint64_t)st.st_size;
@@ -827,7 +854,7 @@ int npyload_read_header(const char *path, npyload_header *out, char *err,
     ssize_t got = pread_full(fd, pre, size < sizeof pre ? (size_t)size : sizeof pre, 0);
     if (got < 0) {
         rc = npyl_fail(err, errlen, (int)got, "%s: read failed at offset 0: %s",
-                       path, strerror((int)-got));
+                       path, npyload_strerror((int)got));
         goto done;
     }
     rc = npyload_parse_header(pre, (size_t)got, size, path, out, err, errlen);
@@ -844,7 +871,7 @@ int npyload_read_header(const char *path, npyload_header *out, char *err,
         got = pread_full(fd, big, need, 0);
         if (got < 0) {
             rc = npyl_fail(err, errlen, (int)got, "%s: read failed at offset 0: %s",
-                           path, strerror((int)-got));
+                           path, npyload_strerror((int)got));
             goto done;
         }
         /* A file that shrank meanwhile gives a short read: parse reports it. */

@@ -6,9 +6,12 @@
  * lands directly at its destination, and returns when all are complete or
  * one failed. Files are identified by index into the table given at
  * creation; the context opens them lazily (and keeps a small LRU of open
- * descriptors / mappings, so 10,000+ files never exhaust RLIMIT_NOFILE) and
- * checks on open that the file is still the one validated at start (same
- * device, inode, size and mtime), failing with NPYLOAD_ECHANGED otherwise.
+ * descriptors / mappings, so 10,000+ files never exhaust RLIMIT_NOFILE). It
+ * checks that each file is still the one validated at start (same device,
+ * inode, size and mtime with nanoseconds) when it opens it and again, with
+ * one fstat per distinct file, after each npyl_io_read call's reads, failing
+ * with NPYLOAD_ECHANGED otherwise: a file rewritten in place while its
+ * descriptor stays open is an error, never bytes delivered as success.
  */
 #ifndef NPYLOAD_IO_H
 #define NPYLOAD_IO_H
@@ -54,8 +57,10 @@ NPYL_HIDDEN int npyl_io_create(npyl_io **out, const npyl_io_config *cfg,
 /* Performs all n requests; blocks until every one is complete. Short reads
  * are continued; a read that hits end-of-file early fails with
  * NPYLOAD_ETRUNCATED. On failure returns the code (-errno, NPYLOAD_ETRUNCATED,
- * NPYLOAD_ECHANGED), stores the failing request's index in *bad and writes
- * "PATH: what happened at offset X (N bytes)" to err. With direct I/O the
+ * NPYLOAD_ECHANGED: see above), stores the failing request's index in *bad
+ * and writes "PATH: what happened at offset X (N bytes)" to err. The mmap
+ * backend turns a SIGBUS from its mapping (truncation, EIO) into such an
+ * error too. With direct I/O the
  * part of each request that is 4096-aligned in both file offset and memory is
  * read with O_DIRECT straight into dst; the unaligned head and tail (< 4 KiB
  * each) go through the page cache. *bytes_read (if not NULL) accumulates the
@@ -64,11 +69,19 @@ NPYL_HIDDEN int npyl_io_read(npyl_io *io, const npyl_io_req *reqs, size_t n,
                              size_t *bad, uint64_t *bytes_read, char *err,
                              size_t errlen);
 
+/* The backend reads go through now: the configured one, except that an
+ * io_uring context whose io_uring_enter is refused at run time (EPERM,
+ * EACCES, ENOSYS: a seccomp profile that allows io_uring_setup) falls back
+ * to pread for good, redoing the refused call with pread. May be called from
+ * any thread while another reads. */
+NPYL_HIDDEN int npyl_io_backend_now(const npyl_io *io);
+
 /* Closes every descriptor and mapping; frees the context. NULL-safe. */
 NPYL_HIDDEN void npyl_io_destroy(npyl_io *io);
 
-/* Probes whether io_uring can be set up here (a tiny ring, then torn down).
- * Returns 1 if usable, 0 if not (and writes why), never fails otherwise. */
+/* Probes whether io_uring works here: a tiny ring and one no-op submitted
+ * and waited for, then torn down. Returns 1 if usable, 0 if not (and writes
+ * which call failed and why), never fails otherwise. */
 NPYL_HIDDEN int npyl_io_uring_usable(char *why, size_t whylen);
 
 /* Fills info for `path` from stat(2); returns 0 or -errno. */

@@ -1,15 +1,20 @@
-/* Private to lib/io: what npyload_io.c (the shared part: open-file cache,
- * direct-I/O split, messages) hands the backends. The loader includes only
- * npyload_io.h. */
+/* Private to lib/io. The layers, each using only the ones below it:
+ *
+ *   npyload_io.c          dispatch: create/read/destroy, the io_uring probe
+ *   npyload_io_pread.c,   the backends
+ *   npyload_io_mmap.c,
+ *   npyload_io_uring.c
+ *   npyload_io_files.c    open-file cache (LRU, identity checks), request
+ *                         splitting, the error messages every backend writes
+ *   npyload_io_sigbus.c   the SIGBUS guard the mmap backend copies under
+ *
+ * The loader includes only npyload_io.h. */
 #ifndef NPYLOAD_IO_IMPL_H
 #define NPYLOAD_IO_IMPL_H
 
-#include "npyload_io.h"
+#include <stdatomic.h>
 
-/* ------------------------------------------------------------------------ */
-/* Inside lib/io only: what npyload_io.c (open-file cache, request splitting, */
-/* messages) offers the backends. The loader uses nothing below this line.   */
-/* ------------------------------------------------------------------------ */
+#include "npyload_io.h"
 
 /* One open file of the per-context LRU. A backend pins an entry while it has
  * a read in flight on its descriptors (npyl_io_fh_get .. npyl_io_fh_put), so
@@ -22,20 +27,69 @@ typedef struct npyl_io_fh {
     const uint8_t *map;     /* MMAP backend: whole file, PROT_READ, MAP_SHARED */
     uint64_t map_len;
     unsigned pins;
+    uint64_t used;          /* the npyl_io_read call that last used it */
     struct npyl_io_fh *prev, *next; /* LRU list, most recent first */
 } npyl_io_fh;
+
+typedef struct npyl_io_uring npyl_io_uring;
+
+/* A context. It belongs to one thread at a time; nothing in lib/io locks,
+ * except that backend_now may be read from any thread (stats). */
+struct npyl_io {
+    int backend;              /* as configured */
+    _Atomic int backend_now;  /* what reads go through now (URING may fall
+                                 back to PREAD, once, for good) */
+    int direct;
+    unsigned queue_depth;
+    const npyl_file_info *files;
+    size_t nfiles;
+
+    /* LRU of open files: `cap` entries, `slot_of[file]` is the entry holding
+     * `file` or -1. `head` is the most recently used, `tail` the least. */
+    npyl_io_fh *fh;
+    unsigned cap;
+    int32_t *slot_of;
+    npyl_io_fh *head, *tail;
+    uint64_t call;            /* npyl_io_read calls so far */
+
+    npyl_io_uring *uring;     /* URING backend state, else NULL */
+    int sigbus_ref;           /* MMAP: holds a reference on the handler */
+};
+
+/* ---- npyload_io_files.c: open-file cache ------------------------------- */
+
+/* Allocates the LRU (cfg->max_open entries, at most one per file) and
+ * records the file table. Returns 0 or -ENOMEM. npyl_io_files_fini closes
+ * every entry and frees it (safe on a partly initialised context). */
+NPYL_HIDDEN int npyl_io_files_init(npyl_io *io, const npyl_io_config *cfg);
+NPYL_HIDDEN void npyl_io_files_fini(npyl_io *io);
 
 /* Returned by npyl_io_fh_get (positive, never an error) when the cache is
  * full and every entry is pinned: complete a read in flight, then retry. */
 #define NPYL_IO_BUSY 2
 
 /* Looks up (or opens, evicting the least recently used unpinned entry) file
- * `file` and pins it. Opening checks identity against the file table
- * (NPYLOAD_ECHANGED) and, for the MMAP backend, maps the file.
+ * `file`, pins it and marks it used by the current call. Opening refuses
+ * non-regular files without blocking on them, checks identity against the
+ * file table (NPYLOAD_ECHANGED) and, for the MMAP backend, maps the file.
+ * Evicting an entry used earlier in the same call checks its identity first
+ * (its reads are done; the check after the call would miss it).
  * Returns 0, NPYL_IO_BUSY, or an error with "PATH: ..." in err. */
 NPYL_HIDDEN int npyl_io_fh_get(npyl_io *io, uint32_t file, npyl_io_fh **out,
                                char *err, size_t errlen);
 NPYL_HIDDEN void npyl_io_fh_put(npyl_io *io, npyl_io_fh *fh);
+
+/* After a call's reads completed: one fstat per distinct file the call used
+ * (they sit at the head of the LRU), failing with NPYLOAD_ECHANGED when a
+ * file's size, mtime, inode or device differs from the table. Catches
+ * in-place rewrites of files whose descriptor stays open, including writes
+ * that raced the reads (a write updates mtime before it copies data). On
+ * failure *bad is the first request of the changed file. */
+NPYL_HIDDEN int npyl_io_files_verify(npyl_io *io, const npyl_io_req *reqs,
+                                     size_t n, size_t *bad, char *err,
+                                     size_t errlen);
+
+/* ---- npyload_io_files.c: request splitting ------------------------------ */
 
 /* A piece of a request read through one descriptor. */
 typedef struct npyl_io_seg {
@@ -50,32 +104,6 @@ typedef struct npyl_io_seg {
 NPYL_HIDDEN unsigned npyl_io_split(const npyl_io *io, const npyl_io_req *r,
                                    npyl_io_seg seg[3]);
 
-NPYL_HIDDEN const npyl_file_info *npyl_io_info(const npyl_io *io, uint32_t file);
-
-/* Messages: "PATH: read of N bytes at offset X failed: <strerror(-code)>" and
- * "PATH: file ends at byte Y, N bytes expected at offset X" (returns
- * NPYLOAD_ETRUNCATED). Both return their code. */
-NPYL_HIDDEN int npyl_io_fail_read(const npyl_io *io, const npyl_io_req *r,
-                                  int code, char *err, size_t errlen);
-NPYL_HIDDEN int npyl_io_fail_eof(const npyl_io *io, const npyl_io_req *r,
-                                 uint64_t file_end, char *err, size_t errlen);
-
-/* Backends. Each read function has npyl_io_read's contract. */
-NPYL_HIDDEN int npyl_io_pread_read(npyl_io *io, const npyl_io_req *reqs,
-                                   size_t n, size_t *bad, uint64_t *bytes_read,
-                                   char *err, size_t errlen);
-NPYL_HIDDEN int npyl_io_mmap_read(npyl_io *io, const npyl_io_req *reqs,
-                                  size_t n, size_t *bad, uint64_t *bytes_read,
-                                  char *err, size_t errlen);
-typedef struct npyl_io_uring npyl_io_uring;
-NPYL_HIDDEN int npyl_io_uring_create(npyl_io_uring **out, unsigned queue_depth,
-                                     char *err, size_t errlen);
-NPYL_HIDDEN void npyl_io_uring_destroy(npyl_io_uring *u);
-NPYL_HIDDEN int npyl_io_uring_read(npyl_io *io, npyl_io_uring *u,
-                                   const npyl_io_req *reqs, size_t n,
-                                   size_t *bad, uint64_t *bytes_read,
-                                   char *err, size_t errlen);
-
 /* The synchronous backends (pread, mmap) handle one request at a time: this
  * runs `one` on each request in order with its file pinned, stops at the first
  * failure (storing its index in *bad) and adds the bytes that landed to
@@ -86,5 +114,58 @@ typedef int (*npyl_io_one_fn)(npyl_io *io, const npyl_io_req *r,
 NPYL_HIDDEN int npyl_io_each(npyl_io *io, const npyl_io_req *reqs, size_t n,
                              size_t *bad, uint64_t *bytes_read, char *err,
                              size_t errlen, npyl_io_one_fn one);
+
+/* ---- npyload_io_files.c: messages --------------------------------------- */
+
+/* "PATH: read of N bytes at offset X failed: <description of code>". */
+NPYL_HIDDEN int npyl_io_fail_read(const npyl_io *io, const npyl_io_req *r,
+                                  int code, char *err, size_t errlen);
+/* "PATH: file ends at byte Y[ (Z at start)], N bytes expected at offset X",
+ * NPYLOAD_ETRUNCATED; Y is the file's size now (fstat of fh's descriptor),
+ * Z the size recorded at start when it differs. */
+NPYL_HIDDEN int npyl_io_fail_eof(const npyl_io *io, const npyl_io_req *r,
+                                 const npyl_io_fh *fh, char *err,
+                                 size_t errlen);
+/* A fault (SIGBUS) while copying request r from fh's mapping, `at` bytes
+ * into it: NPYLOAD_ETRUNCATED when the file is now shorter than the request,
+ * NPYLOAD_ECHANGED when it changed otherwise, else -EIO. */
+NPYL_HIDDEN int npyl_io_fail_fault(const npyl_io *io, const npyl_io_req *r,
+                                   const npyl_io_fh *fh, uint64_t at,
+                                   char *err, size_t errlen);
+
+/* ---- npyload_io_sigbus.c: the SIGBUS guard ----------------------------- */
+
+/* Holds / drops a reference on the process's SIGBUS handler: the first
+ * reference installs it (saving the previous action), the last restores the
+ * previous action. Refcounted under a mutex: the only process-wide state of
+ * the library. Returns 0 or -errno with a message. */
+NPYL_HIDDEN int npyl_sigbus_acquire(char *err, size_t errlen);
+NPYL_HIDDEN void npyl_sigbus_release(void);
+
+/* memcpy(dst, src, len) that survives a SIGBUS raised by reading src (a
+ * mapped file truncated under us, or an I/O error behind the mapping).
+ * Needs a reference (npyl_sigbus_acquire). Returns 0, or -EFAULT with *at
+ * set to the offset in src of the faulting address; dst then holds an
+ * unspecified prefix. */
+NPYL_HIDDEN int npyl_sigbus_copy(void *dst, const void *src, size_t len,
+                                 uint64_t *at);
+
+/* ---- the backends: each read function has npyl_io_read's contract ------ */
+
+NPYL_HIDDEN int npyl_io_pread_read(npyl_io *io, const npyl_io_req *reqs,
+                                   size_t n, size_t *bad, uint64_t *bytes_read,
+                                   char *err, size_t errlen);
+NPYL_HIDDEN int npyl_io_mmap_read(npyl_io *io, const npyl_io_req *reqs,
+                                  size_t n, size_t *bad, uint64_t *bytes_read,
+                                  char *err, size_t errlen);
+NPYL_HIDDEN int npyl_io_uring_create(npyl_io_uring **out, unsigned queue_depth,
+                                     char *err, size_t errlen);
+NPYL_HIDDEN void npyl_io_uring_destroy(npyl_io_uring *u);
+NPYL_HIDDEN int npyl_io_uring_read(npyl_io *io, npyl_io_uring *u,
+                                   const npyl_io_req *reqs, size_t n,
+                                   size_t *bad, uint64_t *bytes_read,
+                                   char *err, size_t errlen);
+/* -errno when the ring itself failed (io_uring_enter refused), else 0. */
+NPYL_HIDDEN int npyl_io_uring_broken(const npyl_io_uring *u);
 
 #endif

@@ -6,10 +6,9 @@
 #include <errno.h>
 #include <unistd.h>
 
-/* Reads one segment completely. Returns 0, -errno, or NPYLOAD_ETRUNCATED with
- * *eof set to the offset where the file ended. */
-static int read_seg(const npyl_io_fh *fh, const npyl_io_seg *s, uint64_t *got,
-                    uint64_t *eof)
+/* Reads one segment completely. Returns 0, -errno, or NPYLOAD_ETRUNCATED when
+ * the file ended first. */
+static int read_seg(const npyl_io_fh *fh, const npyl_io_seg *s, uint64_t *got)
 {
     const uint64_t A = NPYL_DIRECT_ALIGN;
     uint64_t off = s->offset, left = s->len;
@@ -27,10 +26,8 @@ static int read_seg(const npyl_io_fh *fh, const npyl_io_seg *s, uint64_t *got,
                 continue;
             return -errno;
         }
-        if (r == 0) {
-            *eof = off;
+        if (r == 0)
             return NPYLOAD_ETRUNCATED;
-        }
         off += (uint64_t)r;
         dst += r;
         left -= (uint64_t)r;
@@ -44,12 +41,11 @@ static int read_one(npyl_io *io, const npyl_io_req *r, const npyl_io_fh *fh,
 {
     npyl_io_seg seg[3];
     unsigned k = npyl_io_split(io, r, seg);
-    uint64_t eof = 0;
     int rc = 0;
     for (unsigned j = 0; j < k && rc == 0; j++)
-        rc = read_seg(fh, &seg[j], got, &eof);
-    if (rc == NPYLOAD_ETRUNCATED)
-        return npyl_io_fail_eof(io, r, eof, err, errlen);
+        rc = read_seg(fh, &seg[j], got);
+    if (rc == NPYLOAD_ETRUNCATED) /* says the file's size now, not where */
+        return npyl_io_fail_eof(io, r, fh, err, errlen);
     return rc ? npyl_io_fail_read(io, r, rc, err, errlen) : 0;
 }
 

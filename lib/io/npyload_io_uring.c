@@ -18,7 +18,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #ifdef NPYLOAD_HAVE_URING
 #include <liburing.h>
@@ -94,11 +93,13 @@ int npyl_io_uring_create(npyl_io_uring **out, unsigned queue_depth, char *err,
         free(u);
         return npyl_fail(err, errlen, NPYLOAD_ENOURING,
                          "io_uring_setup with %u entries failed: %s", depth,
-                         strerror(-rc));
+                         npyload_strerror(rc));
     }
     *out = u;
     return 0;
 }
+
+int npyl_io_uring_broken(const npyl_io_uring *u) { return u ? u->broken : 0; }
 
 void npyl_io_uring_destroy(npyl_io_uring *u)
 {
@@ -146,7 +147,7 @@ int npyl_io_uring_read(npyl_io *io, npyl_io_uring *u, const npyl_io_req *reqs,
         *bad = 0;
         return npyl_fail(err, errlen, u->broken,
                          "io_uring ring unusable after an earlier failure: %s",
-                         strerror(-u->broken));
+                         npyload_strerror(u->broken));
     }
     uint64_t got = 0;
     int rc = 0;
@@ -259,13 +260,9 @@ int npyl_io_uring_read(npyl_io *io, npyl_io_uring *u, const npyl_io_req *reqs,
             } else if (res == 0) {
                 if (rc == 0) {
                     /* Chunks complete out of order: the one that saw EOF
-                     * may lie past the real end. Report the file's size. */
-                    struct stat st;
-                    uint64_t end = op->off;
-                    if (fstat(op->fh->fd, &st) == 0 &&
-                        (uint64_t)st.st_size < end)
-                        end = (uint64_t)st.st_size;
-                    rc = npyl_io_fail_eof(io, r, end, err, errlen);
+                     * may lie past the real end. The message says the
+                     * file's size. */
+                    rc = npyl_io_fail_eof(io, r, op->fh, err, errlen);
                     *bad = op->req;
                 }
             } else {
@@ -312,6 +309,8 @@ int npyl_io_uring_create(npyl_io_uring **out, unsigned queue_depth, char *err,
 }
 
 void npyl_io_uring_destroy(npyl_io_uring *u) { (void)u; }
+
+int npyl_io_uring_broken(const npyl_io_uring *u) { (void)u; return 0; }
 
 int npyl_io_uring_read(npyl_io *io, npyl_io_uring *u, const npyl_io_req *reqs,
                        size_t n, size_t *bad, uint64_t *bytes_read, char *err,

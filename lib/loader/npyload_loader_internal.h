@@ -18,9 +18,21 @@
  *    set_state start a new generation; work of an older generation is
  *    discarded when it finishes (its slot goes back to FREE) — in-flight
  *    reads are never cancelled, they land in memory the loader still owns.
- *  - Slots handed to the caller are HELD until released. The loader's memory
- *    outlives npyload_loader_destroy while any slot is HELD ("zombie"): the
- *    last release frees it.
+ *  - Device mode, staging slots: a worker queues the copy of its host slot
+ *    on its own stream, records the slot's ev_done after it, and hands the
+ *    slot back FREE with copy_pending set, without waiting: it goes on to
+ *    read its next batch while the copy runs. Whoever claims a FREE slot
+ *    with copy_pending waits on its ev_done (no lock held) before reading
+ *    into it; claims prefer slots without a pending copy. The copy itself
+ *    waits only on device events already recorded (the previous copy into
+ *    the device slot, the consumer's release), so no host wait can deadlock.
+ *    npyl_pipeline_stop waits for every pending copy before memory is freed.
+ *  - Slots handed to the caller are HELD until released. Destroy with slots
+ *    HELD joins the workers and frees everything but those slots, the slot
+ *    arrays, the fields and the CUDA context their release needs ("zombie");
+ *    the last release frees the rest. A device slot released on a stream that can be
+ *    neither ordered by an event nor waited for is POISONED: never reused
+ *    (see release() in npyload_pipeline.c).
  */
 #ifndef NPYLOAD_LOADER_INTERNAL_H
 #define NPYLOAD_LOADER_INTERNAL_H
@@ -28,6 +40,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "../common/npyload_common.h"
 #include "../cuda/npyload_cuda.h"
@@ -35,7 +48,19 @@
 #include "../order/npyload_order.h"
 
 #define NPYL_ERRMSG_LEN 1024
-#define NPYL_NUM_OPTS 15 /* one past the largest npyload_option */
+#define DEFAULT_WORKERS 2
+#define DEFAULT_WINDOW 8
+#define DEFAULT_QUEUE_DEPTH 32
+#define MAX_WORKERS 256
+#define MAX_PREFETCH 1024
+#define MAX_QUEUE_DEPTH 4096
+#define DEV_ALIGN 256u
+
+/* One past the largest npyload_option: the table's values are 1 .. count
+ * (checked by static assertions next to opt_name). */
+#define NPYL_XX_COUNT(name, value, doc) +1
+enum { NPYL_NUM_OPTS = 1 NPYLOAD_OPTION_MAP(NPYL_XX_COUNT) };
+#undef NPYL_XX_COUNT
 
 /* One file of a field, after start. */
 typedef struct npyl_ffile {
@@ -60,7 +85,7 @@ typedef struct npyl_field {
     uint64_t dev_off;     /* where the field starts in a device slot */
 } npyl_field;
 
-enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_READY, SLOT_HELD };
+enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_READY, SLOT_HELD, SLOT_POISONED };
 
 /* A slot: host staging memory (host slots) or device memory (device slots).
  * In host mode the host slots are also the batches handed out. */
@@ -76,10 +101,15 @@ typedef struct npyl_slot {
     uint8_t *mem;
     npyload_array *arrays; /* one per field, pointing into mem */
     npyload_batch *batch;  /* the handle given to the caller */
-    /* device slots only: */
+    /* device mode: */
     void *ev_done, *ev_release; /* copy done (recorded by the copying
-                                   worker), slot released (by the consumer) */
+                                   worker; on a staging slot: the copy that
+                                   reads it), slot released (by the consumer;
+                                   device slots only) */
+    void *ev_start;       /* staging slots: before the copy (timing); created
+                             by the first worker that copies from the slot */
     int release_pending;  /* [mu] ev_release recorded and not yet waited on */
+    int copy_pending;     /* [mu] staging slot: ev_done not yet waited on */
 } npyl_slot;
 
 struct npyload_batch {
@@ -95,11 +125,17 @@ typedef struct npyl_worker {
     npyl_io *io;
     npyl_io_req *reqs;    /* batch_size x nfields capacity */
     void *stream;         /* device mode: this worker's copy stream */
-    void *ev_start, *ev_end; /* device mode: times this worker's copies */
+    void *ev_start, *ev_end; /* unused: copies are timed per staging slot
+                                (npyl_slot.ev_start/ev_done) */
     char errmsg[NPYL_ERRMSG_LEN];
 } npyl_worker;
 
 struct npyload_loader {
+    /* The creating process. In any other (a fork() child) the threads that
+     * mu, the cvs and the io contexts belong to do not exist and mu may be
+     * held forever: every entry returns NPYLOAD_EFORKED and touches none of
+     * it (npyl_loader_forked). */
+    pid_t pid;
     pthread_mutex_t mu;
     pthread_cond_t work_cv, ready_cv, dev_cv;
 
@@ -113,6 +149,7 @@ struct npyload_loader {
     /* Known after start: */
     int started;
     int backend;              /* resolved npyload_io_backend */
+    unsigned queue_depth;     /* resolved QUEUE_DEPTH */
     npyl_file_info *io_files; /* every file of every field */
     size_t nio_files;
     int64_t n;                /* samples per field */
@@ -141,7 +178,9 @@ struct npyload_loader {
     int64_t gen_first_seq;    /* where the generation began (resume) */
 
     size_t held;              /* [mu] batch slots held by the caller */
-    int failed;               /* [mu] an error was handed out; until set_epoch */
+    int failed;               /* [mu] until set_epoch: 1 an error was handed
+                                 out; 2 a release poisoned a slot (errmsg
+                                 says why; next() returns NPYLOAD_ECUDA) */
     int stopping;             /* [mu] workers exit */
     int zombie;               /* [mu] destroyed with batches held */
 
@@ -155,6 +194,25 @@ struct npyload_loader {
 /* Sets L->errmsg and returns code. */
 NPYL_HIDDEN int npyl_loader_fail(npyload_loader *L, int code, const char *fmt,
                                  ...) NPYL_PRINTF(3, 4);
+
+/* 0 in the creating process; in a fork() child sets L->errmsg (the child's
+ * own copy) and returns NPYLOAD_EFORKED. npyl_in_child is the same test for
+ * const entries, without the message. */
+NPYL_HIDDEN int npyl_loader_forked(npyload_loader *L);
+NPYL_HIDDEN int npyl_in_child(const npyload_loader *L);
+#define NPYL_FORKED_MSG                                                        \
+    "loader used in a child process after fork(); create a new loader in "    \
+    "the child"
+
+/* npyload_loader_fields.c: reads every field's headers at start, checks
+ * them and fills the io file table and L->n. */
+NPYL_HIDDEN int npyl_load_fields(npyload_loader *L);
+
+/* npyload_loader_state.c: checks every field of a saved state against the
+ * loader (n = its sample count, or -1 before start) and yields the order
+ * parameters it selects (into *op) and the batch to resume at. */
+NPYL_HIDDEN int npyl_state_check(npyload_loader *L, const npyload_state *st, int64_t n,
+                                 npyl_order_params *op, int64_t *first_seq);
 
 /* npyload_pipeline.c: */
 /* Starts the worker threads (after slots and io contexts exist). */

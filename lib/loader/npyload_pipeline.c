@@ -109,8 +109,11 @@ static void fill_arrays(const npyload_loader *L, npyl_slot *s, int device_slot)
 }
 
 /* Device mode: takes a device slot in seq order, queues the copy of host
- * slot h on the worker's stream, publishes the device slot, then waits for
- * the copy so h can be reused. Called and returns with mu held. */
+ * slot h on the worker's stream, publishes the device slot, and hands h back
+ * FREE with copy_pending set: h's ev_done, recorded after the copy, tells
+ * when the copy engine has finished reading it (see claim_staging). The
+ * worker does not wait for the copy, so its next read overlaps it.
+ * Called and returns with mu held. */
 static void to_device(npyload_loader *L, npyl_worker *w, npyl_slot *h)
 {
     npyl_slot *d = NULL;
@@ -144,9 +147,15 @@ static void to_device(npyload_loader *L, npyl_worker *w, npyl_slot *h)
     pthread_cond_broadcast(&L->dev_cv);
     pthread_mutex_unlock(&L->mu);
 
-    int rc = 0;
+    int rc = 0, queued = 0; /* queued: a copy reading h may be in flight */
     uint64_t bytes = 0;
     if (!d->err) {
+        /* The staging slot's own events, made by the first worker that
+         * copies from it (every worker is bound to the loader's device). */
+        if (!h->ev_start)
+            rc = npyl_cuda_event_create(L->cuda, &h->ev_start, 1);
+        if (!rc && !h->ev_done)
+            rc = npyl_cuda_event_create(L->cuda, &h->ev_done, 1);
         /* The consumer released this slot with an event on its stream: the
          * copy must not start before the work queued there has finished.
          * The event was recorded before release returned, and release
@@ -156,32 +165,42 @@ static void to_device(npyload_loader *L, npyl_worker *w, npyl_slot *h)
          * still in flight if d was released unread or recycled by
          * set_epoch) must land first: its ev_done was last recorded by that
          * copy's owner, before d became FREE under mu. */
-        rc = npyl_cuda_stream_wait_event(L->cuda, w->stream, d->ev_done);
+        if (!rc)
+            rc = npyl_cuda_stream_wait_event(L->cuda, w->stream, d->ev_done);
         if (!rc && wait_release)
             rc = npyl_cuda_stream_wait_event(L->cuda, w->stream, d->ev_release);
         if (!rc)
-            rc = npyl_cuda_event_record(L->cuda, w->ev_start, w->stream);
+            rc = npyl_cuda_event_record(L->cuda, h->ev_start, w->stream);
         for (size_t fi = 0; fi < L->nfields && !rc; fi++) {
             const npyl_field *f = &L->fields[fi];
             size_t n = (size_t)(h->rows * f->row_bytes);
             rc = npyl_cuda_memcpy_h2d_async(L->cuda, d->mem + f->dev_off, h->mem + f->host_off,
                                             n, w->stream);
+            queued = 1;
             bytes += n;
         }
         if (!rc)
             rc = npyl_cuda_event_record(L->cuda, d->ev_done, w->stream);
         if (!rc)
-            rc = npyl_cuda_event_record(L->cuda, w->ev_end, w->stream);
+            rc = npyl_cuda_event_record(L->cuda, h->ev_done, w->stream);
         if (rc) {
             char cerr[512];
             npyl_cuda_errmsg_copy(L->cuda, cerr, sizeof cerr);
             d->err = rc;
             snprintf(d->errmsg, NPYL_ERRMSG_LEN, "CUDA device %d: queueing the copy of batch %"
                      PRId64 " failed: %s", L->device, d->seq, cerr);
+        } else {
+            atomic_fetch_add(&L->st_h2d_bytes, bytes);
         }
     }
     fill_arrays(L, d, 1);
-    int copied = !d->err; /* read while d is still ours */
+    int poison_h = 0;
+    if (rc && queued) {
+        /* Part of the copy may be in flight with no event behind it: wait
+         * for it on the host (rare path). If even that fails, h is never
+         * written again. */
+        poison_h = npyl_cuda_stream_sync(L->cuda, w->stream) != 0;
+    }
     pthread_mutex_lock(&L->mu);
     if (d->gen != L->gen || L->stopping) {
         d->state = SLOT_FREE; /* set_epoch/set_state ran during the copy */
@@ -190,20 +209,39 @@ static void to_device(npyload_loader *L, npyl_worker *w, npyl_slot *h)
         d->state = SLOT_READY;
         pthread_cond_broadcast(&L->ready_cv);
     }
-    pthread_mutex_unlock(&L->mu);
-
-    /* The host slot is free once the copy engine has read it. Wait on this
-     * worker's own stream and events: d may already be handed out, released
-     * and re-recorded by another worker. */
-    if (npyl_cuda_stream_sync(L->cuda, w->stream) == 0 && copied) {
-        float ms = 0;
-        if (npyl_cuda_event_elapsed_ms(L->cuda, &ms, w->ev_start, w->ev_end) == 0)
-            atomic_fetch_add(&L->st_h2d_ns, (uint64_t)(ms * 1e6));
-        atomic_fetch_add(&L->st_h2d_bytes, bytes);
-    }
-    pthread_mutex_lock(&L->mu);
-    h->state = SLOT_FREE;
+    if (!rc && !d->err)
+        h->copy_pending = 1;
+    h->state = poison_h ? SLOT_POISONED : SLOT_FREE;
     pthread_cond_broadcast(&L->work_cv);
+}
+
+/* A FREE staging slot for the next read, or NULL. Prefers a slot no copy
+ * reads any more; among slots with a pending copy, the one copied earliest
+ * (lowest seq; it was queued first). Called with mu held. */
+static npyl_slot *claim_staging(npyload_loader *L)
+{
+    npyl_slot *best = NULL;
+    for (size_t i = 0; i < L->nh; i++) {
+        npyl_slot *s = &L->hslots[i];
+        if (s->state != SLOT_FREE)
+            continue;
+        if (!s->copy_pending)
+            return s;
+        if (!best || s->seq < best->seq)
+            best = s;
+    }
+    return best;
+}
+
+/* Waits for the copy that read staging slot h (its ev_done) and adds the
+ * copy's time to the stats. Called without mu, by the slot's owner. */
+static int finish_copy(npyload_loader *L, npyl_slot *h)
+{
+    int rc = npyl_cuda_event_sync(L->cuda, h->ev_done);
+    float ms = 0;
+    if (rc == 0 && npyl_cuda_event_elapsed_ms(L->cuda, &ms, h->ev_start, h->ev_done) == 0)
+        atomic_fetch_add(&L->st_h2d_ns, (uint64_t)(ms * 1e6));
+    return rc;
 }
 
 static void *worker_main(void *arg)
@@ -217,13 +255,8 @@ static void *worker_main(void *arg)
     for (;;) {
         npyl_slot *h = NULL;
         while (!L->stopping) {
-            if (L->claim_seq < L->nbatches) {
-                for (size_t i = 0; i < L->nh && !h; i++)
-                    if (L->hslots[i].state == SLOT_FREE)
-                        h = &L->hslots[i];
-                if (h)
-                    break;
-            }
+            if (L->claim_seq < L->nbatches && (h = claim_staging(L)) != NULL)
+                break;
             pthread_cond_wait(&L->work_cv, &L->mu);
         }
         if (L->stopping)
@@ -240,14 +273,35 @@ static void *worker_main(void *arg)
         h->rows = (size_t)(hi - lo);
         h->err = 0;
         memcpy(h->indices, L->seqbuf + lo, h->rows * sizeof *h->indices);
+        int copy_pending = h->copy_pending;
         pthread_mutex_unlock(&L->mu);
 
-        size_t nreq = plan_reads(L, h, w->reqs), bad = 0;
+        int rc = 0;
+        /* The copy engine may still read h (an earlier batch's copy): the
+         * read must not overwrite it before that copy's event completes. If
+         * the wait fails, nothing is read and copy_pending stays set, so
+         * every later claim of h fails the same way: errors, never bytes
+         * written under a copy. */
+        if (copy_pending && (rc = finish_copy(L, h)) == 0)
+            copy_pending = 0;
+        if (rc) {
+            npyl_cuda_errmsg_copy(L->cuda, w->errmsg, sizeof w->errmsg);
+            snprintf(h->errmsg, NPYL_ERRMSG_LEN, "batch %" PRId64 " of epoch %" PRIu64
+                     ": CUDA device %d: waiting for the staging slot's previous copy "
+                     "failed: %.700s", seq, h->epoch, L->device, w->errmsg);
+            h->err = rc;
+        }
+        size_t nreq = rc ? 0 : plan_reads(L, h, w->reqs), bad = 0;
         uint64_t bytes = 0, t0 = npyl_now_ns();
-        int rc = npyl_io_read(w->io, w->reqs, nreq, &bad, &bytes, w->errmsg, sizeof w->errmsg);
+        if (!rc)
+            rc = npyl_io_read(w->io, w->reqs, nreq, &bad, &bytes, w->errmsg, sizeof w->errmsg);
+        else
+            rc = 0; /* h->err already says why */
         atomic_fetch_add(&L->st_io_ns, npyl_now_ns() - t0);
         atomic_fetch_add(&L->st_bytes, bytes);
-        if (rc) {
+        if (h->err) {
+            /* nothing read: the staging slot is not safe to write */
+        } else if (rc) {
             h->err = rc;
             snprintf(h->errmsg, NPYL_ERRMSG_LEN, "batch %" PRId64 " of epoch %" PRIu64 ": %.900s",
                      seq, h->epoch, w->errmsg);
@@ -257,6 +311,7 @@ static void *worker_main(void *arg)
         }
 
         pthread_mutex_lock(&L->mu);
+        h->copy_pending = copy_pending;
         if (h->gen != L->gen || L->stopping) {
             h->state = SLOT_FREE; /* an abandoned generation: discard */
             pthread_cond_broadcast(&L->work_cv);
@@ -301,6 +356,23 @@ void npyl_pipeline_stop(npyload_loader *L)
             L->workers[i].started = 0;
         }
     }
+    if (!L->cuda || L->device < 0)
+        return;
+    /* Copies still reading staging slots must finish before their memory is
+     * freed (or pinned pages are unpinned). Event waits and destroys work
+     * from any current device; enter only to keep the user's as it was. */
+    int prev = -1, entered = npyl_cuda_enter(L->cuda, &prev) == 0;
+    for (size_t i = 0; i < L->nh; i++) {
+        npyl_slot *h = &L->hslots[i];
+        if (h->copy_pending)
+            finish_copy(L, h);
+        h->copy_pending = 0;
+        npyl_cuda_event_destroy(L->cuda, h->ev_start);
+        npyl_cuda_event_destroy(L->cuda, h->ev_done);
+        h->ev_start = h->ev_done = NULL;
+    }
+    if (entered)
+        npyl_cuda_leave(L->cuda, prev);
 }
 
 /* ---- handing batches out ---- */
@@ -320,6 +392,9 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
     if (!L || !out)
         return NPYLOAD_EINVAL;
     *out = NULL;
+    int frc = npyl_loader_forked(L);
+    if (frc)
+        return frc;
     if (!L->started)
         return npyl_loader_fail(L, NPYLOAD_ESTATE, "next() before start()");
     uint64_t t0 = npyl_now_ns();
@@ -334,6 +409,10 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
     npyl_slot *s = NULL;
     pthread_mutex_lock(&L->mu);
     for (;;) {
+        if (L->failed == 2) {
+            rc = NPYLOAD_ECUDA; /* release() withdrew a slot; errmsg says why */
+            break;
+        }
         if (L->failed) {
             rc = NPYLOAD_ESTATE;
             snprintf(L->errmsg, sizeof L->errmsg, "the loader failed earlier; call set_epoch "
@@ -346,12 +425,15 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
         }
         if ((s = find_ready(L)) != NULL)
             break;
-        size_t nbatch_slots = L->nd ? L->nd : L->nh;
-        if (L->held >= nbatch_slots) {
+        size_t nbatch_slots = L->nd ? L->nd : L->nh, poisoned = 0;
+        for (size_t i = 0; L->nd && i < L->nd; i++)
+            poisoned += L->dslots[i].state == SLOT_POISONED;
+        if (L->held + poisoned >= nbatch_slots) {
             /* Every slot is in the caller's hands: waiting would never end. */
             rc = npyl_loader_fail(L, NPYLOAD_EHELD, "all %zu batch slots are held by the "
-                                  "caller; release batches (or raise PREFETCH) before "
-                                  "asking for more", nbatch_slots);
+                                  "caller%s; release batches (or raise PREFETCH) before "
+                                  "asking for more", nbatch_slots,
+                                  poisoned ? " or withdrawn after a failed CUDA release" : "");
             break;
         }
         if (timeout_ns >= 0) {
@@ -423,6 +505,8 @@ int npyload_batch_wait_stream(npyload_batch *b, void *stream)
 {
     if (!b)
         return NPYLOAD_EINVAL;
+    if (npyl_in_child(b->L))
+        return NPYLOAD_EFORKED;
     if (!b->device_mode)
         return 0;
     /* Called on the user's thread: keep its current device as it was. */
@@ -438,6 +522,8 @@ int npyload_batch_sync(npyload_batch *b)
 {
     if (!b)
         return NPYLOAD_EINVAL;
+    if (npyl_in_child(b->L))
+        return NPYLOAD_EFORKED;
     if (!b->device_mode)
         return 0;
     int prev, rc = npyl_cuda_enter(b->L->cuda, &prev);
@@ -448,27 +534,53 @@ int npyload_batch_sync(npyload_batch *b)
     return rc;
 }
 
+/* Gives a batch's slot back. With a stream (device batches), the slot's next
+ * copy must be ordered after the work queued on it so far, and the slot is
+ * never handed back unordered:
+ *  - normally an event is recorded on the stream (ev_release) and the next
+ *    copy into the slot waits for it on the device;
+ *  - if entering the loader's device or recording fails, the host waits for
+ *    the stream instead (cudaStreamSynchronize works from any current device
+ *    for a non-NULL stream; the legacy NULL stream means the current
+ *    device's, so without entering it cannot be waited for);
+ *  - if that is impossible or fails too, the slot is POISONED: withdrawn
+ *    for the loader's lifetime, and the loader fails (next() returns
+ *    NPYLOAD_ECUDA with the reason) until set_epoch/set_state. Its memory is
+ *    freed with the loader (cudaFree waits for the device). */
 static void release(npyload_batch *b, void *stream, int on_stream)
 {
     if (!b)
         return;
     npyload_loader *L = b->L;
+    if (npyl_in_child(L))
+        return; /* fork() child: never touch the parent's lock or streams */
     npyl_slot *s = b->slot;
-    int recorded = 0;
+    int recorded = 0, ordered = 1;
+    char why[512] = "";
     if (b->device_mode && on_stream) {
-        int prev;
-        if (npyl_cuda_enter(L->cuda, &prev) == 0) {
+        int prev, entered = npyl_cuda_enter(L->cuda, &prev) == 0;
+        if (entered)
             recorded = npyl_cuda_event_record(L->cuda, s->ev_release, stream) == 0;
-            /* No event, no device-side ordering: wait on the host instead,
-             * never hand the slot back while the caller's work may read it. */
-            if (!recorded)
-                npyl_cuda_stream_sync(L->cuda, stream);
-            npyl_cuda_leave(L->cuda, prev);
+        if (!recorded) {
+            npyl_cuda_errmsg_copy(L->cuda, why, sizeof why);
+            ordered = (entered || stream) && npyl_cuda_stream_sync(L->cuda, stream) == 0;
         }
+        if (entered)
+            npyl_cuda_leave(L->cuda, prev);
     }
     pthread_mutex_lock(&L->mu);
-    s->release_pending = recorded;
-    s->state = SLOT_FREE;
+    if (ordered) {
+        s->release_pending = recorded;
+        s->state = SLOT_FREE;
+    } else {
+        s->release_pending = 0;
+        s->state = SLOT_POISONED;
+        L->failed = 2;
+        snprintf(L->errmsg, sizeof L->errmsg, "CUDA device %d: releasing batch %" PRId64
+                 " on stream %p: neither an event nor a host wait could order the slot's "
+                 "reuse after the stream's work (%.400s); the slot is withdrawn",
+                 L->device, s->seq, stream, why);
+    }
     L->held--;
     int free_now = L->zombie && L->held == 0;
     pthread_cond_broadcast(&L->work_cv);

@@ -23,8 +23,8 @@ batch cannot be read and iteration raises ``NpyloadError`` (rather than
 hanging). Copy what you keep (``.clone()`` / ``.copy()``), or pass
 ``copy=True`` to get owned copies and release slots immediately.
 Deleting (or closing) the loader while arrays from it are alive is safe: the
-workers stop at once and the slots still in use are freed when their last
-array dies.
+workers stop at once, its files and free slots are released, and only the
+slots still in use live on, each freed when its last array dies.
 
 Threads: a loader is used by one thread at a time; waits for a batch release
 the GIL and Ctrl-C interrupts them promptly.
@@ -125,6 +125,34 @@ def _torch_or_none():
     return torch
 
 
+# One side stream per CUDA device, shared by every loader of the process: the
+# stream a device batch's slot is released on when the batch was handed to
+# several streams. torch's pool streams live as long as the process, as the
+# C library requires of a release stream.
+_side_streams = {}
+
+
+def _join_streams(device, handles):
+    """Called by the extension when a device batch that was handed to several
+    CUDA streams (``handles``: cudaStream_t as ints, 0 = legacy default) is
+    released. Makes a side stream wait for an event recorded now on each of
+    them and returns it: the slot is released on it, so its next copy is
+    ordered after the work queued on all of them. The consumers' streams get
+    no new dependency."""
+    torch = _sys.modules["torch"]  # device output always goes through torch
+    with torch.cuda.device(device):
+        side = _side_streams.get(device)
+        if side is None:
+            side = _side_streams[device] = torch.cuda.Stream(device)
+        for h in handles:
+            s = (torch.cuda.ExternalStream(h, device=device) if h
+                 else torch.cuda.default_stream(device))
+            ev = torch.cuda.Event()
+            ev.record(s)
+            side.wait_event(ev)
+        return side.cuda_stream
+
+
 class Batch(_Mapping):
     """One batch: a read-only mapping from field name to array or tensor.
 
@@ -160,7 +188,9 @@ class Batch(_Mapping):
     def wait_stream(self, stream=None):
         """Makes a CUDA stream (a torch.cuda.Stream or an int handle; None =
         legacy default) wait for this batch's copy. Tensors made by the loader
-        already wait on the stream current when the batch was yielded."""
+        already wait on the stream current when the batch was yielded. The
+        batch's slot is reused only after the work queued on every stream it
+        was handed to (this one included) when the batch is freed."""
         if self._raw is None:
             return
         if stream is not None and hasattr(stream, "cuda_stream"):
@@ -207,7 +237,9 @@ class Loader:
     Parameters
     ----------
     fields : mapping name -> glob string or list of paths
-        Each field is the concatenation of its files along the first (sample)
+        Paths and globs may be str, bytes or os.PathLike; names that are not
+        UTF-8 work as with os.fsencode / os.fsdecode (messages naming such a
+        path hold it surrogate-escaped). Each field is the concatenation of its files along the first (sample)
         axis; a glob's matches are sorted lexicographically. All fields must
         hold the same number of samples.
     batch_size : int >= 1
@@ -273,7 +305,7 @@ class Loader:
                 paths = []
                 for p in spec:
                     if not isinstance(p, (str, bytes, _os.PathLike)):
-                        raise TypeError(f"field {name!r}: paths must be str or os.PathLike, got {p!r}")
+                        raise TypeError(f"field {name!r}: paths must be str, bytes or os.PathLike, got {p!r}")
                     paths.append(_os.fsdecode(p))
                 specs.append((name, None, paths))
             else:
@@ -457,8 +489,10 @@ class Loader:
         return self._live().stats()
 
     def close(self):
-        """Stops the workers and frees the loader. Arrays and tensors still
-        alive stay valid (their slots are freed when they die)."""
+        """Stops the workers and frees the loader at once (threads, open
+        files, io_uring rings, unused slots). Arrays and tensors still alive
+        stay valid: only their slots are kept, each freed when its last array
+        dies."""
         if self._c is not None:
             self._c.close()
 
@@ -482,6 +516,8 @@ class Loader:
         at `state` when given (restored before start, so the state's seed,
         shuffle and drop_last are adopted)."""
         c = _npyload.Loader()
+        if self._opts[_npyload.OPT_DEVICE] >= 0:
+            c._set_stream_joiner(_join_streams)
         try:
             for name, glob, paths in self._specs:
                 if paths is None:

@@ -12,9 +12,12 @@
  *   Every exported array keeps its View alive (numpy: the array's base;
  *   torch: the DLPack deleter), every View keeps its Batch alive, and the
  *   Batch's dealloc gives the slot back. The Loader is NOT kept alive by its
- *   batches: destroying it stops the workers at once, and the C library keeps
- *   the loader's memory until the last batch is released (the "zombie" rule
- *   of npyload_loader_destroy, like sqlite3_close_v2).
+ *   batches: close() and dealloc destroy it at once (workers stopped, files,
+ *   io_uring rings and free slots released by the C library), and only the
+ *   slots still held by batches live on until their last release (the
+ *   "zombie" rule of npyload_loader_destroy, like sqlite3_close_v2). The
+ *   binding holds nothing else of a closed loader: a Batch keeps its
+ *   npyload_batch and the shared tuple of field names, nothing more.
  *
  * Only include/npyload.h is used from the library.
  */
@@ -29,8 +32,15 @@
 /* The module's exception: npyload.NpyloadError(RuntimeError), with .code. */
 extern PyObject *NpyloadPy_Error;
 
+/* A str from bytes the C library produced (a path, or a message that holds
+ * paths): the file-system encoding with surrogateescape, as os.fsdecode.
+ * Paths need not be UTF-8, and a message cut at its buffer's end may stop
+ * inside a character; either way the bytes survive (os.fsencode gives them
+ * back) instead of turning the error into a UnicodeDecodeError. */
+PyObject *npyloadpy_str(const char *s);
+
 /* Raises NpyloadError(code=rc) with `detail`, or npyload_strerror(rc) when
- * detail is NULL or empty. Returns NULL. */
+ * detail is NULL or empty; the text is decoded by npyloadpy_str. Returns NULL. */
 PyObject *npyloadpy_raise(int rc, const char *detail);
 
 typedef struct NpyloadPy_Loader {
@@ -42,6 +52,7 @@ typedef struct NpyloadPy_Loader {
      * at a time, and destroy must not race with next). */
     int busy;
     PyObject *field_names; /* tuple of str, built at start */
+    PyObject *joiner;      /* given to every batch (see NpyloadPy_Batch) */
 } NpyloadPy_Loader;
 
 typedef struct NpyloadPy_Batch {
@@ -50,8 +61,17 @@ typedef struct NpyloadPy_Batch {
     PyObject *field_names; /* tuple of str (shared with the loader) */
     Py_ssize_t live_views; /* Views alive on this batch */
     int device;            /* -1 host, k CUDA device */
-    int have_stream;       /* a consumer stream was seen by __dlpack__ */
-    void *stream;          /* ... and this is the last one (cudaStream_t) */
+    /* Every CUDA stream the batch was handed to (__dlpack__, wait_stream):
+     * distinct cudaStream_t values (NULL = legacy default) in first-seen
+     * order, PyMem-allocated. The slot is released after the work queued on
+     * all of them: on the one stream when there is one, else on the stream
+     * that `joiner` returns after making it wait for all of them. */
+    void **streams;
+    Py_ssize_t nstreams, streams_cap;
+    /* callable(device, [stream ints]) -> stream int, or NULL. The npyload
+     * package gives one built on torch (the only way device batches reach
+     * Python); the C library releases a slot on one stream only. */
+    PyObject *joiner;
 } NpyloadPy_Batch;
 
 typedef struct NpyloadPy_View {
@@ -66,12 +86,21 @@ extern PyTypeObject NpyloadPy_BatchType;
 extern PyTypeObject NpyloadPy_ViewType;
 
 /* New Batch owning `b` (released by the Batch's dealloc). Steals `b` even on
- * failure (then releases it). */
-PyObject *npyloadpy_batch_new(npyload_batch *b, PyObject *field_names);
+ * failure (then releases it). `joiner` may be NULL. */
+PyObject *npyloadpy_batch_new(npyload_batch *b, PyObject *field_names,
+                              PyObject *joiner);
+
+/* Records that `batch` was handed to CUDA stream `s` (device batches: the
+ * view's __dlpack__ and Batch.wait_stream). -1 with MemoryError set. */
+int npyloadpy_batch_note_stream(NpyloadPy_Batch *batch, void *s);
 
 /* New View on field `i` of `batch` (or on its indices when i == (size_t)-1).
  * The view holds a reference to the batch. */
 PyObject *npyloadpy_view_new(NpyloadPy_Batch *batch, size_t i);
+
+/* 0 while the interpreter is finalising (or gone): a deleter or dealloc
+ * reached then must not run Python code. */
+int npyloadpy_can_run_python(void);
 
 /* Parses an int64 from a Python int, refusing bool. */
 int npyloadpy_as_int64(PyObject *o, const char *what, int64_t *out);

@@ -7,16 +7,22 @@
  * it back early, but only while no View is alive, so exported memory is
  * never reused under a live array.
  *
- * CUDA batches: the slot is released with npyload_batch_release_stream() on
- * the last stream a consumer passed to __dlpack__ (torch passes its current
- * stream), so the next copy into the slot is ordered after the consumer's
- * queued work without blocking the host.
+ * CUDA batches: the batch records every stream it was handed to (each
+ * __dlpack__ with a stream — torch passes its current one — and each
+ * wait_stream), and the slot is released with npyload_batch_release_stream()
+ * so that the next copy into it is ordered after the work queued on all of
+ * them, without blocking the host. One stream: released on it. Several: the
+ * joiner (npyload/__init__.py, with torch) makes a side stream wait for an
+ * event on each and returns it, and the slot is released on that side
+ * stream. Recording only the last stream would leave the work of the
+ * others unordered against the slot's reuse.
  */
 #include "_npyload.h"
 
 #include <string.h>
 
-PyObject *npyloadpy_batch_new(npyload_batch *b, PyObject *field_names)
+PyObject *npyloadpy_batch_new(npyload_batch *b, PyObject *field_names,
+                              PyObject *joiner)
 {
     NpyloadPy_Batch *self = PyObject_New(NpyloadPy_Batch, &NpyloadPy_BatchType);
     if (!self) {
@@ -27,8 +33,11 @@ PyObject *npyloadpy_batch_new(npyload_batch *b, PyObject *field_names)
     self->field_names = field_names;
     Py_XINCREF(field_names);
     self->live_views = 0;
-    self->have_stream = 0;
-    self->stream = NULL;
+    self->streams = NULL;
+    self->nstreams = 0;
+    self->streams_cap = 0;
+    self->joiner = joiner;
+    Py_XINCREF(joiner);
     self->device = -1;
     const npyload_array *a0 = npyload_batch_field(b, 0);
     if (a0)
@@ -36,14 +45,76 @@ PyObject *npyloadpy_batch_new(npyload_batch *b, PyObject *field_names)
     return (PyObject *)self;
 }
 
+int npyloadpy_batch_note_stream(NpyloadPy_Batch *self, void *s)
+{
+    for (Py_ssize_t i = 0; i < self->nstreams; i++)
+        if (self->streams[i] == s)
+            return 0;
+    if (self->nstreams == self->streams_cap) {
+        Py_ssize_t cap = self->streams_cap ? 2 * self->streams_cap : 4;
+        void **p = PyMem_Realloc(self->streams, (size_t)cap * sizeof *p);
+        if (!p) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->streams = p;
+        self->streams_cap = cap;
+    }
+    self->streams[self->nstreams++] = s;
+    return 0;
+}
+
+/* The one stream to release the slot on, after the work queued on every
+ * recorded stream: the stream itself when there is one, else the joiner's
+ * side stream. Runs in dealloc, possibly inside another exception: that
+ * exception is kept. If the joiner is missing or fails (reported as
+ * unraisable), the last stream is used: the best the binding can do without
+ * CUDA calls of its own. */
+static void *release_stream_of(NpyloadPy_Batch *self)
+{
+    if (self->nstreams == 0)
+        return NULL; /* legacy default stream, as the library's own default */
+    void *last = self->streams[self->nstreams - 1];
+    if (self->nstreams == 1 || !self->joiner || !npyloadpy_can_run_python())
+        return last;
+    void *out = last;
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyObject *lst = PyList_New(self->nstreams);
+    for (Py_ssize_t i = 0; lst && i < self->nstreams; i++) {
+        PyObject *o = PyLong_FromVoidPtr(self->streams[i]);
+        if (!o) {
+            Py_CLEAR(lst);
+            break;
+        }
+        PyList_SET_ITEM(lst, i, o);
+    }
+    PyObject *r = lst ? PyObject_CallFunction(self->joiner, "iO", self->device, lst)
+                      : NULL;
+    Py_XDECREF(lst);
+    if (r && r != Py_None) {
+        void *p = PyLong_AsVoidPtr(r);
+        if (!(p == NULL && PyErr_Occurred()))
+            out = p;
+    } else if (r == Py_None) {
+        out = NULL;
+    }
+    if (PyErr_Occurred())
+        PyErr_WriteUnraisable(self->joiner);
+    Py_XDECREF(r);
+    PyErr_Restore(t, v, tb);
+    return out;
+}
+
 static void batch_do_release(NpyloadPy_Batch *self)
 {
     npyload_batch *b = self->b;
-    self->b = NULL;
     if (!b)
         return;
+    self->b = NULL; /* first: the joiner runs Python code */
+    void *s = release_stream_of(self);
     if (self->device >= 0)
-        npyload_batch_release_stream(b, self->have_stream ? self->stream : NULL);
+        npyload_batch_release_stream(b, s);
     else
         npyload_batch_release(b);
 }
@@ -51,6 +122,8 @@ static void batch_do_release(NpyloadPy_Batch *self)
 static void batch_dealloc(NpyloadPy_Batch *self)
 {
     batch_do_release(self);
+    PyMem_Free(self->streams);
+    Py_CLEAR(self->joiner);
     Py_CLEAR(self->field_names);
     PyObject_Free(self);
 }
@@ -163,11 +236,35 @@ static PyObject *batch_wait_stream(NpyloadPy_Batch *self, PyObject *arg)
     int rc = npyload_batch_wait_stream(self->b, s);
     if (rc < 0)
         return npyloadpy_raise(rc, NULL);
-    if (self->device >= 0) {
-        self->have_stream = 1;
-        self->stream = s;
-    }
+    if (self->device >= 0 && npyloadpy_batch_note_stream(self, s) < 0)
+        return NULL;
     Py_RETURN_NONE;
+}
+
+/* Test hooks (no CUDA needed): record a stream as __dlpack__ does for a
+ * device batch, and read the record. */
+static PyObject *batch_note_stream(NpyloadPy_Batch *self, PyObject *arg)
+{
+    void *s;
+    if (batch_check(self) < 0 || parse_stream(arg, &s) < 0)
+        return NULL;
+    if (npyloadpy_batch_note_stream(self, s) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *batch_get_streams(NpyloadPy_Batch *self, void *c)
+{
+    PyObject *t = PyTuple_New(self->nstreams);
+    for (Py_ssize_t i = 0; t && i < self->nstreams; i++) {
+        PyObject *v = PyLong_FromVoidPtr(self->streams[i]);
+        if (!v) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, v);
+    }
+    return t;
 }
 
 static PyObject *batch_sync(NpyloadPy_Batch *self, PyObject *unused)
@@ -263,6 +360,9 @@ static PyMethodDef batch_methods[] = {
      "sync(): block until the batch's copy to the device is done."},
     {"release", (PyCFunction)batch_release, METH_NOARGS,
      "release(): give the slot back now; refused while views are alive."},
+    {"_note_stream", (PyCFunction)batch_note_stream, METH_O,
+     "_note_stream(stream): record a consumer stream as __dlpack__ does for "
+     "a device batch (tests)."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef batch_getset[] = {
@@ -276,6 +376,10 @@ static PyGetSetDef batch_getset[] = {
     {"live_views", (getter)batch_get_live_views, NULL, "views alive", NULL},
     {"data_ptrs", (getter)batch_get_data_ptrs, NULL,
      "tuple of each field's data pointer (for tests and debugging)", NULL},
+    {"_streams", (getter)batch_get_streams, NULL,
+     "the CUDA streams the batch was handed to, as ints (0 = legacy "
+     "default), in first-seen order; the slot is released after all of them",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 PyTypeObject NpyloadPy_BatchType = {

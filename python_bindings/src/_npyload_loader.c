@@ -57,9 +57,9 @@ static void loader_dealloc(NpyloadPy_Loader *self)
 {
     /* No Python references to other objects that could form a cycle (the
      * field-name tuple holds only str), so the type is not GC-tracked.
-     * Destroy is safe with batches outstanding: their memory stays until the
-     * last npyload_batch_release() (zombie rule). It joins the workers, so
-     * the GIL is released while it waits. */
+     * Destroy is safe with batches outstanding: only their slots stay, until
+     * the last npyload_batch_release() (zombie rule); everything else goes
+     * now. It joins the workers, so the GIL is released while it waits. */
     npyload_loader *L = self->L;
     self->L = NULL;
     if (L) {
@@ -68,6 +68,7 @@ static void loader_dealloc(NpyloadPy_Loader *self)
         Py_END_ALLOW_THREADS
     }
     Py_CLEAR(self->field_names);
+    Py_CLEAR(self->joiner);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -87,22 +88,32 @@ static PyObject *loader_close(NpyloadPy_Loader *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* Field names and paths cross into C as file-system bytes
+ * (PyUnicode_FSConverter: str with surrogateescape, bytes, os.PathLike), and
+ * come back through npyloadpy_str, so a name or path that is not UTF-8 makes
+ * the round trip unchanged. */
 static PyObject *loader_add_field(NpyloadPy_Loader *self, PyObject *args)
 {
-    const char *name;
-    PyObject *glob_obj, *bytes = NULL;
-    if (!PyArg_ParseTuple(args, "sO:add_field", &name, &glob_obj))
+    PyObject *name_b = NULL, *glob_b = NULL;
+    if (!PyArg_ParseTuple(args, "O&O&:add_field", PyUnicode_FSConverter,
+                          &name_b, PyUnicode_FSConverter, &glob_b)) {
+        Py_XDECREF(name_b);
         return NULL;
-    if (loader_check(self) < 0)
+    }
+    if (loader_check(self) < 0) {
+        Py_DECREF(name_b);
+        Py_DECREF(glob_b);
         return NULL;
-    if (!PyUnicode_FSConverter(glob_obj, &bytes))
-        return NULL;
+    }
     int rc;
-    const char *glob = PyBytes_AS_STRING(bytes);
+    npyload_loader *L = self->L;
+    const char *name = PyBytes_AS_STRING(name_b);
+    const char *glob = PyBytes_AS_STRING(glob_b);
     Py_BEGIN_ALLOW_THREADS /* globbing touches the file system */
-    rc = npyload_loader_add_field(self->L, name, glob);
+    rc = npyload_loader_add_field(L, name, glob);
     Py_END_ALLOW_THREADS
-    Py_DECREF(bytes);
+    Py_DECREF(name_b);
+    Py_DECREF(glob_b);
     if (rc < 0)
         return loader_error(self, rc);
     Py_RETURN_NONE;
@@ -110,15 +121,20 @@ static PyObject *loader_add_field(NpyloadPy_Loader *self, PyObject *args)
 
 static PyObject *loader_add_field_files(NpyloadPy_Loader *self, PyObject *args)
 {
-    const char *name;
-    PyObject *paths_obj;
-    if (!PyArg_ParseTuple(args, "sO:add_field_files", &name, &paths_obj))
+    PyObject *name_b = NULL, *paths_obj;
+    if (!PyArg_ParseTuple(args, "O&O:add_field_files", PyUnicode_FSConverter,
+                          &name_b, &paths_obj))
         return NULL;
-    if (loader_check(self) < 0)
+    if (loader_check(self) < 0) {
+        Py_DECREF(name_b);
         return NULL;
+    }
+    const char *name = PyBytes_AS_STRING(name_b);
     PyObject *seq = PySequence_Fast(paths_obj, "paths must be a sequence");
-    if (!seq)
+    if (!seq) {
+        Py_DECREF(name_b);
         return NULL;
+    }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **bytes = PyMem_Calloc((size_t)(n ? n : 1), sizeof *bytes);
     const char **paths = PyMem_Calloc((size_t)(n ? n : 1), sizeof *paths);
@@ -146,6 +162,7 @@ done:
     PyMem_Free(bytes);
     PyMem_Free(paths);
     Py_DECREF(seq);
+    Py_DECREF(name_b);
     return res;
 }
 
@@ -199,7 +216,7 @@ static PyObject *loader_start(NpyloadPy_Loader *self, PyObject *unused)
         return NULL;
     for (size_t i = 0; i < nf; i++) {
         const char *s = npyload_loader_field_name(self->L, i);
-        PyObject *u = PyUnicode_FromString(s ? s : "");
+        PyObject *u = npyloadpy_str(s);
         if (!u) {
             Py_DECREF(names);
             return NULL;
@@ -264,7 +281,7 @@ static PyObject *loader_next(NpyloadPy_Loader *self, PyObject *unused)
         Py_RETURN_NONE;
     if (rc < 0)
         return loader_error(self, rc);
-    return npyloadpy_batch_new(b, self->field_names);
+    return npyloadpy_batch_new(b, self->field_names, self->joiner);
 }
 
 static PyObject *loader_num_batches(NpyloadPy_Loader *self, PyObject *unused)
@@ -392,6 +409,19 @@ static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *unused)
         "num_slots", (unsigned long long)s.num_slots);
 }
 
+static PyObject *loader_set_stream_joiner(NpyloadPy_Loader *self, PyObject *fn)
+{
+    if (fn != Py_None && !PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "the stream joiner must be callable or None");
+        return NULL;
+    }
+    if (fn == Py_None)
+        fn = NULL;
+    Py_XINCREF(fn);
+    Py_XSETREF(self->joiner, fn);
+    Py_RETURN_NONE;
+}
+
 static PyObject *loader_get_backend(NpyloadPy_Loader *self, void *closure)
 {
     if (!self->L) {
@@ -438,9 +468,14 @@ static PyMethodDef loader_methods[] = {
      "set_state(d): resume from a get_state() dict."},
     {"stats", (PyCFunction)loader_stats, METH_NOARGS,
      "stats() -> dict: counters since start."},
+    {"_set_stream_joiner", (PyCFunction)loader_set_stream_joiner, METH_O,
+     "_set_stream_joiner(fn): fn(device, [stream ints]) -> stream int, "
+     "called when a device batch handed to several CUDA streams is released; "
+     "it must return a stream ordered after the work queued on all of them "
+     "(npyload.Loader sets one built on torch)."},
     {"close", (PyCFunction)loader_close, METH_NOARGS,
-     "close(): stop the workers and free the loader; batches still alive stay "
-     "valid until they die."},
+     "close(): stop the workers and free the loader now (files, rings, free "
+     "slots); batches still alive keep only their own slots, until they die."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef loader_getset[] = {

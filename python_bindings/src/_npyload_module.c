@@ -8,10 +8,28 @@
 
 PyObject *NpyloadPy_Error = NULL;
 
+int npyloadpy_can_run_python(void)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+    return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+
+PyObject *npyloadpy_str(const char *s)
+{
+    return PyUnicode_DecodeFSDefault(s ? s : "");
+}
+
 PyObject *npyloadpy_raise(int rc, const char *detail)
 {
     const char *msg = (detail && detail[0]) ? detail : npyload_strerror(rc);
-    PyObject *exc = PyObject_CallFunction(NpyloadPy_Error, "s", msg);
+    PyObject *text = npyloadpy_str(msg);
+    if (!text)
+        return NULL;
+    PyObject *exc = PyObject_CallOneArg(NpyloadPy_Error, text);
+    Py_DECREF(text);
     if (!exc)
         return NULL;
     PyObject *code = PyLong_FromLong(rc);
@@ -299,7 +317,8 @@ static PyObject *mod_cuda_available(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     ok = npyload_cuda_available(dev, why, sizeof why);
     Py_END_ALLOW_THREADS
-    return Py_BuildValue("(Os)", ok ? Py_True : Py_False, ok ? "" : why);
+    return Py_BuildValue("(ON)", ok ? Py_True : Py_False,
+                         npyloadpy_str(ok ? "" : why));
 }
 
 static PyMethodDef module_methods[] = {

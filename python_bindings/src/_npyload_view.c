@@ -9,66 +9,20 @@
  *            consumer asks for max_version >= (1, 0)) holds a reference to
  *            the View; the deleter drops it under the GIL.
  *
- * DLPack ABI (dlpack.h v1.0, reproduced here so nothing is needed at build
- * time): the capsule is named "dltensor" / "dltensor_versioned"; a consumer
- * that takes ownership renames it "used_dltensor" / "used_dltensor_versioned"
- * and calls the deleter when done. If the capsule dies unconsumed (name
+ * DLPack ABI: the upstream dlpack.h, vendored in third_party/dlpack (v1.3,
+ * Apache-2.0; Debian's libdlpack-dev 0.6 lacks the versioned tensor); a
+ * versioned capsule carries that header's version. The capsule is named
+ * "dltensor" / "dltensor_versioned"; a consumer that takes ownership renames
+ * it "used_dltensor" / "used_dltensor_versioned" and calls the deleter when
+ * done. If the capsule dies unconsumed (name
  * unchanged), its destructor calls the deleter itself. The deleter may run
  * on any thread, with or without the GIL.
  */
 #include "_npyload.h"
 
+#include <dlpack.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- DLPack ABI ---- */
-typedef enum { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3 } DLDeviceType;
-typedef struct {
-    int32_t device_type; /* DLDeviceType (an int-sized C enum in dlpack.h) */
-    int32_t device_id;
-} DLDevice;
-typedef enum {
-    kDLInt = 0,
-    kDLUInt = 1,
-    kDLFloat = 2,
-    kDLBfloat = 4,
-    kDLComplex = 5,
-    kDLBool = 6
-} DLDataTypeCode;
-typedef struct {
-    uint8_t code;
-    uint8_t bits;
-    uint16_t lanes;
-} DLDataType;
-typedef struct {
-    void *data;
-    DLDevice device;
-    int32_t ndim;
-    DLDataType dtype;
-    int64_t *shape;
-    int64_t *strides; /* in elements */
-    uint64_t byte_offset;
-} DLTensor;
-typedef struct DLManagedTensor {
-    DLTensor dl_tensor;
-    void *manager_ctx;
-    void (*deleter)(struct DLManagedTensor *self);
-} DLManagedTensor;
-typedef struct {
-    uint32_t major;
-    uint32_t minor;
-} DLPackVersion;
-typedef struct DLManagedTensorVersioned {
-    DLPackVersion version;
-    void *manager_ctx;
-    void (*deleter)(struct DLManagedTensorVersioned *self);
-    uint64_t flags;
-    DLTensor dl_tensor;
-} DLManagedTensorVersioned;
-#define DLPACK_MAJOR_VERSION 1
-#define DLPACK_MINOR_VERSION 0
-#define DLPACK_FLAG_BITMASK_READ_ONLY (1ULL << 0)
-#define DLPACK_FLAG_BITMASK_IS_COPIED (1ULL << 1)
 
 /* One allocation per export: the managed tensor, its shape and strides, the
  * reference that keeps the View alive, and an owned buffer for copy=True. */
@@ -83,21 +37,12 @@ typedef struct dl_export {
     void *copy;      /* malloc'd data for copy=True, else NULL */
 } dl_export;
 
-static int py_finalizing(void)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-    return Py_IsFinalizing();
-#else
-    return _Py_IsFinalizing();
-#endif
-}
-
 static void dl_export_free(dl_export *e)
 {
     if (e->owner) {
         /* The interpreter may already be gone when a consumer frees its
          * tensor at exit: then the reference is leaked on purpose. */
-        if (Py_IsInitialized() && !py_finalizing()) {
+        if (npyloadpy_can_run_python()) {
             PyGILState_STATE g = PyGILState_Ensure();
             Py_DECREF(e->owner);
             PyGILState_Release(g);
@@ -292,7 +237,8 @@ PyDoc_STRVAR(dlpack_doc,
 "CUDA: `stream` is the consumer's stream (None or 1: legacy default,\n"
 "2: per-thread default, -1: no synchronisation, else a cudaStream_t as int);\n"
 "the stream is made to wait for the batch's host-to-device copy, and the\n"
-"slot is later released in order with that stream.\n"
+"slot is later released in order with it (and with every other stream the\n"
+"batch was handed to).\n"
 "copy=True copies host data into memory owned by the capsule; device data\n"
 "is never copied here (BufferError).");
 
@@ -380,8 +326,8 @@ static PyObject *view_dlpack(NpyloadPy_View *self, PyObject *args, PyObject *kw)
             if (rc < 0)
                 return npyloadpy_raise(rc, "npyload: cudaStreamWaitEvent on the "
                                            "consumer's stream failed");
-            batch->have_stream = 1;
-            batch->stream = s;
+            if (npyloadpy_batch_note_stream(batch, s) < 0)
+                return NULL;
         }
     }
 

@@ -146,6 +146,45 @@ def test_dlpack_capsules(dataset):
         raw.field("labels").__dlpack__(dl_device=(2, 0))
 
 
+def _capsule_words(cap, name, n):
+    """The first n uint64 words of a capsule's struct, read with ctypes (an
+    independent view of the DLPack layout: version, manager_ctx, deleter,
+    flags for DLManagedTensorVersioned)."""
+    import ctypes
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    p = get(cap, name)
+    return (ctypes.c_uint64 * n).from_address(p)
+
+
+def test_versioned_capsule_layout(dataset):
+    """The versioned capsule follows upstream dlpack.h 1.x: version {1, minor}
+    first, flags after manager_ctx and deleter, IS_COPIED (bit 1) set for
+    copy=True only, and the DLTensor's data/ndim/shape after the flags."""
+    import ctypes
+    globs, ref = dataset
+    loader = make(globs)
+    b = next(iter(loader))
+    v = b._raw.field("labels")
+    for copy, flag in ((None, 0), (True, 2)):
+        cap = v.__dlpack__(max_version=(1, 0), copy=copy)
+        w = _capsule_words(cap, b"dltensor_versioned", 8)
+        major, minor = w[0] & 0xFFFFFFFF, w[0] >> 32
+        assert major == 1 and minor >= 0
+        assert w[3] & 3 == flag
+        data, ndim = w[4], ctypes.c_int32.from_address(
+            ctypes.addressof(w) + 6 * 8).value  # DLTensor: data, device(8), ndim
+        assert ndim == 2
+        if copy is None:
+            assert data == v.data_ptr
+        shape = (ctypes.c_int64 * 2).from_address(w[7])
+        assert tuple(shape) == tuple(np.asarray(b["labels"]).shape)
+        del cap, w
+    del v
+    gc.collect()
+
+
 def test_indices_view(dataset):
     globs, _ = dataset
     loader = make(globs, shuffle=True)
@@ -226,3 +265,100 @@ def test_refusal_and_gil_release(many_batches, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "refused:" in r.stdout and "slot" in r.stdout
     assert "ok True" in r.stdout
+
+
+# ---- every consumer stream is recorded (issue 17 item 2b) ----
+# Host batches ignore streams; these tests record them through the private
+# hook that __dlpack__ and wait_stream use for device batches, and replace
+# the torch-based joiner with a fake, so the bookkeeping is checked without
+# CUDA. The CUDA path itself is in test_loader_torch.py (skips without GPU).
+
+def test_streams_recorded_distinct_in_order(dataset):
+    globs, _ = dataset
+    loader = make(globs)
+    b = next(iter(loader))
+    raw = b._raw
+    assert raw._streams == ()
+    for s in (5, 7, 5, None, 7, 11):
+        raw._note_stream(s)
+    assert raw._streams == (5, 7, 0, 11)
+
+
+def _loader_with_fake_joiner(globs, calls, result=9, fail=False):
+    loader = make(globs, prefetch=1)
+
+    def joiner(device, handles):
+        calls.append((device, list(handles)))
+        if fail:
+            raise RuntimeError("joiner failed on purpose")
+        return result
+
+    loader._c._set_stream_joiner(joiner)
+    return loader
+
+
+def test_release_joins_every_recorded_stream(dataset):
+    globs, ref = dataset
+    calls = []
+    loader = _loader_with_fake_joiner(globs, calls)
+    it = iter(loader)
+    b = next(it)
+    b._raw._note_stream(5)
+    b._raw._note_stream(7)
+    kept, idx = b["labels"], np.array(b.indices)
+    del b
+    gc.collect()
+    assert calls == []                 # the array still holds the slot
+    del kept
+    gc.collect()
+    assert calls == [(-1, [5, 7])]     # released: ordered after both streams
+    # one stream needs no join; none neither
+    b = next(it)
+    b._raw._note_stream(5)
+    del b
+    b = next(it)
+    del b
+    gc.collect()
+    assert calls == [(-1, [5, 7])]
+    rest = collect(it)
+    assert len(rest) == len(loader) - 3
+    check_values(rest, ref)
+
+
+def test_failing_joiner_is_reported_and_slot_still_released(dataset, monkeypatch):
+    globs, ref = dataset
+    calls, seen = [], []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_value))
+    loader = _loader_with_fake_joiner(globs, calls, fail=True)
+    it = iter(loader)
+    b = next(it)
+    b._raw._note_stream(1)
+    b._raw._note_stream(2)
+    del b
+    gc.collect()
+    assert len(calls) == 1
+    assert len(seen) == 1 and "on purpose" in str(seen[0])
+    # prefetch=1: two slots, so the loader goes on only if the slot came back
+    rest = collect(it)
+    assert len(rest) == len(loader) - 1
+    check_values(rest, ref)
+
+
+def test_joiner_runs_inside_a_pending_exception(dataset):
+    """A batch freed while an exception propagates keeps that exception."""
+    globs, _ = dataset
+    calls = []
+    loader = _loader_with_fake_joiner(globs, calls)
+    b = next(iter(loader))
+    b._raw._note_stream(3)
+    b._raw._note_stream(4)
+
+    def boom(batch):
+        raise KeyError("mine")
+
+    with pytest.raises(KeyError, match="mine"):
+        try:
+            boom(b)
+        finally:
+            del b
+    assert calls == [(-1, [3, 4])]

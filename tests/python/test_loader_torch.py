@@ -199,3 +199,33 @@ def test_cuda_side_stream_and_lifetime(dataset):
     gc.collect()
     torch.cuda.synchronize()
     assert t.device.type == "cuda" and t.shape[1] == 3
+
+
+@cuda
+def test_cuda_two_consumer_streams_both_recorded(dataset):
+    """Two fields consumed on two streams: the slot is reused only after
+    both streams' work. The second stream is kept busy (torch.cuda._sleep)
+    before it reads its field; with only the first stream recorded the slot
+    would be overwritten under it by the copies of the following batches."""
+    globs, ref = dataset
+    loader = make(globs, device="cuda:0", prefetch=1)  # two slots: quick reuse
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    sums = []
+    it = iter(loader)
+    for _ in range(len(loader)):
+        with torch.cuda.stream(s1):
+            b = next(it)  # fields exported on s1
+        b.wait_stream(s2)
+        assert b._raw._streams == (s1.cuda_stream, s2.cuda_stream)
+        idx = b.indices.cpu().numpy()
+        with torch.cuda.stream(s1):
+            im = b["images"].sum()
+        with torch.cuda.stream(s2):
+            torch.cuda._sleep(20_000_000)  # ~10 ms of GPU time
+            lab = b["labels"].sum()
+        sums.append((idx, im, lab))
+        del b
+    torch.cuda.synchronize()
+    for idx, im, lab in sums:
+        assert np.isclose(im.item(), ref["images"][idx].sum(), rtol=1e-4)
+        assert lab.item() == ref["labels"][idx].sum()

@@ -349,3 +349,88 @@ def test_option_equals_form(gen_exe, tmp_path):
 def test_no_temporary_files_left(captcha2):
     out, _ = captcha2
     assert not [p for p in Path(out).rglob("*.tmp")]
+
+
+# ---- free space and interruption -------------------------------------------
+
+def run_on_small_fs(gen_exe, out, *args):
+    """Runs npyload-gen with --out on a fresh 1 MiB tmpfs mounted at `out`, in
+    a private mount namespace (unshare -rm: nothing is left mounted, even if
+    the test dies). Prints what is left in `out` after the run on stdout, after
+    a '--- left:' line. Skips visibly where tmpfs cannot be mounted."""
+    import shutil
+    if not shutil.which("unshare"):
+        pytest.skip("unshare(1) is not installed: cannot mount a small tmpfs")
+    script = ('mount -t tmpfs -o size=1m npyload-test "$1" || exit 77; shift; '
+              '"$@"; rc=$?; echo "--- left:"; ls -A "$0"; exit $rc')
+    out.mkdir()
+    r = subprocess.run(["unshare", "-rm", "sh", "-c", script, str(out), str(out),
+                        gen_exe, *map(str, args)],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode == 77 or "unshare:" in r.stderr:
+        pytest.skip(f"cannot mount a 1 MiB tmpfs here: {r.stderr.strip()}")
+    return r
+
+
+def test_refuses_when_space_is_short(gen_exe, tmp_path):
+    out = tmp_path / "small"
+    # 300 files of 64 x 16 float32 (4 KiB of data + a 128-byte header, so two
+    # 4 KiB blocks each on tmpfs): about 2.3 MiB, more than the 1 MiB there.
+    r = run_on_small_fs(gen_exe, out, "--generic", "--out", out, "--shape", "16",
+                        "--files", 300, "--samples-per-file", 64)
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    m = re.search(r"need ([\d.]+) MiB in (.+), ([\d.]+) MiB free", r.stderr)
+    assert m, r.stderr
+    assert m[2] == str(out)
+    need, free = float(m[1]), float(m[3])
+    assert need == pytest.approx(300 * 8192 / 2**20, abs=0.05)
+    assert 0 < free <= 1.0 and free < need
+    assert r.stdout.split("--- left:")[1].split() == []  # nothing was written
+
+
+def test_small_dataset_fits_small_fs(gen_exe, tmp_path):
+    """The same check lets a dataset that fits through (3 files x 8 KiB)."""
+    out = tmp_path / "small"
+    r = run_on_small_fs(gen_exe, out, "--generic", "--out", out, "--shape", "16",
+                        "--files", 3, "--samples-per-file", 64)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    left = r.stdout.split("--- left:")[1].split()
+    assert left == ["data_0000.npy", "data_0001.npy", "data_0002.npy"]
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_interrupt_removes_temporary_file(gen_exe, tmp_path, sig):
+    """A signal in the middle of a large dataset: the temporary files are
+    removed, every file under a final name is complete, and the process ends
+    by that signal (the shell sees 128 + signal)."""
+    import signal
+    import time
+    signum = getattr(signal, sig)
+    out = tmp_path / "big"
+    # 40 ids x 16 samples: about 760 MiB if it ran to the end; it is
+    # interrupted while the second id is being written.
+    p = subprocess.Popen([gen_exe, "--preset", "captcha", "--out", str(out),
+                          "--files", "40", "--samples-per-file", "16"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    second = out / "images/train/train_0001.npy.tmp"
+    deadline = time.monotonic() + 60  # a bound on the wait, not a timing check
+    while not second.exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert p.poll() is None, ("finished before it could be interrupted", p.communicate())
+    assert second.exists(), "the second file was never started"
+    p.send_signal(signum)
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode in (-signum, 128 + signum), (p.returncode, stdout, stderr)
+    files = tree(out)
+    assert not [f for f in files if f.endswith(".tmp")], files
+    assert files, "the first id was complete and must stay"
+    want_shape = {"images": (16, 2, 256, 512)}
+    for f in files:
+        a = np.load(out / f)  # a half-written file would not load
+        if f.startswith("images/"):
+            assert a.shape == want_shape["images"], f
+        elif f.endswith("_heatmaps.npy"):
+            assert a.shape == (16, 2, 64, 128), f
+        else:
+            assert a.shape == (16, 4, 64, 128), f
+    assert "labels/train/train_0039_offsets.npy" not in files

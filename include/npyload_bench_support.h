@@ -1,0 +1,57 @@
+/*
+ * npyload_bench_support.h — UNSTABLE. For npyload's own benchmark
+ * (npyload-bench) and tests only.
+ *
+ * Not installed, not part of libnpyload (shared or static), no API or ABI
+ * promise: names and meanings may change in any release. The definitions
+ * live in the `npyload_bench_support` static library (lib/CMakeLists.txt),
+ * built in the build tree next to libnpyload; link it explicitly. Programs
+ * outside this repository should measure with CUDA themselves.
+ *
+ * Like npyload.h it carries no CUDA types: streams are `void *`.
+ */
+#ifndef NPYLOAD_BENCH_SUPPORT_H
+#define NPYLOAD_BENCH_SUPPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "npyload.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*! npyload_cuda_h2d_bandwidth() : measures pinned host-to-device
+ * cudaMemcpyAsync bandwidth on `device` with `bytes` per copy, `iters`
+ * copies, on a non-blocking stream, on a thread of its own (the caller's
+ * current device is untouched); writes GB/s (1e9 bytes/s) to *gbps.
+ * @return : 0, NPYLOAD_EINVAL, NPYLOAD_ENOCUDA or NPYLOAD_ECUDA. */
+int npyload_cuda_h2d_bandwidth(int device, size_t bytes, int iters, double *gbps);
+
+/*! npyload_compute_sim: a non-blocking CUDA stream on a device and a kernel
+ * that keeps it busy for a given time, so programs without CUDA headers (the
+ * bench, tests) can stand in for a training step: take a batch, make the
+ * simulator's stream wait for it (npyload_batch_wait_stream), queue
+ * npyload_compute_sim_busy, release with npyload_batch_release_stream. The
+ * kernel is PTX JIT-compiled by the driver; nothing here needs nvcc. */
+typedef struct npyload_compute_sim npyload_compute_sim;
+
+/*! npyload_compute_sim_create() :
+ * @return : 0, NPYLOAD_ENOCUDA (reason in `why`) or NPYLOAD_ECUDA. */
+int npyload_compute_sim_create(int device, npyload_compute_sim **out, char *why,
+                               size_t whylen);
+/*! npyload_compute_sim_stream() : its stream (a cudaStream_t). */
+void *npyload_compute_sim_stream(const npyload_compute_sim *s);
+/*! npyload_compute_sim_busy() : queues a kernel that spins for `ns`
+ * nanoseconds (GPU global timer) on the stream; returns at once. */
+int npyload_compute_sim_busy(npyload_compute_sim *s, uint64_t ns);
+/*! npyload_compute_sim_sync() : waits on the host for the stream. */
+int npyload_compute_sim_sync(npyload_compute_sim *s);
+/*! npyload_compute_sim_destroy() : waits for the stream, frees. NULL-safe. */
+void npyload_compute_sim_destroy(npyload_compute_sim *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NPYLOAD_BENCH_SUPPORT_H */

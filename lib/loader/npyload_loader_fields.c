@@ -1,0 +1,253 @@
+/* Loader fields: adding them (globs, explicit lists) and, at start, reading
+ * every header and checking that the files of a field agree and that the
+ * fields hold the same number of samples. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "npyload_loader_internal.h"
+
+/* ---- fields ---- */
+
+static int check_new_field(npyload_loader *L, const char *name)
+{
+    if (L->started)
+        return npyl_loader_fail(L, NPYLOAD_ESTATE, "fields cannot be added after start");
+    if (!name || !*name)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "a field needs a non-empty name");
+    for (size_t i = 0; i < L->nfields; i++)
+        if (strcmp(L->fields[i].name, name) == 0)
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "field '%s' was already added", name);
+    return 0;
+}
+
+/* Takes ownership of paths (an npyl_glob_sorted-style array). */
+static int push_field(npyload_loader *L, const char *name, char **paths, size_t n)
+{
+    if (L->nfields == L->cap_fields) {
+        size_t cap = L->cap_fields ? 2 * L->cap_fields : 4;
+        npyl_field *f = realloc(L->fields, cap * sizeof *f);
+        if (!f) {
+            npyl_free_paths(paths, n);
+            return npyl_loader_fail(L, -ENOMEM, "out of memory adding field '%s'", name);
+        }
+        L->fields = f;
+        L->cap_fields = cap;
+    }
+    npyl_field *f = &L->fields[L->nfields];
+    memset(f, 0, sizeof *f);
+    f->name = strdup(name);
+    if (!f->name) {
+        npyl_free_paths(paths, n);
+        return npyl_loader_fail(L, -ENOMEM, "out of memory adding field '%s'", name);
+    }
+    f->paths = paths;
+    f->npaths = n;
+    L->nfields++;
+    L->errmsg[0] = 0;
+    return 0;
+}
+
+int npyload_loader_add_field(npyload_loader *L, const char *name, const char *glob)
+{
+    if (!L)
+        return NPYLOAD_EINVAL;
+    int frc = npyl_loader_forked(L);
+    if (frc)
+        return frc;
+    int rc = check_new_field(L, name);
+    if (rc)
+        return rc;
+    if (!glob || !*glob)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "field '%s': empty glob", name);
+    char **paths, err[NPYL_ERRMSG_LEN - 128];
+    size_t n;
+    rc = npyl_glob_sorted(glob, &paths, &n, err, sizeof err);
+    if (rc)
+        return npyl_loader_fail(L, rc, "field '%s': %s", name, err);
+    return push_field(L, name, paths, n);
+}
+
+int npyload_loader_add_field_files(npyload_loader *L, const char *name,
+                                   const char *const *paths, size_t n)
+{
+    if (!L)
+        return NPYLOAD_EINVAL;
+    int frc = npyl_loader_forked(L);
+    if (frc)
+        return frc;
+    int rc = check_new_field(L, name);
+    if (rc)
+        return rc;
+    if (!paths || n == 0)
+        return npyl_loader_fail(L, NPYLOAD_ENOFILES, "field '%s': empty list of files", name);
+    char **copy = calloc(n, sizeof *copy);
+    if (!copy)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory adding field '%s'", name);
+    for (size_t i = 0; i < n; i++) {
+        if (!paths[i] || !*paths[i]) {
+            npyl_free_paths(copy, i);
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "field '%s': path %zu is empty", name, i);
+        }
+        copy[i] = strdup(paths[i]);
+        if (!copy[i]) {
+            npyl_free_paths(copy, i);
+            return npyl_loader_fail(L, -ENOMEM, "out of memory adding field '%s'", name);
+        }
+    }
+    return push_field(L, name, copy, n);
+}
+
+size_t npyload_loader_num_fields(const npyload_loader *L) { return L ? L->nfields : 0; }
+
+const char *npyload_loader_field_name(const npyload_loader *L, size_t i)
+{
+    return (L && i < L->nfields) ? L->fields[i].name : NULL;
+}
+
+/* ---- start: headers and validation ---- */
+
+static void fmt_shape(char *buf, size_t len, int ndim, const int64_t *shape)
+{
+    size_t k = (size_t)snprintf(buf, len, "(");
+    for (int i = 0; i < ndim && k < len; i++)
+        k += (size_t)snprintf(buf + k, len - k, "%s%" PRId64, i ? "," : "", shape[i]);
+    if (k < len)
+        snprintf(buf + k, len - k, ")");
+}
+
+/* Whether a Fortran-ordered array's bytes are also its C-order bytes: true
+ * when at most one dimension is longer than 1 (or it holds no element).
+ * Only then can it be delivered as C-ordered rows; any other Fortran file,
+ * a single sample (1, 2, 3) included, would come out transposed. */
+static int f_order_is_c_order(const npyload_header *h)
+{
+    int longer = 0;
+    for (int d = 0; d < h->ndim; d++) {
+        if (h->shape[d] == 0)
+            return 1;
+        longer += h->shape[d] > 1;
+    }
+    return longer <= 1;
+}
+
+/* Reads the headers of field f's files, checks they agree, and records the
+ * files in the io table. *io_next is the next free io_files index; *samples
+ * receives the field's total. */
+static int load_field(npyload_loader *L, npyl_field *f, size_t *io_next, int64_t *samples)
+{
+    char err[NPYL_ERRMSG_LEN];
+    f->files = calloc(f->npaths, sizeof *f->files);
+    if (!f->files)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    int64_t total = 0;
+    for (size_t k = 0; k < f->npaths; k++) {
+        const char *path = f->paths[k];
+        npyload_header h;
+        int rc = npyload_read_header(path, &h, err, sizeof err);
+        if (rc)
+            return npyl_loader_fail(L, rc, "field '%s': %s", f->name, err);
+        if (h.ndim < 1)
+            return npyl_loader_fail(L, NPYLOAD_EUNSUPPORTED,
+                                    "field '%s': %s: 0-d array has no sample axis", f->name, path);
+        uint64_t row = h.itemsize;
+        for (int d = 1; d < h.ndim; d++)
+            row *= (uint64_t)h.shape[d]; /* cannot overflow: the parser checked the product */
+        if (h.fortran_order && !f_order_is_c_order(&h)) {
+            char a[256];
+            fmt_shape(a, sizeof a, h.ndim, h.shape);
+            return npyl_loader_fail(L, NPYLOAD_EUNSUPPORTED,
+                                    "field '%s': %s: Fortran-ordered data of shape %s is not "
+                                    "supported (its bytes are not in C order); rewrite it "
+                                    "C-ordered (numpy.ascontiguousarray)", f->name, path, a);
+        }
+        if (k == 0) {
+            memcpy(f->descr, h.descr, sizeof f->descr);
+            f->itemsize = h.itemsize;
+            f->sndim = h.ndim - 1;
+            memcpy(f->sshape, h.shape + 1, sizeof(int64_t) * (size_t)f->sndim);
+            f->row_bytes = row;
+        } else {
+            if (strcmp(h.descr, f->descr) != 0)
+                return npyl_loader_fail(L, NPYLOAD_EMISMATCH,
+                                        "field '%s': %s holds dtype %s, expected %s as in %s",
+                                        f->name, path, h.descr, f->descr, f->paths[0]);
+            if (h.ndim - 1 != f->sndim ||
+                memcmp(h.shape + 1, f->sshape, sizeof(int64_t) * (size_t)f->sndim) != 0) {
+                char a[256], b[256];
+                fmt_shape(a, sizeof a, h.ndim - 1, h.shape + 1);
+                fmt_shape(b, sizeof b, f->sndim, f->sshape);
+                return npyl_loader_fail(L, NPYLOAD_EMISMATCH,
+                                        "field '%s': %s holds samples of shape %s, expected %s "
+                                        "as in %s", f->name, path, a, b, f->paths[0]);
+            }
+        }
+        npyl_file_info *fi = &L->io_files[*io_next];
+        rc = npyl_io_stat(path, fi);
+        if (rc)
+            return npyl_loader_fail(L, rc, "field '%s': %s: %s", f->name, path,
+                                    npyload_strerror(rc));
+        fi->path = path;
+        f->files[k].io_index = (uint32_t)*io_next;
+        f->files[k].first = total;
+        f->files[k].count = h.shape[0];
+        f->files[k].data_offset = h.data_offset;
+        (*io_next)++;
+        if (__builtin_add_overflow(total, h.shape[0], &total))
+            return npyl_loader_fail(L, NPYLOAD_ETOOBIG, "field '%s': sample count overflows",
+                                    f->name);
+    }
+    if (f->row_bytes == 0)
+        return npyl_loader_fail(L, NPYLOAD_EUNSUPPORTED,
+                                "field '%s': %s: samples of zero bytes", f->name, f->paths[0]);
+    *samples = total;
+    return 0;
+}
+
+int npyl_load_fields(npyload_loader *L)
+{
+    if (L->nfields == 0)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "no fields: add at least one before start");
+    size_t nfiles = 0;
+    for (size_t i = 0; i < L->nfields; i++)
+        nfiles += L->fields[i].npaths;
+    if (nfiles > UINT32_MAX)
+        return npyl_loader_fail(L, NPYLOAD_ETOOBIG, "more than 2^32 files");
+    L->io_files = calloc(nfiles, sizeof *L->io_files);
+    if (!L->io_files)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    size_t io_next = 0;
+    int64_t n0 = 0, n = 0;
+    for (size_t i = 0; i < L->nfields; i++) {
+        int rc = load_field(L, &L->fields[i], &io_next, &n);
+        L->nio_files = io_next;
+        if (rc)
+            return rc;
+        if (i == 0) {
+            n0 = n;
+        } else if (n != n0) {
+            npyl_field *a = &L->fields[0], *b = &L->fields[i];
+            /* Name the first file where the running counts part ways. */
+            size_t ka = 0, kb = 0;
+            while (ka < a->npaths && kb < b->npaths &&
+                   a->files[ka].first == b->files[kb].first &&
+                   a->files[ka].count == b->files[kb].count)
+                ka++, kb++;
+            if (ka < a->npaths && kb < b->npaths)
+                return npyl_loader_fail(
+                    L, NPYLOAD_EMISMATCH,
+                    "field '%s' holds %" PRId64 " samples, field '%s' holds %" PRId64
+                    "; they part at %s (%" PRId64 " samples) vs %s (%" PRId64 " samples)",
+                    a->name, n0, b->name, n, a->paths[ka], a->files[ka].count,
+                    b->paths[kb], b->files[kb].count);
+            return npyl_loader_fail(L, NPYLOAD_EMISMATCH,
+                                    "field '%s' holds %" PRId64 " samples (%zu files), "
+                                    "field '%s' holds %" PRId64 " (%zu files)",
+                                    a->name, n0, a->npaths, b->name, n, b->npaths);
+        }
+    }
+    L->n = n0;
+    return 0;
+}

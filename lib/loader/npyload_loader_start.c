@@ -1,0 +1,360 @@
+/* npyload_loader_start() in named steps: resolve the counts, load the
+ * fields, resolve the backend, plan the slot layout and the order, open
+ * CUDA, allocate the slots, create the workers' io contexts within the
+ * descriptor budget, begin the first epoch, spawn the workers. On failure
+ * the loader returns to its pre-start state. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <sys/resource.h>
+
+#include "npyload_loader_internal.h"
+
+static int resolve_backend(npyload_loader *L)
+{
+    int want = (int)L->opt[NPYLOAD_OPT_IO_BACKEND];
+    char why[256] = "";
+    if (want == NPYLOAD_IO_MMAP && L->opt[NPYLOAD_OPT_DIRECT_IO])
+        return npyl_loader_fail(L, NPYLOAD_EINVAL,
+                                "DIRECT_IO needs the io_uring or pread backend, not mmap");
+    if (want == NPYLOAD_IO_URING) {
+        if (!npyl_io_uring_usable(why, sizeof why))
+            return npyl_loader_fail(L, NPYLOAD_ENOURING,
+                                    "io_uring backend requested but unusable: %s", why);
+    } else if (want == NPYLOAD_IO_AUTO) {
+        /* Probe once per loader: kernels, containers and seccomp profiles
+         * refuse io_uring; pread on the worker threads is the fallback. */
+        want = npyl_io_uring_usable(why, sizeof why) ? NPYLOAD_IO_URING : NPYLOAD_IO_PREAD;
+    }
+    L->backend = want;
+    return 0;
+}
+
+/* Lays the fields out in a slot. With O_DIRECT, a field's region starts at an
+ * address congruent to its first file's data offset modulo 4096, so that file
+ * offsets and memory addresses of every row share their alignment and the
+ * aligned middle of each run can be read with O_DIRECT straight into place
+ * (rows a multiple of 4096 bytes keep that congruence for every run). */
+static int plan_layout(npyload_loader *L)
+{
+    uint64_t B = (uint64_t)L->opt[NPYLOAD_OPT_BATCH_SIZE];
+    uint64_t h = 0, d = 0;
+    for (size_t i = 0; i < L->nfields; i++) {
+        npyl_field *f = &L->fields[i];
+        uint64_t bytes;
+        if (npyl_mul_u64(B, f->row_bytes, &bytes))
+            return npyl_loader_fail(L, NPYLOAD_ETOOBIG, "field '%s': batch bytes overflow",
+                                    f->name);
+        h = (h + NPYL_DIRECT_ALIGN - 1) / NPYL_DIRECT_ALIGN * NPYL_DIRECT_ALIGN;
+        if (L->opt[NPYLOAD_OPT_DIRECT_IO])
+            h += f->files[0].data_offset % NPYL_DIRECT_ALIGN;
+        f->host_off = h;
+        d = (d + DEV_ALIGN - 1) / DEV_ALIGN * DEV_ALIGN;
+        f->dev_off = d;
+        if (npyl_add_u64(h, bytes, &h) || npyl_add_u64(d, bytes, &d))
+            return npyl_loader_fail(L, NPYLOAD_ETOOBIG, "batch bytes overflow");
+    }
+    L->host_slot_bytes = (h + NPYL_DIRECT_ALIGN - 1) / NPYL_DIRECT_ALIGN * NPYL_DIRECT_ALIGN;
+    L->dev_slot_bytes = d;
+    return 0;
+}
+
+static int init_slot(npyload_loader *L, npyl_slot *s, int device_slot)
+{
+    size_t B = (size_t)L->opt[NPYLOAD_OPT_BATCH_SIZE];
+    s->indices = malloc(B * sizeof *s->indices);
+    s->arrays = calloc(L->nfields, sizeof *s->arrays);
+    s->errmsg = calloc(1, NPYL_ERRMSG_LEN);
+    s->batch = calloc(1, sizeof *s->batch);
+    if (!s->indices || !s->arrays || !s->errmsg || !s->batch)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory allocating slots");
+    s->batch->L = L;
+    s->batch->slot = s;
+    s->batch->device_mode = device_slot;
+    int rc;
+    if (device_slot) {
+        if ((rc = npyl_cuda_malloc(L->cuda, (void **)&s->mem, L->dev_slot_bytes)) ||
+            (rc = npyl_cuda_event_create(L->cuda, &s->ev_done, 0)) ||
+            (rc = npyl_cuda_event_create(L->cuda, &s->ev_release, 0)))
+            return npyl_loader_fail(L, rc, "CUDA device %d: allocating a %" PRIu64
+                                    "-byte device slot failed: %s", L->device,
+                                    L->dev_slot_bytes, npyl_cuda_errmsg(L->cuda));
+        return 0;
+    }
+    if (L->pinned) {
+        rc = npyl_cuda_host_alloc(L->cuda, (void **)&s->mem, L->host_slot_bytes);
+        if (rc == 0)
+            return 0;
+        if (L->opt[NPYLOAD_OPT_PIN_MEMORY] == 1)
+            return npyl_loader_fail(L, rc, "pinning a %" PRIu64 "-byte slot failed (%s); "
+                                    "PIN_MEMORY=1 requires it", L->host_slot_bytes,
+                                    npyl_cuda_errmsg(L->cuda));
+        /* Pinning can fail under a locked-memory limit: fall back to pageable
+         * memory for every slot so the stats tell one consistent story. */
+        for (size_t i = 0; i < L->nh && &L->hslots[i] != s; i++) {
+            npyl_cuda_host_free(L->cuda, L->hslots[i].mem);
+            L->hslots[i].mem = npyl_alloc_aligned(L->host_slot_bytes, NPYL_DIRECT_ALIGN);
+            if (!L->hslots[i].mem)
+                return npyl_loader_fail(L, -ENOMEM, "out of memory allocating slots");
+        }
+        L->pinned = 0;
+    }
+    s->mem = npyl_alloc_aligned(L->host_slot_bytes, NPYL_DIRECT_ALIGN);
+    if (!s->mem)
+        return npyl_loader_fail(L, -ENOMEM, "cannot allocate %zu slots of %" PRIu64
+                                " bytes (PREFETCH x batch bytes)", L->nh, L->host_slot_bytes);
+    return 0;
+}
+
+static int alloc_slots(npyload_loader *L, size_t nworkers, size_t prefetch)
+{
+    int device_mode = L->device >= 0;
+    /* Host mode: the slots are the batches. Device mode: PREFETCH device
+     * slots are the batches; host staging slots only need to cover the reads
+     * in flight plus one being copied. */
+    L->nh = device_mode ? (prefetch < nworkers + 1 ? prefetch : nworkers + 1) : prefetch;
+    L->nd = device_mode ? prefetch : 0;
+    L->hslots = calloc(L->nh, sizeof *L->hslots);
+    L->dslots = L->nd ? calloc(L->nd, sizeof *L->dslots) : NULL;
+    if (!L->hslots || (L->nd && !L->dslots))
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    for (size_t i = 0; i < L->nh; i++) {
+        int rc = init_slot(L, &L->hslots[i], 0);
+        if (rc)
+            return rc;
+    }
+    for (size_t i = 0; i < L->nd; i++) {
+        int rc = init_slot(L, &L->dslots[i], 1);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* Descriptors open in this process now (/proc/self/fd, less the listing's
+ * own), or -1 when /proc is not mounted. */
+static int count_open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(d);
+    return n > 0 ? n - 1 : 0;
+}
+
+/* Sizes the per-worker open-file caches from what RLIMIT_NOFILE leaves, so
+ * that reads never meet EMFILE mid-epoch. Each worker needs its io_uring
+ * ring (one descriptor) and at least one open file (two with DIRECT_IO: a
+ * buffered and an O_DIRECT descriptor); FD_RESERVE stay free for the
+ * application. Workers share half of the rest, at most 256 files each.
+ * Refuses with -EMFILE and the numbers when one file per worker does not
+ * fit. */
+#define FD_RESERVE 16
+#define FD_UNKNOWN_OPEN 64 /* assumed open when /proc is missing */
+static int plan_fd_budget(npyload_loader *L, size_t nworkers, unsigned *per_worker)
+{
+    struct rlimit rl;
+    uint64_t soft = 1024;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        soft = rl.rlim_cur;
+    int open_now = count_open_fds();
+    uint64_t used = open_now >= 0 ? (uint64_t)open_now : FD_UNKNOWN_OPEN;
+    uint64_t ring = L->backend == NPYLOAD_IO_URING;
+    uint64_t per_file = L->opt[NPYLOAD_OPT_DIRECT_IO] ? 2 : 1;
+    uint64_t need = nworkers * (ring + per_file) + FD_RESERVE;
+    uint64_t avail = soft > used ? soft - used : 0;
+    if (need > avail)
+        return npyl_loader_fail(L, -EMFILE, "%zu workers need at least %" PRIu64 " file "
+                                "descriptors (%s%" PRIu64 " per open file each, %d kept "
+                                "free), RLIMIT_NOFILE is %" PRIu64 " with %" PRIu64 " open: "
+                                "raise it (ulimit -n) or use fewer workers", nworkers, need,
+                                ring ? "1 io_uring ring + " : "", per_file, FD_RESERVE, soft,
+                                used);
+    uint64_t share = (avail - FD_RESERVE) / 2 / nworkers;
+    uint64_t per = share > ring ? (share - ring) / per_file : 0;
+    if (per < 1)
+        per = 1; /* fits: need <= avail checked one file per worker */
+    if (per > 256)
+        per = 256;
+    *per_worker = (unsigned)per;
+    return 0;
+}
+
+static int open_cuda(npyload_loader *L)
+{
+    int dev = (int)L->opt[NPYLOAD_OPT_DEVICE];
+    int pin = (int)L->opt[NPYLOAD_OPT_PIN_MEMORY];
+    L->device = dev;
+    if (dev < 0 && pin != 1)
+        return 0; /* host mode never loads CUDA unless pinning is required */
+    char why[256] = "";
+    int rc = npyl_cuda_open(&L->cuda, dev >= 0 ? dev : 0, why, sizeof why);
+    if (rc)
+        return npyl_loader_fail(L, NPYLOAD_ENOCUDA, "%s: %s",
+                                dev >= 0 ? "CUDA device requested but unusable"
+                                         : "PIN_MEMORY=1 needs CUDA, which is unusable",
+                                why);
+    L->pinned = pin != 0;
+    return 0;
+}
+
+/* Step: worker count, slot count and queue depth, defaults resolved. */
+static int resolve_counts(npyload_loader *L, size_t *nworkers, size_t *prefetch)
+{
+    int64_t W = L->opt[NPYLOAD_OPT_WORLD_SIZE], R = L->opt[NPYLOAD_OPT_RANK];
+    if (R >= W)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "RANK %" PRId64 " must be below "
+                                "WORLD_SIZE %" PRId64, R, W);
+    *nworkers = L->opt[NPYLOAD_OPT_NUM_WORKERS] ? (size_t)L->opt[NPYLOAD_OPT_NUM_WORKERS]
+                                                 : DEFAULT_WORKERS;
+    *prefetch = L->opt[NPYLOAD_OPT_PREFETCH] ? (size_t)L->opt[NPYLOAD_OPT_PREFETCH]
+                                              : 2 * *nworkers;
+    if (*prefetch > MAX_PREFETCH)
+        *prefetch = MAX_PREFETCH;
+    L->queue_depth = L->opt[NPYLOAD_OPT_QUEUE_DEPTH] ? (unsigned)L->opt[NPYLOAD_OPT_QUEUE_DEPTH]
+                                                      : DEFAULT_QUEUE_DEPTH;
+    return 0;
+}
+
+/* Step: the order parameters (fixed from here on but for the epoch) and the
+ * buffers the epoch's order is built in. */
+static int plan_order(npyload_loader *L)
+{
+    npyl_order_params *op = &L->op;
+    memset(op, 0, sizeof *op);
+    op->n = L->n;
+    op->shuffle = (int)L->opt[NPYLOAD_OPT_SHUFFLE];
+    op->seed = L->opt[NPYLOAD_OPT_SEED];
+    op->rank = L->opt[NPYLOAD_OPT_RANK];
+    op->world_size = L->opt[NPYLOAD_OPT_WORLD_SIZE];
+    op->drop_last = (int)L->opt[NPYLOAD_OPT_DROP_LAST];
+    op->batch_size = L->opt[NPYLOAD_OPT_BATCH_SIZE];
+    op->window = L->opt[NPYLOAD_OPT_SHUFFLE_WINDOW] ? L->opt[NPYLOAD_OPT_SHUFFLE_WINDOW]
+                                                    : DEFAULT_WINDOW;
+    /* File sizes are kept for every mode: set_state may switch to LOCAL. */
+    npyl_field *f0 = &L->fields[0];
+    int64_t *sizes = malloc(f0->npaths * sizeof *sizes);
+    if (!sizes)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    for (size_t k = 0; k < f0->npaths; k++)
+        sizes[k] = f0->files[k].count;
+    op->file_sizes = sizes; /* owned by the loader; freed with the tables */
+    op->nfiles = f0->npaths;
+    char oerr[256];
+    int rc = npyl_order_check(op, oerr, sizeof oerr);
+    if (rc)
+        return npyl_loader_fail(L, rc, "%s", oerr);
+    L->delivered = npyl_order_delivered_len(op);
+    L->nbatches = npyl_order_num_batches(op);
+    /* Sized for the larger of the drop_last cases: set_state may switch. */
+    npyl_order_params keep = *op;
+    keep.drop_last = 0;
+    int64_t cap = npyl_order_delivered_len(&keep);
+    if (cap < L->delivered)
+        cap = L->delivered;
+    L->seqbuf = malloc((size_t)(cap ? cap : 1) * sizeof *L->seqbuf);
+    L->seqspare = malloc((size_t)(cap ? cap : 1) * sizeof *L->seqspare);
+    if (!L->seqbuf || !L->seqspare)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory for the epoch's order (%" PRId64
+                                " samples)", L->delivered);
+    return 0;
+}
+
+/* Step: one io context (descriptors, ring), request array and, in device
+ * mode, copy stream and timing events per worker. */
+static int create_workers(npyload_loader *L, size_t nworkers)
+{
+    unsigned max_open = 1;
+    int rc = plan_fd_budget(L, nworkers, &max_open);
+    if (rc)
+        return rc;
+    L->workers = calloc(nworkers, sizeof *L->workers);
+    if (!L->workers)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    L->nworkers = nworkers;
+    npyl_io_config cfg = {
+        .backend = L->backend,
+        .direct = (int)L->opt[NPYLOAD_OPT_DIRECT_IO],
+        .queue_depth = L->queue_depth,
+        .max_open = max_open,
+        .files = L->io_files,
+        .nfiles = L->nio_files,
+    };
+    size_t B = (size_t)L->opt[NPYLOAD_OPT_BATCH_SIZE];
+    for (size_t i = 0; i < nworkers; i++) {
+        npyl_worker *w = &L->workers[i];
+        w->L = L;
+        char err[NPYL_ERRMSG_LEN - 64];
+        rc = npyl_io_create(&w->io, &cfg, err, sizeof err);
+        if (rc)
+            return npyl_loader_fail(L, rc, "worker %zu: %s", i, err);
+        w->reqs = calloc(B * L->nfields, sizeof *w->reqs);
+        if (!w->reqs)
+            return npyl_loader_fail(L, -ENOMEM, "out of memory");
+        if (L->device >= 0 && ((rc = npyl_cuda_stream_create(L->cuda, &w->stream)) ||
+                               (rc = npyl_cuda_event_create(L->cuda, &w->ev_start, 1)) ||
+                               (rc = npyl_cuda_event_create(L->cuda, &w->ev_end, 1))))
+            return npyl_loader_fail(L, rc, "CUDA: creating a copy stream failed: %s",
+                                    npyl_cuda_errmsg(L->cuda));
+    }
+    return 0;
+}
+
+/* Step: the first generation, at the position a pending set_state gave. */
+static int begin_first_epoch(npyload_loader *L)
+{
+    npyl_order_params first = L->op;
+    first.epoch = L->epoch;
+    int64_t first_seq = 0;
+    if (L->state_pending) {
+        int rc = npyl_state_check(L, &L->pending, L->n, &first, &first_seq);
+        if (rc)
+            return rc;
+        L->state_pending = 0;
+    }
+    int rc = npyl_pipeline_reset(L, &first, first_seq);
+    if (rc)
+        return npyl_loader_fail(L, rc, "out of memory building the epoch's order");
+    return 0;
+}
+
+int npyload_loader_start(npyload_loader *L)
+{
+    if (!L)
+        return NPYLOAD_EINVAL;
+    int rc = npyl_loader_forked(L);
+    if (rc)
+        return rc;
+    if (L->started)
+        return npyl_loader_fail(L, NPYLOAD_ESTATE, "the loader is already started");
+    size_t nworkers = 0, prefetch = 0;
+    if ((rc = resolve_counts(L, &nworkers, &prefetch)))
+        return rc;
+    if ((rc = npyl_load_fields(L)) || (rc = resolve_backend(L)) || (rc = plan_layout(L)) ||
+        (rc = plan_order(L)) || (rc = open_cuda(L)) ||
+        (rc = alloc_slots(L, nworkers, prefetch)) || (rc = create_workers(L, nworkers)) ||
+        (rc = begin_first_epoch(L)))
+        goto fail;
+    L->started = 1;
+    if ((rc = npyl_pipeline_start(L))) {
+        L->started = 0;
+        goto fail;
+    }
+    L->errmsg[0] = 0;
+    return 0;
+fail:
+    /* Leave the loader as it was before start, so destroy stays simple and
+     * the caller can read errmsg. */
+    npyl_pipeline_stop(L);
+    L->stopping = 0;
+    npyl_loader_free_started(L); /* fields and options stay; errmsg too */
+    return rc;
+}

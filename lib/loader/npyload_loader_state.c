@@ -1,0 +1,180 @@
+/* Position: set_epoch, and the resume state (get_state, the checks of a
+ * saved state, set_state). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "npyload_loader_internal.h"
+
+int npyload_loader_set_epoch(npyload_loader *L, uint64_t epoch)
+{
+    if (!L)
+        return NPYLOAD_EINVAL;
+    int frc = npyl_loader_forked(L);
+    if (frc)
+        return frc;
+    if (!L->started) {
+        L->epoch = epoch;
+        L->state_pending = 0;
+        return 0;
+    }
+    pthread_mutex_lock(&L->mu);
+    /* Nothing consumed yet of this very epoch: keep the batches already
+     * prefetched (start; set_epoch(0) is the common pattern). */
+    int keep = epoch == L->op.epoch && L->next_seq == 0 && L->gen_first_seq == 0 && !L->failed;
+    npyl_order_params op = L->op;
+    pthread_mutex_unlock(&L->mu);
+    int rc = 0;
+    if (!keep) {
+        op.epoch = epoch;
+        rc = npyl_pipeline_reset(L, &op, 0);
+    }
+    if (rc)
+        return npyl_loader_fail(L, rc, "out of memory building the order of epoch %" PRIu64,
+                                epoch);
+    L->errmsg[0] = 0;
+    return 0;
+}
+
+int npyload_loader_get_state(const npyload_loader *L, npyload_state *out)
+{
+    if (!L || !out)
+        return NPYLOAD_EINVAL;
+    if (npyl_in_child(L))
+        return NPYLOAD_EFORKED;
+    if (!L->started)
+        return NPYLOAD_ESTATE;
+    npyload_loader *M = (npyload_loader *)L; /* the lock is not part of the value */
+    pthread_mutex_lock(&M->mu);
+    int64_t consumed = L->next_seq * L->op.batch_size;
+    if (consumed > L->delivered)
+        consumed = L->delivered;
+    memset(out, 0, sizeof *out);
+    out->version = NPYLOAD_STATE_VERSION;
+    out->seed = L->op.seed;
+    out->epoch = L->op.epoch;
+    out->consumed = (uint64_t)consumed;
+    out->num_samples = L->n;
+    out->batch_size = L->op.batch_size;
+    out->world_size = L->op.world_size;
+    out->rank = L->op.rank;
+    out->shuffle = L->op.shuffle;
+    out->drop_last = L->op.drop_last;
+    pthread_mutex_unlock(&M->mu);
+    return 0;
+}
+
+/* Checks every field of a saved state (it may come from an untrusted
+ * checkpoint) and computes the batch to resume at. Comparisons are made in
+ * unsigned arithmetic after range checks, so no value can wrap into a
+ * negative position. `n` is the loader's sample count, or -1 before start
+ * (then the state's own num_samples sizes the check, and start compares it
+ * with the fields). The order parameters the state selects (seed, shuffle,
+ * drop_last, epoch) are stored in *op on success; other members of *op are
+ * left as the caller set them. */
+int npyl_state_check(npyload_loader *L, const npyload_state *st, int64_t n,
+                     npyl_order_params *op, int64_t *first_seq)
+{
+    if (st->version != NPYLOAD_STATE_VERSION)
+        return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state has version %" PRIu64
+                                ", this library reads version %d", st->version,
+                                NPYLOAD_STATE_VERSION);
+    if (st->batch_size < 1 || st->batch_size > (INT64_C(1) << 31))
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: batch_size = %" PRId64
+                                " out of range: 1 .. 2^31", st->batch_size);
+    if (st->world_size < 1 || st->world_size > (INT64_C(1) << 24))
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: world_size = %" PRId64
+                                " out of range: 1 .. 2^24", st->world_size);
+    if (st->rank < 0 || st->rank >= st->world_size)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: rank = %" PRId64
+                                " out of range: 0 .. world_size - 1 (%" PRId64 ")",
+                                st->rank, st->world_size - 1);
+    if (st->shuffle < NPYLOAD_SHUFFLE_NONE || st->shuffle > NPYLOAD_SHUFFLE_LOCAL)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: shuffle = %" PRId64
+                                " out of range: 0 (none), 1 (full) or 2 (local)", st->shuffle);
+    if (st->drop_last != 0 && st->drop_last != 1)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: drop_last = %" PRId64
+                                " out of range: 0 or 1", st->drop_last);
+    if (st->num_samples < 0)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: num_samples = %" PRId64
+                                " out of range: >= 0", st->num_samples);
+    /* seed (any int64) and epoch (any uint64) feed the generator as bit
+     * patterns: every value is valid. */
+    if (st->batch_size != L->opt[NPYLOAD_OPT_BATCH_SIZE])
+        return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state has batch size %" PRId64
+                                ", the loader %" PRId64, st->batch_size,
+                                L->opt[NPYLOAD_OPT_BATCH_SIZE]);
+    if (st->world_size != L->opt[NPYLOAD_OPT_WORLD_SIZE])
+        return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state has world size %" PRId64
+                                ", the loader %" PRId64 " (changing it on resume is not "
+                                "supported)", st->world_size, L->opt[NPYLOAD_OPT_WORLD_SIZE]);
+    if (n >= 0 && st->num_samples != n)
+        return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state is for %" PRId64
+                                " samples, the fields hold %" PRId64, st->num_samples, n);
+    /* The samples per epoch of a rank do not depend on the rank or the
+     * permutation: size the check with the state's own N and split. */
+    npyl_order_params sz = {.n = st->num_samples, .shuffle = NPYLOAD_SHUFFLE_NONE,
+                            .rank = 0, .world_size = st->world_size,
+                            .drop_last = (int)st->drop_last, .batch_size = st->batch_size};
+    char oerr[256];
+    int rc = npyl_order_check(&sz, oerr, sizeof oerr);
+    if (rc)
+        return npyl_loader_fail(L, rc, "saved state: %s", oerr);
+    uint64_t delivered = (uint64_t)npyl_order_delivered_len(&sz); /* >= 0 */
+    uint64_t B = (uint64_t)st->batch_size;
+    if (st->consumed > delivered || (st->consumed % B != 0 && st->consumed != delivered))
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: consumed = %" PRIu64
+                                " out of range: a multiple of batch_size %" PRIu64
+                                " in 0 .. %" PRIu64 ", or %" PRIu64 " (this rank's samples "
+                                "per epoch)", st->consumed, B, delivered, delivered);
+    /* Round up: a short last batch counts as consumed. consumed <= delivered
+     * < 2^63, so neither the sum nor the cast can overflow. */
+    *first_seq = (int64_t)((st->consumed + B - 1) / B);
+    op->seed = st->seed;
+    op->shuffle = (int)st->shuffle;
+    op->drop_last = (int)st->drop_last;
+    op->epoch = st->epoch;
+    return 0;
+}
+
+int npyload_loader_set_state(npyload_loader *L, const npyload_state *st)
+{
+    if (!L || !st)
+        return NPYLOAD_EINVAL;
+    int frc = npyl_loader_forked(L);
+    if (frc)
+        return frc;
+    npyl_order_params op;
+    int64_t first_seq;
+    if (!L->started) {
+        memset(&op, 0, sizeof op);
+        int rc = npyl_state_check(L, st, -1, &op, &first_seq);
+        if (rc)
+            return rc;
+        L->opt[NPYLOAD_OPT_SEED] = st->seed;
+        L->opt[NPYLOAD_OPT_SHUFFLE] = st->shuffle;
+        L->opt[NPYLOAD_OPT_DROP_LAST] = st->drop_last;
+        L->pending = *st;
+        L->state_pending = 1;
+        L->epoch = st->epoch;
+        L->errmsg[0] = 0;
+        return 0;
+    }
+    /* Adopt the saved order parameters (installed under mu by reset). */
+    pthread_mutex_lock(&L->mu);
+    op = L->op;
+    pthread_mutex_unlock(&L->mu);
+    int rc = npyl_state_check(L, st, L->n, &op, &first_seq);
+    if (rc)
+        return rc;
+    rc = npyl_pipeline_reset(L, &op, first_seq);
+    if (rc)
+        return npyl_loader_fail(L, rc, "out of memory restoring the state");
+    L->opt[NPYLOAD_OPT_SEED] = st->seed;
+    L->opt[NPYLOAD_OPT_SHUFFLE] = st->shuffle;
+    L->opt[NPYLOAD_OPT_DROP_LAST] = st->drop_last;
+    L->errmsg[0] = 0;
+    return 0;
+}

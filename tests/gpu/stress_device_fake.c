@@ -1,0 +1,189 @@
+/* The loader's device path under concurrency, on the fake CUDA runtime
+ * (tests/gpu/fake_cudart.c), without Criterion so that it runs under
+ * ThreadSanitizer (the TSan build runs every ctest named stress_*).
+ *
+ * The fake queues copies per stream and runs them as late as CUDA may, in
+ * whichever thread waits: a staging slot written before its copy ran, or a
+ * device slot refilled before the consumer's stream read it, shows as wrong
+ * bytes here and as a data race under TSan. Many workers, a consumer whose
+ * host never waits (reads on its stream, releases on its stream), epochs
+ * abandoned mid-flight, destroy with batches held and released from another
+ * thread. Prints "N passed, N failed"; exits non-zero on any failure.
+ *
+ * Usage: stress_device_fake PATH_TO_FAKE_LIBCUDART */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/fake_cudart.h"
+#include "npyload.h"
+#include "testutil.h"
+
+static int failures, passes;
+#define CHECK(cond, ...)                                                        \
+    do {                                                                       \
+        if (!(cond)) {                                                         \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);               \
+            fprintf(stderr, __VA_ARGS__);                                      \
+            fprintf(stderr, "\n");                                             \
+            failures++;                                                        \
+            return;                                                            \
+        }                                                                      \
+    } while (0)
+
+static int (*stream_create)(void **, unsigned);
+static int (*stream_sync)(void *);
+static int (*stream_destroy)(void *);
+static int (*memcpy_async)(void *, const void *, size_t, int, void *);
+
+static const int64_t SIZES[] = {9, 3, 17, 1, 22, 12};
+#define NF (sizeof SIZES / sizeof SIZES[0])
+#define ROW 48 /* bytes per sample: (12,) float32 */
+static char *dir, glob[512];
+
+typedef struct read_back {
+    uint8_t *bytes;
+    int64_t idx[8];
+    size_t rows;
+} read_back;
+
+static int rows_ok(const uint8_t *p, const int64_t *idx, size_t rows)
+{
+    for (size_t r = 0; r < rows; r++)
+        for (size_t i = 0; i < ROW; i++)
+            if (p[r * ROW + i] != tu_byte(1, (uint64_t)idx[r], i))
+                return 0;
+    return 1;
+}
+
+static npyload_loader *make(int workers, int prefetch, int64_t batch)
+{
+    npyload_loader *L;
+    if (npyload_loader_create(&L) || npyload_loader_add_field(L, "x", glob) ||
+        npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, workers) ||
+        npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, prefetch) ||
+        npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, batch) ||
+        npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1) ||
+        npyload_loader_set(L, NPYLOAD_OPT_DEVICE, 0) || npyload_loader_start(L)) {
+        fprintf(stderr, "setup failed: %s\n", npyload_loader_errmsg(L));
+        exit(2);
+    }
+    return L;
+}
+
+/* The host never waits for the device: read on the stream, release on it. */
+static void consumer_never_waits(int workers, int prefetch, int64_t batch)
+{
+    npyload_loader *L = make(workers, prefetch, batch);
+    void *cs;
+    CHECK(stream_create(&cs, 1) == 0, "stream");
+    enum { MAXR = 512 };
+    read_back *rb = calloc(MAXR, sizeof *rb);
+    size_t nr = 0;
+    for (uint64_t e = 0; e < 8; e++) {
+        CHECK(npyload_loader_set_epoch(L, e) == 0, "set_epoch");
+        npyload_batch *b;
+        int rc, k = 0;
+        while ((rc = npyload_loader_next(L, &b)) == 0) {
+            CHECK(nr < MAXR, "too many batches");
+            read_back *r = &rb[nr++];
+            r->rows = npyload_batch_size(b);
+            r->bytes = malloc(r->rows * ROW);
+            memcpy(r->idx, npyload_batch_indices(b), r->rows * sizeof *r->idx);
+            CHECK(npyload_batch_wait_stream(b, cs) == 0, "wait_stream");
+            CHECK(memcpy_async(r->bytes, npyload_batch_field(b, 0)->data, r->rows * ROW, 2,
+                               cs) == 0, "d2h");
+            npyload_batch_release_stream(b, cs);
+            if (e % 3 == 1 && ++k == 3)
+                break; /* abandon the epoch, copies in flight */
+        }
+        CHECK(rc == 0 || rc == NPYLOAD_EOF, "next: %s", npyload_loader_errmsg(L));
+    }
+    CHECK(stream_sync(cs) == 0, "sync");
+    for (size_t k = 0; k < nr; k++) {
+        CHECK(rows_ok(rb[k].bytes, rb[k].idx, rb[k].rows),
+              "read %zu (w=%d p=%d): bytes differ: overwritten before the stream read them",
+              k, workers, prefetch);
+        free(rb[k].bytes);
+    }
+    free(rb);
+    npyload_loader_destroy(L);
+    stream_destroy(cs);
+    passes++;
+}
+
+typedef struct rel_job {
+    npyload_batch *b[4];
+    int n;
+    void *stream;
+} rel_job;
+
+static void *release_elsewhere(void *arg)
+{
+    rel_job *j = arg;
+    for (int i = 0; i < j->n; i++)
+        npyload_batch_release_stream(j->b[i], j->stream);
+    return NULL;
+}
+
+/* Destroy mid-epoch with batches held; another thread releases them. */
+static void destroy_with_batches_held(void)
+{
+    npyload_loader *L = make(4, 4, 5);
+    void *cs;
+    CHECK(stream_create(&cs, 1) == 0, "stream");
+    rel_job j = {.n = 0, .stream = cs};
+    npyload_batch *b;
+    while (j.n < 3 && npyload_loader_next(L, &b) == 0) {
+        npyload_batch_sync(b);
+        CHECK(rows_ok(npyload_batch_field(b, 0)->data, npyload_batch_indices(b),
+                      npyload_batch_size(b)), "bytes differ");
+        j.b[j.n++] = b;
+    }
+    CHECK(j.n == 3, "three batches");
+    npyload_loader_destroy(L);
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, release_elsewhere, &j) == 0, "thread");
+    pthread_join(t, NULL);
+    stream_destroy(cs);
+    passes++;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s PATH_TO_FAKE_LIBCUDART\n", argv[0]);
+        return 2;
+    }
+    /* Loaded first: lib/cuda prefers a runtime the process already has. */
+    void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        fprintf(stderr, "%s\n", dlerror());
+        return 2;
+    }
+    *(void **)&stream_create = dlsym(h, "cudaStreamCreateWithFlags");
+    *(void **)&stream_sync = dlsym(h, "cudaStreamSynchronize");
+    *(void **)&stream_destroy = dlsym(h, "cudaStreamDestroy");
+    *(void **)&memcpy_async = dlsym(h, "cudaMemcpyAsync");
+    char why[256];
+    if (!stream_create || !npyload_cuda_available(0, why, sizeof why)) {
+        fprintf(stderr, "the fake runtime is not in use: %s\n", why);
+        return 2;
+    }
+    dir = tu_mkdtemp("stressdev");
+    const int64_t shape[1] = {12};
+    if (!dir || tu_write_field(dir, "x", 1, "<f4", 4, 1, shape, SIZES, NF, 64)) {
+        fprintf(stderr, "cannot write the dataset\n");
+        return 2;
+    }
+    snprintf(glob, sizeof glob, "%s/x_*.npy", dir);
+    consumer_never_waits(1, 2, 4);
+    consumer_never_waits(3, 4, 3);
+    consumer_never_waits(6, 3, 7);
+    destroy_with_batches_held();
+    tu_rmtree(dir);
+    printf("%d passed, %d failed\n", passes, failures);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,135 @@
+"""npyload's Python path with CUDA torch, on a real GPU (tests/gpu/device-check.sh
+runs it; without a usable GPU every test skips, visibly).
+
+Truth is independent of npyload: the files are written here with numpy, and
+every value a CUDA batch holds is compared with numpy's reading of the same
+rows (and with the host loader's batch for the same seed).
+
+    python -m pytest -v tests/gpu/test_gpu_python.py
+"""
+import gc
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+npyload = pytest.importorskip("npyload", reason="npyload is not installed (pip install .)")
+
+if not torch.cuda.is_available():
+    pytest.skip("torch sees no CUDA device", allow_module_level=True)
+_ok, _why = npyload.cuda_available(0)
+if not _ok:
+    pytest.skip(f"npyload cannot use CUDA device 0: {_why}", allow_module_level=True)
+
+ROWS = [64, 64, 40]          # a short last file
+SHAPES = {"images": (2, 64, 128), "heatmaps": (2, 16, 32), "offsets": (4, 16, 32)}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gpu_py")
+    rng = np.random.default_rng(17)
+    globs, ref = {}, {}
+    for name, shape in SHAPES.items():
+        parts = []
+        for k, n in enumerate(ROWS):
+            a = rng.standard_normal((n,) + shape, dtype=np.float32)
+            np.save(d / f"{name}_{k:04d}.npy", a)
+            parts.append(a)
+        globs[name] = str(d / f"{name}_*.npy")
+        ref[name] = np.concatenate(parts)
+    return globs, ref
+
+
+def test_cuda_values_equal_host_loader_and_numpy(data):
+    globs, ref = data
+    kw = dict(batch_size=48, shuffle=True, seed=5, num_workers=2, prefetch=3)
+    host = npyload.Loader(globs, device="cpu", **kw)
+    dev = npyload.Loader(globs, device="cuda:0", **kw)
+    for epoch in (0, 1):
+        host.set_epoch(epoch)
+        dev.set_epoch(epoch)
+        n = 0
+        for bh, bd in zip(host, dev):
+            ih, idd = np.asarray(bh.indices), bd.indices.cpu().numpy()
+            np.testing.assert_array_equal(ih, idd)
+            for k in SHAPES:
+                t = bd[k]
+                assert t.device.type == "cuda" and t.device.index == 0
+                got = t.cpu().numpy()
+                np.testing.assert_array_equal(got, np.asarray(bh[k]))
+                np.testing.assert_array_equal(got, ref[k][idd])
+            n += 1
+        assert n == len(dev) == len(host)
+    assert dev.stats()["h2d_bytes"] > 0
+
+
+def _slow(ms, stream):
+    """A kernel that keeps `stream` busy for about `ms` ms (clock cycles at
+    the device's clock rate; torch.cuda._sleep spins on clock64)."""
+    rate_khz = getattr(torch.cuda.get_device_properties(0), "clock_rate", 0) or 1_500_000
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(int(ms * rate_khz))
+
+
+def test_slow_consumer_on_side_stream_sees_no_overwrite(data):
+    """The consumer works on a non-default stream and is much slower than the
+    loader; the host never waits. Every checksum, computed on the GPU after a
+    slow kernel, must equal numpy's: no slot was overwritten while read."""
+    globs, ref = data
+    loader = npyload.Loader(globs, batch_size=16, shuffle=True, seed=3, num_workers=2,
+                            prefetch=2, device="cuda:0")
+    s = torch.cuda.Stream()
+    sums, idx = [], []
+    with torch.cuda.stream(s):
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            for b in loader:
+                _slow(5, s)
+                sums.append(torch.stack([b[k].double().sum() for k in SHAPES]))
+                idx.append(b.indices.cpu().numpy())
+    torch.cuda.synchronize()
+    for got, i in zip(sums, idx):
+        want = np.array([ref[k][i].astype(np.float64).sum() for k in SHAPES])
+        np.testing.assert_allclose(got.cpu().numpy(), want, rtol=1e-9, atol=1e-6)
+
+
+def test_two_fields_on_two_streams_see_no_overwrite(data):
+    """Issue 17 item 2b: two fields of one batch consumed on two different
+    streams, each slow; both must stay ordered against the slot's reuse."""
+    globs, ref = data
+    loader = npyload.Loader(globs, batch_size=16, shuffle=True, seed=4, num_workers=2,
+                            prefetch=2, device="cuda:0")
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    out = []
+    for b in loader:
+        with torch.cuda.stream(s1):
+            _slow(5, s1)
+            a = b["images"].double().sum()
+        with torch.cuda.stream(s2):
+            _slow(2, s2)
+            h = b["heatmaps"].double().sum()
+        out.append((a, h, b.indices.cpu().numpy()))
+    torch.cuda.synchronize()
+    for a, h, i in out:
+        np.testing.assert_allclose(a.item(), ref["images"][i].astype(np.float64).sum(),
+                                   rtol=1e-9, atol=1e-6)
+        np.testing.assert_allclose(h.item(), ref["heatmaps"][i].astype(np.float64).sum(),
+                                   rtol=1e-9, atol=1e-6)
+
+
+def test_batch_outlives_loader(data):
+    globs, ref = data
+    loader = npyload.Loader(globs, batch_size=32, num_workers=1, prefetch=2,
+                            device="cuda:0")
+    it = iter(loader)
+    b = next(it)
+    t = b["offsets"]
+    i = b.indices.cpu().numpy()
+    del it, loader, b
+    gc.collect()
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(t.cpu().numpy(), ref["offsets"][i])
+    del t
+    gc.collect()
+    torch.cuda.synchronize()

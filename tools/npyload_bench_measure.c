@@ -1,0 +1,449 @@
+/* npyload-bench, measuring: one configuration of the grid (a fresh loader,
+ * a warm-up, the timed batches), with the monitor thread (NVML, VmRSS) and
+ * the progress bar. */
+#include "npyload_bench_measure.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+const char *nb_io_name(int io)
+{
+    switch (io) {
+    case NPYLOAD_IO_AUTO: return "auto";
+    case NPYLOAD_IO_URING: return "io_uring";
+    case NPYLOAD_IO_PREAD: return "pread";
+    case NPYLOAD_IO_MMAP: return "mmap";
+    }
+    return "?";
+}
+
+static double rusage_cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Memory and GPU monitoring                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Resets VmHWM to the current RSS (Linux >= 4.0: "5" > clear_refs). */
+static int reset_hwm(void)
+{
+    int fd = open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = write(fd, "5", 1);
+    close(fd);
+    return n == 1 ? 0 : -1;
+}
+
+/* Does resetting VmHWM really work here? Touch 64 MiB, give it back, reset,
+ * and see the high-water mark come down. */
+int nb_hwm_reset_works(void)
+{
+    size_t n = 64u << 20;
+    char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return 0;
+    memset(p, 1, n);
+    long peak = nb_proc_status_kb("VmHWM");
+    munmap(p, n);
+    if (reset_hwm() != 0)
+        return 0;
+    long after = nb_proc_status_kb("VmHWM");
+    return peak > 0 && after > 0 && after < peak - 32 * 1024;
+}
+
+int nb_nvml_open(nb_nvml *n, int device, char *why, size_t whylen)
+{
+    n->lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!n->lib) {
+        snprintf(why, whylen, "libnvidia-ml.so.1 not found");
+        return -1;
+    }
+    int (*init)(void) = (int (*)(void))dlsym(n->lib, "nvmlInit_v2");
+    int (*handle)(unsigned, void **) = (int (*)(unsigned, void **))dlsym(n->lib, "nvmlDeviceGetHandleByIndex_v2");
+    n->util = (int (*)(void *, nb_nvml_util *))dlsym(n->lib, "nvmlDeviceGetUtilizationRates");
+    n->power = (int (*)(void *, unsigned *))dlsym(n->lib, "nvmlDeviceGetPowerUsage");
+    n->mem = (int (*)(void *, nb_nvml_mem *))dlsym(n->lib, "nvmlDeviceGetMemoryInfo");
+    if (!init || !handle || !n->util) {
+        snprintf(why, whylen, "libnvidia-ml.so.1 lacks the expected symbols");
+        return -1;
+    }
+    if (init() != 0 || handle((unsigned)device, &n->dev) != 0) {
+        snprintf(why, whylen, "nvmlInit or device %d lookup failed", device);
+        n->dev = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* One monitor thread per run: NVML every 100 ms, VmRSS every 10 ms when
+ * VmHWM cannot be reset. */
+typedef struct monitor {
+    const nb_nvml *nvml;
+    pthread_t thread;
+    atomic_int stop;
+    int sample_rss;
+    long rss_max_kb;
+    int gpu_samples;
+    double util_sum, util_max, power_sum, mem_max_mib;
+} monitor;
+
+static void *monitor_thread(void *arg)
+{
+    monitor *m = arg;
+    uint64_t next_gpu = 0;
+    while (!atomic_load(&m->stop)) {
+        if (m->sample_rss) {
+            long kb = nb_proc_status_kb("VmRSS");
+            if (kb > m->rss_max_kb)
+                m->rss_max_kb = kb;
+        }
+        uint64_t t = nb_now_ns();
+        if (m->nvml->dev && t >= next_gpu) {
+            next_gpu = t + 100000000ull;
+            nb_nvml_util u;
+            unsigned mw = 0;
+            nb_nvml_mem mem;
+            if (m->nvml->util(m->nvml->dev, &u) == 0) {
+                m->gpu_samples++;
+                m->util_sum += u.gpu;
+                if (u.gpu > m->util_max)
+                    m->util_max = u.gpu;
+                if (m->nvml->power && m->nvml->power(m->nvml->dev, &mw) == 0)
+                    m->power_sum += mw / 1000.0;
+                if (m->nvml->mem && m->nvml->mem(m->nvml->dev, &mem) == 0 &&
+                    mem.used / 1048576.0 > m->mem_max_mib)
+                    m->mem_max_mib = mem.used / 1048576.0;
+            }
+        }
+        nb_sleep_ns(m->sample_rss ? 10000000ull : 50000000ull);
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Progress bar: stderr, only when it is a terminal                           */
+/* ------------------------------------------------------------------------ */
+
+void nb_progress_start(nb_progress *p, int total, int quiet)
+{
+    memset(p, 0, sizeof *p);
+    p->on = !quiet && isatty(STDERR_FILENO);
+    p->total = total;
+    p->t_start = nb_now_ns();
+}
+
+static void progress(nb_progress *g, double frac_current, const char *what)
+{
+    if (!g->on)
+        return;
+    uint64_t t = nb_now_ns();
+    if (t - g->last_draw < 100000000ull && frac_current > 0 && frac_current < 1)
+        return;
+    g->last_draw = t;
+    double f = (g->done + (frac_current > 1 ? 1 : frac_current)) / (double)g->total;
+    double el = (double)(t - g->t_start) / 1e9;
+    double eta = f > 0.01 ? el / f - el : 0;
+    char bar[31];
+    int filled = (int)(f * 30);
+    for (int i = 0; i < 30; i++)
+        bar[i] = i < filled ? '#' : '.';
+    bar[30] = 0;
+    fprintf(stderr, "\r\033[K[%s] %d/%d %-28.28s ETA %3.0fs", bar, g->done + 1,
+            g->total, what, eta);
+    fflush(stderr);
+    g->drawn = 1;
+}
+
+static void progress_clear(nb_progress *g)
+{
+    if (g->on && g->drawn) {
+        fputs("\r\033[K", stderr);
+        fflush(stderr);
+        g->drawn = 0;
+    }
+}
+
+
+/* ------------------------------------------------------------------------ */
+/* One configuration                                                          */
+/* ------------------------------------------------------------------------ */
+
+/* "stage: error: message" from the loader into r->error. */
+static void run_error(nb_run *r, const char *stage, int rc, const npyload_loader *L)
+{
+    const char *m = L ? npyload_loader_errmsg(L) : NULL;
+    snprintf(r->error, sizeof r->error, "%s: %s%s%s", stage, npyload_strerror(rc),
+             m && *m ? ": " : "", m ? m : "");
+}
+
+/* A started loader for the configuration, or NULL (r->error says why). */
+static npyload_loader *run_loader(const nb_config *cfg, int workers, int prefetch, int io,
+                                  nb_run *r)
+{
+    npyload_loader *L = NULL;
+    int rc = npyload_loader_create(&L);
+    const char *stage = "create";
+    for (int k = 0; rc == 0 && k < cfg->nfields; k++) {
+        stage = "add_field";
+        rc = npyload_loader_add_field(L, cfg->fields[k].name, cfg->fields[k].glob);
+    }
+    const struct { npyload_option opt; int64_t v; const char *name; } set[] = {
+        {NPYLOAD_OPT_BATCH_SIZE, cfg->batch_size, "batch_size"},
+        {NPYLOAD_OPT_NUM_WORKERS, workers, "num_workers"},
+        {NPYLOAD_OPT_PREFETCH, prefetch, "prefetch"},
+        {NPYLOAD_OPT_SHUFFLE, cfg->shuffle, "shuffle"},
+        {NPYLOAD_OPT_SEED, 0, "seed"},
+        {NPYLOAD_OPT_IO_BACKEND, io, "io"},
+        {NPYLOAD_OPT_DEVICE, cfg->device, "device"},
+        {NPYLOAD_OPT_DIRECT_IO, cfg->direct, "direct_io"},
+    };
+    for (size_t i = 0; rc == 0 && i < sizeof set / sizeof set[0]; i++) {
+        stage = set[i].name;
+        rc = npyload_loader_set(L, set[i].opt, set[i].v);
+    }
+    if (rc == 0) {
+        stage = "start";
+        rc = npyload_loader_start(L);
+    }
+    if (rc != 0) {
+        run_error(r, stage, rc, L);
+        npyload_loader_destroy(L);
+        return NULL;
+    }
+    return L;
+}
+
+/* Warm-up: a few batches, not counted (thread start-up, first touch of
+ * slots, the pipeline filling). @return : 0 or the failing code. */
+static int run_warmup(npyload_loader *L, const nb_config *cfg, int prefetch)
+{
+    int64_t nbatches = npyload_loader_num_batches(L);
+    int warm = cfg->cold ? 1 : (prefetch + 1 < 4 ? prefetch + 1 : 4);
+    if (nbatches > 0 && warm > nbatches / 2)
+        warm = nbatches / 2 > 0 ? (int)(nbatches / 2) : 0;
+    for (int i = 0; i < warm; i++) {
+        npyload_batch *b = NULL;
+        int rc = npyload_loader_next(L, &b);
+        if (rc != 0)
+            return rc < 0 ? rc : 0;
+        if (cfg->device >= 0)
+            npyload_batch_sync(b);
+        npyload_batch_release(b);
+    }
+    return 0;
+}
+
+/* The latencies of next() in ms, grown as needed. */
+typedef struct lat_log {
+    double *v;
+    size_t n, cap;
+} lat_log;
+
+static void lat_add(lat_log *l, double ms)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 1024;
+        double *v = realloc(l->v, cap * sizeof *v);
+        if (!v)
+            return; /* a latency less, not a wrong one */
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = ms;
+}
+
+/* The next batch, wrapping epochs unless --cold (a second epoch would be
+ * partly warm). @return : 0, NPYLOAD_EOF, or an error. */
+static int next_batch(npyload_loader *L, const nb_config *cfg, uint64_t *epoch,
+                      npyload_batch **b)
+{
+    int rc = npyload_loader_next(L, b);
+    if (rc == NPYLOAD_EOF && !cfg->cold) {
+        rc = npyload_loader_set_epoch(L, ++*epoch);
+        if (rc == 0)
+            rc = npyload_loader_next(L, b);
+    }
+    return rc;
+}
+
+/* The timed batches: each taken with next() (and synced on a GPU without a
+ * step kernel), then a simulated step of compute_ms, then released.
+ * Fills samples, wall_s, stall and cpu. @return : 0, NPYLOAD_EOF or an
+ * error. */
+static int run_timed(nb_ctx *ctx, npyload_loader *L, const nb_config *cfg, nb_gpu_step *step,
+                     const char *what, lat_log *lat, nb_run *r)
+{
+    uint64_t compute_ns = (uint64_t)(cfg->compute_ms * 1e6);
+    uint64_t bound_ns = (uint64_t)(cfg->seconds * 1e9), epoch = 0, in_next = 0;
+    double cpu0 = rusage_cpu_s();
+    uint64_t t0 = nb_now_ns();
+    int rc;
+    for (;;) {
+        npyload_batch *b = NULL;
+        uint64_t ts = nb_now_ns();
+        rc = next_batch(L, cfg, &epoch, &b);
+        if (rc != 0)
+            break;
+        if (cfg->device >= 0 && !step)
+            npyload_batch_sync(b); /* the consumer waits for the copy too */
+        uint64_t te = nb_now_ns();
+        in_next += te - ts;
+        lat_add(lat, (double)(te - ts) / 1e6);
+        r->samples += npyload_batch_size(b);
+        if (step) {
+            nb_gpu_step_run(step, b, compute_ns);
+        } else {
+            if (compute_ns)
+                nb_sleep_ns(compute_ns);
+            npyload_batch_release(b);
+        }
+        uint64_t el = nb_now_ns() - t0;
+        double frac = cfg->batches > 0 ? (double)lat->n / (double)cfg->batches
+                                       : (double)el / (double)bound_ns;
+        progress(&ctx->prog, frac, what);
+        if (cfg->batches > 0 ? (int64_t)lat->n >= cfg->batches : el >= bound_ns && lat->n >= 2)
+            break;
+    }
+    if (step)
+        nb_gpu_step_sync(step); /* the last steps belong to the run */
+    r->wall_s = (double)(nb_now_ns() - t0) / 1e9;
+    if (r->wall_s > 0) {
+        r->stall_pct = 100.0 * (double)in_next / 1e9 / r->wall_s;
+        r->cpu_pct = 100.0 * (rusage_cpu_s() - cpu0) / r->wall_s;
+    }
+    return rc;
+}
+
+/* The figures that follow from the timed part. */
+static void run_figures(const nb_config *cfg, double ceiling_gbps, lat_log *lat, nb_run *r)
+{
+    r->ok = lat->n > 0;
+    r->batches = lat->n;
+    r->bytes = r->samples * (cfg->batch_bytes / (uint64_t)cfg->batch_size);
+    r->samples_per_s = r->wall_s > 0 ? (double)r->samples / r->wall_s : 0;
+    r->gbps = r->wall_s > 0 ? (double)r->bytes / r->wall_s / 1e9 : 0;
+    if (ceiling_gbps > 0)
+        r->frac_of_ceiling = r->gbps / ceiling_gbps;
+    r->p50_ms = nb_percentile(lat->v, lat->n, 50);
+    r->p99_ms = nb_percentile(lat->v, lat->n, 99);
+    r->max_ms = lat->n ? lat->v[lat->n - 1] : 0; /* sorted by nb_percentile */
+    if (!r->ok)
+        snprintf(r->error, sizeof r->error, "no batch measured (dataset too small?)");
+}
+
+/* Peak RSS and the GPU samples of the run. */
+static void run_monitored(const nb_ctx *ctx, const monitor *mon, nb_run *r)
+{
+    if (ctx->hwm_ok) {
+        long hwm = nb_proc_status_kb("VmHWM");
+        r->peak_rss_mib = hwm > 0 ? hwm / 1024.0 : 0;
+    } else {
+        r->peak_rss_mib = mon->rss_max_kb / 1024.0;
+    }
+    if (mon->gpu_samples) {
+        r->gpu_samples = mon->gpu_samples;
+        r->gpu_util_avg_pct = mon->util_sum / mon->gpu_samples;
+        r->gpu_util_max_pct = mon->util_max;
+        r->gpu_power_avg_w = mon->power_sum / mon->gpu_samples;
+        r->gpu_mem_max_mib = mon->mem_max_mib;
+    }
+}
+
+static void run_init(nb_run *r, const nb_config *cfg, int workers, int prefetch, int io)
+{
+    memset(r, 0, sizeof *r);
+    r->workers = workers;
+    r->prefetch = prefetch;
+    r->io_requested = io;
+    r->frac_of_ceiling = -1;
+    snprintf(r->io_requested_name, sizeof r->io_requested_name, "%s", nb_io_name(io));
+    snprintf(r->io_used, sizeof r->io_used, "-");
+    r->slot_mib = (double)prefetch * (double)cfg->batch_bytes / 1048576.0;
+}
+
+/* Measures a started loader: warm-up, timed part, figures, stats. */
+static void run_loader_measure(nb_ctx *ctx, npyload_loader *L, const nb_config *cfg,
+                               int prefetch, double ceiling_gbps, nb_run *r)
+{
+    int rc = run_warmup(L, cfg, prefetch);
+    if (rc < 0) {
+        run_error(r, "next", rc, L);
+        return;
+    }
+    if (ctx->hwm_ok)
+        reset_hwm();
+    /* On a GPU the step is a kernel of compute_ms on a stream of its own,
+     * ordered after the batch's copy and before the slot's reuse, so the
+     * stall is the one a trainer at that step time would see. */
+    nb_gpu_step *step = NULL;
+    if (cfg->device >= 0 && cfg->compute_ms > 0) {
+        char why[256] = "";
+        step = nb_gpu_step_create(cfg->device, why, sizeof why);
+        if (!step)
+            fprintf(stderr, "npyload-bench: GPU busy kernel unavailable (%s): the step is "
+                    "a host sleep\n", why);
+    }
+    char what[64];
+    snprintf(what, sizeof what, "%s w=%d p=%d", r->io_requested_name, r->workers, prefetch);
+    lat_log lat = {0};
+    rc = run_timed(ctx, L, cfg, step, what, &lat, r);
+    nb_gpu_step_destroy(step);
+    if (rc < 0) {
+        free(lat.v);
+        run_error(r, "next", rc, L);
+        return;
+    }
+    run_figures(cfg, ceiling_gbps, &lat, r);
+    free(lat.v);
+    npyload_stats st;
+    if (npyload_loader_get_stats(L, &st) == 0) {
+        r->pinned = st.pinned;
+        r->direct_io = st.direct_io;
+        if (st.slot_bytes && st.num_slots)
+            r->slot_mib = (double)st.slot_bytes * (double)st.num_slots / 1048576.0;
+    }
+}
+
+void nb_run_one(nb_ctx *ctx, const nb_config *cfg, int workers, int prefetch, int io,
+                double ceiling_gbps, nb_run *r)
+{
+    run_init(r, cfg, workers, prefetch, io);
+    progress(&ctx->prog, 0, "starting");
+    if (cfg->cold)
+        nb_evict_all(ctx, 1);
+    long base_kb = nb_proc_status_kb("VmRSS");
+    r->base_rss_mib = base_kb > 0 ? base_kb / 1024.0 : 0;
+
+    npyload_loader *L = run_loader(cfg, workers, prefetch, io, r);
+    if (L) {
+        snprintf(r->io_used, sizeof r->io_used, "%s",
+                 npyload_backend_name(npyload_loader_backend(L)));
+        monitor mon;
+        memset(&mon, 0, sizeof mon);
+        mon.nvml = &ctx->nvml;
+        mon.sample_rss = !ctx->hwm_ok;
+        int mon_on = (mon.sample_rss || ctx->nvml.dev) &&
+                     pthread_create(&mon.thread, NULL, monitor_thread, &mon) == 0;
+        run_loader_measure(ctx, L, cfg, prefetch, ceiling_gbps, r);
+        if (mon_on) {
+            atomic_store(&mon.stop, 1);
+            pthread_join(mon.thread, NULL);
+        }
+        run_monitored(ctx, &mon, r);
+        npyload_loader_destroy(L);
+    }
+    ctx->prog.done++;
+    progress_clear(&ctx->prog);
+}
