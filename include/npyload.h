@@ -413,7 +413,10 @@ NPYLOAD_API void npyload_batch_release_stream(npyload_batch *b, void *stream);
 
 /*! npyload_state: the loader's position. Small, plain data: save it with
  * your checkpoint. `consumed` counts samples of this rank handed out in
- * `epoch` (a multiple of batch_size except at the epoch's end). */
+ * `epoch` (a multiple of batch_size except at the epoch's end) since the
+ * split began at `base`. `base` is 0 except after a resume at another world
+ * size: the number of positions of the epoch's global sequence that were
+ * consumed before the current split (see npyload_loader_set_state). */
 typedef struct npyload_state {
     uint64_t version;     /* NPYLOAD_STATE_VERSION */
     int64_t seed;
@@ -421,12 +424,15 @@ typedef struct npyload_state {
     uint64_t consumed;
     int64_t num_samples;  /* N, checked on restore */
     int64_t batch_size;   /* checked on restore */
-    int64_t world_size;   /* checked on restore */
+    int64_t world_size;   /* the saver's; may differ on restore */
     int64_t rank;
     int64_t shuffle;
     int64_t drop_last;
+    int64_t base;         /* version 2: resume base, 0 <= base <= N */
 } npyload_state;
-#define NPYLOAD_STATE_VERSION 1
+/* Version 2 added `base`; a version 1 state is read as base 0 (its struct
+ * ends before `base`, which is then never read). */
+#define NPYLOAD_STATE_VERSION 2
 
 /*! npyload_loader_get_state() : the position after the last batch handed
  * out. @return : 0 or NPYLOAD_ESTATE before start. */
@@ -434,12 +440,21 @@ NPYLOAD_API int npyload_loader_get_state(const npyload_loader *L,
                                          npyload_state *out);
 
 /*! npyload_loader_set_state() :
- * Restores a position: the loader then yields exactly the batches the saved
- * one would have yielded next, whatever its num_workers, prefetch or
- * backend. Before start the check against N happens at start. seed, shuffle
- * and drop_last are taken from the state (before or after start);
- * batch_size, world_size and N must match (NPYLOAD_EMISMATCH otherwise).
- * After start it abandons the current position like set_epoch. */
+ * Restores a position. At the saved world size, the loader then yields
+ * exactly the batches the saved one would have yielded next, whatever its
+ * num_workers, prefetch or backend. At another world size W' (elastic
+ * resume; in DDP every rank consumes the same number of samples, so the
+ * state of any rank fixes the global position P = min(N, base + consumed *
+ * world_size)), the rest of the epoch's global sequence, positions P..N-1,
+ * is split over the W' ranks exactly like DistributedSampler splits a
+ * dataset (same padding and drop_last rules): nothing of the epoch is lost,
+ * nothing consumed before is repeated except the new split's padding (at
+ * most W'-1 samples), and every rank gets the same number of batches. The
+ * next set_epoch starts the normal split. Before start the check against N
+ * happens at start. seed, shuffle and drop_last are taken from the state
+ * (before or after start); batch_size and N must match (NPYLOAD_EMISMATCH
+ * otherwise); any malformed field is NPYLOAD_EINVAL with its name. After
+ * start it abandons the current position like set_epoch. */
 NPYLOAD_API int npyload_loader_set_state(npyload_loader *L,
                                          const npyload_state *st);
 

@@ -23,12 +23,14 @@ int npyload_loader_set_epoch(npyload_loader *L, uint64_t epoch)
     pthread_mutex_lock(&L->mu);
     /* Nothing consumed yet of this very epoch: keep the batches already
      * prefetched (start; set_epoch(0) is the common pattern). */
-    int keep = epoch == L->op.epoch && L->next_seq == 0 && L->gen_first_seq == 0 && !L->failed;
+    int keep = epoch == L->op.epoch && L->next_seq == 0 && L->gen_first_seq == 0 &&
+               L->op.base == 0 && !L->failed;
     npyl_order_params op = L->op;
     pthread_mutex_unlock(&L->mu);
     int rc = 0;
     if (!keep) {
         op.epoch = epoch;
+        op.base = 0; /* a new epoch is the normal split */
         rc = npyl_pipeline_reset(L, &op, 0);
     }
     if (rc)
@@ -62,6 +64,7 @@ int npyload_loader_get_state(const npyload_loader *L, npyload_state *out)
     out->rank = L->op.rank;
     out->shuffle = L->op.shuffle;
     out->drop_last = L->op.drop_last;
+    out->base = L->op.base;
     pthread_mutex_unlock(&M->mu);
     return 0;
 }
@@ -77,10 +80,12 @@ int npyload_loader_get_state(const npyload_loader *L, npyload_state *out)
 int npyl_state_check(npyload_loader *L, const npyload_state *st, int64_t n,
                      npyl_order_params *op, int64_t *first_seq)
 {
-    if (st->version != NPYLOAD_STATE_VERSION)
+    if (st->version != NPYLOAD_STATE_VERSION && st->version != 1)
         return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state has version %" PRIu64
-                                ", this library reads version %d", st->version,
+                                ", this library reads versions 1 and %d", st->version,
                                 NPYLOAD_STATE_VERSION);
+    /* A version 1 struct ends before `base`: never read it. */
+    int64_t base = st->version >= 2 ? st->base : 0;
     if (st->batch_size < 1 || st->batch_size > (INT64_C(1) << 31))
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: batch_size = %" PRId64
                                 " out of range: 1 .. 2^31", st->batch_size);
@@ -100,16 +105,16 @@ int npyl_state_check(npyload_loader *L, const npyload_state *st, int64_t n,
     if (st->num_samples < 0)
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: num_samples = %" PRId64
                                 " out of range: >= 0", st->num_samples);
+    if (base < 0 || base > st->num_samples)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: base = %" PRId64
+                                " out of range: 0 .. num_samples (%" PRId64 ")", base,
+                                st->num_samples);
     /* seed (any int64) and epoch (any uint64) feed the generator as bit
      * patterns: every value is valid. */
     if (st->batch_size != L->opt[NPYLOAD_OPT_BATCH_SIZE])
         return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state has batch size %" PRId64
                                 ", the loader %" PRId64, st->batch_size,
                                 L->opt[NPYLOAD_OPT_BATCH_SIZE]);
-    if (st->world_size != L->opt[NPYLOAD_OPT_WORLD_SIZE])
-        return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state has world size %" PRId64
-                                ", the loader %" PRId64 " (changing it on resume is not "
-                                "supported)", st->world_size, L->opt[NPYLOAD_OPT_WORLD_SIZE]);
     if (n >= 0 && st->num_samples != n)
         return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state is for %" PRId64
                                 " samples, the fields hold %" PRId64, st->num_samples, n);
@@ -117,7 +122,8 @@ int npyl_state_check(npyload_loader *L, const npyload_state *st, int64_t n,
      * permutation: size the check with the state's own N and split. */
     npyl_order_params sz = {.n = st->num_samples, .shuffle = NPYLOAD_SHUFFLE_NONE,
                             .rank = 0, .world_size = st->world_size,
-                            .drop_last = (int)st->drop_last, .batch_size = st->batch_size};
+                            .drop_last = (int)st->drop_last, .batch_size = st->batch_size,
+                            .base = base};
     char oerr[256];
     int rc = npyl_order_check(&sz, oerr, sizeof oerr);
     if (rc)
@@ -129,9 +135,26 @@ int npyl_state_check(npyload_loader *L, const npyload_state *st, int64_t n,
                                 " out of range: a multiple of batch_size %" PRIu64
                                 " in 0 .. %" PRIu64 ", or %" PRIu64 " (this rank's samples "
                                 "per epoch)", st->consumed, B, delivered, delivered);
-    /* Round up: a short last batch counts as consumed. consumed <= delivered
-     * < 2^63, so neither the sum nor the cast can overflow. */
-    *first_seq = (int64_t)((st->consumed + B - 1) / B);
+    if (st->world_size == L->opt[NPYLOAD_OPT_WORLD_SIZE]) {
+        /* The same split, continued: round up, a short last batch counts as
+         * consumed. consumed <= delivered < 2^63, so neither the sum nor the
+         * cast can overflow. */
+        *first_seq = (int64_t)((st->consumed + B - 1) / B);
+        op->base = base;
+    } else {
+        /* Elastic: every rank consumed `consumed` samples, i.e. positions
+         * base .. base + consumed * W - 1 of the epoch's sequence (clamped to
+         * N: positions past the rest are padding). A new split of the rest
+         * starts there. Compared without multiplying, so nothing overflows. */
+        uint64_t rest = (uint64_t)(st->num_samples - base);
+        uint64_t W = (uint64_t)st->world_size;
+        uint64_t pos = st->consumed >= (rest + W - 1) / W ? (uint64_t)st->num_samples
+                                                          : (uint64_t)base + st->consumed * W;
+        if (pos > (uint64_t)st->num_samples)
+            pos = (uint64_t)st->num_samples;
+        *first_seq = 0;
+        op->base = (int64_t)pos;
+    }
     op->seed = st->seed;
     op->shuffle = (int)st->shuffle;
     op->drop_last = (int)st->drop_last;

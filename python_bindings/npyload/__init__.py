@@ -451,9 +451,14 @@ class Loader:
 
     def load_state_dict(self, state):
         """Resumes from ``state_dict()`` of a loader over the same data with
-        the same batch_size and world_size (num_workers, prefetch and io may
-        differ): the next ``iter(loader)`` yields exactly the batches the saved
-        loader would have yielded next."""
+        the same batch_size (num_workers, prefetch and io may differ). At the
+        same world_size the next ``iter(loader)`` yields exactly the batches
+        the saved loader would have yielded next. At another world_size (a
+        state saved by any rank of a DDP job, resumed with W' ranks) the rest
+        of the epoch's global sequence is split over the W' ranks like
+        DistributedSampler: nothing lost, nothing repeated but the padding
+        (at most W'-1 samples), equal batch counts; the next epoch is the
+        normal split."""
         if not isinstance(state, _Mapping):
             raise TypeError("state must be the dict returned by state_dict()")
         c = self._live()

@@ -312,7 +312,7 @@ static PyObject *loader_get_state(NpyloadPy_Loader *self, PyObject *unused)
     int rc = npyload_loader_get_state(self->L, &st);
     if (rc < 0)
         return loader_error(self, rc);
-    return Py_BuildValue("{s:K,s:L,s:K,s:K,s:L,s:L,s:L,s:L,s:L,s:L}",
+    return Py_BuildValue("{s:K,s:L,s:K,s:K,s:L,s:L,s:L,s:L,s:L,s:L,s:L}",
                          "version", (unsigned long long)st.version,
                          "seed", (long long)st.seed,
                          "epoch", (unsigned long long)st.epoch,
@@ -322,7 +322,8 @@ static PyObject *loader_get_state(NpyloadPy_Loader *self, PyObject *unused)
                          "world_size", (long long)st.world_size,
                          "rank", (long long)st.rank,
                          "shuffle", (long long)st.shuffle,
-                         "drop_last", (long long)st.drop_last);
+                         "drop_last", (long long)st.drop_last,
+                         "base", (long long)st.base);
 }
 
 static int state_item(PyObject *d, const char *key, int64_t *out)
@@ -375,6 +376,11 @@ static PyObject *loader_set_state(NpyloadPy_Loader *self, PyObject *d)
     st.rank = v[7];
     st.shuffle = v[8];
     st.drop_last = v[9];
+    /* "base" (state version 2) is absent from version 1 dicts: 0 then. */
+    st.base = 0;
+    if (st.version >= 2 && PyMapping_HasKeyString(d, "base") &&
+        state_item(d, "base", &st.base) < 0)
+        return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = npyload_loader_set_state(self->L, &st);
