@@ -202,7 +202,12 @@ typedef enum npyload_shuffle {
     XX(QUEUE_DEPTH, 13, "reads in flight per worker (io_uring); 0 = default "  \
                         "32")                                                 \
     XX(PIN_MEMORY, 14, "-1 auto (pin when CUDA is usable, default), 0 never, " \
-                       "1 require")
+                       "1 require") \
+    XX(ALIGN, 15, "0 (default): when every field has the same number of "   \
+                  "files, the i-th files of all fields must carry the same " \
+                  "number as the last run of digits of their names "        \
+                  "(train_0007.npy with train_0007_heatmaps.npy); 1: no "   \
+                  "check")
 
 /*! Options for npyload_loader_set(), generated from NPYLOAD_OPTION_MAP. 0
  * means "default" where a default is documented. All options must be set

@@ -206,6 +206,66 @@ static int load_field(npyload_loader *L, npyl_field *f, size_t *io_next, int64_t
     return 0;
 }
 
+/* The number a file name carries for pairing: the last run of digits of
+ * its base name (leading zeros ignored), or -1 when it has none (or more
+ * than 18 digits). */
+static int64_t name_number(const char *path)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    const char *end = NULL, *p = base + strlen(base);
+    while (p > base && !end) {
+        p--;
+        if (*p >= '0' && *p <= '9')
+            end = p + 1;
+    }
+    if (!end)
+        return -1;
+    const char *start = end;
+    while (start > base && start[-1] >= '0' && start[-1] <= '9')
+        start--;
+    while (start < end - 1 && *start == '0')
+        start++;
+    if (end - start > 18)
+        return -1;
+    int64_t v = 0;
+    for (const char *q = start; q < end; q++)
+        v = v * 10 + (*q - '0');
+    return v;
+}
+
+/* Guards against silently misaligned fields (ALIGN = 0): when every field
+ * has the same number of files, the i-th files must carry the same number
+ * in their names. Files without digits in their names are not paired. */
+static int check_alignment(npyload_loader *L)
+{
+    if (L->opt[NPYLOAD_OPT_ALIGN] != 0 || L->nfields < 2)
+        return 0;
+    size_t nf = L->fields[0].npaths;
+    for (size_t i = 1; i < L->nfields; i++)
+        if (L->fields[i].npaths != nf)
+            return 0;
+    for (size_t k = 0; k < nf; k++) {
+        const char *a = L->fields[0].paths[k];
+        int64_t na = name_number(a);
+        if (na < 0)
+            continue;
+        for (size_t i = 1; i < L->nfields; i++) {
+            const char *b = L->fields[i].paths[k];
+            int64_t nb = name_number(b);
+            if (nb >= 0 && nb != na)
+                return npyl_loader_fail(
+                    L, NPYLOAD_EMISMATCH,
+                    "fields '%s' and '%s' look misaligned: file %zu is %s (number %" PRId64
+                    ") and %s (number %" PRId64 "); the i-th files of every field must "
+                    "carry the same number in their names (set ALIGN = 1, Python "
+                    "align=\"none\", to turn this check off)",
+                    L->fields[0].name, L->fields[i].name, k, a, na, b, nb);
+        }
+    }
+    return 0;
+}
+
 int npyl_load_fields(npyload_loader *L)
 {
     if (L->nfields == 0)
@@ -215,6 +275,9 @@ int npyl_load_fields(npyload_loader *L)
         nfiles += L->fields[i].npaths;
     if (nfiles > UINT32_MAX)
         return npyl_loader_fail(L, NPYLOAD_ETOOBIG, "more than 2^32 files");
+    int arc = check_alignment(L);
+    if (arc)
+        return arc;
     L->io_files = calloc(nfiles, sizeof *L->io_files);
     if (!L->io_files)
         return npyl_loader_fail(L, -ENOMEM, "out of memory");

@@ -68,6 +68,7 @@ int npyload_loader_set(npyload_loader *L, npyload_option opt, int64_t v)
         break;
     case NPYLOAD_OPT_DROP_LAST:
     case NPYLOAD_OPT_DIRECT_IO:
+    case NPYLOAD_OPT_ALIGN:
         if (v != 0 && v != 1)
             return range_fail(L, opt, v, "0 or 1");
         break;

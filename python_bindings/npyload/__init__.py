@@ -271,6 +271,12 @@ class Loader:
         Files per window for shuffle='local'.
     direct_io : bool
         O_DIRECT reads (bypass the page cache).
+    align : 'names' or 'none'
+        'names' (default): when every field has the same number of files,
+        the i-th files of all fields must carry the same number as the last
+        run of digits of their names (``train_0007.npy`` pairs with
+        ``train_0007_heatmaps.npy``), so misaligned lists fail at start
+        naming both files. 'none' turns the check off.
     pin_memory : bool or None
         None: pin the staging slots when a CUDA device is the output; True:
         pin host slots through CUDA device 0 even for device='cpu' (fails if
@@ -286,7 +292,7 @@ class Loader:
     def __init__(self, fields, batch_size, shuffle=False, seed=0, drop_last=False,
                  num_workers=2, prefetch=None, device="cpu", rank=None,
                  world_size=None, io="auto", output="auto", copy=False, window=8,
-                 direct_io=False, pin_memory=None):
+                 direct_io=False, pin_memory=None, align="names"):
         self._c = None
         if not isinstance(fields, _Mapping) or len(fields) == 0:
             raise TypeError("fields must be a non-empty mapping from field name "
@@ -317,6 +323,8 @@ class Loader:
         num_workers = _int_arg("num_workers", num_workers, 1)
         prefetch = _int_arg("prefetch", prefetch, 1, allow_none=True)
         window = _int_arg("window", window, 1)
+        if align not in ("names", "none"):
+            raise ValueError(f"align must be 'names' or 'none', got {align!r}")
         shuffle_mode = _parse_shuffle(shuffle)
         if not isinstance(drop_last, (bool, int)):
             raise TypeError(f"drop_last must be a bool, got {drop_last!r}")
@@ -373,6 +381,7 @@ class Loader:
             _npyload.OPT_IO_BACKEND: _IO[io.lower()],
             _npyload.OPT_SHUFFLE_WINDOW: window,
             _npyload.OPT_DIRECT_IO: int(bool(direct_io)),
+            _npyload.OPT_ALIGN: 0 if align == "names" else 1,
         }
         if pin_memory is not None:
             self._opts[_npyload.OPT_PIN_MEMORY] = int(pin_memory)
