@@ -207,7 +207,15 @@ typedef enum npyload_shuffle {
                   "files, the i-th files of all fields must carry the same " \
                   "number as the last run of digits of their names "        \
                   "(train_0007.npy with train_0007_heatmaps.npy); 1: no "   \
-                  "check")
+                  "check") \
+    XX(ON_ERROR, 16, "0 raise (default): a failed read fails the batch; 1 "   \
+                     "skip: the batch's reads are retried once, then the "  \
+                     "samples that still fail are dropped from the batch "  \
+                     "(it is shorter; indices list what it holds) and "     \
+                     "counted in stats.samples_skipped")                    \
+    XX(MAX_ERRORS, 17, "with ON_ERROR skip: once more than this many "       \
+                       "samples were skipped, the batch fails as with "     \
+                       "raise; 0 = no limit (default)")
 
 /*! Options for npyload_loader_set(), generated from NPYLOAD_OPTION_MAP. 0
  * means "default" where a default is documented. All options must be set
@@ -482,7 +490,17 @@ typedef struct npyload_stats {
     uint64_t uring_fallbacks;   /* workers whose io_uring_enter was refused
                                    at run time and that read with pread
                                    since (backend stays NPYLOAD_IO_URING) */
+    uint64_t samples_skipped;   /* ON_ERROR skip: samples dropped */
+    uint64_t errors;            /* ON_ERROR skip: failed batch reads seen
+                                   (those a retry fixed included) */
 } npyload_stats;
+
+/*! npyload_loader_last_skip_error() : with ON_ERROR skip, copies the message
+ * of the last failure that made a sample be skipped (or a retry happen) to
+ * buf (always NUL-terminated; "" when none). Thread-safe.
+ * @return : 0 or NPYLOAD_EINVAL. */
+NPYLOAD_API int npyload_loader_last_skip_error(const npyload_loader *L, char *buf,
+                                               size_t len);
 
 /*! npyload_loader_get_stats() : counters since start (reading them is
  * cheap and thread-safe). @return : 0 or NPYLOAD_EINVAL. */

@@ -264,6 +264,8 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *out)
         return NPYLOAD_EFORKED;
     memset(out, 0, sizeof *out);
     out->bytes_read = atomic_load(&L->st_bytes);
+    out->samples_skipped = atomic_load(&L->st_skipped);
+    out->errors = atomic_load(&L->st_errors);
     out->batches_delivered = atomic_load(&L->st_batches);
     out->samples_delivered = atomic_load(&L->st_samples);
     out->wait_ns = atomic_load(&L->st_wait_ns);
@@ -283,5 +285,18 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *out)
             if (L->workers[i].io && L->backend == NPYLOAD_IO_URING &&
                 npyl_io_backend_now(L->workers[i].io) == NPYLOAD_IO_PREAD)
                 out->uring_fallbacks++;
+    return 0;
+}
+
+int npyload_loader_last_skip_error(const npyload_loader *L, char *buf, size_t len)
+{
+    if (!L || !buf || len == 0)
+        return NPYLOAD_EINVAL;
+    if (npyl_in_child(L))
+        return NPYLOAD_EFORKED;
+    npyload_loader *M = (npyload_loader *)L; /* the lock is not part of the value */
+    pthread_mutex_lock(&M->mu);
+    snprintf(buf, len, "%s", L->skip_msg);
+    pthread_mutex_unlock(&M->mu);
     return 0;
 }

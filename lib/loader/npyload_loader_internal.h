@@ -187,6 +187,8 @@ struct npyload_loader {
     /* Counters, read without the lock. */
     _Atomic uint64_t st_bytes, st_batches, st_samples, st_wait_ns, st_io_ns,
         st_h2d_bytes, st_h2d_ns;
+    _Atomic uint64_t st_skipped, st_errors; /* ON_ERROR skip */
+    char skip_msg[NPYL_ERRMSG_LEN];  /* [mu] last failure behind a skip */
 
     char errmsg[NPYL_ERRMSG_LEN];
 };

@@ -69,6 +69,7 @@ int npyload_loader_set(npyload_loader *L, npyload_option opt, int64_t v)
     case NPYLOAD_OPT_DROP_LAST:
     case NPYLOAD_OPT_DIRECT_IO:
     case NPYLOAD_OPT_ALIGN:
+    case NPYLOAD_OPT_ON_ERROR:
         if (v != 0 && v != 1)
             return range_fail(L, opt, v, "0 or 1");
         break;
@@ -105,6 +106,10 @@ int npyload_loader_set(npyload_loader *L, npyload_option opt, int64_t v)
     case NPYLOAD_OPT_PIN_MEMORY:
         if (v < -1 || v > 1)
             return range_fail(L, opt, v, "-1 auto, 0 never, 1 require");
+        break;
+    case NPYLOAD_OPT_MAX_ERRORS:
+        if (v < 0)
+            return range_fail(L, opt, v, ">= 0 samples (0 = no limit)");
         break;
     case NPYLOAD_OPT_SEED:
         break;

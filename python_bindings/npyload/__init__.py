@@ -277,6 +277,17 @@ class Loader:
         run of digits of their names (``train_0007.npy`` pairs with
         ``train_0007_heatmaps.npy``), so misaligned lists fail at start
         naming both files. 'none' turns the check off.
+    on_error : 'raise' or 'skip'
+        'raise' (default): a failed read (I/O error, truncated, changed or
+        replaced file) raises NpyloadError from the iteration. 'skip': the
+        batch's reads are retried once, then samples that still fail are
+        dropped from the batch (it is shorter; ``batch.indices`` lists what it
+        holds), never delivered as wrong bytes, and counted in
+        ``stats()['samples_skipped']``; nothing is logged. An epoch whose reads
+        all fail still ends (its batches are empty).
+    max_errors : int or None
+        With on_error='skip': once more than this many samples were skipped,
+        the next failing batch raises anyway.
     pin_memory : bool or None
         None: pin the staging slots when a CUDA device is the output; True:
         pin host slots through CUDA device 0 even for device='cpu' (fails if
@@ -292,7 +303,8 @@ class Loader:
     def __init__(self, fields, batch_size, shuffle=False, seed=0, drop_last=False,
                  num_workers=2, prefetch=None, device="cpu", rank=None,
                  world_size=None, io="auto", output="auto", copy=False, window=8,
-                 direct_io=False, pin_memory=None, align="names"):
+                 direct_io=False, pin_memory=None, align="names", on_error="raise",
+                 max_errors=None):
         self._c = None
         if not isinstance(fields, _Mapping) or len(fields) == 0:
             raise TypeError("fields must be a non-empty mapping from field name "
@@ -325,6 +337,9 @@ class Loader:
         window = _int_arg("window", window, 1)
         if align not in ("names", "none"):
             raise ValueError(f"align must be 'names' or 'none', got {align!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        max_errors = 0 if max_errors is None else _int_arg("max_errors", max_errors, 1)
         shuffle_mode = _parse_shuffle(shuffle)
         if not isinstance(drop_last, (bool, int)):
             raise TypeError(f"drop_last must be a bool, got {drop_last!r}")
@@ -382,6 +397,8 @@ class Loader:
             _npyload.OPT_SHUFFLE_WINDOW: window,
             _npyload.OPT_DIRECT_IO: int(bool(direct_io)),
             _npyload.OPT_ALIGN: 0 if align == "names" else 1,
+            _npyload.OPT_ON_ERROR: 1 if on_error == "skip" else 0,
+            _npyload.OPT_MAX_ERRORS: max_errors,
         }
         if pin_memory is not None:
             self._opts[_npyload.OPT_PIN_MEMORY] = int(pin_memory)
@@ -499,7 +516,9 @@ class Loader:
     def stats(self):
         """Counters since start: bytes_read, batches_delivered, wait_ns, io_ns,
         h2d_bytes, h2d_ns, backend, pinned, direct_io, device, slot_bytes,
-        num_slots."""
+        num_slots, uring_fallbacks, and with on_error='skip' samples_skipped,
+        errors and last_error (the message of the last failure behind a
+        skip)."""
         return self._live().stats()
 
     def close(self):

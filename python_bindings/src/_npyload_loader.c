@@ -398,8 +398,13 @@ static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *unused)
     int rc = npyload_loader_get_stats(self->L, &s);
     if (rc < 0)
         return loader_error(self, rc);
+    char last[1024];
+    npyload_loader_last_skip_error(self->L, last, sizeof last);
+    PyObject *last_s = npyloadpy_str(last);
+    if (!last_s)
+        return NULL;
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:s,s:O,s:O,s:i,s:K,s:K}",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:s,s:O,s:O,s:i,s:K,s:K,s:K,s:K,s:K,s:N}",
         "bytes_read", (unsigned long long)s.bytes_read,
         "batches_delivered", (unsigned long long)s.batches_delivered,
         "samples_delivered", (unsigned long long)s.samples_delivered,
@@ -412,7 +417,11 @@ static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *unused)
         "direct_io", s.direct_io ? Py_True : Py_False,
         "device", s.device,
         "slot_bytes", (unsigned long long)s.slot_bytes,
-        "num_slots", (unsigned long long)s.num_slots);
+        "num_slots", (unsigned long long)s.num_slots,
+        "uring_fallbacks", (unsigned long long)s.uring_fallbacks,
+        "samples_skipped", (unsigned long long)s.samples_skipped,
+        "errors", (unsigned long long)s.errors,
+        "last_error", last_s);
 }
 
 static PyObject *loader_set_stream_joiner(NpyloadPy_Loader *self, PyObject *fn)
