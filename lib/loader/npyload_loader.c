@@ -134,17 +134,23 @@ static void free_tables(npyload_loader *L)
     L->nio_files = 0;
 }
 
+/* The workers' io contexts, buffers and events (threads already joined). */
+static void free_workers(npyload_loader *L)
+{
+    for (size_t i = 0; i < L->nworkers; i++)
+        free_worker(L, &L->workers[i]);
+    free(L->workers);
+    L->workers = NULL;
+    L->nworkers = 0;
+}
+
 /* Frees what start allocated; the loader returns to its pre-start state. */
 void npyl_loader_free_started(npyload_loader *L)
 {
     /* May run on any user thread (destroy, the last release): switch to the
      * loader's device for the frees and back. */
     int prev = -1, entered = L->cuda && npyl_cuda_enter(L->cuda, &prev) == 0;
-    for (size_t i = 0; i < L->nworkers; i++)
-        free_worker(L, &L->workers[i]);
-    free(L->workers);
-    L->workers = NULL;
-    L->nworkers = 0;
+    free_workers(L);
     free_slots(L, 0);
     free(L->hslots);
     free(L->dslots);
@@ -167,11 +173,7 @@ void npyl_loader_free_started(npyload_loader *L)
 static void shed_for_zombie(npyload_loader *L)
 {
     int prev = -1, entered = L->cuda && npyl_cuda_enter(L->cuda, &prev) == 0;
-    for (size_t i = 0; i < L->nworkers; i++)
-        free_worker(L, &L->workers[i]);
-    free(L->workers);
-    L->workers = NULL;
-    L->nworkers = 0;
+    free_workers(L);
     free_slots(L, 1);
     if (entered)
         npyl_cuda_leave(L->cuda, prev);

@@ -11,8 +11,12 @@
 
 /* ---- fields ---- */
 
+/* The checks every add_field call starts with (the fork check first). */
 static int check_new_field(npyload_loader *L, const char *name)
 {
+    int frc = npyl_loader_forked(L);
+    if (frc)
+        return frc;
     if (L->started)
         return npyl_loader_fail(L, NPYLOAD_ESTATE, "fields cannot be added after start");
     if (!name || !*name)
@@ -54,9 +58,6 @@ int npyload_loader_add_field(npyload_loader *L, const char *name, const char *gl
 {
     if (!L)
         return NPYLOAD_EINVAL;
-    int frc = npyl_loader_forked(L);
-    if (frc)
-        return frc;
     int rc = check_new_field(L, name);
     if (rc)
         return rc;
@@ -75,9 +76,6 @@ int npyload_loader_add_field_files(npyload_loader *L, const char *name,
 {
     if (!L)
         return NPYLOAD_EINVAL;
-    int frc = npyl_loader_forked(L);
-    if (frc)
-        return frc;
     int rc = check_new_field(L, name);
     if (rc)
         return rc;
