@@ -824,9 +824,16 @@ Test(io_common, stat_and_bad_config)
 #define TEST_AUDIT_ARCH AUDIT_ARCH_AARCH64
 #endif
 
-Test(io_uring, refused_by_seccomp)
+/* Installs a filter that makes syscall `nr` fail with EPERM (everything else
+ * allowed), on every thread of the process when
+ * `all_threads` (SECCOMP_FILTER_FLAG_TSYNC). Criterion runs each test in its
+ * own forked process, so the filter dies with it. Skips visibly when seccomp
+ * is unavailable. */
+static void refuse_syscall(long nr, int all_threads)
 {
 #ifndef TEST_AUDIT_ARCH
+    (void)nr;
+    (void)all_threads;
     cr_skip_test("no seccomp arch constant for this CPU in the test");
 #else
     struct sock_filter prog[] = {
@@ -834,7 +841,7 @@ Test(io_uring, refused_by_seccomp)
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, TEST_AUDIT_ARCH, 1, 0),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)nr, 0, 1),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
@@ -842,9 +849,21 @@ Test(io_uring, refused_by_seccomp)
                                .filter = prog};
     cr_assert_eq(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0, "%s",
                  strerror(errno));
-    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &fprog) != 0)
+    long rc = syscall(__NR_seccomp, SECCOMP_SET_MODE_FILTER,
+                      all_threads ? SECCOMP_FILTER_FLAG_TSYNC : 0, &fprog);
+    if (rc != 0)
         cr_skip_test("cannot install a seccomp filter here: %s",
-                     strerror(errno));
+                     rc > 0 ? "another thread's filter differs"
+                            : strerror(errno));
+#endif
+}
+
+Test(io_uring, refused_by_seccomp)
+{
+#ifndef TEST_AUDIT_ARCH
+    cr_skip_test("no seccomp arch constant for this CPU in the test");
+#else
+    refuse_syscall(__NR_io_uring_setup, 0);
     char why[256] = "";
     cr_assert_eq(npyl_io_uring_usable(why, sizeof why), 0);
     cr_assert(why[0], "no reason given");
@@ -866,41 +885,6 @@ Test(io_uring, refused_by_seccomp)
 #endif
 }
 
-/* ---- io_uring_setup allowed, io_uring_enter refused --------------------- */
-
-/* Installs a filter that lets io_uring_setup through and makes
- * io_uring_enter fail with EPERM, on every thread of the process when
- * `all_threads` (SECCOMP_FILTER_FLAG_TSYNC). Criterion runs each test in its
- * own forked process, so the filter dies with it. Skips visibly when seccomp
- * is unavailable. */
-static void refuse_uring_enter(int all_threads)
-{
-#ifndef TEST_AUDIT_ARCH
-    (void)all_threads;
-    cr_skip_test("no seccomp arch constant for this CPU in the test");
-#else
-    struct sock_filter prog[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, TEST_AUDIT_ARCH, 1, 0),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_enter, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
-    struct sock_fprog fprog = {.len = sizeof prog / sizeof prog[0],
-                               .filter = prog};
-    cr_assert_eq(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0, "%s",
-                 strerror(errno));
-    long rc = syscall(__NR_seccomp, SECCOMP_SET_MODE_FILTER,
-                      all_threads ? SECCOMP_FILTER_FLAG_TSYNC : 0, &fprog);
-    if (rc != 0)
-        cr_skip_test("cannot install a seccomp filter here: %s",
-                     rc > 0 ? "another thread's filter differs"
-                            : strerror(errno));
-#endif
-}
-
 Test(io_uring, enter_refused_falls_back_to_pread)
 {
     need_uring(); /* before the filter: io_uring must work to start with */
@@ -909,7 +893,7 @@ Test(io_uring, enter_refused_falls_back_to_pread)
     make_file(&f, dir, "u.npy", 17, 3 * MiB + 77, 64);
     npyl_file_info info;
     stat_all(&f, 1, &info);
-    refuse_uring_enter(0);
+    refuse_syscall(__NR_io_uring_enter, 0);
 
     /* The probe submits a no-op: it sees the refusal. */
     char why[256] = "";
@@ -968,7 +952,7 @@ Test(io_uring, enter_refused_loader_stats)
     for (int epoch = 0; epoch < 2; epoch++) {
         if (epoch == 1) {
             /* Workers sit idle: the epoch's batches are all consumed. */
-            refuse_uring_enter(1);
+            refuse_syscall(__NR_io_uring_enter, 1);
             cr_assert_eq(npyload_loader_set_epoch(L, 1), 0);
         }
         npyload_batch *b;
