@@ -553,7 +553,9 @@ uint64_t npyload_batch_epoch(const npyload_batch *b)
 
 int64_t npyload_batch_seq(const npyload_batch *b) { return b ? b->slot->seq : -1; }
 
-int npyload_batch_wait_stream(npyload_batch *b, void *stream)
+/* wait_stream (sync == 0) and sync (sync == 1): on the user's thread, so
+ * its current device is kept as it was. */
+static int batch_copy_wait(npyload_batch *b, void *stream, int sync)
 {
     if (!b)
         return NPYLOAD_EINVAL;
@@ -561,30 +563,21 @@ int npyload_batch_wait_stream(npyload_batch *b, void *stream)
         return NPYLOAD_EFORKED;
     if (!b->device_mode)
         return 0;
-    /* Called on the user's thread: keep its current device as it was. */
     int prev, rc = npyl_cuda_enter(b->L->cuda, &prev);
     if (rc)
         return rc;
-    rc = npyl_cuda_stream_wait_event(b->L->cuda, stream, b->slot->ev_done);
+    rc = sync ? npyl_cuda_event_sync(b->L->cuda, b->slot->ev_done)
+              : npyl_cuda_stream_wait_event(b->L->cuda, stream, b->slot->ev_done);
     npyl_cuda_leave(b->L->cuda, prev);
     return rc;
 }
 
-int npyload_batch_sync(npyload_batch *b)
+int npyload_batch_wait_stream(npyload_batch *b, void *stream)
 {
-    if (!b)
-        return NPYLOAD_EINVAL;
-    if (npyl_in_child(b->L))
-        return NPYLOAD_EFORKED;
-    if (!b->device_mode)
-        return 0;
-    int prev, rc = npyl_cuda_enter(b->L->cuda, &prev);
-    if (rc)
-        return rc;
-    rc = npyl_cuda_event_sync(b->L->cuda, b->slot->ev_done);
-    npyl_cuda_leave(b->L->cuda, prev);
-    return rc;
+    return batch_copy_wait(b, stream, 0);
 }
+
+int npyload_batch_sync(npyload_batch *b) { return batch_copy_wait(b, NULL, 1); }
 
 /* Gives a batch's slot back. With a stream (device batches), the slot's next
  * copy must be ordered after the work queued on it so far, and the slot is
