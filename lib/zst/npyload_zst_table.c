@@ -112,8 +112,8 @@ static int no_table(npyl_zst_read_fn rd, void *ctx, uint64_t size,
     unsigned char m[4];
     if (size >= 4 && rd(ctx, m, 4, 0) == 0 && npyl_zst_is_zstd(m))
         return npyl_fail(err, errlen, NPYLOAD_EFORMAT,
-                         "%s: no seek table (%s): repack it with npyload-pack "
-                         "(or zstd -d it)",
+                         "%s: no seek table: repack it with npyload-pack "
+                         "(or zstd -d it); %s",
                          name, why);
     return npyl_fail(err, errlen, NPYLOAD_EFORMAT,
                      "%s: not a zstd file (%s)", name, why);
