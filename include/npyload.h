@@ -554,8 +554,9 @@ typedef struct npyload_pack_result {
  * format above. The input is validated with the NPY parser first: a
  * malformed file, a Fortran-ordered array of more than one dimension, or
  * bytes after the array data are refused (the message names the file).
- * The input is streamed in chunks of frames (memory: about
- * 4 x threads frames, in and out, at most ~128 MiB), compressed by
+ * The input is streamed in chunks of frames (memory: 4 x threads frames
+ * in and as many compressed out, a chunk capped at 64 MiB or one frame,
+ * whichever is larger; never the whole file), compressed by
  * `threads` threads, written to a temporary file "OUT.tmp.XXXXXX" in the
  * output's directory, and renamed to `out` only when complete: a pack that
  * is interrupted (cancelled, failed, killed) never leaves a partial file
