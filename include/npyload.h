@@ -533,6 +533,79 @@ NPYLOAD_API int64_t npyload_order_indices(int64_t n, int shuffle, int64_t seed,
  * programs never need CUDA libraries. */
 NPYLOAD_API int npyload_cuda_available(int device, char *why, size_t whylen);
 
+/* ------------------------------------------------------------------------ */
+/* Compressed shards: FILE.npy.zst                                            */
+/* ------------------------------------------------------------------------ */
+
+/*! FILE.npy.zst is zstd's seekable format (facebook/zstd,
+ * contrib/seekable_format): frame 0 holds exactly the NPY header (magic
+ * through padding), every later frame a whole number of consecutive
+ * samples, and a skippable frame at the end holds the seek table (per frame
+ * compressed size, decompressed size and, by default, the low 32 bits of
+ * the XXH64 of its content, which is also the frame's own zstd checksum).
+ * The stock `zstd -d FILE.npy.zst` gives back FILE.npy byte for byte. */
+
+#define NPYLOAD_PACK_DEFAULT_LEVEL 3
+/* Default target decompressed bytes per frame (see npyload_pack_options). */
+#define NPYLOAD_PACK_DEFAULT_FRAME_SIZE (128u << 10)
+
+/*! npyload_pack_options: a zeroed struct (or NULL) gives every default. */
+typedef struct npyload_pack_options {
+    int level;           /* zstd level (negative: fast levels);
+                            0 = NPYLOAD_PACK_DEFAULT_LEVEL */
+    uint64_t frame_size; /* target decompressed bytes per frame: a frame
+                            holds the fewest whole samples whose bytes reach
+                            it (at least one; at most 1 GiB per frame).
+                            0 = NPYLOAD_PACK_DEFAULT_FRAME_SIZE */
+    int threads;         /* compression threads (frames are independent);
+                            0 = all online cores */
+    int no_checksum;     /* 1: frames without content checksums and a seek
+                            table without them. Default 0: checksummed. */
+    int force;           /* 1: replace an existing output file */
+    /* Called on the calling thread before the first frame and after every
+     * chunk of frames with the input bytes done and the total. A nonzero
+     * return cancels the pack: the temporary file is removed and
+     * npyload_pack_file returns -ECANCELED. A tool's SIGINT handler sets a
+     * flag that this callback returns. May be NULL. */
+    int (*progress)(void *arg, uint64_t done, uint64_t total);
+    void *progress_arg;
+} npyload_pack_options;
+
+/*! npyload_pack_result: what one npyload_pack_file did. */
+typedef struct npyload_pack_result {
+    uint64_t in_bytes;          /* size of the .npy */
+    uint64_t out_bytes;         /* size of the .npy.zst, seek table in */
+    uint64_t frames;            /* zstd frames, frame 0 (the header) in */
+    uint64_t samples_per_frame; /* samples in each data frame but the last */
+    double seconds;             /* wall time */
+} npyload_pack_result;
+
+/*! npyload_pack_file() :
+ * Compresses the NPY file `in` into `out` (NULL: `in` + ".zst") in the
+ * format above. The input is validated with the NPY parser first: a
+ * malformed file, a Fortran-ordered array of more than one dimension, or
+ * bytes after the array data are refused (the message names the file).
+ * The input is streamed in chunks of frames (memory: 4 x threads frames
+ * in and as many compressed out, a chunk capped at 64 MiB or one frame,
+ * whichever is larger; never the whole file), compressed by
+ * `threads` threads, written to a temporary file "OUT.tmp.XXXXXX" in the
+ * output's directory, and renamed to `out` only when complete: a pack that
+ * is interrupted (cancelled, failed, killed) never leaves a partial file
+ * under the final name. Without `force` an existing `out` is never replaced
+ * (checked again, atomically, at the rename). The output gets the input's
+ * permission bits.
+ * @return : 0 and `r` filled (r may be NULL); -EEXIST when `out` exists and
+ *           force is 0; -ECANCELED when the progress callback cancelled;
+ *           NPYLOAD_EFORMAT / EUNSUPPORTED / ETRUNCATED / ETOOBIG for the
+ *           input; NPYLOAD_EINVAL for bad options (the level out of zstd's
+ *           range, `out` naming the input); another -errno for I/O. `err`
+ *           gets "PATH: problem" (may be NULL).
+ * Thread-safe; no global state (threads are created and joined inside). */
+NPYLOAD_API int npyload_pack_file(const char *in, const char *out,
+                                  const npyload_pack_options *o,
+                                  npyload_pack_result *r, char *err,
+                                  size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,7 +5,7 @@
 #   bash tests/run-all.sh                     # everything (the README's command)
 #   bash tests/run-all.sh --sanitize address  # C tests under ASan+UBSan
 #   bash tests/run-all.sh --sanitize thread   # concurrency stress under TSan
-#   bash tests/run-all.sh --fuzz SECONDS      # the header fuzzer, briefly
+#   bash tests/run-all.sh --fuzz SECONDS      # the header and seek-table fuzzers, briefly
 #
 # First installs what is missing (scripts/setup-deps.sh: profile "test", or
 # "fuzz" for --fuzz): Debian packages with apt-get, pip packages into the
@@ -55,11 +55,16 @@ if [[ $mode == fuzz ]]; then
   B=build-fuzz
   CC=clang cmake -S . -B "$B" "${GEN[@]}" -DNPYLOAD_FUZZ=ON -DNPYLOAD_BUILD_TESTS=OFF \
         -DNPYLOAD_BUILD_TOOLS=OFF -DNPYLOAD_GPU_TESTS=OFF
-  cmake --build "$B" -j"$JOBS" --target fuzz_header
-  mkdir -p "$B/corpus"
+  cmake --build "$B" -j"$JOBS" --target fuzz_header fuzz_seektable
+  # The time is split between the two targets.
+  half=$(( (arg + 1) / 2 ))
+  mkdir -p "$B/corpus" "$B/corpus_seektable"
   cp tests/fuzz/corpus/* "$B/corpus/" 2>/dev/null || true
-  "$B/tests/fuzz_header" -max_total_time="$arg" -print_final_stats=1 "$B/corpus" 2>&1 | tail -25
-  echo "fuzz_header: no crash in ${arg}s"
+  cp tests/fuzz/corpus_seektable/* "$B/corpus_seektable/" 2>/dev/null || true
+  "$B/tests/fuzz_header" -max_total_time="$half" -print_final_stats=1 "$B/corpus" 2>&1 | tail -25
+  echo "fuzz_header: no crash in ${half}s"
+  "$B/tests/fuzz_seektable" -max_total_time="$half" -print_final_stats=1 "$B/corpus_seektable" 2>&1 | tail -25
+  echo "fuzz_seektable: no crash in ${half}s"
   exit 0
 fi
 

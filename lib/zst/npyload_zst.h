@@ -1,0 +1,148 @@
+/* Compressed NPY shards (`FILE.npy.zst`): zstd's seekable format.
+ *
+ * Layout (facebook/zstd contrib/seekable_format, version 0.1.0):
+ *
+ *   [frame 0: the NPY header bytes, magic through padding (data_offset)]
+ *   [frame 1 .. n-1: whole samples each, in file order]
+ *   [skippable frame 0x184D2A5E, Frame_Size (u32 LE) =
+ *       n entries { Compressed_Size u32, Decompressed_Size u32,
+ *                   [Checksum u32 = low 32 bits of XXH64(frame content)] }
+ *       footer { Number_Of_Frames u32, Descriptor u8 (bit 7 checksums,
+ *                bits 6-2 reserved = 0), Seekable magic 0x8F92EAB1 u32 }]
+ *
+ * All integers little-endian. `zstd -d` skips the skippable frame and
+ * concatenates the frames, giving back the .npy byte for byte.
+ *
+ *   npyload_zst_table.c  the seek table: write, parse from the file tail
+ *                        through a read callback (a file or memory), every
+ *                        NPY-specific check, sample -> frame lookup.
+ *   npyload_zst_frame.c  decode one frame exactly into a caller buffer with a
+ *                        reused ZSTD_DCtx (the workers' hot path).
+ *   npyload_zst_pack.c   npyload_pack_file (public): .npy -> .npy.zst.
+ *
+ * Depends on lib/common, the public NPY header parser, and libzstd. */
+#ifndef NPYLOAD_ZST_H
+#define NPYLOAD_ZST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/npyload_common.h"
+
+typedef struct ZSTD_DCtx_s ZSTD_DCtx;
+
+#define NPYL_ZST_MAGIC 0xFD2FB528u          /* a zstd frame */
+#define NPYL_ZST_SKIPPABLE_MAGIC 0x184D2A5Eu /* the seek table's frame */
+#define NPYL_ZST_SEEKABLE_MAGIC 0x8F92EAB1u  /* last 4 bytes of the file */
+#define NPYL_ZST_FOOTER_BYTES 9u             /* frames u32, descriptor, magic */
+#define NPYL_ZST_SKIP_HEADER_BYTES 8u        /* skippable magic + frame size */
+#define NPYL_ZST_FLAG_CHECKSUM 0x80u
+#define NPYL_ZST_RESERVED_BITS 0x7Cu
+
+/* Limits. No frame of a valid file decompresses to more than
+ * NPYL_ZST_MAX_FRAME_BYTES (the contrib writer's own limit), nor to more than
+ * NPYL_ZST_MAX_EXPANSION times its compressed size: the densest zstd block
+ * is an RLE block, 4 bytes for ZSTD_BLOCKSIZE_MAX (128 KiB) of output, and
+ * every frame has at least one block. Both checks run before anything is
+ * sized from a table entry. */
+#define NPYL_ZST_MAX_FRAMES 0x8000000u       /* as the contrib reader */
+#define NPYL_ZST_MAX_FRAME_BYTES (1u << 30)
+#define NPYL_ZST_MAX_EXPANSION ((1u << 17) / 4u)
+
+/* Reads exactly `n` bytes at `off` into `buf`. Returns 0, or a negative
+ * -errno (a short read is -EIO: the caller checked the size first). */
+typedef int (*npyl_zst_read_fn)(void *ctx, void *buf, size_t n, uint64_t off);
+
+/* Ready-made readers: `ctx` is a pointer to an int fd, or to a
+ * npyl_zst_mem. */
+typedef struct npyl_zst_mem {
+    const unsigned char *data;
+    size_t len;
+} npyl_zst_mem;
+NPYL_HIDDEN int npyl_zst_read_fd(void *ctx, void *buf, size_t n, uint64_t off);
+NPYL_HIDDEN int npyl_zst_read_mem(void *ctx, void *buf, size_t n, uint64_t off);
+
+/* A validated .npy.zst: the NPY header (as from the .npy, with file_bytes
+ * the decompressed size) and the frame index. Frame f occupies compressed
+ * bytes [coff[f], coff[f+1]) of the file and decompressed bytes
+ * [doff[f], doff[f+1]) of the .npy; doff[1] == hdr.data_offset. */
+typedef struct npyl_zst_index {
+    npyload_header hdr;
+    uint64_t file_size;   /* compressed file size, seek table in */
+    uint64_t table_bytes; /* the seek table's skippable frame, header in */
+    uint32_t nframes;     /* frame 0 (the header) included */
+    int checksums;        /* 1: csum[] holds the table's checksums */
+    uint64_t *coff;       /* nframes + 1 entries */
+    uint64_t *doff;       /* nframes + 1 entries */
+    uint32_t *csum;       /* nframes entries, or NULL */
+    uint64_t rows;        /* samples: shape[0] (1 for a 0-d array) */
+    uint64_t row_bytes;   /* bytes per sample */
+    uint32_t max_dsize;   /* largest data frame, decompressed (scratch) */
+    uint32_t max_csize;   /* largest data frame, compressed (read buffer) */
+} npyl_zst_index;
+
+/* 1 if the 4 bytes at `p` are a zstd frame magic (how a .npy.zst is told
+ * from a .npy whatever its name). */
+NPYL_HIDDEN int npyl_zst_is_zstd(const void *p);
+
+/* npyl_zst_index_read() :
+ * Parses and validates the seek table at the tail of a file of `file_size`
+ * bytes read through `rd`, decompresses frame 0 and parses the NPY header in
+ * it with npyload_parse_header, then checks the NPY facts against the table:
+ * frame 0 is exactly data_offset bytes, every later frame holds a whole
+ * number of samples (no empty frame), and they add up to the data. Reads
+ * are bounded: the footer, the table (whose size is checked against the file
+ * first) and frame 0. Memory is O(frames), frames that exist in the file.
+ * `name` names the file in messages: "NAME: frame 7 at byte 123: ...".
+ * @return : 0 and *out filled (npyl_zst_index_free it), or NPYLOAD_EFORMAT /
+ *           EUNSUPPORTED / ETRUNCATED / ETOOBIG / -errno with `err` set.
+ *           A zstd file without a seek table says how to repack it. */
+NPYL_HIDDEN int npyl_zst_index_read(npyl_zst_read_fn rd, void *ctx,
+                                    uint64_t file_size, const char *name,
+                                    npyl_zst_index *out, char *err,
+                                    size_t errlen);
+
+/* npyl_zst_index_open() : the same for an open file (pread on `fd`). */
+NPYL_HIDDEN int npyl_zst_index_open(int fd, const char *name,
+                                    npyl_zst_index *out, char *err,
+                                    size_t errlen);
+
+/* Frees the arrays of an index (not the struct); NULL-safe, idempotent. */
+NPYL_HIDDEN void npyl_zst_index_free(npyl_zst_index *x);
+
+/* npyl_zst_locate() :
+ * The frame holding sample `row` (< rows) and the byte offset of the
+ * sample inside that frame's decompressed bytes. O(log frames). */
+NPYL_HIDDEN void npyl_zst_locate(const npyl_zst_index *x, uint64_t row,
+                                 uint32_t *frame, uint64_t *offset);
+
+/* First sample of data frame `f` (1 <= f < nframes) and its sample count. */
+NPYL_HIDDEN void npyl_zst_frame_rows(const npyl_zst_index *x, uint32_t f,
+                                     uint64_t *first, uint64_t *count);
+
+/* npyl_zst_decode_frame() :
+ * Decompresses frame `f` of `x` from `src` (its coff[f+1] - coff[f]
+ * compressed bytes) into `dst` (capacity >= its decompressed size) with the
+ * caller's reused `dctx`. Checks: one whole zstd frame of exactly the
+ * table's compressed size, decompressing to exactly the table's size; the
+ * frame's content checksum (zstd verifies it when the frame carries one);
+ * and the seek table's checksum against the frame's. Allocates nothing.
+ * @return : 0, or NPYLOAD_EFORMAT with "NAME: frame F at byte B: problem". */
+NPYL_HIDDEN int npyl_zst_decode_frame(const npyl_zst_index *x, uint32_t f,
+                                      ZSTD_DCtx *dctx, const void *src,
+                                      void *dst, size_t cap, const char *name,
+                                      char *err, size_t errlen);
+
+/* ---- writing ---- */
+
+/* Bytes of the seek table's skippable frame for `n` frames. */
+NPYL_HIDDEN size_t npyl_zst_table_size(uint32_t n, int checksums);
+
+/* Encodes the seek table for `n` frames into `dst` (npyl_zst_table_size
+ * bytes). `csum` may be NULL when `checksums` is 0. Returns the size. */
+NPYL_HIDDEN size_t npyl_zst_table_encode(void *dst, uint32_t n,
+                                         const uint32_t *csize,
+                                         const uint32_t *dsize,
+                                         const uint32_t *csum, int checksums);
+
+#endif

@@ -1,0 +1,280 @@
+/*
+ * npyload-pack — compress NPY files into seekable .npy.zst shards.
+ *
+ *   npyload-pack [-l LEVEL] [--frame-size BYTES] [-T THREADS] [-f] [--rm]
+ *                [--no-check] [-q] [-o OUT] FILE.npy...
+ *
+ * Writes FILE.npy.zst beside each input (npyload_pack_file: zstd's
+ * seekable format, frame 0 the NPY header, later frames whole samples).
+ * `zstd -d FILE.npy.zst` gives back FILE.npy byte for byte.
+ *
+ * Habits of the zstd CLI: an existing output is kept unless -f; the output
+ * is written under a temporary name and renamed when complete, so an
+ * interrupted pack never leaves a half file under the final name; SIGINT or
+ * SIGTERM stops at the next chunk and removes the temporary file; a
+ * progress line on stderr only when it is a terminal; one line per file and
+ * a total on stdout; a failed file is named on stderr and the others are
+ * still packed.
+ *
+ * Exit status: 0 every file packed, 1 some file failed, 2 usage error,
+ * 128 + signal when interrupted.
+ *
+ * Uses nothing but include/npyload.h and libc.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "npyload.h"
+
+#define PROG "npyload-pack"
+
+static volatile sig_atomic_t g_signal; /* the tool's only process-wide state */
+
+static void on_signal(int sig) { g_signal = sig; }
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: " PROG " [OPTIONS] FILE.npy...\n"
+            "\n"
+            "Compresses each NPY file into FILE.npy.zst (zstd seekable format:\n"
+            "frame 0 the header, then frames of whole samples; the loader reads\n"
+            "samples at random; `zstd -d` restores the .npy byte for byte).\n"
+            "\n"
+            "  -l, --level LEVEL      zstd level (default %d; negative = faster)\n"
+            "      --frame-size BYTES target decompressed bytes per frame: the\n"
+            "                         fewest whole samples reaching it (default\n"
+            "                         %u; suffixes K, M, G = KiB, MiB, GiB)\n"
+            "  -T, --threads N        compression threads (default 0 = all cores)\n"
+            "  -f, --force            overwrite existing outputs\n"
+            "      --rm               remove each input after it is packed\n"
+            "      --no-check         no frame checksums (default: checksummed)\n"
+            "  -o, --output OUT       output path (one input only)\n"
+            "  -q, --quiet            no per-file lines, no progress\n"
+            "  -h, --help             this text\n"
+            "  -V, --version          the npyload version\n"
+            "\n"
+            "Exit status: 0 all packed, 1 some file failed (named on stderr),\n"
+            "2 usage error, 128+N interrupted by signal N (no partial output).\n",
+            NPYLOAD_PACK_DEFAULT_LEVEL, NPYLOAD_PACK_DEFAULT_FRAME_SIZE);
+}
+
+static int parse_int(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *s == '-')
+        return -1;
+    unsigned shift = 0;
+    if (*end == 'K' || *end == 'k')
+        shift = 10, end++;
+    else if (*end == 'M' || *end == 'm')
+        shift = 20, end++;
+    else if (*end == 'G' || *end == 'g')
+        shift = 30, end++;
+    if (shift && (*end == 'i' || *end == 'I') && (end[1] == 'B' || end[1] == 'b'))
+        end += 2;
+    if (*end || v == 0 || v > (UINT64_MAX >> shift))
+        return -1;
+    *out = (uint64_t)v << shift;
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+typedef struct progress_state {
+    const char *name;
+    int show;      /* stderr is a terminal and not quiet */
+    double start, last;
+    int drawn;
+} progress_state;
+
+/* Polled by the library between chunks: draws the line, and returns the
+ * signal flag so that SIGINT/SIGTERM cancel the pack (temp file removed). */
+static int progress(void *arg, uint64_t done, uint64_t total)
+{
+    progress_state *p = arg;
+    if (p->show) {
+        double t = now_s();
+        if (t - p->last >= 0.1 || done == total) {
+            double el = t - p->start;
+            fprintf(stderr, "\r%s: %3.0f%%  %.1f MB/s\033[K", p->name,
+                    total ? 100.0 * (double)done / (double)total : 100.0,
+                    el > 0 ? (double)done / el / 1e6 : 0.0);
+            fflush(stderr);
+            p->last = t;
+            p->drawn = 1;
+        }
+    }
+    return g_signal != 0;
+}
+
+static void clear_line(progress_state *p)
+{
+    if (p->drawn) {
+        fputs("\r\033[K", stderr);
+        fflush(stderr);
+        p->drawn = 0;
+    }
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longs[] = {
+        {"level", required_argument, NULL, 'l'},
+        {"frame-size", required_argument, NULL, 'F'},
+        {"threads", required_argument, NULL, 'T'},
+        {"force", no_argument, NULL, 'f'},
+        {"rm", no_argument, NULL, 'R'},
+        {"no-check", no_argument, NULL, 'C'},
+        {"output", required_argument, NULL, 'o'},
+        {"quiet", no_argument, NULL, 'q'},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
+        {NULL, 0, NULL, 0},
+    };
+    npyload_pack_options o;
+    memset(&o, 0, sizeof o);
+    const char *out = NULL;
+    int rm = 0, quiet = 0, c;
+    long v;
+    while ((c = getopt_long(argc, argv, "l:T:fo:qhV", longs, NULL)) != -1) {
+        switch (c) {
+        case 'l':
+            if (parse_int(optarg, -131072, 22, &v) != 0) {
+                fprintf(stderr, PROG ": -l: a zstd level (-131072..22) expected, "
+                                "got '%s'\n", optarg);
+                return 2;
+            }
+            o.level = (int)v;
+            break;
+        case 'F':
+            if (parse_size(optarg, &o.frame_size) != 0) {
+                fprintf(stderr, PROG ": --frame-size: a positive byte count "
+                                "expected (e.g. 131072, 128K, 1M), got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 'T':
+            if (parse_int(optarg, 0, 1024, &v) != 0) {
+                fprintf(stderr, PROG ": -T: a thread count 0..1024 expected, "
+                                "got '%s'\n", optarg);
+                return 2;
+            }
+            o.threads = (int)v;
+            break;
+        case 'f': o.force = 1; break;
+        case 'R': rm = 1; break;
+        case 'C': o.no_checksum = 1; break;
+        case 'o': out = optarg; break;
+        case 'q': quiet = 1; break;
+        case 'h': usage(stdout); return 0;
+        case 'V': printf(PROG " %s\n", npyload_version_string()); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    int nin = argc - optind;
+    if (nin < 1) {
+        fprintf(stderr, PROG ": no input file\n");
+        usage(stderr);
+        return 2;
+    }
+    if (out && nin != 1) {
+        fprintf(stderr, PROG ": -o names one output: give exactly one input "
+                        "(got %d)\n", nin);
+        return 2;
+    }
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    progress_state ps;
+    memset(&ps, 0, sizeof ps);
+    ps.show = !quiet && isatty(STDERR_FILENO);
+    o.progress = progress;
+    o.progress_arg = &ps;
+
+    int failed = 0, packed = 0;
+    uint64_t tin = 0, tout = 0;
+    double tsec = 0;
+    for (int i = optind; i < argc && !g_signal; i++) {
+        const char *in = argv[i];
+        npyload_pack_result r;
+        char err[1024];
+        ps.name = in;
+        ps.start = ps.last = now_s();
+        int rc = npyload_pack_file(in, out, &o, &r, err, sizeof err);
+        clear_line(&ps);
+        if (rc == -ECANCELED && g_signal)
+            break;
+        if (rc != 0) {
+            fprintf(stderr, PROG ": %s\n", err);
+            failed++;
+            continue;
+        }
+        packed++;
+        tin += r.in_bytes;
+        tout += r.out_bytes;
+        tsec += r.seconds;
+        if (!quiet) {
+            char dst[PATH_MAX + 8];
+            if (out)
+                snprintf(dst, sizeof dst, "%s", out);
+            else
+                snprintf(dst, sizeof dst, "%s.zst", in);
+            printf("%s: %" PRIu64 " -> %" PRIu64 " bytes, ratio %.2fx, %" PRIu64
+                   " frames (%" PRIu64 " samples/frame), %.1f MB/s -> %s\n",
+                   in, r.in_bytes, r.out_bytes,
+                   r.out_bytes ? (double)r.in_bytes / (double)r.out_bytes : 0.0,
+                   r.frames, r.samples_per_frame,
+                   r.seconds > 0 ? (double)r.in_bytes / r.seconds / 1e6 : 0.0, dst);
+            fflush(stdout);
+        }
+        if (rm && unlink(in) != 0) {
+            fprintf(stderr, PROG ": %s: packed, but cannot remove it: %s\n", in,
+                    strerror(errno));
+            failed++;
+        }
+    }
+    if (g_signal) {
+        fprintf(stderr, PROG ": interrupted by signal %d: no partial output "
+                        "left behind\n", (int)g_signal);
+        return 128 + (int)g_signal;
+    }
+    if (!quiet && nin > 1)
+        printf("total: %d of %d files, %" PRIu64 " -> %" PRIu64 " bytes, "
+               "ratio %.2fx, %.1f MB/s\n",
+               packed, nin, tin, tout, tout ? (double)tin / (double)tout : 0.0,
+               tsec > 0 ? (double)tin / tsec / 1e6 : 0.0);
+    return failed ? 1 : 0;
+}
