@@ -1,8 +1,10 @@
 /* Branch-free float <-> float16 / bfloat16 conversions, written so that GCC
  * vectorises loops over them (every path is computed, then selected).
- * Private to lib/transform. Round to nearest even, in integer arithmetic:
- * they do not depend on the FPU's rounding mode or FTZ/DAZ flags (the one
- * float multiply, in npyl_h2f, is exact and has a normal result). */
+ * Private to lib/transform. Round to nearest even, in integer arithmetic
+ * except two float operations: the multiply in npyl_h2f is exact with a
+ * normal result, and the add in npyl_f2h's subnormal path relies on the
+ * default rounding mode (round to nearest even), as every float operation of
+ * the engine does. FTZ/DAZ do not change any result. */
 #ifndef NPYLOAD_TRANSFORM_F16_H
 #define NPYLOAD_TRANSFORM_F16_H
 
@@ -27,7 +29,7 @@ static inline float npyl_bitsf(uint32_t u)
  * float's bits and shift (a carry into the exponent is the correct
  * rounding up, up to infinity). Subnormal results: shift the significand
  * (with its implicit bit) right by the exponent deficit and round on the
- * bits shifted out. NaN: quiet, sign and top payload bits kept. */
+ * bits shifted out (by a float addition). NaN: quiet, sign and top payload bits kept. */
 static inline uint16_t npyl_f2h(float f)
 {
     uint32_t x = npyl_fbits(f);
@@ -36,18 +38,13 @@ static inline uint16_t npyl_f2h(float f)
     /* normal range: a >= 2^-14 (exp 113) */
     uint32_t odd = (a >> 13) & 1u;
     uint32_t norm = (a - (112u << 23) + 0xfffu + odd) >> 13;
-    /* subnormal range: a < 2^-14; value = m * 2^(e-150), result units of
-     * 2^-24, so shift = 126 - e (>= 14 for e <= 112); shifts past 24 give 0 */
-    uint32_t e = a >> 23;
-    uint32_t m = (a & 0x7fffffu) | 0x800000u;
-    uint32_t sh = e > 112u ? 14u : 126u - e; /* 14..126 */
-    sh = sh > 31u ? 31u : sh;
-    uint32_t q = m >> sh;
-    uint32_t rem = m & ((1u << sh) - 1u);
-    uint32_t half = 1u << (sh - 1u);
-    uint32_t sub = q + ((rem > half) | ((rem == half) & (q & 1u)));
-    sub = e < 102u ? 0u : sub;         /* below 2^-25: rounds to zero (or
-                                          is zero); also keeps sh sane */
+    /* subnormal range: a < 2^-14. Adding 0.5 leaves the value in [0.5, 1)
+     * where the float ulp is 2^-24, the float16 subnormal quantum, so the
+     * FPU's addition does the rounding (to nearest even: the default mode,
+     * which this path assumes; FTZ/DAZ cannot matter, the sum is normal and
+     * float subnormal inputs round to 0 either way). Vectorises on SSE2,
+     * unlike a per-lane variable shift. */
+    uint32_t sub = npyl_fbits(npyl_bitsf(a) + 0.5f) - 0x3f000000u;
     uint32_t r = a < (113u << 23) ? sub : norm;
     r = a >= 0x47800000u ? 0x7c00u : r;                     /* >= 65536: inf */
     r = a > 0x7f800000u ? (0x7e00u | ((a >> 13) & 0x3ffu)) : r; /* NaN */
