@@ -1,0 +1,528 @@
+/* Transforms: checking and planning (rare path) and the host engine (hot
+ * path, npyl_transform_rows). See npyload_transform.h for the contract.
+ *
+ * The engine works in chunks of at most NPYL_TBLK elements through two small
+ * float buffers on the stack: load (stored dtype, byte swap, widen to
+ * float32), arithmetic per channel, interleave for channels-last, store
+ * (narrow to the output dtype). Each stage is a plain loop over contiguous
+ * memory that GCC vectorises (this file is built with -O3
+ * -ffp-contract=off); the buffers stay in L1. Channels-last reads the C
+ * channel planes of a block of B spatial positions (C streams, each
+ * sequential) and writes the output block once, contiguously. */
+#include "npyload_transform.h"
+#include "npyload_transform_f16.h"
+#include "npyload_transform_impl.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NPYL_TBLK 2048 /* floats per stage buffer (8 KiB) */
+
+/* ------------------------------------------------------------------------ */
+/* Loads: stored dtype -> float32                                            */
+/* ------------------------------------------------------------------------ */
+
+#define NPYL_LOAD(name, T, U, swap, expr)                                      \
+    static void name(const void *restrict src, size_t n, float *restrict dst) \
+    {                                                                          \
+        const unsigned char *s = src;                                          \
+        for (size_t i = 0; i < n; i++) {                                       \
+            U u;                                                               \
+            memcpy(&u, s + i * sizeof(U), sizeof(U));                          \
+            u = swap(u);                                                       \
+            T v;                                                               \
+            memcpy(&v, &u, sizeof v);                                          \
+            dst[i] = (expr);                                                   \
+        }                                                                      \
+    }
+#define NOSWAP(u) (u)
+
+NPYL_LOAD(load_u1, uint8_t, uint8_t, NOSWAP, (float)v)
+NPYL_LOAD(load_i1, int8_t, uint8_t, NOSWAP, (float)v)
+NPYL_LOAD(load_u2, uint16_t, uint16_t, NOSWAP, (float)v)
+NPYL_LOAD(load_u2s, uint16_t, uint16_t, __builtin_bswap16, (float)v)
+NPYL_LOAD(load_i2, int16_t, uint16_t, NOSWAP, (float)v)
+NPYL_LOAD(load_i2s, int16_t, uint16_t, __builtin_bswap16, (float)v)
+NPYL_LOAD(load_u4, uint32_t, uint32_t, NOSWAP, (float)v)
+NPYL_LOAD(load_u4s, uint32_t, uint32_t, __builtin_bswap32, (float)v)
+NPYL_LOAD(load_i4, int32_t, uint32_t, NOSWAP, (float)v)
+NPYL_LOAD(load_i4s, int32_t, uint32_t, __builtin_bswap32, (float)v)
+NPYL_LOAD(load_u8, uint64_t, uint64_t, NOSWAP, (float)v)
+NPYL_LOAD(load_u8s, uint64_t, uint64_t, __builtin_bswap64, (float)v)
+NPYL_LOAD(load_i8, int64_t, uint64_t, NOSWAP, (float)v)
+NPYL_LOAD(load_i8s, int64_t, uint64_t, __builtin_bswap64, (float)v)
+NPYL_LOAD(load_f4, float, uint32_t, NOSWAP, v)
+NPYL_LOAD(load_f4s, float, uint32_t, __builtin_bswap32, v)
+NPYL_LOAD(load_f8, double, uint64_t, NOSWAP, (float)v)
+NPYL_LOAD(load_f8s, double, uint64_t, __builtin_bswap64, (float)v)
+
+static npyl_tload_fn pick_load(char kind, size_t size, int swap)
+{
+    switch (kind) {
+    case 'u':
+        switch (size) {
+        case 1: return load_u1;
+        case 2: return swap ? load_u2s : load_u2;
+        case 4: return swap ? load_u4s : load_u4;
+        case 8: return swap ? load_u8s : load_u8;
+        }
+        break;
+    case 'i':
+        switch (size) {
+        case 1: return load_i1;
+        case 2: return swap ? load_i2s : load_i2;
+        case 4: return swap ? load_i4s : load_i4;
+        case 8: return swap ? load_i8s : load_i8;
+        }
+        break;
+    case 'f':
+        switch (size) {
+        case 2: return swap ? npyl_tload_f16_swap : npyl_tload_f16;
+        case 4: return swap ? load_f4s : load_f4;
+        case 8: return swap ? load_f8s : load_f8;
+        }
+        break;
+    }
+    return NULL;
+}
+
+static void store_f32(const float *restrict src, size_t n, void *restrict dst)
+{
+    memcpy(dst, src, n * sizeof(float));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Checking and planning                                                     */
+/* ------------------------------------------------------------------------ */
+
+static const char *dtype_name(int d)
+{
+    switch (d) {
+    case NPYL_TDTYPE_KEEP: return "keep";
+    case NPYL_TDTYPE_FLOAT32: return "float32";
+    case NPYL_TDTYPE_FLOAT16: return "float16";
+    case NPYL_TDTYPE_BFLOAT16: return "bfloat16";
+    }
+    return "?";
+}
+
+static int check_values(const char *what, const char *member, const float *v,
+                        size_t n, int nonzero, char *err, size_t errlen)
+{
+    if (n > 0 && !v)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: transform %s is NULL with n_%s = %zu", what,
+                         member, member, n);
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(v[i]))
+            return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                             "%s: transform %s[%zu] = %g is not finite", what,
+                             member, i, (double)v[i]);
+        if (nonzero && v[i] == 0.0f)
+            return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                             "%s: transform %s[%zu] is 0 (division by zero)",
+                             what, member, i);
+    }
+    return 0;
+}
+
+int npyl_transform_check(const char *what, const npyl_transform *t, char *err,
+                         size_t errlen)
+{
+    if (!what)
+        what = "field";
+    if (!t)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL, "%s: transform is NULL",
+                         what);
+    if (t->dtype < NPYL_TDTYPE_KEEP || t->dtype > NPYL_TDTYPE_BFLOAT16)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: transform dtype %d unknown (expected keep, "
+                         "float32, float16 or bfloat16)", what, t->dtype);
+    if (!isfinite(t->scale))
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: transform scale %g is not finite", what,
+                         (double)t->scale);
+    int rc = check_values(what, "mean", t->mean, t->n_mean, 0, err, errlen);
+    if (rc == 0)
+        rc = check_values(what, "std", t->std, t->n_std, 1, err, errlen);
+    if (rc)
+        return rc;
+    if (t->dtype == NPYL_TDTYPE_KEEP) {
+        const char *m = t->n_mean ? "mean" : t->n_std ? "std"
+                      : (t->scale != 0.0f && t->scale != 1.0f) ? "scale" : NULL;
+        if (m)
+            return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                             "%s: transform dtype keep with %s: arithmetic "
+                             "needs an output dtype (float32, float16 or "
+                             "bfloat16)", what, m);
+    }
+    if (t->channels_last != 0 && t->channels_last != 1)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: transform channels_last must be 0 or 1, got %d",
+                         what, t->channels_last);
+    return 0;
+}
+
+static int plan(const char *what, const npyl_transform *t, const char *descr,
+                int sndim, const int64_t *sshape, npyl_tplan *p, int allow_f16c,
+                char *err, size_t errlen)
+{
+    if (!what)
+        what = "field";
+    if (!p)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL, "%s: plan is NULL", what);
+    memset(p, 0, sizeof *p);
+    int rc = npyl_transform_check(what, t, err, errlen);
+    if (rc)
+        return rc;
+    if (!descr || sndim < 0 || sndim > NPYLOAD_MAX_DIMS || (sndim && !sshape))
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: transform plan: bad descr or shape", what);
+    size_t dl = strnlen(descr, NPYL_TDESCR_LEN);
+    if (dl < 3 || dl >= NPYL_TDESCR_LEN)
+        return npyl_fail(err, errlen, NPYLOAD_EUNSUPPORTED,
+                         "%s: transform: input dtype '%.15s' not understood",
+                         what, descr);
+    memcpy(p->in_descr, descr, dl + 1);
+    char order = descr[0];
+    p->in_kind = descr[1];
+    p->in_itemsize = (size_t)strtoul(descr + 2, NULL, 10);
+    const uint16_t one = 1;
+    unsigned char first;
+    memcpy(&first, &one, 1);
+    char host = first ? '<' : '>';
+    p->in_swap = p->in_itemsize > 1 && order != '|' && order != host;
+    if (p->in_itemsize == 0 || p->in_itemsize > 16)
+        return npyl_fail(err, errlen, NPYLOAD_EUNSUPPORTED,
+                         "%s: transform: input dtype '%s' not understood", what,
+                         descr);
+
+    /* geometry */
+    p->sndim = sndim;
+    uint64_t elems = 1;
+    for (int d = 0; d < sndim; d++) {
+        if (sshape[d] < 0 || npyl_mul_u64(elems, (uint64_t)sshape[d], &elems))
+            return npyl_fail(err, errlen, NPYLOAD_ETOOBIG,
+                             "%s: transform: sample shape too large", what);
+        p->sshape[d] = sshape[d];
+    }
+    p->C = sndim ? (uint64_t)sshape[0] : 1;
+    p->S = p->C ? elems / p->C : 0;
+    if (npyl_mul_u64(elems, p->in_itemsize, &p->in_row_bytes))
+        return npyl_fail(err, errlen, NPYLOAD_ETOOBIG,
+                         "%s: transform: row bytes overflow", what);
+
+    /* arithmetic */
+    float scale = t->scale == 0.0f ? 1.0f : t->scale;
+    p->scale = scale;
+    p->arith = (t->n_mean || t->n_std) ? 2 : scale != 1.0f ? 1 : 0;
+    size_t nm = t->n_mean, ns = t->n_std;
+    const char *bad = nm > 1 && nm != p->C ? "mean" : ns > 1 && ns != p->C ? "std" : NULL;
+    if (bad)
+        return npyl_fail(err, errlen, NPYLOAD_EMISMATCH,
+                         "%s: transform %s has %zu values, the samples have "
+                         "%" PRIu64 " channel%s (axis 0 of the sample%s); give "
+                         "1 or %" PRIu64, what, bad, !strcmp(bad, "mean") ? nm : ns,
+                         p->C, p->C == 1 ? "" : "s",
+                         sndim ? "" : ", which is a scalar", p->C);
+    p->per_channel = nm > 1 || ns > 1;
+    p->mean1 = nm ? t->mean[0] : 0.0f;
+    p->std1 = ns ? t->std[0] : 1.0f;
+    if (p->per_channel) {
+        p->mean = malloc(p->C * sizeof(float));
+        p->std = malloc(p->C * sizeof(float));
+        if (!p->mean || !p->std) {
+            npyl_transform_plan_free(p);
+            return npyl_fail(err, errlen, -12, "%s: transform: out of memory",
+                             what);
+        }
+        for (uint64_t c = 0; c < p->C; c++) {
+            p->mean[c] = nm == 0 ? 0.0f : nm == 1 ? t->mean[0] : t->mean[c];
+            p->std[c] = ns == 0 ? 1.0f : ns == 1 ? t->std[0] : t->std[c];
+        }
+    }
+
+    /* output dtype */
+    int out = t->dtype;
+    if (out != NPYL_TDTYPE_KEEP) {
+        if ((p->in_kind != 'u' && p->in_kind != 'i' && p->in_kind != 'f') ||
+            !pick_load(p->in_kind, p->in_itemsize, p->in_swap)) {
+            npyl_transform_plan_free(p);
+            return npyl_fail(err, errlen, NPYLOAD_EUNSUPPORTED,
+                             "%s: transform to %s: input dtype '%s' is not an "
+                             "integer or float type (bool and complex can only "
+                             "be kept)", what, dtype_name(out), descr);
+        }
+        static const char *const od[] = {"", "<f4", "<f2", "bfloat16"};
+        static const size_t osz[] = {0, 4, 2, 2};
+        snprintf(p->out_descr, sizeof p->out_descr, "%s", od[out]);
+        if (host == '>' && out != NPYL_TDTYPE_BFLOAT16)
+            p->out_descr[0] = '>';
+        p->out_itemsize = osz[out];
+        /* A cast to the stored type with nothing to compute is a copy. */
+        if (p->arith == 0 && !strcmp(p->out_descr, p->in_descr))
+            out = NPYL_TDTYPE_KEEP;
+    }
+    p->out_dtype = out;
+    if (out == NPYL_TDTYPE_KEEP) {
+        memcpy(p->out_descr, p->in_descr, sizeof p->out_descr);
+        p->out_itemsize = p->in_itemsize;
+    } else {
+        p->load = pick_load(p->in_kind, p->in_itemsize, p->in_swap);
+        p->store = out == NPYL_TDTYPE_FLOAT32 ? store_f32
+                 : out == NPYL_TDTYPE_FLOAT16 ? npyl_tstore_f16
+                                              : npyl_tstore_bf16;
+        if (allow_f16c) {
+            npyl_tload_fn l16 = NULL;
+            npyl_tstore_fn s16 = NULL;
+            if (npyl_tf16c_pick(&l16, &s16)) {
+                if (p->in_kind == 'f' && p->in_itemsize == 2 && !p->in_swap) {
+                    p->load = l16;
+                    p->f16c = 1;
+                }
+                if (out == NPYL_TDTYPE_FLOAT16) {
+                    p->store = s16;
+                    p->f16c = 1;
+                }
+            }
+        }
+    }
+    if (npyl_mul_u64(elems, p->out_itemsize, &p->out_row_bytes)) {
+        npyl_transform_plan_free(p);
+        return npyl_fail(err, errlen, NPYLOAD_ETOOBIG,
+                         "%s: transform: row bytes overflow", what);
+    }
+
+    /* layout: channels-last only means something with 2+ axes */
+    if (t->channels_last && sndim == 0) {
+        npyl_transform_plan_free(p);
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: transform channels_last needs samples with a "
+                         "channel axis; the samples are scalars", what);
+    }
+    p->channels_last = t->channels_last && sndim >= 2 && p->C > 1 && p->S > 1;
+    /* strides of (N, C, d1..dk) */
+    int nd = 1 + sndim;
+    int64_t acc = 1;
+    if (!p->channels_last) {
+        for (int d = nd - 1; d >= 1; d--) {
+            p->strides[d] = acc;
+            acc *= sshape[d - 1];
+        }
+    } else {
+        p->strides[1] = 1;             /* C innermost */
+        acc = (int64_t)p->C;
+        for (int d = nd - 1; d >= 2; d--) {
+            p->strides[d] = acc;
+            acc *= sshape[d - 1];
+        }
+    }
+    p->strides[0] = (int64_t)elems;
+    for (int d = 0; d < nd; d++)
+        p->byte_strides[d] = p->strides[d] * (int64_t)p->out_itemsize;
+    return 0;
+}
+
+int npyl_transform_plan(const char *what, const npyl_transform *t,
+                        const char *descr, int sndim, const int64_t *sshape,
+                        npyl_tplan *p, char *err, size_t errlen)
+{
+    return plan(what, t, descr, sndim, sshape, p, 1, err, errlen);
+}
+
+int npyl_transform_plan_portable(const char *what, const npyl_transform *t,
+                                 const char *descr, int sndim,
+                                 const int64_t *sshape, npyl_tplan *p,
+                                 char *err, size_t errlen)
+{
+    return plan(what, t, descr, sndim, sshape, p, 0, err, errlen);
+}
+
+void npyl_transform_plan_free(npyl_tplan *p)
+{
+    if (!p)
+        return;
+    free(p->mean);
+    free(p->std);
+    memset(p, 0, sizeof *p);
+}
+
+int npyl_transform_is_identity(const npyl_tplan *p)
+{
+    return p->out_dtype == NPYL_TDTYPE_KEEP && !p->channels_last;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The host engine                                                           */
+/* ------------------------------------------------------------------------ */
+
+/* The literal formula, three roundings, no FMA (-ffp-contract=off). */
+static void arith_scale(float *restrict x, size_t n, float scale)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = x[i] * scale;
+}
+
+static void arith_norm(float *restrict x, size_t n, float scale, float m,
+                       float s)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = (x[i] * scale - m) / s;
+}
+
+static inline void arith(const npyl_tplan *p, float *restrict x, size_t n,
+                         uint64_t c)
+{
+    if (p->arith == 1)
+        arith_scale(x, n, p->scale);
+    else if (p->arith == 2)
+        arith_norm(x, n, p->scale, p->per_channel ? p->mean[c] : p->mean1,
+                   p->per_channel ? p->std[c] : p->std1);
+}
+
+/* in: C planes of nb floats; out: nb groups of C floats. */
+static void interleave(const float *restrict in, float *restrict out,
+                       size_t C, size_t nb)
+{
+    switch (C) {
+    case 2:
+        for (size_t s = 0; s < nb; s++) {
+            out[2 * s] = in[s];
+            out[2 * s + 1] = in[nb + s];
+        }
+        return;
+    case 3:
+        for (size_t s = 0; s < nb; s++) {
+            out[3 * s] = in[s];
+            out[3 * s + 1] = in[nb + s];
+            out[3 * s + 2] = in[2 * nb + s];
+        }
+        return;
+    case 4:
+        for (size_t s = 0; s < nb; s++) {
+            out[4 * s] = in[s];
+            out[4 * s + 1] = in[nb + s];
+            out[4 * s + 2] = in[2 * nb + s];
+            out[4 * s + 3] = in[3 * nb + s];
+        }
+        return;
+    default:
+        for (size_t s = 0; s < nb; s++)
+            for (size_t c = 0; c < C; c++)
+                out[s * C + c] = in[c * nb + s];
+    }
+}
+
+/* Channels-first: each channel plane is one contiguous run (the whole
+ * batch is one run when mean/std do not vary by channel). */
+static void rows_planar(const npyl_tplan *p, const unsigned char *src,
+                        unsigned char *dst, size_t rows)
+{
+    float buf[NPYL_TBLK];
+    const size_t isz = p->in_itemsize, osz = p->out_itemsize;
+    uint64_t runs = p->per_channel ? (uint64_t)rows * p->C : 1;
+    uint64_t len = p->per_channel ? p->S : (uint64_t)rows * p->C * p->S;
+    for (uint64_t r = 0; r < runs; r++) {
+        uint64_t c = p->per_channel ? r % p->C : 0;
+        for (uint64_t off = 0; off < len; off += NPYL_TBLK) {
+            size_t n = len - off < NPYL_TBLK ? (size_t)(len - off) : NPYL_TBLK;
+            uint64_t e = r * len + off;
+            p->load(src + e * isz, n, buf);
+            arith(p, buf, n, c);
+            p->store(buf, n, dst + e * osz);
+        }
+    }
+}
+
+static void rows_channels_last(const npyl_tplan *p, const unsigned char *src,
+                               unsigned char *dst, size_t rows)
+{
+    float buf[NPYL_TBLK], ibuf[NPYL_TBLK];
+    const size_t isz = p->in_itemsize, osz = p->out_itemsize;
+    const uint64_t C = p->C, S = p->S;
+    /* Either a block holds all channels of B positions, or (C > NPYL_TBLK)
+     * one position and a group of channels: the output run is contiguous
+     * in both cases. */
+    const size_t cg = C < NPYL_TBLK ? (size_t)C : NPYL_TBLK;
+    const size_t B = C < NPYL_TBLK ? NPYL_TBLK / (size_t)C : 1;
+    for (size_t r = 0; r < rows; r++) {
+        const unsigned char *in = src + r * p->in_row_bytes;
+        unsigned char *out = dst + r * p->out_row_bytes;
+        for (uint64_t s0 = 0; s0 < S; s0 += B) {
+            size_t nb = S - s0 < B ? (size_t)(S - s0) : B;
+            for (uint64_t c0 = 0; c0 < C; c0 += cg) {
+                size_t ng = C - c0 < cg ? (size_t)(C - c0) : cg;
+                for (size_t k = 0; k < ng; k++) {
+                    uint64_t c = c0 + k;
+                    p->load(in + (c * S + s0) * isz, nb, buf + k * nb);
+                    arith(p, buf + k * nb, nb, c);
+                }
+                const float *o = buf;
+                if (nb > 1) {
+                    interleave(buf, ibuf, ng, nb);
+                    o = ibuf;
+                }
+                p->store(o, nb * ng, out + (s0 * C + c0) * osz);
+            }
+        }
+    }
+}
+
+/* Keep + channels-last: a per-sample transpose (C, S) -> (S, C) of items. */
+#define NPYL_PERMUTE(name, T)                                                  \
+    static void name(const unsigned char *src, unsigned char *dst, uint64_t C, \
+                     uint64_t S)                                               \
+    {                                                                          \
+        for (uint64_t s = 0; s < S; s++)                                       \
+            for (uint64_t c = 0; c < C; c++) {                                 \
+                T v;                                                           \
+                memcpy(&v, src + (c * S + s) * sizeof(T), sizeof(T));          \
+                memcpy(dst + (s * C + c) * sizeof(T), &v, sizeof(T));          \
+            }                                                                  \
+    }
+NPYL_PERMUTE(permute1, uint8_t)
+NPYL_PERMUTE(permute2, uint16_t)
+NPYL_PERMUTE(permute4, uint32_t)
+NPYL_PERMUTE(permute8, uint64_t)
+
+static void permute_any(const unsigned char *src, unsigned char *dst,
+                        uint64_t C, uint64_t S, size_t sz)
+{
+    for (uint64_t s = 0; s < S; s++)
+        for (uint64_t c = 0; c < C; c++)
+            memcpy(dst + (s * C + c) * sz, src + (c * S + s) * sz, sz);
+}
+
+void npyl_transform_rows(const npyl_tplan *p, const void *src, void *dst,
+                         size_t rows)
+{
+    const unsigned char *s = src;
+    unsigned char *d = dst;
+    if (rows == 0 || p->in_row_bytes == 0)
+        return;
+    if (p->out_dtype == NPYL_TDTYPE_KEEP) {
+        if (!p->channels_last) {
+            memcpy(d, s, rows * p->in_row_bytes);
+            return;
+        }
+        for (size_t r = 0; r < rows; r++) {
+            const unsigned char *in = s + r * p->in_row_bytes;
+            unsigned char *out = d + r * p->out_row_bytes;
+            switch (p->in_itemsize) {
+            case 1: permute1(in, out, p->C, p->S); break;
+            case 2: permute2(in, out, p->C, p->S); break;
+            case 4: permute4(in, out, p->C, p->S); break;
+            case 8: permute8(in, out, p->C, p->S); break;
+            default: permute_any(in, out, p->C, p->S, p->in_itemsize);
+            }
+        }
+        return;
+    }
+    if (p->channels_last)
+        rows_channels_last(p, s, d, rows);
+    else
+        rows_planar(p, s, d, rows);
+}

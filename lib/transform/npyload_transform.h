@@ -1,0 +1,177 @@
+/* Transforms of a field's samples: cast (float32, float16, bfloat16),
+ * y = (x * scale - mean[c]) / std[c] in float32, and channels-last layout.
+ * Depends on lib/common only; the loader (host: in its workers; device:
+ * after the copy) is the user.
+ *
+ * Three steps:
+ *   npyl_transform_check()  the description alone (what set_transform can
+ *                           refuse before start);
+ *   npyl_transform_plan()   against a field's descr and per-sample shape
+ *                           (start): output descr, row bytes, strides;
+ *   npyl_transform_rows()   the host engine, one pass from the raw rows to
+ *                           the output rows (any thread, the plan is
+ *                           read-only after planning);
+ * and the device engine (npyl_tdev_*) that runs the same math on the GPU.
+ *
+ * The arithmetic is the literal float32 formula (x*scale - mean)/std with
+ * three correctly rounded operations and no contraction into an FMA, on the
+ * host (this module is built with -ffp-contract=off) and on the device
+ * (__fmul_rn, __fsub_rn, __fdiv_rn), so the two agree bit for bit except for
+ * NaN payloads. The fused form x*a + b with a = scale/std, b = -mean/std is
+ * NOT used: near x*scale == mean it is off by many ulps of a float32 output
+ * (bench_transform prints the figures).
+ *
+ * Half and bfloat16: round to nearest even, overflow to +-inf, subnormals
+ * kept; NaN stays NaN with its sign (float16: sign|0x7e00|payload>>13,
+ * bfloat16: sign|0x7fc0|payload>>16, as numpy and ml_dtypes write them).
+ *
+ * bfloat16's descr is "bfloat16": numpy has no such type code, and
+ * ml_dtypes' own dtype has .str "<V2" (any two raw bytes: a reader cannot
+ * tell it from a 2-byte void) but .name "bfloat16", and
+ * np.dtype("bfloat16") resolves to ml_dtypes.bfloat16 once ml_dtypes is
+ * imported. The binding maps it to torch.bfloat16 (DLPack kDLBfloat, 16 bits)
+ * and to ml_dtypes.bfloat16 for numpy when importable. It needs a descr
+ * field of at least 9 bytes (NPYL_TDESCR_LEN). */
+#ifndef NPYLOAD_TRANSFORM_H
+#define NPYLOAD_TRANSFORM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/npyload_common.h"
+
+/* Output dtype. KEEP: the stored dtype, only without arithmetic. */
+enum {
+    NPYL_TDTYPE_KEEP = 0,
+    NPYL_TDTYPE_FLOAT32 = 1,
+    NPYL_TDTYPE_FLOAT16 = 2,
+    NPYL_TDTYPE_BFLOAT16 = 3,
+};
+
+/* The description: a mirror of the planned public npyload_transform. A
+ * zero-initialised struct is the identity (keep, scale 1, no mean/std,
+ * channels first). */
+typedef struct npyl_transform {
+    int dtype;            /* NPYL_TDTYPE_* */
+    float scale;          /* applied first; 0 means 1 (the default) */
+    const float *mean;    /* n_mean values: 0 (none), 1 (all channels) or C */
+    size_t n_mean;
+    const float *std;     /* n_std values: 0 (none = 1), 1 or C; nonzero */
+    size_t n_std;
+    int channels_last;    /* sample (C, d1..dk) stored as (d1..dk, C) */
+} npyl_transform;
+
+#define NPYL_TDESCR_LEN 16
+/* Device transforms take mean/std as kernel parameters: at most this many
+ * channels when the values differ per channel. */
+#define NPYL_TDEV_MAX_CHANNELS 128
+
+typedef void (*npyl_tload_fn)(const void *src, size_t n, float *dst);
+typedef void (*npyl_tstore_fn)(const float *src, size_t n, void *dst);
+
+/* What the loader needs to size slots and describe arrays, and what the
+ * engines need to run. Filled by npyl_transform_plan; owns nothing (mean and
+ * std are copied in, expanded to one value per channel when they fit). */
+typedef struct npyl_tplan {
+    /* input */
+    char in_descr[NPYL_TDESCR_LEN];
+    char in_kind;             /* 'u', 'i', 'f' ('b', 'c' only with KEEP) */
+    size_t in_itemsize;
+    int in_swap;              /* stored in the other byte order */
+    /* output */
+    int out_dtype;            /* NPYL_TDTYPE_*, KEEP when no conversion */
+    char out_descr[NPYL_TDESCR_LEN]; /* "<f4", "<f2", "bfloat16" or the input's */
+    size_t out_itemsize;
+    int channels_last;        /* and the sample has more than one axis */
+    /* geometry of one sample: C channels of S elements */
+    int sndim;
+    int64_t sshape[NPYLOAD_MAX_DIMS];
+    uint64_t C, S;
+    uint64_t in_row_bytes, out_row_bytes;
+    /* Strides of the batch array (N, sshape...), ndim = 1 + sndim, in
+     * elements and in bytes; [0] is the row stride. */
+    int64_t strides[NPYLOAD_MAX_DIMS + 1];
+    int64_t byte_strides[NPYLOAD_MAX_DIMS + 1];
+    /* arithmetic: 0 none (a cast or a copy), 1 x*scale, 2 (x*scale-m)/s */
+    int arith;
+    float scale;
+    int per_channel;          /* mean/std differ per channel */
+    float mean1, std1;        /* when !per_channel */
+    float *mean, *std;        /* C values when per_channel (plan-owned) */
+    /* host engine, chosen at plan time (F16C when the CPU has it) */
+    npyl_tload_fn load;
+    npyl_tstore_fn store;
+    int f16c;                 /* the F16C path was chosen */
+} npyl_tplan;
+
+/* Checks a description on its own. Returns 0 or NPYLOAD_EINVAL with a
+ * message naming `what` (the field) and the member: "images: transform
+ * dtype keep with std: arithmetic needs a float output dtype". */
+NPYL_HIDDEN int npyl_transform_check(const char *what, const npyl_transform *t,
+                                     char *err, size_t errlen);
+
+/* Plans `t` for samples of dtype `descr` (normalised, as the header parser
+ * writes it) and per-sample shape sshape[sndim]. Returns 0 and fills *p
+ * (release with npyl_transform_plan_free), NPYLOAD_EINVAL (description),
+ * NPYLOAD_EMISMATCH (mean/std counts vs channels), NPYLOAD_EUNSUPPORTED
+ * (input dtype) or NPYLOAD_ETOOBIG (row bytes overflow), with the message in
+ * err. */
+NPYL_HIDDEN int npyl_transform_plan(const char *what, const npyl_transform *t,
+                                    const char *descr, int sndim,
+                                    const int64_t *sshape, npyl_tplan *p,
+                                    char *err, size_t errlen);
+/* Same, never choosing the F16C path (tests compare both). */
+NPYL_HIDDEN int npyl_transform_plan_portable(const char *what,
+                                             const npyl_transform *t,
+                                             const char *descr, int sndim,
+                                             const int64_t *sshape,
+                                             npyl_tplan *p, char *err,
+                                             size_t errlen);
+/* NULL-safe; leaves *p zeroed. */
+NPYL_HIDDEN void npyl_transform_plan_free(npyl_tplan *p);
+
+/* 1 when the transform is the identity on the bytes (keep, channels first
+ * or a sample with one axis): the loader reads straight into the output. */
+NPYL_HIDDEN int npyl_transform_is_identity(const npyl_tplan *p);
+
+/* The host engine: converts `rows` samples at src (in_row_bytes each,
+ * stored layout) into dst (out_row_bytes each, output layout). src and dst
+ * must not overlap. Uses a few KiB of stack, no allocation, thread-safe. */
+NPYL_HIDDEN void npyl_transform_rows(const npyl_tplan *p, const void *src,
+                                     void *dst, size_t rows);
+
+/* Scalar conversions, also used by the engine's portable path. */
+NPYL_HIDDEN uint16_t npyl_f32_to_f16(float f);
+NPYL_HIDDEN float npyl_f16_to_f32(uint16_t h);
+NPYL_HIDDEN uint16_t npyl_f32_to_bf16(float f);
+NPYL_HIDDEN float npyl_bf16_to_f32(uint16_t h);
+
+/* ---- device engine (npyload_transform_cuda.c) ---- */
+
+typedef struct npyl_tdev npyl_tdev;
+
+/* 1 if this build embeds the kernels (nvcc was found), else 0 and why. */
+NPYL_HIDDEN int npyl_tdev_built(char *why, size_t whylen);
+
+/* Checks that plan `p` can run on the device: kernels built, channel count
+ * within NPYL_TDEV_MAX_CHANNELS when per channel. Returns 0, NPYLOAD_ENOCUDA
+ * ("device transforms need the kernels built with the CUDA toolkit ...") or
+ * NPYLOAD_EUNSUPPORTED, message naming `what`. No CUDA call. */
+NPYL_HIDDEN int npyl_tdev_plan_check(const char *what, const npyl_tplan *p,
+                                     char *err, size_t errlen);
+
+/* Loads the kernels into the CUDA context current on the calling thread (the
+ * runtime's primary context, made current by npyl_cuda_enter), through the
+ * driver API (libcuda.so.1, dlopen'd here). Returns 0, NPYLOAD_ENOCUDA or
+ * NPYLOAD_ECUDA with the reason in err. */
+NPYL_HIDDEN int npyl_tdev_open(npyl_tdev **out, char *err, size_t errlen);
+/* Queues the transform of `rows` samples from device memory dsrc (stored
+ * layout) to ddst (output layout) on `stream` (a cudaStream_t of the same
+ * context). Thread-safe. Returns 0, or NPYLOAD_ECUDA with err set. */
+NPYL_HIDDEN int npyl_tdev_run(npyl_tdev *d, const npyl_tplan *p,
+                              const void *dsrc, void *ddst, size_t rows,
+                              void *stream, char *err, size_t errlen);
+/* Unloads the module (its context must still be alive). NULL-safe. */
+NPYL_HIDDEN void npyl_tdev_close(npyl_tdev *d);
+
+#endif
