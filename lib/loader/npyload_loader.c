@@ -64,6 +64,8 @@ static void free_worker(npyload_loader *L, npyl_worker *w)
     w->io = NULL;
     free(w->reqs);
     w->reqs = NULL;
+    free(w->dst);
+    w->dst = NULL;
     if (w->stream)
         npyl_cuda_stream_destroy(L->cuda, w->stream);
     if (w->ev_start)

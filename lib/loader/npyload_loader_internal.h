@@ -124,6 +124,7 @@ typedef struct npyl_worker {
     int started;
     npyl_io *io;
     npyl_io_req *reqs;    /* batch_size x nfields capacity */
+    uint8_t **dst;        /* nfields: where each field's rows land */
     void *stream;         /* device mode: this worker's copy stream */
     void *ev_start, *ev_end; /* unused: copies are timed per staging slot
                                 (npyl_slot.ev_start/ev_done) */
@@ -215,6 +216,14 @@ NPYL_HIDDEN int npyl_load_fields(npyload_loader *L);
  * parameters it selects (into *op) and the batch to resume at. */
 NPYL_HIDDEN int npyl_state_check(npyload_loader *L, const npyload_state *st, int64_t n,
                                  npyl_order_params *op, int64_t *first_seq);
+
+/* npyload_pipeline_read.c: reads slot h's rows (h->indices, h->rows) of
+ * field fi to dst[fi] + row * row_bytes, through w's io context. With
+ * ON_ERROR skip, failed rows are dropped (h->rows and h->indices shrink,
+ * the good rows packed to the front). Returns 0 or the error, with the
+ * message in w->errmsg; *bytes accumulates what landed. No lock held. */
+NPYL_HIDDEN int npyl_read_batch(npyload_loader *L, npyl_worker *w, npyl_slot *h,
+                                uint8_t *const *dst, uint64_t *bytes);
 
 /* npyload_pipeline.c: */
 /* Starts the worker threads (after slots and io contexts exist). */

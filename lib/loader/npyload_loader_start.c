@@ -297,7 +297,8 @@ static int create_workers(npyload_loader *L, size_t nworkers)
         if (rc)
             return npyl_loader_fail(L, rc, "worker %zu: %s", i, err);
         w->reqs = calloc(B * L->nfields, sizeof *w->reqs);
-        if (!w->reqs)
+        w->dst = calloc(L->nfields ? L->nfields : 1, sizeof *w->dst);
+        if (!w->reqs || !w->dst)
             return npyl_loader_fail(L, -ENOMEM, "out of memory");
         if (L->device >= 0 && ((rc = npyl_cuda_stream_create(L->cuda, &w->stream)) ||
                                (rc = npyl_cuda_event_create(L->cuda, &w->ev_start, 1)) ||

@@ -50,97 +50,6 @@ int npyl_pipeline_reset(npyload_loader *L, const npyl_order_params *op, int64_t 
     return 0;
 }
 
-/* ---- reading one batch ---- */
-
-/* The file of field f holding global sample s (binary search). */
-static const npyl_ffile *find_file(const npyl_field *f, int64_t s)
-{
-    size_t lo = 0, hi = f->npaths;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (f->files[mid].first <= s)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return &f->files[lo];
-}
-
-/* Turns the rows of slot s into read requests, one per run of consecutive
- * samples of one file: a run lands in one read, straight into the slot. */
-static size_t plan_reads(const npyload_loader *L, const npyl_slot *s, npyl_io_req *reqs)
-{
-    size_t n = 0;
-    for (size_t fi = 0; fi < L->nfields; fi++) {
-        const npyl_field *f = &L->fields[fi];
-        uint8_t *base = s->mem + f->host_off;
-        for (size_t r = 0; r < s->rows;) {
-            int64_t first = s->indices[r];
-            const npyl_ffile *ff = find_file(f, first);
-            size_t run = 1;
-            while (r + run < s->rows && s->indices[r + run] == first + (int64_t)run &&
-                   first + (int64_t)run < ff->first + ff->count)
-                run++;
-            reqs[n].file = ff->io_index;
-            reqs[n].offset = ff->data_offset + (uint64_t)(first - ff->first) * f->row_bytes;
-            reqs[n].len = (uint64_t)run * f->row_bytes;
-            reqs[n].dst = base + (uint64_t)r * f->row_bytes;
-            n++;
-            r += run;
-        }
-    }
-    return n;
-}
-
-/* ON_ERROR skip: the batch's reads failed. Retry them once; if they fail
- * again, read row by row, each good row landing right after the previous
- * good one (rows only move down, so nothing unread is overwritten), and drop
- * the rows that fail. A row is delivered only when its own read succeeded,
- * identity checks included: never wrong bytes. Returns 0 (the slot now
- * holds only good rows, possibly none) or the read's error when more than
- * MAX_ERRORS samples were skipped; w->errmsg says why. */
-static int read_skipping(npyload_loader *L, npyl_worker *w, npyl_slot *h, size_t nreq,
-                         int rc, uint64_t *bytes)
-{
-    size_t bad = 0;
-    atomic_fetch_add(&L->st_errors, 1);
-    pthread_mutex_lock(&L->mu);
-    snprintf(L->skip_msg, sizeof L->skip_msg, "%s", w->errmsg);
-    pthread_mutex_unlock(&L->mu);
-    if (npyl_io_read(w->io, w->reqs, nreq, &bad, bytes, w->errmsg, sizeof w->errmsg) == 0)
-        return 0;
-    size_t kept = 0, skipped = 0;
-    for (size_t r = 0; r < h->rows; r++) {
-        int64_t s = h->indices[r];
-        for (size_t fi = 0; fi < L->nfields; fi++) {
-            const npyl_field *f = &L->fields[fi];
-            const npyl_ffile *ff = find_file(f, s);
-            w->reqs[fi].file = ff->io_index;
-            w->reqs[fi].offset = ff->data_offset + (uint64_t)(s - ff->first) * f->row_bytes;
-            w->reqs[fi].len = f->row_bytes;
-            w->reqs[fi].dst = h->mem + f->host_off + (uint64_t)kept * f->row_bytes;
-        }
-        int rrc = L->nfields ? npyl_io_read(w->io, w->reqs, L->nfields, &bad, bytes, w->errmsg,
-                                            sizeof w->errmsg)
-                             : 0;
-        if (rrc == 0) {
-            h->indices[kept++] = s;
-            continue;
-        }
-        skipped++;
-        rc = rrc;
-        pthread_mutex_lock(&L->mu);
-        snprintf(L->skip_msg, sizeof L->skip_msg, "sample %" PRId64 ": %.900s", s, w->errmsg);
-        pthread_mutex_unlock(&L->mu);
-    }
-    h->rows = kept;
-    uint64_t total = atomic_fetch_add(&L->st_skipped, skipped) + skipped;
-    int64_t max = L->opt[NPYLOAD_OPT_MAX_ERRORS];
-    if (max > 0 && total > (uint64_t)max)
-        return rc; /* w->errmsg holds the last failure */
-    return 0;
-}
-
 static void fill_arrays(const npyload_loader *L, npyl_slot *s, int device_slot)
 {
     for (size_t fi = 0; fi < L->nfields; fi++) {
@@ -340,12 +249,11 @@ static void *worker_main(void *arg)
                      "failed: %.700s", seq, h->epoch, L->device, w->errmsg);
             h->err = rc;
         }
-        size_t nreq = rc ? 0 : plan_reads(L, h, w->reqs), bad = 0;
         uint64_t bytes = 0, t0 = npyl_now_ns();
         if (!rc) {
-            rc = npyl_io_read(w->io, w->reqs, nreq, &bad, &bytes, w->errmsg, sizeof w->errmsg);
-            if (rc && L->opt[NPYLOAD_OPT_ON_ERROR] == 1)
-                rc = read_skipping(L, w, h, nreq, rc, &bytes);
+            for (size_t fi = 0; fi < L->nfields; fi++)
+                w->dst[fi] = h->mem + L->fields[fi].host_off;
+            rc = npyl_read_batch(L, w, h, w->dst, &bytes);
         } else {
             rc = 0; /* h->err already says why */
         }
