@@ -51,7 +51,9 @@ typedef struct npyl_io_config {
 } npyl_io_config;
 
 /* The default gather threshold: see npyload_io_gather.c for the measurement. */
-#define NPYL_GATHER_MAX_DEFAULT (256u * 1024u)
+#ifndef NPYL_GATHER_MAX_DEFAULT
+#define NPYL_GATHER_MAX_DEFAULT (32u * 1024u)
+#endif
 
 /* What a context's reads went through, since creation. */
 typedef struct npyl_io_counters {

@@ -10,14 +10,18 @@
  * residency check (mincore, below).
  *
  * Why a threshold: a mapping's first touch of a page costs a minor fault
- * (the kernel maps 16 pages around it), a pread of cached data none; and a
- * page that is not cached costs a synchronous major fault, where io_uring
- * keeps many reads in flight. Small rows of a cached file pay neither once
- * the mapping is warm, and a read's syscall (or SQE and CQE) is most of
- * their cost. Measured on the 2-core VM (bench/README.md, "Small rows"):
- * gather beats pread and io_uring from 64 B up to hundreds of KiB; at
- * 1 MiB and up the two are within the noise. NPYL_GATHER_MAX_DEFAULT is
- * 256 KiB, the size of a run of consecutive rows that still gains.
+ * (the kernel maps up to 16 cached pages around it), and every 4 KiB page a
+ * copy crosses costs a TLB miss, where the kernel copies cached data out of
+ * its direct map; and a page that is not cached costs a synchronous major
+ * fault, where io_uring keeps many reads in flight. Small rows of a cached
+ * file pay little of that, and a read's syscall (or SQE and CQE) is most of
+ * their cost. Measured on the 2-core VM, one thread, a cached 512 MiB file,
+ * rows at random offsets, 256 per call (rows/s, pread / io_uring / gather):
+ * 64 B 0.86M / 1.40M / 21.9M; 3 KiB 0.45M / 0.51M / 1.88M; 16 KiB
+ * 408k / 423k / 488k; 32 KiB 111-150k / 142-151k / 198-254k; 64 KiB
+ * 72-159k / 74-88k / 56-130k; 256 KiB and up within the noise of each
+ * other. NPYL_GATHER_MAX_DEFAULT is therefore 32 KiB: the largest size at
+ * which the gather path won every run.
  *
  * Truncation and I/O errors: a page of the mapping past the file's current
  * end, or one the kernel cannot read in, raises SIGBUS; the guard
