@@ -122,3 +122,30 @@ def test_small_rows_of_cached_files_are_gathered(datasets):
         pytest.skip("the residency check found the freshly written files uncached "
                     "(memory pressure): nothing to check")
     assert st["gather_bytes"] > st["bytes_read"] // 2, st
+
+
+@pytest.mark.parametrize("dtype", ["<f4", ">i4", "|b1", "<c8", ">f8", "<u2"])
+def test_numpy_views_every_dtype(tmp_path, dtype):
+    """numpy views a field through __array_struct__ (plain dtypes, byte
+    order included) or __array_interface__ (the rest): same values and
+    dtype as np.load, and the array keeps its batch alive."""
+    rng = np.random.default_rng(3)
+    dt = np.dtype(dtype)
+    raw = rng.integers(0, 256, size=40 * 6 * dt.itemsize, dtype=np.uint8)
+    if dtype == "|b1":
+        raw &= 1
+    x = np.frombuffer(raw.tobytes(), dtype=dt).reshape(40, 6).copy()
+    np.save(tmp_path / "a_0000.npy", x[:17])
+    np.save(tmp_path / "a_0001.npy", x[17:])
+    L = npyload.Loader({"a": str(tmp_path / "a_*.npy")}, batch_size=8, shuffle=True,
+                       output="numpy", num_workers=2, prefetch=8)
+    kept = []
+    for b in L:
+        a = b["a"]
+        assert a.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(a, x[np.asarray(b.indices)])
+        kept.append((a, np.asarray(b.indices).copy()))
+    del b
+    for a, idx in kept:  # the slots are still held by the arrays
+        np.testing.assert_array_equal(a, x[idx])
+    L.close()
