@@ -180,10 +180,9 @@ int npyl_sigbus_gather(const npyl_gather_seg *segs, size_t n, size_t *which,
          * faults, even past a truncated file's end). */
         if (k + 1 < n) {
             const char *nx = segs[k + 1].src;
-            __builtin_prefetch(nx);
-            __builtin_prefetch(nx + 64);
-            __builtin_prefetch(nx + 128);
-            __builtin_prefetch(nx + 192);
+            size_t nl = segs[k + 1].len < 256 ? segs[k + 1].len : 256;
+            for (size_t o = 0; o < nl; o += 64)
+                __builtin_prefetch(nx + o);
         }
         g->lo = (uintptr_t)s->src & ~pm;
         g->hi = ((uintptr_t)s->src + s->len + pm) & ~pm;
