@@ -184,7 +184,17 @@ int npyl_io_gather_read(npyl_io *io, const npyl_io_req *reqs, size_t n,
         if (!all && r->len > io->gather_max)
             goto rest;
         npyl_io_fh *fh;
-        int g = npyl_io_fh_get(io, r->file, &fh, err, errlen);
+        int g = 0;
+        int32_t slot = r->file < io->nfiles ? io->slot_of[r->file] : -1;
+        if (slot >= 0 && io->fh[slot].pins > 0 && io->fh[slot].used == io->call) {
+            /* Already pinned by an earlier copy of this call: it sits in the
+             * leading run of entries this call used (what
+             * npyl_io_files_verify walks), so no LRU move is needed. */
+            fh = &io->fh[slot];
+            fh->pins++;
+        } else {
+            g = npyl_io_fh_get(io, r->file, &fh, err, errlen);
+        }
         if (g == NPYL_IO_BUSY) {
             /* Every open file is pinned by a copy still to do: do them. */
             rc = flush(io, reqs, k, bad, &got, err, errlen);
