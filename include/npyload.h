@@ -493,6 +493,14 @@ typedef struct npyload_stats {
     uint64_t samples_skipped;   /* ON_ERROR skip: samples dropped */
     uint64_t errors;            /* ON_ERROR skip: failed batch reads seen
                                    (those a retry fixed included) */
+    uint64_t gather_bytes;      /* bytes copied from a mapping of the file:
+                                   the gather path (small requests of files
+                                   in the page cache), or every byte with
+                                   NPYLOAD_IO_MMAP */
+    uint64_t gather_requests;   /* requests (runs of consecutive rows of one
+                                   file and field) served that way */
+    uint64_t read_requests;     /* requests read with io_uring or pread
+                                   (bytes: bytes_read - gather_bytes) */
 } npyload_stats;
 
 /*! npyload_loader_last_skip_error() : with ON_ERROR skip, copies the message

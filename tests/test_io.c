@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -123,12 +124,19 @@ static uint64_t rnd(void)
 }
 static uint64_t rnd_below(uint64_t n) { return n ? rnd() % n : 0; }
 
+/* The gather threshold the contexts of a test get (npyl_io_config's
+ * gather_max): 0 the default, -1 never (reads only), INT64_MAX every
+ * request of a URING or PREAD context copied from a mapping. Criterion runs
+ * each test in its own process: a test sets it before its first make_io. */
+static int64_t gather_cfg;
+
 static npyl_io *make_io(int backend, int direct, unsigned qd, unsigned max_open,
                         const npyl_file_info *info, size_t nfiles)
 {
     npyl_io_config cfg = {.backend = backend, .direct = direct,
                           .queue_depth = qd, .max_open = max_open,
-                          .files = info, .nfiles = nfiles};
+                          .files = info, .nfiles = nfiles,
+                          .gather_max = gather_cfg};
     npyl_io *io = NULL;
     char err[512] = "";
     int rc = npyl_io_create(&io, &cfg, err, sizeof err);
@@ -658,7 +666,7 @@ static void *truncator(void *arg)
 /* Runs in a child: exit 0 when every read returned the right bytes or
  * ETRUNCATED/ECHANGED and the truncation was seen, another code otherwise;
  * a death by signal is seen by the parent. */
-static int race_child(const char *dir, int round)
+static int race_child(const char *dir, int round, int backend)
 {
     const size_t n = 32 * MiB;
     char name[32];
@@ -667,7 +675,7 @@ static int race_child(const char *dir, int round)
     make_file(&f, dir, name, 40u + (uint32_t)round, n, 64);
     npyl_file_info info;
     stat_all(&f, 1, &info);
-    npyl_io *io = make_io(NPYLOAD_IO_MMAP, 0, 1, 1, &info, 1);
+    npyl_io *io = make_io(backend, 0, 4, 1, &info, 1);
     uint8_t *buf = npyl_alloc_aligned(n, 4096);
     race rr = {.path = f.path, .to = (off_t)(round % 2 ? 4096 * 3 + 100 : 0)};
     atomic_init(&rr.started, 0);
@@ -702,14 +710,14 @@ static int race_child(const char *dir, int round)
     return seen ? 0 : 6;
 }
 
-Test(io_mmap, truncation_racing_copies_is_an_error_not_sigbus)
+static void truncation_racing(int backend)
 {
     char *dir = mkdir_realfs("io-sigbus");
     for (int round = 0; round < 6; round++) {
         pid_t pid = fork();
         cr_assert(pid >= 0);
         if (pid == 0)
-            _exit(race_child(dir, round));
+            _exit(race_child(dir, round, backend));
         int st = 0;
         cr_assert_eq(waitpid(pid, &st, 0), pid);
         cr_assert(!WIFSIGNALED(st), "round %d: the copier died of signal %d "
@@ -718,6 +726,11 @@ Test(io_mmap, truncation_racing_copies_is_an_error_not_sigbus)
                   "round %d: child exit %d", round, WEXITSTATUS(st));
     }
     tu_rmtree(dir);
+}
+
+Test(io_mmap, truncation_racing_copies_is_an_error_not_sigbus)
+{
+    truncation_racing(NPYLOAD_IO_MMAP);
 }
 
 /* ---- the SIGBUS handler: installed only while mmap contexts exist ------ */
@@ -932,7 +945,9 @@ Test(io_uring, enter_refused_loader_stats)
 {
     need_uring();
     char *dir = tu_mkdtemp("io-enter-loader");
-    const int64_t sshape[1] = {3000};
+    /* Rows above the gather threshold: they are read, through the ring. */
+    enum { ROW = NPYL_GATHER_MAX_DEFAULT + 3000 };
+    const int64_t sshape[1] = {ROW};
     const int64_t per_file[3] = {20, 13, 31};
     cr_assert_eq(tu_write_field(dir, "x", 3, "|u1", 1, 1, sshape, per_file, 3,
                                 64), 0);
@@ -962,8 +977,8 @@ Test(io_uring, enter_refused_loader_stats)
             const int64_t *idx = npyload_batch_indices(b);
             const uint8_t *d = a->data;
             for (size_t r = 0; r < npyload_batch_size(b); r++)
-                for (size_t i = 0; i < 3000; i += 7)
-                    cr_assert_eq(d[r * 3000 + i],
+                for (size_t i = 0; i < ROW; i += 997)
+                    cr_assert_eq(d[r * ROW + i],
                                  tu_byte(3, (uint64_t)idx[r], i),
                                  "epoch %d sample %lld byte %zu", epoch,
                                  (long long)idx[r], i);
@@ -998,3 +1013,247 @@ Test(io_uring, compiled_out)
     cr_assert(strstr(err, "built without liburing"), "%s", err);
 }
 #endif
+
+/* ---- the gather path: small requests copied from a mapping -------------- */
+
+/* Every request of a URING or PREAD context through the gather path (the
+ * threshold at its maximum), against the same truth as the backends. */
+#define GATHER_ALL() (gather_cfg = INT64_MAX)
+
+Test(io_gather, random_runs_pread) { GATHER_ALL(); random_runs(NPYLOAD_IO_PREAD, 0, 1, 4, 80); }
+Test(io_gather, random_runs_pread_one_open_file)
+{
+    /* One open file: a call's copies of several files flush whenever the
+     * next file needs the only slot (NPYL_IO_BUSY). */
+    GATHER_ALL();
+    random_runs(NPYLOAD_IO_PREAD, 0, 1, 1, 40);
+}
+Test(io_gather, random_runs_uring)
+{
+    need_uring();
+    GATHER_ALL();
+    random_runs(NPYLOAD_IO_URING, 0, 8, 4, 80);
+}
+Test(io_gather, random_runs_uring_direct_stays_reads)
+{
+    need_uring();
+    GATHER_ALL();
+    random_runs(NPYLOAD_IO_URING, 1, 8, 4, 40);
+}
+Test(io_gather, many_files_pread) { GATHER_ALL(); many_files(NPYLOAD_IO_PREAD, 0, 1); }
+Test(io_gather, truncated_pread) { GATHER_ALL(); truncated(NPYLOAD_IO_PREAD, 0); }
+Test(io_gather, truncated_uring) { GATHER_ALL(); truncated(NPYLOAD_IO_URING, 0); }
+Test(io_gather, past_end_pread) { GATHER_ALL(); past_end(NPYLOAD_IO_PREAD); }
+Test(io_gather, replaced_pread) { GATHER_ALL(); replaced(NPYLOAD_IO_PREAD, 0); }
+Test(io_gather, replaced_same_size_uring) { GATHER_ALL(); replaced(NPYLOAD_IO_URING, 1); }
+Test(io_gather, rewritten_in_place_pread) { GATHER_ALL(); modified_in_place(NPYLOAD_IO_PREAD, 0, 0); }
+Test(io_gather, truncated_then_grown_pread) { GATHER_ALL(); modified_in_place(NPYLOAD_IO_PREAD, 0, 1); }
+Test(io_gather, truncated_then_grown_uring) { GATHER_ALL(); modified_in_place(NPYLOAD_IO_URING, 0, 1); }
+Test(io_gather, fifo_in_place_pread) { GATHER_ALL(); fifo_in_place(NPYLOAD_IO_PREAD); }
+Test(io_gather, truncation_racing_copies_pread)
+{
+    GATHER_ALL();
+    truncation_racing(NPYLOAD_IO_PREAD);
+}
+
+/* The read backends alone (no gather): the small requests of the tests above
+ * otherwise go through the gather path by default. */
+Test(io_reads, random_runs_pread) { gather_cfg = -1; random_runs(NPYLOAD_IO_PREAD, 0, 1, 4, 80); }
+Test(io_reads, random_runs_uring)
+{
+    need_uring();
+    gather_cfg = -1;
+    random_runs(NPYLOAD_IO_URING, 0, 32, 4, 80);
+}
+Test(io_reads, truncated_pread) { gather_cfg = -1; truncated(NPYLOAD_IO_PREAD, 0); }
+Test(io_reads, truncated_then_grown_uring)
+{
+    gather_cfg = -1;
+    modified_in_place(NPYLOAD_IO_URING, 0, 1);
+}
+
+static npyl_io_counters counters(const npyl_io *io)
+{
+    npyl_io_counters c = {0, 0, 0, 0};
+    npyl_io_counters_add(io, &c);
+    return c;
+}
+
+/* Requests up to the threshold are copied, larger ones read; the counters
+ * say which, exactly; the bytes are right either way. */
+static void threshold(int backend)
+{
+    if (backend == NPYLOAD_IO_URING)
+        need_uring();
+    char *dir = mkdir_realfs("io-thr");
+    tfile f[2];
+    make_file(&f[0], dir, "a.npy", 51, 300000, 64);
+    make_file(&f[1], dir, "b.npy", 52, 200000, 16);
+    npyl_file_info info[2];
+    stat_all(f, 2, info);
+    gather_cfg = 4096;
+    npyl_io *io = make_io(backend, 0, 8, 2, info, 2);
+    uint8_t *buf = malloc(64 * 8192);
+    rng_state = 77;
+    uint64_t want_g = 0, want_r = 0, nreq_g = 0, nreq_r = 0;
+    for (int it = 0; it < 20; it++) {
+        npyl_io_req req[64];
+        size_t n = 1 + rnd_below(64);
+        for (size_t r = 0; r < n; r++) {
+            uint32_t k = (uint32_t)rnd_below(2);
+            uint64_t len = rnd_below(2) ? 1 + rnd_below(4096) : 4097 + rnd_below(4000);
+            uint64_t off = f[k].data_offset + rnd_below(f[k].size - f[k].data_offset - len);
+            req[r] = (npyl_io_req){k, off, len, buf + r * 8192};
+            if (len <= 4096) {
+                want_g += len;
+                nreq_g++;
+            } else {
+                want_r += len;
+                nreq_r++;
+            }
+        }
+        uint64_t got = 0;
+        size_t bad = 0;
+        char err[512] = "";
+        cr_assert_eq(npyl_io_read(io, req, n, &bad, &got, err, sizeof err), 0, "%s", err);
+        for (size_t r = 0; r < n; r++)
+            cr_assert(memcmp(req[r].dst, f[req[r].file].bytes + req[r].offset,
+                             req[r].len) == 0,
+                      "iteration %d request %zu differs", it, r);
+        npyl_io_counters c = counters(io);
+        cr_assert_eq(c.gather_bytes, want_g);
+        cr_assert_eq(c.gather_reqs, nreq_g);
+        cr_assert_eq(c.read_bytes, want_r);
+        cr_assert_eq(c.read_reqs, nreq_r);
+        cr_assert_eq(c.gather_bytes + c.read_bytes, want_g + want_r);
+    }
+    npyl_io_destroy(io);
+    free(buf);
+    free_file(&f[0]);
+    free_file(&f[1]);
+    tu_rmtree(dir);
+}
+
+Test(io_gather, threshold_pread) { threshold(NPYLOAD_IO_PREAD); }
+Test(io_gather, threshold_uring) { threshold(NPYLOAD_IO_URING); }
+
+Test(io_gather, direct_reads_never_gather)
+{
+    char *dir = mkdir_realfs("io-gdirect");
+    tfile f;
+    make_file(&f, dir, "d.npy", 53, 1 * MiB, 64);
+    need_direct(f.path);
+    npyl_file_info info;
+    stat_all(&f, 1, &info);
+    GATHER_ALL();
+    npyl_io *io = make_io(NPYLOAD_IO_PREAD, 1, 1, 1, &info, 1);
+    uint8_t *buf = npyl_alloc_aligned(2 * MiB, 4096);
+    npyl_io_req r = {0, 128, 5000, buf + 128};
+    char err[512] = "";
+    size_t bad = 0;
+    cr_assert_eq(npyl_io_read(io, &r, 1, &bad, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert(memcmp(buf + 128, f.bytes + 128, 5000) == 0);
+    npyl_io_counters c = counters(io);
+    cr_assert_eq(c.gather_reqs, 0);
+    cr_assert_eq(c.read_reqs, 1);
+    npyl_io_destroy(io);
+    npyl_free_aligned(buf);
+    free_file(&f);
+    tu_rmtree(dir);
+}
+
+/* Whether the page of `path` at `off` is in the page cache. */
+static int page_cached(const char *path, size_t size, size_t off)
+{
+    int fd = open(path, O_RDONLY);
+    cr_assert(fd >= 0);
+    void *p = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    cr_assert(p != MAP_FAILED);
+    long pg = sysconf(_SC_PAGESIZE);
+    unsigned char v = 0;
+    cr_assert_eq(mincore((uint8_t *)p + off / (size_t)pg * (size_t)pg, 1, &v), 0);
+    munmap(p, size);
+    return v & 1;
+}
+
+/* A file that is not in the page cache is read (io_uring or pread keep the
+ * disk busy; a mapping would fault page by page); once it is cached, the
+ * periodic residency check moves it to the gather path. */
+Test(io_gather, cold_file_is_read_until_cached)
+{
+    char *dir = mkdir_realfs("io-cold");
+    tfile f;
+    make_file(&f, dir, "c.npy", 54, 8 * MiB, 64);
+    int fd = open(f.path, O_RDONLY);
+    cr_assert(fd >= 0);
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+    if (page_cached(f.path, f.size, 4 * MiB))
+        cr_skip_test("cannot evict %s from the page cache here", f.path);
+    npyl_file_info info;
+    stat_all(&f, 1, &info);
+    npyl_io *io = make_io(NPYLOAD_IO_PREAD, 0, 1, 1, &info, 1);
+    uint8_t buf[4096];
+    char err[512] = "";
+    size_t bad = 0;
+    rng_state = 5;
+    int calls = 0;
+    for (; calls < 4000; calls++) {
+        uint64_t off = f.data_offset + rnd_below(8 * MiB - sizeof buf);
+        npyl_io_req r = {0, off, sizeof buf, buf};
+        cr_assert_eq(npyl_io_read(io, &r, 1, &bad, NULL, err, sizeof err), 0, "%s", err);
+        cr_assert(memcmp(buf, f.bytes + off, sizeof buf) == 0, "call %d", calls);
+        npyl_io_counters c = counters(io);
+        if (calls == 0) {
+            cr_assert_eq(c.gather_reqs, 0, "a cold file went through the mapping");
+            cr_assert_eq(c.read_reqs, 1);
+            /* Now cache it all, as an earlier epoch would. */
+            size_t sz = 0;
+            uint8_t *all = tu_read_file(f.path, &sz);
+            free(all);
+        }
+        if (c.gather_reqs > 0)
+            break;
+    }
+    cr_assert_lt(calls, 4000, "a cached file never moved to the gather path");
+    npyl_io_destroy(io);
+    free_file(&f);
+    tu_rmtree(dir);
+}
+
+/* A URING or PREAD context installs the SIGBUS handler at its first gather,
+ * not at creation, and the last context's destruction restores the user's. */
+Test(io_gather, sigbus_handler_from_first_gather)
+{
+    char *dir = mkdir_realfs("io-ghandler");
+    tfile f;
+    make_file(&f, dir, "h.npy", 55, 5000, 64);
+    npyl_file_info info;
+    stat_all(&f, 1, &info);
+    struct sigaction mine, cur;
+    memset(&mine, 0, sizeof mine);
+    mine.sa_sigaction = user_bus;
+    mine.sa_flags = SA_SIGINFO;
+    sigemptyset(&mine.sa_mask);
+    cr_assert_eq(sigaction(SIGBUS, &mine, NULL), 0);
+    npyl_io *io = make_io(NPYLOAD_IO_PREAD, 0, 1, 1, &info, 1);
+    sigaction(SIGBUS, NULL, &cur);
+    cr_assert(cur.sa_sigaction == user_bus, "installed before any gather");
+    uint8_t buf[100];
+    char err[512] = "";
+    size_t bad = 0;
+    npyl_io_req r = {0, 128, sizeof buf, buf};
+    cr_assert_eq(npyl_io_read(io, &r, 1, &bad, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(counters(io).gather_reqs, 1);
+    sigaction(SIGBUS, NULL, &cur);
+    cr_assert(cur.sa_sigaction != user_bus, "gathered without the guard");
+    raise(SIGBUS);
+    cr_assert_eq(atomic_load(&user_hits), 1, "not chained to the user's");
+    npyl_io_destroy(io);
+    sigaction(SIGBUS, NULL, &cur);
+    cr_assert(cur.sa_sigaction == user_bus, "user's handler not restored");
+    free_file(&f);
+    tu_rmtree(dir);
+}

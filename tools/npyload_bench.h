@@ -42,6 +42,10 @@ typedef struct nb_run {
     double slot_mib;           /* prefetch x batch bytes */
     int pinned;                /* slots page-locked (from npyload_stats) */
     int direct_io;
+    uint64_t gather_bytes;     /* npyload_stats: the gather path's share */
+    uint64_t gather_requests;
+    uint64_t read_requests;
+    uint64_t bytes_read;       /* npyload_stats.bytes_read, for gath% */
 
     /* GPU monitoring (NVML), when sampled. */
     int gpu_samples;

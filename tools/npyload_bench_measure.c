@@ -411,6 +411,10 @@ static void run_loader_measure(nb_ctx *ctx, npyload_loader *L, const nb_config *
     if (npyload_loader_get_stats(L, &st) == 0) {
         r->pinned = st.pinned;
         r->direct_io = st.direct_io;
+        r->gather_bytes = st.gather_bytes;
+        r->gather_requests = st.gather_requests;
+        r->read_requests = st.read_requests;
+        r->bytes_read = st.bytes_read;
         if (st.slot_bytes && st.num_slots)
             r->slot_mib = (double)st.slot_bytes * (double)st.num_slots / 1048576.0;
     }

@@ -92,6 +92,11 @@ long nb_proc_status_kb(const char *key);
 /* ---- npyload_bench_ceiling.c ---- */
 void nb_ceiling_copy(const nb_ctx *ctx, const nb_config *cfg, int threads, double seconds,
                      nb_ceiling *out);
+/* gather_copy: the same samples in the same order, memcpy from the files
+ * mapped once (the reference for small rows, where a syscall per row is
+ * most of the cost). */
+void nb_ceiling_gather(const nb_ctx *ctx, const nb_config *cfg, int threads, double seconds,
+                       nb_ceiling *out);
 void nb_ceiling_odirect(nb_ctx *ctx, double seconds, nb_ceiling *out);
 
 /* ---- npyload_bench_gpu.c ---- */

@@ -87,13 +87,15 @@ static void nb_json_run(FILE *f, const nb_run *r)
               "\"gbps\": %g, \"frac_of_ceiling\": %g,\n      \"latency_ms\": {\"p50\": %g, "
               "\"p99\": %g, \"max\": %g}, \"stall_pct\": %g, \"cpu_pct\": %g,\n      "
               "\"peak_rss_mib\": %g, \"base_rss_mib\": %g, \"slot_mib\": %g, "
-              "\"pinned\": %c, \"direct_io\": %c,\n      \"gpu\": ",
+              "\"pinned\": %c, \"direct_io\": %c,\n      \"gather_bytes\": %llu, "
+              "\"gather_requests\": %llu, \"read_requests\": %llu,\n      \"gpu\": ",
               r->workers, r->prefetch, r->io_requested_name, r->io_used, r->ok, r->error,
               (unsigned long long)r->batches, (unsigned long long)r->samples,
               (unsigned long long)r->bytes, r->wall_s, r->samples_per_s, r->gbps,
               r->frac_of_ceiling >= 0 ? r->frac_of_ceiling : NAN, r->p50_ms, r->p99_ms,
               r->max_ms, r->stall_pct, r->cpu_pct, r->peak_rss_mib, r->base_rss_mib,
-              r->slot_mib, r->pinned, r->direct_io);
+              r->slot_mib, r->pinned, r->direct_io, (unsigned long long)r->gather_bytes,
+              (unsigned long long)r->gather_requests, (unsigned long long)r->read_requests);
     if (r->gpu_samples > 0)
         nj_printf(f,
                   "{\"samples\": %d, \"util_avg_pct\": %g, \"util_max_pct\": %g, "
@@ -205,9 +207,9 @@ void nb_print_ceilings(FILE *f, const nb_ceiling *ce, size_t n, const char *ref)
 
 void nb_print_table_header(FILE *f)
 {
-    fprintf(f, "%-8s %-8s %3s %3s %10s %7s %6s %8s %8s %7s %6s %8s %9s\n", "io", "used", "w",
-            "p", "samples/s", "GB/s", "ceil%", "p50 ms", "p99 ms", "stall%", "cpu%",
-            "rss MiB", "slots MiB");
+    fprintf(f, "%-8s %-8s %3s %3s %10s %7s %6s %8s %8s %7s %6s %8s %9s %6s\n", "io", "used",
+            "w", "p", "samples/s", "GB/s", "ceil%", "p50 ms", "p99 ms", "stall%", "cpu%",
+            "rss MiB", "slots MiB", "gath%");
 }
 
 void nb_print_run(FILE *f, const nb_run *r)
@@ -216,10 +218,15 @@ void nb_print_run(FILE *f, const nb_run *r)
         char ceil[16] = "-";
         if (r->frac_of_ceiling >= 0)
             snprintf(ceil, sizeof ceil, "%.0f", 100 * r->frac_of_ceiling);
-        fprintf(f, "%-8s %-8s %3d %3d %10.0f %7.3f %6s %8.2f %8.2f %7.1f %6.0f %8.0f %9.1f\n",
+        /* gath%: the share of the bytes copied from mappings (gather path). */
+        char gath[16] = "-";
+        if (r->bytes_read)
+            snprintf(gath, sizeof gath, "%.0f",
+                     100.0 * (double)r->gather_bytes / (double)r->bytes_read);
+        fprintf(f, "%-8s %-8s %3d %3d %10.0f %7.3f %6s %8.2f %8.2f %7.1f %6.0f %8.0f %9.1f %6s\n",
                 r->io_requested_name, r->io_used, r->workers, r->prefetch, r->samples_per_s,
                 r->gbps, ceil, r->p50_ms, r->p99_ms, r->stall_pct, r->cpu_pct,
-                r->peak_rss_mib, r->slot_mib);
+                r->peak_rss_mib, r->slot_mib, gath);
     } else {
         fprintf(f, "%-8s %-8s %3d %3d failed: %s\n", r->io_requested_name, r->io_used,
                 r->workers, r->prefetch, r->error);

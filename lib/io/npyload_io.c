@@ -112,6 +112,10 @@ int npyl_io_create(npyl_io **out, const npyl_io_config *cfg, char *err,
     atomic_init(&io->backend_now, cfg->backend);
     io->direct = cfg->direct ? 1 : 0;
     io->queue_depth = cfg->queue_depth;
+    /* O_DIRECT reads stay reads: the point of them is to bypass the cache. */
+    io->gather_max = io->direct || cfg->gather_max < 0 ? 0
+                     : cfg->gather_max == 0       ? NPYL_GATHER_MAX_DEFAULT
+                                                  : (uint64_t)cfg->gather_max;
     if (npyl_io_files_init(io, cfg) != 0) {
         npyl_io_destroy(io);
         return npyl_fail(err, errlen, -ENOMEM, "out of memory");
@@ -139,6 +143,7 @@ void npyl_io_destroy(npyl_io *io)
      * braces). Mappings go before the SIGBUS handler reference. */
     npyl_io_uring_destroy(io->uring);
     npyl_io_files_fini(io);
+    npyl_io_gather_fini(io);
     if (io->sigbus_ref)
         npyl_sigbus_release();
     free(io);
@@ -159,6 +164,38 @@ static int uring_refused(int broken)
     return broken == -EPERM || broken == -EACCES || broken == -ENOSYS;
 }
 
+/* The read backends, on the requests the gather path left. */
+static int backend_read(npyl_io *io, const npyl_io_req *reqs, size_t n,
+                        size_t *bad, uint64_t *got, char *err, size_t errlen)
+{
+    int rc;
+    switch (atomic_load_explicit(&io->backend_now, memory_order_relaxed)) {
+    case NPYLOAD_IO_PREAD:
+        rc = npyl_io_pread_read(io, reqs, n, bad, got, err, errlen);
+        break;
+    case NPYLOAD_IO_URING: {
+        uint64_t g = 0;
+        rc = npyl_io_uring_read(io, io->uring, reqs, n, bad, &g, err, errlen);
+        if (rc && uring_refused(npyl_io_uring_broken(io->uring))) {
+            /* Fall back to pread for the rest of this context's life and
+             * redo these reads: they are idempotent, and nothing is in
+             * flight once npyl_io_uring_read returned. */
+            npyl_io_uring_destroy(io->uring);
+            io->uring = NULL;
+            atomic_store_explicit(&io->backend_now, NPYLOAD_IO_PREAD,
+                                  memory_order_relaxed);
+            g = 0;
+            rc = npyl_io_pread_read(io, reqs, n, bad, &g, err, errlen);
+        }
+        *got += g;
+        break;
+    }
+    default:
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL, "bad backend");
+    }
+    return rc;
+}
+
 int npyl_io_read(npyl_io *io, const npyl_io_req *reqs, size_t n, size_t *bad,
                  uint64_t *bytes_read, char *err, size_t errlen)
 {
@@ -168,36 +205,40 @@ int npyl_io_read(npyl_io *io, const npyl_io_req *reqs, size_t n, size_t *bad,
     if (n == 0)
         return 0;
     io->call++;
-    int rc;
-    uint64_t got = 0;
-    switch (atomic_load_explicit(&io->backend_now, memory_order_relaxed)) {
-    case NPYLOAD_IO_PREAD:
-        rc = npyl_io_pread_read(io, reqs, n, bad, &got, err, errlen);
-        break;
-    case NPYLOAD_IO_MMAP:
-        rc = npyl_io_mmap_read(io, reqs, n, bad, &got, err, errlen);
-        break;
-    case NPYLOAD_IO_URING:
-        rc = npyl_io_uring_read(io, io->uring, reqs, n, bad, &got, err,
-                                errlen);
-        if (rc && uring_refused(npyl_io_uring_broken(io->uring))) {
-            /* Fall back to pread for the rest of this context's life and
-             * redo the whole call: the reads are idempotent, and nothing is
-             * in flight once npyl_io_uring_read returned. */
-            npyl_io_uring_destroy(io->uring);
-            io->uring = NULL;
-            atomic_store_explicit(&io->backend_now, NPYLOAD_IO_PREAD,
+    int rc = 0;
+    uint64_t got = 0, rgot = 0;
+    size_t nrest = n;
+    if (io->backend == NPYLOAD_IO_MMAP || io->gather_max)
+        rc = npyl_io_gather_read(io, reqs, n, bad, &got, &nrest, err, errlen);
+    if (rc == 0 && nrest > 0 && io->backend != NPYLOAD_IO_MMAP) {
+        /* nrest == n: the gather path took nothing, reqs are the rest. */
+        const npyl_io_req *rest = nrest == n ? reqs : io->rest;
+        size_t rbad = 0;
+        rc = backend_read(io, rest, nrest, &rbad, &rgot, err, errlen);
+        if (rc)
+            *bad = nrest == n ? rbad : io->rest_idx[rbad];
+        got += rgot;
+        atomic_fetch_add_explicit(&io->st_read_bytes, rgot,
                                   memory_order_relaxed);
-            got = 0;
-            rc = npyl_io_pread_read(io, reqs, n, bad, &got, err, errlen);
-        }
-        break;
-    default:
-        return npyl_fail(err, errlen, NPYLOAD_EINVAL, "bad backend");
+        atomic_fetch_add_explicit(&io->st_read_reqs, nrest,
+                                  memory_order_relaxed);
     }
     if (bytes_read)
         *bytes_read += got;
     if (rc)
         return rc;
     return npyl_io_files_verify(io, reqs, n, bad, err, errlen);
+}
+
+void npyl_io_counters_add(const npyl_io *io, npyl_io_counters *c)
+{
+    npyl_io *m = (npyl_io *)io; /* atomics: loads only */
+    c->gather_bytes += atomic_load_explicit(&m->st_gather_bytes,
+                                            memory_order_relaxed);
+    c->gather_reqs += atomic_load_explicit(&m->st_gather_reqs,
+                                           memory_order_relaxed);
+    c->read_bytes += atomic_load_explicit(&m->st_read_bytes,
+                                          memory_order_relaxed);
+    c->read_reqs += atomic_load_explicit(&m->st_read_reqs,
+                                         memory_order_relaxed);
 }

@@ -42,7 +42,26 @@ typedef struct npyl_io_config {
     unsigned max_open;         /* LRU capacity of open files; >= 1 */
     const npyl_file_info *files;
     size_t nfiles;
+    /* The gather path (URING and PREAD, not direct): requests of at most
+     * this many bytes, of files whose pages are in the page cache, are
+     * copied from a mapping of the file instead of read. 0: the default
+     * (NPYL_GATHER_MAX_DEFAULT), < 0: never, > 0: this size. The MMAP
+     * backend copies every request from its mapping whatever this says. */
+    int64_t gather_max;
 } npyl_io_config;
+
+/* The default gather threshold: see npyload_io_gather.c for the measurement. */
+#ifndef NPYL_GATHER_MAX_DEFAULT
+#define NPYL_GATHER_MAX_DEFAULT (32u * 1024u)
+#endif
+
+/* What a context's reads went through, since creation. */
+typedef struct npyl_io_counters {
+    uint64_t gather_bytes;  /* copied from a mapping (gather path, MMAP) */
+    uint64_t gather_reqs;
+    uint64_t read_bytes;    /* read with io_uring or pread */
+    uint64_t read_reqs;
+} npyl_io_counters;
 
 typedef struct npyl_io npyl_io;
 
@@ -75,6 +94,11 @@ NPYL_HIDDEN int npyl_io_read(npyl_io *io, const npyl_io_req *reqs, size_t n,
  * to pread for good, redoing the refused call with pread. May be called from
  * any thread while another reads. */
 NPYL_HIDDEN int npyl_io_backend_now(const npyl_io *io);
+
+/* Adds the context's counters to *c. May be called from any thread while
+ * another reads (relaxed atomics: each counter is exact, the four together
+ * are not a snapshot). */
+NPYL_HIDDEN void npyl_io_counters_add(const npyl_io *io, npyl_io_counters *c);
 
 /* Closes every descriptor and mapping; frees the context. NULL-safe. */
 NPYL_HIDDEN void npyl_io_destroy(npyl_io *io);

@@ -126,10 +126,35 @@ static void fh_close(npyl_io *io, npyl_io_fh *e)
         io->slot_of[e->file] = -1;
     e->map = NULL;
     e->map_len = 0;
+    e->nomap = 0;
+    e->resident = 0;
+    e->resident_call = 0;
     e->fd = e->dfd = -1;
     e->file = UINT32_MAX;
     e->pins = 0;
     e->used = 0;
+}
+
+int npyl_io_fh_map(npyl_io *io, npyl_io_fh *e, char *err, size_t errlen)
+{
+    const npyl_file_info *fi = &io->files[e->file];
+    if (e->map || fi->size == 0)
+        return 0; /* an empty file has nothing to map: every request fails */
+    /* The size validated at start: the identity checks catch a file that
+     * grew or shrank since; a page past its current end faults (SIGBUS,
+     * caught by the guard). */
+    void *p = mmap(NULL, (size_t)fi->size, PROT_READ, MAP_SHARED, e->fd, 0);
+    if (p == MAP_FAILED) {
+        int rc = -errno;
+        e->nomap = 1;
+        return npyl_fail(err, errlen, rc,
+                         "%s: mmap of %" PRIu64 " bytes failed: %s",
+                         file_path(io, e->file), fi->size,
+                         npyload_strerror(rc));
+    }
+    e->map = p;
+    e->map_len = fi->size;
+    return 0;
 }
 
 /* Opens `file` into the free entry `e`. */
@@ -199,26 +224,26 @@ static int fh_open(npyl_io *io, npyl_io_fh *e, uint32_t file, char *err,
                              path);
         }
     }
-    const uint8_t *map = NULL;
-    if (io->backend == NPYLOAD_IO_MMAP && fi->size > 0) {
-        void *p = mmap(NULL, (size_t)fi->size, PROT_READ, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) {
-            rc = -errno;
-            close(fd);
-            return npyl_fail(err, errlen, rc, "%s: mmap of %" PRIu64
-                             " bytes failed: %s",
-                             path, fi->size, npyload_strerror(rc));
-        }
-        /* Advice only: a failure changes nothing but speed. */
-        (void)madvise(p, (size_t)fi->size, MADV_SEQUENTIAL);
-        map = p;
-    }
     e->file = file;
     e->fd = fd;
     e->dfd = dfd;
-    e->map = map;
-    e->map_len = map ? fi->size : 0;
+    e->map = NULL;
+    e->map_len = 0;
     e->pins = 0;
+    if (io->backend == NPYLOAD_IO_MMAP) {
+        rc = npyl_io_fh_map(io, e, err, errlen);
+        if (rc) {
+            e->file = UINT32_MAX;
+            e->fd = e->dfd = -1;
+            e->nomap = 0;
+            close(fd);
+            return rc;
+        }
+        /* Advice only: a failure changes nothing but speed. */
+        if (e->map)
+            (void)madvise((void *)e->map, (size_t)e->map_len,
+                          MADV_SEQUENTIAL);
+    }
     io->slot_of[file] = (int32_t)(e - io->fh);
     return 0;
 }

@@ -1,12 +1,13 @@
 /* Private to lib/io. The layers, each using only the ones below it:
  *
  *   npyload_io.c          dispatch: create/read/destroy, the io_uring probe
- *   npyload_io_pread.c,   the backends
- *   npyload_io_mmap.c,
+ *   npyload_io_gather.c   the mapped path: MMAP's reads, and the small
+ *                         requests of resident files for the others
+ *   npyload_io_pread.c,   the read backends
  *   npyload_io_uring.c
  *   npyload_io_files.c    open-file cache (LRU, identity checks), request
  *                         splitting, the error messages every backend writes
- *   npyload_io_sigbus.c   the SIGBUS guard the mmap backend copies under
+ *   npyload_io_sigbus.c   the SIGBUS guard mapped copies run under
  *
  * The loader includes only npyload_io.h. */
 #ifndef NPYLOAD_IO_IMPL_H
@@ -24,8 +25,12 @@ typedef struct npyl_io_fh {
     uint32_t file;          /* index in the file table; UINT32_MAX when free */
     int fd;                 /* buffered, O_RDONLY */
     int dfd;                /* O_DIRECT, or -1 when not direct */
-    const uint8_t *map;     /* MMAP backend: whole file, PROT_READ, MAP_SHARED */
+    const uint8_t *map;     /* whole file, PROT_READ, MAP_SHARED: mapped at
+                               open (MMAP) or at first gather (others) */
     uint64_t map_len;
+    int nomap;              /* mapping failed: this file is read, not mapped */
+    int resident;           /* last residency check: pages in the cache */
+    uint64_t resident_call; /* the call that checked it; 0: never */
     unsigned pins;
     uint64_t used;          /* the npyl_io_read call that last used it */
     struct npyl_io_fh *prev, *next; /* LRU list, most recent first */
@@ -53,7 +58,21 @@ struct npyl_io {
     uint64_t call;            /* npyl_io_read calls so far */
 
     npyl_io_uring *uring;     /* URING backend state, else NULL */
-    int sigbus_ref;           /* MMAP: holds a reference on the handler */
+    int sigbus_ref;           /* holds a reference on the SIGBUS handler
+                                 (MMAP: from creation; others: from their
+                                 first gather) */
+
+    /* The gather path (npyload_io_gather.c). */
+    uint64_t gather_max;      /* largest request gathered; 0: never */
+    struct npyl_gather_seg *segs; /* a call's copies, their request and */
+    size_t *seg_req;              /* pinned file; the requests left to the */
+    npyl_io_fh **seg_fh;          /* read backend, with their index */
+    npyl_io_req *rest;
+    size_t *rest_idx;
+    size_t scratch_cap;       /* entries of each of the five arrays */
+    unsigned char *mcvec;     /* mincore vector, NPYL_MINCORE_PAGES bytes */
+    _Atomic uint64_t st_gather_bytes, st_gather_reqs;
+    _Atomic uint64_t st_read_bytes, st_read_reqs;
 };
 
 /* ---- npyload_io_files.c: open-file cache ------------------------------- */
@@ -142,6 +161,19 @@ NPYL_HIDDEN int npyl_io_fail_fault(const npyl_io *io, const npyl_io_req *r,
 NPYL_HIDDEN int npyl_sigbus_acquire(char *err, size_t errlen);
 NPYL_HIDDEN void npyl_sigbus_release(void);
 
+/* A gather: copies of segs[i].len bytes from src to dst. */
+typedef struct npyl_gather_seg {
+    void *dst;
+    const void *src;
+    size_t len;
+} npyl_gather_seg;
+
+/* npyl_sigbus_copy for a list: one recovery point for all n copies (no
+ * per-segment setjmp). Returns 0, or -EFAULT with *which the segment that
+ * faulted and *at the offset in its src; the segments before it are done. */
+NPYL_HIDDEN int npyl_sigbus_gather(const npyl_gather_seg *segs, size_t n,
+                                   size_t *which, uint64_t *at);
+
 /* memcpy(dst, src, len) that survives a SIGBUS raised by reading src (a
  * mapped file truncated under us, or an I/O error behind the mapping).
  * Needs a reference (npyl_sigbus_acquire). Returns 0, or -EFAULT with *at
@@ -155,9 +187,22 @@ NPYL_HIDDEN int npyl_sigbus_copy(void *dst, const void *src, size_t len,
 NPYL_HIDDEN int npyl_io_pread_read(npyl_io *io, const npyl_io_req *reqs,
                                    size_t n, size_t *bad, uint64_t *bytes_read,
                                    char *err, size_t errlen);
-NPYL_HIDDEN int npyl_io_mmap_read(npyl_io *io, const npyl_io_req *reqs,
-                                  size_t n, size_t *bad, uint64_t *bytes_read,
-                                  char *err, size_t errlen);
+/* The gather path, npyload_io_gather.c. Copies from the files' mappings the
+ * requests it takes (MMAP: all of them; others: those of at most gather_max
+ * bytes whose file is resident) and leaves the rest in io->rest (copies,
+ * io->rest_idx[k] their index in reqs), *nrest of them, for the read
+ * backend; *nrest == n means it took none (io->rest is then not written:
+ * read reqs itself). Errors as npyl_io_read's, *bad indexing reqs. */
+NPYL_HIDDEN int npyl_io_gather_read(npyl_io *io, const npyl_io_req *reqs,
+                                    size_t n, size_t *bad,
+                                    uint64_t *bytes_read, size_t *nrest,
+                                    char *err, size_t errlen);
+/* Frees the gather scratch of a context (the mappings live in the LRU). */
+NPYL_HIDDEN void npyl_io_gather_fini(npyl_io *io);
+/* Maps fh's file if it is not yet (MMAP does so at open). Returns 0 or
+ * -errno with a message. */
+NPYL_HIDDEN int npyl_io_fh_map(npyl_io *io, npyl_io_fh *fh, char *err,
+                               size_t errlen);
 NPYL_HIDDEN int npyl_io_uring_create(npyl_io_uring **out, unsigned queue_depth,
                                      char *err, size_t errlen);
 NPYL_HIDDEN void npyl_io_uring_destroy(npyl_io_uring *u);

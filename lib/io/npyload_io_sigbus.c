@@ -148,3 +148,49 @@ int npyl_sigbus_copy(void *dst, const void *src, size_t len, uint64_t *at)
     g->env = NULL;
     return 0;
 }
+
+int npyl_sigbus_gather(const npyl_gather_seg *segs, size_t n, size_t *which,
+                       uint64_t *at)
+{
+    /* One recovery point for the whole list: sigsetjmp once per call, two
+     * stores per segment (the range the handler accepts), so a batch of
+     * small rows costs a memcpy each. `i` is volatile: the recovery path
+     * reads it after the jump. */
+    sigbus_guard *g = &guard;
+    sigjmp_buf env;
+    volatile size_t i = 0;
+    if (sigsetjmp(env, 0)) {
+        sigset_t s;
+        sigemptyset(&s);
+        sigaddset(&s, SIGBUS);
+        pthread_sigmask(SIG_UNBLOCK, &s, NULL);
+        uintptr_t src = (uintptr_t)segs[i].src;
+        *which = i;
+        *at = g->fault >= src ? g->fault - src : 0;
+        return -EFAULT;
+    }
+    const uintptr_t pm = (uintptr_t)sysconf(_SC_PAGESIZE) - 1;
+    atomic_signal_fence(memory_order_seq_cst);
+    g->env = &env;
+    for (size_t k = 0; k < n; k++) {
+        const npyl_gather_seg *s = &segs[k];
+        i = k;
+        /* Rows of a shuffled batch sit at random places: start loading the
+         * next row's first lines while this one is copied (a prefetch never
+         * faults, even past a truncated file's end). */
+        if (k + 1 < n) {
+            const char *nx = segs[k + 1].src;
+            size_t nl = segs[k + 1].len < 256 ? segs[k + 1].len : 256;
+            for (size_t o = 0; o < nl; o += 64)
+                __builtin_prefetch(nx + o);
+        }
+        g->lo = (uintptr_t)s->src & ~pm;
+        g->hi = ((uintptr_t)s->src + s->len + pm) & ~pm;
+        atomic_signal_fence(memory_order_seq_cst);
+        memcpy(s->dst, s->src, s->len);
+        atomic_signal_fence(memory_order_seq_cst);
+    }
+    g->env = NULL;
+    atomic_signal_fence(memory_order_seq_cst);
+    return 0;
+}

@@ -284,11 +284,19 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *out)
     out->num_slots = L->nh + L->nd;
     /* workers[] and their io contexts live from start to free_started, like
      * the slots read above; backend_now is atomic. */
+    npyl_io_counters c = {0, 0, 0, 0};
     if (L->started && L->workers)
-        for (size_t i = 0; i < L->nworkers; i++)
-            if (L->workers[i].io && L->backend == NPYLOAD_IO_URING &&
+        for (size_t i = 0; i < L->nworkers; i++) {
+            if (!L->workers[i].io)
+                continue;
+            if (L->backend == NPYLOAD_IO_URING &&
                 npyl_io_backend_now(L->workers[i].io) == NPYLOAD_IO_PREAD)
                 out->uring_fallbacks++;
+            npyl_io_counters_add(L->workers[i].io, &c);
+        }
+    out->gather_bytes = c.gather_bytes;
+    out->gather_requests = c.gather_reqs;
+    out->read_requests = c.read_reqs;
     return 0;
 }
 

@@ -404,7 +404,7 @@ static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *unused)
     if (!last_s)
         return NULL;
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:s,s:O,s:O,s:i,s:K,s:K,s:K,s:K,s:K,s:N}",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:s,s:O,s:O,s:i,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}",
         "bytes_read", (unsigned long long)s.bytes_read,
         "batches_delivered", (unsigned long long)s.batches_delivered,
         "samples_delivered", (unsigned long long)s.samples_delivered,
@@ -421,6 +421,9 @@ static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *unused)
         "uring_fallbacks", (unsigned long long)s.uring_fallbacks,
         "samples_skipped", (unsigned long long)s.samples_skipped,
         "errors", (unsigned long long)s.errors,
+        "gather_bytes", (unsigned long long)s.gather_bytes,
+        "gather_requests", (unsigned long long)s.gather_requests,
+        "read_requests", (unsigned long long)s.read_requests,
         "last_error", last_s);
 }
 

@@ -1,9 +1,14 @@
 /*
  * _npyload.View: one field of a batch, exported without a copy.
  *
- *  - numpy:  __array_interface__ (version 3). numpy keeps the View as the
- *            array's base, so the View (and through it the Batch and its
- *            slot) lives as long as the array.
+ *  - numpy:  __array_struct__ for the plain dtypes (bool, ints, floats,
+ *            complex), __array_interface__ (version 3) for every dtype.
+ *            numpy asks for the struct first: a capsule is read in well under
+ *            a microsecond, where the interface's dict and typestr cost about
+ *            3 us per field (measured, numpy 2, batch of 256 rows): that is
+ *            most of the per-batch cost of small batches. numpy keeps the
+ *            View as the array's base either way, so the View (and through
+ *            it the Batch and its slot) lives as long as the array.
  *  - torch and any DLPack consumer: __dlpack__ / __dlpack_device__.
  *            The DLManagedTensor (or DLManagedTensorVersioned when the
  *            consumer asks for max_version >= (1, 0)) holds a reference to
@@ -178,6 +183,80 @@ static PyObject *view_array_interface(NpyloadPy_View *self, void *c)
                          self->arr.descr, "data",
                          PyLong_FromVoidPtr(self->arr.data), Py_False,
                          "strides", Py_None, "version", 3);
+}
+
+/* numpy's PyArrayInterface (numpy/ndarraytypes.h), the __array_struct__
+ * ABI, stable since numpy 1.0; written out here so that building the
+ * extension needs no numpy headers. */
+typedef struct npy_array_struct {
+    int two;               /* 2: the version check */
+    int nd;
+    char typekind;         /* 'b', 'i', 'u', 'f', 'c' */
+    int itemsize;
+    int flags;
+    Py_intptr_t *shape;
+    Py_intptr_t *strides;  /* NULL: C-contiguous */
+    void *data;
+    PyObject *descr;       /* NULL: typekind and itemsize say it all */
+} npy_array_struct;
+
+enum {
+    NPY_AS_C_CONTIGUOUS = 0x0001,
+    NPY_AS_ALIGNED = 0x0100,
+    NPY_AS_NOTSWAPPED = 0x0200,
+    NPY_AS_WRITEABLE = 0x0400,
+};
+
+typedef struct array_struct_box {
+    npy_array_struct s;
+    Py_intptr_t shape[NPYLOAD_MAX_DIMS];
+} array_struct_box;
+
+static void array_struct_free(PyObject *cap)
+{
+    PyMem_Free(PyCapsule_GetPointer(cap, NULL));
+}
+
+/* The struct for the dtypes it can describe ([<>|=] then b i u f c, then
+ * the item size); other dtypes (datetimes, strings, structured) raise
+ * AttributeError, so numpy falls back to __array_interface__. */
+static PyObject *view_array_struct(NpyloadPy_View *self, void *c)
+{
+    const npyload_array *a = &self->arr;
+    if (a->device >= 0)
+        return view_array_interface(self, c); /* raises the same TypeError */
+    const char *d = a->descr;
+    const uint16_t probe = 1;
+    char native = *(const uint8_t *)&probe ? '<' : '>';
+    if (strlen(d) < 3 || !strchr("<>|=", d[0]) || !strchr("biufc", d[1]) ||
+        a->itemsize == 0 || a->itemsize > 32 || a->ndim > NPYLOAD_MAX_DIMS) {
+        PyErr_SetString(PyExc_AttributeError, "__array_struct__");
+        return NULL;
+    }
+    array_struct_box *b = PyMem_Malloc(sizeof *b);
+    if (!b)
+        return PyErr_NoMemory();
+    for (int i = 0; i < a->ndim; i++)
+        b->shape[i] = (Py_intptr_t)a->shape[i];
+    int swapped = d[0] != '|' && d[0] != '=' && d[0] != native && a->itemsize > 1;
+    b->s = (npy_array_struct){
+        .two = 2,
+        .nd = a->ndim,
+        .typekind = d[1],
+        .itemsize = (int)a->itemsize,
+        /* Writable, as with __array_interface__: the slot belongs to this
+         * batch until it is released. */
+        .flags = NPY_AS_C_CONTIGUOUS | NPY_AS_ALIGNED | NPY_AS_WRITEABLE |
+                 (swapped ? 0 : NPY_AS_NOTSWAPPED),
+        .shape = b->shape,
+        .strides = NULL,
+        .data = a->data,
+        .descr = NULL,
+    };
+    PyObject *cap = PyCapsule_New(b, NULL, array_struct_free);
+    if (!cap)
+        PyMem_Free(b);
+    return cap;
 }
 
 static int dl_dtype(const npyload_array *a, DLDataType *out)
@@ -426,6 +505,9 @@ static PyMethodDef view_methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef view_getset[] = {
+    {"__array_struct__", (getter)view_array_struct, NULL,
+     "numpy array struct (host data, plain dtypes); the array keeps this "
+     "view, hence the batch's slot, alive", NULL},
     {"__array_interface__", (getter)view_array_interface, NULL,
      "numpy array interface (host data only); the array keeps this view, "
      "hence the batch's slot, alive", NULL},
