@@ -493,6 +493,12 @@ typedef struct npyload_stats {
     uint64_t samples_skipped;   /* ON_ERROR skip: samples dropped */
     uint64_t errors;            /* ON_ERROR skip: failed batch reads seen
                                    (those a retry fixed included) */
+    uint64_t compressed_bytes_read; /* .npy.zst: frame bytes read from the
+                                       files (bytes_read counts the rows
+                                       they decompress to) */
+    uint64_t decompressed_bytes; /* .npy.zst: bytes the frames read
+                                    decompressed to (whole frames) */
+    uint64_t decode_ns;         /* .npy.zst: worker time decompressing, summed */
 } npyload_stats;
 
 /*! npyload_loader_last_skip_error() : with ON_ERROR skip, copies the message
