@@ -537,3 +537,46 @@ Test(loader_zst, skip_drops_the_rows_of_a_damaged_frame)
     }
     tu_rmtree(d.dir);
 }
+
+/* A batch whose frames do not fit the worker's compressed scratch (32 MiB)
+ * at once is read in rounds: 40 incompressible 1 MiB samples, one a frame,
+ * all in one batch, with O_DIRECT too. */
+Test(loader_zst, frames_beyond_the_scratch_are_read_in_rounds)
+{
+    char *dir = tu_mkdtemp("loader_zst_big");
+    const int64_t sizes[] = {40}, shape[] = {1 << 20};
+    cr_assert_eq(tu_write_field(dir, "big", 9, "|u1", 1, 1, shape, sizes, 1, 64), 0);
+    char npy[600], zst[620];
+    snprintf(npy, sizeof npy, "%s/big_0000.npy", dir);
+    snprintf(zst, sizeof zst, "%s.zst", npy);
+    pack(npy, 1);
+    for (int direct = 0; direct < 2; direct++) {
+        npyload_loader *L;
+        cr_assert_eq(npyload_loader_create(&L), 0);
+        const char *list[] = {zst};
+        cr_assert_eq(npyload_loader_add_field_files(L, "big", list, 1), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 40), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, 1), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, 1), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, NPYLOAD_IO_PREAD), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DIRECT_IO, direct), 0);
+        cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+        npyload_batch *b;
+        cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+        cr_assert_eq(npyload_batch_size(b), 40);
+        const uint8_t *p = npyload_batch_field(b, 0)->data;
+        const int64_t *idx = npyload_batch_indices(b);
+        for (size_t r = 0; r < 40; r++)
+            for (size_t i = 0; i < (1u << 20); i += 997)
+                if (p[(r << 20) + i] != tu_byte(9, (uint64_t)idx[r], i))
+                    cr_assert_fail("row %zu byte %zu differs", r, i);
+        npyload_batch_release(b);
+        npyload_stats st;
+        cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+        cr_assert_gt(st.compressed_bytes_read, 32u << 20);
+        cr_assert_eq(st.decompressed_bytes, 40u << 20);
+        npyload_loader_destroy(L);
+    }
+    tu_rmtree(dir);
+}
