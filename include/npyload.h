@@ -265,7 +265,10 @@ NPYLOAD_API void npyload_loader_destroy(npyload_loader *L);
 
 /*! npyload_loader_add_field() :
  * Adds a field named `name` whose files are those matching `glob`, sorted
- * lexicographically (byte order). Headers are read at start.
+ * lexicographically (byte order). Headers are read at start. A file may be
+ * an NPY file or a FILE.npy.zst (see "Compressed shards" below; told by its
+ * first bytes), both kinds in one field too; a .npy.zst's seek table is
+ * validated at start.
  * @return : 0, NPYLOAD_ENOFILES if nothing matches, NPYLOAD_EINVAL for a bad
  *           or duplicate name, NPYLOAD_ESTATE after start. */
 NPYLOAD_API int npyload_loader_add_field(npyload_loader *L, const char *name,
