@@ -191,8 +191,13 @@ static int load_field(npyload_loader *L, npyl_field *f, size_t *io_next, int64_t
             L->has_zst = 1;
             if (zst->max_csize > L->zst_max_csize)
                 L->zst_max_csize = zst->max_csize;
-            if (zst->max_dsize > L->zst_max_dsize)
-                L->zst_max_dsize = zst->max_dsize;
+            for (uint32_t fr = 1; fr < zst->nframes; fr++) {
+                uint64_t first, count;
+                npyl_zst_frame_rows(zst, fr, &first, &count);
+                uint64_t dsz = zst->doff[fr + 1] - zst->doff[fr];
+                if (count > 1 && dsz > L->zst_max_multi_dsize)
+                    L->zst_max_multi_dsize = (uint32_t)dsz;
+            }
         }
         if (h.ndim < 1)
             return npyl_loader_fail(L, NPYLOAD_EUNSUPPORTED,
@@ -324,7 +329,7 @@ int npyl_load_fields(npyload_loader *L)
     if (arc)
         return arc;
     L->has_zst = 0;
-    L->zst_max_csize = L->zst_max_dsize = 0;
+    L->zst_max_csize = L->zst_max_multi_dsize = 0;
     L->io_files = calloc(nfiles, sizeof *L->io_files);
     if (!L->io_files)
         return npyl_loader_fail(L, -ENOMEM, "out of memory");

@@ -135,7 +135,7 @@ typedef struct npyl_worker {
     ZSTD_DCtx *dctx;      /* reused for every frame */
     uint8_t *zsrc;        /* compressed frames, NPYL_DIRECT_ALIGN-aligned */
     size_t zsrc_cap;
-    uint8_t *zdst;        /* one decompressed frame (rows picked from it) */
+    uint8_t *zdst;        /* one decompressed frame of several samples */
     size_t zdst_cap;
     struct npyl_zrow *zrows; /* batch_size x nfields: rows grouped by frame */
 } npyl_worker;
@@ -202,7 +202,8 @@ struct npyload_loader {
 
     /* .npy.zst files (npyload_loader_fields.c): the largest frame of any. */
     int has_zst;
-    uint32_t zst_max_csize, zst_max_dsize;
+    uint32_t zst_max_csize;       /* any frame, compressed */
+    uint32_t zst_max_multi_dsize; /* frames of several samples, decompressed */
     _Atomic uint64_t st_zcbytes, st_zdbytes, st_zdecode_ns;
 
     char errmsg[NPYL_ERRMSG_LEN];

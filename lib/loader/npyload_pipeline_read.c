@@ -10,8 +10,10 @@
  * compressed scratch (in rounds when they do not all fit), each placed at
  * the address that is congruent to its file offset modulo 4096, so O_DIRECT
  * reads land straight there. A frame that holds exactly the rows wanted, in
- * order, decodes straight into the slot; any other goes through the
- * worker's decode scratch and its rows are copied out. */
+ * order, decodes straight into the slot, and so does a frame of one sample
+ * (repeated rows copied from the first); any other goes through the
+ * worker's decode scratch, sized for the largest frame of several samples,
+ * and its rows are copied out. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -139,9 +141,15 @@ static int decode_group(npyload_loader *L, npyl_worker *w, const npyl_zrow *z, s
         direct = z[j].row == z[0].row + j && z[j].local == first + j;
     uint64_t t0 = npyl_now_ns();
     int rc;
-    if (direct) {
-        rc = npyl_zst_decode_frame(x, z->frame, w->dctx, src, dst[z->field] + z->row * rb,
-                                   (size_t)(count * rb), name, w->errmsg, sizeof w->errmsg);
+    if (direct || count == 1) {
+        /* A one-sample frame wanted by several rows (a sample repeated in a
+         * batch, rank padding) decodes into the first and is copied to the
+         * rest: the decode scratch is only for frames of several samples. */
+        uint8_t *at = dst[z->field] + z->row * rb;
+        rc = npyl_zst_decode_frame(x, z->frame, w->dctx, src, at, (size_t)(count * rb), name,
+                                   w->errmsg, sizeof w->errmsg);
+        for (size_t j = 1; rc == 0 && !direct && j < k; j++)
+            memcpy(dst[z->field] + z[j].row * rb, at, rb);
     } else {
         rc = npyl_zst_decode_frame(x, z->frame, w->dctx, src, w->zdst, w->zdst_cap, name,
                                    w->errmsg, sizeof w->errmsg);
@@ -343,7 +351,7 @@ int npyl_read_worker_init(npyload_loader *L, npyl_worker *w)
         p = NULL;
     w->zsrc = p;
     w->zsrc_cap = (size_t)cap;
-    w->zdst_cap = L->zst_max_dsize ? L->zst_max_dsize : 1;
+    w->zdst_cap = L->zst_max_multi_dsize ? L->zst_max_multi_dsize : 1;
     w->zdst = malloc(w->zdst_cap);
     w->zrows = calloc(B * L->nfields, sizeof *w->zrows);
     w->dctx = npyl_zst_dctx_create();
