@@ -265,7 +265,10 @@ NPYLOAD_API void npyload_loader_destroy(npyload_loader *L);
 
 /*! npyload_loader_add_field() :
  * Adds a field named `name` whose files are those matching `glob`, sorted
- * lexicographically (byte order). Headers are read at start.
+ * lexicographically (byte order). Headers are read at start. A file may be
+ * an NPY file or a FILE.npy.zst (see "Compressed shards" below; told by its
+ * first bytes), both kinds in one field too; a .npy.zst's seek table is
+ * validated at start.
  * @return : 0, NPYLOAD_ENOFILES if nothing matches, NPYLOAD_EINVAL for a bad
  *           or duplicate name, NPYLOAD_ESTATE after start. */
 NPYLOAD_API int npyload_loader_add_field(npyload_loader *L, const char *name,
@@ -501,6 +504,12 @@ typedef struct npyload_stats {
                                    file and field) served that way */
     uint64_t read_requests;     /* requests read with io_uring or pread
                                    (bytes: bytes_read - gather_bytes) */
+    uint64_t compressed_bytes_read; /* .npy.zst: frame bytes read from the
+                                       files (bytes_read counts the rows
+                                       they decompress to) */
+    uint64_t decompressed_bytes; /* .npy.zst: bytes the frames read
+                                    decompressed to (whole frames) */
+    uint64_t decode_ns;         /* .npy.zst: worker time decompressing, summed */
 } npyload_stats;
 
 /*! npyload_loader_last_skip_error() : with ON_ERROR skip, copies the message

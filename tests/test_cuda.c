@@ -740,3 +740,46 @@ Test(cuda_fake, release_stream_wait_failing_poisons_slot)
 {
     poisoned_release(0, 1);
 }
+
+/* Device mode over .npy.zst: frames decode into the staging slot (2-sample
+ * frames: rows are picked through the scratch as well), then the same copy
+ * path; the bytes on the "device" are the files'. */
+Test(cuda_fake, npy_zst_decodes_into_the_staging_slot)
+{
+    fake_cudart *f = load_fake();
+    void *cs = consumer_stream(f);
+    char *dir;
+    char *glob = small_field(&dir);
+    for (int k = 0; k < 2; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "x_%04d.npy", k);
+        char *p = tu_path(dir, name);
+        npyload_pack_options o = {.frame_size = 128, .threads = 1};
+        char err[512];
+        cr_assert_eq(npyload_pack_file(p, NULL, &o, NULL, err, sizeof err), 0, "%s", err);
+        free(p);
+    }
+    char *zglob = tu_path(dir, "x_*.npy.zst");
+    npyload_loader *L = fake_loader(zglob, 3, 2, 3);
+    size_t rows = 0;
+    for (uint64_t e = 0; e < 2; e++) {
+        cr_assert_eq(npyload_loader_set_epoch(L, e), 0);
+        npyload_batch *b;
+        int rc;
+        while ((rc = npyload_loader_next(L, &b)) == 0) {
+            consume_fake_batch(b, cs);
+            rows += npyload_batch_size(b);
+            npyload_batch_release(b);
+        }
+        cr_assert_eq(rc, NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
+    }
+    cr_assert_eq(rows, 2 * 13);
+    npyload_stats st;
+    cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+    cr_assert_gt(st.compressed_bytes_read, 0);
+    cr_assert_eq(st.h2d_bytes, rows * 64);
+    npyload_loader_destroy(L);
+    free(zglob);
+    free(glob);
+    tu_rmtree(dir);
+}

@@ -66,6 +66,7 @@ static void free_worker(npyload_loader *L, npyl_worker *w)
     w->reqs = NULL;
     free(w->dst);
     w->dst = NULL;
+    npyl_read_worker_free(w);
     if (w->stream)
         npyl_cuda_stream_destroy(L->cuda, w->stream);
     if (w->ev_start)
@@ -128,6 +129,10 @@ static void free_tables(npyload_loader *L)
     free(L->seqspare);
     L->seqbuf = L->seqspare = NULL;
     for (size_t i = 0; i < L->nfields; i++) {
+        for (size_t k = 0; L->fields[i].files && k < L->fields[i].npaths; k++) {
+            npyl_zst_index_free(L->fields[i].files[k].zst);
+            free(L->fields[i].files[k].zst);
+        }
         free(L->fields[i].files);
         L->fields[i].files = NULL;
     }
@@ -270,6 +275,9 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *out)
     out->bytes_read = atomic_load(&L->st_bytes);
     out->samples_skipped = atomic_load(&L->st_skipped);
     out->errors = atomic_load(&L->st_errors);
+    out->compressed_bytes_read = atomic_load(&L->st_zcbytes);
+    out->decompressed_bytes = atomic_load(&L->st_zdbytes);
+    out->decode_ns = atomic_load(&L->st_zdecode_ns);
     out->batches_delivered = atomic_load(&L->st_batches);
     out->samples_delivered = atomic_load(&L->st_samples);
     out->wait_ns = atomic_load(&L->st_wait_ns);

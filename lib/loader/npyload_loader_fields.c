@@ -2,10 +2,13 @@
  * every header and checking that the files of a field agree and that the
  * fields hold the same number of samples. */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "npyload_loader_internal.h"
 
@@ -131,6 +134,41 @@ static int f_order_is_c_order(const npyload_header *h)
     return longer <= 1;
 }
 
+/* The header of a .npy or, told by its first bytes whatever its name, of a
+ * .npy.zst: then from frame 0, after the whole seek table was validated
+ * (*zst receives the index, owned by the caller; NULL for a .npy). */
+static int read_any_header(const char *path, npyload_header *h, npyl_zst_index **zst,
+                           char *err, size_t errlen)
+{
+    *zst = NULL;
+    /* O_NONBLOCK: a FIFO must not block here; anything but a regular file
+     * is left to the NPY reader, which refuses it in its words. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return npyload_read_header(path, h, err, errlen);
+    struct stat st;
+    unsigned char m[4];
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        pread(fd, m, sizeof m, 0) != (ssize_t)sizeof m || !npyl_zst_is_zstd(m)) {
+        close(fd);
+        return npyload_read_header(path, h, err, errlen);
+    }
+    npyl_zst_index *x = calloc(1, sizeof *x);
+    if (!x) {
+        close(fd);
+        return npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+    }
+    int rc = npyl_zst_index_open(fd, path, x, err, errlen);
+    close(fd);
+    if (rc) {
+        free(x);
+        return rc;
+    }
+    *h = x->hdr;
+    *zst = x;
+    return 0;
+}
+
 /* Reads the headers of field f's files, checks they agree, and records the
  * files in the io table. *io_next is the next free io_files index; *samples
  * receives the field's total. */
@@ -144,9 +182,23 @@ static int load_field(npyload_loader *L, npyl_field *f, size_t *io_next, int64_t
     for (size_t k = 0; k < f->npaths; k++) {
         const char *path = f->paths[k];
         npyload_header h;
-        int rc = npyload_read_header(path, &h, err, sizeof err);
+        npyl_zst_index *zst = NULL;
+        int rc = read_any_header(path, &h, &zst, err, sizeof err);
         if (rc)
             return npyl_loader_fail(L, rc, "field '%s': %s", f->name, err);
+        f->files[k].zst = zst; /* freed with the file table from here on */
+        if (zst) {
+            L->has_zst = 1;
+            if (zst->max_csize > L->zst_max_csize)
+                L->zst_max_csize = zst->max_csize;
+            for (uint32_t fr = 1; fr < zst->nframes; fr++) {
+                uint64_t first, count;
+                npyl_zst_frame_rows(zst, fr, &first, &count);
+                uint64_t dsz = zst->doff[fr + 1] - zst->doff[fr];
+                if (count > 1 && dsz > L->zst_max_multi_dsize)
+                    L->zst_max_multi_dsize = (uint32_t)dsz;
+            }
+        }
         if (h.ndim < 1)
             return npyl_loader_fail(L, NPYLOAD_EUNSUPPORTED,
                                     "field '%s': %s: 0-d array has no sample axis", f->name, path);
@@ -276,6 +328,8 @@ int npyl_load_fields(npyload_loader *L)
     int arc = check_alignment(L);
     if (arc)
         return arc;
+    L->has_zst = 0;
+    L->zst_max_csize = L->zst_max_multi_dsize = 0;
     L->io_files = calloc(nfiles, sizeof *L->io_files);
     if (!L->io_files)
         return npyl_loader_fail(L, -ENOMEM, "out of memory");

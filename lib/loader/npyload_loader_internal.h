@@ -46,6 +46,7 @@
 #include "../cuda/npyload_cuda.h"
 #include "../io/npyload_io.h"
 #include "../order/npyload_order.h"
+#include "../zst/npyload_zst.h"
 
 #define NPYL_ERRMSG_LEN 1024
 #define DEFAULT_WORKERS 2
@@ -68,6 +69,7 @@ typedef struct npyl_ffile {
     int64_t first;        /* global sample index of its first row */
     int64_t count;        /* rows */
     uint64_t data_offset;
+    npyl_zst_index *zst;  /* a .npy.zst: its frame index (owned); NULL: .npy */
 } npyl_ffile;
 
 typedef struct npyl_field {
@@ -129,6 +131,13 @@ typedef struct npyl_worker {
     void *ev_start, *ev_end; /* unused: copies are timed per staging slot
                                 (npyl_slot.ev_start/ev_done) */
     char errmsg[NPYL_ERRMSG_LEN];
+    /* .npy.zst reading (npyload_pipeline_read.c), sized at start: */
+    ZSTD_DCtx *dctx;      /* reused for every frame */
+    uint8_t *zsrc;        /* compressed frames, NPYL_DIRECT_ALIGN-aligned */
+    size_t zsrc_cap;
+    uint8_t *zdst;        /* one decompressed frame of several samples */
+    size_t zdst_cap;
+    struct npyl_zrow *zrows; /* batch_size x nfields: rows grouped by frame */
 } npyl_worker;
 
 struct npyload_loader {
@@ -191,6 +200,12 @@ struct npyload_loader {
     _Atomic uint64_t st_skipped, st_errors; /* ON_ERROR skip */
     char skip_msg[NPYL_ERRMSG_LEN];  /* [mu] last failure behind a skip */
 
+    /* .npy.zst files (npyload_loader_fields.c): the largest frame of any. */
+    int has_zst;
+    uint32_t zst_max_csize;       /* any frame, compressed */
+    uint32_t zst_max_multi_dsize; /* frames of several samples, decompressed */
+    _Atomic uint64_t st_zcbytes, st_zdbytes, st_zdecode_ns;
+
     char errmsg[NPYL_ERRMSG_LEN];
 };
 
@@ -224,6 +239,13 @@ NPYL_HIDDEN int npyl_state_check(npyload_loader *L, const npyload_state *st, int
  * message in w->errmsg; *bytes accumulates what landed. No lock held. */
 NPYL_HIDDEN int npyl_read_batch(npyload_loader *L, npyl_worker *w, npyl_slot *h,
                                 uint8_t *const *dst, uint64_t *bytes);
+
+/* npyload_pipeline_read.c: a worker's .npy.zst state (decompression
+ * context, scratch buffers), sized from L's largest frames; nothing when the
+ * loader has no .npy.zst file. 0 or -ENOMEM (message in L->errmsg). The
+ * free is idempotent. */
+NPYL_HIDDEN int npyl_read_worker_init(npyload_loader *L, npyl_worker *w);
+NPYL_HIDDEN void npyl_read_worker_free(npyl_worker *w);
 
 /* npyload_pipeline.c: */
 /* Starts the worker threads (after slots and io contexts exist). */

@@ -300,6 +300,8 @@ static int create_workers(npyload_loader *L, size_t nworkers)
         w->dst = calloc(L->nfields ? L->nfields : 1, sizeof *w->dst);
         if (!w->reqs || !w->dst)
             return npyl_loader_fail(L, -ENOMEM, "out of memory");
+        if ((rc = npyl_read_worker_init(L, w)))
+            return rc;
         if (L->device >= 0 && ((rc = npyl_cuda_stream_create(L->cuda, &w->stream)) ||
                                (rc = npyl_cuda_event_create(L->cuda, &w->ev_start, 1)) ||
                                (rc = npyl_cuda_event_create(L->cuda, &w->ev_end, 1))))

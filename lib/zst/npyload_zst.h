@@ -133,6 +133,12 @@ NPYL_HIDDEN int npyl_zst_decode_frame(const npyl_zst_index *x, uint32_t f,
                                       void *dst, size_t cap, const char *name,
                                       char *err, size_t errlen);
 
+/* A decompression context for npyl_zst_decode_frame, so that users of this
+ * module need not include zstd.h. Returns NULL when out of memory; the free
+ * is NULL-safe. One per thread: a context is not thread-safe. */
+NPYL_HIDDEN ZSTD_DCtx *npyl_zst_dctx_create(void);
+NPYL_HIDDEN void npyl_zst_dctx_free(ZSTD_DCtx *dctx);
+
 /* ---- writing ---- */
 
 /* Bytes of the seek table's skippable frame for `n` frames. */

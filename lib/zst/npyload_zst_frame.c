@@ -20,6 +20,16 @@ static uint32_t le32(const unsigned char *p)
  * no accessor for it. */
 #define NPYL_ZST_FHD_CHECKSUM 0x04u
 
+ZSTD_DCtx *npyl_zst_dctx_create(void)
+{
+    return ZSTD_createDCtx();
+}
+
+void npyl_zst_dctx_free(ZSTD_DCtx *dctx)
+{
+    ZSTD_freeDCtx(dctx);
+}
+
 int npyl_zst_decode_frame(const npyl_zst_index *x, uint32_t f, ZSTD_DCtx *dctx,
                           const void *src, void *dst, size_t cap,
                           const char *name, char *err, size_t errlen)

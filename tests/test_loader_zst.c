@@ -1,0 +1,582 @@
+/* The loader over .npy.zst files (lib/loader/npyload_pipeline_read.c and
+ * the header path of npyload_loader_fields.c). The truth is independent of
+ * the loader: the bytes of every sample come from tu_byte() (the .npy files
+ * are written by tests/testutil.c, then packed), the order from
+ * npyload_order_indices. Damaged files are made by editing the bytes the
+ * seek table points at, located with the zst module's own parser. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <zstd.h>
+
+#include "npyload.h"
+#include "testutil.h"
+#include "zst/npyload_zst.h"
+
+static const int64_t FILE_SIZES[] = {7, 1, 13, 30, 5, 8};
+#define NFILES (sizeof FILE_SIZES / sizeof FILE_SIZES[0])
+#define N_TOTAL 64
+static const int64_t IMG_SHAPE[] = {3, 5}; /* <f4: 60 bytes a sample */
+static const int64_t LAB_SHAPE[] = {7};    /* |u1: 7 bytes a sample */
+#define IMG_BYTES 60
+#define LAB_BYTES 7
+
+/* The dataset as .npy files and as .npy.zst beside them: img frames hold 3
+ * samples (frame_size 150: rows are picked from a frame), lab frames one
+ * (frame_size 1: a frame decodes straight into the slot). */
+typedef struct {
+    char *dir;
+    char img[NFILES][600], lab[NFILES][600]; /* the .npy.zst paths */
+} dataset;
+
+static void pack(const char *npy, uint64_t frame_size)
+{
+    npyload_pack_options o = {.frame_size = frame_size, .threads = 1};
+    char err[512];
+    int rc = npyload_pack_file(npy, NULL, &o, NULL, err, sizeof err);
+    cr_assert_eq(rc, 0, "pack %s: %s", npy, err);
+}
+
+static dataset make_dataset(void)
+{
+    dataset d;
+    d.dir = tu_mkdtemp("loader_zst");
+    cr_assert_not_null(d.dir);
+    cr_assert_eq(tu_write_field(d.dir, "img", 1, "<f4", 4, 2, IMG_SHAPE, FILE_SIZES, NFILES, 64), 0);
+    cr_assert_eq(tu_write_field(d.dir, "lab", 2, "|u1", 1, 1, LAB_SHAPE, FILE_SIZES, NFILES, 16), 0);
+    for (size_t k = 0; k < NFILES; k++) {
+        char p[580];
+        snprintf(p, sizeof p, "%s/img_%04zu.npy", d.dir, k);
+        pack(p, 150);
+        snprintf(d.img[k], sizeof d.img[k], "%s.zst", p);
+        snprintf(p, sizeof p, "%s/lab_%04zu.npy", d.dir, k);
+        pack(p, 1);
+        snprintf(d.lab[k], sizeof d.lab[k], "%s.zst", p);
+    }
+    return d;
+}
+
+typedef struct {
+    int backend, workers, prefetch, shuffle, direct, on_error;
+    int64_t batch, rank, world, seed;
+    int mixed; /* img: even files .npy, odd files .npy.zst */
+} cfg;
+
+static npyload_loader *open_loader(const dataset *d, const cfg *c)
+{
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    char g[700];
+    if (c->mixed) {
+        char npy[NFILES][600];
+        const char *list[NFILES];
+        for (size_t k = 0; k < NFILES; k++) {
+            snprintf(npy[k], sizeof npy[k], "%s/img_%04zu.npy", d->dir, k);
+            list[k] = (k % 2) ? d->img[k] : npy[k];
+        }
+        cr_assert_eq(npyload_loader_add_field_files(L, "img", list, NFILES), 0, "%s",
+                     npyload_loader_errmsg(L));
+    } else {
+        snprintf(g, sizeof g, "%s/img_*.npy.zst", d->dir);
+        cr_assert_eq(npyload_loader_add_field(L, "img", g), 0, "%s", npyload_loader_errmsg(L));
+    }
+    snprintf(g, sizeof g, "%s/lab_*.npy.zst", d->dir);
+    cr_assert_eq(npyload_loader_add_field(L, "lab", g), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, c->batch), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, c->workers ? c->workers : 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, c->prefetch ? c->prefetch : 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, c->shuffle), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SEED, c->seed), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_WORLD_SIZE, c->world ? c->world : 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_RANK, c->rank), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, c->backend), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DIRECT_IO, c->direct), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_ON_ERROR, c->on_error), 0);
+    return L;
+}
+
+/* Every row against tu_byte. */
+static void check_batch(npyload_batch *b)
+{
+    size_t rows = npyload_batch_size(b);
+    const int64_t *idx = npyload_batch_indices(b);
+    const npyload_array *img = npyload_batch_field(b, 0), *lab = npyload_batch_field(b, 1);
+    cr_assert_str_eq(img->descr, "<f4");
+    cr_assert_str_eq(lab->descr, "|u1");
+    cr_assert_eq(img->ndim, 3);
+    cr_assert_eq(img->shape[1], 3);
+    cr_assert_eq(img->shape[2], 5);
+    cr_assert_eq(img->nbytes, rows * IMG_BYTES);
+    cr_assert_eq(lab->nbytes, rows * LAB_BYTES);
+    const uint8_t *pi = img->data, *pl = lab->data;
+    for (size_t r = 0; r < rows; r++) {
+        for (size_t i = 0; i < IMG_BYTES; i++)
+            if (pi[r * IMG_BYTES + i] != tu_byte(1, (uint64_t)idx[r], i))
+                cr_assert_fail("img row %zu (sample %lld) byte %zu differs", r,
+                               (long long)idx[r], i);
+        for (size_t i = 0; i < LAB_BYTES; i++)
+            if (pl[r * LAB_BYTES + i] != tu_byte(2, (uint64_t)idx[r], i))
+                cr_assert_fail("lab row %zu (sample %lld) byte %zu differs", r,
+                               (long long)idx[r], i);
+    }
+}
+
+/* One epoch: every batch's bytes, and the indices equal the documented
+ * order. Returns the batches. */
+static int64_t run_epoch(npyload_loader *L, const cfg *c, uint64_t epoch)
+{
+    int64_t expect[N_TOTAL * 2];
+    int64_t n = npyload_order_indices(N_TOTAL, c->shuffle, c->seed, epoch, c->rank,
+                                      c->world ? c->world : 1, 0, c->batch, FILE_SIZES,
+                                      NFILES, 0, expect, N_TOTAL * 2);
+    cr_assert_geq(n, 0);
+    int64_t got = 0, nb = 0;
+    npyload_batch *b;
+    int rc;
+    while ((rc = npyload_loader_next(L, &b)) == 0) {
+        check_batch(b);
+        const int64_t *idx = npyload_batch_indices(b);
+        for (size_t r = 0; r < npyload_batch_size(b); r++, got++)
+            cr_assert_eq(idx[r], expect[got]);
+        npyload_batch_release(b);
+        nb++;
+    }
+    cr_assert_eq(rc, NPYLOAD_EOF, "next: %s: %s", npyload_strerror(rc), npyload_loader_errmsg(L));
+    cr_assert_eq(got, n);
+    cr_assert_eq(nb, npyload_loader_num_batches(L));
+    return nb;
+}
+
+static int uring_usable(void)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_URING, .batch = 4};
+    npyload_loader *L = open_loader(&d, &c);
+    int rc = npyload_loader_start(L);
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+    return rc == 0;
+}
+
+static void matrix(int backend, int direct, int mixed)
+{
+    dataset d = make_dataset();
+    int workers[] = {1, 3}, shuffles[] = {0, 1, 2};
+    int64_t batches[] = {1, 5, 64, 100};
+    for (size_t w = 0; w < 2; w++)
+        for (size_t s = 0; s < 3; s++)
+            for (size_t bi = 0; bi < 4; bi++) {
+                cfg c = {.backend = backend, .workers = workers[w], .prefetch = 2 * workers[w],
+                         .shuffle = shuffles[s], .batch = batches[bi], .seed = 42,
+                         .direct = direct, .mixed = mixed};
+                npyload_loader *L = open_loader(&d, &c);
+                cr_assert_eq(npyload_loader_start(L), 0, "start: %s", npyload_loader_errmsg(L));
+                cr_assert_eq(npyload_loader_num_samples(L), N_TOTAL);
+                cr_assert_eq(npyload_loader_backend(L), backend);
+                run_epoch(L, &c, 0);
+                cr_assert_eq(npyload_loader_set_epoch(L, 1), 0);
+                run_epoch(L, &c, 1);
+                npyload_stats st;
+                cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+                cr_assert_eq(st.samples_delivered, 2 * N_TOTAL);
+                cr_assert_eq(st.bytes_read, 2 * N_TOTAL * (IMG_BYTES + LAB_BYTES));
+                cr_assert_gt(st.compressed_bytes_read, 0);
+                cr_assert_geq(st.decompressed_bytes, 2 * N_TOTAL * LAB_BYTES);
+                npyload_loader_destroy(L);
+            }
+    tu_rmtree(d.dir);
+}
+
+Test(loader_zst, pread) { matrix(NPYLOAD_IO_PREAD, 0, 0); }
+Test(loader_zst, mmap) { matrix(NPYLOAD_IO_MMAP, 0, 0); }
+Test(loader_zst, pread_direct) { matrix(NPYLOAD_IO_PREAD, 1, 0); }
+Test(loader_zst, mixed_npy_and_zst_in_one_field) { matrix(NPYLOAD_IO_PREAD, 0, 1); }
+Test(loader_zst, mixed_mmap) { matrix(NPYLOAD_IO_MMAP, 0, 1); }
+Test(loader_zst, uring)
+{
+    if (!uring_usable())
+        cr_skip_test("io_uring refused here");
+    matrix(NPYLOAD_IO_URING, 0, 0);
+}
+Test(loader_zst, uring_direct_mixed)
+{
+    if (!uring_usable())
+        cr_skip_test("io_uring refused here");
+    matrix(NPYLOAD_IO_URING, 1, 1);
+}
+
+Test(loader_zst, ranks_cover_every_sample)
+{
+    dataset d = make_dataset();
+    for (int64_t r = 0; r < 3; r++) {
+        cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 2, .shuffle = 1, .batch = 5,
+                 .seed = 7, .rank = r, .world = 3};
+        npyload_loader *L = open_loader(&d, &c);
+        cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+        run_epoch(L, &c, 0);
+        npyload_loader_destroy(L);
+    }
+    tu_rmtree(d.dir);
+}
+
+/* A frame that holds several of a batch's rows is decompressed once: with
+ * the whole epoch in one batch, sequential or locally shuffled, the frames
+ * decompress to exactly the data, once. (Decoding per row would count the
+ * 3-sample img frames up to three times.) */
+Test(loader_zst, a_shared_frame_is_decompressed_once)
+{
+    dataset d = make_dataset();
+    int shuffles[] = {0, 2};
+    for (size_t s = 0; s < 2; s++) {
+        cfg c = {.backend = NPYLOAD_IO_PREAD, .shuffle = shuffles[s], .batch = N_TOTAL,
+                 .seed = 3};
+        npyload_loader *L = open_loader(&d, &c);
+        cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+        run_epoch(L, &c, 0);
+        npyload_stats st;
+        cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+        cr_assert_eq(st.decompressed_bytes, N_TOTAL * (IMG_BYTES + LAB_BYTES), "%llu",
+                     (unsigned long long)st.decompressed_bytes);
+        uint64_t files = 0;
+        for (size_t k = 0; k < NFILES; k++) {
+            struct stat a, b;
+            cr_assert_eq(stat(d.img[k], &a), 0);
+            cr_assert_eq(stat(d.lab[k], &b), 0);
+            files += (uint64_t)a.st_size + (uint64_t)b.st_size;
+        }
+        cr_assert_lt(st.compressed_bytes_read, files); /* headers and tables not read */
+        npyload_loader_destroy(L);
+    }
+    tu_rmtree(d.dir);
+}
+
+Test(loader_zst, resume_from_state)
+{
+    dataset d = make_dataset();
+    cfg a = {.backend = NPYLOAD_IO_PREAD, .workers = 1, .shuffle = 1, .batch = 6, .seed = 11};
+    cfg b = a;
+    b.backend = NPYLOAD_IO_MMAP;
+    b.workers = 3;
+    b.mixed = 1;
+    npyload_loader *A = open_loader(&d, &a), *B = open_loader(&d, &b);
+    cr_assert_eq(npyload_loader_start(A), 0, "%s", npyload_loader_errmsg(A));
+    npyload_batch *x, *y;
+    for (int k = 0; k < 4; k++) {
+        cr_assert_eq(npyload_loader_next(A, &x), 0);
+        npyload_batch_release(x);
+    }
+    npyload_state st;
+    cr_assert_eq(npyload_loader_get_state(A, &st), 0);
+    cr_assert_eq(npyload_loader_set_state(B, &st), 0, "%s", npyload_loader_errmsg(B));
+    cr_assert_eq(npyload_loader_start(B), 0, "%s", npyload_loader_errmsg(B));
+    int ra, rb, n = 0;
+    for (;; n++) {
+        ra = npyload_loader_next(A, &x);
+        rb = npyload_loader_next(B, &y);
+        cr_assert_eq(ra, rb);
+        if (ra)
+            break;
+        cr_assert_eq(npyload_batch_size(x), npyload_batch_size(y));
+        cr_assert_eq(memcmp(npyload_batch_indices(x), npyload_batch_indices(y),
+                            npyload_batch_size(x) * sizeof(int64_t)), 0);
+        check_batch(x);
+        check_batch(y);
+        npyload_batch_release(x);
+        npyload_batch_release(y);
+    }
+    cr_assert_eq(ra, NPYLOAD_EOF);
+    cr_assert_eq(n, npyload_loader_num_batches(A) - 4);
+    npyload_loader_destroy(A);
+    npyload_loader_destroy(B);
+    tu_rmtree(d.dir);
+}
+
+/* ---- damaged files ---- */
+
+static npyl_zst_index index_of(const char *path)
+{
+    npyl_zst_index x;
+    char err[512];
+    int fd = open(path, O_RDONLY);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(npyl_zst_index_open(fd, path, &x, err, sizeof err), 0, "%s", err);
+    close(fd);
+    return x;
+}
+
+static void poke(const char *path, uint64_t off, uint8_t xor_mask)
+{
+    int fd = open(path, O_RDWR);
+    cr_assert_geq(fd, 0);
+    uint8_t c;
+    cr_assert_eq(pread(fd, &c, 1, (off_t)off), 1);
+    c ^= xor_mask;
+    cr_assert_eq(pwrite(fd, &c, 1, (off_t)off), 1);
+    close(fd);
+}
+
+/* Runs an epoch that must fail; returns the loader's message (static). */
+static const char *failing_epoch(const dataset *d, const cfg *c)
+{
+    static char msg[2048];
+    npyload_loader *L = open_loader(d, c);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_batch *b;
+    int rc;
+    while ((rc = npyload_loader_next(L, &b)) == 0) {
+        check_batch(b); /* whatever is delivered as success is right */
+        npyload_batch_release(b);
+    }
+    cr_assert_lt(rc, 0, "a damaged file must surface as an error, got %d", rc);
+    snprintf(msg, sizeof msg, "%s", npyload_loader_errmsg(L));
+    npyload_loader_destroy(L);
+    return msg;
+}
+
+static void expect_in(const char *msg, const char *what)
+{
+    cr_assert_not_null(strstr(msg, what), "\"%s\" not in: %s", what, msg);
+}
+
+Test(loader_zst, flipped_byte_in_a_frame_names_file_frame_and_offset)
+{
+    dataset d = make_dataset();
+    npyl_zst_index x = index_of(d.img[3]); /* 30 samples: 10 frames */
+    uint64_t mid = (x.coff[4] + x.coff[5]) / 2;
+    char at[64];
+    snprintf(at, sizeof at, "frame 4 at byte %llu", (unsigned long long)x.coff[4]);
+    npyl_zst_index_free(&x);
+    poke(d.img[3], mid, 0x40);
+    int backends[] = {NPYLOAD_IO_PREAD, NPYLOAD_IO_MMAP};
+    for (size_t i = 0; i < 2; i++) {
+        cfg c = {.backend = backends[i], .workers = 2, .shuffle = 1, .batch = 8};
+        const char *msg = failing_epoch(&d, &c);
+        expect_in(msg, "img_0003.npy.zst");
+        expect_in(msg, at);
+    }
+    tu_rmtree(d.dir);
+}
+
+Test(loader_zst, wrong_checksum_in_the_seek_table)
+{
+    dataset d = make_dataset();
+    npyl_zst_index x = index_of(d.lab[2]);
+    cr_assert(x.checksums);
+    /* Entry 5's checksum: table header, 5 entries of 12 bytes, +8. */
+    uint64_t at_sum = x.file_size - x.table_bytes + NPYL_ZST_SKIP_HEADER_BYTES + 5 * 12 + 8;
+    char at[64];
+    snprintf(at, sizeof at, "frame 5 at byte %llu", (unsigned long long)x.coff[5]);
+    npyl_zst_index_free(&x);
+    poke(d.lab[2], at_sum, 0x01);
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .batch = 8};
+    const char *msg = failing_epoch(&d, &c);
+    expect_in(msg, "lab_0002.npy.zst");
+    expect_in(msg, at);
+    expect_in(msg, "checksum");
+    tu_rmtree(d.dir);
+}
+
+static void changed_after_start(int truncate_it)
+{
+    dataset d = make_dataset();
+    int backends[] = {NPYLOAD_IO_PREAD, NPYLOAD_IO_MMAP};
+    for (size_t i = 0; i < 2; i++) {
+        cfg c = {.backend = backends[i], .workers = 1, .prefetch = 1, .batch = 8};
+        npyload_loader *L = open_loader(&d, &c);
+        cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+        if (truncate_it) {
+            struct stat st;
+            cr_assert_eq(stat(d.img[5], &st), 0);
+            cr_assert_eq(truncate(d.img[5], st.st_size / 2), 0);
+        } else {
+            /* Replaced: another file renamed over it, same size even. */
+            char tmp[700];
+            snprintf(tmp, sizeof tmp, "%s.new", d.img[5]);
+            size_t n;
+            void *p = tu_read_file(d.img[5], &n);
+            FILE *f = fopen(tmp, "wb");
+            cr_assert_not_null(f);
+            cr_assert_eq(fwrite(p, 1, n, f), n);
+            fclose(f);
+            free(p);
+            cr_assert_eq(rename(tmp, d.img[5]), 0);
+        }
+        npyload_batch *b;
+        int rc;
+        while ((rc = npyload_loader_next(L, &b)) == 0) {
+            check_batch(b);
+            npyload_batch_release(b);
+        }
+        cr_assert_lt(rc, 0);
+        expect_in(npyload_loader_errmsg(L), "img_0005.npy.zst");
+        npyload_loader_destroy(L);
+        if (truncate_it) { /* repack for the next backend */
+            char npy[600];
+            snprintf(npy, sizeof npy, "%s/img_0005.npy", d.dir);
+            npyload_pack_options o = {.frame_size = 150, .threads = 1, .force = 1};
+            cr_assert_eq(npyload_pack_file(npy, NULL, &o, NULL, NULL, 0), 0);
+        }
+    }
+    tu_rmtree(d.dir);
+}
+
+Test(loader_zst, truncated_after_start) { changed_after_start(1); }
+Test(loader_zst, replaced_after_start) { changed_after_start(0); }
+
+/* A start-time refusal: start fails, the message names the file and says
+ * `what`. */
+static void refused_at_start(const dataset *d, const char *file, const char *what)
+{
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .batch = 8};
+    npyload_loader *L = open_loader(d, &c);
+    int rc = npyload_loader_start(L);
+    cr_assert_lt(rc, 0, "start must refuse %s", file);
+    expect_in(npyload_loader_errmsg(L), file);
+    expect_in(npyload_loader_errmsg(L), what);
+    npyload_loader_destroy(L);
+}
+
+Test(loader_zst, plain_zstd_file_is_refused_with_what_to_do)
+{
+    dataset d = make_dataset();
+    char npy[600];
+    snprintf(npy, sizeof npy, "%s/lab_0001.npy", d.dir);
+    size_t n;
+    void *src = tu_read_file(npy, &n);
+    size_t cap = ZSTD_compressBound(n);
+    void *dst = malloc(cap);
+    size_t z = ZSTD_compress(dst, cap, src, n, 3);
+    cr_assert(!ZSTD_isError(z));
+    FILE *f = fopen(d.lab[1], "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(dst, 1, z, f), z);
+    fclose(f);
+    free(src);
+    free(dst);
+    refused_at_start(&d, "lab_0001.npy.zst", "npyload-pack");
+    tu_rmtree(d.dir);
+}
+
+Test(loader_zst, seek_table_with_huge_sizes_is_refused)
+{
+    dataset d = make_dataset();
+    npyl_zst_index x = index_of(d.img[3]);
+    uint64_t entry = x.file_size - x.table_bytes + NPYL_ZST_SKIP_HEADER_BYTES + 2 * 12;
+    npyl_zst_index_free(&x);
+    poke(d.img[3], entry + 4 + 3, 0x7f); /* frame 2's decompressed size: ~2 GiB */
+    refused_at_start(&d, "img_0003.npy.zst", "frame 2");
+    tu_rmtree(d.dir);
+}
+
+Test(loader_zst, seek_table_inconsistent_sizes_are_refused)
+{
+    dataset d = make_dataset();
+    npyl_zst_index x = index_of(d.img[3]);
+    uint64_t entry = x.file_size - x.table_bytes + NPYL_ZST_SKIP_HEADER_BYTES + 2 * 12;
+    npyl_zst_index_free(&x);
+    poke(d.img[3], entry, 0x01); /* frame 2's compressed size off by one */
+    refused_at_start(&d, "img_0003.npy.zst", "seek table");
+    tu_rmtree(d.dir);
+}
+
+/* Frames that hold no whole number of samples: a table over the same
+ * frames, claiming 61 + 59 bytes for the first two data frames. */
+Test(loader_zst, frames_not_holding_whole_samples_are_refused)
+{
+    dataset d = make_dataset();
+    npyl_zst_index x = index_of(d.img[3]);
+    uint64_t e1 = x.file_size - x.table_bytes + NPYL_ZST_SKIP_HEADER_BYTES + 1 * 12;
+    npyl_zst_index_free(&x);
+    /* 180 -> 181 and 180 -> 179 (low bytes; 180 = 0xB4). */
+    poke(d.img[3], e1 + 4, 0xB4 ^ 0xB5);
+    poke(d.img[3], e1 + 12 + 4, 0xB4 ^ 0xB3);
+    refused_at_start(&d, "img_0003.npy.zst", "whole number");
+    tu_rmtree(d.dir);
+}
+
+/* ON_ERROR skip: the rows of a damaged frame are dropped, every other row is
+ * delivered, right. */
+Test(loader_zst, skip_drops_the_rows_of_a_damaged_frame)
+{
+    dataset d = make_dataset();
+    npyl_zst_index x = index_of(d.img[3]);
+    uint64_t mid = (x.coff[4] + x.coff[5]) / 2;
+    npyl_zst_index_free(&x);
+    poke(d.img[3], mid, 0x40); /* img_0003 frame 4: samples 21+9..21+11 */
+    int shuffles[] = {0, 1, 2};
+    for (size_t s = 0; s < 3; s++) {
+        cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 2, .shuffle = shuffles[s],
+                 .batch = 8, .on_error = 1, .seed = 5};
+        npyload_loader *L = open_loader(&d, &c);
+        cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+        npyload_batch *b;
+        int rc, seen[N_TOTAL] = {0};
+        while ((rc = npyload_loader_next(L, &b)) == 0) {
+            check_batch(b);
+            for (size_t r = 0; r < npyload_batch_size(b); r++)
+                seen[npyload_batch_indices(b)[r]]++;
+            npyload_batch_release(b);
+        }
+        cr_assert_eq(rc, NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
+        for (int i = 0; i < N_TOTAL; i++)
+            cr_assert_eq(seen[i], (i >= 30 && i < 33) ? 0 : 1, "sample %d seen %d times", i,
+                         seen[i]);
+        npyload_stats st;
+        cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+        cr_assert_eq(st.samples_skipped, 3);
+        char last[1024];
+        cr_assert_eq(npyload_loader_last_skip_error(L, last, sizeof last), 0);
+        expect_in(last, "img_0003.npy.zst");
+        npyload_loader_destroy(L);
+    }
+    tu_rmtree(d.dir);
+}
+
+/* A batch whose frames do not fit the worker's compressed scratch (32 MiB)
+ * at once is read in rounds: 40 incompressible 1 MiB samples, one a frame,
+ * all in one batch, with O_DIRECT too. */
+Test(loader_zst, frames_beyond_the_scratch_are_read_in_rounds)
+{
+    char *dir = tu_mkdtemp("loader_zst_big");
+    const int64_t sizes[] = {40}, shape[] = {1 << 20};
+    cr_assert_eq(tu_write_field(dir, "big", 9, "|u1", 1, 1, shape, sizes, 1, 64), 0);
+    char npy[600], zst[620];
+    snprintf(npy, sizeof npy, "%s/big_0000.npy", dir);
+    snprintf(zst, sizeof zst, "%s.zst", npy);
+    pack(npy, 1);
+    for (int direct = 0; direct < 2; direct++) {
+        npyload_loader *L;
+        cr_assert_eq(npyload_loader_create(&L), 0);
+        const char *list[] = {zst};
+        cr_assert_eq(npyload_loader_add_field_files(L, "big", list, 1), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 40), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, 1), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, 1), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, NPYLOAD_IO_PREAD), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DIRECT_IO, direct), 0);
+        cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+        npyload_batch *b;
+        cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+        cr_assert_eq(npyload_batch_size(b), 40);
+        const uint8_t *p = npyload_batch_field(b, 0)->data;
+        const int64_t *idx = npyload_batch_indices(b);
+        for (size_t r = 0; r < 40; r++)
+            for (size_t i = 0; i < (1u << 20); i += 997)
+                if (p[(r << 20) + i] != tu_byte(9, (uint64_t)idx[r], i))
+                    cr_assert_fail("row %zu byte %zu differs", r, i);
+        npyload_batch_release(b);
+        npyload_stats st;
+        cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+        cr_assert_gt(st.compressed_bytes_read, 32u << 20);
+        cr_assert_eq(st.decompressed_bytes, 40u << 20);
+        npyload_loader_destroy(L);
+    }
+    tu_rmtree(dir);
+}
