@@ -83,3 +83,154 @@ def test_gen_captcha_ratio_with_stock_zstd(captcha):
     out, npys = captcha
     total = sizes(npys) / sum(zstd3_bytes(p) for p in npys)
     assert 7.0 <= total <= 10.0, total
+
+
+# ---- npyload-inspect on .npy.zst ----
+
+NPY_KEYS = ["file", "version", "descr", "shape", "fortran_order", "itemsize",
+            "header_len", "data_offset", "data_bytes", "file_bytes"]
+ZST_KEYS = ["compressed_bytes", "ratio", "frames", "samples_per_frame"]
+
+
+def inspect_json(*paths):
+    r = run(_tool("npyload-inspect"), "--json", *paths)
+    return r, [json.loads(line) for line in r.stdout.splitlines()]
+
+
+def arrays():
+    rng = np.random.default_rng(3)
+    yield "f4_le", rng.standard_normal((40, 2, 16, 32)).astype("<f4")
+    yield "f8_be", rng.standard_normal((9, 3, 5)).astype(">f8")
+    yield "u1", rng.integers(0, 256, (300, 17), dtype=np.uint8)
+    yield "i2_be", np.arange(600, dtype=">i2").reshape(100, 6)
+    yield "c8", (rng.standard_normal((7, 4)) + 1j).astype("<c8")
+    yield "bool", rng.integers(0, 2, (33,)).astype(bool)
+    yield "scalar", np.array(2.5, dtype="<f4")
+    yield "empty", np.zeros((0, 4), dtype="<f4")
+    yield "v2_header", np.arange(24, dtype="<u4").reshape(6, 4)
+
+
+@pytest.mark.parametrize("name,arr", list(arrays()), ids=[n for n, _ in arrays()])
+@pytest.mark.parametrize("frame_size", [None, 64])
+def test_inspect_zst_same_facts_as_npy(tmp_path, name, arr, frame_size):
+    npy = tmp_path / f"{name}.npy"
+    with open(npy, "wb") as f:  # v2_header: a version 2.0 header
+        np.lib.format.write_array(f, arr, version=(2, 0) if name == "v2_header" else None)
+    opts = [] if frame_size is None else ["--frame-size", frame_size]
+    r = run(_tool("npyload-pack"), *opts, npy)
+    assert r.returncode == 0, r.stderr
+    zst = str(npy) + ".zst"
+    r, recs = inspect_json(npy, zst)
+    assert r.returncode == 0, r.stderr
+    plain, packed = recs
+    assert list(plain) == NPY_KEYS
+    assert list(packed) == NPY_KEYS + ZST_KEYS
+    for k in NPY_KEYS[1:]:
+        assert packed[k] == plain[k], k
+    assert plain["file_bytes"] == os.path.getsize(npy)
+    assert packed["compressed_bytes"] == os.path.getsize(zst)
+    assert packed["ratio"] == pytest.approx(
+        os.path.getsize(npy) / os.path.getsize(zst), rel=1e-3)
+    # frames and samples per frame, from the pack rule: the fewest whole
+    # samples reaching the frame size (default 128 KiB), frame 0 the header
+    rows = arr.shape[0] if arr.ndim else 1
+    row_bytes = arr.itemsize * (int(np.prod(arr.shape[1:])) if arr.ndim else 1)
+    target = frame_size or 128 << 10
+    spf = max(1, -(-target // row_bytes)) if row_bytes else 0
+    if rows == 0 or row_bytes == 0:
+        assert packed["frames"] == 1 and packed["samples_per_frame"] == 0
+    else:
+        spf = min(spf, rows)
+        assert packed["samples_per_frame"] == spf
+        assert packed["frames"] == 1 + -(-rows // spf)
+    # the text form: the .npy's line, then the compressed facts
+    r = run(_tool("npyload-inspect"), npy, zst)
+    assert r.returncode == 0, r.stderr
+    a, b = r.stdout.splitlines()
+    assert b.startswith(zst + ":")
+    assert b[len(zst):].startswith(a[len(str(npy)):])
+    assert f"compressed_bytes={os.path.getsize(zst)} " in b
+    assert f"frames={packed['frames']} samples_per_frame=" in b
+
+
+def test_inspect_captcha_zst(captcha):
+    out, npys = captcha
+    r, recs = inspect_json(*[p + ".zst" for p in npys])
+    assert r.returncode == 0, r.stderr
+    spf = {"heatmaps": 2, "offsets": 1}
+    for p, rec in zip(npys, recs):
+        kind = "heatmaps" if "heatmaps" in p else "offsets" if "offsets" in p else "images"
+        assert rec["samples_per_frame"] == spf.get(kind, 1)
+        assert rec["frames"] == 1 + 16 // rec["samples_per_frame"]
+
+
+def _zst_file(tmp_path, rows=20):
+    npy = tmp_path / "d.npy"
+    np.save(npy, np.arange(rows * 1024, dtype="<f4").reshape(rows, 1024))
+    r = run(_tool("npyload-pack"), "--frame-size", 8192, npy)
+    assert r.returncode == 0, r.stderr
+    return tmp_path / "d.npy.zst"
+
+
+def _expect_error(path, *words):
+    r, recs = inspect_json(path)
+    assert r.returncode == 1
+    assert recs and recs[-1]["file"] == str(path) and "error" in recs[-1]
+    assert str(path) in r.stderr
+    for w in words:
+        assert w in recs[-1]["error"], recs[-1]["error"]
+    # the text mode says the same on stderr, with nothing on stdout
+    r = run(_tool("npyload-inspect"), path)
+    assert r.returncode == 1 and r.stdout == ""
+    assert str(path) in r.stderr
+
+
+def test_inspect_zst_malformed_tables(tmp_path):
+    good = _zst_file(tmp_path)
+    data = bytearray(good.read_bytes())
+    # footer: Number_Of_Frames u32, Descriptor u8, magic u32
+    nframes, = struct.unpack_from("<I", data, len(data) - 9)
+
+    huge = bytearray(data)
+    struct.pack_into("<I", huge, len(huge) - 9, 0x7FFFFFFF)
+    (tmp_path / "huge.npy.zst").write_bytes(huge)
+    _expect_error(tmp_path / "huge.npy.zst", "frames")
+
+    wrong = bytearray(data)  # one frame fewer than the table holds
+    struct.pack_into("<I", wrong, len(wrong) - 9, nframes - 1)
+    (tmp_path / "wrong.npy.zst").write_bytes(wrong)
+    _expect_error(tmp_path / "wrong.npy.zst")
+
+    reserved = bytearray(data)
+    reserved[-5] |= 0x04
+    (tmp_path / "reserved.npy.zst").write_bytes(reserved)
+    _expect_error(tmp_path / "reserved.npy.zst")
+
+    # an entry's decompressed size that splits a sample (entries start after
+    # the 8-byte skippable header; 12 bytes each with checksums)
+    table = len(data) - 9 - 12 * nframes
+    split = bytearray(data)
+    d1 = table + 12 * 1 + 4
+    struct.pack_into("<I", split, d1, struct.unpack_from("<I", split, d1)[0] - 4)
+    (tmp_path / "split.npy.zst").write_bytes(split)
+    _expect_error(tmp_path / "split.npy.zst")
+
+    (tmp_path / "trunc.npy.zst").write_bytes(data[:len(data) // 2])
+    _expect_error(tmp_path / "trunc.npy.zst", "seek table")
+
+    # a plain zstd file, no seek table: says how to repack
+    need_zstd()
+    plain = tmp_path / "plain.npy.zst"
+    subprocess.run(["zstd", "-q", "-3", str(tmp_path / "d.npy"), "-o", str(plain)],
+                   check=True)
+    _expect_error(plain, "npyload-pack")
+
+
+def test_inspect_zst_mixed_with_npy_and_bad_files(tmp_path):
+    good = _zst_file(tmp_path)
+    bad = tmp_path / "bad.npy.zst"
+    bad.write_bytes(good.read_bytes()[:-3])
+    r, recs = inspect_json(tmp_path / "d.npy", bad, good)
+    assert r.returncode == 1
+    assert [("error" in x) for x in recs] == [False, True, False]
+    assert recs[2]["frames"] == 1 + 20 // 2
