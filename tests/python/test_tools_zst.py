@@ -234,3 +234,107 @@ def test_inspect_zst_mixed_with_npy_and_bad_files(tmp_path):
     assert r.returncode == 1
     assert [("error" in x) for x in recs] == [False, True, False]
     assert recs[2]["frames"] == 1 + 20 // 2
+
+
+# ---- npyload-bench: packing estimate (raw fields), decode ceiling (packed) ----
+
+def _bench(*args):
+    return run(_tool("npyload-bench"), *args, "--workers", 1, "--prefetch", 1,
+               "--batches", 3, "--batch-size", 8)
+
+
+def _schema_check(doc):
+    jsonschema = pytest.importorskip("jsonschema")
+    from conftest import REPO
+    schema = json.loads((REPO / "bench" / "schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(doc)
+
+
+def _captcha_fields(out, suffix=".npy"):
+    return [f"images={out}/images/train/*{suffix}",
+            f"heatmaps={out}/labels/train/*_heatmaps{suffix}",
+            f"offsets={out}/labels/train/*_offsets{suffix}"]
+
+
+def test_bench_estimates_packing_of_raw_fields(captcha, tmp_path):
+    out, npys = captcha
+    js = tmp_path / "b.json"
+    r = _bench(*_captcha_fields(out), "--json", js)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(js.read_text())
+    _schema_check(doc)
+    z = doc["compression"]
+    assert z["mode"] == "estimate" and z["valid"] is True
+    assert z["level"] == 3 and z["frame_size"] == 128 << 10
+    assert z["threads"] == doc["machine"]["cores_allowed"]
+    assert z["decode_gbps"] > 0 and z["compress_mbps_per_core"] > 0
+    assert z["decode_gbps_per_core"] == pytest.approx(z["decode_gbps"] / z["threads"], rel=1e-4)
+    # the sampled ratio against what npyload-pack really gave on these files
+    # (same level, same frame rule): images sampled across their frames
+    by = {f["name"]: f for f in z["fields"]}
+    assert [f["name"] for f in z["fields"]] == ["images", "heatmaps", "offsets"]
+    assert by["images"]["samples_per_frame"] == 1
+    assert by["heatmaps"]["samples_per_frame"] == 2
+    imgs = [p for p in npys if "/images/" in p]
+    real = sizes(imgs) / sizes(imgs, ".zst")
+    assert by["images"]["ratio"] == pytest.approx(real, rel=0.1)
+    real_all = sizes(npys) / sizes(npys, ".zst")
+    assert z["ratio"] == pytest.approx(real_all, rel=0.15)
+    # the dataset fits in the page cache here: raw warm comes from the runs
+    assert z["raw_warm_source"].startswith("runs")
+    assert z["raw_warm_samples_per_s"] == pytest.approx(
+        max(x["samples_per_s"] for x in doc["runs"] if x["ok"]), rel=1e-4)
+    assert z["expected_warm_samples_per_s"] == pytest.approx(
+        min(z["raw_warm_samples_per_s"] * z["ratio"],
+            z["decode_gbps"] * 1e9 / sum(f["sample_bytes"] for f in doc["config"]["fields"])),
+        rel=1e-4)
+    assert z["pays"] in (True, False)
+    assert z["verdict"].startswith("packing ")
+    # the text report: the compression section and the verdict line
+    assert "compression: estimate for npyload-pack -l 3" in r.stdout
+    assert z["verdict"] in r.stdout
+
+
+def test_bench_decode_ceiling_of_packed_fields(captcha, tmp_path):
+    out, npys = captcha
+    js = tmp_path / "b.json"
+    # images and heatmaps packed, offsets raw: a mixed batch
+    r = _bench(f"images={out}/images/train/*.npy.zst",
+               f"heatmaps={out}/labels/train/*_heatmaps.npy.zst",
+               f"offsets={out}/labels/train/*_offsets.npy", "--json", js)
+    doc = json.loads(js.read_text())
+    _schema_check(doc)
+    assert doc["config"]["fields"][0]["sample_bytes"] == 2 * 256 * 512 * 4
+    assert doc["config"]["num_samples"] == 32
+    ce = {c["name"]: c for c in doc["ceilings"]}
+    assert ce["pread_copy"]["measured"] is False
+    assert ce["zst_decode"]["measured"] is True and ce["zst_decode"]["gbps"] > 0
+    assert ce["zst_decode"]["threads"] == doc["machine"]["cores_allowed"]
+    assert doc["config"]["ceiling_reference"] == "zst_decode"
+    z = doc["compression"]
+    assert z["mode"] == "packed" and z["pays"] is None
+    assert z["decode_gbps"] == pytest.approx(ce["zst_decode"]["gbps"])
+    by = {f["name"]: f for f in z["fields"]}
+    assert by["images"]["compressed"] and by["heatmaps"]["compressed"]
+    assert not by["offsets"]["compressed"] and by["offsets"]["zst_bytes"] == 0
+    imgs = [p for p in npys if "/images/" in p]
+    # the frames sampled are the files' own: their ratio is close to the files'
+    assert by["images"]["ratio"] == pytest.approx(
+        sizes(imgs) / sizes(imgs, ".zst"), rel=0.1)
+    assert z["verdict"].startswith("packed fields: the cores decode")
+    # runs compare with the decode ceiling when the loader reads .npy.zst
+    for run_ in doc["runs"]:
+        if run_["ok"]:
+            assert run_["frac_of_ceiling"] == pytest.approx(
+                run_["gbps"] / ce["zst_decode"]["gbps"], rel=1e-3)
+
+
+def test_bench_refuses_a_damaged_packed_field(captcha, tmp_path):
+    out, npys = captcha
+    bad = tmp_path / "bad.npy.zst"
+    data = bytearray(Path(npys[0] + ".zst").read_bytes())
+    struct.pack_into("<I", data, len(data) - 9, 0x7FFFFFFF)
+    bad.write_bytes(data)
+    r = _bench(f"images={bad}")
+    assert r.returncode == 2
+    assert str(bad) in r.stderr and "frames" in r.stderr
