@@ -12,6 +12,7 @@
 #include "../tools/npyload_bench_plot.c"
 #include "../tools/npyload_bench_recommend.c"
 #include "../tools/npyload_bench_report.c"
+#include "../tools/npyload_bench_zst_report.c"
 #include "../tools/npyload_json.c"
 #include "testutil.h"
 
@@ -354,4 +355,130 @@ Test(bench_json, writer_conversions)
                         "\"z\": 6, \"pct\": \"%\"}");
     free(s);
     free(nj_to_string(nj_bad));
+}
+
+/* ---- compression: the packing judgement and its JSON ---- */
+
+static nb_zst_report zst_estimate(double ratio, double decode_gbps, double cold_sps,
+                                  double warm_sps)
+{
+    nb_zst_report z;
+    memset(&z, 0, sizeof z);
+    z.valid = 1;
+    z.estimate = 1;
+    z.level = 3;
+    z.frame_size = 131072;
+    z.threads = 2;
+    z.ratio = ratio;
+    z.decode_gbps = decode_gbps;
+    z.decode_gbps_per_core = decode_gbps / 2;
+    z.raw_cold_sps = cold_sps;
+    z.raw_warm_sps = warm_sps;
+    z.dataset_gib = 250;
+    z.packed_gib = 250 / ratio;
+    z.mem_available_gib = 60;
+    return z;
+}
+
+Test(bench_zst, disk_bound_packing_pays_until_decode_caps)
+{
+    /* 1 MiB samples: 1000 samples/s cold raw at ratio 8 would be 8000, but
+     * the cores decode 2.097152 GB/s = 2000 samples/s: packed 2000, 2x */
+    nb_zst_report z = zst_estimate(8, 2.097152, 1000, 5000);
+    nb_zst_judge(&z, 1 << 20, 1);
+    cr_assert_float_eq(z.expected_cold_sps, 2000, 1e-6);
+    cr_assert_float_eq(z.expected_warm_sps, 2000, 1e-6);
+    cr_assert_eq(z.pays, 1);
+    cr_assert(strstr(z.verdict, "packing pays here"), "%s", z.verdict);
+    cr_assert(strstr(z.verdict, "fits in the page cache"), "%s", z.verdict); /* 31 GiB < 36 */
+    /* decode barely above the raw disk rate: under 1.2x, no */
+    z = zst_estimate(8, 1.1 * 1.048576, 1000, 5000);
+    nb_zst_judge(&z, 1 << 20, 1);
+    cr_assert_float_eq(z.expected_cold_sps, 1100, 1e-6);
+    cr_assert_eq(z.pays, 0);
+    cr_assert(strstr(z.verdict, "does not pay"), "%s", z.verdict);
+}
+
+Test(bench_zst, page_cache_raw_wins_and_says_when_it_would_pay)
+{
+    nb_zst_report z = zst_estimate(9, 2.097152, 900, 5000);
+    nb_zst_judge(&z, 1 << 20, 0);
+    cr_assert_float_eq(z.expected_warm_sps, 2000, 1e-6);
+    cr_assert_float_eq(z.expected_cold_sps, 2000, 1e-6);
+    cr_assert_eq(z.pays, 0);
+    cr_assert(strstr(z.verdict, "fits in the page cache"), "%s", z.verdict);
+    cr_assert(strstr(z.verdict, "outgrows RAM"), "%s", z.verdict);
+    /* no raw cold figure: the hint is left out, the verdict stays */
+    z = zst_estimate(9, 1.048576, -1, 5000);
+    nb_zst_judge(&z, 1 << 20, 0);
+    cr_assert_eq(z.pays, 0);
+    cr_assert_null(strstr(z.verdict, "outgrows"));
+    cr_assert_float_eq(z.expected_cold_sps, -1, 1e-12);
+}
+
+Test(bench_zst, incompressible_unknown_and_packed)
+{
+    nb_zst_report z = zst_estimate(1.02, 5, 1000, 5000);
+    nb_zst_judge(&z, 1 << 20, 1);
+    cr_assert_eq(z.pays, 0);
+    cr_assert(strstr(z.verdict, "compresses only 1.02x"), "%s", z.verdict);
+    z = zst_estimate(8, 2, -1, 5000);
+    nb_zst_judge(&z, 1 << 20, 1); /* disk-bound without a cold figure */
+    cr_assert_eq(z.pays, -1);
+    cr_assert(strstr(z.verdict, "not judged"), "%s", z.verdict);
+    z = zst_estimate(8, 2.097152, -1, -1);
+    z.estimate = 0;
+    nb_zst_judge(&z, 1 << 20, 1);
+    cr_assert_eq(z.pays, -1);
+    cr_assert(strncmp(z.verdict, "packed fields: the cores decode 2000 samples/s", 46) == 0,
+              "%s", z.verdict);
+    memset(&z, 0, sizeof z);
+    snprintf(z.note, sizeof z.note, "f.npy.zst: frame 3 at byte 9: checksum mismatch");
+    nb_zst_judge(&z, 1 << 20, 1);
+    cr_assert(strstr(z.verdict, "checksum mismatch"), "%s", z.verdict);
+}
+
+Test(bench_zst, json_object_and_null)
+{
+    nb_config c = test_config();
+    nb_machine m = {.cores_online = 2, .cores_allowed = 2};
+    nb_run runs[1] = {mk(1, 1, "auto", 1.0, 100, 1)};
+    nb_recommendation rec;
+    nb_recommend(runs, 1, 0, &rec);
+    nb_report rep = {.config = &c, .machine = &m, .runs = runs, .nruns = 1, .rec = &rec};
+    char *text = write_json(&rep);
+    cr_assert(strstr(text, "\"compression\": null,\n  \"warnings\""), "%s", text);
+    free(text);
+
+    nb_zst_report z = zst_estimate(8, 2.097152, -1, 5000);
+    z.nfields = 2;
+    snprintf(z.fields[0].name, sizeof z.fields[0].name, "images");
+    z.fields[0].frames = 4;
+    z.fields[0].samples_per_frame = 1;
+    z.fields[0].raw_bytes = 4 << 20;
+    z.fields[0].zst_bytes = 1 << 19;
+    z.fields[0].ratio = 8;
+    z.fields[0].decode_gbps = 2;
+    z.fields[0].compress_mbps_per_core = 300;
+    snprintf(z.fields[1].name, sizeof z.fields[1].name, "labels");
+    z.fields[1].compressed = 1; /* a packed field in estimate mode: not sampled */
+    snprintf(z.raw_warm_source, sizeof z.raw_warm_source, "runs (page cache)");
+    nb_zst_judge(&z, 1 << 20, 0);
+    rep.zst = &z;
+    text = write_json(&rep);
+    cr_assert(strstr(text, "\"mode\": \"estimate\", \"valid\": true, \"level\": 3, "
+                           "\"frame_size\": 131072, \"threads\": 2, \"ratio\": 8"), "%s", text);
+    cr_assert(strstr(text, "\"raw_cold_samples_per_s\": null"), "%s", text);
+    cr_assert(strstr(text, "\"expected_cold_samples_per_s\": null"), "%s", text);
+    cr_assert(strstr(text, "\"expected_warm_samples_per_s\": 2000"), "%s", text);
+    cr_assert(strstr(text, "\"pays\": false"), "%s", text);
+    cr_assert(strstr(text, "{\"name\": \"images\", \"compressed\": false, \"frames\": 4, "
+                           "\"samples_per_frame\": 1, \"raw_bytes\": 4194304, "
+                           "\"zst_bytes\": 524288, \"ratio\": 8, \"decode_gbps\": 2, "
+                           "\"compress_mbps_per_core\": 300}"), "%s", text);
+    cr_assert(strstr(text, "{\"name\": \"labels\", \"compressed\": true, \"frames\": 0, "
+                           "\"samples_per_frame\": 0, \"raw_bytes\": 0, \"zst_bytes\": 0, "
+                           "\"ratio\": null, \"decode_gbps\": null, "
+                           "\"compress_mbps_per_core\": null}"), "%s", text);
+    free(text);
 }

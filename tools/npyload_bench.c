@@ -9,8 +9,9 @@
  *
  * This file is the command line and the order of the work: set-up, the
  * ceilings (npyload_bench_ceiling.c), the grid (npyload_bench_measure.c),
- * the recommendation (npyload_bench_recommend.c) and the reports
- * (npyload_bench_report.c, npyload_bench_plot.c).
+ * the recommendation (npyload_bench_recommend.c), compression (decode
+ * ceiling, packing estimate: npyload_bench_zst.c) and the reports
+ * (npyload_bench_report.c, npyload_bench_zst_report.c, npyload_bench_plot.c).
  *
  * Uses nothing of lib/ but include/npyload.h and the unstable bench-only
  * include/npyload_bench_support.h; libc, pthreads, and liburing
@@ -82,7 +83,10 @@ static const char usage[] =
     "next to the machine's own ceilings measured in the same run, and\n"
     "recommends num_workers and prefetch.\n"
     "\n"
-    "  name=GLOB            a field: its NPY files (quote the glob)\n"
+    "  name=GLOB            a field: its NPY files (quote the glob); .npy.zst\n"
+    "                       fields get the cores' decode ceiling (zst_decode),\n"
+    "                       raw .npy fields an estimate of what npyload-pack\n"
+    "                       would give here and whether packing pays\n"
     "  --batch-size N       samples per batch (default 128)\n"
     "  --workers LIST       worker counts, e.g. 1,2,4 (default 1,2)\n"
     "  --prefetch LIST      prefetch depths (batch slots) (default 1,2,4)\n"
@@ -428,32 +432,51 @@ static void setup_device(nb_ctx *ctx, nb_config *cfg)
                  "stops at the end of its epoch. ");
 }
 
-/* The ceilings, first, in the same run. @return : the reference GB/s (0: none). */
-static double measure_ceilings(nb_ctx *ctx, nb_config *cfg, int max_workers, nb_ceiling *ce,
-                               size_t *nceil)
+/* The ceilings, first, in the same run. .npy.zst fields: no pread_copy (it
+ * reads sample offsets of raw files); zst_decode on `cores`, and cold
+ * zst_cold (npyload_bench_zst.c). @return : the reference GB/s (0: none). */
+static double measure_ceilings(nb_ctx *ctx, nb_config *cfg, int max_workers, int cores,
+                               nb_zst_report *zst, nb_ceiling *ce, size_t *nceil)
 {
     double secs = cfg->seconds > 0 ? cfg->seconds : 1.0;
     secs = secs > 3 ? 3 : secs;
     double ref = 0;
     *nceil = 0;
-    nb_ceiling_copy(ctx, cfg, max_workers, secs, &ce[(*nceil)++]);
-    nb_ceiling_gather(ctx, cfg, max_workers, secs, &ce[(*nceil)++]);
+    int packed = nb_zst_any(ctx);
+    if (!packed) {
+        nb_ceiling_copy(ctx, cfg, max_workers, secs, &ce[(*nceil)++]);
+        nb_ceiling_gather(ctx, cfg, max_workers, secs, &ce[(*nceil)++]);
+    } else {
+        nb_ceiling *c = &ce[(*nceil)++];
+        snprintf(c->name, sizeof c->name, "pread_copy");
+        snprintf(c->note, sizeof c->note, "skipped: .npy.zst fields (zst_decode is "
+                 "their page-cache ceiling)");
+    }
     if (cfg->cold)
         nb_ceiling_odirect(ctx, secs, &ce[(*nceil)++]);
+    if (packed) {
+        nb_zst_decode_ceiling(ctx, cfg, cores, secs, zst, &ce[(*nceil)++]);
+        if (cfg->cold) {
+            const nb_ceiling *od = &ce[*nceil - 2];
+            nb_zst_cold_ceiling(zst, od, &ce[(*nceil)++]);
+        }
+    }
     if (cfg->device >= 0)
         nb_ceiling_h2d(cfg, &ce[(*nceil)++]);
-    /* The reference: the O_DIRECT read when cold, else the higher of the two
-     * copies (pread, gather: the fraction must never flatter the loader); a
-     * slower host-to-device copy bounds them. */
-    int have_od = 0;
-    for (size_t i = 0; i < *nceil; i++)
-        have_od |= ce[i].measured && !strcmp(ce[i].name, "odirect_uring");
+    /* The reference: for .npy.zst fields zst_cold when cold, else zst_decode;
+     * for raw fields the O_DIRECT read when cold, else the higher of the two
+     * copies (pread, gather: the fraction must never flatter the loader).
+     * Without the wanted one, the highest measured. A slower host-to-device
+     * copy bounds them all. */
+    const char *want = packed ? (cfg->cold ? "zst_cold" : "zst_decode")
+                              : (cfg->cold ? "odirect_uring" : NULL);
+    int have_want = 0;
+    for (size_t i = 0; want && i < *nceil; i++)
+        have_want |= ce[i].measured && !strcmp(ce[i].name, want);
     for (size_t i = 0; i < *nceil; i++) {
-        int h2d = !strcmp(ce[i].name, "h2d_pinned");
-        int od = !strcmp(ce[i].name, "odirect_uring");
-        if (!ce[i].measured || h2d || (have_od && !od))
+        if (!ce[i].measured || !strcmp(ce[i].name, "h2d_pinned"))
             continue;
-        if (od || ce[i].gbps > ref) {
+        if (have_want ? !strcmp(ce[i].name, want) : ce[i].gbps > ref) {
             ref = ce[i].gbps;
             snprintf(cfg->ceiling_ref, sizeof cfg->ceiling_ref, "%.31s", ce[i].name);
         }
@@ -501,6 +524,8 @@ static int report(const nb_ctx *ctx, const nb_report *rep, const opts *o, int no
     if (!ctx->quiet && rep->config->note[0])
         printf("note: %s\n", rep->config->note);
     printf("%s\n", line);
+    if (!ctx->quiet && rep->zst)
+        printf("%s\n", rep->zst->verdict);
     fflush(stdout);
     int status = nok ? 0 : 1;
     if (o->json && nb_write_json_file(o->json, rep) != 0) {
@@ -551,14 +576,16 @@ int main(int argc, char **argv)
     else if (!cfg.cold)
         nb_warm_all(&ctx);
 
-    nb_ceiling ceilings[4];
+    nb_ceiling ceilings[6];
     size_t nceil;
+    static nb_zst_report zst;
     memset(ceilings, 0, sizeof ceilings);
     if (!ctx.quiet) {
         printf("ceilings:\n");
         fflush(stdout);
     }
-    double ref = measure_ceilings(&ctx, &cfg, max_workers, ceilings, &nceil);
+    double ref = measure_ceilings(&ctx, &cfg, max_workers, mach.cores_allowed, &zst, ceilings,
+                                  &nceil);
     if (!ctx.quiet) {
         nb_print_ceilings(stdout, ceilings, nceil, cfg.ceiling_ref);
         fflush(stdout);
@@ -571,11 +598,15 @@ int main(int argc, char **argv)
         return 1;
     }
     int nok = measure_grid(&ctx, &cfg, &o, ref, runs);
+    nb_zst_after_grid(&ctx, &cfg, mach.cores_allowed, ceilings, nceil, runs, nruns,
+                      total_bytes, &zst);
+    if (!ctx.quiet)
+        nb_print_compression(stdout, &zst);
     nb_recommendation rec;
     nb_recommend(runs, nruns, cfg.compute_ms, &rec);
     nb_report rep = {.config = &cfg, .machine = &mach, .ceilings = ceilings,
                      .nceilings = nceil, .runs = runs, .nruns = nruns, .rec = &rec,
-                     .warnings = ctx.warnings};
+                     .warnings = ctx.warnings, .zst = &zst};
     int status = report(&ctx, &rep, &o, nok);
     free(runs);
     return status;

@@ -117,6 +117,43 @@ typedef struct nb_config {
     char note[512];            /* notes about the measurement (cuda compute, ...) */
 } nb_config;
 
+/* Compression (npyload_bench_zst.c measures, npyload_bench_zst_report.c
+ * reports): for .npy.zst fields the decode ceiling of the cores; for raw
+ * .npy fields an estimate of what npyload-pack would give here. */
+typedef struct nb_zst_field {
+    char name[64];
+    int compressed;            /* 1: its files are .npy.zst */
+    int frames;                /* frames sampled */
+    uint64_t samples_per_frame;
+    uint64_t raw_bytes;        /* decompressed bytes of the sampled frames */
+    uint64_t zst_bytes;        /* their compressed bytes */
+    double ratio;              /* raw_bytes / zst_bytes */
+    double decode_gbps;        /* all threads, decompressed GB/s */
+    double compress_mbps_per_core; /* estimate: zstd at `level`, one thread */
+} nb_zst_field;
+
+typedef struct nb_zst_report {
+    int valid;                 /* 0: nothing measured (note says why) */
+    int estimate;              /* 1: raw fields, what packing would give */
+    int level;                 /* estimate: the zstd level (npyload-pack's) */
+    uint64_t frame_size;       /* estimate: target bytes per frame */
+    int threads;               /* decode threads (all usable cores) */
+    int nfields;
+    nb_zst_field fields[NB_MAX_FIELDS];
+    double ratio;              /* per batch: all fields' bytes / compressed */
+    double decode_gbps;        /* batch GB/s the cores decode (raw fields free) */
+    double decode_gbps_per_core;
+    double compress_mbps_per_core; /* estimate: per batch, one core */
+    double dataset_gib, packed_gib, mem_available_gib;
+    /* samples/s; < 0 unknown. Sources name the measurement used. */
+    double raw_cold_sps, raw_warm_sps;
+    char raw_cold_source[32], raw_warm_source[32];
+    double expected_cold_sps, expected_warm_sps;
+    int pays;                  /* 1 yes, 0 no, -1 not judged (packed fields) */
+    char verdict[512];
+    char note[256];
+} nb_zst_report;
+
 typedef struct nb_report {
     const nb_config *config;
     const nb_machine *machine;
@@ -126,6 +163,7 @@ typedef struct nb_report {
     size_t nruns;
     const nb_recommendation *rec;
     const char *warnings;      /* newline-separated, may be NULL */
+    const nb_zst_report *zst;  /* NULL: "compression": null */
 } nb_report;
 
 /* ---- npyload_bench_recommend.c ---- */
@@ -166,6 +204,18 @@ void nb_print_setup(FILE *f, const nb_config *c, const nb_machine *m, uint64_t t
 void nb_print_ceilings(FILE *f, const nb_ceiling *ce, size_t n, const char *ref);
 void nb_print_table_header(FILE *f);
 void nb_print_run(FILE *f, const nb_run *r);
+
+/* ---- npyload_bench_zst_report.c ---- */
+
+/* The expected samples/s and the verdict of an estimate from its measured
+ * parts (ratio, decode_gbps, raw_*_sps, sizes); `disk_bound`: the raw data
+ * is read from disk (--cold, or it does not fit in the page cache);
+ * `sample_bytes`: all fields' bytes per sample. Pure. */
+void nb_zst_judge(nb_zst_report *z, uint64_t sample_bytes, int disk_bound);
+/* "compression": {...} or null, after the other top-level keys. */
+void nb_json_compression(FILE *f, const nb_zst_report *z);
+/* The text section ("compression:" lines and the packing line). */
+void nb_print_compression(FILE *f, const nb_zst_report *z);
 
 /* ---- npyload_bench_plot.c ---- */
 

@@ -2,6 +2,7 @@
  * library's npyload_read_header), eviction from and warming of the page
  * cache, and the loader's sample order for the copy ceiling. */
 #include "npyload_bench_measure.h"
+#include "npyload_bench_support.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -59,7 +60,11 @@ int nb_load_field(nb_field_info *fi, nb_data *bf)
         nb_file *f = &bf->files[i];
         npyload_header h;
         char err[512];
-        rc = npyload_read_header(g.gl_pathv[i], &h, err, sizeof err);
+        uint64_t zbytes = 0; /* a .npy.zst: its compressed size */
+        if (npyload_zst_probe(g.gl_pathv[i]) == 1)
+            rc = nb_zst_read_header(g.gl_pathv[i], &h, &zbytes, err, sizeof err);
+        else
+            rc = npyload_read_header(g.gl_pathv[i], &h, err, sizeof err);
         if (rc != 0) {
             fprintf(stderr, "npyload-bench: %s\n", err[0] ? err : npyload_strerror(rc));
             goto fail;
@@ -92,6 +97,11 @@ int nb_load_field(nb_field_info *fi, nb_data *bf)
         f->data_offset = h.data_offset;
         f->data_bytes = h.data_bytes;
         f->file_bytes = h.file_bytes;
+        if (zbytes) {
+            f->zst = 1;
+            f->data_offset = 0;
+            f->data_bytes = f->file_bytes = zbytes;
+        }
         f->nsamples = h.shape[0];
         f->first = first;
         first += h.shape[0];

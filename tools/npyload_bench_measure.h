@@ -3,6 +3,7 @@
  *   npyload_bench_data.c     the fields' files: headers, eviction, warming
  *   npyload_bench_ceiling.c  the machine's ceilings (pread copy, O_DIRECT)
  *   npyload_bench_measure.c  one configuration of the grid, monitoring
+ *   npyload_bench_zst.c      .npy.zst: decode ceiling, packing estimate
  *   npyload_bench_gpu.c      the only caller of the CUDA bench helpers
  *                            (npyload_cuda_h2d_bandwidth, npyload_compute_sim)
  * Like every tool, this uses nothing of lib/ but include/npyload.h. */
@@ -25,6 +26,8 @@ typedef struct nb_file {
     uint64_t file_bytes;
     int64_t nsamples;
     int64_t first; /* global index of its first sample */
+    int zst;       /* a .npy.zst: data_offset 0, data_bytes = file_bytes =
+                      its compressed size (what a cold read moves) */
 } nb_file;
 
 typedef struct nb_data {
@@ -98,6 +101,25 @@ void nb_ceiling_copy(const nb_ctx *ctx, const nb_config *cfg, int threads, doubl
 void nb_ceiling_gather(const nb_ctx *ctx, const nb_config *cfg, int threads, double seconds,
                        nb_ceiling *out);
 void nb_ceiling_odirect(nb_ctx *ctx, double seconds, nb_ceiling *out);
+
+/* ---- npyload_bench_zst.c ---- */
+/* The NPY header of a .npy.zst (validated as the loader does) and its
+ * compressed size. @return : 0, or an error with "PATH: problem". */
+int nb_zst_read_header(const char *path, npyload_header *h, uint64_t *zbytes, char *err,
+                       size_t errlen);
+/* 1 if some field has .npy.zst files. */
+int nb_zst_any(const nb_ctx *ctx);
+/* zst_decode: `threads` threads decompress sampled frames of the packed
+ * fields from memory; fills `z` (mode "packed"). */
+void nb_zst_decode_ceiling(nb_ctx *ctx, const nb_config *cfg, int threads, double seconds,
+                           nb_zst_report *z, nb_ceiling *out);
+/* zst_cold: min(odirect_uring x ratio, zst_decode). */
+void nb_zst_cold_ceiling(const nb_zst_report *z, const nb_ceiling *odirect, nb_ceiling *out);
+/* After the grid: for raw fields the packing estimate (may run an O_DIRECT
+ * read for the raw cold figure, evicting the files), then the judgement. */
+void nb_zst_after_grid(nb_ctx *ctx, const nb_config *cfg, int threads, const nb_ceiling *ce,
+                       size_t nce, const nb_run *runs, size_t nruns, uint64_t total_bytes,
+                       nb_zst_report *z);
 
 /* ---- npyload_bench_gpu.c ---- */
 /* h2d_pinned: pinned host-to-device copies of one batch (at most 256 MiB). */

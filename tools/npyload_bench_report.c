@@ -156,6 +156,7 @@ int nb_write_json(FILE *f, const nb_report *rep)
     }
     fputs(rep->nruns ? "\n  ]" : "]", f);
     nb_json_recommendation(f, rep->rec, rep->config->compute_ms);
+    nb_json_compression(f, rep->zst);
     nb_json_warnings(f, rep->warnings);
     return ferror(f) ? -1 : 0;
 }

@@ -1,8 +1,9 @@
 /* npyload-gen --preset captcha: the reference layout of the slider-CAPTCHA
  * detector (MISSION.md), per file id:
  *   images/{split}/{split}_{id:04d}.npy           <f4 (S, C, 256, 512)
- *       C=2: gray, C=4: RGB, quantised to 16 levels (values k/15),
- *       then an all-ones padding-mask channel;
+ *       C=2: gray, C=4: RGB, quantised to 8 bits (values k/255, as a
+ *       photo divided by 255 in float32), then an all-ones padding-mask
+ *       channel;
  *   labels/{split}/{split}_{id:04d}_heatmaps.npy  <f4 (S, 2, 64, 128)
  *       channel 0 gap, 1 slider: a gaussian (sigma 1.5) cut to the 9x9
  *       window around its peak cell, 1.0 at the peak cell;
@@ -17,7 +18,16 @@
  * mix64(mix64(mix64(seed ^ fnv1a64(split)) + id) + sample). The geometry and
  * offsets are integer-derived; image textures use libm's sinf/cosf, so their
  * bytes are identical for one seed on one machine (and in practice across
- * glibc builds), not across every libm. */
+ * glibc builds), not across every libm.
+ *
+ * Compressibility is meant to match natural photos stored the same way, so
+ * that no benchmark flatters .npy.zst: with zstd -3 in npyload-pack's
+ * default frames the gray plane compresses about 3.8x, an image file (gray
+ * + mask) about 7.6x and the preset as a whole about 9x (natural 8-bit gray
+ * photos as float32 + mask: about 8x, the gray plane about 4x). The pixel
+ * noise (amplitude `an` below, 2.5 to 7.6 levels of 255) sets it: 16 levels
+ * and more noise gave 16x, 256 levels with twice this noise 7x.
+ * tests/python/test_tools_zst.py checks the band. */
 #include "npyload_gen.h"
 
 #include <inttypes.h>
@@ -125,7 +135,7 @@ static void render_texture(float *out, rng *r, float kx, float ky,
     float a1 = rng_range(r, 0.08f, 0.22f);
     float a2 = rng_range(r, 0.04f, 0.14f);
     float a3 = rng_range(r, 0.04f, 0.12f);
-    float an = rng_range(r, 0.03f, 0.08f);
+    float an = rng_range(r, 0.01f, 0.03f);
     float p1 = rng_range(r, 0.0f, 6.2831853f);
     float p2 = rng_range(r, 0.0f, 6.2831853f);
     float p3 = rng_range(r, 0.0f, 6.2831853f);
@@ -215,15 +225,11 @@ static void captcha_image(float *img, int channels, rng *r,
                     *p = 0.85f;
             }
         }
-        /* 16 levels: k / 15. */
-        static const float level[16] = {
-            0.0f / 15, 1.0f / 15, 2.0f / 15,  3.0f / 15,  4.0f / 15,  5.0f / 15,
-            6.0f / 15, 7.0f / 15, 8.0f / 15,  9.0f / 15,  10.0f / 15, 11.0f / 15,
-            12.0f / 15, 13.0f / 15, 14.0f / 15, 15.0f / 15};
+        /* 8-bit levels stored as float32, as a photo divided by 255. */
         for (size_t i = 0; i < plane; i++) {
-            float q = o[i] * 15.0f + 0.5f;
-            int k = q <= 0.0f ? 0 : q >= 15.0f ? 15 : (int)q;
-            o[i] = level[k];
+            float q = o[i] * 255.0f + 0.5f;
+            int k = q <= 0.0f ? 0 : q >= 255.0f ? 255 : (int)q;
+            o[i] = (float)k / 255.0f;
         }
     }
     float *mask = img + (size_t)(channels - 1) * plane;

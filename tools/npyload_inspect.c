@@ -7,6 +7,12 @@
  * data_bytes, file_bytes. Only the header bytes are read (npyload_read_header),
  * so inspecting a 250 GB dataset costs one small read per file.
  *
+ * A .npy.zst (told by its first bytes, whatever its name) gives the same
+ * facts with the same keys and values as the .npy it decompresses to (read
+ * from frame 0 after the seek table is validated, as the loader does), plus
+ * compressed_bytes, ratio, frames (frame 0, the header, in) and
+ * samples_per_frame. A malformed seek table is an error naming the file.
+ *
  * A malformed file is reported on stderr ("FILE: problem"), and with --json
  * also as an error record {"file": ..., "error": ...} on stdout so that a
  * program reading the JSON Lines sees every file; the remaining files are
@@ -14,7 +20,8 @@
  *
  * Exit status: 0 all files read, 1 at least one file failed, 2 usage error.
  *
- * Uses nothing but include/npyload.h, libc and the tools' JSON writer
+ * Uses include/npyload.h, the .npy.zst reader of the unstable
+ * include/npyload_bench_support.h, libc and the tools' JSON writer
  * (npyload_json.c).
  */
 #include <getopt.h>
@@ -22,6 +29,7 @@
 #include <string.h>
 
 #include "npyload.h"
+#include "npyload_bench_support.h"
 #include "npyload_json.h"
 
 #define PROG "npyload-inspect"
@@ -32,7 +40,9 @@ static void usage(FILE *f)
             "usage: " PROG " [--json] FILE...\n"
             "\n"
             "Prints the header facts of each NPY file: version, descr, shape,\n"
-            "fortran_order, data_offset, data_bytes and file_bytes.\n"
+            "fortran_order, data_offset, data_bytes and file_bytes. A .npy.zst\n"
+            "(npyload-pack) shows the facts of the .npy inside, plus\n"
+            "compressed_bytes, ratio, frames and samples_per_frame.\n"
             "\n"
             "  --json     one JSON object per file (JSON Lines); a malformed\n"
             "             file gives {\"file\": ..., \"error\": ...}\n"
@@ -54,18 +64,31 @@ static void print_shape_tuple(FILE *f, const npyload_header *h)
     fputc(')', f);
 }
 
-static void print_text(const char *path, const npyload_header *h)
+static double zst_ratio(const npyload_zst_facts *z)
+{
+    return z->compressed_bytes ? (double)z->hdr.file_bytes / (double)z->compressed_bytes : 0.0;
+}
+
+/* `z`: the .npy.zst facts, or NULL for a .npy. */
+static void print_text(const char *path, const npyload_header *h,
+                       const npyload_zst_facts *z)
 {
     printf("%s: v%d.%d %s ", path, h->major_version, h->minor_version,
            h->descr);
     print_shape_tuple(stdout, h);
-    printf(" %s data_offset=%llu data_bytes=%llu\n",
+    printf(" %s data_offset=%llu data_bytes=%llu",
            h->fortran_order ? "F-order" : "C-order",
            (unsigned long long)h->data_offset,
            (unsigned long long)h->data_bytes);
+    if (z)
+        printf(" compressed_bytes=%llu ratio=%.2fx frames=%lu samples_per_frame=%llu",
+               (unsigned long long)z->compressed_bytes, zst_ratio(z), (unsigned long)z->frames,
+               (unsigned long long)z->samples_per_frame);
+    putchar('\n');
 }
 
-static void print_json(const char *path, const npyload_header *h)
+static void print_json(const char *path, const npyload_header *h,
+                       const npyload_zst_facts *z)
 {
     nj_printf(stdout, "{\"file\": %s, \"version\": \"%d.%d\", \"descr\": %s, \"shape\": [",
               path, h->major_version, h->minor_version, h->descr);
@@ -73,10 +96,16 @@ static void print_json(const char *path, const npyload_header *h)
         printf("%s%lld", i ? ", " : "", (long long)h->shape[i]);
     nj_printf(stdout,
               "], \"fortran_order\": %c, \"itemsize\": %zu, \"header_len\": %llu, "
-              "\"data_offset\": %llu, \"data_bytes\": %llu, \"file_bytes\": %llu}\n",
+              "\"data_offset\": %llu, \"data_bytes\": %llu, \"file_bytes\": %llu",
               h->fortran_order, h->itemsize, (unsigned long long)h->header_len,
               (unsigned long long)h->data_offset, (unsigned long long)h->data_bytes,
               (unsigned long long)h->file_bytes);
+    if (z)
+        printf(", \"compressed_bytes\": %llu, \"ratio\": %.4f, \"frames\": %lu, "
+               "\"samples_per_frame\": %llu",
+               (unsigned long long)z->compressed_bytes, zst_ratio(z), (unsigned long)z->frames,
+               (unsigned long long)z->samples_per_frame);
+    fputs("}\n", stdout);
 }
 
 /* Returns 0 if `path` was reported, 1 if it failed. */
@@ -85,12 +114,23 @@ static int inspect_one(const char *path, int json)
     npyload_header h;
     char err[1024] = "";
     memset(&h, 0, sizeof h);
-    int rc = npyload_read_header(path, &h, err, sizeof err);
+    npyload_zst_file *zf = NULL;
+    int rc = npyload_zst_probe(path);
+    if (rc == 1)
+        rc = npyload_zst_file_open(path, &zf, err, sizeof err);
+    else if (rc == 0)
+        rc = npyload_read_header(path, &h, err, sizeof err);
+    else if (rc < 0) /* open or read failed: let the NPY reader say so */
+        rc = npyload_read_header(path, &h, err, sizeof err);
     if (rc == 0) {
+        const npyload_zst_facts *z = zf ? npyload_zst_file_facts(zf) : NULL;
+        if (z)
+            h = z->hdr;
         if (json)
-            print_json(path, &h);
+            print_json(path, &h, z);
         else
-            print_text(path, &h);
+            print_text(path, &h, z);
+        npyload_zst_file_close(zf);
         return 0;
     }
 

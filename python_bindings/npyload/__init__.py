@@ -38,7 +38,7 @@ from . import _npyload
 from ._npyload import NpyloadError, inspect, load, order_indices, cuda_available
 
 __all__ = ["Loader", "Batch", "NpyloadError", "inspect", "load",
-           "order_indices", "cuda_available", "__version__"]
+           "order_indices", "cuda_available", "pack", "__version__"]
 __version__ = _npyload.__version__
 
 _IO = {"auto": _npyload.IO_AUTO, "uring": _npyload.IO_URING,
@@ -597,3 +597,58 @@ class Loader:
                 raw.release()
             keep = None
         return Batch(data, indices, epoch, seq, n, keep)
+
+
+def pack(paths, level=3, frame_size=None, threads=None, force=False,
+         remove=False, out=None, checksum=True):
+    """Compresses NPY files into seekable ``FILE.npy.zst`` shards, with the
+    same C code as ``npyload-pack`` (``npyload_pack_file``) and its options:
+
+    - ``paths``: one path or a list of paths of ``.npy`` files;
+    - ``level``: zstd level (``-l``; negative levels are faster);
+    - ``frame_size``: target decompressed bytes per frame (``--frame-size``):
+      each frame holds the fewest whole samples reaching it (None: 128 KiB);
+    - ``threads``: compression threads (``-T``; None or 0: all cores);
+    - ``force``: replace existing outputs (``-f``); without it an existing
+      output raises NpyloadError (``code == -errno.EEXIST``);
+    - ``remove``: delete each input once it is packed (``--rm``);
+    - ``out``: the output path (``-o``), with exactly one input;
+    - ``checksum``: frame checksums (False is ``--no-check``).
+
+    Each output is written under a temporary name and renamed when complete:
+    an error or Ctrl-C (KeyboardInterrupt) never leaves a partial file under
+    the final name. Files are packed in order; the first failure raises
+    NpyloadError naming the file (earlier outputs stay). Returns one dict per
+    input: ``in_bytes``, ``out_bytes``, ``frames`` (frame 0, the header, in),
+    ``samples_per_frame``, ``seconds``, ``out``. ``zstd -d`` restores each
+    ``.npy`` byte for byte.
+    """
+    if isinstance(paths, (str, bytes, _os.PathLike)):
+        paths = [paths]
+    paths = [_os.fsdecode(_os.fspath(p)) for p in paths]
+    if not paths:
+        raise ValueError("pack: no input file")
+    if out is not None:
+        if len(paths) != 1:
+            raise ValueError(f"pack: out names one output: give exactly one "
+                             f"input (got {len(paths)})")
+        out = _os.fsdecode(_os.fspath(out))
+    level = _int_arg("level", level)
+    frame_size = _int_arg("frame_size", frame_size, minimum=1, allow_none=True)
+    threads = _int_arg("threads", threads, minimum=0, allow_none=True)
+    if frame_size is not None and frame_size >= 1 << 64:
+        raise ValueError("frame_size is too large")
+    results = []
+    for p in paths:
+        r = _npyload.pack_file(p, out, level, frame_size or 0, threads or 0,
+                               bool(force), bool(checksum))
+        if remove:
+            try:
+                _os.unlink(p)
+            except OSError as e:
+                err = NpyloadError(f"{p}: packed, but cannot remove it: "
+                                   f"{e.strerror}")
+                err.code = -(e.errno or 0)
+                raise err from e
+        results.append(r)
+    return results

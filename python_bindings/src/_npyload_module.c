@@ -1,9 +1,11 @@
 /*
  * npyload._npyload: module init, the exception class, and the helpers that
- * need no loader: inspect(), load(), order_indices(), cuda_available().
+ * need no loader: inspect(), load(), order_indices(), cuda_available(),
+ * pack_file().
  */
 #include "_npyload.h"
 
+#include <errno.h>
 #include <string.h>
 
 PyObject *NpyloadPy_Error = NULL;
@@ -321,6 +323,98 @@ static PyObject *mod_cuda_available(PyObject *self, PyObject *args)
                          npyloadpy_str(ok ? "" : why));
 }
 
+PyDoc_STRVAR(pack_file_doc,
+"pack_file(path, out=None, level=0, frame_size=0, threads=0, force=False,\n"
+"          checksum=True) -> dict\n\n"
+"npyload_pack_file(): compresses one NPY file into a seekable .npy.zst\n"
+"(out None: path + '.zst'); 0 means the library default for level,\n"
+"frame_size and threads. Returns in_bytes, out_bytes, frames,\n"
+"samples_per_frame, seconds and out. Raises NpyloadError naming the file\n"
+"(code -EEXIST when out exists and force is False); Ctrl-C cancels between\n"
+"chunks (no partial output) and raises KeyboardInterrupt. Use\n"
+"npyload.pack().");
+
+/* Called by npyload_pack_file on this thread between chunks, with the GIL
+ * released: takes it to run signal handlers, and cancels the pack when one
+ * raised (the exception stays set for pack_file to return). */
+static int pack_progress(void *arg, uint64_t done, uint64_t total)
+{
+    (void)done;
+    (void)total;
+    int *raised = arg;
+    PyGILState_STATE g = PyGILState_Ensure();
+    if (PyErr_CheckSignals() < 0)
+        *raised = 1;
+    PyGILState_Release(g);
+    return *raised;
+}
+
+static PyObject *mod_pack_file(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"path", "out", "level", "frame_size", "threads",
+                             "force", "checksum", NULL};
+    PyObject *path_obj, *out_obj = Py_None, *in_b = NULL, *out_b = NULL;
+    int level = 0, threads = 0, force = 0, checksum = 1;
+    unsigned long long frame_size = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OiKipp:pack_file", kwlist,
+                                     &path_obj, &out_obj, &level, &frame_size,
+                                     &threads, &force, &checksum))
+        return NULL;
+    if (threads < 0) {
+        PyErr_SetString(PyExc_ValueError, "threads must be >= 0");
+        return NULL;
+    }
+    if (!PyUnicode_FSConverter(path_obj, &in_b))
+        return NULL;
+    if (out_obj != Py_None && !PyUnicode_FSConverter(out_obj, &out_b)) {
+        Py_DECREF(in_b);
+        return NULL;
+    }
+    npyload_pack_options o;
+    memset(&o, 0, sizeof o);
+    o.level = level;
+    o.frame_size = (uint64_t)frame_size;
+    o.threads = threads;
+    o.force = force;
+    o.no_checksum = !checksum;
+    int raised = 0;
+    o.progress = pack_progress;
+    o.progress_arg = &raised;
+    const char *in = PyBytes_AS_STRING(in_b);
+    const char *out = out_b ? PyBytes_AS_STRING(out_b) : NULL;
+    npyload_pack_result r;
+    char err[1024];
+    int rc;
+    err[0] = 0;
+    memset(&r, 0, sizeof r);
+    Py_BEGIN_ALLOW_THREADS
+    rc = npyload_pack_file(in, out, &o, &r, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    PyObject *res = NULL;
+    if (raised && PyErr_Occurred()) {
+        /* KeyboardInterrupt (or what a handler raised) */
+    } else if (rc != 0) {
+        if (!err[0])
+            snprintf(err, sizeof err, "%s: %s", in, npyload_strerror(rc));
+        npyloadpy_raise(rc, err);
+    } else {
+        PyObject *dst = NULL, *src = npyloadpy_str(in);
+        if (src)
+            dst = out_b ? npyloadpy_str(out) : PyUnicode_FromFormat("%U.zst", src);
+        Py_XDECREF(src);
+        if (dst)
+            res = Py_BuildValue("{s:K,s:K,s:K,s:K,s:d,s:N}",
+                                "in_bytes", (unsigned long long)r.in_bytes,
+                                "out_bytes", (unsigned long long)r.out_bytes,
+                                "frames", (unsigned long long)r.frames,
+                                "samples_per_frame", (unsigned long long)r.samples_per_frame,
+                                "seconds", r.seconds, "out", dst);
+    }
+    Py_DECREF(in_b);
+    Py_XDECREF(out_b);
+    return res;
+}
+
 static PyMethodDef module_methods[] = {
     {"inspect", (PyCFunction)(void (*)(void))mod_inspect,
      METH_VARARGS | METH_KEYWORDS, inspect_doc},
@@ -328,6 +422,8 @@ static PyMethodDef module_methods[] = {
      METH_VARARGS | METH_KEYWORDS, load_doc},
     {"order_indices", (PyCFunction)(void (*)(void))mod_order_indices,
      METH_VARARGS | METH_KEYWORDS, order_doc},
+    {"pack_file", (PyCFunction)(void (*)(void))mod_pack_file,
+     METH_VARARGS | METH_KEYWORDS, pack_file_doc},
     {"strerror", mod_strerror, METH_O,
      "strerror(code) -> str: npyload_strerror() of an error code."},
     {"cuda_available", mod_cuda_available, METH_VARARGS,
