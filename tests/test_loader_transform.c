@@ -189,7 +189,7 @@ static size_t check_batch(const npyload_batch *b, const tcase *t)
     return rows;
 }
 
-static void run_cases(int backend)
+static void run_cases_opt(int backend, int direct)
 {
     char *dir = make_u8();
     static const tcase cases[] = {
@@ -201,6 +201,7 @@ static void run_cases(int backend)
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         npyload_loader *L = open_loader(dir, backend, 3, 7, NPYLOAD_SHUFFLE_FULL);
+        npyload_loader_set(L, NPYLOAD_OPT_DIRECT_IO, direct);
         tcase t = cases[k];
         npyload_transform tr = {.dtype = t.dtype, .scale = t.dtype ? scale : 0,
                                 .channels_last = t.channels_last};
@@ -227,7 +228,11 @@ static void run_cases(int backend)
     tu_rmtree(dir);
 }
 
+static void run_cases(int backend) { run_cases_opt(backend, 0); }
+
 Test(loader_transform, values_pread) { run_cases(NPYLOAD_IO_PREAD); }
+/* O_DIRECT reads land in the raw buffer, laid out with their alignment. */
+Test(loader_transform, values_pread_direct) { run_cases_opt(NPYLOAD_IO_PREAD, 1); }
 Test(loader_transform, values_mmap) { run_cases(NPYLOAD_IO_MMAP); }
 Test(loader_transform, values_uring)
 {

@@ -106,7 +106,8 @@ static int plan_transforms(npyload_loader *L)
 }
 
 /* Device mode with transforms: loads the kernels into the loader's device
- * context (the start thread's, made current by open_cuda). */
+ * context. After alloc_slots: the runtime creates the primary context
+ * lazily, and the device slots' cudaMalloc has made it exist. */
 static int open_tdev(npyload_loader *L)
 {
     int need = 0;
@@ -419,9 +420,9 @@ int npyload_loader_start(npyload_loader *L)
         return rc;
     if ((rc = npyl_load_fields(L)) || (rc = plan_transforms(L)) ||
         (rc = resolve_backend(L)) || (rc = plan_layout(L)) ||
-        (rc = plan_order(L)) || (rc = open_cuda(L)) || (rc = open_tdev(L)) ||
-        (rc = alloc_slots(L, nworkers, prefetch)) || (rc = create_workers(L, nworkers)) ||
-        (rc = begin_first_epoch(L)))
+        (rc = plan_order(L)) || (rc = open_cuda(L)) ||
+        (rc = alloc_slots(L, nworkers, prefetch)) || (rc = open_tdev(L)) ||
+        (rc = create_workers(L, nworkers)) || (rc = begin_first_epoch(L)))
         goto fail;
     L->started = 1;
     if (!L->sync && (rc = npyl_pipeline_start(L))) {
