@@ -49,4 +49,18 @@ int tu_count_fds(void);
 /* Reads a whole file into a malloc'd buffer; *n its size. NULL on error. */
 void *tu_read_file(const char *path, size_t *n);
 
+/* For the stress drivers, which run without Criterion (it cannot run under
+ * ThreadSanitizer): when cond is false, prints "FAIL file:line: message" to
+ * stderr, counts it in `fails` and returns from the calling void function. */
+#define TU_STRESS_CHECK(fails, cond, ...)                                      \
+    do {                                                                       \
+        if (!(cond)) {                                                         \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);               \
+            fprintf(stderr, __VA_ARGS__);                                      \
+            fprintf(stderr, "\n");                                             \
+            (fails)++;                                                         \
+            return;                                                            \
+        }                                                                      \
+    } while (0)
+
 #endif

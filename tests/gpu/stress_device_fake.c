@@ -22,16 +22,7 @@
 #include "testutil.h"
 
 static int failures, passes;
-#define CHECK(cond, ...)                                                        \
-    do {                                                                       \
-        if (!(cond)) {                                                         \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);               \
-            fprintf(stderr, __VA_ARGS__);                                      \
-            fprintf(stderr, "\n");                                             \
-            failures++;                                                        \
-            return;                                                            \
-        }                                                                      \
-    } while (0)
+#define CHECK(cond, ...) TU_STRESS_CHECK(failures, cond, __VA_ARGS__)
 
 static int (*stream_create)(void **, unsigned);
 static int (*stream_sync)(void *);

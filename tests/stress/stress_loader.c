@@ -15,16 +15,7 @@
 #include "testutil.h"
 
 static int failures, passes;
-#define CHECK(cond, ...)                                                        \
-    do {                                                                       \
-        if (!(cond)) {                                                         \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);               \
-            fprintf(stderr, __VA_ARGS__);                                      \
-            fprintf(stderr, "\n");                                             \
-            failures++;                                                        \
-            return;                                                            \
-        }                                                                      \
-    } while (0)
+#define CHECK(cond, ...) TU_STRESS_CHECK(failures, cond, __VA_ARGS__)
 
 static const int64_t SIZES[] = {9, 3, 17, 1, 22, 12};
 #define NF (sizeof SIZES / sizeof SIZES[0])
