@@ -87,7 +87,8 @@ NPYLOAD_API const char *npyload_version_string(void);
  * itself writes headers far shorter than this limit. */
 #define NPYLOAD_MAX_DIMS 32
 #define NPYLOAD_MAX_HEADER_LEN (1u << 20)
-#define NPYLOAD_DESCR_LEN 8
+/* 16: room for "bfloat16", the descr of a transform's bfloat16 output. */
+#define NPYLOAD_DESCR_LEN 16
 
 /*! npyload_header: the facts of one NPY file's header. */
 typedef struct npyload_header {
@@ -185,7 +186,10 @@ typedef enum npyload_shuffle {
  * library's messages use. */
 #define NPYLOAD_OPTION_MAP(XX)                                                 \
     XX(BATCH_SIZE, 1, "samples per batch, >= 1; default 1")                   \
-    XX(NUM_WORKERS, 2, "worker threads, >= 1; 0 = default 2")                 \
+    XX(NUM_WORKERS, 2, "worker threads, >= 1; 0 = default 2; "               \
+                       "NPYLOAD_WORKERS_SYNC (-1) = no worker thread: "      \
+                       "next() reads each batch on the calling thread "      \
+                       "(debugging, like DataLoader's num_workers=0)")      \
     XX(PREFETCH, 3, "batch slots, >= 1; 0 = default 2 x workers. Memory is "  \
                     "PREFETCH x batch bytes.")                                \
     XX(SHUFFLE, 4, "npyload_shuffle; default NONE")                           \
@@ -216,6 +220,14 @@ typedef enum npyload_shuffle {
     XX(MAX_ERRORS, 17, "with ON_ERROR skip: once more than this many "       \
                        "samples were skipped, the batch fails as with "     \
                        "raise; 0 = no limit (default)")
+
+/*! NPYLOAD_WORKERS_SYNC: NPYLOAD_OPT_NUM_WORKERS value for synchronous
+ * reads. No thread is started; npyload_loader_next() reads (and
+ * transforms, and copies) the batch it returns on the calling thread, so a
+ * debugger or a profiler sees the whole pipeline on one stack. Order,
+ * bytes and errors are those of any worker count. PREFETCH still bounds the
+ * slots (default 2) since batches may be held. */
+#define NPYLOAD_WORKERS_SYNC (-1)
 
 /*! Options for npyload_loader_set(), generated from NPYLOAD_OPTION_MAP. 0
  * means "default" where a default is documented. All options must be set
@@ -280,6 +292,54 @@ NPYLOAD_API int npyload_loader_add_field_files(npyload_loader *L,
                                                const char *name,
                                                const char *const *paths,
                                                size_t n);
+
+/*! Transforms: per field, the loader converts each batch before handing it
+ * out. Per element, in float32: y = (x * scale - mean[c]) / std[c], where c
+ * is the channel (axis 0 of a sample, axis 1 of the batch), three correctly
+ * rounded operations (no FMA); then y is rounded to nearest even into
+ * `dtype`. With channels_last, a sample (C, d1..dk) is stored (d1..dk, C):
+ * the array keeps its logical shape and reports NHWC strides.
+ * Host memory: the workers read the stored bytes into a per-worker buffer
+ * and transform into the batch slot (slots are sized for the output dtype).
+ * CUDA device: the stored bytes cross PCIe (a uint8 field costs 1 byte per
+ * element, not 2 or 4) and a kernel transforms them on the device, on the
+ * copy's stream, before the batch is handed out; the kernels are built when
+ * the CUDA toolkit (nvcc) is found at build time, and without them start
+ * fails with NPYLOAD_ENOCUDA saying so. Device and host results are equal
+ * bit for bit (both compute the same three roundings). */
+typedef enum npyload_dtype {
+    NPYLOAD_DTYPE_KEEP = 0,     /* the stored dtype; only without arithmetic */
+    NPYLOAD_DTYPE_FLOAT32 = 1,  /* "<f4" */
+    NPYLOAD_DTYPE_FLOAT16 = 2,  /* "<f2", IEEE half */
+    NPYLOAD_DTYPE_BFLOAT16 = 3  /* "bfloat16" */
+} npyload_dtype;
+
+/*! npyload_transform: a zeroed struct is the identity. Inputs may be any
+ * integer or float dtype, either byte order; bool and complex fields can
+ * only be kept (dtype KEEP, channels_last allowed). */
+typedef struct npyload_transform {
+    int dtype;            /* npyload_dtype */
+    float scale;          /* applied first; 0 means 1 (the default) */
+    const float *mean;    /* n_mean values: 0 (none), 1 (every channel) or C */
+    size_t n_mean;
+    const float *std;     /* n_std values: 0 (none: 1), 1 or C; nonzero */
+    size_t n_std;
+    int channels_last;    /* 0 or 1 (a sample with one axis is unchanged) */
+} npyload_transform;
+
+/*! npyload_loader_set_transform() :
+ * Sets (or, with t == NULL, removes) the transform of field `field`. The
+ * struct and its mean/std values are copied. Checked now on its own
+ * (dtype, finite values, std nonzero, arithmetic needs an output dtype)
+ * and at start against the field (mean/std count vs the channels, input
+ * dtype).
+ * @return : 0; NPYLOAD_EINVAL for an unknown field or a bad description
+ *           (the message names the field and the member); NPYLOAD_ESTATE
+ *           after start. At start: NPYLOAD_EMISMATCH (mean or std count is
+ *           neither 1 nor the channel count), NPYLOAD_EUNSUPPORTED (input
+ *           dtype), NPYLOAD_ENOCUDA (device mode without the kernels). */
+NPYLOAD_API int npyload_loader_set_transform(npyload_loader *L, const char *field,
+                                             const npyload_transform *t);
 
 /*! npyload_loader_set() : sets option `opt` (see npyload_option).
  * @return : 0, NPYLOAD_EINVAL for a value out of range (the message names the
@@ -368,8 +428,15 @@ NPYLOAD_API const char *npyload_loader_field_name(const npyload_loader *L,
 
 /* ---- Batches ---- */
 
-/*! npyload_array: one field of a batch. C-contiguous; shape[0] is the number
- * of rows of the batch, shape[1..] the per-sample shape. */
+/*! npyload_array: one field of a batch. shape[0] is the number of rows of
+ * the batch, shape[1..] the per-sample shape (the logical shape: a
+ * channels-last transform keeps it and changes the strides). strides[d] is
+ * the distance in bytes between neighbours along axis d: C-contiguous
+ * unless the field has a channels_last transform, then (N, C, H, W) is laid
+ * out as NHWC (strides N: HWC, C: 1, H: WC, W: C, times itemsize). descr and
+ * itemsize are those of the delivered dtype (after a transform): "<f4",
+ * "<f2", or "bfloat16" (no numpy type code exists; ml_dtypes and torch
+ * have the type). */
 typedef struct npyload_array {
     void *data;                   /* host or device pointer */
     int ndim;                     /* 1 + per-sample ndim */
@@ -378,6 +445,7 @@ typedef struct npyload_array {
     size_t itemsize;
     size_t nbytes;                /* shape product x itemsize */
     int device;                   /* -1 host, k >= 0 CUDA device k */
+    int64_t strides[NPYLOAD_MAX_DIMS]; /* bytes per step along each axis */
 } npyload_array;
 
 /*! npyload_batch_size() : rows (samples) in the batch. */

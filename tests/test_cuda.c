@@ -783,3 +783,76 @@ Test(cuda_fake, npy_zst_decodes_into_the_staging_slot)
     free(glob);
     tu_rmtree(dir);
 }
+
+/* ---- transforms in device mode, on the fake runtime ---- */
+
+/* A transform that needs a kernel: start refuses with the reason (no kernels
+ * in this build, or no driver API to load them: the fake is a runtime only),
+ * and the loader stays usable for a start without it. */
+Test(cuda_fake, device_transform_without_kernels_or_driver_fails_at_start)
+{
+    load_fake();
+    char *dir;
+    char *glob = small_field(&dir);
+    npyload_loader *L = NULL;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "x", glob), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 4), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DEVICE, 0), 0, "%s",
+                 npyload_loader_errmsg(L));
+    npyload_transform t = {.dtype = NPYLOAD_DTYPE_FLOAT16, .scale = 0.5f};
+    cr_assert_eq(npyload_loader_set_transform(L, "x", &t), 0, "%s", npyload_loader_errmsg(L));
+    int rc = npyload_loader_start(L);
+    const char *m = npyload_loader_errmsg(L);
+    cr_log_info("%s", m);
+    cr_assert(rc == NPYLOAD_ENOCUDA || rc == NPYLOAD_ECUDA, "start returned %d: %s", rc, m);
+    cr_assert(strstr(m, "transform") && (strstr(m, "nvcc") || strstr(m, "libcuda") ||
+                                         strstr(m, "kernels")), "message: %s", m);
+    cr_assert_eq(npyload_loader_set_transform(L, "x", NULL), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_loader_destroy(L);
+    free(glob);
+    tu_rmtree(dir);
+}
+
+/* A transform that is the identity on the bytes (keep, channels first) needs
+ * no kernel; and the synchronous mode (NUM_WORKERS -1) runs the device path
+ * (read, copy, publish) on the calling thread: same bytes, the copies
+ * ordered by events as with workers. */
+Test(cuda_fake, device_sync_mode_and_identity_transform)
+{
+    fake_cudart *f = load_fake();
+    void *cs = consumer_stream(f);
+    char *dir;
+    char *glob = small_field(&dir);
+    npyload_loader *L = NULL;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "x", glob), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 3), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, NPYLOAD_WORKERS_SYNC), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, 2), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DEVICE, 0), 0, "%s",
+                 npyload_loader_errmsg(L));
+    npyload_transform t = {.dtype = NPYLOAD_DTYPE_KEEP};
+    cr_assert_eq(npyload_loader_set_transform(L, "x", &t), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    size_t rows = 0;
+    for (uint64_t e = 0; e < 2; e++) {
+        cr_assert_eq(npyload_loader_set_epoch(L, e), 0);
+        npyload_batch *b;
+        int rc;
+        while ((rc = npyload_loader_next(L, &b)) == 0) {
+            consume_fake_batch(b, cs);
+            const npyload_array *a = npyload_batch_field(b, 0);
+            cr_assert_eq(a->strides[0], 64);
+            rows += npyload_batch_size(b);
+            npyload_batch_release(b);
+        }
+        cr_assert_eq(rc, NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
+    }
+    cr_assert_eq(rows, 2 * 13);
+    npyload_loader_destroy(L);
+    free(glob);
+    tu_rmtree(dir);
+}

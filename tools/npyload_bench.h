@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "npyload.h"
+
 #define NB_MAX_FIELDS 16
 #define NB_MAX_GRID 32   /* values per list option (--workers, --prefetch) */
 #define NB_MAX_IO 4
@@ -95,7 +97,7 @@ typedef struct nb_field_info {
     size_t nfiles;
     int64_t nsamples;          /* samples in the field's files */
     uint64_t sample_bytes;
-    char descr[8];
+    char descr[NPYLOAD_DESCR_LEN];
     int ndim;                  /* per-sample ndim */
     int64_t shape[8];
 } nb_field_info;

@@ -67,6 +67,11 @@ static void free_worker(npyload_loader *L, npyl_worker *w)
     free(w->dst);
     w->dst = NULL;
     npyl_read_worker_free(w);
+    npyl_free_aligned(w->raw);
+    w->raw = NULL;
+    if (w->draw)
+        npyl_cuda_free(L->cuda, w->draw);
+    w->draw = NULL;
     if (w->stream)
         npyl_cuda_stream_destroy(L->cuda, w->stream);
     if (w->ev_start)
@@ -163,12 +168,20 @@ void npyl_loader_free_started(npyload_loader *L)
     free(L->dslots);
     L->hslots = L->dslots = NULL;
     L->nh = L->nd = 0;
+    npyl_tdev_close(L->tdev); /* its context is still alive here */
+    L->tdev = NULL;
     if (entered)
         npyl_cuda_leave(L->cuda, prev);
     npyl_cuda_close(L->cuda);
     L->cuda = NULL;
     L->pinned = 0;
     free_tables(L);
+    for (size_t i = 0; i < L->nfields; i++) {
+        npyl_transform_plan_free(&L->fields[i].tplan);
+        L->fields[i].xform = 0;
+    }
+    L->raw_bytes = 0;
+    L->sync = 0;
     L->started = 0;
 }
 
@@ -192,6 +205,8 @@ void npyl_loader_free(npyload_loader *L)
     npyl_loader_free_started(L);
     for (size_t i = 0; i < L->nfields; i++) {
         free(L->fields[i].name);
+        free(L->fields[i].tmean);
+        free(L->fields[i].tstd);
         npyl_free_paths(L->fields[i].paths, L->fields[i].npaths);
     }
     free(L->fields);

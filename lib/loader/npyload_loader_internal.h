@@ -47,6 +47,7 @@
 #include "../io/npyload_io.h"
 #include "../order/npyload_order.h"
 #include "../zst/npyload_zst.h"
+#include "../transform/npyload_transform.h"
 
 #define NPYL_ERRMSG_LEN 1024
 #define DEFAULT_WORKERS 2
@@ -85,6 +86,18 @@ typedef struct npyl_field {
     uint64_t row_bytes;   /* bytes per sample */
     uint64_t host_off;    /* where the field starts in a host slot */
     uint64_t dev_off;     /* where the field starts in a device slot */
+    /* Transform (npyload_loader_set_transform): the description with its
+     * own copies of mean/std, then at start its plan. xform: the plan is
+     * not the identity, so the stored rows go through the worker's raw
+     * buffer (host mode) or its device raw buffer (device mode), at
+     * raw_off, and the slot holds out_row_bytes per row. */
+    int has_transform;
+    npyl_transform tdesc;
+    float *tmean, *tstd;
+    npyl_tplan tplan;
+    int xform;
+    uint64_t out_row_bytes; /* bytes per delivered row (row_bytes without) */
+    uint64_t raw_off;
 } npyl_field;
 
 enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_READY, SLOT_HELD, SLOT_POISONED };
@@ -127,6 +140,10 @@ typedef struct npyl_worker {
     npyl_io *io;
     npyl_io_req *reqs;    /* batch_size x nfields capacity */
     uint8_t **dst;        /* nfields: where each field's rows land */
+    uint8_t *raw;         /* host mode with transforms: one batch of the
+                             transformed fields' stored rows (raw_bytes) */
+    void *draw;           /* device mode with transforms: the same on the
+                             device; reused in stream order */
     void *stream;         /* device mode: this worker's copy stream */
     void *ev_start, *ev_end; /* unused: copies are timed per staging slot
                                 (npyl_slot.ev_start/ev_done) */
@@ -164,6 +181,10 @@ struct npyload_loader {
     size_t nio_files;
     int64_t n;                /* samples per field */
     uint64_t host_slot_bytes, dev_slot_bytes;
+    uint64_t raw_bytes;       /* per worker: stored rows of transformed fields */
+    npyl_tdev *tdev;          /* device transforms: the loaded kernels */
+    int sync;                 /* NUM_WORKERS = NPYLOAD_WORKERS_SYNC: one
+                                 worker context, no thread; next() reads */
     npyl_cuda *cuda;          /* NULL unless device mode or pinned */
     int device;               /* -1 host */
     int pinned;
@@ -248,6 +269,10 @@ NPYL_HIDDEN int npyl_read_worker_init(npyload_loader *L, npyl_worker *w);
 NPYL_HIDDEN void npyl_read_worker_free(npyl_worker *w);
 
 /* npyload_pipeline.c: */
+/* Sync mode: claims and fills the next batch on the calling thread (the
+ * worker body once). Called with mu held; returns with mu held. Returns 1
+ * when a batch was processed, 0 when none can be claimed now. */
+NPYL_HIDDEN int npyl_pipeline_step(npyload_loader *L);
 /* Starts the worker threads (after slots and io contexts exist). */
 NPYL_HIDDEN int npyl_pipeline_start(npyload_loader *L);
 /* Stops and joins the workers; in-flight reads and copies complete first. */

@@ -55,8 +55,9 @@ int npyload_loader_set(npyload_loader *L, npyload_option opt, int64_t v)
             return range_fail(L, opt, v, "1 .. 2^31 samples");
         break;
     case NPYLOAD_OPT_NUM_WORKERS:
-        if (v < 0 || v > MAX_WORKERS)
-            return range_fail(L, opt, v, "1 .. 256 (0 = default 2)");
+        if (v < NPYLOAD_WORKERS_SYNC || v > MAX_WORKERS)
+            return range_fail(L, opt, v, "1 .. 256 (0 = default 2, -1 = synchronous "
+                              "reads in next())");
         break;
     case NPYLOAD_OPT_PREFETCH:
         if (v < 0 || v > MAX_PREFETCH)
@@ -130,7 +131,9 @@ int npyload_loader_get(const npyload_loader *L, npyload_option opt, int64_t *val
         return 0;
     /* After start, what the loader runs with: defaults resolved. */
     switch (opt) {
-    case NPYLOAD_OPT_NUM_WORKERS: *value = (int64_t)L->nworkers; break;
+    case NPYLOAD_OPT_NUM_WORKERS:
+        *value = L->sync ? NPYLOAD_WORKERS_SYNC : (int64_t)L->nworkers;
+        break;
     case NPYLOAD_OPT_PREFETCH: *value = (int64_t)(L->nd ? L->nd : L->nh); break;
     case NPYLOAD_OPT_QUEUE_DEPTH: *value = (int64_t)L->queue_depth; break;
     case NPYLOAD_OPT_SHUFFLE_WINDOW: *value = L->op.window; break;
@@ -138,5 +141,70 @@ int npyload_loader_get(const npyload_loader *L, npyload_option opt, int64_t *val
     case NPYLOAD_OPT_PIN_MEMORY: *value = L->pinned; break;
     default: break;
     }
+    return 0;
+}
+
+/* ---- transforms ---- */
+
+int npyload_loader_set_transform(npyload_loader *L, const char *field,
+                                 const npyload_transform *t)
+{
+    if (!L)
+        return NPYLOAD_EINVAL;
+    int frc = npyl_loader_forked(L);
+    if (frc)
+        return frc;
+    if (!field)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "set_transform: field name is NULL");
+    npyl_field *f = NULL;
+    for (size_t i = 0; i < L->nfields && !f; i++)
+        if (!strcmp(L->fields[i].name, field))
+            f = &L->fields[i];
+    if (!f)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "set_transform: no field named '%s' "
+                                "(add the field first)", field);
+    if (L->started)
+        return npyl_loader_fail(L, NPYLOAD_ESTATE, "%s: a transform cannot change after "
+                                "start", field);
+    float *m = NULL, *sd = NULL;
+    if (t) {
+        /* The public struct and the engine's description are the same
+         * members; copied one by one so either may grow. */
+        npyl_transform d = {
+            .dtype = t->dtype, .scale = t->scale, .mean = t->mean, .n_mean = t->n_mean,
+            .std = t->std, .n_std = t->n_std, .channels_last = t->channels_last,
+        };
+        if ((d.n_mean && !d.mean) || (d.n_std && !d.std))
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "%s: transform %s is NULL with a "
+                                    "count of %zu", field, d.n_mean && !d.mean ? "mean" : "std",
+                                    d.n_mean && !d.mean ? d.n_mean : d.n_std);
+        if (d.n_mean > ((size_t)1 << 24) || d.n_std > ((size_t)1 << 24))
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "%s: transform mean/std: more than "
+                                    "2^24 values", field);
+        char err[512];
+        int rc = npyl_transform_check(field, &d, err, sizeof err);
+        if (rc)
+            return npyl_loader_fail(L, rc, "%s", err);
+        if ((d.n_mean && !(m = malloc(d.n_mean * sizeof *m))) ||
+            (d.n_std && !(sd = malloc(d.n_std * sizeof *sd)))) {
+            free(m);
+            return npyl_loader_fail(L, -ENOMEM, "out of memory");
+        }
+        if (d.n_mean)
+            memcpy(m, d.mean, d.n_mean * sizeof *m);
+        if (d.n_std)
+            memcpy(sd, d.std, d.n_std * sizeof *sd);
+        d.mean = m;
+        d.std = sd;
+        f->tdesc = d;
+    } else {
+        memset(&f->tdesc, 0, sizeof f->tdesc);
+    }
+    free(f->tmean);
+    free(f->tstd);
+    f->tmean = m;
+    f->tstd = sd;
+    f->has_transform = t != NULL;
+    L->errmsg[0] = 0;
     return 0;
 }

@@ -41,24 +41,90 @@ static int resolve_backend(npyload_loader *L)
 static int plan_layout(npyload_loader *L)
 {
     uint64_t B = (uint64_t)L->opt[NPYLOAD_OPT_BATCH_SIZE];
-    uint64_t h = 0, d = 0;
+    uint64_t h = 0, d = 0, r = 0;
+    int device_mode = L->opt[NPYLOAD_OPT_DEVICE] >= 0; /* open_cuda sets L->device later */
     for (size_t i = 0; i < L->nfields; i++) {
         npyl_field *f = &L->fields[i];
-        uint64_t bytes;
-        if (npyl_mul_u64(B, f->row_bytes, &bytes))
+        /* A transformed field: the host slot holds the stored rows in device
+         * mode (they cross PCIe as stored) and the output rows in host mode;
+         * the device slot always holds the output; the stored rows of a
+         * host transform land in the worker's raw buffer first. */
+        uint64_t bytes, out_bytes, raw_bytes = 0;
+        if (npyl_mul_u64(B, f->row_bytes, &bytes) ||
+            npyl_mul_u64(B, f->out_row_bytes, &out_bytes))
             return npyl_loader_fail(L, NPYLOAD_ETOOBIG, "field '%s': batch bytes overflow",
                                     f->name);
+        uint64_t hbytes = device_mode ? bytes : out_bytes;
         h = (h + NPYL_DIRECT_ALIGN - 1) / NPYL_DIRECT_ALIGN * NPYL_DIRECT_ALIGN;
-        if (L->opt[NPYLOAD_OPT_DIRECT_IO])
+        if (L->opt[NPYLOAD_OPT_DIRECT_IO] && (device_mode || !f->xform))
             h += f->files[0].data_offset % NPYL_DIRECT_ALIGN;
         f->host_off = h;
         d = (d + DEV_ALIGN - 1) / DEV_ALIGN * DEV_ALIGN;
         f->dev_off = d;
-        if (npyl_add_u64(h, bytes, &h) || npyl_add_u64(d, bytes, &d))
+        f->raw_off = 0;
+        if (f->xform) {
+            /* Reads land in the raw buffer: give it the O_DIRECT congruence. */
+            r = (r + NPYL_DIRECT_ALIGN - 1) / NPYL_DIRECT_ALIGN * NPYL_DIRECT_ALIGN;
+            if (L->opt[NPYLOAD_OPT_DIRECT_IO] && !device_mode)
+                r += f->files[0].data_offset % NPYL_DIRECT_ALIGN;
+            f->raw_off = r;
+            raw_bytes = bytes;
+        }
+        if (npyl_add_u64(h, hbytes, &h) || npyl_add_u64(d, out_bytes, &d) ||
+            npyl_add_u64(r, raw_bytes, &r))
             return npyl_loader_fail(L, NPYLOAD_ETOOBIG, "batch bytes overflow");
     }
     L->host_slot_bytes = (h + NPYL_DIRECT_ALIGN - 1) / NPYL_DIRECT_ALIGN * NPYL_DIRECT_ALIGN;
     L->dev_slot_bytes = d;
+    L->raw_bytes = r ? (r + NPYL_DIRECT_ALIGN - 1) / NPYL_DIRECT_ALIGN * NPYL_DIRECT_ALIGN : 0;
+    return 0;
+}
+
+/* Step: each field's transform planned against its dtype and sample shape
+ * (a field without one delivers its stored rows: out_row_bytes = row_bytes).
+ * Device mode also needs the kernels (checked here, loaded in open_cuda). */
+static int plan_transforms(npyload_loader *L)
+{
+    for (size_t i = 0; i < L->nfields; i++) {
+        npyl_field *f = &L->fields[i];
+        f->xform = 0;
+        f->out_row_bytes = f->row_bytes;
+        if (!f->has_transform)
+            continue;
+        char err[512];
+        int rc = npyl_transform_plan(f->name, &f->tdesc, f->descr, f->sndim, f->sshape,
+                                     &f->tplan, err, sizeof err);
+        if (rc)
+            return npyl_loader_fail(L, rc, "%s", err);
+        f->xform = !npyl_transform_is_identity(&f->tplan);
+        f->out_row_bytes = f->tplan.out_row_bytes;
+        if (f->xform && L->opt[NPYLOAD_OPT_DEVICE] >= 0 &&
+            (rc = npyl_tdev_plan_check(f->name, &f->tplan, err, sizeof err)))
+            return npyl_loader_fail(L, rc, "%s", err);
+    }
+    return 0;
+}
+
+/* Device mode with transforms: loads the kernels into the loader's device
+ * context. After alloc_slots: the runtime creates the primary context
+ * lazily, and the device slots' cudaMalloc has made it exist. */
+static int open_tdev(npyload_loader *L)
+{
+    int need = 0;
+    for (size_t i = 0; i < L->nfields; i++)
+        need |= L->fields[i].xform;
+    if (L->device < 0 || !need)
+        return 0;
+    char err[512] = "";
+    int prev = -1, rc = npyl_cuda_enter(L->cuda, &prev);
+    if (rc)
+        return npyl_loader_fail(L, rc, "CUDA device %d: %s", L->device,
+                                npyl_cuda_errmsg(L->cuda));
+    rc = npyl_tdev_open(&L->tdev, err, sizeof err);
+    npyl_cuda_leave(L->cuda, prev);
+    if (rc)
+        return npyl_loader_fail(L, rc, "CUDA device %d: loading the transform kernels "
+                                "failed: %s", L->device, err);
     return 0;
 }
 
@@ -213,8 +279,10 @@ static int resolve_counts(npyload_loader *L, size_t *nworkers, size_t *prefetch)
     if (R >= W)
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "RANK %" PRId64 " must be below "
                                 "WORLD_SIZE %" PRId64, R, W);
-    *nworkers = L->opt[NPYLOAD_OPT_NUM_WORKERS] ? (size_t)L->opt[NPYLOAD_OPT_NUM_WORKERS]
-                                                 : DEFAULT_WORKERS;
+    int64_t nw = L->opt[NPYLOAD_OPT_NUM_WORKERS];
+    /* Sync: one worker context (io, buffers) used by next() itself. */
+    L->sync = nw == NPYLOAD_WORKERS_SYNC;
+    *nworkers = L->sync ? 1 : nw ? (size_t)nw : DEFAULT_WORKERS;
     *prefetch = L->opt[NPYLOAD_OPT_PREFETCH] ? (size_t)L->opt[NPYLOAD_OPT_PREFETCH]
                                               : 2 * *nworkers;
     if (*prefetch > MAX_PREFETCH)
@@ -302,6 +370,17 @@ static int create_workers(npyload_loader *L, size_t nworkers)
             return npyl_loader_fail(L, -ENOMEM, "out of memory");
         if ((rc = npyl_read_worker_init(L, w)))
             return rc;
+        /* One batch of the transformed fields' stored rows: memory is
+         * workers x batch, independent of PREFETCH. */
+        if (L->raw_bytes && L->device < 0 &&
+            !(w->raw = npyl_alloc_aligned(L->raw_bytes, NPYL_DIRECT_ALIGN)))
+            return npyl_loader_fail(L, -ENOMEM, "cannot allocate the %" PRIu64 "-byte "
+                                    "transform buffer of worker %zu", L->raw_bytes, i);
+        if (L->raw_bytes && L->device >= 0 &&
+            (rc = npyl_cuda_malloc(L->cuda, &w->draw, L->raw_bytes)))
+            return npyl_loader_fail(L, rc, "CUDA device %d: allocating the %" PRIu64
+                                    "-byte transform buffer of worker %zu failed: %s",
+                                    L->device, L->raw_bytes, i, npyl_cuda_errmsg(L->cuda));
         if (L->device >= 0 && ((rc = npyl_cuda_stream_create(L->cuda, &w->stream)) ||
                                (rc = npyl_cuda_event_create(L->cuda, &w->ev_start, 1)) ||
                                (rc = npyl_cuda_event_create(L->cuda, &w->ev_end, 1))))
@@ -341,13 +420,14 @@ int npyload_loader_start(npyload_loader *L)
     size_t nworkers = 0, prefetch = 0;
     if ((rc = resolve_counts(L, &nworkers, &prefetch)))
         return rc;
-    if ((rc = npyl_load_fields(L)) || (rc = resolve_backend(L)) || (rc = plan_layout(L)) ||
+    if ((rc = npyl_load_fields(L)) || (rc = plan_transforms(L)) ||
+        (rc = resolve_backend(L)) || (rc = plan_layout(L)) ||
         (rc = plan_order(L)) || (rc = open_cuda(L)) ||
-        (rc = alloc_slots(L, nworkers, prefetch)) || (rc = create_workers(L, nworkers)) ||
-        (rc = begin_first_epoch(L)))
+        (rc = alloc_slots(L, nworkers, prefetch)) || (rc = open_tdev(L)) ||
+        (rc = create_workers(L, nworkers)) || (rc = begin_first_epoch(L)))
         goto fail;
     L->started = 1;
-    if ((rc = npyl_pipeline_start(L))) {
+    if (!L->sync && (rc = npyl_pipeline_start(L))) {
         L->started = 0;
         goto fail;
     }

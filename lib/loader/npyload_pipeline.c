@@ -59,10 +59,22 @@ static void fill_arrays(const npyload_loader *L, npyl_slot *s, int device_slot)
         a->ndim = f->sndim + 1;
         a->shape[0] = (int64_t)s->rows;
         memcpy(a->shape + 1, f->sshape, sizeof(int64_t) * (size_t)f->sndim);
+        a->device = device_slot ? L->device : -1;
+        a->nbytes = (size_t)(s->rows * f->out_row_bytes);
+        if (f->has_transform) {
+            /* The delivered dtype and layout (channels-last strides). */
+            memcpy(a->descr, f->tplan.out_descr, sizeof a->descr);
+            a->itemsize = f->tplan.out_itemsize;
+            memcpy(a->strides, f->tplan.byte_strides, sizeof(int64_t) * (size_t)a->ndim);
+            continue;
+        }
         memcpy(a->descr, f->descr, sizeof a->descr);
         a->itemsize = f->itemsize;
-        a->nbytes = (size_t)(s->rows * f->row_bytes);
-        a->device = device_slot ? L->device : -1;
+        int64_t st = (int64_t)f->itemsize;
+        for (int d = a->ndim - 1; d >= 0; d--) {
+            a->strides[d] = st;
+            st *= d ? f->sshape[d - 1] : 0;
+        }
     }
 }
 
@@ -106,6 +118,7 @@ static void to_device(npyload_loader *L, npyl_worker *w, npyl_slot *h)
     pthread_mutex_unlock(&L->mu);
 
     int rc = 0, queued = 0; /* queued: a copy reading h may be in flight */
+    int kerr = 0;           /* rc is a transform kernel's; w->errmsg says why */
     uint64_t bytes = 0;
     if (!d->err) {
         /* The staging slot's own events, made by the first worker that
@@ -132,10 +145,19 @@ static void to_device(npyload_loader *L, npyl_worker *w, npyl_slot *h)
         for (size_t fi = 0; fi < L->nfields && !rc; fi++) {
             const npyl_field *f = &L->fields[fi];
             size_t n = (size_t)(h->rows * f->row_bytes);
-            rc = npyl_cuda_memcpy_h2d_async(L->cuda, d->mem + f->dev_off, h->mem + f->host_off,
-                                            n, w->stream);
+            /* A transformed field crosses PCIe in its stored dtype into the
+             * worker's device raw buffer, and the kernel writes the slot on
+             * the same stream, before ev_done below. The raw buffer is
+             * reused by this worker's next batch only after it, in stream
+             * order. */
+            uint8_t *dst = f->xform ? (uint8_t *)w->draw + f->raw_off : d->mem + f->dev_off;
+            rc = npyl_cuda_memcpy_h2d_async(L->cuda, dst, h->mem + f->host_off, n, w->stream);
             queued = 1;
             bytes += n;
+            if (!rc && f->xform && h->rows &&
+                (rc = npyl_tdev_run(L->tdev, &f->tplan, dst, d->mem + f->dev_off, h->rows,
+                                    w->stream, w->errmsg, sizeof w->errmsg)) != 0)
+                kerr = 1;
         }
         if (!rc)
             rc = npyl_cuda_event_record(L->cuda, d->ev_done, w->stream);
@@ -143,7 +165,10 @@ static void to_device(npyload_loader *L, npyl_worker *w, npyl_slot *h)
             rc = npyl_cuda_event_record(L->cuda, h->ev_done, w->stream);
         if (rc) {
             char cerr[512];
-            npyl_cuda_errmsg_copy(L->cuda, cerr, sizeof cerr);
+            if (kerr)
+                snprintf(cerr, sizeof cerr, "%.500s", w->errmsg);
+            else
+                npyl_cuda_errmsg_copy(L->cuda, cerr, sizeof cerr);
             d->err = rc;
             snprintf(d->errmsg, NPYL_ERRMSG_LEN, "CUDA device %d: queueing the copy of batch %"
                      PRId64 " failed: %s", L->device, d->seq, cerr);
@@ -202,6 +227,98 @@ static int finish_copy(npyload_loader *L, npyl_slot *h)
     return rc;
 }
 
+/* Host transforms: the stored rows of each transformed field, read into
+ * the worker's raw buffer, become the slot's output rows. h->rows is the
+ * count after the read (ON_ERROR skip may have compacted the batch). */
+static void transform_host(const npyload_loader *L, const npyl_worker *w, npyl_slot *h)
+{
+    for (size_t fi = 0; fi < L->nfields; fi++) {
+        const npyl_field *f = &L->fields[fi];
+        if (f->xform)
+            npyl_transform_rows(&f->tplan, w->raw + f->raw_off, h->mem + f->host_off,
+                                h->rows);
+    }
+}
+
+/* Claims the next batch into staging slot h and fills it: read, transform
+ * (host mode) or copy and transform (device mode, to_device), publish.
+ * Called with mu held (claim_seq < nbatches, h FREE); returns with mu held.
+ * The worker threads and, in sync mode, next() itself run it. */
+static void fill_batch(npyload_loader *L, npyl_worker *w, npyl_slot *h, int bind_rc)
+{
+    /* Claim: copy the batch's indices now, under mu, so a later
+     * set_epoch may rebuild seqbuf while we read. */
+    int64_t seq = L->claim_seq++;
+    int64_t B = L->op.batch_size;
+    int64_t lo = seq * B, hi = lo + B < L->delivered ? lo + B : L->delivered;
+    h->state = SLOT_FILLING;
+    h->gen = L->gen;
+    h->seq = seq;
+    h->epoch = L->op.epoch;
+    h->rows = (size_t)(hi - lo);
+    h->err = 0;
+    memcpy(h->indices, L->seqbuf + lo, h->rows * sizeof *h->indices);
+    int copy_pending = h->copy_pending;
+    pthread_mutex_unlock(&L->mu);
+
+    int rc = 0;
+    /* The copy engine may still read h (an earlier batch's copy): the
+     * read must not overwrite it before that copy's event completes. If
+     * the wait fails, nothing is read and copy_pending stays set, so
+     * every later claim of h fails the same way: errors, never bytes
+     * written under a copy. */
+    if (copy_pending && (rc = finish_copy(L, h)) == 0)
+        copy_pending = 0;
+    if (rc) {
+        npyl_cuda_errmsg_copy(L->cuda, w->errmsg, sizeof w->errmsg);
+        snprintf(h->errmsg, NPYL_ERRMSG_LEN, "batch %" PRId64 " of epoch %" PRIu64
+                 ": CUDA device %d: waiting for the staging slot's previous copy "
+                 "failed: %.700s", seq, h->epoch, L->device, w->errmsg);
+        h->err = rc;
+    }
+    uint64_t bytes = 0, t0 = npyl_now_ns();
+    if (!rc) {
+        /* Host transforms read into the worker's raw buffer; device mode
+         * stages the stored rows as they are. */
+        for (size_t fi = 0; fi < L->nfields; fi++) {
+            const npyl_field *f = &L->fields[fi];
+            w->dst[fi] = (f->xform && w->raw) ? w->raw + f->raw_off : h->mem + f->host_off;
+        }
+        rc = npyl_read_batch(L, w, h, w->dst, &bytes);
+    } else {
+        rc = 0; /* h->err already says why */
+    }
+    atomic_fetch_add(&L->st_io_ns, npyl_now_ns() - t0);
+    atomic_fetch_add(&L->st_bytes, bytes);
+    if (h->err) {
+        /* nothing read: the staging slot is not safe to write */
+    } else if (rc) {
+        h->err = rc;
+        snprintf(h->errmsg, NPYL_ERRMSG_LEN, "batch %" PRId64 " of epoch %" PRIu64 ": %.900s",
+                 seq, h->epoch, w->errmsg);
+    } else if (bind_rc) {
+        h->err = bind_rc;
+        snprintf(h->errmsg, NPYL_ERRMSG_LEN, "worker cannot use CUDA device %d", L->device);
+    } else if (w->raw) {
+        transform_host(L, w, h);
+    }
+
+    pthread_mutex_lock(&L->mu);
+    h->copy_pending = copy_pending;
+    if (h->gen != L->gen || L->stopping) {
+        h->state = SLOT_FREE; /* an abandoned generation: discard */
+        pthread_cond_broadcast(&L->work_cv);
+        return;
+    }
+    if (L->device >= 0) {
+        to_device(L, w, h);
+        return;
+    }
+    fill_arrays(L, h, 0);
+    h->state = SLOT_READY;
+    pthread_cond_broadcast(&L->ready_cv);
+}
+
 static void *worker_main(void *arg)
 {
     npyl_worker *w = arg;
@@ -219,74 +336,41 @@ static void *worker_main(void *arg)
         }
         if (L->stopping)
             break;
-        /* Claim: copy the batch's indices now, under mu, so a later
-         * set_epoch may rebuild seqbuf while we read. */
-        int64_t seq = L->claim_seq++;
-        int64_t B = L->op.batch_size;
-        int64_t lo = seq * B, hi = lo + B < L->delivered ? lo + B : L->delivered;
-        h->state = SLOT_FILLING;
-        h->gen = L->gen;
-        h->seq = seq;
-        h->epoch = L->op.epoch;
-        h->rows = (size_t)(hi - lo);
-        h->err = 0;
-        memcpy(h->indices, L->seqbuf + lo, h->rows * sizeof *h->indices);
-        int copy_pending = h->copy_pending;
-        pthread_mutex_unlock(&L->mu);
-
-        int rc = 0;
-        /* The copy engine may still read h (an earlier batch's copy): the
-         * read must not overwrite it before that copy's event completes. If
-         * the wait fails, nothing is read and copy_pending stays set, so
-         * every later claim of h fails the same way: errors, never bytes
-         * written under a copy. */
-        if (copy_pending && (rc = finish_copy(L, h)) == 0)
-            copy_pending = 0;
-        if (rc) {
-            npyl_cuda_errmsg_copy(L->cuda, w->errmsg, sizeof w->errmsg);
-            snprintf(h->errmsg, NPYL_ERRMSG_LEN, "batch %" PRId64 " of epoch %" PRIu64
-                     ": CUDA device %d: waiting for the staging slot's previous copy "
-                     "failed: %.700s", seq, h->epoch, L->device, w->errmsg);
-            h->err = rc;
-        }
-        uint64_t bytes = 0, t0 = npyl_now_ns();
-        if (!rc) {
-            for (size_t fi = 0; fi < L->nfields; fi++)
-                w->dst[fi] = h->mem + L->fields[fi].host_off;
-            rc = npyl_read_batch(L, w, h, w->dst, &bytes);
-        } else {
-            rc = 0; /* h->err already says why */
-        }
-        atomic_fetch_add(&L->st_io_ns, npyl_now_ns() - t0);
-        atomic_fetch_add(&L->st_bytes, bytes);
-        if (h->err) {
-            /* nothing read: the staging slot is not safe to write */
-        } else if (rc) {
-            h->err = rc;
-            snprintf(h->errmsg, NPYL_ERRMSG_LEN, "batch %" PRId64 " of epoch %" PRIu64 ": %.900s",
-                     seq, h->epoch, w->errmsg);
-        } else if (bind_rc) {
-            h->err = bind_rc;
-            snprintf(h->errmsg, NPYL_ERRMSG_LEN, "worker cannot use CUDA device %d", L->device);
-        }
-
-        pthread_mutex_lock(&L->mu);
-        h->copy_pending = copy_pending;
-        if (h->gen != L->gen || L->stopping) {
-            h->state = SLOT_FREE; /* an abandoned generation: discard */
-            pthread_cond_broadcast(&L->work_cv);
-            continue;
-        }
-        if (L->device >= 0) {
-            to_device(L, w, h);
-            continue;
-        }
-        fill_arrays(L, h, 0);
-        h->state = SLOT_READY;
-        pthread_cond_broadcast(&L->ready_cv);
+        fill_batch(L, w, h, bind_rc);
     }
     pthread_mutex_unlock(&L->mu);
     return NULL;
+}
+
+/* Sync mode (NPYLOAD_WORKERS_SYNC): claims are made one at a time by the
+ * one caller of next(), so batches are filled in seq order and to_device
+ * always finds its turn (dev_next_seq == seq); it only needs a FREE device
+ * slot, checked here so that it never waits. */
+int npyl_pipeline_step(npyload_loader *L)
+{
+    if (L->claim_seq >= L->nbatches)
+        return 0;
+    if (L->nd) {
+        int free_d = 0;
+        for (size_t i = 0; i < L->nd && !free_d; i++)
+            free_d = L->dslots[i].state == SLOT_FREE;
+        if (!free_d)
+            return 0;
+    }
+    npyl_slot *h = claim_staging(L);
+    if (!h)
+        return 0;
+    /* The caller's thread: the loader's device for the CUDA calls, its own
+     * current device back afterwards. */
+    int prev = -1, entered = 0, bind_rc = 0;
+    if (L->device >= 0) {
+        bind_rc = npyl_cuda_enter(L->cuda, &prev);
+        entered = bind_rc == 0;
+    }
+    fill_batch(L, &L->workers[0], h, bind_rc);
+    if (entered)
+        npyl_cuda_leave(L->cuda, prev);
+    return 1;
 }
 
 int npyl_pipeline_start(npyload_loader *L)
@@ -385,6 +469,8 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
         }
         if ((s = find_ready(L)) != NULL)
             break;
+        if (L->sync && npyl_pipeline_step(L))
+            continue; /* read on this thread; find_ready again */
         size_t nbatch_slots = L->nd ? L->nd : L->nh, poisoned = 0;
         for (size_t i = 0; L->nd && i < L->nd; i++)
             poisoned += L->dslots[i].state == SLOT_POISONED;
@@ -394,6 +480,12 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
                                   "caller%s; release batches (or raise PREFETCH) before "
                                   "asking for more", nbatch_slots,
                                   poisoned ? " or withdrawn after a failed CUDA release" : "");
+            break;
+        }
+        if (L->sync) {
+            /* Nothing to wait for: no other thread fills slots. */
+            rc = npyl_loader_fail(L, NPYLOAD_ESTATE, "synchronous loader: batch %" PRId64
+                                  " cannot be read now (no free slot)", L->next_seq);
             break;
         }
         if (timeout_ns >= 0) {

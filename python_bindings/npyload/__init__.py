@@ -37,7 +37,7 @@ from collections.abc import Mapping as _Mapping
 from . import _npyload
 from ._npyload import NpyloadError, inspect, load, order_indices, cuda_available
 
-__all__ = ["Loader", "Batch", "NpyloadError", "inspect", "load",
+__all__ = ["Loader", "Batch", "Transform", "NpyloadError", "inspect", "load",
            "order_indices", "cuda_available", "pack", "__version__"]
 __version__ = _npyload.__version__
 
@@ -231,6 +231,91 @@ class _Iterator:
         return len(self._loader) if self._loader is not None else 0
 
 
+_TDTYPES = {None: 0, "float32": 1, "float16": 2, "bfloat16": 3}
+
+
+class Transform:
+    """A per-field conversion done by the loader (workers on the host, a
+    kernel on the GPU after the copy), before the batch is handed out.
+
+    Per element, in float32: ``y = (x * scale - mean[c]) / std[c]`` (three
+    roundings, no FMA), c the channel (axis 1 of the batch, axis 0 of a
+    sample), then rounded to nearest even into ``dtype``.
+
+    dtype : 'float32', 'float16', 'bfloat16' (numpy/torch dtypes accepted),
+        or None to keep the stored dtype (only without arithmetic).
+    scale : float, applied first.
+    mean, std : None, a number, or one number per channel.
+    channels_last : bool. The batch keeps its logical shape (N, C, H, W) in
+        NHWC memory order: a torch tensor is
+        ``is_contiguous(memory_format=torch.channels_last)``, a numpy array
+        has the matching strides.
+
+    On a CUDA device the stored dtype crosses PCIe (a uint8 field costs one
+    byte per element). bfloat16 batches are torch.bfloat16 tensors, or
+    ml_dtypes.bfloat16 numpy arrays (raw uint16 bits without ml_dtypes).
+    """
+
+    __slots__ = ("dtype", "scale", "mean", "std", "channels_last")
+
+    def __init__(self, dtype=None, scale=1.0, mean=None, std=None, channels_last=False):
+        if dtype is not None:
+            # 'float16', np.float16, np.dtype('float16'), torch.float16,
+            # ml_dtypes.bfloat16
+            name = dtype if isinstance(dtype, str) else (
+                getattr(dtype, "__name__", None) or getattr(dtype, "name", None))
+            name = (name if isinstance(name, str) else str(dtype)).rsplit(".", 1)[-1]
+            if name not in _TDTYPES:
+                raise ValueError(f"Transform: dtype must be 'float32', 'float16', "
+                                 f"'bfloat16' or None, got {dtype!r}")
+            dtype = name
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise TypeError(f"Transform: scale must be a number, got {scale!r}")
+        self.dtype = dtype
+        self.scale = float(scale)
+        self.mean = self._values("mean", mean)
+        self.std = self._values("std", std)
+        if self.std is not None and any(v == 0 for v in self.std):
+            raise ValueError(f"Transform: std must be nonzero, got {std!r}")
+        if not isinstance(channels_last, (bool, int)):
+            raise TypeError(f"Transform: channels_last must be a bool, got {channels_last!r}")
+        self.channels_last = bool(channels_last)
+        if dtype is None:
+            what = ("mean" if self.mean is not None else "std" if self.std is not None
+                    else "scale" if self.scale != 1.0 else None)
+            if what:
+                raise ValueError(f"Transform: {what} needs an output dtype ('float32', "
+                                 "'float16' or 'bfloat16'); dtype=None keeps the stored "
+                                 "one and allows no arithmetic")
+
+    @staticmethod
+    def _values(what, v):
+        if v is None:
+            return None
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return (float(v),)
+        try:
+            vals = tuple(float(x) for x in v)
+        except TypeError:
+            raise TypeError(f"Transform: {what} must be None, a number or a sequence of "
+                            f"numbers, got {v!r}") from None
+        if not vals:
+            raise ValueError(f"Transform: {what} is empty")
+        return vals
+
+    def __repr__(self):
+        return (f"Transform(dtype={self.dtype!r}, scale={self.scale!r}, mean={self.mean!r}, "
+                f"std={self.std!r}, channels_last={self.channels_last!r})")
+
+
+def _bfloat16_numpy():
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return ml_dtypes.bfloat16
+
+
 class Loader:
     """Batches of NPY fields, read by worker threads into reused slots.
 
@@ -250,8 +335,10 @@ class Loader:
     seed : int
     drop_last : bool
         As DistributedSampler(drop_last) and DataLoader(drop_last) together.
-    num_workers : int >= 1
-        Worker *threads* (no processes, no copies of the dataset).
+    num_workers : int >= 0
+        Worker *threads* (no processes, no copies of the dataset). 0: no
+        thread; each batch is read on the calling thread inside ``next()``
+        (for debugging, as DataLoader's num_workers=0); same batches.
     prefetch : int >= 1 or None
         Batches read ahead of the one the loop body holds: the loader has
         prefetch + 1 slots (memory = (prefetch + 1) x batch bytes), because a
@@ -292,6 +379,9 @@ class Loader:
         None: pin the staging slots when a CUDA device is the output; True:
         pin host slots through CUDA device 0 even for device='cpu' (fails if
         CUDA is unusable); False: never pin.
+    transforms : mapping from field name to Transform, or None
+        Conversions done by the loader (see Transform): in the worker
+        threads for device='cpu', on the GPU after the copy otherwise.
 
     Iteration follows DataLoader with DistributedSampler: ``for b in loader``
     runs the epoch chosen with ``set_epoch`` (0 at first) from its first batch;
@@ -304,7 +394,7 @@ class Loader:
                  num_workers=2, prefetch=None, device="cpu", rank=None,
                  world_size=None, io="auto", output="auto", copy=False, window=8,
                  direct_io=False, pin_memory=None, align="names", on_error="raise",
-                 max_errors=None):
+                 max_errors=None, transforms=None):
         self._c = None
         if not isinstance(fields, _Mapping) or len(fields) == 0:
             raise TypeError("fields must be a non-empty mapping from field name "
@@ -332,7 +422,7 @@ class Loader:
 
         batch_size = _int_arg("batch_size", batch_size, 1)
         seed = _int_arg("seed", seed)
-        num_workers = _int_arg("num_workers", num_workers, 1)
+        num_workers = _int_arg("num_workers", num_workers, 0)
         prefetch = _int_arg("prefetch", prefetch, 1, allow_none=True)
         window = _int_arg("window", window, 1)
         if align not in ("names", "none"):
@@ -379,14 +469,29 @@ class Loader:
             except ImportError:
                 raise ImportError("npyload.Loader needs numpy or torch to yield arrays") from None
             self._np = numpy
+            self._bf16 = _bfloat16_numpy()
         else:
             self._np = None
         self._torch = torch
 
         self._specs = specs
+        self._transforms = []
+        if transforms is not None:
+            if not isinstance(transforms, _Mapping):
+                raise TypeError("transforms must be a mapping from field name to "
+                                f"npyload.Transform, got {type(transforms).__name__}")
+            names = [n for n, _, _ in specs]
+            for name, t in transforms.items():
+                if name not in names:
+                    raise ValueError(f"transforms: no field named {name!r} (fields: "
+                                     f"{', '.join(names)})")
+                if not isinstance(t, Transform):
+                    raise TypeError(f"transforms[{name!r}] must be an npyload.Transform, "
+                                    f"got {type(t).__name__}")
+                self._transforms.append((name, t))
         self._opts = {
             _npyload.OPT_BATCH_SIZE: batch_size,
-            _npyload.OPT_NUM_WORKERS: num_workers,
+            _npyload.OPT_NUM_WORKERS: num_workers if num_workers else -1,  # -1: sync
             _npyload.OPT_PREFETCH: prefetch + 1 if prefetch else 0,
             _npyload.OPT_SHUFFLE: shuffle_mode,
             _npyload.OPT_SEED: seed,
@@ -559,6 +664,9 @@ class Loader:
                     c.add_field_files(name, paths)
             for opt, value in self._opts.items():
                 c.set(opt, value)
+            for name, t in self._transforms:
+                c.set_transform(name, _TDTYPES[t.dtype], t.scale, t.mean, t.std,
+                                t.channels_last)
             if state is not None:
                 c.set_state(state)
             c.start()
@@ -587,7 +695,10 @@ class Loader:
         else:
             np = self._np
             for i, name in enumerate(names):
-                a = np.asarray(raw.field(i))
+                view = raw.field(i)
+                a = np.asarray(view)
+                if view.descr == "bfloat16" and self._bf16 is not None:
+                    a = a.view(self._bf16)  # the array interface gives uint16 bits
                 data[name] = a.copy() if copy else a
             indices = np.frombuffer(raw.indices_bytes(), dtype=np.int64)
         epoch, seq, n = raw.epoch, raw.seq, raw.size

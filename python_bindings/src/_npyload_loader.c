@@ -465,6 +465,71 @@ static PyObject *loader_get_closed(NpyloadPy_Loader *self, void *closure)
     return PyBool_FromLong(self->L == NULL);
 }
 
+/* A sequence of numbers (or None) as floats in a PyMem buffer; *n its
+ * length. Returns 0, or -1 with an exception naming `what`. */
+static int float_list(PyObject *obj, const char *what, float **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    if (obj == Py_None)
+        return 0;
+    PyObject *seq = PySequence_Fast(obj, what);
+    if (!seq)
+        return -1;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
+    float *v = PyMem_Malloc((size_t)(k ? k : 1) * sizeof *v);
+    if (!v) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        double d = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
+        if (d == -1.0 && PyErr_Occurred()) {
+            PyMem_Free(v);
+            Py_DECREF(seq);
+            return -1;
+        }
+        v[i] = (float)d;
+    }
+    Py_DECREF(seq);
+    *out = v;
+    *n = (size_t)k;
+    return 0;
+}
+
+static PyObject *loader_set_transform(NpyloadPy_Loader *self, PyObject *args)
+{
+    PyObject *name_b = NULL, *mean_obj, *std_obj;
+    int dtype, channels_last;
+    double scale;
+    if (!PyArg_ParseTuple(args, "O&idOOp:set_transform", PyUnicode_FSConverter, &name_b,
+                          &dtype, &scale, &mean_obj, &std_obj, &channels_last))
+        return NULL;
+    PyObject *ret = NULL;
+    float *mean = NULL, *std = NULL;
+    npyload_transform t = {.dtype = dtype, .scale = (float)scale,
+                           .channels_last = channels_last};
+    if (loader_check(self) < 0 ||
+        float_list(mean_obj, "mean must be a sequence of numbers", &mean, &t.n_mean) < 0 ||
+        float_list(std_obj, "std must be a sequence of numbers", &std, &t.n_std) < 0)
+        goto out;
+    t.mean = mean;
+    t.std = std;
+    int rc = npyload_loader_set_transform(self->L, PyBytes_AS_STRING(name_b), &t);
+    if (rc < 0) {
+        loader_error(self, rc);
+        goto out;
+    }
+    ret = Py_None;
+    Py_INCREF(ret);
+out:
+    PyMem_Free(mean);
+    PyMem_Free(std);
+    Py_DECREF(name_b);
+    return ret;
+}
+
 static PyMethodDef loader_methods[] = {
     {"add_field", (PyCFunction)loader_add_field, METH_VARARGS,
      "add_field(name, glob): a field made of the files matching glob, sorted."},
@@ -472,6 +537,10 @@ static PyMethodDef loader_methods[] = {
      "add_field_files(name, paths): a field made of these files, in order."},
     {"set", (PyCFunction)loader_set, METH_VARARGS,
      "set(option, value): npyload_loader_set (before start)."},
+    {"set_transform", (PyCFunction)loader_set_transform, METH_VARARGS,
+     "set_transform(field, dtype, scale, mean, std, channels_last): "
+     "npyload_loader_set_transform (before start); dtype 0 keep, 1 float32, "
+     "2 float16, 3 bfloat16; mean/std None or sequences of numbers."},
     {"get", (PyCFunction)loader_get, METH_VARARGS,
      "get(option) -> int: the option's effective value."},
     {"start", (PyCFunction)loader_start, METH_NOARGS,

@@ -109,6 +109,7 @@ PyObject *npyloadpy_view_new(NpyloadPy_Batch *batch, size_t i)
         strcpy(a.descr, *(const uint8_t *)&probe ? "<i8" : ">i8");
         a.itemsize = 8;
         a.nbytes = (size_t)a.shape[0] * 8;
+        a.strides[0] = 8;
         a.device = -1;
     } else {
         const npyload_array *f = npyload_batch_field(batch->b, i);
@@ -165,6 +166,19 @@ static PyObject *shape_tuple(const npyload_array *a)
     return t;
 }
 
+/* 1 when the strides are those of C order (what the array interface says
+ * with strides None). */
+static int view_c_contiguous(const npyload_array *a)
+{
+    int64_t st = (int64_t)a->itemsize;
+    for (int d = a->ndim - 1; d >= 0; d--) {
+        if (a->shape[d] != 1 && a->strides[d] != st)
+            return 0;
+        st *= a->shape[d];
+    }
+    return 1;
+}
+
 static PyObject *view_array_interface(NpyloadPy_View *self, void *c)
 {
     if (self->arr.device >= 0) {
@@ -177,12 +191,36 @@ static PyObject *view_array_interface(NpyloadPy_View *self, void *c)
     PyObject *shape = shape_tuple(&self->arr);
     if (!shape)
         return NULL;
+    /* Strides in bytes, or None for C order (a channels-last transform
+     * reports NHWC strides on the logical NCHW shape). */
+    PyObject *strides = Py_None;
+    Py_INCREF(strides);
+    if (!view_c_contiguous(&self->arr)) {
+        Py_DECREF(strides);
+        strides = PyTuple_New(self->arr.ndim);
+        for (int i = 0; strides && i < self->arr.ndim; i++) {
+            PyObject *v = PyLong_FromLongLong((long long)self->arr.strides[i]);
+            if (!v) {
+                Py_CLEAR(strides);
+                break;
+            }
+            PyTuple_SET_ITEM(strides, i, v);
+        }
+        if (!strides) {
+            Py_DECREF(shape);
+            return NULL;
+        }
+    }
+    /* numpy has no bfloat16 type code: the array interface gives the raw
+     * 16-bit patterns ("<u2"), and npyload/__init__.py views them as
+     * ml_dtypes.bfloat16 when that package is importable. */
+    const char *typestr = strcmp(self->arr.descr, "bfloat16") ? self->arr.descr : "<u2";
     /* Writable: the slot belongs to this batch until it is released, so
      * in-place transforms are safe (torch tensors are writable too). */
-    return Py_BuildValue("{s:N,s:s,s:(NO),s:O,s:i}", "shape", shape, "typestr",
-                         self->arr.descr, "data",
+    return Py_BuildValue("{s:N,s:s,s:(NO),s:N,s:i}", "shape", shape, "typestr",
+                         typestr, "data",
                          PyLong_FromVoidPtr(self->arr.data), Py_False,
-                         "strides", Py_None, "version", 3);
+                         "strides", strides, "version", 3);
 }
 
 /* numpy's PyArrayInterface (numpy/ndarraytypes.h), the __array_struct__
@@ -264,6 +302,13 @@ static int dl_dtype(const npyload_array *a, DLDataType *out)
     const uint16_t probe = 1;
     char native = *(const uint8_t *)&probe ? '<' : '>';
     char bo = a->descr[0], kind = a->descr[1];
+    if (!strcmp(a->descr, "bfloat16")) {
+        /* A transform's output, always in the host byte order. */
+        out->lanes = 1;
+        out->bits = 16;
+        out->code = kDLBfloat;
+        return 0;
+    }
     if (bo != '|' && bo != native && bo != '=') {
         PyErr_Format(PyExc_BufferError,
                      "npyload: dtype '%s' is not in the host byte order; DLPack "
@@ -413,11 +458,11 @@ static PyObject *view_dlpack(NpyloadPy_View *self, PyObject *args, PyObject *kw)
     dl_export *e = calloc(1, sizeof *e);
     if (!e)
         return PyErr_NoMemory();
-    int64_t stride = 1;
-    for (int d = a->ndim - 1; d >= 0; d--) {
+    /* DLPack strides count elements; the array's count bytes (channels-last
+     * batches are not C-ordered). */
+    for (int d = 0; d < a->ndim; d++) {
         e->shape[d] = a->shape[d];
-        e->strides[d] = stride;
-        stride *= a->shape[d] > 0 ? a->shape[d] : 1;
+        e->strides[d] = a->itemsize ? a->strides[d] / (int64_t)a->itemsize : 0;
     }
     void *data = a->data;
     if (want_copy) {

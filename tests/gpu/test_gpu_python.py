@@ -133,3 +133,29 @@ def test_batch_outlives_loader(data):
     del t
     gc.collect()
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_device_transforms_equal_host_transforms(data, dtype, channels_last):
+    """Transform(...) on the GPU (after the copy) equals the host workers'
+    bit for bit (same three roundings), keeps torch's channels_last layout,
+    and copies the stored float32 only."""
+    globs, _ = data
+    t = npyload.Transform(dtype, scale=0.5, mean=(0.1, -0.2), std=(2.0, 3.0),
+                          channels_last=channels_last)
+    kw = dict(batch_size=48, shuffle=True, seed=5, num_workers=2,
+              transforms={"images": t})
+    g = {"images": globs["images"]}
+    with npyload.Loader(g, device="cpu", **kw) as host, \
+            npyload.Loader(g, device="cuda:0", **kw) as dev:
+        for bh, bd in zip(host, dev):
+            x, y = bh["images"], bd["images"]
+            assert y.device.type == "cuda" and y.dtype == x.dtype
+            assert y.stride() == x.stride()
+            if channels_last:
+                assert y.is_contiguous(memory_format=torch.channels_last)
+            ib = torch.int32 if dtype == "float32" else torch.int16
+            assert torch.equal(y.cpu().contiguous().view(ib), x.contiguous().view(ib))
+        # one epoch of the stored float32 crossed PCIe
+        assert dev.stats()["h2d_bytes"] == sum(ROWS) * 4 * 2 * 64 * 128

@@ -130,3 +130,114 @@ Test(gpu_transform, keep_channels_last_permute, .init = setup, .fini = teardown)
     for (size_t d = 0; d < sizeof descrs / sizeof descrs[0]; d++)
         compare(descrs[d], NPYL_TDTYPE_KEEP, 1, 0, 3, s1, 4);
 }
+
+/* ---- the loader's device path: device transform vs host transform ---- */
+
+#include "npyload.h"
+#include <unistd.h>
+
+#define LN 45
+#define LC 3
+#define LH 16
+#define LW 12
+
+/* One uint8 field of LN samples (LC, LH, LW) in two files under dir. */
+static void write_u8_field(const char *dir)
+{
+    int64_t counts[2] = {20, LN - 20};
+    size_t row = LC * LH * LW;
+    for (int k = 0; k < 2; k++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/img_%d.npy", dir, k);
+        int64_t shape[4] = {counts[k], LC, LH, LW};
+        unsigned char hdr[256];
+        int hl = npyload_format_header(hdr, sizeof hdr, "|u1", 0, 4, shape);
+        cr_assert_gt(hl, 0);
+        FILE *f = fopen(path, "wb");
+        cr_assert_not_null(f);
+        fwrite(hdr, 1, (size_t)hl, f);
+        for (size_t i = 0; i < (size_t)counts[k] * row; i++)
+            fputc((int)(rnd() & 0xff), f);
+        fclose(f);
+    }
+}
+
+static npyload_loader *loader_for(const char *dir, int device, int workers,
+                                  const npyload_transform *t)
+{
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    char glob[512];
+    snprintf(glob, sizeof glob, "%s/img_*.npy", dir);
+    cr_assert_eq(npyload_loader_add_field(L, "images", glob), 0);
+    npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 8);
+    npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, workers);
+    npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1);
+    npyload_loader_set(L, NPYLOAD_OPT_SEED, 4);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DEVICE, device), 0, "%s",
+                 npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_set_transform(L, "images", t), 0, "%s",
+                 npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    return L;
+}
+
+static void loader_case(const char *dir, const npyload_transform *t, int workers)
+{
+    npyload_loader *H = loader_for(dir, -1, 2, t);
+    npyload_loader *D = loader_for(dir, 0, workers, t);
+    npyload_batch *hb, *db;
+    int rh, rd;
+    size_t rows = 0;
+    while ((rh = npyload_loader_next(H, &hb)) == 0) {
+        rd = npyload_loader_next(D, &db);
+        cr_assert_eq(rd, 0, "%s", npyload_loader_errmsg(D));
+        const npyload_array *ha = npyload_batch_field(hb, 0), *da = npyload_batch_field(db, 0);
+        cr_assert_eq(da->device, 0);
+        cr_assert_str_eq(da->descr, ha->descr);
+        cr_assert_eq(da->nbytes, ha->nbytes);
+        cr_assert_eq(memcmp(da->strides, ha->strides, sizeof(int64_t) * 4), 0);
+        cr_assert_eq(memcmp(npyload_batch_indices(db), npyload_batch_indices(hb),
+                            npyload_batch_size(hb) * 8), 0);
+        cr_assert_eq(npyload_batch_sync(db), 0);
+        unsigned char *back = malloc(da->nbytes);
+        cr_assert_eq(npyl_cuda_memcpy_d2h(cuda, back, da->data, da->nbytes), 0);
+        /* Same three roundings on both engines: equal bit for bit. */
+        cr_assert_eq(memcmp(back, ha->data, ha->nbytes), 0, "batch %lld differs",
+                     (long long)npyload_batch_seq(hb));
+        free(back);
+        rows += npyload_batch_size(hb);
+        npyload_batch_release(hb);
+        npyload_batch_release(db);
+    }
+    cr_assert_eq(rh, NPYLOAD_EOF);
+    cr_assert_eq(npyload_loader_next(D, &db), NPYLOAD_EOF);
+    cr_assert_eq(rows, LN);
+    /* PCIe carried the stored uint8, not the output dtype. */
+    npyload_stats stats;
+    npyload_loader_get_stats(D, &stats);
+    cr_assert_eq(stats.h2d_bytes, (uint64_t)LN * LC * LH * LW);
+    npyload_loader_destroy(H);
+    npyload_loader_destroy(D);
+}
+
+Test(gpu_transform, loader_device_matches_host, .init = setup, .fini = teardown)
+{
+    char dir[] = "/tmp/npyload-gtr-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    write_u8_field(dir);
+    static const float mean[3] = {0.485f, 0.456f, 0.406f}, sd[3] = {0.229f, 0.224f, 0.225f};
+    for (int dt = NPYL_TDTYPE_FLOAT32; dt <= NPYL_TDTYPE_BFLOAT16; dt++)
+        for (int cl = 0; cl < 2; cl++) {
+            npyload_transform t = {.dtype = dt, .scale = 1.0f / 255, .mean = mean,
+                                   .n_mean = 3, .std = sd, .n_std = 3, .channels_last = cl};
+            loader_case(dir, &t, 2);
+            loader_case(dir, &t, NPYLOAD_WORKERS_SYNC); /* next() on this thread */
+        }
+    for (int k = 0; k < 2; k++) {
+        char p[600];
+        snprintf(p, sizeof p, "%s/img_%d.npy", dir, k);
+        unlink(p);
+    }
+    rmdir(dir);
+}

@@ -144,6 +144,53 @@ static void stats_while_running(int backend)
     passes++;
 }
 
+/* Transforms in the workers (and in next() with NPYLOAD_WORKERS_SYNC):
+ * "a" (5, 3) float32 kept and permuted channels-last, "b" (15,) uint8 to
+ * float32 x 2, with epochs abandoned mid-flight. Under TSan: the workers'
+ * raw buffers and the plans are shared safely. */
+static void transforms_under_load(int backend, int workers)
+{
+    npyload_loader *L;
+    npyload_transform ta = {.channels_last = 1};
+    npyload_transform tb = {.dtype = NPYLOAD_DTYPE_FLOAT32, .scale = 2.0f};
+    if (npyload_loader_create(&L) || npyload_loader_add_field(L, "a", glob_a) ||
+        npyload_loader_add_field(L, "b", glob_b) ||
+        npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, backend) ||
+        npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, workers) ||
+        npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 5) ||
+        npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1) ||
+        npyload_loader_set_transform(L, "a", &ta) ||
+        npyload_loader_set_transform(L, "b", &tb) || npyload_loader_start(L)) {
+        fprintf(stderr, "setup failed: %s\n", npyload_loader_errmsg(L));
+        exit(2);
+    }
+    for (uint64_t e = 0; e < 6; e++) {
+        npyload_loader_set_epoch(L, e);
+        npyload_batch *b;
+        int k = 0;
+        while ((e % 2 == 0 || k < 3) && npyload_loader_next(L, &b) == 0) {
+            const int64_t *idx = npyload_batch_indices(b);
+            const uint8_t *a = npyload_batch_field(b, 0)->data;
+            const float *y = npyload_batch_field(b, 1)->data;
+            for (size_t r = 0; r < npyload_batch_size(b); r++) {
+                for (size_t c = 0; c < 5; c++)
+                    for (size_t j = 0; j < 3; j++)
+                        for (size_t q = 0; q < 4; q++)
+                            CHECK(a[r * 60 + (j * 5 + c) * 4 + q] ==
+                                      tu_byte(1, (uint64_t)idx[r], (c * 3 + j) * 4 + q),
+                                  "channels-last bytes differ");
+                for (size_t i = 0; i < 15; i++)
+                    CHECK(y[r * 15 + i] == 2.0f * tu_byte(2, (uint64_t)idx[r], i),
+                          "float32 x 2 differs");
+            }
+            npyload_batch_release(b);
+            k++;
+        }
+    }
+    npyload_loader_destroy(L);
+    passes++;
+}
+
 int main(void)
 {
     dir = tu_mkdtemp("stress");
@@ -161,6 +208,8 @@ int main(void)
         set_epoch_in_flight(backends[i]);
         destroy_mid_epoch_release_elsewhere(backends[i]);
         stats_while_running(backends[i]);
+        transforms_under_load(backends[i], 3);
+        transforms_under_load(backends[i], NPYLOAD_WORKERS_SYNC);
     }
     tu_rmtree(dir);
     printf("%d passed, %d failed\n", passes, failures);
