@@ -266,6 +266,12 @@ def _epoch_batches(n, world_size, batch_size, drop_last):
     return per_rank // batch_size if drop_last else -(-per_rank // batch_size)
 
 
+def _hook_depth(prefetch):
+    """Results queued by the transform= thread: with the one fn works on,
+    `prefetch` batches ahead of the loop (at least one queued)."""
+    return max(1, prefetch - 1)
+
+
 class _HookPipe:
     """The ``transform=`` thread of one iteration: takes batches from the C
     loader in order, calls fn on each, and queues (error, result, state) with
@@ -494,9 +500,11 @@ class Loader:
         loop gets, in order. See "Per-batch hook" below.
 
     Per-batch hook (``transform=fn``): one thread per loader calls ``fn`` on
-    each batch (a ``Batch`` or ``BatchTuple``) and queues the result; the
-    queue holds at most ``prefetch`` results, and the loader gets one slot
-    more (``prefetch + 2``) for the batch ``fn`` is working on. Torch ops
+    each batch (a ``Batch`` or ``BatchTuple``) and queues the result; at most
+    ``prefetch`` batches are ahead of the loop (queued results and the one
+    ``fn`` works on; at least one queued). The loader then has ``prefetch +
+    2`` slots (``4`` for prefetch=1): the loop body may hold two batches
+    for a moment while ``for`` rebinds its variable. Torch ops
     release the GIL, so augmentation overlaps the training step. An exception
     from ``fn`` reaches the loop as :class:`TransformError` (with ``seq`` and
     ``epoch`` of the batch, the original chained as ``__cause__``) after the
@@ -616,8 +624,14 @@ class Loader:
         self.transform = transform
         if transform is not None and not prefetch:
             prefetch = max(1, 2 * num_workers - 1)  # the library's default memory
-        # The hook thread holds one batch beyond the queue: one slot more.
-        slots = (prefetch + (2 if transform is not None else 1)) if prefetch else 0
+        if transform is None:
+            slots = prefetch + 1 if prefetch else 0
+        else:
+            # The loop body may hold two batches for a moment (the previous
+            # one and the one just taken from the queue, before the `for`
+            # rebinds its variable), the queue holds its results, and the
+            # thread's next() needs a free slot to read into.
+            slots = _hook_depth(prefetch) + 3
         self._opts = {
             _npyload.OPT_BATCH_SIZE: batch_size,
             _npyload.OPT_NUM_WORKERS: num_workers,
@@ -727,7 +741,8 @@ class Loader:
             stream = self._torch.cuda.current_stream(self.device)
         wrap = _functools.partial(_wrap_raw, torch=self._torch, np=self._np,
                                   copy=self.copy, as_tuple=self.as_tuple)
-        self._pipe = _HookPipe(c, self._c_lock, wrap, self.transform, self.prefetch, stream)
+        self._pipe = _HookPipe(c, self._c_lock, wrap, self.transform,
+                               _hook_depth(self.prefetch), stream)
         return _Iterator(self, self._gen, self._pipe)
 
     def state_dict(self):
