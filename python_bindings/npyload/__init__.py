@@ -361,8 +361,8 @@ class _HookPipe:
         Waits for a running fn or next() to return; idempotent."""
         self._stop.set()
         t = self._thread
-        if t is _threading.current_thread():
-            return
+        if t is _threading.current_thread() or _sys.is_finalizing():
+            return  # (at exit the daemon thread may never run again)
         while t.is_alive():
             self._drain()  # unblocks a put
             t.join(0.05)
