@@ -30,15 +30,19 @@ Threads: a loader is used by one thread at a time; waits for a batch release
 the GIL and Ctrl-C interrupts them promptly.
 """
 
+import functools as _functools
 import os as _os
 import sys as _sys
+import queue as _queue
+import threading as _threading
+import warnings as _warnings
 from collections.abc import Mapping as _Mapping
 
 from . import _npyload
 from ._npyload import NpyloadError, inspect, load, order_indices, cuda_available
 
-__all__ = ["Loader", "Batch", "Transform", "NpyloadError", "inspect", "load",
-           "order_indices", "cuda_available", "pack", "__version__"]
+__all__ = ["Loader", "Batch", "BatchTuple", "Transform", "TransformError", "NpyloadError",
+           "inspect", "load", "order_indices", "cuda_available", "pack", "__version__"]
 __version__ = _npyload.__version__
 
 _IO = {"auto": _npyload.IO_AUTO, "uring": _npyload.IO_URING,
@@ -177,7 +181,16 @@ class Batch(_Mapping):
         return self._data[key]
 
     def __iter__(self):
-        return iter(self._data)
+        # A mapping iterates its keys, so `images, labels = batch` (the
+        # DataLoader habit) would silently bind field *names*. Refuse it
+        # loudly; keys()/items()/values(), dict(batch) and **batch do not
+        # come through here.
+        raise TypeError(
+            "npyload.Batch is a mapping from field name to tensor: iterating it "
+            "(`a, b = batch`, `for x in batch`, list(batch)) would give the field "
+            f"names {tuple(self._data)}, not the tensors. Index it (batch[name]), "
+            "iterate batch.keys() or batch.items(), or pass as_tuple=True to "
+            "npyload.Loader to get tuples in field order")
 
     def __len__(self):
         return len(self._data)
@@ -185,50 +198,233 @@ class Batch(_Mapping):
     def __contains__(self, key):
         return key in self._data
 
+    def keys(self):
+        return self._data.keys()
+
+    def items(self):
+        return self._data.items()
+
+    def values(self):
+        return self._data.values()
+
     def wait_stream(self, stream=None):
         """Makes a CUDA stream (a torch.cuda.Stream or an int handle; None =
         legacy default) wait for this batch's copy. Tensors made by the loader
         already wait on the stream current when the batch was yielded. The
         batch's slot is reused only after the work queued on every stream it
         was handed to (this one included) when the batch is freed."""
-        if self._raw is None:
-            return
-        if stream is not None and hasattr(stream, "cuda_stream"):
-            stream = stream.cuda_stream
-        self._raw.wait_stream(stream)
+        _wait_stream(self._raw, stream)
 
     def __repr__(self):
         fields = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in self._data.items())
         return f"<npyload.Batch epoch={self.epoch} seq={self.seq} rows={self.num_samples} {{{fields}}}>"
 
 
-class _Iterator:
-    __slots__ = ("_loader", "_gen")
+def _wait_stream(raw, stream):
+    if raw is None:
+        return
+    if stream is not None and hasattr(stream, "cuda_stream"):
+        stream = stream.cuda_stream
+    raw.wait_stream(stream)
 
-    def __init__(self, loader, gen):
+
+class BatchTuple(tuple):
+    """One batch with ``as_tuple=True``: a tuple of the fields' arrays or
+    tensors in the order the fields were given, so ``images, labels = batch``
+    works. Carries the same ``indices``, ``epoch``, ``seq``, ``num_samples``
+    and ``wait_stream()`` as :class:`Batch`, and ``field_names``."""
+
+    def wait_stream(self, stream=None):
+        """As :meth:`Batch.wait_stream`."""
+        _wait_stream(self._raw, stream)
+
+    def __repr__(self):
+        fields = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in zip(self.field_names, self))
+        return (f"<npyload.BatchTuple epoch={self.epoch} seq={self.seq} "
+                f"rows={self.num_samples} ({fields})>")
+
+
+class TransformError(RuntimeError):
+    """Raised from iteration when the ``transform=`` hook failed on a batch.
+
+    ``seq`` and ``epoch`` name the batch; the exception the hook raised is
+    chained as ``__cause__``. The batches before it were delivered."""
+
+    def __init__(self, message, seq, epoch):
+        super().__init__(message)
+        self.seq = seq
+        self.epoch = epoch
+
+
+_EOF = object()
+
+
+def _epoch_batches(n, world_size, batch_size, drop_last):
+    """Batches per rank of a full epoch: DistributedSampler's split, then
+    DataLoader's batching (the C library's npyl_order_num_batches)."""
+    per_rank = n // world_size if drop_last else -(-n // world_size)
+    return per_rank // batch_size if drop_last else -(-per_rank // batch_size)
+
+
+def _hook_depth(prefetch):
+    """Results queued by the transform= thread: with the one fn works on,
+    `prefetch` batches ahead of the loop (at least one queued)."""
+    return max(1, prefetch - 1)
+
+
+class _HookPipe:
+    """The ``transform=`` thread of one iteration: takes batches from the C
+    loader in order, calls fn on each, and queues (error, result, state) with
+    the C loader's state after that batch, so the consumer's state_dict()
+    counts what it received. Holds no reference to the Loader or the
+    iterator, so freeing the iterator (a `break`) can stop it.
+
+    Every call into the C loader happens under `lock`: the C object refuses
+    calls that overlap a waiting next(), and the consumer's stats() or
+    state_dict() take the same lock."""
+
+    def __init__(self, c, lock, wrap, fn, depth, stream):
+        self._c = c
+        self._lock = lock
+        self._wrap = wrap
+        self._fn = fn
+        self._stream = stream
+        self._q = _queue.Queue(depth)
+        self._stop = _threading.Event()
+        self._thread = _threading.Thread(target=self._run, name="npyload-transform",
+                                         daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        try:
+            if self._stream is not None:
+                with _sys.modules["torch"].cuda.stream(self._stream):
+                    self._loop()
+            else:
+                self._loop()
+        except BaseException as e:  # a read error: delivered in order, as is
+            self._put((e, None, None))
+
+    def _loop(self):
+        c, fn, lock, stop = self._c, self._fn, self._lock, self._stop
+        while not stop.is_set():
+            with lock:
+                raw = c.next()
+                state = None if raw is None else c.get_state()
+            if raw is None:
+                self._put((_EOF, None, None))
+                return
+            seq, epoch = raw.seq, raw.epoch
+            batch = self._wrap(raw)
+            del raw
+            try:
+                out = fn(batch)
+            except BaseException as e:
+                # No local may keep the batch or the error: a traceback keeps
+                # this frame, and with it the batch's slot, alive.
+                del batch
+                self._put((self._failed(e, seq, epoch), None, None))
+                return
+            del batch
+            # The put blocks while the queue is full; stop() drains it.
+            self._put((None, out, state))
+            del out
+
+    @staticmethod
+    def _failed(e, seq, epoch):
+        err = TransformError(f"npyload: transform failed on batch seq={seq} of epoch "
+                             f"{epoch}: {type(e).__name__}: {e}", seq, epoch)
+        err.__cause__ = e
+        return err
+
+    def _put(self, item):
+        if not self._stop.is_set():
+            self._q.put(item)
+
+    def get(self):
+        while True:
+            try:
+                return self._q.get(timeout=0.1)
+            except _queue.Empty:
+                if not self._thread.is_alive() and self._q.empty():
+                    raise RuntimeError("npyload: the transform thread was stopped") from None
+
+    def _drain(self):
+        try:
+            while True:
+                self._q.get_nowait()
+        except _queue.Empty:
+            pass
+
+    def stop(self):
+        """Stops the thread and drops what it queued (their slots go back).
+        Waits for a running fn or next() to return; idempotent."""
+        self._stop.set()
+        t = self._thread
+        if t is _threading.current_thread() or _sys.is_finalizing():
+            return  # (at exit the daemon thread may never run again)
+        while t.is_alive():
+            self._drain()  # unblocks a put
+            t.join(0.05)
+        self._drain()
+
+
+class _Iterator:
+    __slots__ = ("_loader", "_gen", "_pipe")
+
+    def __init__(self, loader, gen, pipe=None):
         self._loader = loader
         self._gen = gen
+        self._pipe = pipe
 
     def __iter__(self):
         return self
+
+    def _finish(self, ld, eof):
+        self._loader = None
+        if eof:
+            ld._at_eof = True
+            ld._len_override = None  # a resumed epoch is over: full epochs again
+        if self._pipe is not None:
+            self._pipe.stop()
+            if ld._pipe is self._pipe:
+                ld._pipe = None
+            self._pipe = None
 
     def __next__(self):
         ld = self._loader
         if ld is None:
             raise StopIteration
         if ld._gen != self._gen:
-            self._loader = None
+            self._finish(ld, False)
             raise RuntimeError("npyload: this iterator was superseded by a newer "
                                "iter(loader), set_epoch() or load_state_dict()")
+        if self._pipe is not None:
+            ld._live()
+            err, out, state = self._pipe.get()
+            if err is None:
+                ld._hook_state = state
+                return out
+            self._finish(ld, err is _EOF)
+            if err is _EOF:
+                raise StopIteration
+            raise err
         raw = ld._c.next()
         if raw is None:
-            self._loader = None
-            ld._at_eof = True
+            self._finish(ld, True)
             raise StopIteration
         return ld._wrap(raw)
 
     def __len__(self):
         return len(self._loader) if self._loader is not None else 0
+
+    def __del__(self):
+        # `break` out of a loop frees the iterator: stop the hook thread so
+        # it neither runs on nor holds slots.
+        pipe = self._pipe
+        if pipe is not None:
+            self._pipe = None
+            pipe.stop()
 
 
 _TDTYPES = {None: 0, "float32": 1, "float16": 2, "bfloat16": 3}
@@ -377,11 +573,39 @@ class Loader:
         the next failing batch raises anyway.
     pin_memory : bool or None
         None: pin the staging slots when a CUDA device is the output; True:
-        pin host slots through CUDA device 0 even for device='cpu' (fails if
-        CUDA is unusable); False: never pin.
+        pin host slots through CUDA device 0 even for device='cpu' (where
+        CUDA is unusable this warns once, as DataLoader does, and the slots
+        stay pageable); False: never pin.
     transforms : mapping from field name to Transform, or None
         Conversions done by the loader (see Transform): in the worker
         threads for device='cpu', on the GPU after the copy otherwise.
+    as_tuple : bool
+        True: each batch is a :class:`BatchTuple`, the fields' tensors in the
+        order ``fields`` gave them (``for images, labels in loader``). False
+        (default): a :class:`Batch` mapping. Iterating a ``Batch`` itself
+        raises TypeError (it would yield the field names).
+    transform : callable or None
+        A per-batch hook: ``fn(batch)`` runs on a background thread while the
+        loop body works on earlier batches, and what it returns is what the
+        loop gets, in order. See "Per-batch hook" below.
+
+    Per-batch hook (``transform=fn``): one thread per loader calls ``fn`` on
+    each batch (a ``Batch`` or ``BatchTuple``) and queues the result; at most
+    ``prefetch`` batches are ahead of the loop (queued results and the one
+    ``fn`` works on; at least one queued). The loader then has ``prefetch +
+    2`` slots (``4`` for prefetch=1): the loop body may hold two batches
+    for a moment while ``for`` rebinds its variable. Torch ops
+    release the GIL, so augmentation overlaps the training step. An exception
+    from ``fn`` reaches the loop as :class:`TransformError` (with ``seq`` and
+    ``epoch`` of the batch, the original chained as ``__cause__``) after the
+    batches before it; a read error arrives as the NpyloadError it is. The
+    thread stops, and the batches it had queued are dropped (their slots
+    given back), when the loop ends or breaks (the iterator is freed), on
+    ``close()``, ``set_epoch()``, ``load_state_dict()`` or a new
+    ``iter(loader)``; stopping waits for a running ``fn`` call to return.
+    ``state_dict()`` counts the batches the loop received, not those the
+    thread prepared ahead. With a CUDA device, ``fn`` runs with the CUDA
+    stream current when ``iter(loader)`` was called.
 
     Iteration follows DataLoader with DistributedSampler: ``for b in loader``
     runs the epoch chosen with ``set_epoch`` (0 at first) from its first batch;
@@ -394,8 +618,9 @@ class Loader:
                  num_workers=2, prefetch=None, device="cpu", rank=None,
                  world_size=None, io="auto", output="auto", copy=False, window=8,
                  direct_io=False, pin_memory=None, align="names", on_error="raise",
-                 max_errors=None, transforms=None):
+                 max_errors=None, transforms=None, as_tuple=False, transform=None):
         self._c = None
+        self._pipe = None
         if not isinstance(fields, _Mapping) or len(fields) == 0:
             raise TypeError("fields must be a non-empty mapping from field name "
                             "to a glob string or a list of paths"
@@ -442,6 +667,18 @@ class Loader:
             raise ValueError(f"output must be 'auto', 'torch' or 'numpy', got {output!r}")
         if pin_memory not in (None, True, False):
             raise TypeError(f"pin_memory must be None, True or False, got {pin_memory!r}")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be a callable (batch -> anything) or None, "
+                            f"got {transform!r}")
+        if pin_memory and dev < 0:
+            ok, why = cuda_available(0)
+            if not ok:
+                # DataLoader warns and carries on without pinning; so do we
+                # (pinning only speeds up a later copy to a GPU there is none of).
+                _warnings.warn(f"npyload: pin_memory=True but CUDA is unusable ({why}); "
+                               "the slots stay in pageable memory", RuntimeWarning,
+                               stacklevel=2)
+                pin_memory = None
 
         dist = _dist_rank_world()
         if world_size is None:
@@ -489,10 +726,21 @@ class Loader:
                     raise TypeError(f"transforms[{name!r}] must be an npyload.Transform, "
                                     f"got {type(t).__name__}")
                 self._transforms.append((name, t))
+        self.transform = transform
+        if transform is not None and not prefetch:
+            prefetch = max(1, 2 * num_workers - 1)  # the library's default memory
+        if transform is None:
+            slots = prefetch + 1 if prefetch else 0
+        else:
+            # The loop body may hold two batches for a moment (the previous
+            # one and the one just taken from the queue, before the `for`
+            # rebinds its variable), the queue holds its results, and the
+            # thread's next() needs a free slot to read into.
+            slots = _hook_depth(prefetch) + 3
         self._opts = {
             _npyload.OPT_BATCH_SIZE: batch_size,
             _npyload.OPT_NUM_WORKERS: num_workers if num_workers else -1,  # -1: sync
-            _npyload.OPT_PREFETCH: prefetch + 1 if prefetch else 0,
+            _npyload.OPT_PREFETCH: slots,
             _npyload.OPT_SHUFFLE: shuffle_mode,
             _npyload.OPT_SEED: seed,
             _npyload.OPT_DROP_LAST: int(bool(drop_last)),
@@ -521,23 +769,34 @@ class Loader:
         self.rank = rank
         self.world_size = world_size
         self.copy = bool(copy)
+        self.as_tuple = bool(as_tuple)
         self.field_names = c.field_names
         self._epoch = 0
         self._gen = 0
         self._fresh = True      # the C loader is at the start of _epoch
         self._resumed = False   # a load_state_dict position awaits iteration
         self._at_eof = False
+        self._n = c.num_samples()
+        self._len_override = None  # batches of a resumed epoch (load_state_dict)
+        self._c_lock = _threading.Lock()  # C calls while a hook thread runs
+        self._hook_state = None  # with transform=: the state the consumer is at
 
     # ---- DataLoader-like surface ----
 
     def __len__(self):
-        """Batches per epoch for this rank (the same on every rank)."""
-        return self._live().num_batches()
+        """Batches per epoch for this rank (the same on every rank). After
+        load_state_dict, until that epoch's loop has ended: the batches the
+        resumed loop yields (what was left of the epoch)."""
+        self._live()
+        if self._len_override is not None:
+            return self._len_override
+        return _epoch_batches(self._n, self.world_size, self.batch_size, self.drop_last)
 
     @property
     def num_samples(self):
         """N: samples in every field (all ranks together)."""
-        return self._live().num_samples()
+        self._live()
+        return self._n
 
     @property
     def epoch(self):
@@ -546,7 +805,8 @@ class Loader:
     @property
     def backend(self):
         """Name of the active io backend ('uring', 'pread' or 'mmap')."""
-        return self._live().backend
+        with self._c_lock:
+            return self._live().backend
 
     def set_epoch(self, epoch):
         """Selects the epoch the next ``for`` loop runs (its order is a pure
@@ -557,28 +817,48 @@ class Loader:
         c = self._live()
         if self._resumed and epoch == self._epoch:
             return
+        self._stop_pipe()
         c.set_epoch(epoch)
         self._epoch = epoch
         self._gen += 1
         self._fresh = True
         self._resumed = False
         self._at_eof = False
+        self._len_override = None
+        self._hook_state = None
 
     def __iter__(self):
         c = self._live()
+        self._stop_pipe()
         if self._resumed:
             self._resumed = False
         elif not self._fresh:
             c.set_epoch(self._epoch)
+            self._len_override = None
         self._fresh = False
         self._at_eof = False
         self._gen += 1
-        return _Iterator(self, self._gen)
+        if self.transform is None:
+            return _Iterator(self, self._gen)
+        self._hook_state = c.get_state()
+        stream = None
+        if self.device >= 0 and self._torch is not None:
+            stream = self._torch.cuda.current_stream(self.device)
+        wrap = _functools.partial(_wrap_raw, torch=self._torch, np=self._np,
+                                  copy=self.copy, as_tuple=self.as_tuple,
+                                  bf16=getattr(self, "_bf16", None))
+        self._pipe = _HookPipe(c, self._c_lock, wrap, self.transform,
+                               _hook_depth(self.prefetch), stream)
+        return _Iterator(self, self._gen, self._pipe)
 
     def state_dict(self):
-        """The position after the last batch handed out, as a dict of ints
-        (save it with your checkpoint)."""
-        return dict(self._live().get_state())
+        """The position after the last batch handed out (with transform=:
+        the last batch the loop received), as a dict of ints (save it with
+        your checkpoint)."""
+        c = self._live()
+        if self._hook_state is not None:
+            return dict(self._hook_state)
+        return dict(c.get_state())
 
     def load_state_dict(self, state):
         """Resumes from ``state_dict()`` of a loader over the same data with
@@ -593,6 +873,7 @@ class Loader:
         if not isinstance(state, _Mapping):
             raise TypeError("state must be the dict returned by state_dict()")
         c = self._live()
+        self._stop_pipe()
         adopt = {_npyload.OPT_SEED: "seed", _npyload.OPT_SHUFFLE: "shuffle",
                  _npyload.OPT_DROP_LAST: "drop_last"}
         for key in ("epoch", "consumed", "seed", "shuffle", "drop_last"):
@@ -612,11 +893,17 @@ class Loader:
             self.shuffle = {0: False, 1: True, 2: "local"}.get(int(state["shuffle"]), self.shuffle)
             self._c, old = new, c
             old.close()
+            c = new
         self._epoch = int(state["epoch"])
         self._gen += 1
         self._resumed = True
         self._fresh = False
         self._at_eof = False
+        self._hook_state = None
+        # The resumed loop yields the rest of the epoch (at another world
+        # size, the rest split over the new ranks): len() says so until it ends.
+        consumed = int(c.get_state()["consumed"])
+        self._len_override = c.num_batches() - (-(-consumed // self.batch_size))
 
     def stats(self):
         """Counters since start: bytes_read, batches_delivered, wait_ns, io_ns,
@@ -624,13 +911,16 @@ class Loader:
         num_slots, uring_fallbacks, and with on_error='skip' samples_skipped,
         errors and last_error (the message of the last failure behind a
         skip)."""
-        return self._live().stats()
+        with self._c_lock:
+            return self._live().stats()
 
     def close(self):
         """Stops the workers and frees the loader at once (threads, open
         files, io_uring rings, unused slots). Arrays and tensors still alive
         stay valid: only their slots are kept, each freed when its last array
-        dies."""
+        dies. A ``transform=`` thread is stopped first (after its running
+        call returns) and the batches it had prepared are dropped."""
+        self._stop_pipe()
         if self._c is not None:
             self._c.close()
 
@@ -675,6 +965,12 @@ class Loader:
             raise
         return c
 
+    def _stop_pipe(self):
+        pipe = self._pipe
+        if pipe is not None:
+            self._pipe = None
+            pipe.stop()
+
     def _live(self):
         c = self._c
         if c is None or c.closed:
@@ -682,32 +978,40 @@ class Loader:
         return c
 
     def _wrap(self, raw):
-        names = raw.field_names
-        torch = self._torch
-        copy = self.copy
-        data = {}
-        if torch is not None:
-            for i, name in enumerate(names):
-                t = torch.from_dlpack(raw.field(i))
-                data[name] = t.clone() if copy else t
-            indices = torch.frombuffer(raw.indices_bytes(), dtype=torch.int64) \
-                if raw.size else torch.empty(0, dtype=torch.int64)
-        else:
-            np = self._np
-            for i, name in enumerate(names):
-                view = raw.field(i)
-                a = np.asarray(view)
-                if view.descr == "bfloat16" and self._bf16 is not None:
-                    a = a.view(self._bf16)  # the array interface gives uint16 bits
-                data[name] = a.copy() if copy else a
-            indices = np.frombuffer(raw.indices_bytes(), dtype=np.int64)
-        epoch, seq, n = raw.epoch, raw.seq, raw.size
-        keep = raw
-        if copy:
-            if raw.live_views == 0:
-                raw.release()
-            keep = None
-        return Batch(data, indices, epoch, seq, n, keep)
+        return _wrap_raw(raw, self._torch, self._np, self.copy, self.as_tuple,
+                         getattr(self, "_bf16", None))
+
+
+def _wrap_raw(raw, torch, np, copy, as_tuple, bf16=None):
+    """A Batch (or BatchTuple) of torch tensors or numpy arrays viewing raw's slot."""
+    names = raw.field_names
+    data = {}
+    if torch is not None:
+        for i, name in enumerate(names):
+            t = torch.from_dlpack(raw.field(i))
+            data[name] = t.clone() if copy else t
+        indices = torch.frombuffer(raw.indices_bytes(), dtype=torch.int64) \
+            if raw.size else torch.empty(0, dtype=torch.int64)
+    else:
+        for i, name in enumerate(names):
+            view = raw.field(i)
+            a = np.asarray(view)
+            if bf16 is not None and view.descr == "bfloat16":
+                a = a.view(bf16)  # the array interface gives uint16 bits
+            data[name] = a.copy() if copy else a
+        indices = np.frombuffer(raw.indices_bytes(), dtype=np.int64)
+    epoch, seq, n = raw.epoch, raw.seq, raw.size
+    keep = raw
+    if copy:
+        if raw.live_views == 0:
+            raw.release()
+        keep = None
+    if as_tuple:
+        t = BatchTuple(data[name] for name in names)
+        t.field_names = tuple(names)
+        t.indices, t.epoch, t.seq, t.num_samples, t._raw = indices, epoch, seq, n, keep
+        return t
+    return Batch(data, indices, epoch, seq, n, keep)
 
 
 def pack(paths, level=3, frame_size=None, threads=None, force=False,

@@ -50,7 +50,8 @@ def test_resume_at_another_world_size(dataset, world, world2, drop_last):
         for r in range(world2):
             L = make(globs, r, world2, drop_last)
             L.load_state_dict(state)
-            lens.add(len(L))
+            resumed_len = len(L)
+            lens.add(resumed_len)
             got = collect(L)
             check_values(got, ref)
             idx = concat_indices(got).tolist()
@@ -66,9 +67,11 @@ def test_resume_at_another_world_size(dataset, world, world2, drop_last):
                     exp = exp[:len(exp) - len(exp) % BS]
             assert idx == exp, f"W={world} W'={world2} c={c} rank {r}"
             after.extend(idx)
-            # after an elastic resume len(loader) counts the new split's
-            # batches; at the same world size it is still the epoch's count
-            assert len(got) == len(L) - (c if world2 == world else 0)
+            # after a resume len(loader) counts the batches the resumed loop
+            # yields (the new split's at another world size); once that loop
+            # has ended, the full epoch's at W' again
+            assert len(got) == resumed_len
+            assert len(L) == len(make(globs, r, world2, drop_last))
             # the next epoch is the normal split at W'
             L.set_epoch(1)
             nxt = concat_indices(collect(L)).tolist()
