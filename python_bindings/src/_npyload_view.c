@@ -248,6 +248,7 @@ enum {
 typedef struct array_struct_box {
     npy_array_struct s;
     Py_intptr_t shape[NPYLOAD_MAX_DIMS];
+    Py_intptr_t strides[NPYLOAD_MAX_DIMS];
 } array_struct_box;
 
 static void array_struct_free(PyObject *cap)
@@ -274,8 +275,12 @@ static PyObject *view_array_struct(NpyloadPy_View *self, void *c)
     array_struct_box *b = PyMem_Malloc(sizeof *b);
     if (!b)
         return PyErr_NoMemory();
-    for (int i = 0; i < a->ndim; i++)
+    for (int i = 0; i < a->ndim; i++) {
         b->shape[i] = (Py_intptr_t)a->shape[i];
+        b->strides[i] = (Py_intptr_t)a->strides[i];
+    }
+    /* Channels-last batches keep their NHWC strides on the NCHW shape. */
+    int contiguous = view_c_contiguous(a);
     int swapped = d[0] != '|' && d[0] != '=' && d[0] != native && a->itemsize > 1;
     b->s = (npy_array_struct){
         .two = 2,
@@ -284,10 +289,10 @@ static PyObject *view_array_struct(NpyloadPy_View *self, void *c)
         .itemsize = (int)a->itemsize,
         /* Writable, as with __array_interface__: the slot belongs to this
          * batch until it is released. */
-        .flags = NPY_AS_C_CONTIGUOUS | NPY_AS_ALIGNED | NPY_AS_WRITEABLE |
+        .flags = (contiguous ? NPY_AS_C_CONTIGUOUS : 0) | NPY_AS_ALIGNED | NPY_AS_WRITEABLE |
                  (swapped ? 0 : NPY_AS_NOTSWAPPED),
         .shape = b->shape,
-        .strides = NULL,
+        .strides = contiguous ? NULL : b->strides,
         .data = a->data,
         .descr = NULL,
     };
