@@ -48,6 +48,9 @@ typedef struct nb_run {
     uint64_t gather_requests;
     uint64_t read_requests;
     uint64_t bytes_read;       /* npyload_stats.bytes_read, for gath% */
+    uint64_t compressed_bytes_read; /* npyload_stats: .npy.zst frame bytes read */
+    uint64_t decompressed_bytes;    /* ... and what they decompressed to */
+    uint64_t decode_ns;             /* worker time decompressing, summed */
 
     /* GPU monitoring (NVML), when sampled. */
     int gpu_samples;

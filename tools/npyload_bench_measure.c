@@ -415,6 +415,9 @@ static void run_loader_measure(nb_ctx *ctx, npyload_loader *L, const nb_config *
         r->gather_requests = st.gather_requests;
         r->read_requests = st.read_requests;
         r->bytes_read = st.bytes_read;
+        r->compressed_bytes_read = st.compressed_bytes_read;
+        r->decompressed_bytes = st.decompressed_bytes;
+        r->decode_ns = st.decode_ns;
         if (st.slot_bytes && st.num_slots)
             r->slot_mib = (double)st.slot_bytes * (double)st.num_slots / 1048576.0;
     }

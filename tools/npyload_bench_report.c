@@ -88,14 +88,18 @@ static void nb_json_run(FILE *f, const nb_run *r)
               "\"p99\": %g, \"max\": %g}, \"stall_pct\": %g, \"cpu_pct\": %g,\n      "
               "\"peak_rss_mib\": %g, \"base_rss_mib\": %g, \"slot_mib\": %g, "
               "\"pinned\": %c, \"direct_io\": %c,\n      \"gather_bytes\": %llu, "
-              "\"gather_requests\": %llu, \"read_requests\": %llu,\n      \"gpu\": ",
+              "\"gather_requests\": %llu, \"read_requests\": %llu,\n      "
+              "\"compressed_bytes_read\": %llu, \"decompressed_bytes\": %llu, "
+              "\"decode_ns\": %llu,\n      \"gpu\": ",
               r->workers, r->prefetch, r->io_requested_name, r->io_used, r->ok, r->error,
               (unsigned long long)r->batches, (unsigned long long)r->samples,
               (unsigned long long)r->bytes, r->wall_s, r->samples_per_s, r->gbps,
               r->frac_of_ceiling >= 0 ? r->frac_of_ceiling : NAN, r->p50_ms, r->p99_ms,
               r->max_ms, r->stall_pct, r->cpu_pct, r->peak_rss_mib, r->base_rss_mib,
               r->slot_mib, r->pinned, r->direct_io, (unsigned long long)r->gather_bytes,
-              (unsigned long long)r->gather_requests, (unsigned long long)r->read_requests);
+              (unsigned long long)r->gather_requests, (unsigned long long)r->read_requests,
+              (unsigned long long)r->compressed_bytes_read,
+              (unsigned long long)r->decompressed_bytes, (unsigned long long)r->decode_ns);
     if (r->gpu_samples > 0)
         nj_printf(f,
                   "{\"samples\": %d, \"util_avg_pct\": %g, \"util_max_pct\": %g, "

@@ -322,11 +322,16 @@ def test_bench_decode_ceiling_of_packed_fields(captcha, tmp_path):
     assert by["images"]["ratio"] == pytest.approx(
         sizes(imgs) / sizes(imgs, ".zst"), rel=0.1)
     assert z["verdict"].startswith("packed fields: the cores decode")
-    # runs compare with the decode ceiling when the loader reads .npy.zst
+    # runs compare with the decode ceiling when the loader reads .npy.zst,
+    # and carry the loader's decode stats: frames read and decompressed to
+    # at least the packed fields' rows
+    assert any(run_["ok"] for run_ in doc["runs"])
     for run_ in doc["runs"]:
         if run_["ok"]:
             assert run_["frac_of_ceiling"] == pytest.approx(
                 run_["gbps"] / ce["zst_decode"]["gbps"], rel=1e-3)
+            assert 0 < run_["compressed_bytes_read"] < run_["decompressed_bytes"]
+            assert run_["decode_ns"] > 0
 
 
 def test_bench_refuses_a_damaged_packed_field(captcha, tmp_path):
