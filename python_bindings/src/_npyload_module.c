@@ -4,6 +4,7 @@
  * pack_file().
  */
 #include "_npyload.h"
+#include "npyload_bench_support.h"
 
 #include <errno.h>
 #include <string.h>
@@ -112,7 +113,46 @@ PyDoc_STRVAR(inspect_doc,
 "Header facts of one NPY file, read without loading the data: version\n"
 "(major, minor), descr (numpy dtype string), shape, fortran_order,\n"
 "itemsize, header_len, data_offset, data_bytes, file_bytes.\n"
-"Raises NpyloadError (with the file name) for a malformed or truncated file.");
+"A .npy.zst (told by its first bytes) gives the facts of the .npy it holds,\n"
+"the same keys and values, plus compressed_bytes, ratio, frames (frame 0,\n"
+"the header, in) and samples_per_frame, as npyload-inspect does.\n"
+"Raises NpyloadError (with the file name) for a malformed or truncated file\n"
+"or seek table.");
+
+static PyObject *header_dict(const npyload_header *h);
+
+/* inspect() of a .npy.zst: the .npy's facts plus the compression's. */
+static PyObject *inspect_zst(const char *path)
+{
+    npyload_zst_file *z = NULL;
+    char err[1024];
+    int rc;
+    err[0] = 0;
+    Py_BEGIN_ALLOW_THREADS
+    rc = npyload_zst_file_open(path, &z, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (rc) {
+        if (!err[0])
+            snprintf(err, sizeof err, "%s: %s", path, npyload_strerror(rc));
+        npyloadpy_raise(rc, err);
+        return NULL;
+    }
+    const npyload_zst_facts *f = npyload_zst_file_facts(z);
+    PyObject *d = header_dict(&f->hdr);
+    double ratio = f->compressed_bytes ? (double)f->hdr.file_bytes / (double)f->compressed_bytes
+                                       : 0.0;
+    PyObject *v[4] = {PyLong_FromUnsignedLongLong(f->compressed_bytes),
+                      PyFloat_FromDouble(ratio), PyLong_FromUnsignedLong(f->frames),
+                      PyLong_FromUnsignedLongLong(f->samples_per_frame)};
+    static const char *keys[4] = {"compressed_bytes", "ratio", "frames", "samples_per_frame"};
+    npyload_zst_file_close(z);
+    for (int i = 0; i < 4; i++) {
+        if (d && (!v[i] || PyDict_SetItemString(d, keys[i], v[i]) < 0))
+            Py_CLEAR(d);
+        Py_XDECREF(v[i]);
+    }
+    return d;
+}
 
 static PyObject *mod_inspect(PyObject *self, PyObject *args, PyObject *kw)
 {
@@ -121,9 +161,27 @@ static PyObject *mod_inspect(PyObject *self, PyObject *args, PyObject *kw)
     npyload_header h;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O:inspect", kwlist, &path_obj))
         return NULL;
+    if (!PyUnicode_FSConverter(path_obj, &bytes))
+        return NULL;
+    int zst;
+    Py_BEGIN_ALLOW_THREADS
+    zst = npyload_zst_probe(PyBytes_AS_STRING(bytes));
+    Py_END_ALLOW_THREADS
+    if (zst == 1) {
+        PyObject *d = inspect_zst(PyBytes_AS_STRING(bytes));
+        Py_DECREF(bytes);
+        return d;
+    }
+    Py_CLEAR(bytes);
     if (read_header(path_obj, &h, &bytes) < 0)
         return NULL;
     Py_DECREF(bytes);
+    return header_dict(&h);
+}
+
+static PyObject *header_dict(const npyload_header *hp)
+{
+    npyload_header h = *hp;
     PyObject *shape = shape_tuple(h.ndim, h.shape);
     if (!shape)
         return NULL;

@@ -151,6 +151,17 @@ def test_inspect_zst_same_facts_as_npy(tmp_path, name, arr, frame_size):
     assert b[len(zst):].startswith(a[len(str(npy)):])
     assert f"compressed_bytes={os.path.getsize(zst)} " in b
     assert f"frames={packed['frames']} samples_per_frame=" in b
+    # Python's npyload.inspect gives the same facts as the CLI
+    npyload = pytest.importorskip("npyload", reason="npyload is not installed")
+    pn, pz = npyload.inspect(str(npy)), npyload.inspect(zst)
+    assert list(pz) == list(pn) + ZST_KEYS
+    for k in pn:
+        assert pz[k] == pn[k], k
+    assert "%d.%d" % pn["version"] == plain["version"]
+    for k in NPY_KEYS[2:]:
+        assert (list(pn[k]) if isinstance(pn[k], tuple) else pn[k]) == plain[k], k
+    for k in ZST_KEYS:
+        assert pz[k] == pytest.approx(packed[k], rel=1e-3), k
 
 
 def test_inspect_captcha_zst(captcha):
@@ -173,6 +184,10 @@ def _zst_file(tmp_path, rows=20):
 
 
 def _expect_error(path, *words):
+    npyload = pytest.importorskip("npyload", reason="npyload is not installed")
+    with pytest.raises(npyload.NpyloadError) as ei:  # Python's inspect too
+        npyload.inspect(path)
+    assert str(path) in str(ei.value)
     r, recs = inspect_json(path)
     assert r.returncode == 1
     assert recs and recs[-1]["file"] == str(path) and "error" in recs[-1]
