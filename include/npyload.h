@@ -578,6 +578,10 @@ typedef struct npyload_stats {
     uint64_t decompressed_bytes; /* .npy.zst: bytes the frames read
                                     decompressed to (whole frames) */
     uint64_t decode_ns;         /* .npy.zst: worker time decompressing, summed */
+    uint64_t transform_ns;      /* host transforms: worker time converting
+                                   batches (npyload_loader_set_transform),
+                                   summed; device transforms run on the copy
+                                   stream and count in h2d_ns */
 } npyload_stats;
 
 /*! npyload_loader_last_skip_error() : with ON_ERROR skip, copies the message

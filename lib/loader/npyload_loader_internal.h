@@ -226,6 +226,7 @@ struct npyload_loader {
     uint32_t zst_max_csize;       /* any frame, compressed */
     uint32_t zst_max_multi_dsize; /* frames of several samples, decompressed */
     _Atomic uint64_t st_zcbytes, st_zdbytes, st_zdecode_ns;
+    _Atomic uint64_t st_transform_ns; /* host transforms */
 
     char errmsg[NPYL_ERRMSG_LEN];
 };

@@ -230,14 +230,19 @@ static int finish_copy(npyload_loader *L, npyl_slot *h)
 /* Host transforms: the stored rows of each transformed field, read into
  * the worker's raw buffer, become the slot's output rows. h->rows is the
  * count after the read (ON_ERROR skip may have compacted the batch). */
-static void transform_host(const npyload_loader *L, const npyl_worker *w, npyl_slot *h)
+static void transform_host(npyload_loader *L, const npyl_worker *w, npyl_slot *h)
 {
+    uint64_t t0 = 0;
     for (size_t fi = 0; fi < L->nfields; fi++) {
         const npyl_field *f = &L->fields[fi];
-        if (f->xform)
-            npyl_transform_rows(&f->tplan, w->raw + f->raw_off, h->mem + f->host_off,
-                                h->rows);
+        if (!f->xform)
+            continue;
+        if (!t0)
+            t0 = npyl_now_ns();
+        npyl_transform_rows(&f->tplan, w->raw + f->raw_off, h->mem + f->host_off, h->rows);
     }
+    if (t0)
+        atomic_fetch_add(&L->st_transform_ns, npyl_now_ns() - t0);
 }
 
 /* Claims the next batch into staging slot h and fills it: read, transform

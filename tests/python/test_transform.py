@@ -194,6 +194,22 @@ def test_keep_channels_last_only_permutes(data):
             np.testing.assert_array_equal(a, arrs["img"][b.indices])
 
 
+def test_stats_transform_ns(data):
+    """Worker time converting batches is counted; a loader without
+    transforms counts none."""
+    d, _ = data
+    t = npyload.Transform(dtype="float16", scale=1 / 255, mean=0.5, std=0.25)
+    with npyload.Loader(fields(d, "img"), batch_size=6, num_workers=2, output="numpy",
+                        transforms={"img": t}) as L:
+        n = sum(1 for _ in L)
+        st = L.stats()
+    assert n > 0 and st["transform_ns"] > 0
+    with npyload.Loader(fields(d, "img"), batch_size=6, num_workers=2,
+                        output="numpy") as L:
+        assert sum(1 for _ in L) == n
+        assert L.stats()["transform_ns"] == 0
+
+
 def test_scalar_mean_std_and_scale_only(data):
     d, arrs = data
     for t in (npyload.Transform("float32", scale=0.5),
