@@ -56,6 +56,17 @@ static const npyl_ffile *find_file(const npyl_field *f, int64_t s)
     return &f->files[lo];
 }
 
+/* Request q: `rows` consecutive samples of field f from global sample s on,
+ * all in file ff, landing at dst. */
+static void raw_req(npyl_io_req *q, const npyl_field *f, const npyl_ffile *ff, int64_t s,
+                    uint64_t rows, uint8_t *dst)
+{
+    q->file = ff->io_index;
+    q->offset = ff->data_offset + (uint64_t)(s - ff->first) * f->row_bytes;
+    q->len = rows * f->row_bytes;
+    q->dst = dst;
+}
+
 /* Turns the rows of slot s into read requests, one per run of consecutive
  * samples of one .npy file: a run lands in one read, straight into the
  * slot. Rows of .npy.zst files go to zrows (*nz of them) instead. */
@@ -86,11 +97,7 @@ static size_t plan_reads(const npyload_loader *L, const npyl_slot *s, uint8_t *c
             while (r + run < s->rows && s->indices[r + run] == first + (int64_t)run &&
                    first + (int64_t)run < ff->first + ff->count)
                 run++;
-            reqs[n].file = ff->io_index;
-            reqs[n].offset = ff->data_offset + (uint64_t)(first - ff->first) * f->row_bytes;
-            reqs[n].len = (uint64_t)run * f->row_bytes;
-            reqs[n].dst = base + (uint64_t)r * f->row_bytes;
-            n++;
+            raw_req(&reqs[n++], f, ff, first, run, base + (uint64_t)r * f->row_bytes);
             r += run;
         }
     }
@@ -112,6 +119,15 @@ static int zrow_cmp(const void *pa, const void *pb)
 static int same_frame(const npyl_zrow *a, const npyl_zrow *b)
 {
     return a->field == b->field && a->file == b->file && a->frame == b->frame;
+}
+
+/* One past the last of the sorted rows zr[v..n) that share zr[v]'s frame. */
+static size_t frame_end(const npyl_zrow *zr, size_t v, size_t n)
+{
+    size_t g = v + 1;
+    while (g < n && same_frame(&zr[g], &zr[v]))
+        g++;
+    return g;
 }
 
 /* Where in zsrc a frame at file offset `coff` goes when the scratch is
@@ -190,9 +206,7 @@ static int read_all(npyload_loader *L, npyl_worker *w, npyl_slot *h, uint8_t *co
         size_t nreq = nraw, u0 = u;
         uint64_t cursor = 0, cb = 0;
         while (u < nz) {
-            size_t g = u + 1;
-            while (g < nz && same_frame(&zr[g], &zr[u]))
-                g++;
+            size_t g = frame_end(zr, u, nz);
             const npyl_zst_index *x = zr[u].ff->zst;
             uint64_t coff = x->coff[zr[u].frame], csz = x->coff[zr[u].frame + 1] - coff;
             uint64_t p = place(L, cursor, coff);
@@ -210,12 +224,8 @@ static int read_all(npyload_loader *L, npyl_worker *w, npyl_slot *h, uint8_t *co
         if (rc) {
             if (bad >= nraw) { /* a frame: the bad-th request after the raw ones */
                 size_t k = bad - nraw, v = u0;
-                while (k--) {
-                    size_t g = v + 1;
-                    while (g < nz && same_frame(&zr[g], &zr[v]))
-                        g++;
-                    v = g;
-                }
+                while (k--)
+                    v = frame_end(zr, v, nz);
                 if (v < nz)
                     name_frame(w, &zr[v]);
             }
@@ -225,9 +235,7 @@ static int read_all(npyload_loader *L, npyl_worker *w, npyl_slot *h, uint8_t *co
         zs->cbytes += cb;
         nraw = 0;
         for (size_t v = u0; v < u;) {
-            size_t g = v + 1;
-            while (g < u && same_frame(&zr[g], &zr[v]))
-                g++;
+            size_t g = frame_end(zr, v, u);
             rc = decode_group(L, w, &zr[v], g - v, w->zsrc + zr[v].src, dst, bytes, zs);
             if (rc)
                 return rc;
@@ -249,11 +257,7 @@ static int read_row(npyload_loader *L, npyl_worker *w, int64_t s, size_t at, uin
         const npyl_ffile *ff = find_file(f, s);
         if (ff->zst)
             continue;
-        w->reqs[n].file = ff->io_index;
-        w->reqs[n].offset = ff->data_offset + (uint64_t)(s - ff->first) * f->row_bytes;
-        w->reqs[n].len = f->row_bytes;
-        w->reqs[n].dst = dst[fi] + (uint64_t)at * f->row_bytes;
-        n++;
+        raw_req(&w->reqs[n++], f, ff, s, 1, dst[fi] + (uint64_t)at * f->row_bytes);
     }
     int rc = n ? npyl_io_read(w->io, w->reqs, n, &bad, bytes, w->errmsg, sizeof w->errmsg) : 0;
     for (size_t fi = 0; rc == 0 && fi < L->nfields; fi++) {
@@ -346,10 +350,7 @@ int npyl_read_worker_init(npyload_loader *L, npyl_worker *w)
     if (cap < one)
         cap = one;
     cap = (cap + NPYL_DIRECT_ALIGN - 1) & ~(uint64_t)(NPYL_DIRECT_ALIGN - 1);
-    void *p = NULL;
-    if (posix_memalign(&p, NPYL_DIRECT_ALIGN, (size_t)cap) != 0)
-        p = NULL;
-    w->zsrc = p;
+    w->zsrc = npyl_alloc_aligned((size_t)cap, NPYL_DIRECT_ALIGN);
     w->zsrc_cap = (size_t)cap;
     w->zdst_cap = L->zst_max_multi_dsize ? L->zst_max_multi_dsize : 1;
     w->zdst = malloc(w->zdst_cap);
@@ -364,7 +365,7 @@ int npyl_read_worker_init(npyload_loader *L, npyl_worker *w)
 void npyl_read_worker_free(npyl_worker *w)
 {
     npyl_zst_dctx_free(w->dctx);
-    free(w->zsrc);
+    npyl_free_aligned(w->zsrc);
     free(w->zdst);
     free(w->zrows);
     w->dctx = NULL;
