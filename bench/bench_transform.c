@@ -31,7 +31,7 @@ static void bench(const char *label, const char *descr, int out, int cl,
                   int portable, size_t batch, int reps)
 {
     const int64_t shp[] = {3, 64, 64};
-    npyl_transform t = {.dtype = out, .scale = descr[1] == 'u' ? 1.0f / 255.0f : 1.0f,
+    npyload_transform t = {.dtype = out, .scale = descr[1] == 'u' ? 1.0f / 255.0f : 1.0f,
                         .mean = MEAN, .n_mean = 3, .std = STD, .n_std = 3,
                         .channels_last = cl};
     npyl_tplan p;
@@ -107,13 +107,13 @@ int main(int argc, char **argv)
     size_t batch = argc > 1 ? (size_t)atol(argv[1]) : 256;
     int reps = argc > 2 ? atoi(argv[2]) : 20;
     printf("batch %zu x (3, 64, 64), best of %d, one thread\n", batch, reps);
-    bench("uint8 -> float16 norm channels-last", "|u1", NPYL_TDTYPE_FLOAT16, 1, 0, batch, reps);
-    bench("uint8 -> float16 norm channels-last portable", "|u1", NPYL_TDTYPE_FLOAT16, 1, 1, batch, reps);
-    bench("uint8 -> float16 norm channels-first", "|u1", NPYL_TDTYPE_FLOAT16, 0, 0, batch, reps);
-    bench("uint8 -> bfloat16 norm channels-last", "|u1", NPYL_TDTYPE_BFLOAT16, 1, 0, batch, reps);
-    bench("uint8 -> float32 norm channels-last", "|u1", NPYL_TDTYPE_FLOAT32, 1, 0, batch, reps);
-    bench("float32 -> float16 norm channels-last", "<f4", NPYL_TDTYPE_FLOAT16, 1, 0, batch, reps);
-    bench("float32 -> float16 norm channels-first", "<f4", NPYL_TDTYPE_FLOAT16, 0, 0, batch, reps);
+    bench("uint8 -> float16 norm channels-last", "|u1", NPYLOAD_DTYPE_FLOAT16, 1, 0, batch, reps);
+    bench("uint8 -> float16 norm channels-last portable", "|u1", NPYLOAD_DTYPE_FLOAT16, 1, 1, batch, reps);
+    bench("uint8 -> float16 norm channels-first", "|u1", NPYLOAD_DTYPE_FLOAT16, 0, 0, batch, reps);
+    bench("uint8 -> bfloat16 norm channels-last", "|u1", NPYLOAD_DTYPE_BFLOAT16, 1, 0, batch, reps);
+    bench("uint8 -> float32 norm channels-last", "|u1", NPYLOAD_DTYPE_FLOAT32, 1, 0, batch, reps);
+    bench("float32 -> float16 norm channels-last", "<f4", NPYLOAD_DTYPE_FLOAT16, 1, 0, batch, reps);
+    bench("float32 -> float16 norm channels-first", "<f4", NPYLOAD_DTYPE_FLOAT16, 0, 0, batch, reps);
 
     float u8[256];
     for (int i = 0; i < 256; i++)

@@ -15,6 +15,18 @@
  *  - errno is never used as an output.
  *  - Objects are opaque handles in create/destroy pairs; destroy accepts NULL.
  *  - There is no global state: two loaders in one process share nothing.
+ *  - Structs that may grow (npyload_stats, npyload_transform,
+ *    npyload_pack_options, npyload_pack_result) cross the API with the
+ *    size the caller was compiled with (pass `sizeof x`): the library reads
+ *    or writes only that many bytes, treats members past them as zero (the
+ *    default of every member added later), and refuses with NPYLOAD_EINVAL a
+ *    size smaller than the struct's first published layout (a pointer's
+ *    size passed by mistake, say). So a program built against an older
+ *    header runs against a newer library, and the reverse. npyload_array is
+ *    only handed out by pointer (read it through the pointer; it may grow
+ *    too). npyload_header is frozen for this ABI version; npyload_state
+ *    carries its own version. The ABI version is the shared library's
+ *    SONAME: libnpyload.so.0.MINOR while the major version is 0.
  */
 #ifndef NPYLOAD_H
 #define NPYLOAD_H
@@ -27,9 +39,9 @@ extern "C" {
 #endif
 
 #define NPYLOAD_VERSION_MAJOR 0
-#define NPYLOAD_VERSION_MINOR 1
+#define NPYLOAD_VERSION_MINOR 3
 #define NPYLOAD_VERSION_PATCH 0
-#define NPYLOAD_VERSION_STRING "0.1.0"
+#define NPYLOAD_VERSION_STRING "0.3.0"
 
 #if defined(_WIN32)
 #define NPYLOAD_API
@@ -314,12 +326,18 @@ typedef enum npyload_dtype {
     NPYLOAD_DTYPE_BFLOAT16 = 3  /* "bfloat16" */
 } npyload_dtype;
 
-/*! npyload_transform: a zeroed struct is the identity. Inputs may be any
- * integer or float dtype, either byte order; bool and complex fields can
- * only be kept (dtype KEEP, channels_last allowed). */
+/*! npyload_transform: start from NPYLOAD_TRANSFORM_INIT (the identity:
+ * keep the dtype, scale 1, no mean/std, channels first) and set what you
+ * need. Inputs may be any integer or float dtype, either byte order; bool
+ * and complex fields can only be kept (dtype KEEP, channels_last allowed).
+ * `scale` has no "unset" value: it is used as given, must be finite and
+ * nonzero (0 would zero every element, which no caller means; it is
+ * refused naming the member), so a struct zeroed by hand is refused
+ * rather than silently scaled by 0. Members added in later releases are at
+ * the end and are off when zero. */
 typedef struct npyload_transform {
     int dtype;            /* npyload_dtype */
-    float scale;          /* applied first; 0 means 1 (the default) */
+    float scale;          /* applied first; finite, nonzero; 1 = none */
     const float *mean;    /* n_mean values: 0 (none), 1 (every channel) or C */
     size_t n_mean;
     const float *std;     /* n_std values: 0 (none: 1), 1 or C; nonzero */
@@ -327,19 +345,26 @@ typedef struct npyload_transform {
     int channels_last;    /* 0 or 1 (a sample with one axis is unchanged) */
 } npyload_transform;
 
+/*! NPYLOAD_TRANSFORM_INIT: the identity transform, an initializer:
+ * `npyload_transform t = NPYLOAD_TRANSFORM_INIT; t.dtype = ...;` */
+#define NPYLOAD_TRANSFORM_INIT {NPYLOAD_DTYPE_KEEP, 1.0f, NULL, 0, NULL, 0, 0}
+
 /*! npyload_loader_set_transform() :
- * Sets (or, with t == NULL, removes) the transform of field `field`. The
- * struct and its mean/std values are copied. Checked now on its own
- * (dtype, finite values, std nonzero, arithmetic needs an output dtype)
- * and at start against the field (mean/std count vs the channels, input
- * dtype).
- * @return : 0; NPYLOAD_EINVAL for an unknown field or a bad description
- *           (the message names the field and the member); NPYLOAD_ESTATE
+ * Sets (or, with t == NULL, removes) the transform of field `field`.
+ * `size` is sizeof(npyload_transform) as the caller was compiled (see
+ * Conventions; ignored when t is NULL). The struct and its mean/std values
+ * are copied. Checked now on its own (dtype, scale finite and nonzero,
+ * finite values, std nonzero, arithmetic needs an output dtype) and at
+ * start against the field (mean/std count vs the channels, input dtype).
+ * @return : 0; NPYLOAD_EINVAL for an unknown field, a size below the first
+ *           layout, or a bad description (the message names the field and
+ *           the member); NPYLOAD_ESTATE
  *           after start. At start: NPYLOAD_EMISMATCH (mean or std count is
  *           neither 1 nor the channel count), NPYLOAD_EUNSUPPORTED (input
  *           dtype), NPYLOAD_ENOCUDA (device mode without the kernels). */
 NPYLOAD_API int npyload_loader_set_transform(npyload_loader *L, const char *field,
-                                             const npyload_transform *t);
+                                             const npyload_transform *t,
+                                             size_t size);
 
 /*! npyload_loader_set() : sets option `opt` (see npyload_option).
  * @return : 0, NPYLOAD_EINVAL for a value out of range (the message names the
@@ -436,7 +461,9 @@ NPYLOAD_API const char *npyload_loader_field_name(const npyload_loader *L,
  * out as NHWC (strides N: HWC, C: 1, H: WC, W: C, times itemsize). descr and
  * itemsize are those of the delivered dtype (after a transform): "<f4",
  * "<f2", or "bfloat16" (no numpy type code exists; ml_dtypes and torch
- * have the type). */
+ * have the type). The library hands these out by pointer only and may add
+ * members at the end: read them through the pointer (never index an array
+ * of them by your sizeof). */
 typedef struct npyload_array {
     void *data;                   /* host or device pointer */
     int ndim;                     /* 1 + per-sample ndim */
@@ -544,6 +571,8 @@ NPYLOAD_API int npyload_loader_set_state(npyload_loader *L,
 
 /* ---- Stats ---- */
 
+/*! npyload_stats: grows at its end (see Conventions); read it with
+ * npyload_loader_get_stats(L, &st, sizeof st). */
 typedef struct npyload_stats {
     uint64_t bytes_read;        /* bytes landed in slots by the workers */
     uint64_t batches_delivered; /* batches handed out by next() */
@@ -592,9 +621,14 @@ NPYLOAD_API int npyload_loader_last_skip_error(const npyload_loader *L, char *bu
                                                size_t len);
 
 /*! npyload_loader_get_stats() : counters since start (reading them is
- * cheap and thread-safe). @return : 0 or NPYLOAD_EINVAL. */
+ * cheap and thread-safe). `size` is sizeof(npyload_stats) as the caller
+ * was compiled (see Conventions): only that many bytes of `out` are
+ * written, so a program built against an older, shorter npyload_stats gets
+ * the members it knows.
+ * @return : 0, or NPYLOAD_EINVAL (NULL, or a size below the first layout:
+ *           bytes_read .. transform_ns). */
 NPYLOAD_API int npyload_loader_get_stats(const npyload_loader *L,
-                                         npyload_stats *out);
+                                         npyload_stats *out, size_t size);
 
 /* ---- Order, without a loader ---- */
 

@@ -587,7 +587,7 @@ Test(cuda_fake, workers_release_staging_on_events_not_stream_syncs)
     cr_assert_eq(loader_syncs, 0, "%d cudaStreamSynchronize calls by the loader for %zu "
                  "batches", loader_syncs, batches);
     npyload_stats st;
-    cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+    cr_assert_eq(npyload_loader_get_stats(L, &st, sizeof st), 0);
     cr_assert_eq(st.h2d_bytes, rows * 64);
     int copies = atomic_load(&f->n_memcpy_async);
     cr_assert_eq((size_t)copies, batches, "one copy per batch (one field)");
@@ -775,7 +775,7 @@ Test(cuda_fake, npy_zst_decodes_into_the_staging_slot)
     }
     cr_assert_eq(rows, 2 * 13);
     npyload_stats st;
-    cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+    cr_assert_eq(npyload_loader_get_stats(L, &st, sizeof st), 0);
     cr_assert_gt(st.compressed_bytes_read, 0);
     cr_assert_eq(st.h2d_bytes, rows * 64);
     npyload_loader_destroy(L);
@@ -801,14 +801,14 @@ Test(cuda_fake, device_transform_without_kernels_or_driver_fails_at_start)
     cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DEVICE, 0), 0, "%s",
                  npyload_loader_errmsg(L));
     npyload_transform t = {.dtype = NPYLOAD_DTYPE_FLOAT16, .scale = 0.5f};
-    cr_assert_eq(npyload_loader_set_transform(L, "x", &t), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_set_transform(L, "x", &t, sizeof t), 0, "%s", npyload_loader_errmsg(L));
     int rc = npyload_loader_start(L);
     const char *m = npyload_loader_errmsg(L);
     cr_log_info("%s", m);
     cr_assert(rc == NPYLOAD_ENOCUDA || rc == NPYLOAD_ECUDA, "start returned %d: %s", rc, m);
     cr_assert(strstr(m, "transform") && (strstr(m, "nvcc") || strstr(m, "libcuda") ||
                                          strstr(m, "kernels")), "message: %s", m);
-    cr_assert_eq(npyload_loader_set_transform(L, "x", NULL), 0);
+    cr_assert_eq(npyload_loader_set_transform(L, "x", NULL, 0), 0);
     cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
     npyload_loader_destroy(L);
     free(glob);
@@ -834,8 +834,8 @@ Test(cuda_fake, device_sync_mode_and_identity_transform)
     cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1), 0);
     cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DEVICE, 0), 0, "%s",
                  npyload_loader_errmsg(L));
-    npyload_transform t = {.dtype = NPYLOAD_DTYPE_KEEP};
-    cr_assert_eq(npyload_loader_set_transform(L, "x", &t), 0);
+    npyload_transform t = {.scale = 1.0f, .dtype = NPYLOAD_DTYPE_KEEP};
+    cr_assert_eq(npyload_loader_set_transform(L, "x", &t, sizeof t), 0);
     cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
     size_t rows = 0;
     for (uint64_t e = 0; e < 2; e++) {

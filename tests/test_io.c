@@ -989,7 +989,7 @@ Test(io_uring, enter_refused_loader_stats)
                      npyload_loader_errmsg(L));
         cr_assert_eq(rows, 64);
         npyload_stats st;
-        cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+        cr_assert_eq(npyload_loader_get_stats(L, &st, sizeof st), 0);
         cr_assert_eq(st.backend, NPYLOAD_IO_URING);
         if (epoch == 0)
             cr_assert_eq(st.uring_fallbacks, 0);

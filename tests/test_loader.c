@@ -165,7 +165,7 @@ static void matrix(int backend, int direct)
                     cr_assert_eq(npyload_loader_set_epoch(L, 1), 0);
                     run_epoch(L, &c, 1);
                     npyload_stats st;
-                    cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+                    cr_assert_eq(npyload_loader_get_stats(L, &st, sizeof st), 0);
                     cr_assert_eq(st.samples_delivered, 2 * N_TOTAL);
                     cr_assert_geq(st.bytes_read, 2 * N_TOTAL * 67);
                     npyload_loader_destroy(L);
@@ -1124,7 +1124,7 @@ Test(loader, get_after_start_returns_resolved_values)
     cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_PREFETCH, &v), 0);
     cr_assert_eq(v, 4, "PREFETCH %lld", (long long)v);
     npyload_stats st;
-    cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+    cr_assert_eq(npyload_loader_get_stats(L, &st, sizeof st), 0);
     cr_assert_eq((uint64_t)v, st.num_slots);
     cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_QUEUE_DEPTH, &v), 0);
     cr_assert_eq(v, 32);

@@ -108,7 +108,7 @@ static void set_case(npyload_loader *L, const tcase *t)
         tr.std = std3;
         tr.n_std = 3;
     }
-    cr_assert_eq(npyload_loader_set_transform(L, "images", &tr), 0, "%s",
+    cr_assert_eq(npyload_loader_set_transform(L, "images", &tr, sizeof tr), 0, "%s",
                  npyload_loader_errmsg(L));
 }
 
@@ -204,7 +204,7 @@ static void run_cases_opt(int backend, int direct)
         npyload_loader *L = open_loader(dir, backend, 3, 7, NPYLOAD_SHUFFLE_FULL);
         npyload_loader_set(L, NPYLOAD_OPT_DIRECT_IO, direct);
         tcase t = cases[k];
-        npyload_transform tr = {.dtype = t.dtype, .scale = t.dtype ? scale : 0,
+        npyload_transform tr = {.dtype = t.dtype, .scale = t.dtype ? scale : 1.0f,
                                 .channels_last = t.channels_last};
         if (t.norm) {
             tr.mean = mean3;
@@ -212,7 +212,7 @@ static void run_cases_opt(int backend, int direct)
             tr.std = std3;
             tr.n_std = 3;
         }
-        cr_assert_eq(npyload_loader_set_transform(L, "images", &tr), 0, "%s",
+        cr_assert_eq(npyload_loader_set_transform(L, "images", &tr, sizeof tr), 0, "%s",
                      npyload_loader_errmsg(L));
         cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
         size_t seen = 0;
@@ -254,7 +254,7 @@ Test(loader_transform, slot_bytes_from_output_dtype)
             set_case(L, &(tcase){NPYLOAD_DTYPE_FLOAT16, 1, 1});
         cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
         npyload_stats st;
-        npyload_loader_get_stats(L, &st);
+        npyload_loader_get_stats(L, &st, sizeof st);
         *(k ? &wide : &plain) = (int64_t)st.slot_bytes;
         npyload_loader_destroy(L);
     }
@@ -294,7 +294,7 @@ Test(loader_transform, skip_compaction_transforms_the_kept_rows)
     cr_assert_eq(rc, NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
     cr_assert_eq(seen, 23, "rows delivered: %zu", seen);
     npyload_stats st;
-    npyload_loader_get_stats(L, &st);
+    npyload_loader_get_stats(L, &st, sizeof st);
     /* Epoch 1 skips exactly the 27 rows of the cut file (23 delivered).
      * The counter is cumulative: a batch of epoch 0 that was in flight when
      * the file was cut may have skipped rows too before set_epoch dropped it. */
@@ -382,32 +382,32 @@ Test(loader_transform, errors_name_the_problem)
 {
     char *dir = make_u8();
     npyload_loader *L = open_loader(dir, NPYLOAD_IO_PREAD, 1, 4, 0);
-    npyload_transform t = {.dtype = NPYLOAD_DTYPE_FLOAT16};
-    cr_assert_eq(npyload_loader_set_transform(L, "labels", &t), NPYLOAD_EINVAL);
+    npyload_transform t = {.scale = 1.0f, .dtype = NPYLOAD_DTYPE_FLOAT16};
+    cr_assert_eq(npyload_loader_set_transform(L, "labels", &t, sizeof t), NPYLOAD_EINVAL);
     cr_assert_not_null(strstr(npyload_loader_errmsg(L), "labels"), "%s",
                        npyload_loader_errmsg(L));
     /* arithmetic with dtype keep */
-    npyload_transform k = {.dtype = NPYLOAD_DTYPE_KEEP, .mean = mean3, .n_mean = 3};
-    cr_assert_eq(npyload_loader_set_transform(L, "images", &k), NPYLOAD_EINVAL);
+    npyload_transform k = {.scale = 1.0f, .dtype = NPYLOAD_DTYPE_KEEP, .mean = mean3, .n_mean = 3};
+    cr_assert_eq(npyload_loader_set_transform(L, "images", &k, sizeof k), NPYLOAD_EINVAL);
     cr_assert_not_null(strstr(npyload_loader_errmsg(L), "images"));
     cr_assert_not_null(strstr(npyload_loader_errmsg(L), "mean"), "%s",
                        npyload_loader_errmsg(L));
     /* std zero */
     static const float zero = 0;
-    npyload_transform z = {.dtype = NPYLOAD_DTYPE_FLOAT32, .std = &zero, .n_std = 1};
-    cr_assert_eq(npyload_loader_set_transform(L, "images", &z), NPYLOAD_EINVAL);
+    npyload_transform z = {.scale = 1.0f, .dtype = NPYLOAD_DTYPE_FLOAT32, .std = &zero, .n_std = 1};
+    cr_assert_eq(npyload_loader_set_transform(L, "images", &z, sizeof z), NPYLOAD_EINVAL);
     cr_assert_not_null(strstr(npyload_loader_errmsg(L), "std"), "%s", npyload_loader_errmsg(L));
     /* mean of 2 values for 3 channels: at start, naming both counts */
-    npyload_transform m2 = {.dtype = NPYLOAD_DTYPE_FLOAT32, .mean = mean3, .n_mean = 2};
-    cr_assert_eq(npyload_loader_set_transform(L, "images", &m2), 0);
+    npyload_transform m2 = {.scale = 1.0f, .dtype = NPYLOAD_DTYPE_FLOAT32, .mean = mean3, .n_mean = 2};
+    cr_assert_eq(npyload_loader_set_transform(L, "images", &m2, sizeof m2), 0);
     cr_assert_eq(npyload_loader_start(L), NPYLOAD_EMISMATCH);
     const char *msg = npyload_loader_errmsg(L);
     cr_assert(strstr(msg, "images") && strstr(msg, "mean") && strstr(msg, "2 values") &&
                   strstr(msg, "3 channels"), "%s", msg);
     /* removed: the loader starts, then refuses a change */
-    cr_assert_eq(npyload_loader_set_transform(L, "images", NULL), 0);
+    cr_assert_eq(npyload_loader_set_transform(L, "images", NULL, 0), 0);
     cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
-    cr_assert_eq(npyload_loader_set_transform(L, "images", &t), NPYLOAD_ESTATE);
+    cr_assert_eq(npyload_loader_set_transform(L, "images", &t, sizeof t), NPYLOAD_ESTATE);
     cr_assert_not_null(strstr(npyload_loader_errmsg(L), "after start"));
     /* without a transform: the stored dtype, contiguous strides */
     npyload_batch *b;
@@ -432,7 +432,7 @@ Test(loader_transform, values_copied)
     memcpy(s, std3, sizeof std3);
     npyload_transform tr = {.dtype = NPYLOAD_DTYPE_FLOAT32, .scale = scale, .mean = m,
                             .n_mean = 3, .std = s, .n_std = 3};
-    cr_assert_eq(npyload_loader_set_transform(L, "images", &tr), 0);
+    cr_assert_eq(npyload_loader_set_transform(L, "images", &tr, sizeof tr), 0);
     memset(m, 0xff, 3 * sizeof *m); /* NaNs if the loader kept the pointer */
     free(m);
     free(s);

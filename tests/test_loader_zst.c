@@ -183,7 +183,7 @@ static void matrix(int backend, int direct, int mixed)
                 cr_assert_eq(npyload_loader_set_epoch(L, 1), 0);
                 run_epoch(L, &c, 1);
                 npyload_stats st;
-                cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+                cr_assert_eq(npyload_loader_get_stats(L, &st, sizeof st), 0);
                 cr_assert_eq(st.samples_delivered, 2 * N_TOTAL);
                 cr_assert_eq(st.bytes_read, 2 * N_TOTAL * (IMG_BYTES + LAB_BYTES));
                 cr_assert_gt(st.compressed_bytes_read, 0);
@@ -240,7 +240,7 @@ Test(loader_zst, a_shared_frame_is_decompressed_once)
         cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
         run_epoch(L, &c, 0);
         npyload_stats st;
-        cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+        cr_assert_eq(npyload_loader_get_stats(L, &st, sizeof st), 0);
         cr_assert_eq(st.decompressed_bytes, N_TOTAL * (IMG_BYTES + LAB_BYTES), "%llu",
                      (unsigned long long)st.decompressed_bytes);
         uint64_t files = 0;
@@ -528,7 +528,7 @@ Test(loader_zst, skip_drops_the_rows_of_a_damaged_frame)
             cr_assert_eq(seen[i], (i >= 30 && i < 33) ? 0 : 1, "sample %d seen %d times", i,
                          seen[i]);
         npyload_stats st;
-        cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+        cr_assert_eq(npyload_loader_get_stats(L, &st, sizeof st), 0);
         cr_assert_eq(st.samples_skipped, 3);
         char last[1024];
         cr_assert_eq(npyload_loader_last_skip_error(L, last, sizeof last), 0);
@@ -573,7 +573,7 @@ Test(loader_zst, frames_beyond_the_scratch_are_read_in_rounds)
                     cr_assert_fail("row %zu byte %zu differs", r, i);
         npyload_batch_release(b);
         npyload_stats st;
-        cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+        cr_assert_eq(npyload_loader_get_stats(L, &st, sizeof st), 0);
         cr_assert_gt(st.compressed_bytes_read, 32u << 20);
         cr_assert_eq(st.decompressed_bytes, 40u << 20);
         npyload_loader_destroy(L);

@@ -140,9 +140,9 @@ static int64_t ulps(uint64_t a, uint64_t b, int bits)
 
 static int is_nan_bits(uint64_t u, int out)
 {
-    if (out == NPYL_TDTYPE_FLOAT32)
+    if (out == NPYLOAD_DTYPE_FLOAT32)
         return (u & 0x7fffffffu) > 0x7f800000u;
-    if (out == NPYL_TDTYPE_FLOAT16)
+    if (out == NPYLOAD_DTYPE_FLOAT16)
         return (u & 0x7fffu) > 0x7c00u;
     return (u & 0x7fffu) > 0x7f80u;
 }
@@ -222,7 +222,7 @@ static void run_one(const char *descr, int out, int cl, const shape *sh,
     uint64_t S = elems / C;
 
     float *mean = NULL, *stdv = NULL;
-    npyl_transform t = {.dtype = out, .channels_last = cl};
+    npyload_transform t = {.scale = 1.0f, .dtype = out, .channels_last = cl};
     if (arith >= 1)
         t.scale = 1.0f / 255.0f;
     if (arith == 2) {
@@ -241,7 +241,7 @@ static void run_one(const char *descr, int out, int cl, const shape *sh,
     int rc = portable ? npyl_transform_plan_portable("images", &t, descr, sh->ndim, sh->d, &p, err, sizeof err)
                       : npyl_transform_plan("images", &t, descr, sh->ndim, sh->d, &p, err, sizeof err);
     cr_assert_eq(rc, 0, "%s -> %d: plan failed: %s", descr, out, err);
-    size_t osz = out == NPYL_TDTYPE_FLOAT32 ? 4 : 2;
+    size_t osz = out == NPYLOAD_DTYPE_FLOAT32 ? 4 : 2;
     cr_assert_eq(p.out_itemsize, osz);
     cr_assert_eq(p.out_row_bytes, elems * osz);
     cr_assert_eq(p.in_row_bytes, elems * size);
@@ -275,7 +275,7 @@ static void run_one(const char *descr, int out, int cl, const shape *sh,
                                     arith == 2 ? stdv[c] : 1);
                 uint64_t want, got = 0;
                 int bits;
-                if (out == NPYL_TDTYPE_FLOAT32) {
+                if (out == NPYLOAD_DTYPE_FLOAT32) {
                     uint32_t w;
                     memcpy(&w, &y, 4);
                     want = w;
@@ -284,7 +284,7 @@ static void run_one(const char *descr, int out, int cl, const shape *sh,
                     got = g;
                     bits = 32;
                 } else {
-                    want = out == NPYL_TDTYPE_FLOAT16 ? ref_f2h(y) : ref_f2bf(y);
+                    want = out == NPYLOAD_DTYPE_FLOAT16 ? ref_f2h(y) : ref_f2bf(y);
                     uint16_t g;
                     memcpy(&g, dst + oi * 2, 2);
                     got = g;
@@ -320,7 +320,7 @@ static void run_one(const char *descr, int out, int cl, const shape *sh,
 
 static void run_matrix(const char *descr)
 {
-    for (int out = NPYL_TDTYPE_FLOAT32; out <= NPYL_TDTYPE_BFLOAT16; out++)
+    for (int out = NPYLOAD_DTYPE_FLOAT32; out <= NPYLOAD_DTYPE_BFLOAT16; out++)
         for (int cl = 0; cl <= 1; cl++)
             for (size_t k = 0; k < NSHAPES; k++)
                 for (int arith = 0; arith <= 2; arith++)
@@ -346,7 +346,7 @@ Test(transform_matrix, broadcast_mean_std)
 {
     const int64_t shp[] = {3, 5, 7};
     float m = 0.5f, s = 0.25f;
-    npyl_transform t = {.dtype = NPYL_TDTYPE_FLOAT16, .scale = 2.0f, .mean = &m,
+    npyload_transform t = {.dtype = NPYLOAD_DTYPE_FLOAT16, .scale = 2.0f, .mean = &m,
                         .n_mean = 1, .std = &s, .n_std = 1, .channels_last = 1};
     npyl_tplan p;
     char err[256];
@@ -376,7 +376,7 @@ Test(transform_keep, identity_and_channels_last_permute)
     for (size_t k = 0; k < sizeof descrs / sizeof descrs[0]; k++) {
         size_t sz = (size_t)atoi(descrs[k] + 2);
         for (int cl = 0; cl <= 1; cl++) {
-            npyl_transform t = {.channels_last = cl};
+            npyload_transform t = {.scale = 1.0f, .channels_last = cl};
             npyl_tplan p;
             char err[256];
             cr_assert_eq(npyl_transform_plan("x", &t, descrs[k], 3, shp, &p, err, sizeof err), 0, "%s", err);
@@ -405,15 +405,15 @@ Test(transform_keep, identity_and_channels_last_permute)
 Test(transform_keep, cast_to_same_type_is_a_copy)
 {
     const int64_t shp[] = {2, 3};
-    npyl_transform t = {.dtype = NPYL_TDTYPE_FLOAT32};
+    npyload_transform t = {.scale = 1.0f, .dtype = NPYLOAD_DTYPE_FLOAT32};
     npyl_tplan p;
     char err[256];
     cr_assert_eq(npyl_transform_plan("x", &t, "<f4", 2, shp, &p, err, sizeof err), 0);
-    cr_assert_eq(p.out_dtype, NPYL_TDTYPE_KEEP);
+    cr_assert_eq(p.out_dtype, NPYLOAD_DTYPE_KEEP);
     cr_assert(npyl_transform_is_identity(&p));
     npyl_transform_plan_free(&p);
     cr_assert_eq(npyl_transform_plan("x", &t, ">f4", 2, shp, &p, err, sizeof err), 0);
-    cr_assert_eq(p.out_dtype, NPYL_TDTYPE_FLOAT32, "a byte swap is not a copy");
+    cr_assert_eq(p.out_dtype, NPYLOAD_DTYPE_FLOAT32, "a byte swap is not a copy");
     cr_assert_str_eq(p.out_descr, "<f4");
     npyl_transform_plan_free(&p);
 }
@@ -425,7 +425,7 @@ Test(transform_plan, descr_rows_strides)
     const int64_t shp[] = {3, 5, 7};
     npyl_tplan p;
     char err[256];
-    npyl_transform t = {.dtype = NPYL_TDTYPE_FLOAT16, .channels_last = 1};
+    npyload_transform t = {.scale = 1.0f, .dtype = NPYLOAD_DTYPE_FLOAT16, .channels_last = 1};
     cr_assert_eq(npyl_transform_plan("x", &t, "|u1", 3, shp, &p, err, sizeof err), 0);
     cr_assert_str_eq(p.out_descr, "<f2");
     cr_assert_eq(p.in_row_bytes, 105);
@@ -438,7 +438,7 @@ Test(transform_plan, descr_rows_strides)
     npyl_transform_plan_free(&p);
 
     t.channels_last = 0;
-    t.dtype = NPYL_TDTYPE_BFLOAT16;
+    t.dtype = NPYLOAD_DTYPE_BFLOAT16;
     cr_assert_eq(npyl_transform_plan("x", &t, ">i4", 3, shp, &p, err, sizeof err), 0);
     cr_assert_str_eq(p.out_descr, "bfloat16");
     cr_assert_eq(p.in_swap, 1);
@@ -447,7 +447,7 @@ Test(transform_plan, descr_rows_strides)
         cr_assert_eq(p.strides[d], want[d], "dim %d", d);
     npyl_transform_plan_free(&p);
 
-    t.dtype = NPYL_TDTYPE_FLOAT32;
+    t.dtype = NPYLOAD_DTYPE_FLOAT32;
     t.channels_last = 1;
     const int64_t one[] = {4};
     cr_assert_eq(npyl_transform_plan("x", &t, "<f8", 1, one, &p, err, sizeof err), 0);
@@ -460,7 +460,7 @@ Test(transform_plan, descr_rows_strides)
 
 /* ---- errors: each names the field and the member ------------------------ */
 
-static void expect_error(const npyl_transform *t, const char *descr, int ndim,
+static void expect_error(const npyload_transform *t, const char *descr, int ndim,
                          const int64_t *shp, int code, const char *needle)
 {
     npyl_tplan p;
@@ -475,27 +475,34 @@ Test(transform_errors, messages)
 {
     const int64_t shp[] = {3, 4, 4};
     float two[] = {0.5f, 0.5f}, three[] = {1, 0, 1};
-    npyl_transform t = {.dtype = NPYL_TDTYPE_FLOAT32, .mean = two, .n_mean = 2};
+    npyload_transform t = {.scale = 1.0f, .dtype = NPYLOAD_DTYPE_FLOAT32, .mean = two, .n_mean = 2};
     expect_error(&t, "|u1", 3, shp, NPYLOAD_EMISMATCH, "mean has 2 values");
     expect_error(&t, "|u1", 3, shp, NPYLOAD_EMISMATCH, "3 channels");
-    t = (npyl_transform){.dtype = NPYL_TDTYPE_FLOAT32, .std = two, .n_std = 2};
+    t = (npyload_transform){.scale = 1.0f, .dtype = NPYLOAD_DTYPE_FLOAT32, .std = two, .n_std = 2};
     expect_error(&t, "|u1", 3, shp, NPYLOAD_EMISMATCH, "std has 2 values");
-    t = (npyl_transform){.dtype = NPYL_TDTYPE_KEEP, .std = three + 2, .n_std = 1};
+    t = (npyload_transform){.scale = 1.0f, .dtype = NPYLOAD_DTYPE_KEEP, .std = three + 2, .n_std = 1};
     expect_error(&t, "|u1", 3, shp, NPYLOAD_EINVAL, "dtype keep with std");
-    t = (npyl_transform){.dtype = NPYL_TDTYPE_KEEP, .scale = 2.0f};
+    t = (npyload_transform){.dtype = NPYLOAD_DTYPE_KEEP, .scale = 2.0f};
     expect_error(&t, "|u1", 3, shp, NPYLOAD_EINVAL, "dtype keep with scale");
-    t = (npyl_transform){.dtype = NPYL_TDTYPE_FLOAT32, .std = three, .n_std = 3};
+    t = (npyload_transform){.scale = 1.0f, .dtype = NPYLOAD_DTYPE_FLOAT32, .std = three, .n_std = 3};
     expect_error(&t, "|u1", 3, shp, NPYLOAD_EINVAL, "std[1] is 0");
-    t = (npyl_transform){.dtype = NPYL_TDTYPE_FLOAT32, .mean = NULL, .n_mean = 3};
+    t = (npyload_transform){.scale = 1.0f, .dtype = NPYLOAD_DTYPE_FLOAT32, .mean = NULL, .n_mean = 3};
     expect_error(&t, "|u1", 3, shp, NPYLOAD_EINVAL, "mean is NULL");
-    t = (npyl_transform){.dtype = NPYL_TDTYPE_FLOAT32, .scale = NAN};
+    t = (npyload_transform){.dtype = NPYLOAD_DTYPE_FLOAT32, .scale = NAN};
     expect_error(&t, "|u1", 3, shp, NPYLOAD_EINVAL, "scale");
-    t = (npyl_transform){.dtype = 7};
+    /* 0 is not "unset": it is refused (it used to mean 1, so a Python
+     * scale=0.0 delivered x unscaled). A struct zeroed by hand is refused
+     * the same way rather than scaled by 0. */
+    t = (npyload_transform){.dtype = NPYLOAD_DTYPE_FLOAT32, .scale = 0.0f};
+    expect_error(&t, "|u1", 3, shp, NPYLOAD_EINVAL, "scale 0: expected a finite, nonzero");
+    t = (npyload_transform){0};
+    expect_error(&t, "|u1", 3, shp, NPYLOAD_EINVAL, "scale 0");
+    t = (npyload_transform){.scale = 1.0f, .dtype = 7};
     expect_error(&t, "|u1", 3, shp, NPYLOAD_EINVAL, "dtype 7 unknown");
-    t = (npyl_transform){.dtype = NPYL_TDTYPE_FLOAT16};
+    t = (npyload_transform){.scale = 1.0f, .dtype = NPYLOAD_DTYPE_FLOAT16};
     expect_error(&t, "<c8", 3, shp, NPYLOAD_EUNSUPPORTED, "'<c8' is not an integer or float");
     expect_error(&t, "|b1", 3, shp, NPYLOAD_EUNSUPPORTED, "bool and complex");
-    t = (npyl_transform){.dtype = NPYL_TDTYPE_FLOAT16, .channels_last = 1};
+    t = (npyload_transform){.scale = 1.0f, .dtype = NPYLOAD_DTYPE_FLOAT16, .channels_last = 1};
     expect_error(&t, "<f4", 0, NULL, NPYLOAD_EINVAL, "channels_last needs");
 }
 
@@ -576,7 +583,7 @@ Test(transform_f16, exhaustive_boundaries)
     float *in = malloc(CHUNK * sizeof *in);
     uint16_t *a = malloc(CHUNK * 2), *b = malloc(CHUNK * 2);
     const int64_t shp[] = {CHUNK};
-    npyl_transform t = {.dtype = NPYL_TDTYPE_FLOAT16};
+    npyload_transform t = {.scale = 1.0f, .dtype = NPYLOAD_DTYPE_FLOAT16};
     npyl_tplan pf, pp;
     cr_assert_eq(npyl_transform_plan("x", &t, "<f4", 1, shp, &pf, NULL, 0), 0);
     cr_assert_eq(npyl_transform_plan_portable("x", &t, "<f4", 1, shp, &pp, NULL, 0), 0);
@@ -606,4 +613,71 @@ Test(transform_f16, exhaustive_boundaries)
     free(in);
     free(a);
     free(b);
+}
+
+/* float16 -> float32 for all 65,536 float16 values, through the engine as
+ * the loader runs it: rows of 65,536 elements (the F16C path converts them
+ * eight at a time) and rows of 7 (every element in the scalar tail), and
+ * the portable plan. One rule everywhere, checked bit for bit against a
+ * reference written from IEEE 754: numbers exact, NaN quiet with its sign
+ * and payload (a signalling NaN is quieted, as a conversion must). */
+static uint32_t ref_h2f_bits(unsigned h)
+{
+    unsigned em = h & 0x7fffu;
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    if (em > 0x7c00u)
+        return sign | 0x7fc00000u | ((uint32_t)(em & 0x3ffu) << 13);
+    float f = (float)ref_h2d(h); /* exact: every float16 is a float */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u | sign; /* -0.0 keeps its sign */
+}
+
+Test(transform_f16, widening_nan_rule_every_value_every_position)
+{
+    enum { N = 65536, TAIL = 7 };
+    uint16_t *in = malloc(N * 2);
+    uint32_t *out = malloc(N * 4);
+    cr_assert(in && out);
+    for (unsigned h = 0; h < N; h++)
+        in[h] = (uint16_t)h;
+    const int64_t whole[] = {N}, tail[] = {TAIL};
+    npyload_transform t = {.dtype = NPYLOAD_DTYPE_FLOAT32, .scale = 1.0f};
+    /* The engine converts contiguous rows in blocks, so a row of 7 reaches
+     * the scalar tail only when it is converted alone: one call per row. */
+    struct { const int64_t *shape; int portable, per_row; const char *what; } runs[] = {
+        {whole, 0, 0, "rows of 65536 (vector path when the CPU has F16C)"},
+        {tail, 0, 1, "rows of 7, one per call (scalar tail)"},
+        {whole, 1, 0, "portable plan"},
+    };
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        npyl_tplan p;
+        int rc = runs[r].portable
+                     ? npyl_transform_plan_portable("x", &t, "<f2", 1, runs[r].shape, &p, NULL, 0)
+                     : npyl_transform_plan("x", &t, "<f2", 1, runs[r].shape, &p, NULL, 0);
+        cr_assert_eq(rc, 0);
+        if (!runs[r].portable)
+            cr_log_info("%s: F16C %s", runs[r].what, p.f16c ? "in use" : "not available");
+        size_t len = (size_t)runs[r].shape[0];
+        size_t rows = N / len; /* the last N % 7 values: one more row below */
+        if (runs[r].per_row)
+            for (size_t i = 0; i < rows; i++)
+                npyl_transform_rows(&p, in + i * len, out + i * len, 1);
+        else
+            npyl_transform_rows(&p, in, out, rows);
+        size_t done = rows * len;
+        if (done < N) {
+            uint16_t last[TAIL] = {0};
+            uint32_t lout[TAIL];
+            memcpy(last, in + done, (N - done) * 2);
+            npyl_transform_rows(&p, last, lout, 1);
+            memcpy(out + done, lout, (N - done) * 4);
+        }
+        for (unsigned h = 0; h < N; h++)
+            cr_assert_eq(out[h], ref_h2f_bits(h), "%s: float16 0x%04x -> 0x%08x, want 0x%08x",
+                         runs[r].what, h, out[h], ref_h2f_bits(h));
+        npyl_transform_plan_free(&p);
+    }
+    free(in);
+    free(out);
 }

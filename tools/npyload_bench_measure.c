@@ -408,7 +408,7 @@ static void run_loader_measure(nb_ctx *ctx, npyload_loader *L, const nb_config *
     run_figures(cfg, ceiling_gbps, &lat, r);
     free(lat.v);
     npyload_stats st;
-    if (npyload_loader_get_stats(L, &st) == 0) {
+    if (npyload_loader_get_stats(L, &st, sizeof st) == 0) {
         r->pinned = st.pinned;
         r->direct_io = st.direct_io;
         r->gather_bytes = st.gather_bytes;

@@ -49,6 +49,34 @@ int npyl_add_u64(uint64_t a, uint64_t b, uint64_t *out)
     return __builtin_add_overflow(a, b, out) ? -1 : 0;
 }
 
+int npyl_sized_in(void *ours, size_t ours_size, const void *theirs,
+                  size_t theirs_size, size_t min)
+{
+    if (theirs_size < min)
+        return NPYLOAD_EINVAL;
+    /* A newer caller's members this library does not know must be zero
+     * (off), or the caller would get less than it asked for (openat2 and
+     * clone3 apply the same rule). */
+    for (size_t i = ours_size; i < theirs_size; i++)
+        if (((const unsigned char *)theirs)[i])
+            return NPYLOAD_EUNSUPPORTED;
+    size_t n = theirs_size < ours_size ? theirs_size : ours_size;
+    memcpy(ours, theirs, n);
+    memset((char *)ours + n, 0, ours_size - n);
+    return 0;
+}
+
+int npyl_sized_out(void *theirs, size_t theirs_size, const void *ours,
+                   size_t ours_size, size_t min)
+{
+    if (theirs_size < min)
+        return NPYLOAD_EINVAL;
+    size_t n = theirs_size < ours_size ? theirs_size : ours_size;
+    memcpy(theirs, ours, n);
+    memset((char *)theirs + n, 0, theirs_size - n);
+    return 0;
+}
+
 static int cmp_paths(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);

@@ -31,6 +31,22 @@ NPYL_HIDDEN void npyl_free_aligned(void *p);
 NPYL_HIDDEN int npyl_mul_u64(uint64_t a, uint64_t b, uint64_t *out);
 NPYL_HIDDEN int npyl_add_u64(uint64_t a, uint64_t b, uint64_t *out);
 
+/* The sized-struct rule (npyload.h, Conventions). A struct crosses the API
+ * with the caller's sizeof: `theirs_size` bytes. npyl_sized_in copies the
+ * common prefix of a caller's struct into the library's `ours` and zeroes
+ * the rest of ours (NPYLOAD_EUNSUPPORTED when a newer caller set a member
+ * past ours: nonzero bytes there); npyl_sized_out writes the common prefix
+ * of ours into the caller's struct, zeroes the caller's members that ours
+ * lacks, and writes nothing past theirs_size. Both return 0, or
+ * NPYLOAD_EINVAL when theirs_size < min (the first published layout, see
+ * NPYL_SIZE_THROUGH), and then copy nothing. */
+#define NPYL_SIZE_THROUGH(type, member)                                        \
+    (offsetof(type, member) + sizeof(((type *)0)->member))
+NPYL_HIDDEN int npyl_sized_in(void *ours, size_t ours_size, const void *theirs,
+                              size_t theirs_size, size_t min);
+NPYL_HIDDEN int npyl_sized_out(void *theirs, size_t theirs_size,
+                               const void *ours, size_t ours_size, size_t min);
+
 /* Expands a glob into a sorted (byte order, strcmp) list of paths. On success
  * *paths holds *n malloc'd strings in one malloc'd array (npyl_free_paths).
  * Returns 0, NPYLOAD_ENOFILES or -errno, with a message in err naming the

@@ -280,12 +280,14 @@ const char *npyload_backend_name(npyload_io_backend b)
     return "unknown";
 }
 
-int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *out)
+int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *dst,
+                             size_t size)
 {
-    if (!L || !out)
+    if (!L || !dst)
         return NPYLOAD_EINVAL;
     if (npyl_in_child(L))
         return NPYLOAD_EFORKED;
+    npyload_stats st, *out = &st;
     memset(out, 0, sizeof *out);
     out->bytes_read = atomic_load(&L->st_bytes);
     out->samples_skipped = atomic_load(&L->st_skipped);
@@ -321,7 +323,9 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *out)
     out->gather_bytes = c.gather_bytes;
     out->gather_requests = c.gather_reqs;
     out->read_requests = c.read_reqs;
-    return 0;
+    /* The first published layout ends at transform_ns (npyload.h). */
+    return npyl_sized_out(dst, size, out, sizeof *out,
+                          NPYL_SIZE_THROUGH(npyload_stats, transform_ns));
 }
 
 int npyload_loader_last_skip_error(const npyload_loader *L, char *buf, size_t len)

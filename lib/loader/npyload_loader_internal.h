@@ -92,7 +92,7 @@ typedef struct npyl_field {
      * buffer (host mode) or its device raw buffer (device mode), at
      * raw_off, and the slot holds out_row_bytes per row. */
     int has_transform;
-    npyl_transform tdesc;
+    npyload_transform tdesc;
     float *tmean, *tstd;
     npyl_tplan tplan;
     int xform;

@@ -147,7 +147,7 @@ int npyload_loader_get(const npyload_loader *L, npyload_option opt, int64_t *val
 /* ---- transforms ---- */
 
 int npyload_loader_set_transform(npyload_loader *L, const char *field,
-                                 const npyload_transform *t)
+                                 const npyload_transform *t, size_t size)
 {
     if (!L)
         return NPYLOAD_EINVAL;
@@ -168,12 +168,22 @@ int npyload_loader_set_transform(npyload_loader *L, const char *field,
                                 "start", field);
     float *m = NULL, *sd = NULL;
     if (t) {
-        /* The public struct and the engine's description are the same
-         * members; copied one by one so either may grow. */
-        npyl_transform d = {
-            .dtype = t->dtype, .scale = t->scale, .mean = t->mean, .n_mean = t->n_mean,
-            .std = t->std, .n_std = t->n_std, .channels_last = t->channels_last,
-        };
+        /* The caller's struct may be older (shorter) or newer than ours:
+         * the sized-struct rule of npyload.h. The first layout ends at
+         * channels_last. */
+        npyload_transform d;
+        int src = npyl_sized_in(&d, sizeof d, t, size,
+                                NPYL_SIZE_THROUGH(npyload_transform, channels_last));
+        if (src == NPYLOAD_EINVAL)
+            return npyl_loader_fail(L, src, "%s: set_transform: size %zu is smaller "
+                                    "than the first npyload_transform layout (%zu "
+                                    "bytes); pass sizeof(npyload_transform)", field,
+                                    size, NPYL_SIZE_THROUGH(npyload_transform, channels_last));
+        if (src)
+            return npyl_loader_fail(L, src, "%s: set_transform: the struct (%zu bytes) "
+                                    "sets members this library (%zu bytes, version %s) "
+                                    "does not know", field, size, sizeof d,
+                                    NPYLOAD_VERSION_STRING);
         if ((d.n_mean && !d.mean) || (d.n_std && !d.std))
             return npyl_loader_fail(L, NPYLOAD_EINVAL, "%s: transform %s is NULL with a "
                                     "count of %zu", field, d.n_mean && !d.mean ? "mean" : "std",

@@ -101,10 +101,10 @@ static void store_f32(const float *restrict src, size_t n, void *restrict dst)
 static const char *dtype_name(int d)
 {
     switch (d) {
-    case NPYL_TDTYPE_KEEP: return "keep";
-    case NPYL_TDTYPE_FLOAT32: return "float32";
-    case NPYL_TDTYPE_FLOAT16: return "float16";
-    case NPYL_TDTYPE_BFLOAT16: return "bfloat16";
+    case NPYLOAD_DTYPE_KEEP: return "keep";
+    case NPYLOAD_DTYPE_FLOAT32: return "float32";
+    case NPYLOAD_DTYPE_FLOAT16: return "float16";
+    case NPYLOAD_DTYPE_BFLOAT16: return "bfloat16";
     }
     return "?";
 }
@@ -129,7 +129,7 @@ static int check_values(const char *what, const char *member, const float *v,
     return 0;
 }
 
-int npyl_transform_check(const char *what, const npyl_transform *t, char *err,
+int npyl_transform_check(const char *what, const npyload_transform *t, char *err,
                          size_t errlen)
 {
     if (!what)
@@ -137,22 +137,23 @@ int npyl_transform_check(const char *what, const npyl_transform *t, char *err,
     if (!t)
         return npyl_fail(err, errlen, NPYLOAD_EINVAL, "%s: transform is NULL",
                          what);
-    if (t->dtype < NPYL_TDTYPE_KEEP || t->dtype > NPYL_TDTYPE_BFLOAT16)
+    if (t->dtype < NPYLOAD_DTYPE_KEEP || t->dtype > NPYLOAD_DTYPE_BFLOAT16)
         return npyl_fail(err, errlen, NPYLOAD_EINVAL,
                          "%s: transform dtype %d unknown (expected keep, "
                          "float32, float16 or bfloat16)", what, t->dtype);
-    if (!isfinite(t->scale))
+    if (!isfinite(t->scale) || t->scale == 0.0f)
         return npyl_fail(err, errlen, NPYLOAD_EINVAL,
-                         "%s: transform scale %g is not finite", what,
-                         (double)t->scale);
+                         "%s: transform scale %g: expected a finite, nonzero "
+                         "value (1 for no scaling; NPYLOAD_TRANSFORM_INIT sets "
+                         "it)", what, (double)t->scale);
     int rc = check_values(what, "mean", t->mean, t->n_mean, 0, err, errlen);
     if (rc == 0)
         rc = check_values(what, "std", t->std, t->n_std, 1, err, errlen);
     if (rc)
         return rc;
-    if (t->dtype == NPYL_TDTYPE_KEEP) {
+    if (t->dtype == NPYLOAD_DTYPE_KEEP) {
         const char *m = t->n_mean ? "mean" : t->n_std ? "std"
-                      : (t->scale != 0.0f && t->scale != 1.0f) ? "scale" : NULL;
+                      : t->scale != 1.0f ? "scale" : NULL;
         if (m)
             return npyl_fail(err, errlen, NPYLOAD_EINVAL,
                              "%s: transform dtype keep with %s: arithmetic "
@@ -166,7 +167,7 @@ int npyl_transform_check(const char *what, const npyl_transform *t, char *err,
     return 0;
 }
 
-static int plan(const char *what, const npyl_transform *t, const char *descr,
+static int plan(const char *what, const npyload_transform *t, const char *descr,
                 int sndim, const int64_t *sshape, npyl_tplan *p, int allow_f16c,
                 char *err, size_t errlen)
 {
@@ -216,7 +217,7 @@ static int plan(const char *what, const npyl_transform *t, const char *descr,
                          "%s: transform: row bytes overflow", what);
 
     /* arithmetic */
-    float scale = t->scale == 0.0f ? 1.0f : t->scale;
+    float scale = t->scale;
     p->scale = scale;
     p->arith = (t->n_mean || t->n_std) ? 2 : scale != 1.0f ? 1 : 0;
     size_t nm = t->n_mean, ns = t->n_std;
@@ -247,7 +248,7 @@ static int plan(const char *what, const npyl_transform *t, const char *descr,
 
     /* output dtype */
     int out = t->dtype;
-    if (out != NPYL_TDTYPE_KEEP) {
+    if (out != NPYLOAD_DTYPE_KEEP) {
         if ((p->in_kind != 'u' && p->in_kind != 'i' && p->in_kind != 'f') ||
             !pick_load(p->in_kind, p->in_itemsize, p->in_swap)) {
             npyl_transform_plan_free(p);
@@ -259,21 +260,21 @@ static int plan(const char *what, const npyl_transform *t, const char *descr,
         static const char *const od[] = {"", "<f4", "<f2", "bfloat16"};
         static const size_t osz[] = {0, 4, 2, 2};
         snprintf(p->out_descr, sizeof p->out_descr, "%s", od[out]);
-        if (host == '>' && out != NPYL_TDTYPE_BFLOAT16)
+        if (host == '>' && out != NPYLOAD_DTYPE_BFLOAT16)
             p->out_descr[0] = '>';
         p->out_itemsize = osz[out];
         /* A cast to the stored type with nothing to compute is a copy. */
         if (p->arith == 0 && !strcmp(p->out_descr, p->in_descr))
-            out = NPYL_TDTYPE_KEEP;
+            out = NPYLOAD_DTYPE_KEEP;
     }
     p->out_dtype = out;
-    if (out == NPYL_TDTYPE_KEEP) {
+    if (out == NPYLOAD_DTYPE_KEEP) {
         memcpy(p->out_descr, p->in_descr, sizeof p->out_descr);
         p->out_itemsize = p->in_itemsize;
     } else {
         p->load = pick_load(p->in_kind, p->in_itemsize, p->in_swap);
-        p->store = out == NPYL_TDTYPE_FLOAT32 ? store_f32
-                 : out == NPYL_TDTYPE_FLOAT16 ? npyl_tstore_f16
+        p->store = out == NPYLOAD_DTYPE_FLOAT32 ? store_f32
+                 : out == NPYLOAD_DTYPE_FLOAT16 ? npyl_tstore_f16
                                               : npyl_tstore_bf16;
         if (allow_f16c) {
             npyl_tload_fn l16 = NULL;
@@ -283,7 +284,7 @@ static int plan(const char *what, const npyl_transform *t, const char *descr,
                     p->load = l16;
                     p->f16c = 1;
                 }
-                if (out == NPYL_TDTYPE_FLOAT16) {
+                if (out == NPYLOAD_DTYPE_FLOAT16) {
                     p->store = s16;
                     p->f16c = 1;
                 }
@@ -326,14 +327,14 @@ static int plan(const char *what, const npyl_transform *t, const char *descr,
     return 0;
 }
 
-int npyl_transform_plan(const char *what, const npyl_transform *t,
+int npyl_transform_plan(const char *what, const npyload_transform *t,
                         const char *descr, int sndim, const int64_t *sshape,
                         npyl_tplan *p, char *err, size_t errlen)
 {
     return plan(what, t, descr, sndim, sshape, p, 1, err, errlen);
 }
 
-int npyl_transform_plan_portable(const char *what, const npyl_transform *t,
+int npyl_transform_plan_portable(const char *what, const npyload_transform *t,
                                  const char *descr, int sndim,
                                  const int64_t *sshape, npyl_tplan *p,
                                  char *err, size_t errlen)
@@ -352,7 +353,7 @@ void npyl_transform_plan_free(npyl_tplan *p)
 
 int npyl_transform_is_identity(const npyl_tplan *p)
 {
-    return p->out_dtype == NPYL_TDTYPE_KEEP && !p->channels_last;
+    return p->out_dtype == NPYLOAD_DTYPE_KEEP && !p->channels_last;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -503,7 +504,7 @@ void npyl_transform_rows(const npyl_tplan *p, const void *src, void *dst,
     unsigned char *d = dst;
     if (rows == 0 || p->in_row_bytes == 0)
         return;
-    if (p->out_dtype == NPYL_TDTYPE_KEEP) {
+    if (p->out_dtype == NPYLOAD_DTYPE_KEEP) {
         if (!p->channels_last) {
             memcpy(d, s, rows * p->in_row_bytes);
             return;

@@ -24,6 +24,9 @@
  * Half and bfloat16: round to nearest even, overflow to +-inf, subnormals
  * kept; NaN stays NaN with its sign (float16: sign|0x7e00|payload>>13,
  * bfloat16: sign|0x7fc0|payload>>16, as numpy and ml_dtypes write them).
+ * Widening float16 -> float32 keeps sign and payload and sets the quiet bit
+ * (sign|0x7fc00000|payload<<13: a signalling NaN comes out quiet), on the
+ * portable and the F16C path alike.
  *
  * bfloat16's descr is "bfloat16": numpy has no such type code, and
  * ml_dtypes' own dtype has .str "<V2" (any two raw bytes: a reader cannot
@@ -40,26 +43,8 @@
 
 #include "../common/npyload_common.h"
 
-/* Output dtype. KEEP: the stored dtype, only without arithmetic. */
-enum {
-    NPYL_TDTYPE_KEEP = 0,
-    NPYL_TDTYPE_FLOAT32 = 1,
-    NPYL_TDTYPE_FLOAT16 = 2,
-    NPYL_TDTYPE_BFLOAT16 = 3,
-};
-
-/* The description: a mirror of the planned public npyload_transform. A
- * zero-initialised struct is the identity (keep, scale 1, no mean/std,
- * channels first). */
-typedef struct npyl_transform {
-    int dtype;            /* NPYL_TDTYPE_* */
-    float scale;          /* applied first; 0 means 1 (the default) */
-    const float *mean;    /* n_mean values: 0 (none), 1 (all channels) or C */
-    size_t n_mean;
-    const float *std;     /* n_std values: 0 (none = 1), 1 or C; nonzero */
-    size_t n_std;
-    int channels_last;    /* sample (C, d1..dk) stored as (d1..dk, C) */
-} npyl_transform;
+/* The description is the public npyload_transform (npyload.h) and its
+ * output dtypes the public NPYLOAD_DTYPE_* values: no private mirror. */
 
 #define NPYL_TDESCR_LEN 16
 /* Device transforms take mean/std as kernel parameters: at most this many
@@ -107,7 +92,7 @@ typedef struct npyl_tplan {
 /* Checks a description on its own. Returns 0 or NPYLOAD_EINVAL with a
  * message naming `what` (the field) and the member: "images: transform
  * dtype keep with std: arithmetic needs a float output dtype". */
-NPYL_HIDDEN int npyl_transform_check(const char *what, const npyl_transform *t,
+NPYL_HIDDEN int npyl_transform_check(const char *what, const npyload_transform *t,
                                      char *err, size_t errlen);
 
 /* Plans `t` for samples of dtype `descr` (normalised, as the header parser
@@ -116,13 +101,13 @@ NPYL_HIDDEN int npyl_transform_check(const char *what, const npyl_transform *t,
  * NPYLOAD_EMISMATCH (mean/std counts vs channels), NPYLOAD_EUNSUPPORTED
  * (input dtype) or NPYLOAD_ETOOBIG (row bytes overflow), with the message in
  * err. */
-NPYL_HIDDEN int npyl_transform_plan(const char *what, const npyl_transform *t,
+NPYL_HIDDEN int npyl_transform_plan(const char *what, const npyload_transform *t,
                                     const char *descr, int sndim,
                                     const int64_t *sshape, npyl_tplan *p,
                                     char *err, size_t errlen);
 /* Same, never choosing the F16C path (tests compare both). */
 NPYL_HIDDEN int npyl_transform_plan_portable(const char *what,
-                                             const npyl_transform *t,
+                                             const npyload_transform *t,
                                              const char *descr, int sndim,
                                              const int64_t *sshape,
                                              npyl_tplan *p, char *err,

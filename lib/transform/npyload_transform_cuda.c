@@ -201,7 +201,7 @@ int npyl_tdev_run(npyl_tdev *d, const npyl_tplan *p, const void *dsrc,
         memcpy(P.std, p->std, p->C * sizeof(float));
     }
     void *fn = NULL;
-    if (p->out_dtype == NPYL_TDTYPE_KEEP) {
+    if (p->out_dtype == NPYLOAD_DTYPE_KEEP) {
         if (!p->channels_last)
             return npyl_fail(err, errlen, NPYLOAD_EINVAL,
                              "npyl_tdev_run: identity transform (copy instead)");

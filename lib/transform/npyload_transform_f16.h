@@ -51,13 +51,18 @@ static inline uint16_t npyl_f2h(float f)
     return (uint16_t)(sign | r);
 }
 
-/* binary16 -> float, exact. */
+/* binary16 -> float, exact. A NaN keeps its sign and payload and comes out
+ * quiet (the quiet bit set: a signalling NaN is quieted), exactly as x86's
+ * vcvtph2ps does, so the F16C path and this one give the same bits for all
+ * 65,536 inputs wherever an element falls in a row (IEEE 754 asks a
+ * conversion to quiet a signalling NaN). */
 static inline float npyl_h2f(uint16_t h)
 {
     uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
     uint32_t em = (uint32_t)h & 0x7fffu;
     uint32_t norm = (em << 13) + (112u << 23);            /* rebias 15 -> 127 */
-    uint32_t infnan = (em << 13) | 0x7f800000u;
+    uint32_t quiet = em > 0x7c00u ? 0x00400000u : 0u;     /* NaN */
+    uint32_t infnan = (em << 13) | 0x7f800000u | quiet;
     /* subnormal: em * 2^-24, exact in float (em < 1024) */
     float subf = (float)em * 5.9604644775390625e-8f;
     uint32_t sub = npyl_fbits(subf);

@@ -395,7 +395,7 @@ static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *unused)
     npyload_stats s;
     if (loader_check(self) < 0)
         return NULL;
-    int rc = npyload_loader_get_stats(self->L, &s);
+    int rc = npyload_loader_get_stats(self->L, &s, sizeof s);
     if (rc < 0)
         return loader_error(self, rc);
     char last[1024];
@@ -517,7 +517,8 @@ static PyObject *loader_set_transform(NpyloadPy_Loader *self, PyObject *args)
         goto out;
     t.mean = mean;
     t.std = std;
-    int rc = npyload_loader_set_transform(self->L, PyBytes_AS_STRING(name_b), &t);
+    int rc = npyload_loader_set_transform(self->L, PyBytes_AS_STRING(name_b), &t,
+                                          sizeof t);
     if (rc < 0) {
         loader_error(self, rc);
         goto out;

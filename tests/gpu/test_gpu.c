@@ -221,7 +221,7 @@ Test(gpu, device_bytes_equal_file_bytes)
         cr_assert_eq(seen, d.n);
         cr_assert_eq(nb, 13);
         npyload_stats st;
-        cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+        cr_assert_eq(npyload_loader_get_stats(L, &st, sizeof st), 0);
         cr_expect_eq(st.device, 0);
         cr_expect_geq(st.h2d_bytes, bytes, "stats.h2d_bytes %llu < %zu bytes "
                       "delivered", (unsigned long long)st.h2d_bytes, bytes);

@@ -48,21 +48,21 @@ static uint64_t rnd(void)
 
 static int nan_bits(const unsigned char *p, size_t sz, int out)
 {
-    if (out == NPYL_TDTYPE_FLOAT32) {
+    if (out == NPYLOAD_DTYPE_FLOAT32) {
         float f;
         memcpy(&f, p, 4);
         return isnan(f);
     }
     uint16_t h;
     memcpy(&h, p, 2);
-    return out == NPYL_TDTYPE_FLOAT16 ? (h & 0x7fff) > 0x7c00 : (h & 0x7fff) > 0x7f80;
+    return out == NPYLOAD_DTYPE_FLOAT16 ? (h & 0x7fff) > 0x7c00 : (h & 0x7fff) > 0x7f80;
 }
 
 static void compare(const char *descr, int out, int cl, int arith,
                     int ndim, const int64_t *shp, size_t rows)
 {
     float mean[4] = {0.485f, 0.456f, 0.406f, 0.5f}, sd[4] = {0.229f, 0.224f, 0.225f, 0.25f};
-    npyl_transform t = {.dtype = out, .channels_last = cl};
+    npyload_transform t = {.scale = 1.0f, .dtype = out, .channels_last = cl};
     if (arith >= 1)
         t.scale = 1.0f / 255.0f;
     if (arith == 2) {
@@ -116,7 +116,7 @@ Test(gpu_transform, matches_host_engine, .init = setup, .fini = teardown)
     const int64_t s1[] = {3, 37, 61}, s2[] = {4, 5, 7}, s3[] = {1, 9, 11};
     const int64_t *shapes[] = {s1, s2, s3};
     for (size_t d = 0; d < sizeof descrs / sizeof descrs[0]; d++)
-        for (int out = NPYL_TDTYPE_FLOAT32; out <= NPYL_TDTYPE_BFLOAT16; out++)
+        for (int out = NPYLOAD_DTYPE_FLOAT32; out <= NPYLOAD_DTYPE_BFLOAT16; out++)
             for (int cl = 0; cl <= 1; cl++)
                 for (int arith = 0; arith <= 2; arith++)
                     for (int k = 0; k < 3; k++)
@@ -128,7 +128,7 @@ Test(gpu_transform, keep_channels_last_permute, .init = setup, .fini = teardown)
     static const char *const descrs[] = {"|u1", "<f2", "<f4", "<f8", "<c16"};
     const int64_t s1[] = {3, 37, 61};
     for (size_t d = 0; d < sizeof descrs / sizeof descrs[0]; d++)
-        compare(descrs[d], NPYL_TDTYPE_KEEP, 1, 0, 3, s1, 4);
+        compare(descrs[d], NPYLOAD_DTYPE_KEEP, 1, 0, 3, s1, 4);
 }
 
 /* ---- the loader's device path: device transform vs host transform ---- */
@@ -176,7 +176,7 @@ static npyload_loader *loader_for(const char *dir, int device, int workers,
     npyload_loader_set(L, NPYLOAD_OPT_SEED, 4);
     cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DEVICE, device), 0, "%s",
                  npyload_loader_errmsg(L));
-    cr_assert_eq(npyload_loader_set_transform(L, "images", t), 0, "%s",
+    cr_assert_eq(npyload_loader_set_transform(L, "images", t, sizeof *t), 0, "%s",
                  npyload_loader_errmsg(L));
     cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
     return L;
@@ -215,7 +215,7 @@ static void loader_case(const char *dir, const npyload_transform *t, int workers
     cr_assert_eq(rows, LN);
     /* PCIe carried the stored uint8, not the output dtype. */
     npyload_stats stats;
-    npyload_loader_get_stats(D, &stats);
+    npyload_loader_get_stats(D, &stats, sizeof stats);
     cr_assert_eq(stats.h2d_bytes, (uint64_t)LN * LC * LH * LW);
     npyload_loader_destroy(H);
     npyload_loader_destroy(D);
@@ -227,7 +227,7 @@ Test(gpu_transform, loader_device_matches_host, .init = setup, .fini = teardown)
     cr_assert_not_null(mkdtemp(dir));
     write_u8_field(dir);
     static const float mean[3] = {0.485f, 0.456f, 0.406f}, sd[3] = {0.229f, 0.224f, 0.225f};
-    for (int dt = NPYL_TDTYPE_FLOAT32; dt <= NPYL_TDTYPE_BFLOAT16; dt++)
+    for (int dt = NPYLOAD_DTYPE_FLOAT32; dt <= NPYLOAD_DTYPE_BFLOAT16; dt++)
         for (int cl = 0; cl < 2; cl++) {
             npyload_transform t = {.dtype = dt, .scale = 1.0f / 255, .mean = mean,
                                    .n_mean = 3, .std = sd, .n_std = 3, .channels_last = cl};

@@ -134,11 +134,11 @@ static void stats_while_running(int backend)
     npyload_batch *b;
     npyload_stats st;
     while (npyload_loader_next(L, &b) == 0) {
-        npyload_loader_get_stats(L, &st);
+        npyload_loader_get_stats(L, &st, sizeof st);
         CHECK(batch_ok(b), "bytes differ");
         npyload_batch_release(b);
     }
-    npyload_loader_get_stats(L, &st);
+    npyload_loader_get_stats(L, &st, sizeof st);
     CHECK(st.samples_delivered == N, "samples %llu", (unsigned long long)st.samples_delivered);
     npyload_loader_destroy(L);
     passes++;
@@ -151,7 +151,7 @@ static void stats_while_running(int backend)
 static void transforms_under_load(int backend, int workers)
 {
     npyload_loader *L;
-    npyload_transform ta = {.channels_last = 1};
+    npyload_transform ta = {.scale = 1.0f, .channels_last = 1};
     npyload_transform tb = {.dtype = NPYLOAD_DTYPE_FLOAT32, .scale = 2.0f};
     if (npyload_loader_create(&L) || npyload_loader_add_field(L, "a", glob_a) ||
         npyload_loader_add_field(L, "b", glob_b) ||
@@ -159,8 +159,8 @@ static void transforms_under_load(int backend, int workers)
         npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, workers) ||
         npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 5) ||
         npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1) ||
-        npyload_loader_set_transform(L, "a", &ta) ||
-        npyload_loader_set_transform(L, "b", &tb) || npyload_loader_start(L)) {
+        npyload_loader_set_transform(L, "a", &ta, sizeof ta) ||
+        npyload_loader_set_transform(L, "b", &tb, sizeof tb) || npyload_loader_start(L)) {
         fprintf(stderr, "setup failed: %s\n", npyload_loader_errmsg(L));
         exit(2);
     }
