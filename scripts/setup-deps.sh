@@ -5,21 +5,17 @@
 # and does not run `apt-get update`.
 #
 #   bash scripts/setup-deps.sh [demo|test|fuzz|ci]     # check, install the missing
-#   source scripts/setup-deps.sh test                   # the same, then export
-#                                                       #   NPYLOAD_PYTHON (and PATH
-#                                                       #   when a venv was made)
+#   source scripts/setup-deps.sh test                   # check only (never installs),
+#                                                       #   then export NPYLOAD_PYTHON
+#                                                       #   (and PATH for a venv)
 #   NPYLOAD_NO_INSTALL=1 bash scripts/setup-deps.sh ci  # check and report only
 #
-# Profiles (each includes the one before it, fuzz aside):
-#   demo  C compiler, cmake, pkg-config, ninja or make, libzstd-dev;
-#         liburing-dev is optional: without it io_uring is compiled out and
-#         the loader runs on pread.
-#   test  demo + libcriterion-dev, zstd (the CLI), the interpreter's
-#         headers (python3.X-dev) and pip: numpy pytest scikit-build-core
-#         jsonschema.
-#   fuzz  demo + clang and its sanitizer/libFuzzer runtime (libclang-rt-14-dev).
-#   ci    test + fuzz + torch==2.13.0 (exactly: any other version pulls
-#         gigabytes of CUDA wheels).
+# What each profile needs is declared once: Debian packages in
+# scripts/debian-packages.txt (read only by this script), Python packages in
+# pyproject.toml's extras ("test"; "ci" adds torch==2.13.0, exactly: any
+# other version pulls gigabytes of CUDA wheels). Profiles: demo (build and
+# run the bench), test (demo + the C and Python tests), fuzz (demo + clang's
+# sanitizer and libFuzzer runtime), ci (test + fuzz + the "ci" extra).
 #
 # Python: the interpreter is $NPYLOAD_PYTHON (default python3). An active
 # virtualenv is used as it is. A distribution interpreter that refuses pip
@@ -32,7 +28,9 @@
 
 # ---- sourced: run the real work in a child, then export its interpreter ----
 if [[ ${BASH_SOURCE[0]} != "$0" ]]; then
-  _npyload_py=$(bash "${BASH_SOURCE[0]}" --print-python "$@") || return 1
+  # Sourced (the test scripts do, after running it): check only, so that
+  # merely sourcing never installs anything.
+  _npyload_py=$(NPYLOAD_NO_INSTALL=1 bash "${BASH_SOURCE[0]}" --print-python "$@") || return 1
   export NPYLOAD_PYTHON=$_npyload_py
   if [[ -f $(dirname "$_npyload_py")/activate ]]; then
     _npyload_bin=$(dirname "$_npyload_py")
@@ -81,43 +79,41 @@ have_pc() {  # have_pc MODULE DEBPKG: pkg-config first, dpkg when pkg-config is 
 MISSING=()
 need() { MISSING+=("$1|$2|$3"); }
 
+PKG_LIST=$ROOT/scripts/debian-packages.txt
 check_debs() {
   MISSING=()
-  if ! have_cmd cc && ! have_cmd gcc; then need gcc required "a C compiler"; fi
-  if have_cmd dpkg-query && ! have_deb libc6-dev; then need libc6-dev required "the C library headers"; fi
-  have_cmd cmake || need cmake required "cmake"
-  have_cmd pkg-config || need pkg-config required "pkg-config"
-  if ! have_cmd ninja && ! have_cmd make; then need ninja-build required "a build tool (ninja or make)"; fi
-  have_pc libzstd libzstd-dev || need libzstd-dev required "libzstd"
-  have_pc liburing liburing-dev ||
-    need liburing-dev optional "liburing: io_uring will be compiled out and npyload will run on pread"
-  if wants test; then
-    have_pc criterion libcriterion-dev || need libcriterion-dev required "Criterion (C tests)"
-    have_cmd zstd || need zstd required "the zstd command"
-  fi
-  if wants fuzz; then
-    if ! have_cmd clang; then
-      need clang required "clang (fuzzer)"
-      need libclang-rt-14-dev required "clang's sanitizer and libFuzzer runtime"
-    else
-      local v
+  local prof req check pkg what v c ok
+  while read -r prof req check pkg what; do
+    [[ -z $prof || $prof == \#* ]] && continue
+    wants "$prof" || continue
+    pkg=${pkg//\{py\}/$PY_VER}
+    if [[ $pkg == *'{clang}'* ]]; then
       v=$(clang -dumpversion 2>/dev/null); v=${v%%.*}
-      have_deb "libclang-rt-$v-dev" ||
-        need "libclang-rt-$v-dev" required "clang's sanitizer and libFuzzer runtime"
+      pkg=${pkg//\{clang\}/${v:-14}}
     fi
-  fi
-  if wants test && [[ -n ${PY_VER:-} ]]; then
-    [[ $PY_HEADERS == 1 ]] || need "python$PY_VER-dev" required "Python.h for $PY ($PY_INC)"
-    if [[ $PY_NEEDS_VENV == 1 ]] && ! "$PY" -c 'import ensurepip' >/dev/null 2>&1; then
-      need "python$PY_VER-venv" required "venv/ensurepip for $PY"
-    elif [[ $PY_NEEDS_VENV == 1 ]] && have_cmd dpkg-query && [[ $PY == /usr/* ]] &&
-         ! have_deb "python$PY_VER-venv"; then
-      need "python$PY_VER-venv" required "venv/ensurepip for $PY"
-    fi
-    if [[ $PY_NEEDS_VENV == 0 ]] && ! "$PY" -m pip --version >/dev/null 2>&1; then
-      need python3-pip required "pip for $PY"
-    fi
-  fi
+    case $check in
+      cmd:*)
+        ok=0
+        IFS='|' read -r -a cmds <<<"${check#cmd:}"
+        for c in "${cmds[@]}"; do have_cmd "$c" && ok=1; done
+        ((ok)) && continue ;;
+      pc:*) have_pc "${check#pc:}" "$pkg" && continue ;;
+      deb:) { ! have_cmd dpkg-query || have_deb "$pkg"; } && continue ;;
+      clang-rt) have_deb "$pkg" && continue ;;
+      py:headers) [[ -z $PY_VER || $PY_HEADERS == 1 ]] && continue ;;
+      py:venv)
+        [[ -z $PY_VER || $PY_NEEDS_VENV != 1 ]] && continue
+        if "$PY" -c 'import ensurepip' >/dev/null 2>&1 &&
+           ! { have_cmd dpkg-query && [[ $PY == /usr/* ]] && ! have_deb "$pkg"; }; then
+          continue
+        fi ;;
+      py:pip)
+        [[ -z $PY_VER || $PY_NEEDS_VENV == 1 ]] && continue
+        "$PY" -m pip --version >/dev/null 2>&1 && continue ;;
+      *) say "$PKG_LIST: unknown check '$check' for $pkg"; exit 2 ;;
+    esac
+    need "$pkg" "$req" "$what"
+  done <"$PKG_LIST"
 }
 
 # ---- Python facts (test and ci) --------------------------------------------
@@ -166,11 +162,29 @@ print(" ".join(out))
 EOF
 }
 
-PIP_REQS=()
-wants test && PIP_REQS+=(numpy pytest "scikit-build-core>=0.10" jsonschema)
-wants ci && PIP_REQS+=(torch==2.13.0)
+# The requirements of pyproject.toml's extras NAME...: the one list of
+# Python packages (a small reader: tomllib is 3.11+ and these are flat lists).
+extra_reqs() {
+  "$PY" - "$ROOT/pyproject.toml" "$@" <<'EOF'
+import re, sys
+text = open(sys.argv[1]).read()
+sec = re.search(r"^\[project\.optional-dependencies\]\n(.*?)(?=^\[|\Z)", text, re.S | re.M)
+for name in sys.argv[2:]:
+    m = sec and re.search(r"^%s\s*=\s*\[(.*?)\]" % re.escape(name), sec.group(1), re.S | re.M)
+    if not m:
+        sys.exit("pyproject.toml has no extra '%s'" % name)
+    print(" ".join(re.findall(r'"([^"]+)"', m.group(1))))
+EOF
+}
 
-if wants test; then python_facts || exit 1; fi
+PIP_REQS=()
+if wants test; then
+  python_facts || exit 1
+  extras=(test)
+  wants ci && extras+=(ci)
+  read -r -a PIP_REQS <<<"$(extra_reqs "${extras[@]}" | tr '\n' ' ')" || true
+  ((${#PIP_REQS[@]})) || { say "ERROR: no Python requirements read from pyproject.toml"; exit 1; }
+fi
 
 # ---- Debian packages ----------------------------------------------------------
 check_debs

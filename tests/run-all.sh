@@ -7,11 +7,13 @@
 #   bash tests/run-all.sh --sanitize thread   # concurrency stress under TSan
 #   bash tests/run-all.sh --fuzz SECONDS      # the header and seek-table fuzzers, briefly
 #
-# First installs what is missing (scripts/setup-deps.sh: profile "test", or
-# "fuzz" for --fuzz): Debian packages with apt-get, pip packages into the
-# interpreter, or into build/venv when that interpreter is externally
-# managed (PEP 668). NPYLOAD_NO_INSTALL=1 only checks. torch==2.13.0 is not
-# installed here (CI does it); the torch comparisons skip visibly without it.
+# First installs what is missing (`bash scripts/setup-deps.sh test`, or
+# "fuzz" for --fuzz: the Debian packages of scripts/debian-packages.txt with
+# apt-get, the "test" extra of pyproject.toml into the interpreter, or into
+# build/venv when that interpreter is externally managed, PEP 668), then
+# sources it, which only checks. NPYLOAD_NO_INSTALL=1 only checks.
+# torch==2.13.0 is not installed here (CI does it); the torch comparisons
+# skip visibly without it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=$(nproc 2>/dev/null || echo 2)
@@ -27,11 +29,12 @@ case "${1:-}" in
   *) echo "usage: $0 [--sanitize address|thread | --fuzz SECONDS]" >&2; exit 2 ;;
 esac
 
-if [[ $mode == fuzz ]]; then
-  source scripts/setup-deps.sh fuzz
-else
-  source scripts/setup-deps.sh test     # exports NPYLOAD_PYTHON
-fi
+# Install what is missing (a visible step; NPYLOAD_NO_INSTALL=1 only checks),
+# then source the set-up, which only checks and exports NPYLOAD_PYTHON.
+profile=test
+[[ $mode == fuzz ]] && profile=fuzz
+bash scripts/setup-deps.sh "$profile"
+source scripts/setup-deps.sh "$profile"
 PY=${NPYLOAD_PYTHON:-python3}
 
 if [[ $mode == sanitize ]]; then
@@ -91,8 +94,7 @@ rm -rf "$I" "$B/_consumer"
 cmake --install "$B" --prefix "$I" >/dev/null
 cmake -S tests/install -B "$B/_consumer" "${GEN[@]}" -DCMAKE_PREFIX_PATH="$I" >/dev/null
 cmake --build "$B/_consumer" >/dev/null
-G=tests/golden/v1_le_f4.npy
-[[ -f $G ]] || G=$(ls tests/golden/*.npy | head -1)
+G=tests/golden/dt_f4_le.npy
 LD_LIBRARY_PATH="$I/lib" "$B/_consumer/consumer_shared" "$G"
 "$B/_consumer/consumer_static" "$G"
 cc tests/install/consumer.c $(PKG_CONFIG_PATH="$I/lib/pkgconfig" pkg-config --cflags --libs npyload) \
