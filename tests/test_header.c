@@ -1,5 +1,5 @@
-/* Tests of lib/format/npyload_header.c: the NPY header parser, reader and
- * writer.
+/* Tests of lib/format (npyload_dtype.c, npyload_header_parse.c,
+ * npyload_header_file.c): the NPY header parser, reader and writer.
  *
  *  - golden/: files written by numpy (and a few by hand that numpy reads);
  *    golden/manifest.json holds numpy's own reading of each, compared here

@@ -10,6 +10,7 @@
  * channel planes of a block of B spatial positions (C streams, each
  * sequential) and writes the output block once, contiguously. */
 #include "npyload_transform.h"
+#include "../format/npyload_format.h"
 #include "npyload_transform_f16.h"
 #include "npyload_transform_impl.h"
 
@@ -182,24 +183,19 @@ static int plan(const char *what, const npyload_transform *t, const char *descr,
     if (!descr || sndim < 0 || sndim > NPYLOAD_MAX_DIMS || (sndim && !sshape))
         return npyl_fail(err, errlen, NPYLOAD_EINVAL,
                          "%s: transform plan: bad descr or shape", what);
+    /* The dtype model of lib/format, as the header parser classified it. */
+    npyl_dtype dt;
+    const char *why = "";
     size_t dl = strnlen(descr, NPYL_TDESCR_LEN);
-    if (dl < 3 || dl >= NPYL_TDESCR_LEN)
+    if (dl >= NPYL_TDESCR_LEN || npyl_dtype_parse(descr, dl, &dt, &why) != 0)
         return npyl_fail(err, errlen, NPYLOAD_EUNSUPPORTED,
-                         "%s: transform: input dtype '%.15s' not understood",
-                         what, descr);
-    memcpy(p->in_descr, descr, dl + 1);
-    char order = descr[0];
-    p->in_kind = descr[1];
-    p->in_itemsize = (size_t)strtoul(descr + 2, NULL, 10);
-    const uint16_t one = 1;
-    unsigned char first;
-    memcpy(&first, &one, 1);
-    char host = first ? '<' : '>';
-    p->in_swap = p->in_itemsize > 1 && order != '|' && order != host;
-    if (p->in_itemsize == 0 || p->in_itemsize > 16)
-        return npyl_fail(err, errlen, NPYLOAD_EUNSUPPORTED,
-                         "%s: transform: input dtype '%s' not understood", what,
-                         descr);
+                         "%s: transform: input dtype '%.15s' not understood%s%s",
+                         what, descr, *why ? ": " : "", why);
+    memcpy(p->in_descr, dt.str, sizeof dt.str < NPYL_TDESCR_LEN ? sizeof dt.str
+                                                                : NPYL_TDESCR_LEN);
+    p->in_kind = dt.kind;
+    p->in_itemsize = dt.size;
+    p->in_swap = dt.order != '|' && dt.order != npyl_host_order();
 
     /* geometry */
     p->sndim = sndim;
@@ -260,7 +256,7 @@ static int plan(const char *what, const npyload_transform *t, const char *descr,
         static const char *const od[] = {"", "<f4", "<f2", "bfloat16"};
         static const size_t osz[] = {0, 4, 2, 2};
         snprintf(p->out_descr, sizeof p->out_descr, "%s", od[out]);
-        if (host == '>' && out != NPYLOAD_DTYPE_BFLOAT16)
+        if (npyl_host_order() == '>' && out != NPYLOAD_DTYPE_BFLOAT16)
             p->out_descr[0] = '>';
         p->out_itemsize = osz[out];
         /* A cast to the stored type with nothing to compute is a copy. */

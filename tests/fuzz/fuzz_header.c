@@ -1,4 +1,4 @@
-/* libFuzzer target for the NPY header parser (lib/format/npyload_header.c).
+/* libFuzzer target for the NPY header parser (lib/format/npyload_header_parse.c).
  *
  * The input is the start of an NPY file. It is parsed three ways: as a whole
  * file of that size, as a prefix of a file of unknown size, and as a prefix

@@ -1,4 +1,5 @@
-/* NPY headers: parsing (untrusted input), reading from a file, writing.
+/* NPY headers: parsing (untrusted input). Reading from a file and writing
+ * are in npyload_header_file.c, dtype strings in npyload_dtype.c.
  *
  * An NPY file is a preamble (magic "\x93NUMPY", a version, a little-endian
  * header length), a header that is the text of a Python dict literal padded
@@ -31,165 +32,13 @@
  * allocation, every index compared with the header length before use. */
 #include "npyload_format.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#define NPYL_MAGIC "\x93NUMPY"
-#define NPYL_MAGIC_LEN 6
-#define NPYL_ALIGN 64
-/* numpy (>= 1.24) leaves room after the dict so the growing axis can be
- * rewritten in place; we reproduce it so our headers match numpy's bytes. */
-#define NPYL_GROWTH_AXIS_MAX_DIGITS 21
 /* Longest excerpt of untrusted text quoted in a message. */
 #define NPYL_QUOTE_MAX 32
-
-/* ------------------------------------------------------------------------ */
-/* dtype strings                                                             */
-/* ------------------------------------------------------------------------ */
-
-typedef struct npyl_dtype {
-    char order; /* normalised: '<', '>' or '|' */
-    char kind;  /* 'b', 'i', 'u', 'f', 'c' */
-    size_t size;
-    char str[NPYLOAD_DESCR_LEN];
-} npyl_dtype;
-
-static char host_order(void)
-{
-    const uint16_t one = 1;
-    unsigned char first;
-    memcpy(&first, &one, 1);
-    return first ? '<' : '>';
-}
-
-/* Classifies a numpy type string `s` of `n` bytes (not NUL-terminated).
- * Returns 0 and fills *dt, or NPYLOAD_EUNSUPPORTED for types numpy knows that
- * we do not load, or NPYLOAD_EFORMAT for strings numpy would not accept;
- * *why then says which. */
-static int classify_descr(const char *s, size_t n, npyl_dtype *dt,
-                          const char **why)
-{
-    size_t pos = 0;
-    char order = '=';
-    if (n == 1 && s[0] == '?') {
-        /* numpy's one-character code for bool */
-        order = '|';
-        dt->kind = 'b';
-        dt->size = 1;
-        goto normalise;
-    }
-    if (n > 0 && (s[0] == '<' || s[0] == '>' || s[0] == '|' || s[0] == '=')) {
-        order = s[0];
-        pos = 1;
-    }
-    if (pos >= n) {
-        *why = "is not a numpy dtype (no type code)";
-        return NPYLOAD_EFORMAT;
-    }
-    char kind = s[pos++];
-    switch (kind) {
-    case 'O':
-        *why = "is an object dtype (pickled Python objects), not supported";
-        return NPYLOAD_EUNSUPPORTED;
-    case 'U':
-        *why = "is a unicode string dtype, not supported";
-        return NPYLOAD_EUNSUPPORTED;
-    case 'S':
-    case 'a':
-        *why = "is a byte string dtype, not supported";
-        return NPYLOAD_EUNSUPPORTED;
-    case 'V':
-        *why = "is a void (raw bytes) dtype, not supported";
-        return NPYLOAD_EUNSUPPORTED;
-    case 'M':
-        *why = "is a datetime64 dtype, not supported";
-        return NPYLOAD_EUNSUPPORTED;
-    case 'm':
-        *why = "is a timedelta64 dtype, not supported";
-        return NPYLOAD_EUNSUPPORTED;
-    case '?':
-        if (pos == n) {
-            dt->kind = 'b';
-            dt->size = 1;
-            goto normalise;
-        }
-        *why = "is not a numpy dtype";
-        return NPYLOAD_EFORMAT;
-    case 'b': case 'i': case 'u': case 'f': case 'c':
-        break;
-    default:
-        *why = "is not a numpy dtype";
-        return NPYLOAD_EFORMAT;
-    }
-    if (pos == n) {
-        /* 'f', 'i'... are numpy type codes without an explicit size (and 'b'
-         * alone means int8): numpy never writes them in a header. */
-        *why = "has no item size (expected a type string such as '<f4')";
-        return NPYLOAD_EUNSUPPORTED;
-    }
-    /* At most 2 digits: every size we know has 1 or 2, and it keeps the
-     * accumulator far from overflow whatever the input. */
-    if (n - pos > 2 || s[pos] == '0') {
-        *why = "is not a numpy dtype (bad item size)";
-        return NPYLOAD_EFORMAT;
-    }
-    size_t size = 0;
-    for (; pos < n; pos++) {
-        if (s[pos] < '0' || s[pos] > '9') {
-            *why = "is not a numpy dtype (bad item size)";
-            return NPYLOAD_EFORMAT;
-        }
-        size = size * 10 + (size_t)(s[pos] - '0');
-    }
-    int ok;
-    switch (kind) {
-    case 'b': ok = size == 1; break;
-    case 'i': case 'u': ok = size == 1 || size == 2 || size == 4 || size == 8; break;
-    case 'f': ok = size == 2 || size == 4 || size == 8; break;
-    default: ok = size == 8 || size == 16; break; /* 'c' */
-    }
-    if (!ok) {
-        if ((kind == 'f' && (size == 12 || size == 16)) ||
-            (kind == 'c' && (size == 24 || size == 32))) {
-            *why = "is a long double dtype, not supported";
-            return NPYLOAD_EUNSUPPORTED;
-        }
-        *why = "is not a numpy dtype (bad item size)";
-        return NPYLOAD_EFORMAT;
-    }
-    dt->kind = kind;
-    dt->size = size;
-normalise:
-    /* numpy's own reading: byte order is meaningless for one byte ('|'),
-     * and '=' (or '|' on a wider type) means the host's order. */
-    if (dt->size == 1)
-        dt->order = '|';
-    else if (order == '<' || order == '>')
-        dt->order = order;
-    else
-        dt->order = host_order();
-    snprintf(dt->str, sizeof dt->str, "%c%c%zu", dt->order, dt->kind,
-             dt->size);
-    return 0;
-}
-
-size_t npyl_descr_itemsize(const char *descr)
-{
-    if (!descr)
-        return 0;
-    npyl_dtype dt;
-    const char *why;
-    size_t n = strnlen(descr, NPYLOAD_DESCR_LEN);
-    if (n >= NPYLOAD_DESCR_LEN || classify_descr(descr, n, &dt, &why) != 0)
-        return 0;
-    return dt.size;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Message helpers                                                           */
@@ -210,9 +59,7 @@ static void excerpt(char *dst, size_t cap, const unsigned char *s, size_t n)
     dst[k < cap ? k : cap - 1] = '\0';
 }
 
-/* Python's repr of a tuple of ints: "()", "(3,)", "(3, 4)". Returns the
- * length written, or -1 if cap is too small. */
-static int format_shape(char *dst, size_t cap, int ndim, const int64_t *shape)
+int npyl_shape_repr(char *dst, size_t cap, int ndim, const int64_t *shape)
 {
     size_t k = 0;
     int w = snprintf(dst, cap, "(");
@@ -230,7 +77,6 @@ static int format_shape(char *dst, size_t cap, int ndim, const int64_t *shape)
         return -1;
     return (int)(k + (size_t)w);
 }
-
 /* ------------------------------------------------------------------------ */
 /* The dict literal                                                          */
 /* ------------------------------------------------------------------------ */
@@ -360,7 +206,7 @@ static int parse_descr(npyl_lex *x, npyl_dtype *dt)
     if (rc)
         return rc;
     const char *why = "";
-    rc = classify_descr((const char *)s, n, dt, &why);
+    rc = npyl_dtype_parse((const char *)s, n, dt, &why);
     if (rc) {
         char ex[NPYL_QUOTE_MAX + 8];
         excerpt(ex, sizeof ex, s, n);
@@ -490,7 +336,7 @@ static int parse_shape(npyl_lex *x, int *ndim_out, int64_t *shape)
     for (int d = 0; d < ndim; d++) {
         if (shape[d] < 0) {
             char sb[NPYLOAD_MAX_DIMS * 24 + 8];
-            format_shape(sb, sizeof sb, ndim, shape);
+            npyl_shape_repr(sb, sizeof sb, ndim, shape);
             return npyl_fail(x->err, x->errlen, NPYLOAD_EFORMAT,
                              "%s: shape %s: dimension %d is negative", x->name,
                              sb, d);
@@ -741,7 +587,7 @@ int npyload_parse_header(const void *buf, size_t len, uint64_t file_size,
         if (npyl_mul_u64(bytes, (uint64_t)shape[d], &bytes) ||
             bytes > (uint64_t)INT64_MAX) {
             char sb[NPYLOAD_MAX_DIMS * 24 + 8];
-            format_shape(sb, sizeof sb, ndim, shape);
+            npyl_shape_repr(sb, sizeof sb, ndim, shape);
             return npyl_fail(err, errlen, NPYLOAD_ETOOBIG,
                              "%s: shape %s of '%s' is over 2^63-1 bytes (the "
                              "byte size overflows 64 bits)",
@@ -771,185 +617,3 @@ int npyload_parse_header(const void *buf, size_t len, uint64_t file_size,
 }
 
 /* What a non-regular file is, for messages. */
-static const char *file_kind(mode_t m)
-{
-    if (S_ISFIFO(m))
-        return "FIFO";
-    if (S_ISCHR(m))
-        return "character device";
-    if (S_ISBLK(m))
-        return "block device";
-    if (S_ISSOCK(m))
-        return "socket";
-    if (S_ISLNK(m))
-        return "symbolic link";
-    return "special file";
-}
-
-/* pread until n bytes or end of file; returns the count or -errno. */
-static ssize_t pread_full(int fd, void *buf, size_t n, off_t off)
-{
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = pread(fd, (char *)buf + got, n - got, off + (off_t)got);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        if (r == 0)
-            break;
-        got += (size_t)r;
-    }
-    return (ssize_t)got;
-}
-
-int npyload_read_header(const char *path, npyload_header *out, char *err,
-                        size_t errlen)
-{
-    if (!path || !out)
-        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
-                         "%s: npyload_read_header: NULL argument",
-                         path ? path : "<null>");
-    /* O_NONBLOCK: open() of a FIFO without a writer (or of some devices)
-     * would block forever before the regular-file check below. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
-        int e = errno;
-        return npyl_fail(err, errlen, -e, "%s: cannot open: %s", path,
-                         npyload_strerror(-e));
-    }
-    int rc;
-    unsigned char *big = NULL;
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        rc = npyl_fail(err, errlen, -e, "%s: cannot stat: %s", path, npyload_strerror(-e));
-        goto done;
-    }
-    if (S_ISDIR(st.st_mode)) {
-        rc = npyl_fail(err, errlen, -EISDIR, "%s: is a directory", path);
-        goto done;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        /* Sizes of pipes and devices mean nothing; the loader needs
-         * random access anyway. */
-        rc = npyl_fail(err, errlen, NPYLOAD_EINVAL,
-                       "%s: not a regular file (%s)", path,
-                       file_kind(st.st_mode));
-        goto done;
-    }
-    /* A regular file: back to ordinary blocking reads. */
-    int fl = fcntl(fd, F_GETFL);
-    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
-        int e = errno;
-        rc = npyl_fail(err, errlen, -e, "%s: fcntl failed: %s", path,
-                       npyload_strerror(-e));
-        goto done;
-    }
-    uint64_t size = (uint64_t)st.st_size;
-    /* The largest preamble first; the header length it announces says how
-     * much more to read. The data is never read. */
-    unsigned char pre[12];
-    ssize_t got = pread_full(fd, pre, size < sizeof pre ? (size_t)size : sizeof pre, 0);
-    if (got < 0) {
-        rc = npyl_fail(err, errlen, (int)got, "%s: read failed at offset 0: %s",
-                       path, npyload_strerror((int)got));
-        goto done;
-    }
-    rc = npyload_parse_header(pre, (size_t)got, size, path, out, err, errlen);
-    if (rc == NPYLOAD_ETRUNCATED && out->header_len &&
-        out->data_offset > (uint64_t)got && out->data_offset <= size) {
-        /* data_offset <= NPYLOAD_MAX_HEADER_LEN + 12: parse checked it. */
-        size_t need = (size_t)out->data_offset;
-        big = malloc(need);
-        if (!big) {
-            rc = npyl_fail(err, errlen, -ENOMEM,
-                           "%s: out of memory for a %zu-byte header", path, need);
-            goto done;
-        }
-        got = pread_full(fd, big, need, 0);
-        if (got < 0) {
-            rc = npyl_fail(err, errlen, (int)got, "%s: read failed at offset 0: %s",
-                           path, npyload_strerror((int)got));
-            goto done;
-        }
-        /* A file that shrank meanwhile gives a short read: parse reports it. */
-        rc = npyload_parse_header(big, (size_t)got, size, path, out, err, errlen);
-    }
-done:
-    free(big);
-    close(fd);
-    return rc;
-}
-
-int npyload_format_header(void *buf, size_t cap, const char *descr,
-                          int fortran_order, int ndim, const int64_t *shape)
-{
-    if ((!buf && cap) || !descr || ndim < 0 || (ndim > 0 && !shape))
-        return NPYLOAD_EINVAL;
-    if (ndim > NPYLOAD_MAX_DIMS)
-        return NPYLOAD_ETOOBIG;
-    npyl_dtype dt;
-    const char *why;
-    size_t dn = strnlen(descr, NPYLOAD_DESCR_LEN);
-    if (dn >= NPYLOAD_DESCR_LEN || classify_descr(descr, dn, &dt, &why) != 0)
-        return NPYLOAD_EINVAL;
-    uint64_t bytes = dt.size;
-    for (int d = 0; d < ndim; d++) {
-        if (shape[d] < 0)
-            return NPYLOAD_EINVAL;
-        /* the parser refuses what overflows; never write such a header */
-        if (shape[d] && (npyl_mul_u64(bytes, (uint64_t)shape[d], &bytes) ||
-                         bytes > (uint64_t)INT64_MAX))
-            return NPYLOAD_ETOOBIG;
-    }
-
-    /* numpy's _write_array_header: keys sorted, repr of each value, a
-     * trailing ", " before '}', then room for the growing axis. */
-    char sb[NPYLOAD_MAX_DIMS * 24 + 8];
-    if (format_shape(sb, sizeof sb, ndim, shape) < 0)
-        return NPYLOAD_EINVAL;
-    char dict[sizeof sb + 128];
-    int w = snprintf(dict, sizeof dict,
-                     "{'descr': '%s', 'fortran_order': %s, 'shape': %s, }",
-                     dt.str, fortran_order ? "True" : "False", sb);
-    if (w < 0 || (size_t)w >= sizeof dict)
-        return NPYLOAD_EINVAL;
-    size_t dlen = (size_t)w;
-    size_t growth = 0;
-    if (ndim > 0) {
-        char digits[24];
-        int nd = snprintf(digits, sizeof digits, "%" PRId64,
-                          shape[fortran_order ? ndim - 1 : 0]);
-        if (nd > 0 && nd < NPYL_GROWTH_AXIS_MAX_DIGITS)
-            growth = (size_t)(NPYL_GROWTH_AXIS_MAX_DIGITS - nd);
-    }
-    /* _wrap_header: pad with spaces so preamble + text + '\n' is a multiple
-     * of 64; numpy adds a full 64 when already aligned, and so do we. */
-    size_t pre = 10;
-    size_t text = dlen + growth + 1;
-    size_t pad = NPYL_ALIGN - (pre + text) % NPYL_ALIGN;
-    if (text + pad > 0xffff) {
-        pre = 12;
-        pad = NPYL_ALIGN - (pre + text) % NPYL_ALIGN;
-    }
-    size_t total = pre + text + pad;
-    if (total > cap)
-        return NPYLOAD_ETOOBIG;
-    unsigned char *o = buf;
-    size_t hl = text + pad;
-    memcpy(o, NPYL_MAGIC, NPYL_MAGIC_LEN);
-    o[6] = pre == 10 ? 1 : 2;
-    o[7] = 0;
-    o[8] = (unsigned char)(hl & 0xff);
-    o[9] = (unsigned char)(hl >> 8 & 0xff);
-    if (pre == 12) {
-        o[10] = (unsigned char)(hl >> 16 & 0xff);
-        o[11] = (unsigned char)(hl >> 24 & 0xff);
-    }
-    memcpy(o + pre, dict, dlen);
-    memset(o + pre + dlen, ' ', growth + pad);
-    o[total - 1] = '\n';
-    return (int)total;
-}
