@@ -1,12 +1,10 @@
 /* Host transform engine throughput, one thread, and the error of the fused
  * form x*a + b (a = scale/std, b = -mean/std) against the literal float32
  * formula the engine computes. Uses lib/transform's internal API, so it is
- * built against the static library:
+ * built against the static library (bench/CMakeLists.txt, with the tools):
  *
- *   cmake --build build --target npyload_static
- *   cc -O2 -Iinclude -Ilib bench/bench_transform.c build/lib/libnpyload.a \
- *      -lpthread -ldl -luring -lm -o build/bench_transform
- *   build/bench_transform [batch=256] [reps=20]
+ *   cmake --build build --target bench_transform
+ *   build/bench/bench_transform [batch=256] [reps=20]
  *
  * GB/s counts the bytes read plus the bytes written per second. */
 #include <math.h>
