@@ -44,6 +44,7 @@
 
 #include "../common/npyload_common.h"
 #include "../cuda/npyload_cuda.h"
+#include "../cuda/npyload_cuda_transform.h"
 #include "../io/npyload_io.h"
 #include "../order/npyload_order.h"
 #include "../zst/npyload_zst.h"

@@ -120,7 +120,7 @@ static int open_tdev(npyload_loader *L)
     if (rc)
         return npyl_loader_fail(L, rc, "CUDA device %d: %s", L->device,
                                 npyl_cuda_errmsg(L->cuda));
-    rc = npyl_tdev_open(&L->tdev, err, sizeof err);
+    rc = npyl_tdev_open(&L->tdev, L->cuda, err, sizeof err);
     npyl_cuda_leave(L->cuda, prev);
     if (rc)
         return npyl_loader_fail(L, rc, "CUDA device %d: loading the transform kernels "
