@@ -381,9 +381,7 @@ static int create_workers(npyload_loader *L, size_t nworkers)
             return npyl_loader_fail(L, rc, "CUDA device %d: allocating the %" PRIu64
                                     "-byte transform buffer of worker %zu failed: %s",
                                     L->device, L->raw_bytes, i, npyl_cuda_errmsg(L->cuda));
-        if (L->device >= 0 && ((rc = npyl_cuda_stream_create(L->cuda, &w->stream)) ||
-                               (rc = npyl_cuda_event_create(L->cuda, &w->ev_start, 1)) ||
-                               (rc = npyl_cuda_event_create(L->cuda, &w->ev_end, 1))))
+        if (L->device >= 0 && (rc = npyl_cuda_stream_create(L->cuda, &w->stream)))
             return npyl_loader_fail(L, rc, "CUDA: creating a copy stream failed: %s",
                                     npyl_cuda_errmsg(L->cuda));
     }
