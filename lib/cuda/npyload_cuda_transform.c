@@ -58,11 +58,10 @@ int npyl_tdev_plan_check(const char *what, const npyl_tplan *p, char *err,
     return 0;
 }
 
-/* Kernel names: npyl_tk_<in>_<out>, npyl_tk_perm<bytes>. */
-static const char *const IN_CODES[] = {"u1", "i1", "u2", "i2", "u4", "i4",
-                                       "u8", "i8", "f2", "f4", "f8"};
+/* Kernels: npyl_tk_<in>_<out> for NIN input and NOUT output dtypes (named
+ * in npyl_tdev_open, ordered as in_index() and NPYLOAD_DTYPE_FLOAT32..),
+ * npyl_tk_perm<bytes>. */
 #define NIN 11
-static const char *const OUT_CODES[] = {"f4", "f2", "bf"}; /* FLOAT32.. */
 #define NOUT 3
 static const unsigned PERM_SIZES[] = {1, 2, 4, 8, 16};
 #define NPERM 5
@@ -110,6 +109,9 @@ int npyl_tdev_open(npyl_tdev **out, npyl_cuda *cuda, char *err, size_t errlen)
                        "build's fatbin does not cover)", npyl_cudrv_strerror(drv, e), e);
         goto fail;
     }
+    static const char *const IN_CODES[NIN] = {"u1", "i1", "u2", "i2", "u4", "i4",
+                                              "u8", "i8", "f2", "f4", "f8"};
+    static const char *const OUT_CODES[NOUT] = {"f4", "f2", "bf"};
     char name[32];
     for (int i = 0; i < NIN; i++)
         for (int o = 0; o < NOUT; o++) {
