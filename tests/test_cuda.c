@@ -1,4 +1,5 @@
-/* lib/cuda: the CUDA runtime reached through dlopen, and the public helpers
+/* lib/cuda: the CUDA runtime and driver API reached through dlopen, the
+ * device transform engine's host side, and the public helpers
  * npyload_cuda_available / npyload_cuda_h2d_bandwidth.
  *
  * Runs everywhere, CI included. Two groups:
@@ -8,19 +9,25 @@
  *  - "GPU" tests exercise the handle on device 0; without one they skip,
  *    visibly, with the reason npyload_cuda_available gives.
  *  - "fake" tests drive the loader's device path on the fake runtime
- *    (tests/gpu/fake_cudart.c): call counts and injected failures, on any
- *    machine.
+ *    (tests/gpu/fake_cudart.c), and the driver table and its users on the
+ *    fake driver API (tests/gpu/fake_cuda_driver.c): call counts and
+ *    injected failures, on any machine.
  * Kernel-level and loader-on-GPU tests live in tests/gpu (they need nvcc). */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda/npyload_cuda.h"
+#include "cuda/npyload_cuda_transform.h"
+#include "cuda/npyload_cuda_transform_kparams.h"
+#include "gpu/fake_cuda_driver.h"
 #include "gpu/fake_cudart.h"
 #include "npyload.h"
 #include "npyload_bench_support.h"
@@ -855,4 +862,336 @@ Test(cuda_fake, device_sync_mode_and_identity_transform)
     npyload_loader_destroy(L);
     free(glob);
     tu_rmtree(dir);
+}
+
+/* ---- the driver table (npyl_cuda_driver) and its users ---- */
+
+static void *fake_driver_lib;
+
+/* Loads the fake driver API (SONAME libcuda.so.1) into this (forked) test
+ * process: lib/cuda's dlopen("libcuda.so.1") then finds it. */
+static fake_cuda_driver *load_fake_driver(void)
+{
+#ifndef NPYLOAD_FAKE_CUDA_DRIVER
+    cr_skip_test("built without tests/gpu/fake_cuda_driver.c");
+    return NULL;
+#else
+    void *real = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (real) {
+        dlclose(real);
+        cr_skip_test("a libcuda.so.1 is already loaded in this process: the "
+                     "fake driver cannot stand in for it");
+    }
+    fake_driver_lib = dlopen(NPYLOAD_FAKE_CUDA_DRIVER, RTLD_NOW | RTLD_LOCAL);
+    cr_assert_not_null(fake_driver_lib, "%s", dlerror());
+    fake_cuda_driver_control_fn ctl =
+        (fake_cuda_driver_control_fn)dlsym(fake_driver_lib, "fake_cuda_driver_control");
+    cr_assert_not_null(ctl);
+    return ctl();
+#endif
+}
+
+/* A table entry as a data pointer, to compare with dlsym's answer. */
+static void *entry(const void *field)
+{
+    void *p;
+    memcpy(&p, field, sizeof p);
+    return p;
+}
+
+#define DRIVER_PREFIX "CUDA driver API (libcuda.so.1) not loadable: "
+
+/* Where libcuda.so.1 is absent (this project's CI and dev machines): the
+ * runtime handle opens without it (the driver table is loaded only on first
+ * need), the first need fails with a reason that names the library and the
+ * loader's cause, and a handle keeps that answer. */
+Test(cuda_fake, driver_table_absent_says_why)
+{
+    load_fake();
+    if (can_dlopen("libcuda.so.1"))
+        cr_skip_test("libcuda.so.1 loads on this machine: the missing-driver "
+                     "path cannot be shown here");
+    npyl_cuda *c = NULL;
+    char why[512] = "", again[512] = "";
+    cr_assert_eq(npyl_cuda_open(&c, 0, why, sizeof why), 0, "%s", why);
+    void *s = NULL, *mem = NULL;
+    cr_assert_eq(npyl_cuda_stream_create(c, &s), 0, "%s", npyl_cuda_errmsg(c));
+    cr_assert_eq(npyl_cuda_malloc(c, &mem, 64), 0, "%s", npyl_cuda_errmsg(c));
+    npyl_cuda_free(c, mem);
+    npyl_cuda_stream_destroy(c, s);
+
+    const npyl_cudrv *d = (const npyl_cudrv *)0x1;
+    cr_assert_eq(npyl_cuda_driver(c, &d, why, sizeof why), NPYLOAD_ENOCUDA);
+    cr_assert_null(d, "*out must be NULL on failure");
+    cr_log_info("%s", why);
+    cr_assert(strncmp(why, DRIVER_PREFIX, strlen(DRIVER_PREFIX)) == 0 &&
+                  strlen(why) > strlen(DRIVER_PREFIX) + 4,
+              "the reason names the library and the cause: \"%s\"", why);
+    cr_assert_eq(npyl_cuda_driver(c, &d, NULL, 0), NPYLOAD_ENOCUDA);
+    /* The answer is the handle's: a driver that appears later (here the
+     * fake, loaded now) changes nothing for it; a new handle finds it. */
+    load_fake_driver();
+    cr_assert_eq(npyl_cuda_driver(c, &d, again, sizeof again), NPYLOAD_ENOCUDA);
+    cr_assert_str_eq(again, why);
+    npyl_cuda *c2 = NULL;
+    cr_assert_eq(npyl_cuda_open(&c2, 0, again, sizeof again), 0, "%s", again);
+    cr_assert_eq(npyl_cuda_driver(c2, &d, again, sizeof again), 0, "%s", again);
+    cr_assert_not_null(d);
+    npyl_cuda_close(c2);
+    /* Its users report the same reason under their own name. */
+    npyl_tdev *t = (npyl_tdev *)0x1;
+    cr_assert_eq(npyl_tdev_open(&t, c, again, sizeof again), NPYLOAD_ENOCUDA);
+    cr_assert_null(t);
+    if (npyl_tdev_built(NULL, 0))
+        cr_assert(strstr(again, "device transforms: ") && strstr(again, why),
+                  "tdev_open: \"%s\"", again);
+    npyl_cuda_close(c);
+    cr_assert_eq(npyl_cuda_driver(NULL, &d, again, sizeof again), NPYLOAD_EINVAL);
+    cr_assert_null(d);
+}
+
+/* The compute simulator (bench scaffolding) asks the same table: without
+ * the driver, the same reason. */
+Test(cuda_fake, compute_sim_without_driver_says_why)
+{
+    load_fake();
+    if (can_dlopen("libcuda.so.1"))
+        cr_skip_test("libcuda.so.1 loads on this machine: the missing-driver "
+                     "path cannot be shown here");
+    char why[512] = "";
+    npyload_compute_sim *sim = (npyload_compute_sim *)0x1;
+    cr_assert_eq(npyload_compute_sim_create(0, &sim, why, sizeof why), NPYLOAD_ENOCUDA,
+                 "%s", why);
+    cr_assert_null(sim);
+    cr_assert(strncmp(why, DRIVER_PREFIX, strlen(DRIVER_PREFIX)) == 0, "\"%s\"", why);
+}
+
+typedef struct driver_ask {
+    npyl_cuda *c;
+    const npyl_cudrv *got;
+    int rc;
+} driver_ask;
+
+static void *ask_driver(void *arg)
+{
+    driver_ask *a = arg;
+    a->rc = npyl_cuda_driver(a->c, &a->got, NULL, 0);
+    return NULL;
+}
+
+/* One table per handle, filled once with every entry point of the driver;
+ * threads asking at once all get it; handles share nothing. */
+Test(cuda_fake, driver_table_filled_once_per_handle)
+{
+    load_fake();
+    load_fake_driver();
+    npyl_cuda *c = NULL, *c2 = NULL;
+    char why[512] = "";
+    cr_assert_eq(npyl_cuda_open(&c, 0, why, sizeof why), 0, "%s", why);
+    cr_assert_eq(npyl_cuda_open(&c2, 0, why, sizeof why), 0, "%s", why);
+    const npyl_cudrv *d1 = NULL, *d2 = NULL;
+    cr_assert_eq(npyl_cuda_driver(c, &d1, why, sizeof why), 0, "%s", why);
+    cr_assert_eq(npyl_cuda_driver(c, &d2, why, sizeof why), 0, "%s", why);
+    cr_assert_eq(d1, d2, "a second call returns the same table");
+    static const struct {
+        size_t off;
+        const char *name;
+    } entries[] = {
+        {offsetof(npyl_cudrv, module_load_data), "cuModuleLoadData"},
+        {offsetof(npyl_cudrv, module_unload), "cuModuleUnload"},
+        {offsetof(npyl_cudrv, module_get_function), "cuModuleGetFunction"},
+        {offsetof(npyl_cudrv, launch_kernel), "cuLaunchKernel"},
+        {offsetof(npyl_cudrv, get_error_string), "cuGetErrorString"},
+    };
+    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
+        cr_assert_eq(entry((const char *)d1 + entries[i].off),
+                     dlsym(fake_driver_lib, entries[i].name), "%s", entries[i].name);
+    cr_assert_str_eq(npyl_cudrv_strerror(d1, FAKE_CU_LAUNCH_FAILED),
+                     "fake driver: injected launch failure");
+    cr_assert_str_eq(npyl_cudrv_strerror(d1, 123456), "unknown CUDA driver error");
+
+    enum { NT = 8 };
+    pthread_t th[NT];
+    driver_ask asks[NT];
+    for (int i = 0; i < NT; i++) {
+        asks[i] = (driver_ask){.c = c2};
+        cr_assert_eq(pthread_create(&th[i], NULL, ask_driver, &asks[i]), 0);
+    }
+    for (int i = 0; i < NT; i++) {
+        pthread_join(th[i], NULL);
+        cr_assert_eq(asks[i].rc, 0);
+        cr_assert_eq(asks[i].got, asks[0].got, "thread %d got another table", i);
+    }
+    cr_assert_neq(asks[0].got, d1, "each handle has its own table");
+    npyl_cuda_close(c);
+    /* c2's table is its own: still usable after c closed. */
+    cr_assert_str_eq(npyl_cudrv_strerror(asks[0].got, FAKE_CU_NOT_FOUND),
+                     "fake driver: injected named symbol not found");
+    npyl_cuda_close(c2);
+}
+
+#define SKIP_WITHOUT_KERNELS()                                                 \
+    do {                                                                       \
+        char why_[512];                                                        \
+        if (!npyl_tdev_built(why_, sizeof why_))                               \
+            cr_skip_test("%s", why_);                                          \
+    } while (0)
+
+/* The device transform engine's host side on the fake driver: the embedded
+ * fatbin is what it loads, every kernel is looked up once, a run launches
+ * the plan's kernel with the plan's geometry and parameters, and failures
+ * name the call and the driver's reason. */
+Test(cuda_fake, device_transform_engine_on_the_driver_table)
+{
+    SKIP_WITHOUT_KERNELS();
+    load_fake();
+    fake_cuda_driver *fd = load_fake_driver();
+    npyl_cuda *c = NULL;
+    char err[512] = "";
+    cr_assert_eq(npyl_cuda_open(&c, 0, err, sizeof err), 0, "%s", err);
+    npyl_tdev *t = NULL;
+    cr_assert_eq(npyl_tdev_open(&t, c, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(atomic_load(&fd->n_module_load), 1);
+    cr_assert_eq(fd->last_image, FAKE_IMAGE_FATBIN, "the embedded kernels are a fatbin");
+    cr_assert_eq(atomic_load(&fd->n_get_function), 11 * 3 + 5,
+                 "11 input x 3 output conversions and 5 permutations");
+
+    const int64_t shp[] = {3, 5, 7};
+    const float mean[3] = {0.5f, 1.0f, 2.0f}, std[3] = {0.25f, 2.0f, 4.0f};
+    npyload_transform tr = {.dtype = NPYLOAD_DTYPE_FLOAT16, .scale = 2.0f,
+                            .mean = mean, .n_mean = 3, .std = std, .n_std = 3,
+                            .channels_last = 1};
+    npyl_tplan p;
+    cr_assert_eq(npyl_transform_plan("x", &tr, "|u1", 3, shp, &p, err, sizeof err), 0,
+                 "%s", err);
+    cr_assert_eq(npyl_tdev_plan_check("x", &p, err, sizeof err), 0, "%s", err);
+    void *stream = (void *)0x5151, *src = (void *)0x1000, *dst = (void *)0x2000;
+    cr_assert_eq(npyl_tdev_run(t, &p, src, dst, 9, stream, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(atomic_load(&fd->n_launch), 1);
+    cr_assert_str_eq(fd->last_kernel, "npyl_tk_u1_f2");
+    cr_assert_eq(fd->last_grid[0], (unsigned)((p.C * p.S + 255) / 256));
+    cr_assert_eq(fd->last_grid[1], 9);
+    cr_assert_eq(fd->last_grid[2], 1);
+    cr_assert_eq(fd->last_block[0], 256);
+    cr_assert_eq(fd->last_stream, stream);
+    npyl_tk_params P;
+    memcpy(&P, fd->last_params, sizeof P);
+    cr_assert_eq(P.src, src);
+    cr_assert_eq(P.dst, dst);
+    cr_assert_eq(P.rows, 9);
+    cr_assert_eq(P.C, p.C);
+    cr_assert_eq(P.S, p.S);
+    cr_assert_eq(P.channels_last, 1);
+    cr_assert_eq(P.arith, p.arith);
+    cr_assert_eq(P.per_channel, 1);
+    cr_assert_eq(P.scale, p.scale);
+    for (int k = 0; k < 3; k++) {
+        cr_assert_eq(P.mean[k], p.mean[k]);
+        cr_assert_eq(P.std[k], p.std[k]);
+    }
+    npyl_transform_plan_free(&p);
+
+    /* keep + channels-last: the permutation kernel of the item size */
+    npyload_transform keep = {.dtype = NPYLOAD_DTYPE_KEEP, .scale = 1.0f, .channels_last = 1};
+    cr_assert_eq(npyl_transform_plan("x", &keep, "<f4", 3, shp, &p, err, sizeof err), 0,
+                 "%s", err);
+    cr_assert_eq(npyl_tdev_run(t, &p, src, dst, 2, stream, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(fd->last_kernel, "npyl_tk_perm4");
+
+    atomic_store(&fd->fail_launch, 1);
+    cr_assert_eq(npyl_tdev_run(t, &p, src, dst, 2, stream, err, sizeof err), NPYLOAD_ECUDA);
+    cr_assert(strstr(err, "cuLaunchKernel") && strstr(err, "injected launch failure"),
+              "\"%s\"", err);
+    atomic_store(&fd->fail_launch, 0);
+    npyl_transform_plan_free(&p);
+    npyl_tdev_close(t);
+    cr_assert_eq(atomic_load(&fd->n_module_unload), 1);
+
+    atomic_store(&fd->fail_module_load, 1);
+    t = (npyl_tdev *)0x1;
+    cr_assert_eq(npyl_tdev_open(&t, c, err, sizeof err), NPYLOAD_ECUDA);
+    cr_assert_null(t);
+    cr_assert(strstr(err, "loading the kernels failed") && strstr(err, "injected invalid image"),
+              "\"%s\"", err);
+    cr_assert_eq(atomic_load(&fd->n_module_unload), 1, "nothing loaded, nothing unloaded");
+    atomic_store(&fd->fail_module_load, 0);
+    atomic_store(&fd->fail_get_function, 1);
+    cr_assert_eq(npyl_tdev_open(&t, c, err, sizeof err), NPYLOAD_ECUDA);
+    cr_assert(strstr(err, "kernel npyl_tk_u1_f4 missing") && strstr(err, "symbol not found"),
+              "\"%s\"", err);
+    cr_assert_eq(atomic_load(&fd->n_module_unload), 2, "the module loaded is unloaded");
+    npyl_cuda_close(c);
+}
+
+/* A device-mode loader with a transform that needs a kernel: it loads the
+ * kernels once through its handle's driver table, launches one kernel per
+ * batch, and unloads them at destroy. (The fake runs no kernel: the bytes
+ * are not checked here; tests/gpu/test_gpu_transform.c does on a GPU.) */
+Test(cuda_fake, loader_device_transform_launches_through_the_driver_table)
+{
+    SKIP_WITHOUT_KERNELS();
+    load_fake();
+    fake_cuda_driver *fd = load_fake_driver();
+    char *dir;
+    char *glob = small_field(&dir);
+    npyload_loader *L = NULL;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "x", glob), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 4), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, 2), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, 2), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DEVICE, 0), 0, "%s",
+                 npyload_loader_errmsg(L));
+    npyload_transform t = {.dtype = NPYLOAD_DTYPE_FLOAT16, .scale = 0.5f};
+    cr_assert_eq(npyload_loader_set_transform(L, "x", &t, sizeof t), 0, "%s",
+                 npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(atomic_load(&fd->n_module_load), 1);
+    int batches = 0;
+    for (uint64_t e = 0; e < 2; e++) {
+        cr_assert_eq(npyload_loader_set_epoch(L, e), 0);
+        npyload_batch *b;
+        int rc;
+        while ((rc = npyload_loader_next(L, &b)) == 0) {
+            const npyload_array *a = npyload_batch_field(b, 0);
+            cr_assert_str_eq(a->descr, "<f2");
+            cr_assert_eq(a->device, 0);
+            batches++;
+            npyload_batch_release(b);
+        }
+        cr_assert_eq(rc, NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
+    }
+    cr_assert_eq(batches, 2 * 4, "13 rows in batches of 4, two epochs");
+    cr_assert_eq(atomic_load(&fd->n_launch), batches, "one kernel per batch");
+    cr_assert_str_eq(fd->last_kernel, "npyl_tk_f4_f2");
+    cr_assert_eq(atomic_load(&fd->n_module_load), 1, "the kernels are loaded once");
+    npyload_loader_destroy(L);
+    cr_assert_eq(atomic_load(&fd->n_module_unload), 1);
+    free(glob);
+    tu_rmtree(dir);
+}
+
+/* The compute simulator on the same table: its PTX loaded, its one-thread
+ * kernel launched on its stream with the time asked. */
+Test(cuda_fake, compute_sim_launches_through_the_driver_table)
+{
+    load_fake();
+    fake_cuda_driver *fd = load_fake_driver();
+    char why[512] = "";
+    npyload_compute_sim *sim = NULL;
+    cr_assert_eq(npyload_compute_sim_create(0, &sim, why, sizeof why), 0, "%s", why);
+    cr_assert_eq(atomic_load(&fd->n_module_load), 1);
+    cr_assert_eq(fd->last_image, FAKE_IMAGE_PTX);
+    cr_assert_eq(npyload_compute_sim_busy(sim, 12345), 0);
+    cr_assert_eq(atomic_load(&fd->n_launch), 1);
+    cr_assert_str_eq(fd->last_kernel, "npyload_busy");
+    cr_assert_eq(fd->last_grid[0] * fd->last_grid[1] * fd->last_block[0], 1);
+    cr_assert_eq(fd->last_stream, npyload_compute_sim_stream(sim));
+    uint64_t ns;
+    memcpy(&ns, fd->last_params, sizeof ns);
+    cr_assert_eq(ns, 12345);
+    atomic_store(&fd->fail_launch, 1);
+    cr_assert_eq(npyload_compute_sim_busy(sim, 1), NPYLOAD_ECUDA);
+    npyload_compute_sim_destroy(sim);
+    cr_assert_eq(atomic_load(&fd->n_module_unload), 1);
 }

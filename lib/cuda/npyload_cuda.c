@@ -1,4 +1,5 @@
-/* The CUDA runtime, reached through dlopen.
+/* The CUDA runtime and the driver API, reached through dlopen: the one
+ * place in lib/ that loads a library (lib/CMakeLists.txt checks it).
  *
  * Why dlopen and not a link against libcudart (static or shared):
  *  - host-only users (NPYLOAD_OPT_DEVICE = -1, the tools on a laptop, CI)
@@ -16,12 +17,16 @@
  * of the same soname the process shares one runtime, so streams and events
  * passed in by the user are the ones we see.
  *
- * No global state: every npyl_cuda holds its own dlopen handle (the dynamic
- * loader reference-counts the library) and its own table of entry points.
+ * No global state: every npyl_cuda holds its own dlopen handles (the dynamic
+ * loader reference-counts the libraries) and its own tables of entry points:
+ * the runtime's, filled by open (resolve), and the driver's (libcuda.so.1),
+ * filled on first need by npyl_cuda_driver (load_driver), as kvikio's shim
+ * does: one object with every entry point, filled in one function.
  *
  * Thread-safety: every function may be called from any thread once open()
  * has returned. The CUDA runtime is thread-safe; the only mutable state of a
- * handle is its error message, written under `mu`. The current device is
+ * handle is its error message and the driver table's loading, both under
+ * `mu`. The current device is
  * per thread in CUDA: a thread other than the one that called open() must
  * call npyl_cuda_bind_thread() before its first allocation, stream or copy.
  */
@@ -55,29 +60,30 @@ enum {
 #define CU_MEMCPY_H2D 1             /* cudaMemcpyHostToDevice */
 #define CU_MEMCPY_D2H 2             /* cudaMemcpyDeviceToHost */
 
-/* cudaError_t is an enum (int); cudaStream_t and cudaEvent_t are pointers. */
-typedef int (*fn_get_device_count)(int *);
-typedef int (*fn_set_device)(int);
-typedef int (*fn_get_device)(int *);
-typedef const char *(*fn_get_error_string)(int);
-typedef int (*fn_host_alloc)(void **, size_t, unsigned int);
-typedef int (*fn_free_host)(void *);
-typedef int (*fn_malloc)(void **, size_t);
-typedef int (*fn_free)(void *);
-typedef int (*fn_stream_create_with_flags)(void **, unsigned int);
-typedef int (*fn_stream_destroy)(void *);
-typedef int (*fn_stream_synchronize)(void *);
-typedef int (*fn_event_create_with_flags)(void **, unsigned int);
-typedef int (*fn_event_destroy)(void *);
-typedef int (*fn_event_record)(void *, void *);
-typedef int (*fn_event_synchronize)(void *);
-typedef int (*fn_event_query)(void *);
-typedef int (*fn_event_elapsed_time)(float *, void *, void *);
-typedef int (*fn_stream_wait_event)(void *, void *, unsigned int);
-typedef int (*fn_memcpy_async)(void *, const void *, size_t, int, void *);
-typedef int (*fn_memcpy)(void *, const void *, size_t, int);
-typedef int (*fn_driver_get_version)(int *);
-typedef int (*fn_runtime_get_version)(int *);
+/* The runtime's entry points. cudaError_t is an enum (int); cudaStream_t and
+ * cudaEvent_t are pointers. (The driver's are npyl_cu_*_fn, in the header.) */
+typedef int (*cudart_get_device_count_fn)(int *);
+typedef int (*cudart_set_device_fn)(int);
+typedef int (*cudart_get_device_fn)(int *);
+typedef const char *(*cudart_get_error_string_fn)(int);
+typedef int (*cudart_host_alloc_fn)(void **, size_t, unsigned int);
+typedef int (*cudart_free_host_fn)(void *);
+typedef int (*cudart_malloc_fn)(void **, size_t);
+typedef int (*cudart_free_fn)(void *);
+typedef int (*cudart_stream_create_with_flags_fn)(void **, unsigned int);
+typedef int (*cudart_stream_destroy_fn)(void *);
+typedef int (*cudart_stream_synchronize_fn)(void *);
+typedef int (*cudart_event_create_with_flags_fn)(void **, unsigned int);
+typedef int (*cudart_event_destroy_fn)(void *);
+typedef int (*cudart_event_record_fn)(void *, void *);
+typedef int (*cudart_event_synchronize_fn)(void *);
+typedef int (*cudart_event_query_fn)(void *);
+typedef int (*cudart_event_elapsed_time_fn)(float *, void *, void *);
+typedef int (*cudart_stream_wait_event_fn)(void *, void *, unsigned int);
+typedef int (*cudart_memcpy_async_fn)(void *, const void *, size_t, int, void *);
+typedef int (*cudart_memcpy_fn)(void *, const void *, size_t, int);
+typedef int (*cudart_driver_get_version_fn)(int *);
+typedef int (*cudart_runtime_get_version_fn)(int *);
 
 struct npyl_cuda {
     void *lib;
@@ -87,30 +93,38 @@ struct npyl_cuda {
     int driver_version;  /* 12040 for 12.4; 0 when no driver answers */
     int runtime_version;
 
-    fn_get_device_count get_device_count;
-    fn_set_device set_device;
-    fn_get_device get_device;
-    fn_get_error_string get_error_string;
-    fn_host_alloc host_alloc;
-    fn_free_host free_host;
-    fn_malloc malloc_;
-    fn_free free_;
-    fn_stream_create_with_flags stream_create;
-    fn_stream_destroy stream_destroy;
-    fn_stream_synchronize stream_sync;
-    fn_event_create_with_flags event_create;
-    fn_event_destroy event_destroy;
-    fn_event_record event_record;
-    fn_event_synchronize event_sync;
-    fn_event_query event_query;
-    fn_event_elapsed_time event_elapsed;
-    fn_stream_wait_event stream_wait_event;
-    fn_memcpy_async memcpy_async;
-    fn_memcpy memcpy_;
-    fn_driver_get_version driver_get_version;
-    fn_runtime_get_version runtime_get_version;
+    cudart_get_device_count_fn get_device_count;
+    cudart_set_device_fn set_device;
+    cudart_get_device_fn get_device;
+    cudart_get_error_string_fn get_error_string;
+    cudart_host_alloc_fn host_alloc;
+    cudart_free_host_fn free_host;
+    cudart_malloc_fn malloc_;
+    cudart_free_fn free_;
+    cudart_stream_create_with_flags_fn stream_create;
+    cudart_stream_destroy_fn stream_destroy;
+    cudart_stream_synchronize_fn stream_sync;
+    cudart_event_create_with_flags_fn event_create;
+    cudart_event_destroy_fn event_destroy;
+    cudart_event_record_fn event_record;
+    cudart_event_synchronize_fn event_sync;
+    cudart_event_query_fn event_query;
+    cudart_event_elapsed_time_fn event_elapsed;
+    cudart_stream_wait_event_fn stream_wait_event;
+    cudart_memcpy_async_fn memcpy_async;
+    cudart_memcpy_fn memcpy_;
+    cudart_driver_get_version_fn driver_get_version;
+    cudart_runtime_get_version_fn runtime_get_version;
 
-    pthread_mutex_t mu; /* guards msg */
+    /* The driver API, loaded on first need (npyl_cuda_driver): drv_state 0
+     * not tried yet, 1 loaded, or the failure's code (drv_why its reason),
+     * which later calls return without trying again. */
+    void *drv_lib;
+    int drv_state;
+    npyl_cudrv drv;
+    char drv_why[256];
+
+    pthread_mutex_t mu; /* guards msg and the driver table's loading */
     char msg[512];
 };
 
@@ -211,6 +225,8 @@ static int resolve(npyl_cuda *c, const char **missing)
 
 static void free_handle(npyl_cuda *c)
 {
+    if (c->drv_lib)
+        dlclose(c->drv_lib);
     if (c->lib)
         dlclose(c->lib);
     pthread_mutex_destroy(&c->mu);
@@ -454,6 +470,69 @@ void npyl_cuda_leave(npyl_cuda *c, int prev)
 {
     if (prev >= 0 && prev != c->device)
         c->set_device(prev);
+}
+
+/* ---- the driver API ---- */
+
+#define DRIVER_SONAME "libcuda.so.1"
+
+/* Fills c->drv: one dlopen, every entry point, one failure message. Called
+ * once per handle, under c->mu. */
+static int load_driver(npyl_cuda *c, char *why, size_t whylen)
+{
+    /* No RTLD_NODELETE (unlike the runtime): the runtime itself holds the
+     * driver while it is mapped, and nothing of ours outlives the handle. */
+    c->drv_lib = dlopen(DRIVER_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!c->drv_lib) {
+        const char *e = dlerror();
+        return npyl_fail(why, whylen, NPYLOAD_ENOCUDA,
+                         "CUDA driver API (" DRIVER_SONAME ") not loadable: %s",
+                         e ? e : "dlopen failed");
+    }
+#define DRV_SYM(field, name)                                                       do {                                                                               *(void **)(&c->drv.field) = dlsym(c->drv_lib, name);                           if (!c->drv.field)                                                                 return npyl_fail(why, whylen, NPYLOAD_ENOCUDA,                                                  "CUDA driver API (" DRIVER_SONAME ") not "                                     "loadable: it has no " name);                         } while (0)
+    DRV_SYM(module_load_data, "cuModuleLoadData");
+    DRV_SYM(module_unload, "cuModuleUnload");
+    DRV_SYM(module_get_function, "cuModuleGetFunction");
+    DRV_SYM(launch_kernel, "cuLaunchKernel");
+    DRV_SYM(get_error_string, "cuGetErrorString");
+#undef DRV_SYM
+    return 0;
+}
+
+int npyl_cuda_driver(npyl_cuda *c, const npyl_cudrv **out, char *why,
+                     size_t whylen)
+{
+    if (out)
+        *out = NULL;
+    if (!c || !out)
+        return npyl_fail(why, whylen, NPYLOAD_EINVAL,
+                         "npyl_cuda_driver: %s is NULL", c ? "out" : "handle");
+    pthread_mutex_lock(&c->mu);
+    if (c->drv_state == 0) {
+        int rc = load_driver(c, c->drv_why, sizeof c->drv_why);
+        if (rc) {
+            memset(&c->drv, 0, sizeof c->drv);
+            if (c->drv_lib)
+                dlclose(c->drv_lib);
+            c->drv_lib = NULL;
+        }
+        c->drv_state = rc ? rc : 1;
+    }
+    int rc = c->drv_state == 1 ? 0 : c->drv_state;
+    if (rc)
+        npyl_fail(why, whylen, rc, "%s", c->drv_why);
+    else
+        *out = &c->drv;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+const char *npyl_cudrv_strerror(const npyl_cudrv *d, int result)
+{
+    const char *s = NULL;
+    if (d && d->get_error_string && d->get_error_string(result, &s) != 0)
+        s = NULL;
+    return s ? s : "unknown CUDA driver error";
 }
 
 /* ---- memory ---- */

@@ -1,11 +1,18 @@
-/* The CUDA runtime, loaded at run time with dlopen so that host-only users
- * need no CUDA library and the build needs no CUDA toolkit. Depends on
- * lib/common only. Each npyl_cuda is its own handle (dlopen is reference
- * counted by the dynamic loader): no global state.
+/* CUDA, loaded at run time with dlopen so that host-only users need no CUDA
+ * library and the build needs no CUDA toolkit. This module is the only place
+ * in lib/ that calls dlopen (lib/CMakeLists.txt checks it at configure time).
+ * Each npyl_cuda is its own handle (dlopen is reference counted by the
+ * dynamic loader): no global state. A handle holds two tables of entry
+ * points, each filled in one function:
+ *  - the runtime (libcudart), loaded by npyl_cuda_open: memory, streams,
+ *    events, copies (the functions below);
+ *  - the driver API (libcuda.so.1), loaded on first need by
+ *    npyl_cuda_driver: modules and kernel launches, for the device
+ *    transforms (npyload_cuda_transform.h) and the bench's busy kernel.
  *
  * Types are opaque pointers: a stream is a cudaStream_t, an event a
- * cudaEvent_t. Every function returns 0 or NPYLOAD_ECUDA (with the runtime's
- * error string in the handle's message, npyl_cuda_errmsg). */
+ * cudaEvent_t. Every runtime function returns 0 or NPYLOAD_ECUDA (with the
+ * runtime's error string in the handle's message, npyl_cuda_errmsg). */
 #ifndef NPYLOAD_CUDA_H
 #define NPYLOAD_CUDA_H
 
@@ -99,5 +106,50 @@ NPYL_HIDDEN int npyl_cuda_memcpy_h2d_async(npyl_cuda *c, void *dst,
 /* Synchronous device-to-host copy (tests and tools). */
 NPYL_HIDDEN int npyl_cuda_memcpy_d2h(npyl_cuda *c, void *dst, const void *src,
                                      size_t n);
+
+/* ---- the driver API (libcuda.so.1) ----
+ *
+ * The runtime works on the device's primary context and makes it current,
+ * so a cudaStream_t is a valid CUstream for the driver calls below. CUresult
+ * is an enum (int); CUmodule, CUfunction and CUstream are opaque pointers.
+ * The pointer types are named after the driver (npyl_cu_*_fn), apart from
+ * the runtime's (cudart_*_fn, private to npyload_cuda.c): both APIs have a
+ * "get error string", with different signatures. */
+typedef int (*npyl_cu_module_load_data_fn)(void **module, const void *image);
+typedef int (*npyl_cu_module_unload_fn)(void *module);
+typedef int (*npyl_cu_module_get_function_fn)(void **function, void *module,
+                                              const char *name);
+typedef int (*npyl_cu_launch_kernel_fn)(void *function, unsigned grid_x,
+                                        unsigned grid_y, unsigned grid_z,
+                                        unsigned block_x, unsigned block_y,
+                                        unsigned block_z, unsigned shared_bytes,
+                                        void *stream, void **params,
+                                        void **extra);
+typedef int (*npyl_cu_get_error_string_fn)(int result, const char **str);
+
+/* Every driver entry point npyload uses, all present once loaded. */
+typedef struct npyl_cudrv {
+    npyl_cu_module_load_data_fn module_load_data;         /* cuModuleLoadData */
+    npyl_cu_module_unload_fn module_unload;               /* cuModuleUnload */
+    npyl_cu_module_get_function_fn module_get_function;   /* cuModuleGetFunction */
+    npyl_cu_launch_kernel_fn launch_kernel;               /* cuLaunchKernel */
+    npyl_cu_get_error_string_fn get_error_string;         /* cuGetErrorString */
+} npyl_cudrv;
+
+/* The driver table of handle `c`. The first call loads libcuda.so.1 and
+ * looks up every entry point, under the handle's lock; every later call
+ * (any thread) returns the same table, or the same failure without trying
+ * again. Host-only work and the device copy never call it, so they never
+ * need the driver library. Returns 0 with *out valid until
+ * npyl_cuda_close(c), NPYLOAD_EINVAL (c or out NULL) or NPYLOAD_ENOCUDA with
+ * the reason in why (may be NULL):
+ *   "CUDA driver API (libcuda.so.1) not loadable: libcuda.so.1: cannot open
+ *    shared object file: No such file or directory"
+ *   "CUDA driver API (libcuda.so.1) not loadable: it has no cuLaunchKernel" */
+NPYL_HIDDEN int npyl_cuda_driver(npyl_cuda *c, const npyl_cudrv **out,
+                                 char *why, size_t whylen);
+/* The driver's description of `result` ("invalid device context"), never
+ * NULL. */
+NPYL_HIDDEN const char *npyl_cudrv_strerror(const npyl_cudrv *d, int result);
 
 #endif

@@ -5,13 +5,14 @@
  *
  * The kernel is PTX text, JIT-compiled by the driver for whatever GPU is
  * present (cuModuleLoadData), so the library needs no CUDA toolkit at build
- * time. The driver API (libcuda.so.1) is loaded with dlopen like the runtime;
- * it works on the primary context that the runtime makes current, so the
- * runtime's stream is a valid CUstream for cuLaunchKernel.
+ * time. The driver API comes from the handle's driver table
+ * (npyl_cuda_driver, loaded on first need); it works on the primary context
+ * that the runtime makes current, so the runtime's stream is a valid
+ * CUstream for cuLaunchKernel.
  *
  * Not part of libnpyload: built into the npyload_bench_support static
  * library, declared in include/npyload_bench_support.h (unstable). */
-#include <dlfcn.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,21 +40,12 @@ static const char BUSY_PTX[] =
     "  ret;\n"
     "}\n";
 
-typedef int (*fn_module_load_data)(void **, const void *);
-typedef int (*fn_module_unload)(void *);
-typedef int (*fn_module_get_function)(void **, void *, const char *);
-typedef int (*fn_launch_kernel)(void *, unsigned, unsigned, unsigned, unsigned,
-                                unsigned, unsigned, unsigned, void *, void **,
-                                void **);
-
 struct npyload_compute_sim {
     npyl_cuda *cuda;
     void *stream;
-    void *driver;   /* dlopen handle of libcuda.so.1 */
+    const npyl_cudrv *drv; /* cuda's driver table */
     void *module;   /* CUmodule */
     void *busy;     /* CUfunction */
-    fn_module_unload module_unload;
-    fn_launch_kernel launch;
 };
 
 void npyload_compute_sim_destroy(npyload_compute_sim *s)
@@ -65,12 +57,10 @@ void npyload_compute_sim_destroy(npyload_compute_sim *s)
         npyl_cuda_stream_sync(s->cuda, s->stream);
         npyl_cuda_stream_destroy(s->cuda, s->stream);
     }
-    if (s->module && s->module_unload)
-        s->module_unload(s->module);
+    if (s->module)
+        s->drv->module_unload(s->module);
     if (entered)
         npyl_cuda_leave(s->cuda, prev);
-    if (s->driver)
-        dlclose(s->driver);
     npyl_cuda_close(s->cuda);
     free(s);
 }
@@ -83,7 +73,7 @@ int npyload_compute_sim_create(int device, npyload_compute_sim **out, char *why,
     *out = NULL;
     npyload_compute_sim *s = calloc(1, sizeof *s);
     if (!s)
-        return npyl_fail(why, whylen, -12, "out of memory");
+        return npyl_fail(why, whylen, -ENOMEM, "out of memory");
     int rc = npyl_cuda_open(&s->cuda, device, why, whylen);
     if (rc) {
         free(s);
@@ -99,23 +89,17 @@ int npyload_compute_sim_create(int device, npyload_compute_sim **out, char *why,
         npyl_fail(why, whylen, rc, "%s", npyl_cuda_errmsg(s->cuda));
         goto fail;
     }
-    s->driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    fn_module_load_data load = s->driver ? (fn_module_load_data)dlsym(s->driver, "cuModuleLoadData") : NULL;
-    fn_module_get_function getf = s->driver ? (fn_module_get_function)dlsym(s->driver, "cuModuleGetFunction") : NULL;
-    s->module_unload = s->driver ? (fn_module_unload)dlsym(s->driver, "cuModuleUnload") : NULL;
-    s->launch = s->driver ? (fn_launch_kernel)dlsym(s->driver, "cuLaunchKernel") : NULL;
-    if (!load || !getf || !s->module_unload || !s->launch) {
-        rc = npyl_fail(why, whylen, NPYLOAD_ENOCUDA,
-                       "CUDA driver API (libcuda.so.1) not loadable: %s",
-                       s->driver ? "entry points missing" : dlerror());
+    if ((rc = npyl_cuda_driver(s->cuda, &s->drv, why, whylen)) != 0)
         goto fail;
-    }
-    int e = load(&s->module, BUSY_PTX);
-    if (e == 0)
-        e = getf(&s->busy, s->module, "npyload_busy");
+    int e = s->drv->module_load_data(&s->module, BUSY_PTX);
+    if (e != 0)
+        s->module = NULL;
+    else
+        e = s->drv->module_get_function(&s->busy, s->module, "npyload_busy");
     if (e != 0) {
         rc = npyl_fail(why, whylen, NPYLOAD_ECUDA,
-                       "loading the busy kernel's PTX failed (CUresult %d)", e);
+                       "loading the busy kernel's PTX failed: %s (CUresult %d)",
+                       npyl_cudrv_strerror(s->drv, e), e);
         goto fail;
     }
     npyl_cuda_leave(s->cuda, prev);
@@ -141,7 +125,7 @@ int npyload_compute_sim_busy(npyload_compute_sim *s, uint64_t ns)
     if (rc)
         return rc;
     void *args[] = {&ns};
-    int e = s->launch(s->busy, 1, 1, 1, 1, 1, 1, 0, s->stream, args, NULL);
+    int e = s->drv->launch_kernel(s->busy, 1, 1, 1, 1, 1, 1, 0, s->stream, args, NULL);
     npyl_cuda_leave(s->cuda, prev);
     return e == 0 ? 0 : NPYLOAD_ECUDA;
 }

@@ -57,7 +57,7 @@ int npyload_loader_create(npyload_loader **out)
 }
 
 /* Frees a worker's io context (its descriptors and ring), requests and CUDA
- * stream/events. The worker's thread must be joined. */
+ * stream. The worker's thread must be joined. */
 static void free_worker(npyload_loader *L, npyl_worker *w)
 {
     npyl_io_destroy(w->io);
@@ -74,11 +74,7 @@ static void free_worker(npyload_loader *L, npyl_worker *w)
     w->draw = NULL;
     if (w->stream)
         npyl_cuda_stream_destroy(L->cuda, w->stream);
-    if (w->ev_start)
-        npyl_cuda_event_destroy(L->cuda, w->ev_start);
-    if (w->ev_end)
-        npyl_cuda_event_destroy(L->cuda, w->ev_end);
-    w->stream = w->ev_start = w->ev_end = NULL;
+    w->stream = NULL;
 }
 
 /* Frees what a slot owns and leaves NULLs, so a second call is a no-op.

@@ -44,6 +44,7 @@
 
 #include "../common/npyload_common.h"
 #include "../cuda/npyload_cuda.h"
+#include "../cuda/npyload_cuda_transform.h"
 #include "../io/npyload_io.h"
 #include "../order/npyload_order.h"
 #include "../zst/npyload_zst.h"
@@ -145,8 +146,6 @@ typedef struct npyl_worker {
     void *draw;           /* device mode with transforms: the same on the
                              device; reused in stream order */
     void *stream;         /* device mode: this worker's copy stream */
-    void *ev_start, *ev_end; /* unused: copies are timed per staging slot
-                                (npyl_slot.ev_start/ev_done) */
     char errmsg[NPYL_ERRMSG_LEN];
     /* .npy.zst reading (npyload_pipeline_read.c), sized at start: */
     ZSTD_DCtx *dctx;      /* reused for every frame */

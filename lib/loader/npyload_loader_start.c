@@ -120,7 +120,7 @@ static int open_tdev(npyload_loader *L)
     if (rc)
         return npyl_loader_fail(L, rc, "CUDA device %d: %s", L->device,
                                 npyl_cuda_errmsg(L->cuda));
-    rc = npyl_tdev_open(&L->tdev, err, sizeof err);
+    rc = npyl_tdev_open(&L->tdev, L->cuda, err, sizeof err);
     npyl_cuda_leave(L->cuda, prev);
     if (rc)
         return npyl_loader_fail(L, rc, "CUDA device %d: loading the transform kernels "
@@ -381,9 +381,7 @@ static int create_workers(npyload_loader *L, size_t nworkers)
             return npyl_loader_fail(L, rc, "CUDA device %d: allocating the %" PRIu64
                                     "-byte transform buffer of worker %zu failed: %s",
                                     L->device, L->raw_bytes, i, npyl_cuda_errmsg(L->cuda));
-        if (L->device >= 0 && ((rc = npyl_cuda_stream_create(L->cuda, &w->stream)) ||
-                               (rc = npyl_cuda_event_create(L->cuda, &w->ev_start, 1)) ||
-                               (rc = npyl_cuda_event_create(L->cuda, &w->ev_end, 1))))
+        if (L->device >= 0 && (rc = npyl_cuda_stream_create(L->cuda, &w->stream)))
             return npyl_loader_fail(L, rc, "CUDA: creating a copy stream failed: %s",
                                     npyl_cuda_errmsg(L->cuda));
     }

@@ -1,7 +1,7 @@
 /* Transforms of a field's samples: cast (float32, float16, bfloat16),
  * y = (x * scale - mean[c]) / std[c] in float32, and channels-last layout.
- * Depends on lib/common only; the loader (host: in its workers; device:
- * after the copy) is the user.
+ * Depends on lib/common and lib/format; its users are the loader (the host
+ * engine, in its workers) and lib/cuda's device engine (after the copy).
  *
  * Three steps:
  *   npyl_transform_check()  the description alone (what set_transform can
@@ -11,7 +11,8 @@
  *   npyl_transform_rows()   the host engine, one pass from the raw rows to
  *                           the output rows (any thread, the plan is
  *                           read-only after planning);
- * and the device engine (npyl_tdev_*) that runs the same math on the GPU.
+ * and the device engine (npyl_tdev_*, lib/cuda/npyload_cuda_transform.h)
+ * runs the same plans on the GPU. This module knows nothing of CUDA.
  *
  * The arithmetic is the literal float32 formula (x*scale - mean)/std with
  * three correctly rounded operations and no contraction into an FMA, on the
@@ -47,9 +48,6 @@
  * output dtypes the public NPYLOAD_DTYPE_* values: no private mirror. */
 
 #define NPYL_TDESCR_LEN 16
-/* Device transforms take mean/std as kernel parameters: at most this many
- * channels when the values differ per channel. */
-#define NPYL_TDEV_MAX_CHANNELS 128
 
 typedef void (*npyl_tload_fn)(const void *src, size_t n, float *dst);
 typedef void (*npyl_tstore_fn)(const float *src, size_t n, void *dst);
@@ -130,33 +128,5 @@ NPYL_HIDDEN uint16_t npyl_f32_to_f16(float f);
 NPYL_HIDDEN float npyl_f16_to_f32(uint16_t h);
 NPYL_HIDDEN uint16_t npyl_f32_to_bf16(float f);
 NPYL_HIDDEN float npyl_bf16_to_f32(uint16_t h);
-
-/* ---- device engine (npyload_transform_cuda.c) ---- */
-
-typedef struct npyl_tdev npyl_tdev;
-
-/* 1 if this build embeds the kernels (nvcc was found), else 0 and why. */
-NPYL_HIDDEN int npyl_tdev_built(char *why, size_t whylen);
-
-/* Checks that plan `p` can run on the device: kernels built, channel count
- * within NPYL_TDEV_MAX_CHANNELS when per channel. Returns 0, NPYLOAD_ENOCUDA
- * ("device transforms need the kernels built with the CUDA toolkit ...") or
- * NPYLOAD_EUNSUPPORTED, message naming `what`. No CUDA call. */
-NPYL_HIDDEN int npyl_tdev_plan_check(const char *what, const npyl_tplan *p,
-                                     char *err, size_t errlen);
-
-/* Loads the kernels into the CUDA context current on the calling thread (the
- * runtime's primary context, made current by npyl_cuda_enter), through the
- * driver API (libcuda.so.1, dlopen'd here). Returns 0, NPYLOAD_ENOCUDA or
- * NPYLOAD_ECUDA with the reason in err. */
-NPYL_HIDDEN int npyl_tdev_open(npyl_tdev **out, char *err, size_t errlen);
-/* Queues the transform of `rows` samples from device memory dsrc (stored
- * layout) to ddst (output layout) on `stream` (a cudaStream_t of the same
- * context). Thread-safe. Returns 0, or NPYLOAD_ECUDA with err set. */
-NPYL_HIDDEN int npyl_tdev_run(npyl_tdev *d, const npyl_tplan *p,
-                              const void *dsrc, void *ddst, size_t rows,
-                              void *stream, char *err, size_t errlen);
-/* Unloads the module (its context must still be alive). NULL-safe. */
-NPYL_HIDDEN void npyl_tdev_close(npyl_tdev *d);
 
 #endif

@@ -1,4 +1,4 @@
-/* Device transforms (lib/transform, kernels in npyload_transform_kernels.cu)
+/* Device transforms (lib/cuda, kernels in npyload_cuda_transform_kernels.cu)
  * against the host engine: bit for bit, NaN payloads aside (both NaN).
  * Needs the kernels (nvcc at build time) and a CUDA device; skips visibly
  * otherwise. Plain C: the library loads CUDA itself. */
@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "cuda/npyload_cuda.h"
-#include "transform/npyload_transform.h"
+#include "cuda/npyload_cuda_transform.h"
 
 static npyl_cuda *cuda;
 static npyl_tdev *tdev;
@@ -26,7 +26,7 @@ static void setup(void)
     cr_assert_eq(npyl_cuda_malloc(cuda, &probe, 256), 0, "%s", npyl_cuda_errmsg(cuda));
     npyl_cuda_free(cuda, probe);
     cr_assert_eq(npyl_cuda_stream_create(cuda, &stream), 0);
-    cr_assert_eq(npyl_tdev_open(&tdev, why, sizeof why), 0, "%s", why);
+    cr_assert_eq(npyl_tdev_open(&tdev, cuda, why, sizeof why), 0, "%s", why);
 }
 
 static void teardown(void)

@@ -1,7 +1,7 @@
-// Device transforms: the same math as the host engine (npyload_transform.c),
+// Device transforms: the same math as the host engine (lib/transform/npyload_transform.c),
 // one output element per thread. Compiled by nvcc at build time into a
-// fatbin embedded in libnpyload (npyload_transform_kernels.cmake) and loaded
-// through the driver API (npyload_transform_cuda.c); never linked against
+// fatbin embedded in libnpyload (npyload_cuda_transform_kernels.cmake) and loaded
+// through the driver API (npyload_cuda_transform.c); never linked against
 // the CUDA runtime.
 //
 // Agreement with the host, bit for bit: the widening of the stored value is
@@ -19,7 +19,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include "npyload_transform_kparams.h"
+#include "npyload_cuda_transform_kparams.h"
 
 namespace {
 

@@ -1,23 +1,21 @@
 /* The device transform engine's host side: loads the embedded kernels
- * (npyload_transform_kernels.cu, built by nvcc into a fatbin at build time)
- * into the current CUDA context through the driver API, and launches them.
- *
- * libcuda.so.1 is dlopen'd here, by each npyl_tdev (reference counted by
- * the dynamic loader: no global state), as lib/cuda/npyload_cuda_sim.c does
- * for its PTX; the runtime's streams are valid CUstreams on the primary
- * context that the runtime makes current. Without nvcc at build time there
- * is no fatbin, and npyl_tdev_built() / npyl_tdev_plan_check() say so. */
-#include "npyload_transform.h"
-#include "npyload_transform_kparams.h"
+ * (npyload_cuda_transform_kernels.cu, built by nvcc into a fatbin at build
+ * time) into the current CUDA context through the handle's driver table
+ * (npyl_cuda_driver), and launches them. The runtime's streams are valid
+ * CUstreams on the primary context that the runtime makes current. Without
+ * nvcc at build time there is no fatbin, and npyl_tdev_built() /
+ * npyl_tdev_plan_check() say so. */
+#include "npyload_cuda_transform.h"
+#include "npyload_cuda_transform_kparams.h"
 
-#include <dlfcn.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #ifdef NPYLOAD_HAVE_TRANSFORM_KERNELS
-#include "npyload_transform_kernels_fatbin.h"
+#include "npyload_cuda_transform_kernels_fatbin.h"
 #endif
 
 _Static_assert(NPYL_TK_MAXC == NPYL_TDEV_MAX_CHANNELS,
@@ -60,29 +58,17 @@ int npyl_tdev_plan_check(const char *what, const npyl_tplan *p, char *err,
     return 0;
 }
 
-typedef int (*fn_module_load_data)(void **, const void *);
-typedef int (*fn_module_unload)(void *);
-typedef int (*fn_module_get_function)(void **, void *, const char *);
-typedef int (*fn_launch_kernel)(void *, unsigned, unsigned, unsigned, unsigned,
-                                unsigned, unsigned, unsigned, void *, void **,
-                                void **);
-typedef int (*fn_get_error_string)(int, const char **);
-
-/* Kernel names: npyl_tk_<in>_<out>, npyl_tk_perm<bytes>. */
-static const char *const IN_CODES[] = {"u1", "i1", "u2", "i2", "u4", "i4",
-                                       "u8", "i8", "f2", "f4", "f8"};
+/* Kernels: npyl_tk_<in>_<out> for NIN input and NOUT output dtypes (named
+ * in npyl_tdev_open, ordered as in_index() and NPYLOAD_DTYPE_FLOAT32..),
+ * npyl_tk_perm<bytes>. */
 #define NIN 11
-static const char *const OUT_CODES[] = {"f4", "f2", "bf"}; /* FLOAT32.. */
 #define NOUT 3
 static const unsigned PERM_SIZES[] = {1, 2, 4, 8, 16};
 #define NPERM 5
 
 struct npyl_tdev {
-    void *driver;
+    const npyl_cudrv *drv; /* the handle's driver table */
     void *module;
-    fn_module_unload module_unload;
-    fn_launch_kernel launch;
-    fn_get_error_string errstr;
     void *conv[NIN][NOUT];
     void *perm[NPERM];
 };
@@ -91,70 +77,59 @@ void npyl_tdev_close(npyl_tdev *d)
 {
     if (!d)
         return;
-    if (d->module && d->module_unload)
-        d->module_unload(d->module);
-    if (d->driver)
-        dlclose(d->driver);
+    if (d->module)
+        d->drv->module_unload(d->module);
     free(d);
 }
 
-int npyl_tdev_open(npyl_tdev **out, char *err, size_t errlen)
+int npyl_tdev_open(npyl_tdev **out, npyl_cuda *cuda, char *err, size_t errlen)
 {
-    if (!out)
-        return npyl_fail(err, errlen, NPYLOAD_EINVAL, "npyl_tdev_open: NULL");
+    if (!out || !cuda)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL, "npyl_tdev_open: %s is NULL",
+                         out ? "cuda" : "out");
     *out = NULL;
 #ifndef NPYLOAD_HAVE_TRANSFORM_KERNELS
     return npyl_fail(err, errlen, NPYLOAD_ENOCUDA, "%s", NO_KERNELS_MSG);
 #else
+    const npyl_cudrv *drv = NULL;
+    char why[256];
+    int rc = npyl_cuda_driver(cuda, &drv, why, sizeof why);
+    if (rc)
+        return npyl_fail(err, errlen, rc, "device transforms: %s", why);
     npyl_tdev *d = calloc(1, sizeof *d);
     if (!d)
-        return npyl_fail(err, errlen, -12, "out of memory");
-    int rc;
-    d->driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    fn_module_load_data load = NULL;
-    fn_module_get_function getf = NULL;
-    if (d->driver) {
-        load = (fn_module_load_data)dlsym(d->driver, "cuModuleLoadData");
-        getf = (fn_module_get_function)dlsym(d->driver, "cuModuleGetFunction");
-        d->module_unload = (fn_module_unload)dlsym(d->driver, "cuModuleUnload");
-        d->launch = (fn_launch_kernel)dlsym(d->driver, "cuLaunchKernel");
-        d->errstr = (fn_get_error_string)dlsym(d->driver, "cuGetErrorString");
-    }
-    if (!load || !getf || !d->module_unload || !d->launch) {
-        rc = npyl_fail(err, errlen, NPYLOAD_ENOCUDA,
-                       "device transforms: CUDA driver API (libcuda.so.1) not "
-                       "loadable: %s", d->driver ? "entry points missing" : dlerror());
-        goto fail;
-    }
-    int e = load(&d->module, npyl_tk_fatbin);
+        return npyl_fail(err, errlen, -ENOMEM, "device transforms: out of memory");
+    d->drv = drv;
+    int e = drv->module_load_data(&d->module, npyl_tk_fatbin);
     if (e != 0) {
-        const char *s = NULL;
-        if (d->errstr)
-            d->errstr(e, &s);
+        d->module = NULL;
         rc = npyl_fail(err, errlen, NPYLOAD_ECUDA,
                        "device transforms: loading the kernels failed: %s "
                        "(CUresult %d; no current context, or a GPU that this "
-                       "build's fatbin does not cover)", s ? s : "?", e);
+                       "build's fatbin does not cover)", npyl_cudrv_strerror(drv, e), e);
         goto fail;
     }
+    static const char *const IN_CODES[NIN] = {"u1", "i1", "u2", "i2", "u4", "i4",
+                                              "u8", "i8", "f2", "f4", "f8"};
+    static const char *const OUT_CODES[NOUT] = {"f4", "f2", "bf"};
     char name[32];
     for (int i = 0; i < NIN; i++)
         for (int o = 0; o < NOUT; o++) {
             snprintf(name, sizeof name, "npyl_tk_%s_%s", IN_CODES[i], OUT_CODES[o]);
-            if ((e = getf(&d->conv[i][o], d->module, name)) != 0)
+            if ((e = drv->module_get_function(&d->conv[i][o], d->module, name)) != 0)
                 goto nofunc;
         }
     for (int k = 0; k < NPERM; k++) {
         snprintf(name, sizeof name, "npyl_tk_perm%u", PERM_SIZES[k]);
-        if ((e = getf(&d->perm[k], d->module, name)) != 0)
+        if ((e = drv->module_get_function(&d->perm[k], d->module, name)) != 0)
             goto nofunc;
     }
     *out = d;
     return 0;
 nofunc:
     rc = npyl_fail(err, errlen, NPYLOAD_ECUDA,
-                   "device transforms: kernel %s missing from the module "
-                   "(CUresult %d)", name, e);
+                   "device transforms: kernel %s missing from the module: %s "
+                   "(CUresult %d)", name, npyl_cudrv_strerror(drv, e), e);
 fail:
     npyl_tdev_close(d);
     return rc;
@@ -222,15 +197,11 @@ int npyl_tdev_run(npyl_tdev *d, const npyl_tplan *p, const void *dsrc,
     unsigned gx = bx > 65535 ? 65535 : (unsigned)bx;
     unsigned gy = rows > 65535 ? 65535 : (unsigned)rows;
     void *args[] = {&P};
-    int e = d->launch(fn, gx, gy, 1, threads, 1, 1, 0, stream, args, NULL);
-    if (e != 0) {
-        const char *s = NULL;
-        if (d->errstr)
-            d->errstr(e, &s);
+    int e = d->drv->launch_kernel(fn, gx, gy, 1, threads, 1, 1, 0, stream, args, NULL);
+    if (e != 0)
         return npyl_fail(err, errlen, NPYLOAD_ECUDA,
                          "device transform '%s' -> '%s': cuLaunchKernel failed: "
                          "%s (CUresult %d)", p->in_descr, p->out_descr,
-                         s ? s : "?", e);
-    }
+                         npyl_cudrv_strerror(d->drv, e), e);
     return 0;
 }

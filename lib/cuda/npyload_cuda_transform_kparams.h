@@ -1,9 +1,9 @@
-/* The kernels' one parameter, shared by npyload_transform_kernels.cu and
- * the launcher (npyload_transform_cuda.c): plain C, the same layout on both
+/* The kernels' one parameter, shared by npyload_cuda_transform_kernels.cu
+ * and the launcher (npyload_cuda_transform.c): plain C, the same layout on both
  * sides (LP64, natural alignment). Passed by value (under the 4 KiB kernel
  * parameter limit). */
-#ifndef NPYLOAD_TRANSFORM_KPARAMS_H
-#define NPYLOAD_TRANSFORM_KPARAMS_H
+#ifndef NPYLOAD_CUDA_TRANSFORM_KPARAMS_H
+#define NPYLOAD_CUDA_TRANSFORM_KPARAMS_H
 
 #define NPYL_TK_MAXC 128 /* = NPYL_TDEV_MAX_CHANNELS */
 

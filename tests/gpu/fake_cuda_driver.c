@@ -1,0 +1,147 @@
+/* A fake CUDA driver API for CPU-only tests of lib/cuda's driver table, the
+ * device transform engine's host side and the compute simulator. Built as a
+ * shared library whose SONAME is libcuda.so.1: a test dlopens it by path
+ * first, and lib/cuda's dlopen("libcuda.so.1") then finds it among the
+ * loaded objects (the dynamic loader matches an already loaded library by
+ * its SONAME) instead of searching for the real one. Criterion forks every
+ * test, so the fake never leaks into another test's process.
+ *
+ * Semantics: modules and functions are host allocations; a launch runs
+ * nothing, it records the kernel's name, the grid, the block, the stream and
+ * a copy of its parameter (fake_cuda_driver.h). Failures are injected
+ * through the struct returned by fake_cuda_driver_control().
+ *
+ * Test scaffolding: process-wide state is fine here, not in lib/. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../lib/cuda/npyload_cuda_transform_kparams.h"
+#include "fake_cuda_driver.h"
+
+_Static_assert(sizeof(npyl_tk_params) <= sizeof(((fake_cuda_driver *)0)->last_params),
+               "the fake keeps a whole kernel parameter");
+
+static fake_cuda_driver g_drv = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+fake_cuda_driver *fake_cuda_driver_control(void) { return &g_drv; }
+
+#define COUNT(name) atomic_fetch_add(&g_drv.name, 1)
+
+typedef struct fake_function {
+    struct fake_function *next;
+    char name[64];
+} fake_function;
+
+typedef struct fake_module {
+    fake_function *functions;
+} fake_module;
+
+static int image_kind(const void *image)
+{
+    static const unsigned char fatbin_magic[4] = {0x50, 0xed, 0x55, 0xba};
+    if (!image)
+        return FAKE_IMAGE_OTHER;
+    if (memcmp(image, fatbin_magic, sizeof fatbin_magic) == 0)
+        return FAKE_IMAGE_FATBIN;
+    if (strncmp(image, ".version", 8) == 0)
+        return FAKE_IMAGE_PTX;
+    return FAKE_IMAGE_OTHER;
+}
+
+int cuModuleLoadData(void **module, const void *image)
+{
+    COUNT(n_module_load);
+    pthread_mutex_lock(&g_drv.mu);
+    g_drv.last_image = image_kind(image);
+    pthread_mutex_unlock(&g_drv.mu);
+    if (atomic_load(&g_drv.fail_module_load))
+        return FAKE_CU_INVALID_IMAGE;
+    fake_module *m = calloc(1, sizeof *m);
+    if (!m)
+        return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+    *module = m;
+    return 0;
+}
+
+int cuModuleUnload(void *module)
+{
+    COUNT(n_module_unload);
+    fake_module *m = module;
+    if (!m)
+        return FAKE_CU_INVALID_VALUE;
+    while (m->functions) {
+        fake_function *f = m->functions;
+        m->functions = f->next;
+        free(f);
+    }
+    free(m);
+    return 0;
+}
+
+int cuModuleGetFunction(void **function, void *module, const char *name)
+{
+    COUNT(n_get_function);
+    fake_module *m = module;
+    if (!m || !name || strlen(name) >= sizeof(((fake_function *)0)->name))
+        return FAKE_CU_INVALID_VALUE;
+    if (atomic_load(&g_drv.fail_get_function))
+        return FAKE_CU_NOT_FOUND;
+    fake_function *f = calloc(1, sizeof *f);
+    if (!f)
+        return 2;
+    strcpy(f->name, name);
+    f->next = m->functions;
+    m->functions = f;
+    *function = f;
+    return 0;
+}
+
+int cuLaunchKernel(void *function, unsigned gx, unsigned gy, unsigned gz,
+                   unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                   void *stream, void **params, void **extra)
+{
+    (void)shared;
+    (void)extra;
+    COUNT(n_launch);
+    fake_function *f = function;
+    if (!f || !params || !params[0])
+        return FAKE_CU_INVALID_VALUE;
+    if (atomic_load(&g_drv.fail_launch))
+        return FAKE_CU_LAUNCH_FAILED;
+    size_t n = strncmp(f->name, "npyl_tk_", 8) == 0 ? sizeof(npyl_tk_params)
+                                                   : sizeof(uint64_t);
+    pthread_mutex_lock(&g_drv.mu);
+    strcpy(g_drv.last_kernel, f->name);
+    g_drv.last_grid[0] = gx;
+    g_drv.last_grid[1] = gy;
+    g_drv.last_grid[2] = gz;
+    g_drv.last_block[0] = bx;
+    g_drv.last_block[1] = by;
+    g_drv.last_block[2] = bz;
+    g_drv.last_stream = stream;
+    memcpy(g_drv.last_params, params[0], n);
+    pthread_mutex_unlock(&g_drv.mu);
+    return 0;
+}
+
+int cuGetErrorString(int result, const char **str)
+{
+    switch (result) {
+    case FAKE_CU_INVALID_VALUE:
+        *str = "fake driver: invalid argument";
+        return 0;
+    case FAKE_CU_INVALID_IMAGE:
+        *str = "fake driver: injected invalid image";
+        return 0;
+    case FAKE_CU_NOT_FOUND:
+        *str = "fake driver: injected named symbol not found";
+        return 0;
+    case FAKE_CU_LAUNCH_FAILED:
+        *str = "fake driver: injected launch failure";
+        return 0;
+    default:
+        *str = NULL;
+        return FAKE_CU_INVALID_VALUE;
+    }
+}
