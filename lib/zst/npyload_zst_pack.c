@@ -3,7 +3,9 @@
  * The calling thread reads a chunk of frames (pread), compresses frames of
  * it alongside threads-1 helpers (one ZSTD_CCtx each, frames handed out by
  * index under a mutex), then writes the chunk's frames in order to a
- * temporary file. Memory is two chunk buffers, whatever the input size.
+ * temporary file (nameless where the filesystem allows: pack_out below),
+ * fsynced before it is linked or renamed to the output and the directory
+ * fsynced after. Memory is two chunk buffers, whatever the input size.
  * The seek table's checksum of a frame is the last 4 bytes of the
  * compressed frame: zstd's content checksum is the same XXH64 low half. */
 #include "npyload_zst.h"
@@ -26,6 +28,7 @@
 #define CHUNK_MAX_BYTES (64u << 20)
 #define MAX_THREADS 256          /* threads started, at most */
 #define PACK_THREADS_ARG_MAX 1024 /* accepted in options.threads */
+#define WRITEBACK_BYTES (4u << 20)  /* start write-back every 4 MiB out */
 
 typedef struct pack_pool {
     pthread_mutex_t mu;
@@ -621,6 +624,7 @@ int npyl_pack_file_ex(const char *in, const char *out,
         ibuf = obuf = NULL;
     }
     uint64_t out_bytes = tcs[0];
+    uint64_t flushed = 0; /* output bytes whose write-back was started */
 
     if (nframes > 1) {
         uint64_t data_frames = nframes - 1;
@@ -729,6 +733,15 @@ int npyl_pack_file_ex(const char *in, const char *out,
             }
             row += crow;
             f += cnt;
+            /* Start the write-back of what is written so far, so that the
+             * final fsync has little left to wait for (it overlaps with
+             * compressing the next chunks). Advice only: errors ignored. */
+            if (out_bytes - flushed >= WRITEBACK_BYTES) {
+                sync_file_range(po.fd, (off_t)flushed,
+                                (off_t)(out_bytes - flushed),
+                                SYNC_FILE_RANGE_WRITE);
+                flushed = out_bytes;
+            }
             /* An early answer to a rewrite; the last check is below. */
             rc = input_unchanged(ifd, in, &ist, 0, err, errlen);
             if (rc)

@@ -388,9 +388,10 @@ PyDoc_STRVAR(pack_file_doc,
 "(out None: path + '.zst'); 0 means the library default for level,\n"
 "frame_size and threads. Returns in_bytes, out_bytes, frames,\n"
 "samples_per_frame, seconds and out. Raises NpyloadError naming the file\n"
-"(code -EEXIST when out exists and force is False); Ctrl-C cancels between\n"
-"chunks (no partial output) and raises KeyboardInterrupt. Use\n"
-"npyload.pack().");
+"(code -EEXIST when out exists and force is False; a non-regular out is\n"
+"refused even with force); Ctrl-C cancels between chunks (no partial\n"
+"output) and raises KeyboardInterrupt. A number that does not fit the C\n"
+"option raises ValueError naming it. Use npyload.pack().");
 
 /* Called by npyload_pack_file on this thread between chunks, with the GIL
  * released: takes it to run signal handlers, and cancels the pack when one
