@@ -710,19 +710,39 @@ typedef struct npyload_pack_result {
  * bytes after the array data are refused (the message names the file).
  * The input is streamed in chunks of frames (memory: 4 x threads frames
  * in and as many compressed out, a chunk capped at 64 MiB or one frame,
- * whichever is larger; never the whole file), compressed by
- * `threads` threads, written to a temporary file "OUT.tmp.XXXXXX" in the
- * output's directory, and renamed to `out` only when complete: a pack that
- * is interrupted (cancelled, failed, killed) never leaves a partial file
- * under the final name. Without `force` an existing `out` is never replaced
- * (checked again, atomically, at the rename). The output gets the input's
- * permission bits.
+ * whichever is larger; never the whole file), compressed by `threads`
+ * threads and written to a temporary file in the output's directory:
+ * nameless (O_TMPFILE) where the filesystem allows it, else a short name
+ * ".npyl-XXXXXX", so any legal `out` (a last component of up to NAME_MAX
+ * bytes) works. When complete it is fsynced, then linked (or renamed) to
+ * `out`, then the directory is fsynced: a pack that is interrupted
+ * (cancelled, failed, killed, or a power loss after the call returned 0)
+ * never leaves a partial file under the final name. Without `force` an
+ * existing `out` is never replaced (checked again, atomically, at the
+ * link/rename). `force` replaces regular files only: a directory, FIFO,
+ * socket, device or symbolic link at `out` is refused by name (checked up
+ * front and again, with lstat, right before the rename; a link is neither
+ * followed nor replaced). The output gets the input's permission bits.
+ * The input's identity (size, mtime in ns, device, inode) is taken before
+ * its header is read and compared after every chunk and before the output
+ * is published: a file rewritten in place or replaced during the pack is
+ * refused with NPYLOAD_ECHANGED naming it, and nothing is written (a
+ * rewrite within one tick of the filesystem's clock keeps the mtime and
+ * cannot be seen).
+ * Options' ranges (anything else is NPYLOAD_EINVAL naming the option, the
+ * value and the range): level -131072 .. 22 (zstd's; 0 = the default),
+ * frame_size 1 .. 1 GiB (0 = the default), threads 0 .. 1024 (0 = all
+ * online cores; at most 256 are started).
  * @return : 0 and `r` filled (r may be NULL); -EEXIST when `out` exists and
  *           force is 0; -ECANCELED when the progress callback cancelled;
+ *           NPYLOAD_ECHANGED when the input changed during the pack;
  *           NPYLOAD_EFORMAT / EUNSUPPORTED / ETRUNCATED / ETOOBIG for the
- *           input; NPYLOAD_EINVAL for bad options (the level out of zstd's
- *           range, `out` naming the input); another -errno for I/O. `err`
- *           gets "PATH: problem" (may be NULL).
+ *           input; NPYLOAD_EINVAL for bad options (a number out of range,
+ *           `out` naming the input or something other than a regular
+ *           file); another -errno for I/O (an fsync error included: after
+ *           the directory's fsync fails the output is complete under its
+ *           name but may not survive a power loss). `err` gets
+ *           "PATH: problem" (may be NULL).
  * Thread-safe; no global state (threads are created and joined inside). */
 NPYLOAD_API int npyload_pack_file(const char *in, const char *out,
                                   const npyload_pack_options *o,

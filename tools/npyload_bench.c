@@ -16,6 +16,7 @@
  * Uses nothing of lib/ but include/npyload.h and the unstable bench-only
  * include/npyload_bench_support.h; libc, pthreads, and liburing
  * for the raw O_DIRECT read ceiling. */
+#include "npyload_args.h"
 #include "npyload_bench_measure.h"
 
 #include <errno.h>
@@ -116,23 +117,39 @@ typedef struct opts {
     char plot_svg[4096];      /* --plot FILE.png: FILE.svg */
 } opts;
 
+/* The shared number parser's message is printed; add the hint and stop. */
+static void die_number(void) __attribute__((noreturn));
+static void die_number(void)
+{
+    fputs("run 'npyload-bench --help' for the options\n", stderr);
+    exit(2);
+}
+
+static int64_t parse_int(const char *opt, const char *s, int64_t lo, int64_t hi)
+{
+    int64_t v;
+    if (tool_arg_i64("npyload-bench", opt, s, lo, hi, &v) != 0)
+        die_number();
+    return v;
+}
+
+/* "1,2,4": each element an integer in 1 .. 4096. */
 static int parse_list(const char *s, int *out, int max, const char *what)
 {
     int n = 0;
     const char *p = s;
     while (*p) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 1 || v > 4096)
-            die_usage("%s: '%s' is not a list of positive integers", what, s);
+        size_t len = strcspn(p, ",");
         if (n == max)
-            die_usage("%s: at most %d values", what, max);
-        out[n++] = (int)v;
-        p = end;
+            die_usage("%s %s: at most %d values", what, s, max);
+        char *tok = strndup(p, len);
+        if (!tok)
+            die_usage("%s: out of memory", what);
+        out[n++] = (int)parse_int(what, tok, 1, 4096);
+        free(tok);
+        p += len;
         if (*p == ',')
             p++;
-        else if (*p)
-            die_usage("%s: '%s' is not a comma-separated list", what, s);
     }
     if (n == 0)
         die_usage("%s: empty list", what);
@@ -161,15 +178,16 @@ static int parse_io(const char *s, int *out)
     return n;
 }
 
-/* A number option in [lo, hi]: strtod for doubles, integers checked. */
-static double parse_num(const char *opt, const char *s, double lo, double hi, int integer)
+/* A number option in [lo, hi] (seconds, milliseconds: fractions allowed). */
+static double parse_num(const char *opt, const char *s, double lo, double hi)
 {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (!*s || *end || errno || !(v >= lo) || v > hi || (integer && v != (double)(long long)v))
-        die_usage("%s: '%s' is not %s", opt, s,
-                  integer ? "a positive integer" : lo > 0 ? "a positive number" : "a number >= 0");
+    if (!*s || *end || end == s)
+        die_usage("%s %s: not a number (%g .. %g)", opt, s, lo, hi);
+    if (errno == ERANGE || !(v >= lo) || v > hi)
+        die_usage("%s %s: out of range (%g .. %g)", opt, s, lo, hi);
     return v;
 }
 
@@ -179,12 +197,8 @@ static int parse_device(const char *d)
         return -1;
     if (!strcmp(d, "cuda"))
         return 0;
-    if (!strncmp(d, "cuda:", 5) && d[5]) {
-        char *end;
-        long v = strtol(d + 5, &end, 10);
-        if (!*end && v >= 0 && v <= 1024)
-            return (int)v;
-    }
+    if (!strncmp(d, "cuda:", 5))
+        return (int)parse_int("--device cuda:N", d + 5, 0, 1024);
     die_usage("--device: '%s' (cpu, cuda or cuda:N)", d);
 }
 
@@ -255,7 +269,7 @@ static const struct option longopts[] = {
 static void apply_opt(nb_ctx *ctx, nb_config *cfg, opts *o, int opt, const char *v)
 {
     switch (opt) {
-    case OPT_BATCH_SIZE: cfg->batch_size = (int)parse_num("--batch-size", v, 1, 1 << 24, 1); break;
+    case OPT_BATCH_SIZE: cfg->batch_size = (int)parse_int("--batch-size", v, 1, 1 << 24); break;
     case OPT_WORKERS: o->nworkers = parse_list(v, o->workers, NB_MAX_GRID, "--workers"); break;
     case OPT_PREFETCH: o->nprefetch = parse_list(v, o->prefetch, NB_MAX_GRID, "--prefetch"); break;
     case OPT_IO: o->nio = parse_io(v, o->io); break;
@@ -268,12 +282,12 @@ static void apply_opt(nb_ctx *ctx, nb_config *cfg, opts *o, int opt, const char 
             die_usage("--shuffle=%s: full or local", v);
         break;
     case OPT_DEVICE: cfg->device = parse_device(v); break;
-    case OPT_BATCHES: cfg->batches = (int64_t)parse_num("--batches", v, 1, 1e15, 1); break;
+    case OPT_BATCHES: cfg->batches = parse_int("--batches", v, 1, 1000000000000000); break;
     case OPT_SECONDS:
-        cfg->seconds = parse_num("--seconds", v, 1e-9, 86400, 0);
+        cfg->seconds = parse_num("--seconds", v, 1e-9, 86400);
         o->seconds_given = 1;
         break;
-    case OPT_COMPUTE_MS: cfg->compute_ms = parse_num("--compute-ms", v, 0, 1e6, 0); break;
+    case OPT_COMPUTE_MS: cfg->compute_ms = parse_num("--compute-ms", v, 0, 1e6); break;
     case OPT_COLD: cfg->cold = 1; break;
     case OPT_DIRECT: cfg->direct = 1; break;
     case OPT_JSON: o->json = v; break;

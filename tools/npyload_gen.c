@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "npyload.h"
+#include "npyload_args.h"
 #include "npyload_gen.h"
 
 static void usage(FILE *f)
@@ -86,35 +87,26 @@ static int bad_arg(const char *fmt, const char *a)
 static int parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi,
                      int64_t *out)
 {
-    char *end = NULL;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (!*s || *end || errno || v < lo || v > hi) {
-        char range[96];
-        snprintf(range, sizeof range, "an integer in [%lld, %lld]",
-                 (long long)lo, (long long)hi);
-        fprintf(stderr, PROG ": %s: '%s' is not %s\n(try " PROG " --help)\n",
-                opt, s, range);
+    if (tool_arg_i64(PROG, opt, s, lo, hi, out) != 0) {
+        fprintf(stderr, "(try " PROG " --help)\n");
         return -1;
     }
-    *out = v;
     return 0;
 }
 
+/* A 64-bit seed: 0 .. 2^64-1, or a negative int64 taken modulo 2^64. */
 static int parse_seed(const char *s, uint64_t *out)
 {
-    char *end = NULL;
-    errno = 0;
     if (*s == '-') {
-        long long v = strtoll(s, &end, 0);
-        if (*end || errno)
+        int64_t v;
+        if (parse_i64("--seed", s, INT64_MIN, -1, &v) != 0)
             return -1;
         *out = (uint64_t)v;
-    } else {
-        unsigned long long v = strtoull(s, &end, 0);
-        if (!*s || *end || errno)
-            return -1;
-        *out = v;
+        return 0;
+    }
+    if (tool_arg_u64(PROG, "--seed", s, 0, UINT64_MAX, out) != 0) {
+        fprintf(stderr, "(try " PROG " --help)\n");
+        return -1;
     }
     return 0;
 }
@@ -190,15 +182,16 @@ static int apply_opt(cli *c, int opt, const char *val)
     case OPT_SAMPLES:
         return parse_i64("--samples-per-file", val, 0, INT32_MAX, &o->samples) ? 2 : 0;
     case OPT_FIRST_ID: return parse_i64("--first-id", val, 0, INT32_MAX, &o->first_id) ? 2 : 0;
-    case OPT_CHANNELS:
-        if (strcmp(val, "2") != 0 && strcmp(val, "4") != 0)
-            return bad_arg("--channels must be 2 (gray + mask) or 4 (RGB + mask), not '%s'", val);
-        o->channels = val[0] - '0';
+    case OPT_CHANNELS: {
+        int64_t ch;
+        if (parse_i64("--channels", val, 2, 4, &ch) != 0)
+            return 2;
+        if (ch == 3)
+            return bad_arg("--channels 3: 2 (gray + mask) or 4 (RGB + mask)%s", "");
+        o->channels = (int)ch;
         break;
-    case OPT_SEED:
-        if (parse_seed(val, &o->seed))
-            return bad_arg("--seed '%s' is not a 64-bit integer", val);
-        break;
+    }
+    case OPT_SEED: return parse_seed(val, &o->seed) ? 2 : 0;
     case OPT_SHAPE: o->shape = val; break;
     case OPT_DTYPE: o->dtype = val; break;
     case OPT_GENERIC: c->generic = 1; break;

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "npyload.h"
+#include "npyload_args.h"
 
 static int host_little_endian(void)
 {
@@ -90,19 +91,22 @@ static int parse_shape(const char *s, int64_t *dims, int *ndim, char *why,
                      NPYLOAD_MAX_DIMS - 1);
             return -1;
         }
-        char *end = NULL;
-        errno = 0;
-        if (*p < '0' || *p > '9')
+        size_t n = strcspn(p, ",x");
+        char tok[32];
+        if (n == 0 || n >= sizeof tok)
             goto bad;
-        long long v = strtoll(p, &end, 10);
-        if (errno || v < 0)
+        memcpy(tok, p, n);
+        tok[n] = 0;
+        if (*tok < '0' || *tok > '9')
+            goto bad;
+        int64_t v;
+        /* The range message goes to stderr; `why` adds the whole value. */
+        if (tool_arg_i64(PROG, "--shape dimension", tok, 0, INT64_MAX, &v) != 0)
             goto bad;
         dims[(*ndim)++] = v;
-        if (*end == '\0')
+        if (p[n] == '\0')
             return 0;
-        if (*end != ',' && *end != 'x')
-            goto bad;
-        p = end + 1;
+        p += n + 1;
     }
 bad:
     snprintf(why, whylen,

@@ -8,10 +8,11 @@
  * seekable format, frame 0 the NPY header, later frames whole samples).
  * `zstd -d FILE.npy.zst` gives back FILE.npy byte for byte.
  *
- * Habits of the zstd CLI: an existing output is kept unless -f; the output
- * is written under a temporary name and renamed when complete, so an
- * interrupted pack never leaves a half file under the final name; SIGINT or
- * SIGTERM stops at the next chunk and removes the temporary file; a
+ * Habits of the zstd CLI: an existing output is kept unless -f (which
+ * replaces regular files only); the output is written as a nameless
+ * temporary file, synced, and linked under its name when complete, so an
+ * interrupted pack or a power loss never leaves a half file under the final
+ * name; SIGINT or SIGTERM stops at the next chunk (nothing left); a
  * progress line on stderr only when it is a terminal; one line per file and
  * a total on stdout; a failed file is named on stderr and the others are
  * still packed.
@@ -19,7 +20,7 @@
  * Exit status: 0 every file packed, 1 some file failed, 2 usage error,
  * 128 + signal when interrupted.
  *
- * Uses nothing but include/npyload.h and libc.
+ * Uses nothing but include/npyload.h, npyload_args.h and libc.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -33,6 +34,7 @@
 #include <unistd.h>
 
 #include "npyload.h"
+#include "npyload_args.h"
 
 #define PROG "npyload-pack"
 
@@ -49,12 +51,17 @@ static void usage(FILE *f)
             "frame 0 the header, then frames of whole samples; the loader reads\n"
             "samples at random; `zstd -d` restores the .npy byte for byte).\n"
             "\n"
-            "  -l, --level LEVEL      zstd level (default %d; negative = faster)\n"
+            "  -l, --level LEVEL      zstd level -131072 .. 22 (default %d;\n"
+            "                         negative = faster)\n"
             "      --frame-size BYTES target decompressed bytes per frame: the\n"
             "                         fewest whole samples reaching it (default\n"
-            "                         %u; suffixes K, M, G = KiB, MiB, GiB)\n"
-            "  -T, --threads N        compression threads (default 0 = all cores)\n"
-            "  -f, --force            overwrite existing outputs\n"
+            "                         %u; 1 .. 1G; suffixes K, M, G = KiB,\n"
+            "                         MiB, GiB)\n"
+            "  -T, --threads N        compression threads 0 .. 1024 (default 0 =\n"
+            "                         all cores)\n"
+            "  -f, --force            replace existing outputs (regular files\n"
+            "                         only: never a device, FIFO, directory or\n"
+            "                         symbolic link)\n"
             "      --rm               remove each input after it is packed\n"
             "      --no-check         no frame checksums (default: checksummed)\n"
             "  -o, --output OUT       output path (one input only)\n"
@@ -67,37 +74,12 @@ static void usage(FILE *f)
             NPYLOAD_PACK_DEFAULT_LEVEL, NPYLOAD_PACK_DEFAULT_FRAME_SIZE);
 }
 
-static int parse_int(const char *s, long lo, long hi, long *out)
+/* The option as the user spelled it ("-l" or "--level"), for messages. */
+static const char *spelled(char **argv, const char *shortname,
+                           const char *longname)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
-}
-
-static int parse_size(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *s == '-')
-        return -1;
-    unsigned shift = 0;
-    if (*end == 'K' || *end == 'k')
-        shift = 10, end++;
-    else if (*end == 'M' || *end == 'm')
-        shift = 20, end++;
-    else if (*end == 'G' || *end == 'g')
-        shift = 30, end++;
-    if (shift && (*end == 'i' || *end == 'I') && (end[1] == 'B' || end[1] == 'b'))
-        end += 2;
-    if (*end || v == 0 || v > (UINT64_MAX >> shift))
-        return -1;
-    *out = (uint64_t)v << shift;
-    return 0;
+    const char *o = optarg == argv[optind - 1] ? argv[optind - 2] : argv[optind - 1];
+    return o[0] == '-' && o[1] == '-' ? longname : shortname;
 }
 
 static double now_s(void)
@@ -162,31 +144,23 @@ int main(int argc, char **argv)
     memset(&o, 0, sizeof o);
     const char *out = NULL;
     int rm = 0, quiet = 0, c;
-    long v;
+    int64_t v;
     while ((c = getopt_long(argc, argv, "l:T:fo:qhV", longs, NULL)) != -1) {
         switch (c) {
         case 'l':
-            if (parse_int(optarg, -131072, 22, &v) != 0) {
-                fprintf(stderr, PROG ": -l: a zstd level (-131072..22) expected, "
-                                "got '%s'\n", optarg);
+            /* zstd's range (ZSTD_minCLevel() .. ZSTD_maxCLevel()) */
+            if (tool_arg_i64(PROG, spelled(argv, "-l", "--level"), optarg, -131072, 22, &v) != 0)
                 return 2;
-            }
             o.level = (int)v;
             break;
         case 'F':
-            if (parse_size(optarg, &o.frame_size) != 0) {
-                fprintf(stderr, PROG ": --frame-size: a positive byte count "
-                                "expected (e.g. 131072, 128K, 1M), got '%s'\n",
-                        optarg);
+            if (tool_arg_size(PROG, "--frame-size", optarg, 1, 1u << 30,
+                              &o.frame_size) != 0)
                 return 2;
-            }
             break;
         case 'T':
-            if (parse_int(optarg, 0, 1024, &v) != 0) {
-                fprintf(stderr, PROG ": -T: a thread count 0..1024 expected, "
-                                "got '%s'\n", optarg);
+            if (tool_arg_i64(PROG, spelled(argv, "-T", "--threads"), optarg, 0, 1024, &v) != 0)
                 return 2;
-            }
             o.threads = (int)v;
             break;
         case 'f': o.force = 1; break;

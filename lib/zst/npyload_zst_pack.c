@@ -3,7 +3,9 @@
  * The calling thread reads a chunk of frames (pread), compresses frames of
  * it alongside threads-1 helpers (one ZSTD_CCtx each, frames handed out by
  * index under a mutex), then writes the chunk's frames in order to a
- * temporary file. Memory is two chunk buffers, whatever the input size.
+ * temporary file (nameless where the filesystem allows: pack_out below),
+ * fsynced before it is linked or renamed to the output and the directory
+ * fsynced after. Memory is two chunk buffers, whatever the input size.
  * The seek table's checksum of a frame is the last 4 bytes of the
  * compressed frame: zstd's content checksum is the same XXH64 low half. */
 #include "npyload_zst.h"
@@ -16,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,7 +26,9 @@
 
 #define CHUNK_FRAMES_PER_THREAD 4
 #define CHUNK_MAX_BYTES (64u << 20)
-#define MAX_THREADS 256
+#define MAX_THREADS 256          /* threads started, at most */
+#define PACK_THREADS_ARG_MAX 1024 /* accepted in options.threads */
+#define WRITEBACK_BYTES (4u << 20)  /* start write-back every 4 MiB out */
 
 typedef struct pack_pool {
     pthread_mutex_t mu;
@@ -127,36 +132,331 @@ static uint32_t le32(const unsigned char *p)
            (uint32_t)p[3] << 24;
 }
 
-/* Puts tmp in place of out: atomically refusing to replace unless force. */
-static int publish(const char *tmp, const char *out, int force, char *err,
-                   size_t errlen)
+/* ---- the input: the same file from the header to the last byte ---------- */
+
+/* Compares fstat of the open input (and stat of its path) with `was`, the
+ * stat taken before its header was read, as the loader's identity check
+ * does: 0, or NPYLOAD_ECHANGED saying what changed. An in-place rewrite
+ * shows as a new mtime (or size); a file renamed over the path as another
+ * inode. A rewrite within one tick of the filesystem's clock keeps the
+ * mtime and is not seen. */
+static int input_unchanged(int ifd, const char *in, const struct stat *was,
+                           int check_path, char *err, size_t errlen)
 {
-    if (force) {
-        if (rename(tmp, out) == 0)
+    struct stat now;
+    if (fstat(ifd, &now) != 0) {
+        int e = errno;
+        return npyl_fail(err, errlen, -e, "%s: fstat failed: %s", in,
+                         strerror(e));
+    }
+    if (now.st_size != was->st_size)
+        return npyl_fail(err, errlen, NPYLOAD_ECHANGED,
+                         "%s: changed while being packed (size %lld \u2192 "
+                         "%lld): nothing written",
+                         in, (long long)was->st_size, (long long)now.st_size);
+    if (now.st_mtim.tv_sec != was->st_mtim.tv_sec ||
+        now.st_mtim.tv_nsec != was->st_mtim.tv_nsec)
+        return npyl_fail(err, errlen, NPYLOAD_ECHANGED,
+                         "%s: changed while being packed (modified in place: "
+                         "mtime %lld.%09ld \u2192 %lld.%09ld): nothing written",
+                         in, (long long)was->st_mtim.tv_sec,
+                         (long)was->st_mtim.tv_nsec,
+                         (long long)now.st_mtim.tv_sec,
+                         (long)now.st_mtim.tv_nsec);
+    if (check_path && stat(in, &now) != 0) {
+        int e = errno;
+        return npyl_fail(err, errlen, NPYLOAD_ECHANGED,
+                         "%s: changed while being packed (the path no longer "
+                         "opens: %s): nothing written", in, strerror(e));
+    }
+    if (now.st_dev != was->st_dev || now.st_ino != was->st_ino)
+        return npyl_fail(err, errlen, NPYLOAD_ECHANGED,
+                         "%s: changed while being packed (replaced: device "
+                         "%llu inode %llu \u2192 device %llu inode %llu): "
+                         "nothing written",
+                         in, (unsigned long long)was->st_dev,
+                         (unsigned long long)was->st_ino,
+                         (unsigned long long)now.st_dev,
+                         (unsigned long long)now.st_ino);
+    return 0;
+}
+
+/* ---- the output: a temporary file that becomes `out` -------------------- */
+
+/* The output is built without a name (O_TMPFILE) in out's directory and
+ * linked in when complete, so a temporary name never has to fit beside a
+ * long `out` and a killed pack leaves nothing behind. A filesystem that
+ * refuses O_TMPFILE (or a process without /proc to link it through) gets a
+ * short named temporary ".npyl-XXXXXX" instead. */
+typedef struct pack_out {
+    const char *path;  /* as the caller gave it */
+    char *dir;         /* its directory (malloc'd) */
+    const char *base;  /* its last component, inside path */
+    int dirfd;         /* dir, opened for *at() calls and the final fsync */
+    int fd;            /* the temporary file */
+    int anon;          /* 1: O_TMPFILE, nameless until linked */
+    char tmp[16];      /* the temporary's name in dir while it has one */
+} pack_out;
+
+#define TMP_PREFIX ".npyl-"
+#define TMP_TRIES 100
+
+static void tmp_name(char name[16])
+{
+    static const char abc[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    unsigned char r[6];
+    if (getrandom(r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) {
+        uint64_t x = npyl_now_ns() ^ ((uint64_t)getpid() << 32) ^
+                     (uint64_t)(uintptr_t)name;
+        for (size_t i = 0; i < sizeof r; i++, x >>= 7)
+            r[i] = (unsigned char)x;
+    }
+    memcpy(name, TMP_PREFIX, sizeof TMP_PREFIX - 1);
+    for (size_t i = 0; i < sizeof r; i++)
+        name[sizeof TMP_PREFIX - 1 + i] = abc[r[i] % (sizeof abc - 1)];
+    name[sizeof TMP_PREFIX - 1 + sizeof r] = 0;
+}
+
+static const char *kind_name(mode_t m)
+{
+    if (S_ISDIR(m))
+        return "a directory";
+    if (S_ISFIFO(m))
+        return "a FIFO";
+    if (S_ISCHR(m))
+        return "a character device";
+    if (S_ISBLK(m))
+        return "a block device";
+    if (S_ISSOCK(m))
+        return "a socket";
+    if (S_ISLNK(m))
+        return "a symbolic link";
+    return "not a regular file";
+}
+
+/* What is at `out` now may be replaced? 0 when nothing is there, or (with
+ * force) a regular file other than the input. lstat, not stat: a symbolic
+ * link is refused, never followed nor replaced, and so are devices, FIFOs,
+ * sockets and directories: force replaces regular files only. */
+static int out_replaceable(const pack_out *po, int force, const struct stat *ist,
+                           char *err, size_t errlen)
+{
+    struct stat st;
+    if (fstatat(po->dirfd, po->base, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        int e = errno;
+        if (e == ENOENT)
             return 0;
-    } else {
-        if (renameat2(AT_FDCWD, tmp, AT_FDCWD, out, RENAME_NOREPLACE) == 0)
-            return 0;
-        if (errno == EINVAL || errno == ENOSYS) {
-            /* A filesystem without RENAME_NOREPLACE: link() also fails
-             * with EEXIST rather than replace. */
-            if (link(tmp, out) == 0) {
-                unlink(tmp);
+        return npyl_fail(err, errlen, -e, "%s: cannot stat: %s", po->path,
+                         strerror(e));
+    }
+    if (!S_ISREG(st.st_mode))
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: is %s: the output must be a regular file (force "
+                         "replaces regular files only)",
+                         po->path, kind_name(st.st_mode));
+    if (st.st_dev == ist->st_dev && st.st_ino == ist->st_ino)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: the output is the input", po->path);
+    if (!force)
+        return npyl_fail(err, errlen, -EEXIST,
+                         "%s: already exists (force / -f to overwrite)",
+                         po->path);
+    return 0;
+}
+
+/* Splits po->path and opens its directory. */
+static int out_open_dir(pack_out *po, char *err, size_t errlen)
+{
+    const char *slash = strrchr(po->path, '/');
+    po->base = slash ? slash + 1 : po->path;
+    if (!*po->base || !strcmp(po->base, ".") || !strcmp(po->base, ".."))
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: names a directory, not an output file", po->path);
+    size_t n = slash ? (size_t)(slash - po->path) : 1;
+    po->dir = malloc(n + 2);
+    if (!po->dir)
+        return npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", po->path);
+    if (!slash)
+        strcpy(po->dir, ".");
+    else if (n == 0)
+        strcpy(po->dir, "/");
+    else {
+        memcpy(po->dir, po->path, n);
+        po->dir[n] = 0;
+    }
+    po->dirfd = open(po->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (po->dirfd < 0) {
+        int e = errno;
+        return npyl_fail(err, errlen, -e, "%s: cannot open its directory %s: %s",
+                         po->path, po->dir, strerror(e));
+    }
+    return 0;
+}
+
+/* /proc/self/fd/N of the nameless temporary, for linkat. */
+static void proc_path(const pack_out *po, char buf[40])
+{
+    snprintf(buf, 40, "/proc/self/fd/%d", po->fd);
+}
+
+/* Creates the temporary file: nameless when allowed and possible. */
+static int out_create_tmp(pack_out *po, int no_tmpfile, char *err, size_t errlen)
+{
+    if (!no_tmpfile) {
+        po->fd = openat(po->dirfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+        if (po->fd >= 0) {
+            /* linkat needs /proc (AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH):
+             * check now, while falling back costs nothing. */
+            char pp[40];
+            struct stat a, b;
+            proc_path(po, pp);
+            if (fstat(po->fd, &a) == 0 && stat(pp, &b) == 0 &&
+                a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+                po->anon = 1;
                 return 0;
             }
+            close(po->fd);
+            po->fd = -1;
         }
     }
+    for (int i = 0; i < TMP_TRIES; i++) {
+        tmp_name(po->tmp);
+        po->fd = openat(po->dirfd, po->tmp,
+                        O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (po->fd >= 0)
+            return 0;
+        if (errno != EEXIST)
+            break;
+    }
     int e = errno;
-    if (e == EEXIST)
-        return npyl_fail(err, errlen, -EEXIST,
-                         "%s: already exists (force / -f to overwrite)", out);
-    return npyl_fail(err, errlen, -e, "%s: cannot rename %s to it: %s", out,
-                     tmp, strerror(e));
+    po->tmp[0] = 0; /* nothing to remove */
+    return npyl_fail(err, errlen, -e, "%s: cannot create a temporary file in "
+                     "%s: %s", po->path, po->dir, strerror(e));
 }
+
+/* Gives the nameless temporary the name `name` in dir: 0 or -errno. */
+static int out_link_anon(const pack_out *po, const char *name)
+{
+    char pp[40];
+    proc_path(po, pp);
+    return linkat(AT_FDCWD, pp, po->dirfd, name, AT_SYMLINK_FOLLOW) == 0 ? 0
+                                                                         : -errno;
+}
+
+/* Puts the complete, synced temporary in place of out. Without force,
+ * atomically refusing to replace (linkat, RENAME_NOREPLACE). With force,
+ * only a regular file is replaced: checked up front by the caller and
+ * again right before the rename (what is at `out` can still change between
+ * that lstat and the rename; no rename-based writer closes that gap). */
+static int out_publish(pack_out *po, int force, const struct stat *ist,
+                       char *err, size_t errlen)
+{
+    int rc;
+    if (po->anon) {
+        rc = out_link_anon(po, po->base);
+        if (rc == 0)
+            return 0;
+        if (rc != -EEXIST)
+            return npyl_fail(err, errlen, rc, "%s: cannot link the output "
+                             "into place: %s", po->path, strerror(-rc));
+        if (!force)
+            return npyl_fail(err, errlen, -EEXIST, "%s: already exists "
+                             "(force / -f to overwrite)", po->path);
+        /* Replacing: a short name first, then rename over out. */
+        for (int i = 0; i < TMP_TRIES; i++) {
+            tmp_name(po->tmp);
+            rc = out_link_anon(po, po->tmp);
+            if (rc != -EEXIST)
+                break;
+        }
+        if (rc) {
+            po->tmp[0] = 0;
+            return npyl_fail(err, errlen, rc, "%s: cannot link a temporary "
+                             "name in %s: %s", po->path, po->dir,
+                             strerror(-rc));
+        }
+    } else if (!force) {
+        if (renameat2(po->dirfd, po->tmp, po->dirfd, po->base,
+                      RENAME_NOREPLACE) == 0)
+            return 0;
+        int e = errno;
+        if (e == EINVAL || e == ENOSYS) {
+            /* A filesystem without RENAME_NOREPLACE: link() also fails
+             * with EEXIST rather than replace. */
+            if (linkat(po->dirfd, po->tmp, po->dirfd, po->base, 0) == 0) {
+                unlinkat(po->dirfd, po->tmp, 0);
+                return 0;
+            }
+            e = errno;
+        }
+        if (e == EEXIST)
+            return npyl_fail(err, errlen, -EEXIST, "%s: already exists "
+                             "(force / -f to overwrite)", po->path);
+        return npyl_fail(err, errlen, -e, "%s: cannot rename %s to it: %s",
+                         po->path, po->tmp, strerror(e));
+    }
+    rc = out_replaceable(po, force, ist, err, errlen);
+    if (rc)
+        return rc; /* the caller removes po->tmp */
+    if (renameat(po->dirfd, po->tmp, po->dirfd, po->base) != 0) {
+        int e = errno;
+        return npyl_fail(err, errlen, -e, "%s: cannot rename %s to it: %s",
+                         po->path, po->tmp, strerror(e));
+    }
+    return 0;
+}
+
+/* fsync that treats "this file cannot be synced" (EINVAL: some FUSE and
+ * special filesystems) as nothing to do. */
+static int sync_fd(int fd)
+{
+    if (fsync(fd) == 0 || errno == EINVAL)
+        return 0;
+    return -errno;
+}
+
+/* The options' ranges, checked before anything is opened. */
+static int check_options(const char *in, const npyload_pack_options *o,
+                         char *err, size_t errlen)
+{
+    if (o->level != 0 &&
+        (o->level < ZSTD_minCLevel() || o->level > ZSTD_maxCLevel()))
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: level %d out of range (%d .. %d; 0 = the "
+                         "default %d)",
+                         in, o->level, ZSTD_minCLevel(), ZSTD_maxCLevel(),
+                         NPYLOAD_PACK_DEFAULT_LEVEL);
+    if (o->frame_size > NPYL_ZST_MAX_FRAME_BYTES)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: frame_size %" PRIu64 " out of range (1 .. %u "
+                         "bytes; 0 = the default %u)",
+                         in, o->frame_size, NPYL_ZST_MAX_FRAME_BYTES,
+                         NPYLOAD_PACK_DEFAULT_FRAME_SIZE);
+    if (o->threads < 0 || o->threads > PACK_THREADS_ARG_MAX)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: threads %d out of range (0 .. %d; 0 = all online "
+                         "cores)", in, o->threads, PACK_THREADS_ARG_MAX);
+    return 0;
+}
+
+/* npyload_pack_file with a test's choice: no_tmpfile 1 takes the named
+ * temporary path that a filesystem without O_TMPFILE gets. */
+NPYL_HIDDEN int npyl_pack_file_ex(const char *in, const char *out,
+                                  const npyload_pack_options *o,
+                                  npyload_pack_result *r, char *err,
+                                  size_t errlen, int no_tmpfile);
 
 int npyload_pack_file(const char *in, const char *out,
                       const npyload_pack_options *o, npyload_pack_result *r,
                       char *err, size_t errlen)
+{
+    return npyl_pack_file_ex(in, out, o, r, err, errlen, 0);
+}
+
+int npyl_pack_file_ex(const char *in, const char *out,
+                      const npyload_pack_options *o, npyload_pack_result *r,
+                      char *err, size_t errlen, int no_tmpfile)
 {
     uint64_t t0 = npyl_now_ns();
     npyload_pack_options def;
@@ -166,16 +466,25 @@ int npyload_pack_file(const char *in, const char *out,
     if (!in)
         return npyl_fail(err, errlen, NPYLOAD_EINVAL,
                          "<null>: npyload_pack_file: no input path");
+    int rc = check_options(in, o, err, errlen);
+    if (rc)
+        return rc;
     int level = o->level ? o->level : NPYLOAD_PACK_DEFAULT_LEVEL;
-    if (level < ZSTD_minCLevel() || level > ZSTD_maxCLevel())
-        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
-                         "%s: zstd level %d out of range [%d, %d]", in, level,
-                         ZSTD_minCLevel(), ZSTD_maxCLevel());
     uint64_t target = o->frame_size ? o->frame_size : NPYLOAD_PACK_DEFAULT_FRAME_SIZE;
     int checksum = !o->no_checksum;
 
+    /* The input's identity before its header is read: every later check
+     * compares with it. */
+    struct stat ist;
+    if (stat(in, &ist) != 0) {
+        int e = errno;
+        if (e != ENOENT)
+            return npyl_fail(err, errlen, -e, "%s: cannot stat: %s", in,
+                             strerror(e));
+        /* ENOENT: the header reader names it as the loader does */
+    }
     npyload_header h;
-    int rc = npyload_read_header(in, &h, err, errlen);
+    rc = npyload_read_header(in, &h, err, errlen);
     if (rc)
         return rc;
     if (h.fortran_order && h.ndim > 1)
@@ -199,7 +508,7 @@ int npyload_pack_file(const char *in, const char *out,
                              "%s: %" PRIu64 "-byte samples: more than a "
                              "seekable frame may hold (%u)",
                              in, rb, NPYL_ZST_MAX_FRAME_BYTES);
-        spf = (target + rb - 1) / rb;
+        spf = target / rb + (target % rb != 0); /* target <= 1 GiB */
         if (spf == 0)
             spf = 1;
         if (spf > NPYL_ZST_MAX_FRAME_BYTES / rb)
@@ -225,8 +534,11 @@ int npyload_pack_file(const char *in, const char *out,
     }
 
     /* Everything below releases through `done`. */
-    int ifd = -1, ofd = -1;
-    char *tmp = NULL;
+    int ifd = -1;
+    pack_out po;
+    memset(&po, 0, sizeof po);
+    po.path = out;
+    po.dirfd = po.fd = -1;
     uint32_t *tcs = NULL, *tds = NULL, *tck = NULL;
     unsigned char *ibuf = NULL, *obuf = NULL, *tab = NULL;
     size_t *csz = NULL;
@@ -237,47 +549,30 @@ int npyload_pack_file(const char *in, const char *out,
     int pool_init = 0;
     ZSTD_CCtx *cctx = NULL;
 
-    struct stat ist, ost;
     ifd = open(in, O_RDONLY | O_CLOEXEC);
-    if (ifd < 0 || fstat(ifd, &ist) != 0) {
+    if (ifd < 0) {
         int e = errno;
         rc = npyl_fail(err, errlen, -e, "%s: cannot open: %s", in, strerror(e));
         goto done;
     }
+    rc = input_unchanged(ifd, in, &ist, 0, err, errlen);
+    if (rc)
+        goto done;
     if ((uint64_t)ist.st_size != h.file_bytes) {
         rc = npyl_fail(err, errlen, NPYLOAD_ECHANGED,
                        "%s: changed while being packed (%" PRIu64 " bytes, "
                        "then %lld)", in, h.file_bytes, (long long)ist.st_size);
         goto done;
     }
-    if (stat(out, &ost) == 0) {
-        if (ost.st_dev == ist.st_dev && ost.st_ino == ist.st_ino) {
-            rc = npyl_fail(err, errlen, NPYLOAD_EINVAL,
-                           "%s: the output is the input", out);
-            goto done;
-        }
-        if (!o->force) {
-            rc = npyl_fail(err, errlen, -EEXIST,
-                           "%s: already exists (force / -f to overwrite)", out);
-            goto done;
-        }
-    }
-
-    tmp = malloc(strlen(out) + 12);
-    if (!tmp) {
-        rc = npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", in);
+    rc = out_open_dir(&po, err, errlen);
+    if (rc)
         goto done;
-    }
-    sprintf(tmp, "%s.tmp.XXXXXX", out);
-    ofd = mkostemp(tmp, O_CLOEXEC);
-    if (ofd < 0) {
-        int e = errno;
-        free(tmp);
-        tmp = NULL; /* nothing to remove */
-        rc = npyl_fail(err, errlen, -e, "%s: cannot create a temporary file "
-                       "beside it: %s", out, strerror(e));
+    rc = out_replaceable(&po, o->force, &ist, err, errlen);
+    if (rc)
         goto done;
-    }
+    rc = out_create_tmp(&po, no_tmpfile, err, errlen);
+    if (rc)
+        goto done;
 
     tcs = malloc(sizeof(uint32_t) * nframes);
     tds = malloc(sizeof(uint32_t) * nframes);
@@ -315,9 +610,9 @@ int npyload_pack_file(const char *in, const char *out,
                            ZSTD_getErrorName(c));
             goto done;
         }
-        rc = write_all(ofd, obuf, c);
+        rc = write_all(po.fd, obuf, c);
         if (rc) {
-            rc = npyl_fail(err, errlen, rc, "%s: write failed: %s", tmp,
+            rc = npyl_fail(err, errlen, rc, "%s: write failed: %s", out,
                            strerror(-rc));
             goto done;
         }
@@ -329,6 +624,7 @@ int npyload_pack_file(const char *in, const char *out,
         ibuf = obuf = NULL;
     }
     uint64_t out_bytes = tcs[0];
+    uint64_t flushed = 0; /* output bytes whose write-back was started */
 
     if (nframes > 1) {
         uint64_t data_frames = nframes - 1;
@@ -424,9 +720,9 @@ int npyload_pack_file(const char *in, const char *out,
                     goto done;
                 }
                 const unsigned char *cp = obuf + (size_t)i * stride;
-                rc = write_all(ofd, cp, c);
+                rc = write_all(po.fd, cp, c);
                 if (rc) {
-                    rc = npyl_fail(err, errlen, rc, "%s: write failed: %s", tmp,
+                    rc = npyl_fail(err, errlen, rc, "%s: write failed: %s", out,
                                    strerror(-rc));
                     goto done;
                 }
@@ -437,6 +733,19 @@ int npyload_pack_file(const char *in, const char *out,
             }
             row += crow;
             f += cnt;
+            /* Start the write-back of what is written so far, so that the
+             * final fsync has little left to wait for (it overlaps with
+             * compressing the next chunks). Advice only: errors ignored. */
+            if (out_bytes - flushed >= WRITEBACK_BYTES) {
+                sync_file_range(po.fd, (off_t)flushed,
+                                (off_t)(out_bytes - flushed),
+                                SYNC_FILE_RANGE_WRITE);
+                flushed = out_bytes;
+            }
+            /* An early answer to a rewrite; the last check is below. */
+            rc = input_unchanged(ifd, in, &ist, 0, err, errlen);
+            if (rc)
+                goto done;
             if (o->progress &&
                 o->progress(o->progress_arg, h.data_offset + row * rb, h.file_bytes)) {
                 rc = npyl_fail(err, errlen, -ECANCELED, "%s: cancelled", out);
@@ -452,25 +761,43 @@ int npyload_pack_file(const char *in, const char *out,
         goto done;
     }
     npyl_zst_table_encode(tab, (uint32_t)nframes, tcs, tds, tck, checksum);
-    rc = write_all(ofd, tab, tsz);
+    rc = write_all(po.fd, tab, tsz);
     if (rc) {
-        rc = npyl_fail(err, errlen, rc, "%s: write failed: %s", tmp,
+        rc = npyl_fail(err, errlen, rc, "%s: write failed: %s", out,
                        strerror(-rc));
         goto done;
     }
     out_bytes += tsz;
-    if (fchmod(ofd, ist.st_mode & 07777) != 0 || close(ofd) != 0) {
-        int e = errno;
-        ofd = -1;
-        rc = npyl_fail(err, errlen, -e, "%s: %s", tmp, strerror(e));
-        goto done;
-    }
-    ofd = -1;
-    rc = publish(tmp, out, o->force, err, errlen);
+    /* Every byte read came from the file whose header was parsed: else the
+     * output could mix old and new rows. */
+    rc = input_unchanged(ifd, in, &ist, 1, err, errlen);
     if (rc)
         goto done;
-    free(tmp);
-    tmp = NULL; /* published: nothing to remove */
+    /* Durable before it has the final name (after a power loss the name
+     * holds the whole output or nothing), and the name durable after. */
+    if (fchmod(po.fd, ist.st_mode & 07777) != 0) {
+        int e = errno;
+        rc = npyl_fail(err, errlen, -e, "%s: cannot set its mode: %s", out,
+                       strerror(e));
+        goto done;
+    }
+    rc = sync_fd(po.fd);
+    if (rc) {
+        rc = npyl_fail(err, errlen, rc, "%s: fsync failed: %s", out,
+                       strerror(-rc));
+        goto done;
+    }
+    rc = out_publish(&po, o->force, &ist, err, errlen);
+    if (rc)
+        goto done;
+    po.tmp[0] = 0; /* published: nothing to remove */
+    rc = sync_fd(po.dirfd);
+    if (rc) {
+        rc = npyl_fail(err, errlen, rc, "%s: written, but fsync of its "
+                       "directory %s failed (the name may not survive a "
+                       "power loss): %s", out, po.dir, strerror(-rc));
+        goto done;
+    }
     if (r) {
         r->in_bytes = h.file_bytes;
         r->out_bytes = out_bytes;
@@ -499,12 +826,14 @@ done:
     }
     free(ws);
     ZSTD_freeCCtx(cctx);
-    if (ofd >= 0)
-        close(ofd);
-    if (tmp) {
-        unlink(tmp);
-        free(tmp);
-    }
+    /* After fsync, close() has no write-back error left to report. */
+    if (po.fd >= 0)
+        close(po.fd);
+    if (po.tmp[0])
+        unlinkat(po.dirfd, po.tmp, 0);
+    if (po.dirfd >= 0)
+        close(po.dirfd);
+    free(po.dir);
     if (ifd >= 0)
         close(ifd);
     free(tab);

@@ -1014,6 +1014,11 @@ def _wrap_raw(raw, torch, np, copy, as_tuple, bf16=None):
     return Batch(data, indices, epoch, seq, n, keep)
 
 
+_PACK_LEVELS = (-131072, 22)     # zstd's ZSTD_minCLevel() .. ZSTD_maxCLevel()
+_PACK_MAX_FRAME = 1 << 30        # bytes: the seekable format's frame limit
+_PACK_MAX_THREADS = 1024
+
+
 def pack(paths, level=3, frame_size=None, threads=None, force=False,
          remove=False, out=None, checksum=True):
     """Compresses NPY files into seekable ``FILE.npy.zst`` shards, with the
@@ -1030,9 +1035,16 @@ def pack(paths, level=3, frame_size=None, threads=None, force=False,
     - ``out``: the output path (``-o``), with exactly one input;
     - ``checksum``: frame checksums (False is ``--no-check``).
 
-    Each output is written under a temporary name and renamed when complete:
-    an error or Ctrl-C (KeyboardInterrupt) never leaves a partial file under
-    the final name. Files are packed in order; the first failure raises
+    Each output is written as a nameless temporary file in its directory,
+    synced to disk, and only then linked under its name (the directory
+    synced after): an error, Ctrl-C (KeyboardInterrupt) or a power loss
+    never leaves a partial file under the final name. ``force`` replaces
+    regular files only: a device, FIFO, socket, directory or symbolic link at
+    ``out`` raises NpyloadError naming it. An input modified while it is
+    packed raises NpyloadError naming it (nothing written).
+    Numbers out of range raise ValueError naming the argument and its range:
+    ``level`` -131072 .. 22 (0: the default), ``frame_size`` 1 .. 1 GiB,
+    ``threads`` 0 .. 1024. Files are packed in order; the first failure raises
     NpyloadError naming the file (earlier outputs stay). Returns one dict per
     input: ``in_bytes``, ``out_bytes``, ``frames`` (frame 0, the header, in),
     ``samples_per_frame``, ``seconds``, ``out``. ``zstd -d`` restores each
@@ -1048,11 +1060,20 @@ def pack(paths, level=3, frame_size=None, threads=None, force=False,
             raise ValueError(f"pack: out names one output: give exactly one "
                              f"input (got {len(paths)})")
         out = _os.fsdecode(_os.fspath(out))
+    # The ranges of npyload_pack_file, checked here so that a bad value is a
+    # ValueError naming it before any file is touched.
     level = _int_arg("level", level)
-    frame_size = _int_arg("frame_size", frame_size, minimum=1, allow_none=True)
-    threads = _int_arg("threads", threads, minimum=0, allow_none=True)
-    if frame_size is not None and frame_size >= 1 << 64:
-        raise ValueError("frame_size is too large")
+    if level != 0 and not _PACK_LEVELS[0] <= level <= _PACK_LEVELS[1]:
+        raise ValueError(f"pack: level={level} out of range ({_PACK_LEVELS[0]} "
+                         f".. {_PACK_LEVELS[1]}; 0 = the default 3)")
+    frame_size = _int_arg("frame_size", frame_size, allow_none=True)
+    if frame_size is not None and not 1 <= frame_size <= _PACK_MAX_FRAME:
+        raise ValueError(f"pack: frame_size={frame_size} out of range (1 .. "
+                         f"{_PACK_MAX_FRAME} bytes; None = 131072)")
+    threads = _int_arg("threads", threads, allow_none=True)
+    if threads is not None and not 0 <= threads <= _PACK_MAX_THREADS:
+        raise ValueError(f"pack: threads={threads} out of range (0 .. "
+                         f"{_PACK_MAX_THREADS}; None or 0 = all cores)")
     results = []
     for p in paths:
         r = _npyload.pack_file(p, out, level, frame_size or 0, threads or 0,

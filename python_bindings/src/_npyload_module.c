@@ -388,9 +388,10 @@ PyDoc_STRVAR(pack_file_doc,
 "(out None: path + '.zst'); 0 means the library default for level,\n"
 "frame_size and threads. Returns in_bytes, out_bytes, frames,\n"
 "samples_per_frame, seconds and out. Raises NpyloadError naming the file\n"
-"(code -EEXIST when out exists and force is False); Ctrl-C cancels between\n"
-"chunks (no partial output) and raises KeyboardInterrupt. Use\n"
-"npyload.pack().");
+"(code -EEXIST when out exists and force is False; a non-regular out is\n"
+"refused even with force); Ctrl-C cancels between chunks (no partial\n"
+"output) and raises KeyboardInterrupt. A number that does not fit the C\n"
+"option raises ValueError naming it. Use npyload.pack().");
 
 /* Called by npyload_pack_file on this thread between chunks, with the GIL
  * released: takes it to run signal handlers, and cancels the pack when one
@@ -412,15 +413,44 @@ static PyObject *mod_pack_file(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"path", "out", "level", "frame_size", "threads",
                              "force", "checksum", NULL};
     PyObject *path_obj, *out_obj = Py_None, *in_b = NULL, *out_b = NULL;
-    int level = 0, threads = 0, force = 0, checksum = 1;
-    unsigned long long frame_size = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OiKipp:pack_file", kwlist,
-                                     &path_obj, &out_obj, &level, &frame_size,
-                                     &threads, &force, &checksum))
+    PyObject *level_obj = NULL, *frame_obj = NULL, *threads_obj = NULL;
+    int force = 0, checksum = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOpp:pack_file", kwlist,
+                                     &path_obj, &out_obj, &level_obj,
+                                     &frame_obj, &threads_obj, &force,
+                                     &checksum))
         return NULL;
-    if (threads < 0) {
-        PyErr_SetString(PyExc_ValueError, "threads must be >= 0");
-        return NULL;
+    /* Narrowed to the C types with a ValueError naming the argument; the
+     * library checks the ranges themselves (NpyloadError). */
+    long long level = 0, frame_size = 0, threads = 0;
+    struct {
+        const char *name;
+        PyObject *obj;
+        long long *v, lo, hi;
+    } nums[] = {
+        {"level", level_obj, &level, INT_MIN, INT_MAX},
+        {"frame_size", frame_obj, &frame_size, 0, LLONG_MAX},
+        {"threads", threads_obj, &threads, INT_MIN, INT_MAX},
+    };
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        if (!nums[i].obj)
+            continue;
+        if (!PyLong_Check(nums[i].obj)) {
+            PyErr_Format(PyExc_TypeError, "pack_file: %s must be an int, got %R",
+                         nums[i].name, nums[i].obj);
+            return NULL;
+        }
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(nums[i].obj, &overflow);
+        if (v == -1 && PyErr_Occurred())
+            return NULL;
+        if (overflow || v < nums[i].lo || v > nums[i].hi) {
+            PyErr_Format(PyExc_ValueError, "pack_file: %s=%R out of range "
+                         "(%lld .. %lld)", nums[i].name, nums[i].obj,
+                         nums[i].lo, nums[i].hi);
+            return NULL;
+        }
+        *nums[i].v = v;
     }
     if (!PyUnicode_FSConverter(path_obj, &in_b))
         return NULL;
@@ -430,9 +460,9 @@ static PyObject *mod_pack_file(PyObject *self, PyObject *args, PyObject *kw)
     }
     npyload_pack_options o;
     memset(&o, 0, sizeof o);
-    o.level = level;
+    o.level = (int)level;
     o.frame_size = (uint64_t)frame_size;
-    o.threads = threads;
+    o.threads = (int)threads;
     o.force = force;
     o.no_checksum = !checksum;
     int raised = 0;

@@ -164,6 +164,34 @@ def test_errors_are_clear(bench, dataset, tmp_path):
     assert p.returncode == 2 and "no field" in p.stderr
 
 
+BAD_NUMBERS = [
+    ("--workers", "99999999999999999999", "out of range", "1 .. 4096"),
+    ("--workers", "1,4097", "out of range", "1 .. 4096"),
+    ("--prefetch", "0", "out of range", "1 .. 4096"),
+    ("--prefetch", "2,x", "not an integer", "1 .. 4096"),
+    ("--batch-size", "1e3", "not an integer", "1 .. 16777216"),
+    ("--batch-size", "16777217", "out of range", "1 .. 16777216"),
+    ("--batch-size", "99999999999999999999", "out of range", "1 .. 16777216"),
+    ("--batches", "1000000000000001", "out of range", "1 .. 1000000000000000"),
+    ("--batches", "0", "out of range", "1 .. 1000000000000000"),
+    ("--seconds", "1e999", "out of range", "1e-09 .. 86400"),
+    ("--seconds", "nan", "out of range", "1e-09 .. 86400"),
+    ("--seconds", "5s", "not a number", "1e-09 .. 86400"),
+    ("--compute-ms", "-1", "out of range", "0 .. 1e+06"),
+]
+
+
+@pytest.mark.parametrize("opt,value,why,rng", BAD_NUMBERS,
+                         ids=[f"{o}={v}" for o, v, _, _ in BAD_NUMBERS])
+def test_numbers_out_of_range_are_named(bench, dataset, opt, value, why, rng):
+    values = value.split(",")
+    shown = values[-1] if opt in ("--workers", "--prefetch") else value
+    p = run(bench, *fields(dataset), opt, value)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert p.stderr.splitlines()[0] == \
+        f"npyload-bench: {opt} {shown}: {why} ({rng})", p.stderr
+
+
 def test_help(bench):
     p = run(bench, "--help")
     assert p.returncode == 0 and "--compute-ms" in p.stdout

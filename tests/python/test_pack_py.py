@@ -8,6 +8,8 @@ Tests that need the `zstd` CLI skip visibly without it.
 import errno
 import os
 import shutil
+import socket
+import stat
 import subprocess
 
 import numpy as np
@@ -137,7 +139,7 @@ def test_argument_errors(tmp_path):
         npyload.pack(a, threads=-1)
     with pytest.raises(TypeError):
         npyload.pack(a, level="3")
-    with pytest.raises(npyload.NpyloadError, match="a.npy"):
+    with pytest.raises(ValueError, match="level=99 out of range"):
         npyload.pack(a, level=99)
     with pytest.raises(npyload.NpyloadError, match="a.npy"):
         npyload.pack(a, out=a)  # out naming the input
@@ -164,3 +166,149 @@ def test_ctrl_c_cancels_and_leaves_nothing(tmp_path):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["slow.npy"]
+
+
+# ---- numeric arguments: named, with their range, before anything is written
+
+BAD_NUMBERS = [
+    ("level", 2**40, "-131072 .. 22"),
+    ("level", -2**40, "-131072 .. 22"),
+    ("level", 23, "-131072 .. 22"),
+    ("level", -131073, "-131072 .. 22"),
+    ("frame_size", 2**64 - 1, "1 .. 1073741824"),
+    ("frame_size", 2**64, "1 .. 1073741824"),
+    ("frame_size", 2**30 + 1, "1 .. 1073741824"),
+    ("frame_size", 0, "1 .. 1073741824"),
+    ("frame_size", -1, "1 .. 1073741824"),
+    ("threads", 2**40, "0 .. 1024"),
+    ("threads", 2**31, "0 .. 1024"),
+    ("threads", 1025, "0 .. 1024"),
+    ("threads", -1, "0 .. 1024"),
+]
+
+
+@pytest.mark.parametrize("name,value,rng", BAD_NUMBERS,
+                         ids=[f"{n}={v}" for n, v, _ in BAD_NUMBERS])
+def test_numbers_out_of_range_are_named(tmp_path, name, value, rng):
+    a = tmp_path / "a.npy"
+    np.save(a, np.arange(400, dtype="<f4").reshape(100, 4))
+    with pytest.raises(ValueError) as e:
+        npyload.pack(a, **{name: value})
+    msg = str(e.value)
+    assert f"{name}={value} out of range ({rng}" in msg, msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy"]
+
+
+@pytest.mark.parametrize("name,value", [("level", 2**40), ("frame_size", 2**64),
+                                        ("threads", -2**40)])
+def test_pack_file_narrowing_is_named(tmp_path, name, value):
+    a = tmp_path / "a.npy"
+    np.save(a, np.arange(4, dtype="<f4"))
+    from npyload import _npyload
+    with pytest.raises(ValueError, match=f"{name}={value} out of range"):
+        _npyload.pack_file(str(a), **{name: value})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy"]
+
+
+def test_number_limits_accepted(tmp_path):
+    need_zstd()
+    arr = np.arange(4 * 300, dtype="<f4").reshape(300, 4)
+    a = tmp_path / "a.npy"
+    np.save(a, arr)
+    for kw, spf in ((dict(frame_size=1), 1), (dict(frame_size=2**30), 300),
+                    (dict(level=-131072, threads=1024), None),
+                    (dict(level=22, threads=0), None)):
+        (r,) = npyload.pack(a, force=True, **kw)
+        if spf is not None:
+            assert r["samples_per_frame"] == spf
+        assert zstd_d(r["out"]) == a.read_bytes()
+
+
+# ---- force replaces regular files only ----------------------------------
+
+def _special(tmp_path, kind):
+    """A non-regular file (or link) named `kind` in tmp_path, or a skip."""
+    p = tmp_path / kind
+    if kind == "fifo":
+        os.mkfifo(p)
+    elif kind == "directory":
+        p.mkdir()
+    elif kind == "symlink":
+        (tmp_path / "target.npy.zst").write_bytes(b"keep me")
+        os.symlink("target.npy.zst", p)
+    elif kind == "dangling_symlink":
+        os.symlink("nowhere", p)
+    elif kind == "socket":
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.bind(str(p))
+        except OSError as e:
+            pytest.skip(f"cannot bind a unix socket at {p}: {e}")
+        finally:
+            s.close()
+    elif kind == "chardev":
+        if os.geteuid() != 0:
+            pytest.skip("not root: cannot mknod a character device")
+        try:  # a /dev/null twin (1, 3) in the test's own directory
+            os.mknod(p, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        except OSError as e:
+            pytest.skip(f"mknod refused here: {e}")
+    return p
+
+
+SPECIAL = {"fifo": "a FIFO", "directory": "a directory",
+           "symlink": "a symbolic link", "dangling_symlink": "a symbolic link",
+           "socket": "a socket", "chardev": "a character device"}
+
+
+@pytest.mark.parametrize("force", [True, False], ids=["force", "noforce"])
+@pytest.mark.parametrize("kind", list(SPECIAL))
+def test_force_replaces_regular_files_only(tmp_path, kind, force):
+    a = tmp_path / "a.npy"
+    np.save(a, np.arange(40, dtype="<f4").reshape(10, 4))
+    out = _special(tmp_path, kind)
+    before = os.lstat(out)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(npyload.NpyloadError) as e:
+        npyload.pack(a, out=out, force=force)
+    assert f"{out}: is {SPECIAL[kind]}" in str(e.value), str(e.value)
+    after = os.lstat(out)
+    assert stat.S_IFMT(after.st_mode) == stat.S_IFMT(before.st_mode)
+    assert (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
+    assert sorted(p.name for p in tmp_path.iterdir()) == names
+    if kind == "symlink":
+        assert (tmp_path / "target.npy.zst").read_bytes() == b"keep me"
+
+
+def test_force_replaces_a_regular_file_and_a_hard_link(tmp_path):
+    need_zstd()
+    a = tmp_path / "a.npy"
+    np.save(a, np.arange(40, dtype="<f4").reshape(10, 4))
+    other = tmp_path / "other"
+    other.write_bytes(b"keep me")
+    out = tmp_path / "a.npy.zst"
+    os.link(other, out)  # replacing the name leaves the other link's data
+    (r,) = npyload.pack(a, force=True)
+    assert zstd_d(out) == a.read_bytes()
+    assert other.read_bytes() == b"keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy", "a.npy.zst",
+                                                          "other"]
+
+
+# ---- a temporary name that always fits ------------------------------------
+
+@pytest.mark.parametrize("n", [250, 255])
+def test_long_output_names(tmp_path, n):
+    need_zstd()
+    a = tmp_path / "a.npy"
+    np.save(a, np.arange(400, dtype="<f4").reshape(100, 4))
+    out = tmp_path / ("x" * (n - 8) + ".npy.zst")
+    assert len(out.name) == n
+    (r,) = npyload.pack(a, out=out)
+    assert r["out"] == str(out) and zstd_d(out) == a.read_bytes()
+    with pytest.raises(npyload.NpyloadError) as e:
+        npyload.pack(a, out=out)
+    assert e.value.code == -errno.EEXIST
+    (r,) = npyload.pack(a, out=out, force=True)
+    assert zstd_d(out) == a.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["a.npy", out.name])

@@ -328,6 +328,52 @@ def test_bad_arguments_exit_2(gen_exe, tmp_path, args):
         (tmp_path / "out").rglob("*.npy"))
 
 
+BAD_NUMBERS = [
+    ("--files", "99999999999999999999", "out of range", "1 .. 100000000"),
+    ("--files", "100000001", "out of range", "1 .. 100000000"),
+    ("--files", "0", "out of range", "1 .. 100000000"),
+    ("--files", " 5", "not an integer", "1 .. 100000000"),
+    ("--files", "5 ", "not an integer", "1 .. 100000000"),
+    ("--files", "1e3", "not an integer", "1 .. 100000000"),
+    ("--samples-per-file", "99999999999999999999", "out of range", "0 .. 2147483647"),
+    ("--samples-per-file", "-1", "out of range", "0 .. 2147483647"),
+    ("--first-id", "2147483648", "out of range", "0 .. 2147483647"),
+    ("--seed", "18446744073709551616", "out of range", "0 .. 18446744073709551615"),
+    ("--seed", "-9223372036854775809", "out of range",
+     "-9223372036854775808 .. -1"),
+    ("--seed", "0x10", "not an integer", "0 .. 18446744073709551615"),
+    ("--channels", "99999999999999999999", "out of range", "2 .. 4"),
+    ("--channels", "1", "out of range", "2 .. 4"),
+]
+
+
+@pytest.mark.parametrize("opt,value,why,rng", BAD_NUMBERS,
+                         ids=[f"{o}={v}" for o, v, _, _ in BAD_NUMBERS])
+def test_numbers_out_of_range_are_named(gen_exe, tmp_path, opt, value, why, rng):
+    r = run(gen_exe, "--preset", "captcha", "--out", tmp_path / "out",
+            "--samples-per-file", 1, opt, value)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.splitlines()[0] == f"npyload-gen: {opt} {value}: {why} ({rng})"
+    assert not (tmp_path / "out").exists()
+
+
+def test_shape_dimension_out_of_range_is_named(gen_exe, tmp_path):
+    r = run(gen_exe, "--generic", "--out", tmp_path / "out", "--shape",
+            "3,99999999999999999999")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert ("npyload-gen: --shape dimension 99999999999999999999: out of range "
+            "(0 .. 9223372036854775807)") in r.stderr
+    assert "'3,99999999999999999999'" in r.stderr
+
+
+def test_negative_seed_is_taken_modulo_2_64(gen_exe, tmp_path):
+    args = ["--generic", "--files", 1, "--samples-per-file", 2, "--shape", "3"]
+    for name, seed in (("neg", "-1"), ("pos", "18446744073709551615")):
+        r = run(gen_exe, *args, "--out", tmp_path / name, "--seed", seed)
+        assert r.returncode == 0, r.stderr
+    assert digests(tmp_path / "neg") == digests(tmp_path / "pos")
+
+
 def test_help_and_version(gen_exe):
     r = run(gen_exe, "--help")
     assert r.returncode == 0

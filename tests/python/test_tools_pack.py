@@ -156,7 +156,83 @@ def test_bad_inputs_named_others_still_packed(pack_exe, tmp_path):
         assert not os.path.exists(str(p) + ".zst")
     assert re.search(r"^total: 2 of 5 files, \d+ -> \d+ bytes, ratio [\d.]+x, "
                      r"[\d.]+ MB/s$", r.stdout, re.M), r.stdout
-    assert not [n for n in os.listdir(tmp_path) if ".tmp." in n]
+    assert not [n for n in os.listdir(tmp_path) if ".tmp." in n or ".npyl-" in n]
+
+
+BAD_NUMBERS = [
+    ("-l", "99999999999999999999", "-131072 .. 22"),
+    ("-l", "23", "-131072 .. 22"),
+    ("-l", "-131073", "-131072 .. 22"),
+    ("--level", "1099511627776", "-131072 .. 22"),
+    ("--frame-size", "18446744073709551615", "1 .. 1073741824"),
+    ("--frame-size", "99999999999999999999", "1 .. 1073741824"),
+    ("--frame-size", "16777216T", "1 .. 1073741824"),
+    ("--frame-size", "2G", "1 .. 1073741824"),
+    ("--frame-size", "0", "1 .. 1073741824"),
+    ("--frame-size", "-1", "1 .. 1073741824"),
+    ("-T", "1025", "0 .. 1024"),
+    ("-T", "1099511627776", "0 .. 1024"),
+    ("--threads", "-1", "0 .. 1024"),
+    ("-T", "4x", "0 .. 1024"),
+]
+
+
+@pytest.mark.parametrize("opt,value,rng", BAD_NUMBERS,
+                         ids=[f"{o}={v}" for o, v, _ in BAD_NUMBERS])
+def test_numeric_options_out_of_range_are_named(pack_exe, tmp_path, opt, value, rng):
+    src = tmp_path / "a.npy"
+    np.save(src, np.arange(64, dtype="<f4").reshape(8, 8))
+    r = run(pack_exe, opt, value, src)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    first = r.stderr.splitlines()[0]
+    assert first.startswith(f"npyload-pack: {opt} {value}: "), first
+    assert first.endswith(f"({rng})"), first
+    assert sorted(os.listdir(tmp_path)) == ["a.npy"]
+
+
+def test_frame_size_limits_accepted(pack_exe, tmp_path):
+    need_zstd()
+    arr = np.arange(4 * 1000, dtype="<f4").reshape(1000, 4)
+    src = tmp_path / "a.npy"
+    np.save(src, arr)
+    for fs, spf in (("1", 1), ("1G", 1000)):
+        r = run(pack_exe, "-q", "-f", "--frame-size", fs, src)
+        assert r.returncode == 0, r.stderr
+        raw = zstd_decompress(str(src) + ".zst")
+        assert raw == src.read_bytes()
+
+
+def test_force_refuses_a_fifo_and_a_directory(pack_exe, tmp_path):
+    src = tmp_path / "a.npy"
+    np.save(src, np.arange(64, dtype="<f4").reshape(8, 8))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    d = tmp_path / "dir.npy.zst"
+    d.mkdir()
+    for out, kind in ((fifo, "a FIFO"), (d, "a directory")):
+        r = run(pack_exe, "-q", "-f", "-o", out, src)
+        assert r.returncode == 1, (r.stdout, r.stderr)
+        assert f"{out}: is {kind}" in r.stderr, r.stderr
+    assert os.path.isdir(d) and not os.listdir(d)
+    import stat as st
+    assert st.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert sorted(os.listdir(tmp_path)) == ["a.npy", "dir.npy.zst", "fifo"]
+
+
+def test_long_output_name(pack_exe, tmp_path):
+    need_zstd()
+    src = tmp_path / "a.npy"
+    np.save(src, np.arange(640, dtype="<f4").reshape(64, 10))
+    for n in (250, 255):
+        out = tmp_path / ("n" * (n - 8) + ".npy.zst")
+        assert len(out.name) == n
+        r = run(pack_exe, "-q", "-o", out, src)
+        assert r.returncode == 0, r.stderr
+        assert zstd_decompress(out) == src.read_bytes()
+        r = run(pack_exe, "-q", "-f", "-o", out, src)  # replacing it too
+        assert r.returncode == 0, r.stderr
+        assert zstd_decompress(out) == src.read_bytes()
+    assert len(os.listdir(tmp_path)) == 3
 
 
 def test_usage_errors(pack_exe, tmp_path):
@@ -167,6 +243,25 @@ def test_usage_errors(pack_exe, tmp_path):
     assert run(pack_exe, "--bogus").returncode == 2
     r = run(pack_exe, "--help")
     assert r.returncode == 0 and "--frame-size" in r.stdout
+
+
+def _writing_in(pid, directory, src):
+    """Whether process `pid` holds a file in `directory` other than `src`
+    open: the output, nameless (O_TMPFILE: "DIR/#123 (deleted)") or under a
+    short temporary name where the filesystem refuses O_TMPFILE."""
+    fds = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fds)
+    except OSError:
+        return False
+    for n in names:
+        try:
+            t = os.readlink(os.path.join(fds, n))
+        except OSError:
+            continue
+        if t.startswith(str(directory) + "/") and t != str(src):
+            return True
+    return False
 
 
 def _slow_pack(pack_exe, tmp_path):
@@ -181,7 +276,7 @@ def _slow_pack(pack_exe, tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if [n for n in os.listdir(tmp_path) if n.startswith("big.npy.zst.tmp.")]:
+        if _writing_in(proc.pid, tmp_path, src):
             break
         assert proc.poll() is None, "pack ended before it could be interrupted"
         time.sleep(0.01)
@@ -213,8 +308,9 @@ def test_sigkill_never_leaves_a_final_name(pack_exe, tmp_path):
     proc.kill()
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
-    # The temporary name may remain (nothing runs after SIGKILL); the final
-    # name must not exist at all.
+    # The final name must not exist at all. The output was nameless
+    # (O_TMPFILE), so nothing remains; a filesystem without O_TMPFILE may
+    # keep a short temporary name (nothing runs after SIGKILL).
     assert not final.exists()
     left = [n for n in os.listdir(tmp_path) if n != "big.npy"]
-    assert all(n.startswith("big.npy.zst.tmp.") for n in left), left
+    assert all(n.startswith(".npyl-") for n in left), left
