@@ -672,7 +672,8 @@ NPYLOAD_API int npyload_cuda_available(int device, char *why, size_t whylen);
 /* Default target decompressed bytes per frame (see npyload_pack_options). */
 #define NPYLOAD_PACK_DEFAULT_FRAME_SIZE (128u << 10)
 
-/*! npyload_pack_options: a zeroed struct (or NULL) gives every default. */
+/*! npyload_pack_options: a zeroed struct (or NULL) gives every default.
+ * It grows at its end (see Conventions): pass sizeof with it. */
 typedef struct npyload_pack_options {
     int level;           /* zstd level (negative: fast levels);
                             0 = NPYLOAD_PACK_DEFAULT_LEVEL */
@@ -733,6 +734,9 @@ typedef struct npyload_pack_result {
  * value and the range): level -131072 .. 22 (zstd's; 0 = the default),
  * frame_size 1 .. 1 GiB (0 = the default), threads 0 .. 1024 (0 = all
  * online cores; at most 256 are started).
+ * `o_size` and `r_size` are sizeof(npyload_pack_options) and
+ * sizeof(npyload_pack_result) as the caller was compiled (see Conventions;
+ * ignored for a NULL pointer).
  * @return : 0 and `r` filled (r may be NULL); -EEXIST when `out` exists and
  *           force is 0; -ECANCELED when the progress callback cancelled;
  *           NPYLOAD_ECHANGED when the input changed during the pack;
@@ -745,9 +749,9 @@ typedef struct npyload_pack_result {
  *           "PATH: problem" (may be NULL).
  * Thread-safe; no global state (threads are created and joined inside). */
 NPYLOAD_API int npyload_pack_file(const char *in, const char *out,
-                                  const npyload_pack_options *o,
-                                  npyload_pack_result *r, char *err,
-                                  size_t errlen);
+                                  const npyload_pack_options *o, size_t o_size,
+                                  npyload_pack_result *r, size_t r_size,
+                                  char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

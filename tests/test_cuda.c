@@ -763,7 +763,7 @@ Test(cuda_fake, npy_zst_decodes_into_the_staging_slot)
         char *p = tu_path(dir, name);
         npyload_pack_options o = {.frame_size = 128, .threads = 1};
         char err[512];
-        cr_assert_eq(npyload_pack_file(p, NULL, &o, NULL, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(npyload_pack_file(p, NULL, &o, sizeof o, NULL, 0, err, sizeof err), 0, "%s", err);
         free(p);
     }
     char *zglob = tu_path(dir, "x_*.npy.zst");

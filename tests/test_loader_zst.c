@@ -39,7 +39,7 @@ static void pack(const char *npy, uint64_t frame_size)
 {
     npyload_pack_options o = {.frame_size = frame_size, .threads = 1};
     char err[512];
-    int rc = npyload_pack_file(npy, NULL, &o, NULL, err, sizeof err);
+    int rc = npyload_pack_file(npy, NULL, &o, sizeof o, NULL, 0, err, sizeof err);
     cr_assert_eq(rc, 0, "pack %s: %s", npy, err);
 }
 
@@ -420,7 +420,7 @@ static void changed_after_start(int truncate_it)
             char npy[600];
             snprintf(npy, sizeof npy, "%s/img_0005.npy", d.dir);
             npyload_pack_options o = {.frame_size = 150, .threads = 1, .force = 1};
-            cr_assert_eq(npyload_pack_file(npy, NULL, &o, NULL, NULL, 0), 0);
+            cr_assert_eq(npyload_pack_file(npy, NULL, &o, sizeof o, NULL, 0, NULL, 0), 0);
         }
     }
     tu_rmtree(d.dir);

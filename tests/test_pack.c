@@ -268,7 +268,7 @@ Test(pack_input, replaced_by_rename_is_refused)
     o.progress = replace_once;
     o.progress_arg = &c;
     char err[512] = "";
-    int rc = npyload_pack_file(in, out, &o, NULL, err, sizeof err);
+    int rc = npyload_pack_file(in, out, &o, sizeof o, NULL, 0, err, sizeof err);
     cr_assert_eq(rc, NPYLOAD_ECHANGED, "rc %d (%s)", rc, err);
     cr_expect(strstr(err, "replaced"), "%s", err);
     char names[512];
@@ -407,7 +407,7 @@ static void bad_option(npyload_pack_options o, const char *want)
     char *out = tu_path(dir, "a.npy.zst");
     write_input(in, 1);
     char err[512] = "";
-    int rc = npyload_pack_file(in, out, &o, NULL, err, sizeof err);
+    int rc = npyload_pack_file(in, out, &o, sizeof o, NULL, 0, err, sizeof err);
     cr_expect_eq(rc, NPYLOAD_EINVAL, "rc %d (%s)", rc, err);
     cr_expect(strstr(err, want), "'%s' expected in '%s'", want, err);
     cr_expect(strncmp(err, in, strlen(in)) == 0, "%s", err);
@@ -458,7 +458,7 @@ Test(pack_options, largest_frame_size_packs_one_frame)
     o.frame_size = 1ull << 30;
     npyload_pack_result r;
     char err[512];
-    cr_assert_eq(npyload_pack_file(in, out, &o, &r, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(npyload_pack_file(in, out, &o, sizeof o, &r, sizeof r, err, sizeof err), 0, "%s", err);
     cr_expect_eq(r.samples_per_frame, ROWS);
     cr_expect_eq(r.frames, 2);
     expect_same(out, in);

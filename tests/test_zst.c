@@ -126,7 +126,7 @@ static void make_packed(packed *p, uint64_t rows, uint64_t row_bytes,
     o.threads = 2;
     npyload_pack_result r;
     char err[512];
-    int rc = npyload_pack_file(p->npy, NULL, &o, &r, err, sizeof err);
+    int rc = npyload_pack_file(p->npy, NULL, &o, sizeof o, &r, sizeof r, err, sizeof err);
     cr_assert_eq(rc, 0, "pack: %s", err);
     p->orig = tu_read_file(p->npy, &p->orig_n);
     p->file = tu_read_file(p->zst, &p->file_n);
@@ -175,7 +175,7 @@ static void golden_each(int use_cli, int *packed_n, int *refused_n)
         npyload_header h;
         char err[512];
         cr_assert_eq(npyload_read_header(in, &h, err, sizeof err), 0, "%s", err);
-        int rc = npyload_pack_file(in, out, NULL, NULL, err, sizeof err);
+        int rc = npyload_pack_file(in, out, NULL, 0, NULL, 0, err, sizeof err);
         int refusable = (h.fortran_order && h.ndim > 1) ||
                         h.file_bytes != h.data_offset + h.data_bytes;
         if (refusable) {
@@ -651,7 +651,7 @@ Test(zst, pack_refuses_overwrite_without_force)
     make_packed(&p, 30, 512, 2048, 0);
     char err[512];
     cr_assert_eq(write_file(p.zst, "keep", 4), 0);
-    int rc = npyload_pack_file(p.npy, NULL, NULL, NULL, err, sizeof err);
+    int rc = npyload_pack_file(p.npy, NULL, NULL, 0, NULL, 0, err, sizeof err);
     cr_expect_eq(rc, -EEXIST);
     cr_expect(strstr(err, p.zst) == err && strstr(err, "already exists"), "%s", err);
     size_t n;
@@ -664,13 +664,13 @@ Test(zst, pack_refuses_overwrite_without_force)
     memset(&o, 0, sizeof o);
     o.force = 1;
     o.frame_size = 2048; /* as make_packed */
-    cr_expect_eq(npyload_pack_file(p.npy, NULL, &o, NULL, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(npyload_pack_file(p.npy, NULL, &o, sizeof o, NULL, 0, err, sizeof err), 0, "%s", err);
     k = tu_read_file(p.zst, &n);
     cr_expect(n == p.file_n && memcmp(k, p.file, n) == 0, "forced output differs");
     free(k);
 
     /* The output may not be the input. */
-    cr_expect_eq(npyload_pack_file(p.npy, p.npy, &o, NULL, err, sizeof err), NPYLOAD_EINVAL);
+    cr_expect_eq(npyload_pack_file(p.npy, p.npy, &o, sizeof o, NULL, 0, err, sizeof err), NPYLOAD_EINVAL);
     free_packed(&p);
 }
 
@@ -686,7 +686,7 @@ Test(zst, pack_cancel_leaves_nothing)
     o.progress_arg = &calls;
     o.threads = 1; /* one frame per chunk step: cancels mid-file */
     char err[512];
-    int rc = npyload_pack_file(p.npy, NULL, &o, NULL, err, sizeof err);
+    int rc = npyload_pack_file(p.npy, NULL, &o, sizeof o, NULL, 0, err, sizeof err);
     cr_expect_eq(rc, -ECANCELED, "rc %d: %s", rc, err);
     cr_expect_eq(count_entries(p.dir), 1, "output or temporary left after cancel");
     free_packed(&p);
@@ -704,7 +704,7 @@ Test(zst, pack_output_is_deterministic_across_threads)
         o.frame_size = 16384;
         o.force = 1;
         char *out = tu_path(p.dir, "b.npy.zst");
-        cr_assert_eq(npyload_pack_file(p.npy, out, &o, NULL, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(npyload_pack_file(p.npy, out, &o, sizeof o, NULL, 0, err, sizeof err), 0, "%s", err);
         size_t n;
         unsigned char *b = tu_read_file(out, &n);
         cr_expect(n == p.file_n && memcmp(b, p.file, n) == 0, "threads=%d differs", t);
@@ -720,20 +720,20 @@ Test(zst, pack_refuses_bad_inputs_by_name)
     char err[512];
     char *in = tu_path(dir, "bad.npy");
     cr_assert_eq(write_file(in, "\x93NUMPY\x01\x00\x10\x00{'descr': '<f4'", 24), 0);
-    int rc = npyload_pack_file(in, NULL, NULL, NULL, err, sizeof err);
+    int rc = npyload_pack_file(in, NULL, NULL, 0, NULL, 0, err, sizeof err);
     cr_expect(rc == NPYLOAD_EFORMAT || rc == NPYLOAD_ETRUNCATED, "rc %d", rc);
     cr_expect(strstr(err, in) == err, "%s", err);
     int64_t shape[2] = {3, 4};
     float data[12] = {0};
     cr_assert(tu_write_npy(in, "<f4", 1, 2, shape, data, sizeof data, 64) > 0);
-    rc = npyload_pack_file(in, NULL, NULL, NULL, err, sizeof err);
+    rc = npyload_pack_file(in, NULL, NULL, 0, NULL, 0, err, sizeof err);
     cr_expect_eq(rc, NPYLOAD_EUNSUPPORTED);
     cr_expect(strstr(err, in) == err && strstr(err, "Fortran"), "%s", err);
     npyload_pack_options o;
     memset(&o, 0, sizeof o);
     o.level = 99;
     cr_assert(tu_write_npy(in, "<f4", 0, 2, shape, data, sizeof data, 64) > 0);
-    cr_expect_eq(npyload_pack_file(in, NULL, &o, NULL, err, sizeof err), NPYLOAD_EINVAL);
+    cr_expect_eq(npyload_pack_file(in, NULL, &o, sizeof o, NULL, 0, err, sizeof err), NPYLOAD_EINVAL);
     cr_expect(strstr(err, "level 99"), "%s", err);
     cr_expect_eq(count_entries(dir), 1);
     free(in);

@@ -207,7 +207,7 @@ int main(int argc, char **argv)
         char err[1024];
         ps.name = in;
         ps.start = ps.last = now_s();
-        int rc = npyload_pack_file(in, out, &o, &r, err, sizeof err);
+        int rc = npyload_pack_file(in, out, &o, sizeof o, &r, sizeof r, err, sizeof err);
         clear_line(&ps);
         if (rc == -ECANCELED && g_signal)
             break;

@@ -448,10 +448,40 @@ NPYL_HIDDEN int npyl_pack_file_ex(const char *in, const char *out,
                                   size_t errlen, int no_tmpfile);
 
 int npyload_pack_file(const char *in, const char *out,
-                      const npyload_pack_options *o, npyload_pack_result *r,
-                      char *err, size_t errlen)
+                      const npyload_pack_options *o, size_t o_size,
+                      npyload_pack_result *r, size_t r_size, char *err,
+                      size_t errlen)
 {
-    return npyl_pack_file_ex(in, out, o, r, err, errlen, 0);
+    /* The sized-struct rule (npyload.h, Conventions); the first layouts end
+     * at progress_arg and at seconds. */
+    const size_t o_min = NPYL_SIZE_THROUGH(npyload_pack_options, progress_arg);
+    const size_t r_min = NPYL_SIZE_THROUGH(npyload_pack_result, seconds);
+    npyload_pack_options opts;
+    npyload_pack_result res;
+    const char *what = in ? in : "<null>";
+    if (o) {
+        int rc = npyl_sized_in(&opts, sizeof opts, o, o_size, o_min);
+        if (rc == NPYLOAD_EINVAL)
+            return npyl_fail(err, errlen, rc, "%s: npyload_pack_file: options size "
+                             "%zu is smaller than the first npyload_pack_options "
+                             "layout (%zu bytes); pass sizeof(npyload_pack_options)",
+                             what, o_size, o_min);
+        if (rc)
+            return npyl_fail(err, errlen, rc, "%s: npyload_pack_file: the options "
+                             "(%zu bytes) set members this library (%zu bytes, "
+                             "version %s) does not know", what, o_size,
+                             sizeof opts, NPYLOAD_VERSION_STRING);
+    }
+    if (r && r_size < r_min)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL, "%s: npyload_pack_file: "
+                         "result size %zu is smaller than the first "
+                         "npyload_pack_result layout (%zu bytes); pass "
+                         "sizeof(npyload_pack_result)", what, r_size, r_min);
+    int rc = npyl_pack_file_ex(in, out, o ? &opts : NULL, r ? &res : NULL, err,
+                               errlen, 0);
+    if (rc == 0 && r)
+        npyl_sized_out(r, r_size, &res, sizeof res, r_min);
+    return rc;
 }
 
 int npyl_pack_file_ex(const char *in, const char *out,

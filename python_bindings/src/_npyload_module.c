@@ -476,7 +476,7 @@ static PyObject *mod_pack_file(PyObject *self, PyObject *args, PyObject *kw)
     err[0] = 0;
     memset(&r, 0, sizeof r);
     Py_BEGIN_ALLOW_THREADS
-    rc = npyload_pack_file(in, out, &o, &r, err, sizeof err);
+    rc = npyload_pack_file(in, out, &o, sizeof o, &r, sizeof r, err, sizeof err);
     Py_END_ALLOW_THREADS
     PyObject *res = NULL;
     if (raised && PyErr_Occurred()) {

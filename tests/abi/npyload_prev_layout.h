@@ -46,4 +46,22 @@ typedef struct prev_npyload_transform {
     int channels_last;
 } prev_npyload_transform;
 
+typedef struct prev_npyload_pack_options {
+    int level;
+    uint64_t frame_size;
+    int threads;
+    int no_checksum;
+    int force;
+    int (*progress)(void *arg, uint64_t done, uint64_t total);
+    void *progress_arg;
+} prev_npyload_pack_options;
+
+typedef struct prev_npyload_pack_result {
+    uint64_t in_bytes;
+    uint64_t out_bytes;
+    uint64_t frames;
+    uint64_t samples_per_frame;
+    double seconds;
+} prev_npyload_pack_result;
+
 #endif

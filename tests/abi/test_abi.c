@@ -22,6 +22,9 @@ SAME_PLACE(prev_npyload_stats, npyload_stats, transform_ns);
 SAME_PLACE(prev_npyload_transform, npyload_transform, scale);
 SAME_PLACE(prev_npyload_transform, npyload_transform, n_std);
 SAME_PLACE(prev_npyload_transform, npyload_transform, channels_last);
+SAME_PLACE(prev_npyload_pack_options, npyload_pack_options, frame_size);
+SAME_PLACE(prev_npyload_pack_options, npyload_pack_options, progress_arg);
+SAME_PLACE(prev_npyload_pack_result, npyload_pack_result, seconds);
 _Static_assert(sizeof(prev_npyload_stats) <= sizeof(npyload_stats), "stats shrank");
 _Static_assert(sizeof(prev_npyload_transform) <= sizeof(npyload_transform),
                "transform shrank");
@@ -155,4 +158,49 @@ Test(abi, newer_transform_struct_with_unknown_members)
               npyload_loader_errmsg(L));
     drop(L);
     free(raw);
+}
+
+/* npyload_pack_file with the first layouts of its options and result, each
+ * malloc'd at exactly that size; the output checked against the input
+ * through a loader (an independent path: the seek table and frames). */
+Test(abi, older_pack_structs_are_read_and_written_within_their_size)
+{
+    dir = tu_mkdtemp("abipack");
+    char *in = tu_path(dir, "x.npy"), *out = tu_path(dir, "x.npy.zst");
+    uint8_t data[ROWS * ELEMS];
+    for (size_t i = 0; i < sizeof data; i++)
+        data[i] = (uint8_t)(7 * i);
+    const int64_t shape[] = {ROWS, ELEMS};
+    long off = tu_write_npy(in, "|u1", 0, 2, shape, data, sizeof data, 64);
+    cr_assert(off > 0);
+    prev_npyload_pack_options *o = calloc(1, sizeof *o);
+    prev_npyload_pack_result *r = malloc(sizeof *r);
+    o->level = 1;
+    o->frame_size = 2 * ELEMS;
+    o->threads = 1;
+    char err[512] = "";
+    cr_assert_eq(npyload_pack_file(in, out, (const npyload_pack_options *)o, sizeof *o,
+                                   (npyload_pack_result *)r, sizeof *r, err, sizeof err),
+                 0, "%s", err);
+    cr_assert_eq(r->in_bytes, (uint64_t)off + sizeof data);
+    cr_assert_eq(r->samples_per_frame, 2);
+    cr_assert_eq(r->frames, 1 + ROWS / 2);
+    /* too small: refused, nothing written */
+    cr_assert_eq(npyload_pack_file(in, out, (const npyload_pack_options *)o, 4, NULL, 0,
+                                   err, sizeof err), NPYLOAD_EINVAL);
+    cr_assert(strstr(err, "sizeof(npyload_pack_options)"), "%s", err);
+    free(o);
+    free(r);
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "x", out), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, ROWS), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_batch *b;
+    cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(memcmp(npyload_batch_field(b, 0)->data, data, sizeof data), 0);
+    npyload_batch_release(b);
+    free(in);
+    free(out);
+    drop(L);
 }
