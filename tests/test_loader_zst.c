@@ -17,6 +17,7 @@
 
 #include "npyload.h"
 #include "testutil.h"
+#include "loader/npyload_loader_internal.h"
 #include "zst/npyload_zst.h"
 
 static const int64_t FILE_SIZES[] = {7, 1, 13, 30, 5, 8};
@@ -578,5 +579,137 @@ Test(loader_zst, frames_beyond_the_scratch_are_read_in_rounds)
         cr_assert_eq(st.decompressed_bytes, 40u << 20);
         npyload_loader_destroy(L);
     }
+    tu_rmtree(dir);
+}
+
+/* ---- a frame of many small samples (issue 21, item 13) ---- */
+
+/* One .npy of `rows` 16-byte samples (bytes 0-7 the sample's index, 8-15
+ * zero: highly compressible) packed into a single data frame. Returns the
+ * .npy.zst path; *npy the .npy's bytes (the plain truth), *data_off where
+ * its data starts. */
+#define SMALL_ROW 16u
+static char *one_big_frame(const char *dir, uint64_t rows, uint8_t **npy, size_t *npy_len,
+                           long *data_off)
+{
+    uint8_t *data = calloc(rows, SMALL_ROW);
+    cr_assert_not_null(data);
+    for (uint64_t s = 0; s < rows; s++)
+        for (int i = 0; i < 8; i++)
+            data[s * SMALL_ROW + i] = (uint8_t)(s >> (8 * i));
+    char *path = tu_path(dir, "small.npy");
+    const int64_t shape[] = {(int64_t)rows, SMALL_ROW};
+    *data_off = tu_write_npy(path, "|u1", 0, 2, shape, data, rows * SMALL_ROW, 64);
+    cr_assert_geq(*data_off, 0);
+    free(data);
+    *npy = tu_read_file(path, npy_len);
+    cr_assert_not_null(*npy);
+    npyload_pack_options o = {.frame_size = rows * SMALL_ROW, .threads = 1};
+    char err[512];
+    cr_assert_eq(npyload_pack_file(path, NULL, &o, NULL, err, sizeof err), 0, "%s", err);
+    char *zst = malloc(strlen(path) + 5);
+    sprintf(zst, "%s.zst", path);
+    free(path);
+    npyl_zst_index x = index_of(zst);
+    cr_assert_eq(x.nframes, 2, "one data frame expected, got %u", x.nframes - 1);
+    npyl_zst_index_free(&x);
+    return zst;
+}
+
+static npyload_loader *small_loader(const char *zst, int shuffle, int workers)
+{
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    const char *list[] = {zst};
+    cr_assert_eq(npyload_loader_add_field_files(L, "x", list, 1), 0, "%s",
+                 npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 4), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, workers), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, 2), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, shuffle), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SEED, 3), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, NPYLOAD_IO_PREAD), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    return L;
+}
+
+/* A 32 MiB frame of 2M 16-byte samples (a few hundred KB packed): the rows
+ * delivered equal the .npy's, and each worker's decode memory (its scratch
+ * plus the zstd context's buffers) stays within the documented constant
+ * (NPYL_ZST_WINDOW_BYTES + a zstd window of 2^NPYLOAD_ZST_MAX_WINDOW_LOG),
+ * not the frame's decompressed size. */
+Test(loader_zst, a_big_frame_of_small_samples_decodes_in_bounded_memory)
+{
+    char *dir = tu_mkdtemp("loader_zst_bomb");
+    const uint64_t rows = 2u << 20; /* 32 MiB decompressed */
+    uint8_t *npy;
+    size_t npy_len;
+    long off;
+    char *zst = one_big_frame(dir, rows, &npy, &npy_len, &off);
+    struct stat st;
+    cr_assert_eq(stat(zst, &st), 0);
+    cr_assert_lt(st.st_size, rows * SMALL_ROW / 8, "the test needs a compressible frame");
+    npyload_loader *L = small_loader(zst, 1, 2);
+    npyload_batch *b;
+    for (int k = 0; k < 6; k++) {
+        cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+        const npyload_array *a = npyload_batch_field(b, 0);
+        const int64_t *idx = npyload_batch_indices(b);
+        cr_assert_eq(npyload_batch_size(b), 4);
+        for (size_t r = 0; r < 4; r++)
+            cr_assert_eq(memcmp((const uint8_t *)a->data + r * SMALL_ROW,
+                                npy + off + (uint64_t)idx[r] * SMALL_ROW, SMALL_ROW), 0,
+                         "row %zu (sample %lld) differs from the .npy", r, (long long)idx[r]);
+        npyload_batch_release(b);
+    }
+    const size_t bound = NPYL_ZST_WINDOW_BYTES + ((size_t)1 << NPYLOAD_ZST_MAX_WINDOW_LOG) +
+                         (1u << 20); /* the context itself and its block buffers */
+    size_t used = 0;
+    for (size_t w = 0; w < L->nworkers; w++) {
+        const npyl_worker *wk = &L->workers[w];
+        size_t mem = wk->zdst_cap + ZSTD_sizeof_DCtx(wk->dctx);
+        cr_assert_leq(mem, bound,
+                      "worker %zu: %zu bytes of decode scratch + %zu of zstd context for a "
+                      "%llu-byte frame (bound %zu)", w, wk->zdst_cap,
+                      ZSTD_sizeof_DCtx(wk->dctx), (unsigned long long)(rows * SMALL_ROW), bound);
+        used += ZSTD_sizeof_DCtx(wk->dctx) > 64u << 10; /* its stream buffers exist */
+    }
+    cr_assert_geq(used, 1, "no worker streamed the frame");
+    npyload_loader_destroy(L);
+    free(npy);
+    free(zst);
+    tu_rmtree(dir);
+}
+
+/* Rows at the start of a big frame: the frame is still decoded to its end,
+ * so a byte damaged after the wanted rows fails the batch (the frame's
+ * checksum is verified) instead of delivering unverified bytes. */
+Test(loader_zst, rows_from_the_start_of_a_frame_still_verify_its_checksum)
+{
+    char *dir = tu_mkdtemp("loader_zst_bomb_tail");
+    const uint64_t rows = 1u << 18; /* 4 MiB */
+    uint8_t *npy;
+    size_t npy_len;
+    long off;
+    char *zst = one_big_frame(dir, rows, &npy, &npy_len, &off);
+    npyl_zst_index x = index_of(zst);
+    uint64_t end = x.coff[2] - 4; /* the frame's checksum: its last 4 bytes */
+    npyl_zst_index_free(&x);
+    /* Damage the content, not the checksum: 40 bytes before it. */
+    poke(zst, end - 40, 0x10);
+    npyload_loader *L = small_loader(zst, 0, 1);
+    npyload_batch *b;
+    int rc = npyload_loader_next(L, &b);
+    if (rc == 0) {
+        const npyload_array *a = npyload_batch_field(b, 0);
+        cr_assert_eq(memcmp(a->data, npy + off, 4 * SMALL_ROW), 0);
+        npyload_batch_release(b);
+    }
+    cr_assert_lt(rc, 0, "rows 0-3 of a frame damaged near its end were delivered as success");
+    expect_in(npyload_loader_errmsg(L), "small.npy.zst");
+    expect_in(npyload_loader_errmsg(L), "frame 1");
+    npyload_loader_destroy(L);
+    free(npy);
+    free(zst);
     tu_rmtree(dir);
 }

@@ -739,3 +739,136 @@ Test(zst, pack_refuses_bad_inputs_by_name)
     free(in);
     tu_rmtree(dir);
 }
+
+/* ---- zstd windows (issue 21, item 13) ---- */
+
+/* A .npy.zst built by hand: frame 0 the NPY header of a (rows, row_bytes)
+ * uint8 array, then the data in frames of `per` samples compressed at
+ * level 1 with zstd window 2^wlog, checksums on. The data is compressible:
+ * bytes 0-3 of each sample its index, the rest zero. *npy receives the
+ * .npy's bytes (the truth). */
+static unsigned char *windowed_file(const char *dir, uint64_t rows, uint64_t row_bytes,
+                                    uint64_t per, int wlog, size_t *len, unsigned char **npy,
+                                    size_t *npy_len)
+{
+    size_t n = (size_t)(rows * row_bytes);
+    unsigned char *data = calloc(1, n);
+    cr_assert_not_null(data);
+    for (uint64_t s = 0; s < rows; s++)
+        for (int i = 0; i < 4 && (uint64_t)i < row_bytes; i++)
+            data[s * row_bytes + i] = (unsigned char)(s >> (8 * i));
+    char *path = tu_path(dir, "w.npy");
+    int64_t shape[2] = {(int64_t)rows, (int64_t)row_bytes};
+    long off = tu_write_npy(path, "|u1", 0, 2, shape, data, n, 64);
+    cr_assert_gt(off, 0);
+    free(data);
+    *npy = tu_read_file(path, npy_len);
+    free(path);
+    uint32_t nf = 1 + (uint32_t)((rows + per - 1) / per);
+    uint32_t *cs = calloc(nf, 4), *ds = calloc(nf, 4), *sum = calloc(nf, 4);
+    size_t cap = ZSTD_compressBound(*npy_len) + 64 * nf + npyl_zst_table_size(nf, 1);
+    unsigned char *out = malloc(cap);
+    ZSTD_CCtx *c = ZSTD_createCCtx();
+    cr_assert(out && c && cs && ds && sum);
+    size_t at = 0;
+    for (uint32_t f = 0; f < nf; f++) {
+        size_t from = f == 0 ? 0 : (size_t)off + (size_t)((f - 1) * per * row_bytes);
+        size_t to = f == 0 ? (size_t)off : from + (size_t)(per * row_bytes);
+        if (to > *npy_len)
+            to = *npy_len;
+        ZSTD_CCtx_reset(c, ZSTD_reset_session_and_parameters);
+        cr_assert(!ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, 1)));
+        cr_assert(!ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 1)));
+        cr_assert(!ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_windowLog, wlog)));
+        size_t z = ZSTD_compress2(c, out + at, cap - at, *npy + from, to - from);
+        cr_assert(!ZSTD_isError(z), "%s", ZSTD_getErrorName(z));
+        cs[f] = (uint32_t)z;
+        ds[f] = (uint32_t)(to - from);
+        sum[f] = get32(out + at + z - 4);
+        at += z;
+    }
+    at += npyl_zst_table_encode(out + at, nf, cs, ds, sum, 1);
+    ZSTD_freeCCtx(c);
+    free(cs);
+    free(ds);
+    free(sum);
+    *len = at;
+    return out;
+}
+
+typedef struct collect {
+    unsigned char *buf;
+    uint64_t next; /* every byte once, in order */
+} collect;
+
+static void collect_sink(void *arg, uint64_t pos, const unsigned char *p, size_t n)
+{
+    collect *c = arg;
+    cr_assert_eq(pos, c->next);
+    memcpy(c->buf + pos, p, n);
+    c->next = pos + n;
+}
+
+/* A frame of several samples asking for a zstd window above
+ * NPYLOAD_ZST_MAX_WINDOW_LOG is refused at open, naming the frame and the
+ * window; at the limit it streams through a small buffer, in bounded
+ * memory, to the right bytes. A frame of one sample may use any window (it
+ * decodes straight into the batch). */
+Test(zst, frames_of_several_samples_have_a_bounded_window)
+{
+    char *dir = tu_mkdtemp("zst_window");
+    const uint64_t rows = 1u << 20, rb = 16; /* a 16 MiB frame */
+    size_t len, npy_len;
+    unsigned char *npy, *file;
+    npyl_zst_index x;
+    char err[512] = "";
+
+    file = windowed_file(dir, rows, rb, rows, NPYLOAD_ZST_MAX_WINDOW_LOG + 1, &len, &npy,
+                         &npy_len);
+    int rc = parse_mem(file, len, &x, err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_ETOOBIG, "rc %d: %s", rc, err);
+    cr_expect(strstr(err, "t.npy.zst: frame 1 at byte "), "%s", err);
+    cr_expect(strstr(err, "16777216-byte zstd window"), "%s", err);
+    cr_expect(strstr(err, "NPYLOAD_ZST_MAX_WINDOW_LOG"), "%s", err);
+    free(file);
+    free(npy);
+
+    file = windowed_file(dir, rows, rb, rows, NPYLOAD_ZST_MAX_WINDOW_LOG, &len, &npy, &npy_len);
+    cr_assert_eq(parse_mem(file, len, &x, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(x.nframes, 2);
+    ZSTD_DCtx *d = ZSTD_createDCtx();
+    unsigned char win[64 << 10];
+    collect c = {malloc(rows * rb), 0};
+    cr_assert_eq(npyl_zst_stream_frame(&x, 1, d, file + x.coff[1], win, sizeof win,
+                                       NPYLOAD_ZST_MAX_WINDOW_LOG, collect_sink, &c,
+                                       "t.npy.zst", err, sizeof err), 0, "%s", err);
+    cr_assert_eq(c.next, rows * rb);
+    cr_assert_eq(memcmp(c.buf, npy + x.doff[1], rows * rb), 0);
+    cr_assert_leq(ZSTD_sizeof_DCtx(d), ((size_t)1 << NPYLOAD_ZST_MAX_WINDOW_LOG) + (1u << 20));
+    /* The same frame under a lower limit: zstd refuses it while decoding,
+     * in the same words (the check that open does not make for frames
+     * under the limit's size). */
+    rc = npyl_zst_stream_frame(&x, 1, d, file + x.coff[1], win, sizeof win, 20, NULL, NULL,
+                               "t.npy.zst", err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_ETOOBIG, "rc %d: %s", rc, err);
+    cr_expect(strstr(err, "t.npy.zst: frame 1 at byte "), "%s", err);
+    cr_expect(strstr(err, "-byte zstd window"), "%s", err);
+    ZSTD_freeDCtx(d);
+    free(c.buf);
+    npyl_zst_index_free(&x);
+    free(file);
+    free(npy);
+
+    /* One 16 MiB sample per frame: any window. */
+    file = windowed_file(dir, 2, rows * rb, 1, NPYLOAD_ZST_MAX_WINDOW_LOG + 1, &len, &npy,
+                         &npy_len);
+    cr_assert_eq(parse_mem(file, len, &x, err, sizeof err), 0, "%s", err);
+    unsigned char *all = malloc(npy_len);
+    cr_assert_eq(decode_all(&x, file, all, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(memcmp(all, npy, npy_len), 0);
+    free(all);
+    npyl_zst_index_free(&x);
+    free(file);
+    free(npy);
+    tu_rmtree(dir);
+}
