@@ -632,7 +632,10 @@ NPYLOAD_API int npyload_cuda_available(int device, char *why, size_t whylen);
  * samples, and a skippable frame at the end holds the seek table (per frame
  * compressed size, decompressed size and, by default, the low 32 bits of
  * the XXH64 of its content, which is also the frame's own zstd checksum).
- * The stock `zstd -d FILE.npy.zst` gives back FILE.npy byte for byte. */
+ * The stock `zstd -d FILE.npy.zst` gives back FILE.npy byte for byte.
+ * Loaders read FILE.npy.zst wherever they read FILE.npy; a field holding
+ * both FILE and FILE.zst (a glob over a directory packed without --rm) is
+ * refused by npyload_loader_start (NPYLOAD_EINVAL naming both files). */
 
 #define NPYLOAD_PACK_DEFAULT_LEVEL 3
 /* Default target decompressed bytes per frame (see npyload_pack_options). */

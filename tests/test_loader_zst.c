@@ -713,3 +713,63 @@ Test(loader_zst, rows_from_the_start_of_a_frame_still_verify_its_checksum)
     free(zst);
     tu_rmtree(dir);
 }
+
+/* ---- a field holding FILE and FILE.zst (issue 21, item 14) ---- */
+
+static void expect_twins_refused(npyload_loader *L, const char *npy, const char *zst)
+{
+    int rc = npyload_loader_start(L);
+    cr_assert_eq(rc, NPYLOAD_EINVAL, "start: %d (%s): a field holding %s and %s must be refused",
+                 rc, npyload_loader_errmsg(L), npy, zst);
+    expect_in(npyload_loader_errmsg(L), npy);
+    expect_in(npyload_loader_errmsg(L), zst);
+    expect_in(npyload_loader_errmsg(L), "twice");
+    npyload_loader_destroy(L);
+}
+
+/* Packing without --rm, then a glob over the directory: every sample
+ * twice. Refused at start, naming both files; a glob that picks one form
+ * still loads. */
+Test(loader_zst, a_glob_matching_a_file_and_its_packed_twin_is_refused)
+{
+    dataset d = make_dataset(); /* img_*.npy and img_*.npy.zst side by side */
+    char g[700], npy0[700];
+    snprintf(g, sizeof g, "%s/img_*", d.dir);
+    snprintf(npy0, sizeof npy0, "%s/img_0000.npy", d.dir);
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "img", g), 0, "%s", npyload_loader_errmsg(L));
+    expect_twins_refused(L, npy0, d.img[0]);
+    /* One form each: both load, the same number of samples. */
+    const char *forms[] = {"%s/img_*.npy", "%s/img_*.npy.zst"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(g, sizeof g, forms[i], d.dir);
+        cr_assert_eq(npyload_loader_create(&L), 0);
+        cr_assert_eq(npyload_loader_add_field(L, "img", g), 0);
+        cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+        cr_assert_eq(npyload_loader_num_batches(L), N_TOTAL);
+        npyload_loader_destroy(L);
+    }
+    tu_rmtree(d.dir);
+}
+
+/* An explicit list too, whatever the spelling of the .npy ("dir/./x"). */
+Test(loader_zst, a_file_list_holding_a_file_and_its_packed_twin_is_refused)
+{
+    dataset d = make_dataset();
+    char npy3[700];
+    snprintf(npy3, sizeof npy3, "%s/./img_0003.npy", d.dir);
+    const char *list[] = {d.img[0], d.img[1], npy3, d.img[3]};
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field_files(L, "img", list, 4), 0);
+    expect_twins_refused(L, npy3, d.img[3]);
+    /* Twins in different fields are fine: each field holds each sample once. */
+    const char *a[] = {npy3}, *b[] = {d.img[3]};
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field_files(L, "a", a, 1), 0);
+    cr_assert_eq(npyload_loader_add_field_files(L, "b", b, 1), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+}
