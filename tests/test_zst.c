@@ -872,3 +872,157 @@ Test(zst, frames_of_several_samples_have_a_bounded_window)
     free(npy);
     tu_rmtree(dir);
 }
+
+/* ---- npyload_zst_file_verify (issue 21, item 15) ---- */
+
+/* Opens path (must succeed: open reads only the table and frame 0, which
+ * is why inspect without --verify calls a damaged data frame fine) and
+ * verifies it. Returns the verify result; *bad and the message out. */
+static int open_and_verify(const char *path, uint32_t *bad, char *err, size_t errlen)
+{
+    npyload_zst_file *z = NULL;
+    int rc = npyload_zst_file_open(path, &z, err, errlen);
+    cr_assert_eq(rc, 0, "open %s: %s", path, err);
+    rc = npyload_zst_file_verify(z, bad, err, errlen);
+    npyload_zst_file_close(z);
+    return rc;
+}
+
+/* `zstd -t` on a file: 0 when it says the frames are good (the independent
+ * truth for damage inside frames; it skips the seek table). */
+static int zstd_t(const char *path)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "zstd -q -t '%s' >/dev/null 2>&1", path);
+    return system(cmd);
+}
+
+Test(zst, verify_finds_the_first_bad_frame)
+{
+    packed p;
+    make_packed(&p, 30, 512, 2048, 0); /* 4 samples a frame: frames 1..8 */
+    int cli = have_zstd_cli();
+    if (!cli)
+        cr_log_warn("zstd CLI not found: the cross-check with `zstd -t` is skipped");
+    uint32_t bad = 7;
+    char err[1024] = "";
+    cr_assert_eq(open_and_verify(p.zst, &bad, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(bad, UINT32_MAX);
+    if (cli)
+        cr_assert_eq(zstd_t(p.zst), 0, "zstd -t refuses the good file");
+
+    npyl_zst_index x;
+    cr_assert_eq(parse_mem(p.file, p.file_n, &x, err, sizeof err), 0, "%s", err);
+    unsigned char *e = malloc(p.file_n);
+    char at[64];
+
+    /* A flipped byte inside data frame 3, and another in frame 6: the first
+     * is reported, with its index and offset. */
+    memcpy(e, p.file, p.file_n);
+    e[(x.coff[3] + x.coff[4]) / 2] ^= 0x20;
+    e[(x.coff[6] + x.coff[7]) / 2] ^= 0x20;
+    cr_assert_eq(write_file(p.zst, e, p.file_n), 0);
+    int rc = open_and_verify(p.zst, &bad, err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_EFORMAT, "rc %d: %s", rc, err);
+    cr_assert_eq(bad, 3, "frame %u reported: %s", bad, err);
+    snprintf(at, sizeof at, "frame 3 at byte %llu: ", (unsigned long long)x.coff[3]);
+    cr_assert(strstr(err, p.zst) && strstr(err, at), "%s", err);
+    if (cli)
+        cr_assert_neq(zstd_t(p.zst), 0, "zstd -t finds nothing wrong: the test lost its damage");
+
+    /* The seek table's checksum of frame 2 (zstd -t skips the table: only
+     * verify sees this). */
+    memcpy(e, p.file, p.file_n);
+    size_t entry2 = (size_t)(p.file_n - x.table_bytes) + NPYL_ZST_SKIP_HEADER_BYTES + 2 * 12;
+    e[entry2 + 8] ^= 0x01;
+    cr_assert_eq(write_file(p.zst, e, p.file_n), 0);
+    rc = open_and_verify(p.zst, &bad, err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_EFORMAT, "rc %d: %s", rc, err);
+    cr_assert_eq(bad, 2, "frame %u reported: %s", bad, err);
+    cr_assert(strstr(err, "checksum mismatch"), "%s", err);
+    if (cli)
+        cr_assert_eq(zstd_t(p.zst), 0);
+
+    /* Truncated: refused at open (the seek table is at the end) ... */
+    cr_assert_eq(write_file(p.zst, p.file, p.file_n - 100), 0);
+    npyload_zst_file *z = NULL;
+    rc = npyload_zst_file_open(p.zst, &z, err, sizeof err);
+    cr_assert_lt(rc, 0);
+    cr_assert(strstr(err, p.zst), "%s", err);
+    /* ... and truncated after open: verify says the file changed. */
+    cr_assert_eq(write_file(p.zst, p.file, p.file_n), 0);
+    cr_assert_eq(npyload_zst_file_open(p.zst, &z, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(truncate(p.zst, (off_t)x.coff[5]), 0);
+    rc = npyload_zst_file_verify(z, &bad, err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_ECHANGED, "rc %d: %s", rc, err);
+    cr_assert_eq(bad, UINT32_MAX);
+    cr_assert(strstr(err, p.zst), "%s", err);
+    npyload_zst_file_close(z);
+
+    npyl_zst_index_free(&x);
+    free(e);
+    free_packed(&p);
+}
+
+/* Every frame is checked, frame 0 and the last included, whatever byte is
+ * flipped (a sample of positions across the whole data). */
+Test(zst, verify_catches_a_flipped_byte_anywhere_in_the_frames)
+{
+    packed p;
+    make_packed(&p, 12, 300, 600, 0);
+    npyl_zst_index x;
+    char err[1024];
+    cr_assert_eq(parse_mem(p.file, p.file_n, &x, err, sizeof err), 0, "%s", err);
+    unsigned char *e = malloc(p.file_n);
+    for (uint64_t pos = 0; pos < x.coff[x.nframes]; pos += 7) {
+        memcpy(e, p.file, p.file_n);
+        e[pos] ^= 0x04;
+        npyl_zst_index y;
+        if (parse_mem(e, p.file_n, &y, err, sizeof err) != 0)
+            continue; /* frame 0 is decoded at open: refused there */
+        npyl_zst_mem m = {e, p.file_n};
+        uint32_t bad = 0;
+        int rc = npyl_zst_verify(npyl_zst_read_mem, &m, &y, "t.npy.zst", &bad, err, sizeof err);
+        uint32_t f = 0;
+        while (x.coff[f + 1] <= pos)
+            f++;
+        cr_assert_neq(rc, 0, "byte %llu (frame %u) flipped: verify passed",
+                      (unsigned long long)pos, f);
+        cr_assert_eq(bad, f, "byte %llu flipped: frame %u reported, %u expected: %s",
+                     (unsigned long long)pos, bad, f, err);
+        npyl_zst_index_free(&y);
+    }
+    npyl_zst_index_free(&x);
+    free(e);
+    free_packed(&p);
+}
+
+/* The public API takes no zstd type: a NULL context is made for the call;
+ * bad arguments are refused in words. */
+Test(zst, public_file_api_arguments)
+{
+    packed p;
+    make_packed(&p, 10, 64, 128, 0);
+    npyload_zst_file *z = NULL;
+    char err[512];
+    cr_assert_eq(npyload_zst_probe(p.zst), 1);
+    cr_assert_eq(npyload_zst_probe(p.npy), 0);
+    cr_assert_eq(npyload_zst_file_open(p.zst, &z, err, sizeof err), 0, "%s", err);
+    const npyload_zst_facts *fa = npyload_zst_file_facts(z);
+    cr_assert_eq(fa->frames, 6);
+    cr_assert_eq(fa->samples_per_frame, 2);
+    uint64_t off, cs, ds;
+    cr_assert_eq(npyload_zst_file_frame(z, 1, &off, &cs, &ds), 0);
+    unsigned char out[128];
+    cr_assert_eq(npyload_zst_file_decode(z, 1, NULL, p.file + off, out, sizeof out, err,
+                                         sizeof err), 0, "%s", err);
+    cr_assert_eq(memcmp(out, p.orig + fa->hdr.data_offset, 128), 0);
+    cr_assert_eq(npyload_zst_file_frame(z, 6, &off, &cs, &ds), NPYLOAD_EINVAL);
+    cr_assert_eq(npyload_zst_file_decode(z, 6, NULL, p.file, out, sizeof out, err,
+                                         sizeof err), NPYLOAD_EINVAL);
+    cr_assert(strstr(err, "frame 6: no such frame"), "%s", err);
+    cr_assert_eq(npyload_zst_file_verify(NULL, NULL, err, sizeof err), NPYLOAD_EINVAL);
+    npyload_zst_file_close(z);
+    npyload_zst_file_close(NULL);
+    free_packed(&p);
+}

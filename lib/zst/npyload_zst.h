@@ -18,7 +18,10 @@
  *                        NPY-specific check, sample -> frame lookup.
  *   npyload_zst_frame.c  decode one frame exactly into a caller buffer with a
  *                        reused ZSTD_DCtx (the workers' hot path), or through
- *                        a bounded window (frames of several samples).
+ *                        a bounded window (frames of several samples), and
+ *                        verify every frame of a file.
+ *   npyload_zst_file.c   the public npyload_zst_* file API (npyload.h):
+ *                        probe, facts, frame access, verify.
  *   npyload_zst_pack.c   npyload_pack_file (public): .npy -> .npy.zst.
  *
  * Depends on lib/common, the public NPY header parser, and libzstd. */
@@ -177,6 +180,21 @@ NPYL_HIDDEN int npyl_zst_stream_frame(const npyl_zst_index *x, uint32_t f,
  * not a zstd frame header. */
 NPYL_HIDDEN int npyl_zst_frame_window(const void *hdr, size_t n,
                                       uint64_t *window);
+
+/* npyl_zst_verify() :
+ * Reads (through `rd`) and decodes every frame of the validated index `x`,
+ * frame 0 included, with every check the loader makes (sizes, table and
+ * frame checksums, windows: a frame of several samples within
+ * 2^NPYLOAD_ZST_MAX_WINDOW_LOG as the loader streams it; a frame of one
+ * sample with any window, as the loader decodes it into the batch). Stops
+ * at the first bad frame. Memory: the largest compressed frame, one
+ * NPYL_ZST_WINDOW_BYTES window and a zstd context.
+ * @return : 0 (*bad = UINT32_MAX), or the error with *bad the frame index
+ *           and `err` "NAME: frame F at byte B: problem"; -ENOMEM with
+ *           *bad = UINT32_MAX. */
+NPYL_HIDDEN int npyl_zst_verify(npyl_zst_read_fn rd, void *ctx,
+                                const npyl_zst_index *x, const char *name,
+                                uint32_t *bad, char *err, size_t errlen);
 
 /* A decompression context for npyl_zst_decode_frame, so that users of this
  * module need not include zstd.h. Returns NULL when out of memory; the free

@@ -1,11 +1,14 @@
 /* Decoding one frame of a .npy.zst: into a caller's buffer (the workers' hot
  * path: a reused ZSTD_DCtx, no allocation), or streamed through a bounded
- * window (frames of several samples, whatever their size). Every path makes every
+ * window (frames of several samples, whatever their size), and the check of
+ * every frame of a file (npyload-inspect --verify). Every path makes every
  * check that separates "these are the bytes the writer compressed" from
  * "something decoded". */
 #include "npyload_zst.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <zstd.h>
@@ -223,4 +226,51 @@ int npyl_zst_stream_frame(const npyl_zst_index *x, uint32_t f, ZSTD_DCtx *dctx,
                          " from %zu",
                          name, f, at, pos, in.pos, dsz, csz);
     return 0;
+}
+
+int npyl_zst_verify(npyl_zst_read_fn rd, void *ctx, const npyl_zst_index *x,
+                    const char *name, uint32_t *bad, char *err, size_t errlen)
+{
+    *bad = UINT32_MAX;
+    if (!name)
+        name = "<memory>";
+    uint64_t cmax = 0;
+    for (uint32_t f = 0; f < x->nframes; f++)
+        if (x->coff[f + 1] - x->coff[f] > cmax)
+            cmax = x->coff[f + 1] - x->coff[f];
+    unsigned char *src = malloc((size_t)cmax);
+    unsigned char *win = malloc(NPYL_ZST_WINDOW_BYTES);
+    ZSTD_DCtx *dctx = ZSTD_createDCtx();
+    int rc = 0;
+    if (!src || !win || !dctx) {
+        rc = npyl_fail(err, errlen, -ENOMEM, "%s: out of memory for a %" PRIu64
+                       "-byte frame", name, cmax);
+        goto out;
+    }
+    /* One-sample frames (and the header frame) are decoded by the loader
+     * straight into their destination, where no window limit applies. */
+    const unsigned any = (unsigned)ZSTD_dParam_getBounds(ZSTD_d_windowLogMax).upperBound;
+    for (uint32_t f = 0; f < x->nframes; f++) {
+        uint64_t csz = x->coff[f + 1] - x->coff[f];
+        rc = rd(ctx, src, (size_t)csz, x->coff[f]);
+        if (rc) {
+            rc = npyl_fail(err, errlen, rc, "%s: frame %" PRIu32 " at byte %" PRIu64
+                           ": reading %" PRIu64 " bytes failed: %s", name, f, x->coff[f],
+                           csz, rc == -EIO ? "short read (file changed?)" : strerror(-rc));
+        } else {
+            int several = f > 0 && x->doff[f + 1] - x->doff[f] > x->row_bytes;
+            rc = npyl_zst_stream_frame(x, f, dctx, src, win, NPYL_ZST_WINDOW_BYTES,
+                                       several ? NPYLOAD_ZST_MAX_WINDOW_LOG : any, NULL,
+                                       NULL, name, err, errlen);
+        }
+        if (rc) {
+            *bad = f;
+            break;
+        }
+    }
+out:
+    ZSTD_freeDCtx(dctx);
+    free(win);
+    free(src);
+    return rc;
 }
