@@ -584,27 +584,27 @@ Test(loader_zst, frames_beyond_the_scratch_are_read_in_rounds)
 
 /* ---- a frame of many small samples (issue 21, item 13) ---- */
 
-/* One .npy of `rows` 16-byte samples (bytes 0-7 the sample's index, 8-15
- * zero: highly compressible) packed into a single data frame. Returns the
- * .npy.zst path; *npy the .npy's bytes (the plain truth), *data_off where
- * its data starts. */
+/* One .npy of `rows` samples of `rb` bytes (bytes 0-7 the sample's index,
+ * the rest zero: highly compressible) packed into a single data frame.
+ * Returns the .npy.zst path; *npy the .npy's bytes (the plain truth),
+ * *data_off where its data starts. */
 #define SMALL_ROW 16u
-static char *one_big_frame(const char *dir, uint64_t rows, uint8_t **npy, size_t *npy_len,
-                           long *data_off)
+static char *one_big_frame(const char *dir, uint64_t rows, uint64_t rb, uint8_t **npy,
+                           size_t *npy_len, long *data_off)
 {
-    uint8_t *data = calloc(rows, SMALL_ROW);
+    uint8_t *data = calloc(rows, rb);
     cr_assert_not_null(data);
     for (uint64_t s = 0; s < rows; s++)
         for (int i = 0; i < 8; i++)
-            data[s * SMALL_ROW + i] = (uint8_t)(s >> (8 * i));
+            data[s * rb + i] = (uint8_t)(s >> (8 * i));
     char *path = tu_path(dir, "small.npy");
-    const int64_t shape[] = {(int64_t)rows, SMALL_ROW};
-    *data_off = tu_write_npy(path, "|u1", 0, 2, shape, data, rows * SMALL_ROW, 64);
+    const int64_t shape[] = {(int64_t)rows, (int64_t)rb};
+    *data_off = tu_write_npy(path, "|u1", 0, 2, shape, data, rows * rb, 64);
     cr_assert_geq(*data_off, 0);
     free(data);
     *npy = tu_read_file(path, npy_len);
     cr_assert_not_null(*npy);
-    npyload_pack_options o = {.frame_size = rows * SMALL_ROW, .threads = 1};
+    npyload_pack_options o = {.frame_size = rows * rb, .threads = 1, .force = 1};
     char err[512];
     cr_assert_eq(npyload_pack_file(path, NULL, &o, NULL, err, sizeof err), 0, "%s", err);
     char *zst = malloc(strlen(path) + 5);
@@ -616,14 +616,14 @@ static char *one_big_frame(const char *dir, uint64_t rows, uint8_t **npy, size_t
     return zst;
 }
 
-static npyload_loader *small_loader(const char *zst, int shuffle, int workers)
+static npyload_loader *small_loader(const char *zst, int shuffle, int workers, int64_t batch)
 {
     npyload_loader *L;
     cr_assert_eq(npyload_loader_create(&L), 0);
     const char *list[] = {zst};
     cr_assert_eq(npyload_loader_add_field_files(L, "x", list, 1), 0, "%s",
                  npyload_loader_errmsg(L));
-    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 4), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, batch), 0);
     cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, workers), 0);
     cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, 2), 0);
     cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, shuffle), 0);
@@ -640,16 +640,16 @@ static npyload_loader *small_loader(const char *zst, int shuffle, int workers)
  * not the frame's decompressed size. */
 Test(loader_zst, a_big_frame_of_small_samples_decodes_in_bounded_memory)
 {
+    const uint64_t rows = 2u << 20, rb = SMALL_ROW;
     char *dir = tu_mkdtemp("loader_zst_bomb");
-    const uint64_t rows = 2u << 20; /* 32 MiB decompressed */
     uint8_t *npy;
     size_t npy_len;
     long off;
-    char *zst = one_big_frame(dir, rows, &npy, &npy_len, &off);
+    char *zst = one_big_frame(dir, rows, rb, &npy, &npy_len, &off);
     struct stat st;
     cr_assert_eq(stat(zst, &st), 0);
-    cr_assert_lt(st.st_size, rows * SMALL_ROW / 8, "the test needs a compressible frame");
-    npyload_loader *L = small_loader(zst, 1, 2);
+    cr_assert_lt(st.st_size, rows * rb / 8, "the test needs a compressible frame");
+    npyload_loader *L = small_loader(zst, 1, 2, 4);
     npyload_batch *b;
     for (int k = 0; k < 6; k++) {
         cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
@@ -657,8 +657,8 @@ Test(loader_zst, a_big_frame_of_small_samples_decodes_in_bounded_memory)
         const int64_t *idx = npyload_batch_indices(b);
         cr_assert_eq(npyload_batch_size(b), 4);
         for (size_t r = 0; r < 4; r++)
-            cr_assert_eq(memcmp((const uint8_t *)a->data + r * SMALL_ROW,
-                                npy + off + (uint64_t)idx[r] * SMALL_ROW, SMALL_ROW), 0,
+            cr_assert_eq(memcmp((const uint8_t *)a->data + r * rb,
+                                npy + off + (uint64_t)idx[r] * rb, rb), 0,
                          "row %zu (sample %lld) differs from the .npy", r, (long long)idx[r]);
         npyload_batch_release(b);
     }
@@ -671,10 +671,42 @@ Test(loader_zst, a_big_frame_of_small_samples_decodes_in_bounded_memory)
         cr_assert_leq(mem, bound,
                       "worker %zu: %zu bytes of decode scratch + %zu of zstd context for a "
                       "%llu-byte frame (bound %zu)", w, wk->zdst_cap,
-                      ZSTD_sizeof_DCtx(wk->dctx), (unsigned long long)(rows * SMALL_ROW), bound);
+                      ZSTD_sizeof_DCtx(wk->dctx), (unsigned long long)(rows * rb), bound);
         used += ZSTD_sizeof_DCtx(wk->dctx) > 64u << 10; /* its stream buffers exist */
     }
     cr_assert_geq(used, 1, "no worker streamed the frame");
+    npyload_loader_destroy(L);
+    free(npy);
+    free(zst);
+    tu_rmtree(dir);
+}
+
+/* 24-byte rows in a 24 MiB frame read in order, 65,536 a batch: a batch's
+ * rows cover 1.5 MiB of the frame, so some straddle the edges of the 1 MiB
+ * chunks it streams through (1 MiB and 128 KiB are not multiples of 24);
+ * every row must be assembled whole. */
+Test(loader_zst, rows_straddling_the_decode_window_are_assembled)
+{
+    char *dir = tu_mkdtemp("loader_zst_straddle");
+    const uint64_t rows = 1u << 20, rb = 24, B = 1u << 16;
+    uint8_t *npy;
+    size_t npy_len;
+    long off;
+    char *zst = one_big_frame(dir, rows, rb, &npy, &npy_len, &off);
+    npyload_loader *L = small_loader(zst, 0, 1, (int64_t)B);
+    npyload_batch *b;
+    for (uint64_t k = 0; k < 3; k++) {
+        cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+        cr_assert_eq(npyload_batch_size(b), B);
+        cr_assert_eq(npyload_batch_indices(b)[0], (int64_t)(k * B));
+        const uint8_t *p = npyload_batch_field(b, 0)->data;
+        for (uint64_t r = 0; r < B; r++)
+            if (memcmp(p + r * rb, npy + off + (k * B + r) * rb, rb) != 0)
+                cr_assert_fail("batch %llu row %llu (byte %llu of the frame) differs",
+                               (unsigned long long)k, (unsigned long long)r,
+                               (unsigned long long)((k * B + r) * rb));
+        npyload_batch_release(b);
+    }
     npyload_loader_destroy(L);
     free(npy);
     free(zst);
@@ -691,13 +723,13 @@ Test(loader_zst, rows_from_the_start_of_a_frame_still_verify_its_checksum)
     uint8_t *npy;
     size_t npy_len;
     long off;
-    char *zst = one_big_frame(dir, rows, &npy, &npy_len, &off);
+    char *zst = one_big_frame(dir, rows, SMALL_ROW, &npy, &npy_len, &off);
     npyl_zst_index x = index_of(zst);
     uint64_t end = x.coff[2] - 4; /* the frame's checksum: its last 4 bytes */
     npyl_zst_index_free(&x);
     /* Damage the content, not the checksum: 40 bytes before it. */
     poke(zst, end - 40, 0x10);
-    npyload_loader *L = small_loader(zst, 0, 1);
+    npyload_loader *L = small_loader(zst, 0, 1, 4);
     npyload_batch *b;
     int rc = npyload_loader_next(L, &b);
     if (rc == 0) {
