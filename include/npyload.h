@@ -710,8 +710,9 @@ NPYLOAD_API int npyload_pack_file(const char *in, const char *out,
 #define NPYLOAD_ZST_MAX_WINDOW_LOG 23
 
 /*! npyload_zst_probe() : 1 if `path` starts with a zstd frame (a .npy.zst,
- * whatever its name), 0 if not (a .npy, or shorter than 4 bytes), or
- * -errno when it cannot be opened or read. Reads 4 bytes. Thread-safe. */
+ * whatever its name), 0 if not (a .npy, or shorter than 4 bytes), -errno
+ * when it cannot be opened or read, NPYLOAD_EINVAL for a NULL path. Reads
+ * 4 bytes. Thread-safe. */
 NPYLOAD_API int npyload_zst_probe(const char *path);
 
 /*! npyload_zst_facts: what a validated .npy.zst holds. Owned by its
