@@ -666,7 +666,10 @@ NPYLOAD_API int npyload_cuda_available(int device, char *why, size_t whylen);
  * samples, and a skippable frame at the end holds the seek table (per frame
  * compressed size, decompressed size and, by default, the low 32 bits of
  * the XXH64 of its content, which is also the frame's own zstd checksum).
- * The stock `zstd -d FILE.npy.zst` gives back FILE.npy byte for byte. */
+ * The stock `zstd -d FILE.npy.zst` gives back FILE.npy byte for byte.
+ * Loaders read FILE.npy.zst wherever they read FILE.npy; a field holding
+ * both FILE and FILE.zst (a glob over a directory packed without --rm) is
+ * refused by npyload_loader_start (NPYLOAD_EINVAL naming both files). */
 
 #define NPYLOAD_PACK_DEFAULT_LEVEL 3
 /* Default target decompressed bytes per frame (see npyload_pack_options). */
@@ -752,6 +755,107 @@ NPYLOAD_API int npyload_pack_file(const char *in, const char *out,
                                   const npyload_pack_options *o, size_t o_size,
                                   npyload_pack_result *r, size_t r_size,
                                   char *err, size_t errlen);
+
+/*! NPYLOAD_ZST_MAX_WINDOW_LOG: the largest zstd window (2^23 = 8 MiB) a
+ * frame of several samples may ask for. Readers decode such frames through
+ * a bounded buffer while zstd keeps the frame's window, so a worker's
+ * decoding memory is a constant (about 1 MiB + 2^23 + 384 KiB) whatever the
+ * frame's size. zstd levels 1 to 19 never ask for more; levels 20-22 do
+ * for frames of several samples larger than 8 MiB, which readers refuse
+ * when the file is opened (NPYLOAD_ETOOBIG naming the file, the frame and
+ * the window). Frames of one sample decode straight into the batch and may
+ * use any window. */
+#define NPYLOAD_ZST_MAX_WINDOW_LOG 23
+
+/*! npyload_zst_probe() : 1 if `path` starts with a zstd frame (a .npy.zst,
+ * whatever its name), 0 if not (a .npy, or shorter than 4 bytes), -errno
+ * when it cannot be opened or read, NPYLOAD_EINVAL for a NULL path. Reads
+ * 4 bytes. Thread-safe. */
+NPYLOAD_API int npyload_zst_probe(const char *path);
+
+/*! npyload_zst_facts: what a validated .npy.zst holds. Owned by its
+ * npyload_zst_file (npyload_zst_file_facts); later versions only append
+ * members, so a pointer from an older build stays valid. */
+typedef struct npyload_zst_facts {
+    npyload_header hdr;            /* the NPY facts, exactly as
+                                      npyload_read_header gives them for the
+                                      .npy (file_bytes: the .npy's size) */
+    uint64_t compressed_bytes;     /* the .npy.zst's size, seek table in */
+    uint64_t table_bytes;          /* the seek table's skippable frame */
+    uint32_t frames;               /* zstd frames, frame 0 (the header) in */
+    int checksums;                 /* the seek table carries checksums */
+    uint64_t samples_per_frame;    /* samples in data frame 1 (every data
+                                      frame but the last holds as many when
+                                      npyload-pack wrote it); 0: no data */
+    uint64_t max_frame_bytes;      /* largest data frame, decompressed */
+    uint64_t max_frame_compressed; /* largest data frame, compressed */
+} npyload_zst_facts;
+
+/*! npyload_zst_file: a .npy.zst whose seek table and header were read and
+ * validated as the loader does at start (the file is closed again; later
+ * calls that read frames open it by name). Opaque. */
+typedef struct npyload_zst_file npyload_zst_file;
+
+/*! npyload_zst_file_open() :
+ * Validates the seek table at the end of `path` (sizes add up to the file,
+ * frames hold whole samples, no size or zstd window over the documented
+ * limits, all before anything is sized from it) and parses the NPY header
+ * in frame 0. Reads the footer, the table, frame 0 and the headers of
+ * frames larger than 2^NPYLOAD_ZST_MAX_WINDOW_LOG; never the data.
+ * @return : 0 and *out (npyload_zst_file_close it), or NPYLOAD_EFORMAT /
+ *           EUNSUPPORTED / ETRUNCATED / ETOOBIG / -errno with "PATH:
+ *           problem" in `err` (may be NULL). A zstd file without a seek
+ *           table says to repack it with npyload-pack. Thread-safe. */
+NPYLOAD_API int npyload_zst_file_open(const char *path, npyload_zst_file **out,
+                                      char *err, size_t errlen);
+
+/*! npyload_zst_file_close() : frees the file's index. NULL-safe. */
+NPYLOAD_API void npyload_zst_file_close(npyload_zst_file *z);
+
+/*! npyload_zst_file_facts() : the facts of an open file (valid until it is
+ * closed). */
+NPYLOAD_API const npyload_zst_facts *npyload_zst_file_facts(const npyload_zst_file *z);
+
+/*! npyload_zst_file_frame() : frame `f`'s compressed bytes are
+ * [*offset, *offset + *csize) of the file; it decompresses to *dsize bytes.
+ * @return : 0, or NPYLOAD_EINVAL for f >= frames (outputs untouched). */
+NPYLOAD_API int npyload_zst_file_frame(const npyload_zst_file *z, uint32_t f,
+                                       uint64_t *offset, uint64_t *csize,
+                                       uint64_t *dsize);
+
+/*! npyload_zst_file_decode() :
+ * Decodes frame `f` from its compressed bytes `src` (read by the caller,
+ * npyload_zst_file_frame says where) into `dst` (`cap` >= its dsize), with
+ * the loader's checks: one whole frame of the table's sizes, the frame's
+ * content checksum, and the table's checksum against the frame's.
+ * `dctx` is a ZSTD_DCtx * the caller made with libzstd's ZSTD_createDCtx()
+ * (this header carries no zstd types), reused across calls and used by one
+ * thread at a time; NULL makes one for the call. Allocates nothing else.
+ * @return : 0, or NPYLOAD_EFORMAT / EINVAL (-ENOMEM without a dctx) with
+ *           "PATH: frame F at byte B: problem" in `err`. */
+NPYLOAD_API int npyload_zst_file_decode(const npyload_zst_file *z, uint32_t f,
+                                        void *dctx, const void *src, void *dst,
+                                        size_t cap, char *err, size_t errlen);
+
+/*! npyload_zst_file_verify() :
+ * Reads and decodes every frame of the file, frame 0 included, in order,
+ * with every check the loader makes when it reads them: sizes against the
+ * seek table, each frame's content checksum (frames carry them unless
+ * packed with no_checksum; then sizes and structure only), the table's
+ * checksum against the frame's, the zstd window limit. Stops at the first
+ * bad frame. What `zstd -t` tests, and more: it also checks the seek
+ * table, which zstd skips. Memory: the largest compressed frame plus about
+ * 1 MiB and a zstd context (its window: 2^NPYLOAD_ZST_MAX_WINDOW_LOG for
+ * frames of several samples); time: one decode of the whole file.
+ * `bad_frame` (may be NULL) receives the index of the first bad frame, or
+ * UINT32_MAX when every frame is good or the failure is not one frame's
+ * (the file changed since npyload_zst_file_open, out of memory);
+ * npyload_zst_file_frame gives its byte offset.
+ * @return : 0, or NPYLOAD_EFORMAT / ETOOBIG / ECHANGED / -errno with
+ *           "PATH: frame F at byte B: what is wrong" in `err`. Thread-safe
+ *           (several threads may verify one file). */
+NPYLOAD_API int npyload_zst_file_verify(const npyload_zst_file *z, uint32_t *bad_frame,
+                                        char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

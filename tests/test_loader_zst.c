@@ -17,6 +17,7 @@
 
 #include "npyload.h"
 #include "testutil.h"
+#include "loader/npyload_loader_internal.h"
 #include "zst/npyload_zst.h"
 
 static const int64_t FILE_SIZES[] = {7, 1, 13, 30, 5, 8};
@@ -579,4 +580,228 @@ Test(loader_zst, frames_beyond_the_scratch_are_read_in_rounds)
         npyload_loader_destroy(L);
     }
     tu_rmtree(dir);
+}
+
+/* ---- a frame of many small samples (issue 21, item 13) ---- */
+
+/* One .npy of `rows` samples of `rb` bytes (bytes 0-7 the sample's index,
+ * the rest zero: highly compressible) packed into a single data frame.
+ * Returns the .npy.zst path; *npy the .npy's bytes (the plain truth),
+ * *data_off where its data starts. */
+#define SMALL_ROW 16u
+static char *one_big_frame(const char *dir, uint64_t rows, uint64_t rb, uint8_t **npy,
+                           size_t *npy_len, long *data_off)
+{
+    uint8_t *data = calloc(rows, rb);
+    cr_assert_not_null(data);
+    for (uint64_t s = 0; s < rows; s++)
+        for (int i = 0; i < 8; i++)
+            data[s * rb + i] = (uint8_t)(s >> (8 * i));
+    char *path = tu_path(dir, "small.npy");
+    const int64_t shape[] = {(int64_t)rows, (int64_t)rb};
+    *data_off = tu_write_npy(path, "|u1", 0, 2, shape, data, rows * rb, 64);
+    cr_assert_geq(*data_off, 0);
+    free(data);
+    *npy = tu_read_file(path, npy_len);
+    cr_assert_not_null(*npy);
+    npyload_pack_options o = {.frame_size = rows * rb, .threads = 1, .force = 1};
+    char err[512];
+    cr_assert_eq(npyload_pack_file(path, NULL, &o, NULL, err, sizeof err), 0, "%s", err);
+    char *zst = malloc(strlen(path) + 5);
+    sprintf(zst, "%s.zst", path);
+    free(path);
+    npyl_zst_index x = index_of(zst);
+    cr_assert_eq(x.nframes, 2, "one data frame expected, got %u", x.nframes - 1);
+    npyl_zst_index_free(&x);
+    return zst;
+}
+
+static npyload_loader *small_loader(const char *zst, int shuffle, int workers, int64_t batch)
+{
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    const char *list[] = {zst};
+    cr_assert_eq(npyload_loader_add_field_files(L, "x", list, 1), 0, "%s",
+                 npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, batch), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, workers), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, 2), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, shuffle), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SEED, 3), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, NPYLOAD_IO_PREAD), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    return L;
+}
+
+/* A 32 MiB frame of 2M 16-byte samples (a few hundred KB packed): the rows
+ * delivered equal the .npy's, and each worker's decode memory (its scratch
+ * plus the zstd context's buffers) stays within the documented constant
+ * (NPYL_ZST_WINDOW_BYTES + a zstd window of 2^NPYLOAD_ZST_MAX_WINDOW_LOG),
+ * not the frame's decompressed size. */
+Test(loader_zst, a_big_frame_of_small_samples_decodes_in_bounded_memory)
+{
+    const uint64_t rows = 2u << 20, rb = SMALL_ROW;
+    char *dir = tu_mkdtemp("loader_zst_bomb");
+    uint8_t *npy;
+    size_t npy_len;
+    long off;
+    char *zst = one_big_frame(dir, rows, rb, &npy, &npy_len, &off);
+    struct stat st;
+    cr_assert_eq(stat(zst, &st), 0);
+    cr_assert_lt(st.st_size, rows * rb / 8, "the test needs a compressible frame");
+    npyload_loader *L = small_loader(zst, 1, 2, 4);
+    npyload_batch *b;
+    for (int k = 0; k < 6; k++) {
+        cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+        const npyload_array *a = npyload_batch_field(b, 0);
+        const int64_t *idx = npyload_batch_indices(b);
+        cr_assert_eq(npyload_batch_size(b), 4);
+        for (size_t r = 0; r < 4; r++)
+            cr_assert_eq(memcmp((const uint8_t *)a->data + r * rb,
+                                npy + off + (uint64_t)idx[r] * rb, rb), 0,
+                         "row %zu (sample %lld) differs from the .npy", r, (long long)idx[r]);
+        npyload_batch_release(b);
+    }
+    const size_t bound = NPYL_ZST_WINDOW_BYTES + ((size_t)1 << NPYLOAD_ZST_MAX_WINDOW_LOG) +
+                         (1u << 20); /* the context itself and its block buffers */
+    size_t used = 0;
+    for (size_t w = 0; w < L->nworkers; w++) {
+        const npyl_worker *wk = &L->workers[w];
+        size_t mem = wk->zdst_cap + ZSTD_sizeof_DCtx(wk->dctx);
+        cr_assert_leq(mem, bound,
+                      "worker %zu: %zu bytes of decode scratch + %zu of zstd context for a "
+                      "%llu-byte frame (bound %zu)", w, wk->zdst_cap,
+                      ZSTD_sizeof_DCtx(wk->dctx), (unsigned long long)(rows * rb), bound);
+        used += ZSTD_sizeof_DCtx(wk->dctx) > 64u << 10; /* its stream buffers exist */
+    }
+    cr_assert_geq(used, 1, "no worker streamed the frame");
+    npyload_loader_destroy(L);
+    free(npy);
+    free(zst);
+    tu_rmtree(dir);
+}
+
+/* 24-byte rows in a 24 MiB frame read in order, 65,536 a batch: a batch's
+ * rows cover 1.5 MiB of the frame, so some straddle the edges of the 1 MiB
+ * chunks it streams through (1 MiB and 128 KiB are not multiples of 24);
+ * every row must be assembled whole. */
+Test(loader_zst, rows_straddling_the_decode_window_are_assembled)
+{
+    char *dir = tu_mkdtemp("loader_zst_straddle");
+    const uint64_t rows = 1u << 20, rb = 24, B = 1u << 16;
+    uint8_t *npy;
+    size_t npy_len;
+    long off;
+    char *zst = one_big_frame(dir, rows, rb, &npy, &npy_len, &off);
+    npyload_loader *L = small_loader(zst, 0, 1, (int64_t)B);
+    npyload_batch *b;
+    for (uint64_t k = 0; k < 3; k++) {
+        cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+        cr_assert_eq(npyload_batch_size(b), B);
+        cr_assert_eq(npyload_batch_indices(b)[0], (int64_t)(k * B));
+        const uint8_t *p = npyload_batch_field(b, 0)->data;
+        for (uint64_t r = 0; r < B; r++)
+            if (memcmp(p + r * rb, npy + off + (k * B + r) * rb, rb) != 0)
+                cr_assert_fail("batch %llu row %llu (byte %llu of the frame) differs",
+                               (unsigned long long)k, (unsigned long long)r,
+                               (unsigned long long)((k * B + r) * rb));
+        npyload_batch_release(b);
+    }
+    npyload_loader_destroy(L);
+    free(npy);
+    free(zst);
+    tu_rmtree(dir);
+}
+
+/* Rows at the start of a big frame: the frame is still decoded to its end,
+ * so a byte damaged after the wanted rows fails the batch (the frame's
+ * checksum is verified) instead of delivering unverified bytes. */
+Test(loader_zst, rows_from_the_start_of_a_frame_still_verify_its_checksum)
+{
+    char *dir = tu_mkdtemp("loader_zst_bomb_tail");
+    const uint64_t rows = 1u << 18; /* 4 MiB */
+    uint8_t *npy;
+    size_t npy_len;
+    long off;
+    char *zst = one_big_frame(dir, rows, SMALL_ROW, &npy, &npy_len, &off);
+    npyl_zst_index x = index_of(zst);
+    uint64_t end = x.coff[2] - 4; /* the frame's checksum: its last 4 bytes */
+    npyl_zst_index_free(&x);
+    /* Damage the content, not the checksum: 40 bytes before it. */
+    poke(zst, end - 40, 0x10);
+    npyload_loader *L = small_loader(zst, 0, 1, 4);
+    npyload_batch *b;
+    int rc = npyload_loader_next(L, &b);
+    if (rc == 0) {
+        const npyload_array *a = npyload_batch_field(b, 0);
+        cr_assert_eq(memcmp(a->data, npy + off, 4 * SMALL_ROW), 0);
+        npyload_batch_release(b);
+    }
+    cr_assert_lt(rc, 0, "rows 0-3 of a frame damaged near its end were delivered as success");
+    expect_in(npyload_loader_errmsg(L), "small.npy.zst");
+    expect_in(npyload_loader_errmsg(L), "frame 1");
+    npyload_loader_destroy(L);
+    free(npy);
+    free(zst);
+    tu_rmtree(dir);
+}
+
+/* ---- a field holding FILE and FILE.zst (issue 21, item 14) ---- */
+
+static void expect_twins_refused(npyload_loader *L, const char *npy, const char *zst)
+{
+    int rc = npyload_loader_start(L);
+    cr_assert_eq(rc, NPYLOAD_EINVAL, "start: %d (%s): a field holding %s and %s must be refused",
+                 rc, npyload_loader_errmsg(L), npy, zst);
+    expect_in(npyload_loader_errmsg(L), npy);
+    expect_in(npyload_loader_errmsg(L), zst);
+    expect_in(npyload_loader_errmsg(L), "twice");
+    npyload_loader_destroy(L);
+}
+
+/* Packing without --rm, then a glob over the directory: every sample
+ * twice. Refused at start, naming both files; a glob that picks one form
+ * still loads. */
+Test(loader_zst, a_glob_matching_a_file_and_its_packed_twin_is_refused)
+{
+    dataset d = make_dataset(); /* img_*.npy and img_*.npy.zst side by side */
+    char g[700], npy0[700];
+    snprintf(g, sizeof g, "%s/img_*", d.dir);
+    snprintf(npy0, sizeof npy0, "%s/img_0000.npy", d.dir);
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "img", g), 0, "%s", npyload_loader_errmsg(L));
+    expect_twins_refused(L, npy0, d.img[0]);
+    /* One form each: both load, the same number of samples. */
+    const char *forms[] = {"%s/img_*.npy", "%s/img_*.npy.zst"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(g, sizeof g, forms[i], d.dir);
+        cr_assert_eq(npyload_loader_create(&L), 0);
+        cr_assert_eq(npyload_loader_add_field(L, "img", g), 0);
+        cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+        cr_assert_eq(npyload_loader_num_batches(L), N_TOTAL);
+        npyload_loader_destroy(L);
+    }
+    tu_rmtree(d.dir);
+}
+
+/* An explicit list too, whatever the spelling of the .npy ("dir/./x"). */
+Test(loader_zst, a_file_list_holding_a_file_and_its_packed_twin_is_refused)
+{
+    dataset d = make_dataset();
+    char npy3[700];
+    snprintf(npy3, sizeof npy3, "%s/./img_0003.npy", d.dir);
+    const char *list[] = {d.img[0], d.img[1], npy3, d.img[3]};
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field_files(L, "img", list, 4), 0);
+    expect_twins_refused(L, npy3, d.img[3]);
+    /* Twins in different fields are fine: each field holds each sample once. */
+    const char *a[] = {npy3}, *b[] = {d.img[3]};
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field_files(L, "a", a, 1), 0);
+    cr_assert_eq(npyload_loader_add_field_files(L, "b", b, 1), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
 }

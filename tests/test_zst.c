@@ -739,3 +739,290 @@ Test(zst, pack_refuses_bad_inputs_by_name)
     free(in);
     tu_rmtree(dir);
 }
+
+/* ---- zstd windows (issue 21, item 13) ---- */
+
+/* A .npy.zst built by hand: frame 0 the NPY header of a (rows, row_bytes)
+ * uint8 array, then the data in frames of `per` samples compressed at
+ * level 1 with zstd window 2^wlog, checksums on. The data is compressible:
+ * bytes 0-3 of each sample its index, the rest zero. *npy receives the
+ * .npy's bytes (the truth). */
+static unsigned char *windowed_file(const char *dir, uint64_t rows, uint64_t row_bytes,
+                                    uint64_t per, int wlog, size_t *len, unsigned char **npy,
+                                    size_t *npy_len)
+{
+    size_t n = (size_t)(rows * row_bytes);
+    unsigned char *data = calloc(1, n);
+    cr_assert_not_null(data);
+    for (uint64_t s = 0; s < rows; s++)
+        for (int i = 0; i < 4 && (uint64_t)i < row_bytes; i++)
+            data[s * row_bytes + i] = (unsigned char)(s >> (8 * i));
+    char *path = tu_path(dir, "w.npy");
+    int64_t shape[2] = {(int64_t)rows, (int64_t)row_bytes};
+    long off = tu_write_npy(path, "|u1", 0, 2, shape, data, n, 64);
+    cr_assert_gt(off, 0);
+    free(data);
+    *npy = tu_read_file(path, npy_len);
+    free(path);
+    uint32_t nf = 1 + (uint32_t)((rows + per - 1) / per);
+    uint32_t *cs = calloc(nf, 4), *ds = calloc(nf, 4), *sum = calloc(nf, 4);
+    size_t cap = ZSTD_compressBound(*npy_len) + 64 * nf + npyl_zst_table_size(nf, 1);
+    unsigned char *out = malloc(cap);
+    ZSTD_CCtx *c = ZSTD_createCCtx();
+    cr_assert(out && c && cs && ds && sum);
+    size_t at = 0;
+    for (uint32_t f = 0; f < nf; f++) {
+        size_t from = f == 0 ? 0 : (size_t)off + (size_t)((f - 1) * per * row_bytes);
+        size_t to = f == 0 ? (size_t)off : from + (size_t)(per * row_bytes);
+        if (to > *npy_len)
+            to = *npy_len;
+        ZSTD_CCtx_reset(c, ZSTD_reset_session_and_parameters);
+        cr_assert(!ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, 1)));
+        cr_assert(!ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 1)));
+        cr_assert(!ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_windowLog, wlog)));
+        size_t z = ZSTD_compress2(c, out + at, cap - at, *npy + from, to - from);
+        cr_assert(!ZSTD_isError(z), "%s", ZSTD_getErrorName(z));
+        cs[f] = (uint32_t)z;
+        ds[f] = (uint32_t)(to - from);
+        sum[f] = get32(out + at + z - 4);
+        at += z;
+    }
+    at += npyl_zst_table_encode(out + at, nf, cs, ds, sum, 1);
+    ZSTD_freeCCtx(c);
+    free(cs);
+    free(ds);
+    free(sum);
+    *len = at;
+    return out;
+}
+
+typedef struct collect {
+    unsigned char *buf;
+    uint64_t next; /* every byte once, in order */
+} collect;
+
+static void collect_sink(void *arg, uint64_t pos, const unsigned char *p, size_t n)
+{
+    collect *c = arg;
+    cr_assert_eq(pos, c->next);
+    memcpy(c->buf + pos, p, n);
+    c->next = pos + n;
+}
+
+/* A frame of several samples asking for a zstd window above
+ * NPYLOAD_ZST_MAX_WINDOW_LOG is refused at open, naming the frame and the
+ * window; at the limit it streams through a small buffer, in bounded
+ * memory, to the right bytes. A frame of one sample may use any window (it
+ * decodes straight into the batch). */
+Test(zst, frames_of_several_samples_have_a_bounded_window)
+{
+    char *dir = tu_mkdtemp("zst_window");
+    const uint64_t rows = 1u << 20, rb = 16; /* a 16 MiB frame */
+    size_t len, npy_len;
+    unsigned char *npy, *file;
+    npyl_zst_index x;
+    char err[512] = "";
+
+    file = windowed_file(dir, rows, rb, rows, NPYLOAD_ZST_MAX_WINDOW_LOG + 1, &len, &npy,
+                         &npy_len);
+    int rc = parse_mem(file, len, &x, err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_ETOOBIG, "rc %d: %s", rc, err);
+    cr_expect(strstr(err, "t.npy.zst: frame 1 at byte "), "%s", err);
+    cr_expect(strstr(err, "16777216-byte zstd window"), "%s", err);
+    cr_expect(strstr(err, "NPYLOAD_ZST_MAX_WINDOW_LOG"), "%s", err);
+    free(file);
+    free(npy);
+
+    file = windowed_file(dir, rows, rb, rows, NPYLOAD_ZST_MAX_WINDOW_LOG, &len, &npy, &npy_len);
+    cr_assert_eq(parse_mem(file, len, &x, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(x.nframes, 2);
+    ZSTD_DCtx *d = ZSTD_createDCtx();
+    unsigned char win[64 << 10];
+    collect c = {malloc(rows * rb), 0};
+    cr_assert_eq(npyl_zst_stream_frame(&x, 1, d, file + x.coff[1], win, sizeof win,
+                                       NPYLOAD_ZST_MAX_WINDOW_LOG, collect_sink, &c,
+                                       "t.npy.zst", err, sizeof err), 0, "%s", err);
+    cr_assert_eq(c.next, rows * rb);
+    cr_assert_eq(memcmp(c.buf, npy + x.doff[1], rows * rb), 0);
+    cr_assert_leq(ZSTD_sizeof_DCtx(d), ((size_t)1 << NPYLOAD_ZST_MAX_WINDOW_LOG) + (1u << 20));
+    /* The same frame under a lower limit: zstd refuses it while decoding,
+     * in the same words (the check that open does not make for frames
+     * under the limit's size). */
+    rc = npyl_zst_stream_frame(&x, 1, d, file + x.coff[1], win, sizeof win, 20, NULL, NULL,
+                               "t.npy.zst", err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_ETOOBIG, "rc %d: %s", rc, err);
+    cr_expect(strstr(err, "t.npy.zst: frame 1 at byte "), "%s", err);
+    cr_expect(strstr(err, "-byte zstd window"), "%s", err);
+    ZSTD_freeDCtx(d);
+    free(c.buf);
+    npyl_zst_index_free(&x);
+    free(file);
+    free(npy);
+
+    /* One 16 MiB sample per frame: any window. */
+    file = windowed_file(dir, 2, rows * rb, 1, NPYLOAD_ZST_MAX_WINDOW_LOG + 1, &len, &npy,
+                         &npy_len);
+    cr_assert_eq(parse_mem(file, len, &x, err, sizeof err), 0, "%s", err);
+    unsigned char *all = malloc(npy_len);
+    cr_assert_eq(decode_all(&x, file, all, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(memcmp(all, npy, npy_len), 0);
+    free(all);
+    npyl_zst_index_free(&x);
+    free(file);
+    free(npy);
+    tu_rmtree(dir);
+}
+
+/* ---- npyload_zst_file_verify (issue 21, item 15) ---- */
+
+/* Opens path (must succeed: open reads only the table and frame 0, which
+ * is why inspect without --verify calls a damaged data frame fine) and
+ * verifies it. Returns the verify result; *bad and the message out. */
+static int open_and_verify(const char *path, uint32_t *bad, char *err, size_t errlen)
+{
+    npyload_zst_file *z = NULL;
+    int rc = npyload_zst_file_open(path, &z, err, errlen);
+    cr_assert_eq(rc, 0, "open %s: %s", path, err);
+    rc = npyload_zst_file_verify(z, bad, err, errlen);
+    npyload_zst_file_close(z);
+    return rc;
+}
+
+/* `zstd -t` on a file: 0 when it says the frames are good (the independent
+ * truth for damage inside frames; it skips the seek table). */
+static int zstd_t(const char *path)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "zstd -q -t '%s' >/dev/null 2>&1", path);
+    return system(cmd);
+}
+
+Test(zst, verify_finds_the_first_bad_frame)
+{
+    packed p;
+    make_packed(&p, 30, 512, 2048, 0); /* 4 samples a frame: frames 1..8 */
+    int cli = have_zstd_cli();
+    if (!cli)
+        cr_log_warn("zstd CLI not found: the cross-check with `zstd -t` is skipped");
+    uint32_t bad = 7;
+    char err[1024] = "";
+    cr_assert_eq(open_and_verify(p.zst, &bad, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(bad, UINT32_MAX);
+    if (cli)
+        cr_assert_eq(zstd_t(p.zst), 0, "zstd -t refuses the good file");
+
+    npyl_zst_index x;
+    cr_assert_eq(parse_mem(p.file, p.file_n, &x, err, sizeof err), 0, "%s", err);
+    unsigned char *e = malloc(p.file_n);
+    char at[64];
+
+    /* A flipped byte inside data frame 3, and another in frame 6: the first
+     * is reported, with its index and offset. */
+    memcpy(e, p.file, p.file_n);
+    e[(x.coff[3] + x.coff[4]) / 2] ^= 0x20;
+    e[(x.coff[6] + x.coff[7]) / 2] ^= 0x20;
+    cr_assert_eq(write_file(p.zst, e, p.file_n), 0);
+    int rc = open_and_verify(p.zst, &bad, err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_EFORMAT, "rc %d: %s", rc, err);
+    cr_assert_eq(bad, 3, "frame %u reported: %s", bad, err);
+    snprintf(at, sizeof at, "frame 3 at byte %llu: ", (unsigned long long)x.coff[3]);
+    cr_assert(strstr(err, p.zst) && strstr(err, at), "%s", err);
+    if (cli)
+        cr_assert_neq(zstd_t(p.zst), 0, "zstd -t finds nothing wrong: the test lost its damage");
+
+    /* The seek table's checksum of frame 2 (zstd -t skips the table: only
+     * verify sees this). */
+    memcpy(e, p.file, p.file_n);
+    size_t entry2 = (size_t)(p.file_n - x.table_bytes) + NPYL_ZST_SKIP_HEADER_BYTES + 2 * 12;
+    e[entry2 + 8] ^= 0x01;
+    cr_assert_eq(write_file(p.zst, e, p.file_n), 0);
+    rc = open_and_verify(p.zst, &bad, err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_EFORMAT, "rc %d: %s", rc, err);
+    cr_assert_eq(bad, 2, "frame %u reported: %s", bad, err);
+    cr_assert(strstr(err, "checksum mismatch"), "%s", err);
+    if (cli)
+        cr_assert_eq(zstd_t(p.zst), 0);
+
+    /* Truncated: refused at open (the seek table is at the end) ... */
+    cr_assert_eq(write_file(p.zst, p.file, p.file_n - 100), 0);
+    npyload_zst_file *z = NULL;
+    rc = npyload_zst_file_open(p.zst, &z, err, sizeof err);
+    cr_assert_lt(rc, 0);
+    cr_assert(strstr(err, p.zst), "%s", err);
+    /* ... and truncated after open: verify says the file changed. */
+    cr_assert_eq(write_file(p.zst, p.file, p.file_n), 0);
+    cr_assert_eq(npyload_zst_file_open(p.zst, &z, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(truncate(p.zst, (off_t)x.coff[5]), 0);
+    rc = npyload_zst_file_verify(z, &bad, err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_ECHANGED, "rc %d: %s", rc, err);
+    cr_assert_eq(bad, UINT32_MAX);
+    cr_assert(strstr(err, p.zst), "%s", err);
+    npyload_zst_file_close(z);
+
+    npyl_zst_index_free(&x);
+    free(e);
+    free_packed(&p);
+}
+
+/* Every frame is checked, frame 0 and the last included, whatever byte is
+ * flipped (a sample of positions across the whole data). */
+Test(zst, verify_catches_a_flipped_byte_anywhere_in_the_frames)
+{
+    packed p;
+    make_packed(&p, 12, 300, 600, 0);
+    npyl_zst_index x;
+    char err[1024];
+    cr_assert_eq(parse_mem(p.file, p.file_n, &x, err, sizeof err), 0, "%s", err);
+    unsigned char *e = malloc(p.file_n);
+    for (uint64_t pos = 0; pos < x.coff[x.nframes]; pos += 7) {
+        memcpy(e, p.file, p.file_n);
+        e[pos] ^= 0x04;
+        npyl_zst_index y;
+        if (parse_mem(e, p.file_n, &y, err, sizeof err) != 0)
+            continue; /* frame 0 is decoded at open: refused there */
+        npyl_zst_mem m = {e, p.file_n};
+        uint32_t bad = 0;
+        int rc = npyl_zst_verify(npyl_zst_read_mem, &m, &y, "t.npy.zst", &bad, err, sizeof err);
+        uint32_t f = 0;
+        while (x.coff[f + 1] <= pos)
+            f++;
+        cr_assert_neq(rc, 0, "byte %llu (frame %u) flipped: verify passed",
+                      (unsigned long long)pos, f);
+        cr_assert_eq(bad, f, "byte %llu flipped: frame %u reported, %u expected: %s",
+                     (unsigned long long)pos, bad, f, err);
+        npyl_zst_index_free(&y);
+    }
+    npyl_zst_index_free(&x);
+    free(e);
+    free_packed(&p);
+}
+
+/* The public API takes no zstd type: a NULL context is made for the call;
+ * bad arguments are refused in words. */
+Test(zst, public_file_api_arguments)
+{
+    packed p;
+    make_packed(&p, 10, 64, 128, 0);
+    npyload_zst_file *z = NULL;
+    char err[512];
+    cr_assert_eq(npyload_zst_probe(p.zst), 1);
+    cr_assert_eq(npyload_zst_probe(p.npy), 0);
+    cr_assert_eq(npyload_zst_file_open(p.zst, &z, err, sizeof err), 0, "%s", err);
+    const npyload_zst_facts *fa = npyload_zst_file_facts(z);
+    cr_assert_eq(fa->frames, 6);
+    cr_assert_eq(fa->samples_per_frame, 2);
+    uint64_t off, cs, ds;
+    cr_assert_eq(npyload_zst_file_frame(z, 1, &off, &cs, &ds), 0);
+    unsigned char out[128];
+    cr_assert_eq(npyload_zst_file_decode(z, 1, NULL, p.file + off, out, sizeof out, err,
+                                         sizeof err), 0, "%s", err);
+    cr_assert_eq(memcmp(out, p.orig + fa->hdr.data_offset, 128), 0);
+    cr_assert_eq(npyload_zst_file_frame(z, 6, &off, &cs, &ds), NPYLOAD_EINVAL);
+    cr_assert_eq(npyload_zst_file_decode(z, 6, NULL, p.file, out, sizeof out, err,
+                                         sizeof err), NPYLOAD_EINVAL);
+    cr_assert(strstr(err, "frame 6: no such frame"), "%s", err);
+    cr_assert_eq(npyload_zst_file_verify(NULL, NULL, err, sizeof err), NPYLOAD_EINVAL);
+    npyload_zst_file_close(z);
+    npyload_zst_file_close(NULL);
+    free_packed(&p);
+}

@@ -1,7 +1,7 @@
 /*
  * npyload-inspect — print the header facts of NPY files.
  *
- *   npyload-inspect [--json] FILE...
+ *   npyload-inspect [--json] [--verify] FILE...
  *
  * One record per file: version, descr, shape, fortran_order, data_offset,
  * data_bytes, file_bytes. Only the header bytes are read (npyload_read_header),
@@ -13,6 +13,12 @@
  * compressed_bytes, ratio, frames (frame 0, the header, in) and
  * samples_per_frame. A malformed seek table is an error naming the file.
  *
+ * --verify also decodes every frame of each .npy.zst with the loader's checks
+ * (npyload_zst_file_verify: sizes, checksums, zstd windows) and reports the
+ * first bad frame as the file's error (index, byte offset, what is wrong;
+ * JSON: "bad_frame", "bad_offset"); a good file gets "verified": true. A .npy
+ * carries no checksums: its facts are printed as without --verify.
+ *
  * A malformed file is reported on stderr ("FILE: problem"), and with --json
  * also as an error record {"file": ..., "error": ...} on stdout so that a
  * program reading the JSON Lines sees every file; the remaining files are
@@ -20,16 +26,14 @@
  *
  * Exit status: 0 all files read, 1 at least one file failed, 2 usage error.
  *
- * Uses include/npyload.h, the .npy.zst reader of the unstable
- * include/npyload_bench_support.h, libc and the tools' JSON writer
- * (npyload_json.c).
+ * Uses include/npyload.h (the .npy.zst file API included), libc and the
+ * tools' JSON writer (npyload_json.c).
  */
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "npyload.h"
-#include "npyload_bench_support.h"
 #include "npyload_json.h"
 
 #define PROG "npyload-inspect"
@@ -37,7 +41,7 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: " PROG " [--json] FILE...\n"
+            "usage: " PROG " [--json] [--verify] FILE...\n"
             "\n"
             "Prints the header facts of each NPY file: version, descr, shape,\n"
             "fortran_order, data_offset, data_bytes and file_bytes. A .npy.zst\n"
@@ -46,6 +50,9 @@ static void usage(FILE *f)
             "\n"
             "  --json     one JSON object per file (JSON Lines); a malformed\n"
             "             file gives {\"file\": ..., \"error\": ...}\n"
+            "  --verify   decode every frame of each .npy.zst and check sizes and\n"
+            "             checksums (reads the whole file); the first bad frame\n"
+            "             is the file's error (index, byte offset, problem)\n"
             "  --help     this text\n"
             "  --version  the npyload version\n"
             "  --         end of options (for file names starting with '-')\n"
@@ -69,9 +76,10 @@ static double zst_ratio(const npyload_zst_facts *z)
     return z->compressed_bytes ? (double)z->hdr.file_bytes / (double)z->compressed_bytes : 0.0;
 }
 
-/* `z`: the .npy.zst facts, or NULL for a .npy. */
+/* `z`: the .npy.zst facts, or NULL for a .npy; `verified`: --verify
+ * checked every frame of it. */
 static void print_text(const char *path, const npyload_header *h,
-                       const npyload_zst_facts *z)
+                       const npyload_zst_facts *z, int verified)
 {
     printf("%s: v%d.%d %s ", path, h->major_version, h->minor_version,
            h->descr);
@@ -84,11 +92,13 @@ static void print_text(const char *path, const npyload_header *h,
         printf(" compressed_bytes=%llu ratio=%.2fx frames=%lu samples_per_frame=%llu",
                (unsigned long long)z->compressed_bytes, zst_ratio(z), (unsigned long)z->frames,
                (unsigned long long)z->samples_per_frame);
+    if (verified)
+        printf(" verified=%s", z->checksums ? "checksums" : "sizes (no checksums)");
     putchar('\n');
 }
 
 static void print_json(const char *path, const npyload_header *h,
-                       const npyload_zst_facts *z)
+                       const npyload_zst_facts *z, int verified)
 {
     nj_printf(stdout, "{\"file\": %s, \"version\": \"%d.%d\", \"descr\": %s, \"shape\": [",
               path, h->major_version, h->minor_version, h->descr);
@@ -105,34 +115,45 @@ static void print_json(const char *path, const npyload_header *h,
                "\"samples_per_frame\": %llu",
                (unsigned long long)z->compressed_bytes, zst_ratio(z), (unsigned long)z->frames,
                (unsigned long long)z->samples_per_frame);
+    if (verified)
+        printf(", \"verified\": true, \"checksums\": %s", z->checksums ? "true" : "false");
     fputs("}\n", stdout);
 }
 
 /* Returns 0 if `path` was reported, 1 if it failed. */
-static int inspect_one(const char *path, int json)
+static int inspect_one(const char *path, int json, int verify)
 {
     npyload_header h;
     char err[1024] = "";
     memset(&h, 0, sizeof h);
     npyload_zst_file *zf = NULL;
+    uint32_t bad = UINT32_MAX;
+    uint64_t bad_off = 0, cs, ds;
     int rc = npyload_zst_probe(path);
-    if (rc == 1)
+    if (rc == 1) {
         rc = npyload_zst_file_open(path, &zf, err, sizeof err);
-    else if (rc == 0)
+        if (rc == 0 && verify) {
+            rc = npyload_zst_file_verify(zf, &bad, err, sizeof err);
+            if (bad != UINT32_MAX)
+                npyload_zst_file_frame(zf, bad, &bad_off, &cs, &ds);
+        }
+    } else if (rc == 0) {
         rc = npyload_read_header(path, &h, err, sizeof err);
-    else if (rc < 0) /* open or read failed: let the NPY reader say so */
+    } else if (rc < 0) { /* open or read failed: let the NPY reader say so */
         rc = npyload_read_header(path, &h, err, sizeof err);
+    }
     if (rc == 0) {
         const npyload_zst_facts *z = zf ? npyload_zst_file_facts(zf) : NULL;
         if (z)
             h = z->hdr;
         if (json)
-            print_json(path, &h, z);
+            print_json(path, &h, z, verify && z);
         else
-            print_text(path, &h, z);
+            print_text(path, &h, z, verify && z);
         npyload_zst_file_close(zf);
         return 0;
     }
+    npyload_zst_file_close(zf);
 
     /* The library's message already reads "path: problem"; make sure the
      * path is named even if a failure left `err` empty. */
@@ -144,7 +165,13 @@ static int inspect_one(const char *path, int json)
     else
         snprintf(msg, sizeof msg, "%s: %s", path, npyload_strerror(rc));
 
-    if (json)
+    if (json && bad != UINT32_MAX)
+        nj_printf(stdout,
+                  "{\"file\": %s, \"error\": %s, \"code\": %s, \"bad_frame\": %llu, "
+                  "\"bad_offset\": %llu}\n",
+                  path, msg, npyload_strerror(rc), (unsigned long long)bad,
+                  (unsigned long long)bad_off);
+    else if (json)
         nj_printf(stdout, "{\"file\": %s, \"error\": %s, \"code\": %s}\n", path, msg,
                   npyload_strerror(rc));
     /* stdout first so that an interleaved terminal shows the error after the
@@ -158,11 +185,12 @@ int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
         {"json", no_argument, NULL, 'j'},
+        {"verify", no_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
-    int json = 0, c;
+    int json = 0, verify = 0, c;
     /* GNU getopt permutes: options may follow file names (`npyload-inspect
      * a.npy --json`), `--` ends the options, "-" alone is a file name. */
     opterr = 0;
@@ -170,6 +198,9 @@ int main(int argc, char **argv)
         switch (c) {
         case 'j':
             json = 1;
+            break;
+        case 'v':
+            verify = 1;
             break;
         case 'h':
             usage(stdout);
@@ -191,7 +222,7 @@ int main(int argc, char **argv)
 
     int failed = 0;
     for (int i = optind; i < argc; i++)
-        failed |= inspect_one(argv[i], json);
+        failed |= inspect_one(argv[i], json, verify);
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, PROG ": error writing to stdout\n");
         return 1;

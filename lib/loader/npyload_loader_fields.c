@@ -256,6 +256,75 @@ static int load_field(npyload_loader *L, npyl_field *f, size_t *io_next, int64_t
     return 0;
 }
 
+/* One file of a field by identity, for the packed-twin check. */
+typedef struct file_id {
+    uint64_t dev, ino;
+    size_t k;
+} file_id;
+
+static int file_id_cmp(const void *pa, const void *pb)
+{
+    const file_id *a = pa, *b = pb;
+    if (a->dev != b->dev)
+        return a->dev < b->dev ? -1 : 1;
+    return a->ino < b->ino ? -1 : a->ino > b->ino;
+}
+
+/* Refuses a field that holds a file and its packed twin: FILE.zst beside
+ * FILE (a glob over a whole directory, packed without --rm) would
+ * deliver every sample twice. FILE is looked up by identity (device and
+ * inode), so any spelling of it in an explicit list is caught too. Runs
+ * after load_field (identities in io_files), before the fields' sample
+ * counts are compared (which would only say "twice as many"). */
+static int check_packed_twins(npyload_loader *L, const npyl_field *f)
+{
+    size_t nzst = 0;
+    for (size_t k = 0; k < f->npaths; k++) {
+        size_t len = strlen(f->paths[k]);
+        nzst += len > 4 && strcmp(f->paths[k] + len - 4, ".zst") == 0;
+    }
+    if (nzst == 0 || f->npaths < 2)
+        return 0;
+    file_id *ids = malloc(f->npaths * sizeof *ids);
+    char *stem = NULL;
+    if (!ids)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    for (size_t k = 0; k < f->npaths; k++) {
+        const npyl_file_info *fi = &L->io_files[f->files[k].io_index];
+        ids[k] = (file_id){fi->dev, fi->ino, k};
+    }
+    qsort(ids, f->npaths, sizeof *ids, file_id_cmp);
+    int rc = 0;
+    for (size_t k = 0; k < f->npaths && rc == 0; k++) {
+        const char *zp = f->paths[k];
+        size_t len = strlen(zp);
+        if (len <= 4 || strcmp(zp + len - 4, ".zst") != 0)
+            continue;
+        free(stem);
+        stem = strndup(zp, len - 4);
+        if (!stem) {
+            rc = npyl_loader_fail(L, -ENOMEM, "out of memory");
+            break;
+        }
+        struct stat st;
+        if (stat(stem, &st) != 0)
+            continue; /* packed with --rm, or never unpacked: fine */
+        file_id key = {(uint64_t)st.st_dev, (uint64_t)st.st_ino, 0};
+        const file_id *hit = bsearch(&key, ids, f->npaths, sizeof *ids, file_id_cmp);
+        if (hit && hit->k != k) /* not the .zst itself (a hard link) */
+            rc = npyl_loader_fail(
+                L, NPYLOAD_EINVAL,
+                "field '%s' holds both %s and %s: the same samples unpacked and packed, "
+                "so every one would be delivered twice; keep one form (a glob such as "
+                "'*.npy' or '*.npy.zst', or delete the .npy files after packing: "
+                "npyload-pack --rm)",
+                f->name, f->paths[hit->k], zp);
+    }
+    free(stem);
+    free(ids);
+    return rc;
+}
+
 /* The number a file name carries for pairing: the last run of digits of
  * its base name (leading zeros ignored), or -1 when it has none (or more
  * than 18 digits). */
@@ -338,6 +407,8 @@ int npyl_load_fields(npyload_loader *L)
     for (size_t i = 0; i < L->nfields; i++) {
         int rc = load_field(L, &L->fields[i], &io_next, &n);
         L->nio_files = io_next;
+        if (rc == 0)
+            rc = check_packed_twins(L, &L->fields[i]);
         if (rc)
             return rc;
         if (i == 0) {

@@ -11,9 +11,12 @@
  * the address that is congruent to its file offset modulo 4096, so O_DIRECT
  * reads land straight there. A frame that holds exactly the rows wanted, in
  * order, decodes straight into the slot, and so does a frame of one sample
- * (repeated rows copied from the first); any other goes through the
- * worker's decode scratch, sized for the largest frame of several samples,
- * and its rows are copied out. */
+ * (repeated rows copied from the first); any other is streamed through the
+ * worker's decode window (at most NPYL_ZST_WINDOW_BYTES, whatever the
+ * frame's size: a frame of a million 16-byte samples must not cost its
+ * decompressed size per worker) and its rows are copied out as they pass.
+ * Such a frame is decoded to its end, so that its checksum is verified
+ * before the batch is handed out. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -113,6 +116,10 @@ static int zrow_cmp(const void *pa, const void *pb)
         return a->file < b->file ? -1 : 1;
     if (a->frame != b->frame)
         return a->frame < b->frame ? -1 : 1;
+    /* Within a frame in the order its bytes decode (decode_group streams
+     * them), then by position in the batch. */
+    if (a->local != b->local)
+        return a->local < b->local ? -1 : 1;
     return a->row < b->row ? -1 : a->row > b->row;
 }
 
@@ -141,9 +148,38 @@ static uint64_t place(const npyload_loader *L, uint64_t cursor, uint64_t coff)
     return cursor + ((coff - cursor) & (NPYL_DIRECT_ALIGN - 1));
 }
 
+/* Copies the wanted rows out of a frame's decompressed bytes as they stream
+ * through the decode window: rows z[next..k) (sorted by their sample in the
+ * frame) that overlap the chunk [pos, pos + n) get their overlapping part,
+ * so a row split across two chunks is assembled in place. */
+typedef struct row_sink {
+    const npyl_zrow *z;
+    size_t k, next;
+    uint64_t first, rb;
+    uint8_t *dst; /* the field's rows in the slot */
+} row_sink;
+
+static void copy_rows(void *arg, uint64_t pos, const unsigned char *p, size_t n)
+{
+    row_sink *rs = arg;
+    uint64_t end = pos + n;
+    for (size_t j = rs->next; j < rs->k; j++) {
+        uint64_t a = (rs->z[j].local - rs->first) * rs->rb, b = a + rs->rb;
+        if (a >= end)
+            break;
+        uint64_t lo = a > pos ? a : pos, hi = b < end ? b : end;
+        if (lo < hi)
+            memcpy(rs->dst + rs->z[j].row * rs->rb + (lo - a), p + (lo - pos), hi - lo);
+    }
+    /* Rows that end inside this chunk are complete (they start in order, so
+     * they end in order). */
+    while (rs->next < rs->k && (rs->z[rs->next].local - rs->first + 1) * rs->rb <= end)
+        rs->next++;
+}
+
 /* Decompresses frame `frame` of file z->ff (its compressed bytes at src) to
  * rows z[0..k) of field z->field: straight into dst when the frame holds
- * exactly these rows in order, else through the decode scratch. */
+ * exactly these rows in order, else streamed through the decode window. */
 static int decode_group(npyload_loader *L, npyl_worker *w, const npyl_zrow *z, size_t k,
                         const uint8_t *src, uint8_t *const *dst, uint64_t *bytes, zstats *zs)
 {
@@ -167,10 +203,11 @@ static int decode_group(npyload_loader *L, npyl_worker *w, const npyl_zrow *z, s
         for (size_t j = 1; rc == 0 && !direct && j < k; j++)
             memcpy(dst[z->field] + z[j].row * rb, at, rb);
     } else {
-        rc = npyl_zst_decode_frame(x, z->frame, w->dctx, src, w->zdst, w->zdst_cap, name,
+        row_sink sink = {.z = z, .k = k, .next = 0, .first = first, .rb = rb,
+                         .dst = dst[z->field]};
+        rc = npyl_zst_stream_frame(x, z->frame, w->dctx, src, w->zdst, w->zdst_cap,
+                                   NPYLOAD_ZST_MAX_WINDOW_LOG, copy_rows, &sink, name,
                                    w->errmsg, sizeof w->errmsg);
-        for (size_t j = 0; rc == 0 && j < k; j++)
-            memcpy(dst[z->field] + z[j].row * rb, w->zdst + (z[j].local - first) * rb, rb);
     }
     zs->ns += npyl_now_ns() - t0;
     if (rc)
@@ -352,7 +389,11 @@ int npyl_read_worker_init(npyload_loader *L, npyl_worker *w)
     cap = (cap + NPYL_DIRECT_ALIGN - 1) & ~(uint64_t)(NPYL_DIRECT_ALIGN - 1);
     w->zsrc = npyl_alloc_aligned((size_t)cap, NPYL_DIRECT_ALIGN);
     w->zsrc_cap = (size_t)cap;
+    /* The decode window: a frame of several samples up to this size decodes
+     * into it in one call, a larger one streams through it. */
     w->zdst_cap = L->zst_max_multi_dsize ? L->zst_max_multi_dsize : 1;
+    if (w->zdst_cap > NPYL_ZST_WINDOW_BYTES)
+        w->zdst_cap = NPYL_ZST_WINDOW_BYTES;
     w->zdst = malloc(w->zdst_cap);
     w->zrows = calloc(B * L->nfields, sizeof *w->zrows);
     w->dctx = npyl_zst_dctx_create();

@@ -17,7 +17,11 @@
  *                        through a read callback (a file or memory), every
  *                        NPY-specific check, sample -> frame lookup.
  *   npyload_zst_frame.c  decode one frame exactly into a caller buffer with a
- *                        reused ZSTD_DCtx (the workers' hot path).
+ *                        reused ZSTD_DCtx (the workers' hot path), or through
+ *                        a bounded window (frames of several samples), and
+ *                        verify every frame of a file.
+ *   npyload_zst_file.c   the public npyload_zst_* file API (npyload.h):
+ *                        probe, facts, frame access, verify.
  *   npyload_zst_pack.c   npyload_pack_file (public): .npy -> .npy.zst.
  *
  * Depends on lib/common, the public NPY header parser, and libzstd. */
@@ -38,6 +42,7 @@ typedef struct ZSTD_DCtx_s ZSTD_DCtx;
 #define NPYL_ZST_SKIP_HEADER_BYTES 8u        /* skippable magic + frame size */
 #define NPYL_ZST_FLAG_CHECKSUM 0x80u
 #define NPYL_ZST_RESERVED_BITS 0x7Cu
+#define NPYL_ZST_FRAME_HEADER_MAX 18u        /* RFC 8878: magic + 14 bytes */
 
 /* Limits. No frame of a valid file decompresses to more than
  * NPYL_ZST_MAX_FRAME_BYTES (the contrib writer's own limit), nor to more than
@@ -48,6 +53,16 @@ typedef struct ZSTD_DCtx_s ZSTD_DCtx;
 #define NPYL_ZST_MAX_FRAMES 0x8000000u       /* as the contrib reader */
 #define NPYL_ZST_MAX_FRAME_BYTES (1u << 30)
 #define NPYL_ZST_MAX_EXPANSION ((1u << 17) / 4u)
+
+/* Decoding memory. A frame of several samples is decoded through a window
+ * of at most NPYL_ZST_WINDOW_BYTES (frames up to that size decode into it
+ * in one call, larger ones stream through it), with the zstd window the
+ * frame needs held in the context: at most 2^NPYLOAD_ZST_MAX_WINDOW_LOG
+ * (npyload.h), checked at open for every frame of several samples that
+ * could need more (npyl_zst_index_read) and enforced by zstd while
+ * decoding. So a decoder's memory is bounded by constants, whatever the
+ * frame's decompressed size (up to NPYL_ZST_MAX_FRAME_BYTES). */
+#define NPYL_ZST_WINDOW_BYTES (1u << 20)
 
 /* Reads exactly `n` bytes at `off` into `buf`. Returns 0, or a negative
  * -errno (a short read is -EIO: the caller checked the size first). */
@@ -132,6 +147,54 @@ NPYL_HIDDEN int npyl_zst_decode_frame(const npyl_zst_index *x, uint32_t f,
                                       ZSTD_DCtx *dctx, const void *src,
                                       void *dst, size_t cap, const char *name,
                                       char *err, size_t errlen);
+
+/* npyl_zst_sink: receives the decompressed bytes [pos, pos + n) of a frame
+ * streamed by npyl_zst_stream_frame, in order, each byte once. */
+typedef void (*npyl_zst_sink)(void *arg, uint64_t pos, const unsigned char *p,
+                              size_t n);
+
+/* npyl_zst_stream_frame() :
+ * Decompresses frame `f` of `x` from `src` (its whole compressed bytes)
+ * through the caller's window `win` of `wcap` bytes (>= 1), handing every
+ * decompressed chunk to `sink` (may be NULL: verify only). The frame is
+ * always decoded to its end, so zstd verifies its content checksum before
+ * this returns 0: a caller that keeps some of the bytes delivers them only
+ * after a 0. `window_log_max` bounds the zstd window the frame may ask for
+ * (the context's own buffers: about 2^window_log_max + 3 x 128 KiB); a
+ * frame that fits `win` decodes in one call without them. The same checks
+ * as npyl_zst_decode_frame (sizes, table and frame checksums).
+ * @return : 0, or NPYLOAD_EFORMAT / ETOOBIG with "NAME: frame F at byte B:
+ *           problem" (a window over the limit is ETOOBIG and says so). */
+NPYL_HIDDEN int npyl_zst_stream_frame(const npyl_zst_index *x, uint32_t f,
+                                      ZSTD_DCtx *dctx, const void *src,
+                                      unsigned char *win, size_t wcap,
+                                      unsigned window_log_max,
+                                      npyl_zst_sink sink, void *arg,
+                                      const char *name, char *err,
+                                      size_t errlen);
+
+/* npyl_zst_frame_window() :
+ * The window size a zstd frame asks for, from its first `n` bytes (RFC 8878
+ * 3.1.1.1: the Window_Descriptor, or the content size of a single-segment
+ * frame). @return : 0 and *window, or -1 when the header is incomplete or
+ * not a zstd frame header. */
+NPYL_HIDDEN int npyl_zst_frame_window(const void *hdr, size_t n,
+                                      uint64_t *window);
+
+/* npyl_zst_verify() :
+ * Reads (through `rd`) and decodes every frame of the validated index `x`,
+ * frame 0 included, with every check the loader makes (sizes, table and
+ * frame checksums, windows: a frame of several samples within
+ * 2^NPYLOAD_ZST_MAX_WINDOW_LOG as the loader streams it; a frame of one
+ * sample with any window, as the loader decodes it into the batch). Stops
+ * at the first bad frame. Memory: the largest compressed frame, one
+ * NPYL_ZST_WINDOW_BYTES window and a zstd context.
+ * @return : 0 (*bad = UINT32_MAX), or the error with *bad the frame index
+ *           and `err` "NAME: frame F at byte B: problem"; -ENOMEM with
+ *           *bad = UINT32_MAX. */
+NPYL_HIDDEN int npyl_zst_verify(npyl_zst_read_fn rd, void *ctx,
+                                const npyl_zst_index *x, const char *name,
+                                uint32_t *bad, char *err, size_t errlen);
 
 /* A decompression context for npyl_zst_decode_frame, so that users of this
  * module need not include zstd.h. Returns NULL when out of memory; the free

@@ -229,6 +229,46 @@ static int check_npy(npyl_zst_index *x, const char *name, char *err,
     return 0;
 }
 
+/* Frames of several samples stream through a bounded window while the
+ * context holds the zstd window the frame asks for: refuse, at open, a frame
+ * that asks for more than NPYLOAD_ZST_MAX_WINDOW_LOG. A frame no larger
+ * than that limit never needs more (zstd sizes the window to the content),
+ * so only the headers of larger frames are read: one small read per
+ * 2^NPYLOAD_ZST_MAX_WINDOW_LOG bytes of data at most. Decoding enforces the
+ * limit again (ZSTD_d_windowLogMax) for whatever this does not read. */
+static int check_windows(npyl_zst_read_fn rd, void *ctx, const npyl_zst_index *x,
+                         const char *name, char *err, size_t errlen)
+{
+    const uint64_t limit = (uint64_t)1 << NPYLOAD_ZST_MAX_WINDOW_LOG;
+    for (uint32_t f = 1; f < x->nframes; f++) {
+        uint64_t dsz = x->doff[f + 1] - x->doff[f];
+        if (dsz <= limit || dsz <= x->row_bytes)
+            continue;
+        unsigned char h[NPYL_ZST_FRAME_HEADER_MAX];
+        uint64_t csz = x->coff[f + 1] - x->coff[f];
+        size_t n = csz < sizeof h ? (size_t)csz : sizeof h;
+        int rc = rd(ctx, h, n, x->coff[f]);
+        if (rc)
+            return read_err(rc, name, n, x->coff[f], err, errlen);
+        uint64_t w;
+        if (npyl_zst_frame_window(h, n, &w) != 0)
+            return npyl_fail(err, errlen, NPYLOAD_EFORMAT,
+                             "%s: frame %" PRIu32 " at byte %" PRIu64 ": not a zstd "
+                             "frame header (damaged file, or the seek table is wrong)",
+                             name, f, x->coff[f]);
+        if (w > limit)
+            return npyl_fail(err, errlen, NPYLOAD_ETOOBIG,
+                             "%s: frame %" PRIu32 " at byte %" PRIu64 ": %" PRIu64
+                             " bytes of several samples need a %" PRIu64 "-byte zstd "
+                             "window, more than the %" PRIu64 " bytes allowed "
+                             "(NPYLOAD_ZST_MAX_WINDOW_LOG %u); repack it with "
+                             "npyload-pack at level 19 or below, or a smaller "
+                             "--frame-size",
+                             name, f, x->coff[f], dsz, w, limit, NPYLOAD_ZST_MAX_WINDOW_LOG);
+    }
+    return 0;
+}
+
 int npyl_zst_index_read(npyl_zst_read_fn rd, void *ctx, uint64_t file_size,
                         const char *name, npyl_zst_index *out, char *err,
                         size_t errlen)
@@ -382,6 +422,9 @@ int npyl_zst_index_read(npyl_zst_read_fn rd, void *ctx, uint64_t file_size,
         goto fail;
     x->hdr.file_bytes = x->doff[n];
     rc = check_npy(x, name, err, errlen);
+    if (rc)
+        goto fail;
+    rc = check_windows(rd, ctx, x, name, err, errlen);
     if (rc)
         goto fail;
     return 0;

@@ -4,7 +4,6 @@
  * pack_file().
  */
 #include "_npyload.h"
-#include "npyload_bench_support.h"
 
 #include <errno.h>
 #include <string.h>
@@ -109,20 +108,27 @@ static PyObject *shape_tuple(int ndim, const int64_t *shape)
 }
 
 PyDoc_STRVAR(inspect_doc,
-"inspect(path) -> dict\n\n"
+"inspect(path, verify=False) -> dict\n\n"
 "Header facts of one NPY file, read without loading the data: version\n"
 "(major, minor), descr (numpy dtype string), shape, fortran_order,\n"
 "itemsize, header_len, data_offset, data_bytes, file_bytes.\n"
 "A .npy.zst (told by its first bytes) gives the facts of the .npy it holds,\n"
 "the same keys and values, plus compressed_bytes, ratio, frames (frame 0,\n"
 "the header, in) and samples_per_frame, as npyload-inspect does.\n"
+"With verify=True every frame of a .npy.zst is also read and decoded with\n"
+"the loader's checks (sizes, checksums, zstd windows; the whole file is\n"
+"read, without the GIL) and the dict gets verified=True and checksums\n"
+"(whether the frames carry them); a .npy has no checksums and is\n"
+"inspected as without verify.\n"
 "Raises NpyloadError (with the file name) for a malformed or truncated file\n"
-"or seek table.");
+"or seek table, and with verify=True for the first bad frame: the message\n"
+"names the file, the frame index, its byte offset and what is wrong.");
 
 static PyObject *header_dict(const npyload_header *h);
 
-/* inspect() of a .npy.zst: the .npy's facts plus the compression's. */
-static PyObject *inspect_zst(const char *path)
+/* inspect() of a .npy.zst: the .npy's facts plus the compression's; with
+ * `verify`, after every frame was decoded and checked. */
+static PyObject *inspect_zst(const char *path, int verify)
 {
     npyload_zst_file *z = NULL;
     char err[1024];
@@ -130,8 +136,11 @@ static PyObject *inspect_zst(const char *path)
     err[0] = 0;
     Py_BEGIN_ALLOW_THREADS
     rc = npyload_zst_file_open(path, &z, err, sizeof err);
+    if (rc == 0 && verify)
+        rc = npyload_zst_file_verify(z, NULL, err, sizeof err);
     Py_END_ALLOW_THREADS
     if (rc) {
+        npyload_zst_file_close(z);
         if (!err[0])
             snprintf(err, sizeof err, "%s: %s", path, npyload_strerror(rc));
         npyloadpy_raise(rc, err);
@@ -141,13 +150,16 @@ static PyObject *inspect_zst(const char *path)
     PyObject *d = header_dict(&f->hdr);
     double ratio = f->compressed_bytes ? (double)f->hdr.file_bytes / (double)f->compressed_bytes
                                        : 0.0;
-    PyObject *v[4] = {PyLong_FromUnsignedLongLong(f->compressed_bytes),
+    PyObject *v[6] = {PyLong_FromUnsignedLongLong(f->compressed_bytes),
                       PyFloat_FromDouble(ratio), PyLong_FromUnsignedLong(f->frames),
-                      PyLong_FromUnsignedLongLong(f->samples_per_frame)};
-    static const char *keys[4] = {"compressed_bytes", "ratio", "frames", "samples_per_frame"};
+                      PyLong_FromUnsignedLongLong(f->samples_per_frame),
+                      PyBool_FromLong(1), PyBool_FromLong(f->checksums)};
+    static const char *keys[6] = {"compressed_bytes", "ratio", "frames", "samples_per_frame",
+                                  "verified", "checksums"};
+    int nkeys = verify ? 6 : 4;
     npyload_zst_file_close(z);
-    for (int i = 0; i < 4; i++) {
-        if (d && (!v[i] || PyDict_SetItemString(d, keys[i], v[i]) < 0))
+    for (int i = 0; i < 6; i++) {
+        if (i < nkeys && d && (!v[i] || PyDict_SetItemString(d, keys[i], v[i]) < 0))
             Py_CLEAR(d);
         Py_XDECREF(v[i]);
     }
@@ -156,10 +168,11 @@ static PyObject *inspect_zst(const char *path)
 
 static PyObject *mod_inspect(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"path", NULL};
+    static char *kwlist[] = {"path", "verify", NULL};
     PyObject *path_obj, *bytes = NULL;
+    int verify = 0;
     npyload_header h;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O:inspect", kwlist, &path_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p:inspect", kwlist, &path_obj, &verify))
         return NULL;
     if (!PyUnicode_FSConverter(path_obj, &bytes))
         return NULL;
@@ -168,7 +181,7 @@ static PyObject *mod_inspect(PyObject *self, PyObject *args, PyObject *kw)
     zst = npyload_zst_probe(PyBytes_AS_STRING(bytes));
     Py_END_ALLOW_THREADS
     if (zst == 1) {
-        PyObject *d = inspect_zst(PyBytes_AS_STRING(bytes));
+        PyObject *d = inspect_zst(PyBytes_AS_STRING(bytes), verify);
         Py_DECREF(bytes);
         return d;
     }

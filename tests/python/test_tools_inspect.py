@@ -7,6 +7,8 @@ missing binary is a failure, not a skip.
 import json
 import os
 import re
+import shutil
+import struct
 import subprocess
 from pathlib import Path
 
@@ -288,3 +290,116 @@ def test_double_dash_and_options_after_files(inspect_exe, tmp_path):
     r = run(inspect_exe, q, "--json")
     assert r.returncode == 0
     assert parse_jsonl(r.stdout)[0]["shape"] == [3]
+
+
+# ---- --verify: every frame of a .npy.zst decoded (issue 21, item 15) ------
+
+def _packed(tmp_path, rows=24):
+    """A .npy.zst of 1 KiB samples, 2 per frame (frames 1..12), checksums on."""
+    npy = tmp_path / "v.npy"
+    np.save(npy, (np.arange(rows * 256, dtype="<f4") % 97).reshape(rows, 256))
+    r = run(_tool("npyload-pack"), "--frame-size", 2048, npy)
+    assert r.returncode == 0, r.stderr
+    return tmp_path / "v.npy.zst"
+
+
+def _seek_table(data):
+    """Frame offsets and the table's position, read by the spec (zstd's
+    seekable format), independently of npyload: ([coff...], table_start)."""
+    n, desc, magic = struct.unpack_from("<IBI", data, len(data) - 9)
+    assert magic == 0x8F92EAB1 and desc & 0x80
+    table = len(data) - 9 - 12 * n
+    offs = [0]
+    for i in range(n):
+        offs.append(offs[-1] + struct.unpack_from("<I", data, table + 12 * i)[0])
+    return offs, table
+
+
+def _zstd_t(path):
+    """`zstd -t`'s verdict (True: good), or None without the zstd CLI."""
+    if shutil.which("zstd") is None:
+        return None
+    return subprocess.run(["zstd", "-q", "-t", str(path)], capture_output=True,
+                          timeout=60).returncode == 0
+
+
+def _verify(inspect_exe, path):
+    r = run(inspect_exe, "--json", "--verify", path)
+    return r, parse_jsonl(r.stdout)[-1]
+
+
+def test_verify_good_file(inspect_exe, tmp_path):
+    npyload = pytest.importorskip("npyload", reason="npyload is not installed")
+    p = _packed(tmp_path)
+    r, rec = _verify(inspect_exe, p)
+    assert r.returncode == 0, r.stderr
+    assert rec["verified"] is True and rec["checksums"] is True and rec["frames"] == 13
+    r = run(inspect_exe, "--verify", p)
+    assert r.returncode == 0 and "verified=checksums" in r.stdout
+    assert "verified" not in parse_jsonl(run(inspect_exe, "--json", p).stdout)[0]
+    d = npyload.inspect(p, verify=True)
+    assert d["verified"] is True and d["checksums"] is True
+    assert d == {**npyload.inspect(p), "verified": True, "checksums": True}
+    # a .npy has no checksums: --verify gives its facts as before
+    r = run(inspect_exe, "--json", "--verify", tmp_path / "v.npy")
+    assert r.returncode == 0 and "verified" not in parse_jsonl(r.stdout)[0]
+    assert "verified" not in npyload.inspect(tmp_path / "v.npy", verify=True)
+
+
+def test_verify_names_the_first_bad_data_frame(inspect_exe, tmp_path):
+    npyload = pytest.importorskip("npyload", reason="npyload is not installed")
+    p = _packed(tmp_path)
+    data = bytearray(p.read_bytes())
+    offs, _ = _seek_table(data)
+    data[(offs[3] + offs[4]) // 2] ^= 0x20   # frame 3, and later frame 9
+    data[(offs[9] + offs[10]) // 2] ^= 0x20
+    p.write_bytes(data)
+    # without --verify only the table and frame 0 are read: "fine"
+    assert run(inspect_exe, "--json", p).returncode == 0
+    r, rec = _verify(inspect_exe, p)
+    assert r.returncode == 1
+    assert rec["bad_frame"] == 3 and rec["bad_offset"] == offs[3]
+    where = f"{p}: frame 3 at byte {offs[3]}: "
+    assert where in rec["error"] and where in r.stderr, rec
+    r = run(inspect_exe, "--verify", p)
+    assert r.returncode == 1 and r.stdout == "" and where in r.stderr
+    with pytest.raises(npyload.NpyloadError, match=re.escape(where)):
+        npyload.inspect(p, verify=True)
+    npyload.inspect(p)  # facts only: still readable
+
+
+def test_verify_seek_table_checksum_and_truncation(inspect_exe, tmp_path):
+    npyload = pytest.importorskip("npyload", reason="npyload is not installed")
+    p = _packed(tmp_path)
+    good = p.read_bytes()
+    offs, table = _seek_table(good)
+    data = bytearray(good)
+    data[table + 12 * 2 + 8] ^= 0x01         # frame 2's checksum in the table
+    p.write_bytes(data)
+    r, rec = _verify(inspect_exe, p)
+    assert r.returncode == 1 and rec["bad_frame"] == 2, rec
+    assert "checksum mismatch" in rec["error"]
+    with pytest.raises(npyload.NpyloadError, match="frame 2 at byte"):
+        npyload.inspect(p, verify=True)
+    p.write_bytes(good[:len(good) - 50])     # the table is at the end
+    r, rec = _verify(inspect_exe, p)
+    assert r.returncode == 1 and str(p) in rec["error"] and "bad_frame" not in rec
+
+
+def test_verify_agrees_with_zstd_t(inspect_exe, tmp_path):
+    """`zstd -t` is the independent truth for damage inside frames: for a
+    flipped byte anywhere in them, both say bad; for the good file, both
+    say good."""
+    p = _packed(tmp_path, rows=12)
+    if _zstd_t(p) is None:
+        pytest.skip("the zstd command-line tool is not installed (apt-get install zstd)")
+    assert _zstd_t(p) is True and run(inspect_exe, "--verify", p).returncode == 0
+    good = p.read_bytes()
+    offs, _ = _seek_table(good)
+    rng = np.random.default_rng(0)
+    for pos in sorted(set(rng.integers(0, offs[-1], size=40).tolist())):
+        data = bytearray(good)
+        data[pos] ^= 1 << int(rng.integers(0, 8))
+        p.write_bytes(data)
+        ours = run(inspect_exe, "--verify", p).returncode == 0
+        assert ours == _zstd_t(p) == False, f"byte {pos}: verify {ours}"  # noqa: E712

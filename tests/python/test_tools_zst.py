@@ -251,6 +251,34 @@ def test_inspect_zst_mixed_with_npy_and_bad_files(tmp_path):
     assert recs[2]["frames"] == 1 + 20 // 2
 
 
+# ---- a field holding FILE.npy and FILE.npy.zst (issue 21, item 14) ----
+
+def test_loader_refuses_a_field_holding_a_file_and_its_packed_twin(tmp_path):
+    """Packing without --rm, then a glob over the directory: every sample
+    would come twice. Refused at start naming both files, for a glob and a
+    list; one form alone loads and equals numpy."""
+    npyload = pytest.importorskip("npyload", reason="npyload is not installed")
+    arrs = [np.arange(i * 40, (i + 1) * 40, dtype="<i4").reshape(10, 4) for i in range(2)]
+    npys = []
+    for i, a in enumerate(arrs):
+        npys.append(tmp_path / f"x_{i:04d}.npy")
+        np.save(npys[-1], a)
+    r = run(_tool("npyload-pack"), *npys)  # no --rm: the .npy files stay
+    assert r.returncode == 0, r.stderr
+    zst1 = str(npys[1]) + ".zst"
+    for spec in (str(tmp_path / "x_*"), [str(npys[0]), zst1, str(npys[1])]):
+        with pytest.raises(npyload.NpyloadError) as ei:
+            for _ in npyload.Loader({"x": spec}, batch_size=4):
+                pass
+        msg = str(ei.value)
+        assert "twice" in msg, msg
+        assert any(str(n) in msg and f"{n}.zst" in msg for n in npys), msg
+    for pattern in ("x_*.npy", "x_*.npy.zst"):
+        got = [np.array(np.asarray(b["x"])) for b in  # copies: slots go back
+               npyload.Loader({"x": str(tmp_path / pattern)}, batch_size=4)]
+        np.testing.assert_array_equal(np.concatenate(got), np.concatenate(arrs))
+
+
 # ---- npyload-bench: packing estimate (raw fields), decode ceiling (packed) ----
 
 def _bench(*args):
