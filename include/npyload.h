@@ -760,11 +760,12 @@ NPYLOAD_API int npyload_pack_file(const char *in, const char *out,
  * frame of several samples may ask for. Readers decode such frames through
  * a bounded buffer while zstd keeps the frame's window, so a worker's
  * decoding memory is a constant (about 1 MiB + 2^23 + 384 KiB) whatever the
- * frame's size. zstd levels 1 to 19 never ask for more; levels 20-22 do
- * for frames of several samples larger than 8 MiB, which readers refuse
- * when the file is opened (NPYLOAD_ETOOBIG naming the file, the frame and
- * the window). Frames of one sample decode straight into the batch and may
- * use any window. */
+ * frame's size. zstd levels 1 to 19 never ask for more; levels 20-22 would
+ * for frames of several samples larger than 8 MiB, so npyload_pack_file
+ * caps their window at this value. Such a frame written by another tool is
+ * refused when the file is opened (NPYLOAD_ETOOBIG naming the file, the
+ * frame and the window). Frames of one sample decode straight into the
+ * batch and may use any window. */
 #define NPYLOAD_ZST_MAX_WINDOW_LOG 23
 
 /*! npyload_zst_probe() : 1 if `path` starts with a zstd frame (a .npy.zst,

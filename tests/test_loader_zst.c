@@ -606,7 +606,7 @@ static char *one_big_frame(const char *dir, uint64_t rows, uint64_t rb, uint8_t 
     cr_assert_not_null(*npy);
     npyload_pack_options o = {.frame_size = rows * rb, .threads = 1, .force = 1};
     char err[512];
-    cr_assert_eq(npyload_pack_file(path, NULL, &o, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(npyload_pack_file(path, NULL, &o, sizeof o, NULL, 0, err, sizeof err), 0, "%s", err);
     char *zst = malloc(strlen(path) + 5);
     sprintf(zst, "%s.zst", path);
     free(path);

@@ -466,3 +466,37 @@ Test(pack_options, largest_frame_size_packs_one_frame)
     free(out);
     tu_rmtree(dir);
 }
+
+/* The ultra levels (20-22) ask for windows of 2^25..2^27, which readers
+ * refuse for frames of several samples (NPYLOAD_ZST_MAX_WINDOW_LOG): pack
+ * caps them, so a level-20 pack with 16 MiB frames opens and verifies. */
+Test(pack_options, ultra_level_frames_of_several_samples_stay_readable)
+{
+    char *dir = tu_mkdtemp("pack");
+    char *in = tu_path(dir, "u.npy");
+    char *out = tu_path(dir, "u.npy.zst");
+    enum { N = 1 << 21, W = 16 }; /* 32 MiB of 16-byte samples */
+    uint8_t *data = malloc((size_t)N * W);
+    cr_assert_not_null(data);
+    for (size_t i = 0; i < (size_t)N * W; i++)
+        data[i] = (uint8_t)(i % 251 ? 0 : i / 251); /* compressible, not constant */
+    const int64_t shape[] = {N, W};
+    cr_assert(tu_write_npy(in, "|u1", 0, 2, shape, data, (size_t)N * W, 64) > 0);
+    free(data);
+    npyload_pack_options o;
+    memset(&o, 0, sizeof o);
+    o.level = 20;
+    o.frame_size = 16u << 20;
+    o.threads = 1;
+    char err[512];
+    cr_assert_eq(npyload_pack_file(in, out, &o, sizeof o, NULL, 0, err, sizeof err), 0, "%s", err);
+    npyload_zst_file *z = NULL;
+    cr_assert_eq(npyload_zst_file_open(out, &z, err, sizeof err), 0, "%s", err);
+    uint32_t bad = 0;
+    cr_assert_eq(npyload_zst_file_verify(z, &bad, err, sizeof err), 0, "%s", err);
+    npyload_zst_file_close(z);
+    expect_same(out, in);
+    free(in);
+    free(out);
+    tu_rmtree(dir);
+}

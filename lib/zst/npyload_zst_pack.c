@@ -91,14 +91,22 @@ static void *helper_main(void *arg)
     }
 }
 
-static ZSTD_CCtx *make_cctx(int level, int checksum)
+/* multi: frames hold several samples. Readers stream those through a
+ * bounded buffer and refuse a window above NPYLOAD_ZST_MAX_WINDOW_LOG
+ * (npyload.h); levels 1-19 stay within it, the ultra levels (20-22) ask for
+ * 2^25..2^27, so their window is capped here. Frames of one sample decode
+ * straight into the batch and keep the level's window. */
+static ZSTD_CCtx *make_cctx(int level, int checksum, int multi)
 {
     ZSTD_CCtx *c = ZSTD_createCCtx();
     if (!c)
         return NULL;
     if (ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, level)) ||
         ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, checksum)) ||
-        ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_contentSizeFlag, 1))) {
+        ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_contentSizeFlag, 1)) ||
+        (multi && level > 19 &&
+         ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_windowLog,
+                                             NPYLOAD_ZST_MAX_WINDOW_LOG)))) {
         ZSTD_freeCCtx(c);
         return NULL;
     }
@@ -607,7 +615,7 @@ int npyl_pack_file_ex(const char *in, const char *out,
     tcs = malloc(sizeof(uint32_t) * nframes);
     tds = malloc(sizeof(uint32_t) * nframes);
     tck = malloc(sizeof(uint32_t) * nframes);
-    cctx = make_cctx(level, checksum);
+    cctx = make_cctx(level, checksum, spf > 1);
     if (!tcs || !tds || !tck || !cctx) {
         rc = npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", in);
         goto done;
@@ -694,7 +702,7 @@ int npyl_pack_file_ex(const char *in, const char *out,
         /* ws[0] is the calling thread (cctx above); helpers from 1. */
         for (int t = 1; t < nthreads; t++) {
             ws[t].pool = &pool;
-            ws[t].cctx = make_cctx(level, checksum);
+            ws[t].cctx = make_cctx(level, checksum, spf > 1);
             if (!ws[t].cctx) {
                 rc = npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", in);
                 goto done;
