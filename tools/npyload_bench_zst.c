@@ -16,9 +16,8 @@
  *     measured (or its ceilings), npyload_bench_zst_report.c judges whether
  *     packing pays here.
  *
- * Uses include/npyload.h, the .npy.zst reader of the unstable
- * include/npyload_bench_support.h (the loader's seek-table parser and frame
- * decoder) and libzstd for the estimate's compression. */
+ * Uses include/npyload.h (its .npy.zst file API: the loader's seek-table
+ * parser and frame decoder) and libzstd for the estimate's compression. */
 #include "npyload_bench_measure.h"
 #include "npyload_bench_support.h"
 

@@ -151,7 +151,8 @@ typedef struct npyl_worker {
     ZSTD_DCtx *dctx;      /* reused for every frame */
     uint8_t *zsrc;        /* compressed frames, NPYL_DIRECT_ALIGN-aligned */
     size_t zsrc_cap;
-    uint8_t *zdst;        /* one decompressed frame of several samples */
+    uint8_t *zdst;        /* the decode window of a frame of several samples
+                             (at most 1 MiB; npyload_zst_frame.c) */
     size_t zdst_cap;
     struct npyl_zrow *zrows; /* batch_size x nfields: rows grouped by frame */
 } npyl_worker;
