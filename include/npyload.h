@@ -259,7 +259,9 @@ typedef enum npyload_option {
 /*! Threads: which calls on one loader may overlap (run at the same time on
  * different threads).
  *  - Configuration (add_field, add_field_files, set, set_transform): before
- *    start, on one thread, overlapping nothing.
+ *    start, on one thread, overlapping nothing. get() reads options: it may
+ *    overlap anything but set_state() (which takes over seed, shuffle and
+ *    drop_last) and start().
  *  - Control calls (start, set_epoch, set_state): may overlap each other and
  *    every call below; they run one at a time inside the loader (a lock the
  *    workers never take, so reads go on while an order is built). The one
