@@ -268,6 +268,29 @@ typedef enum npyload_option {
  *    each rank is dropped too.
  * Every rank therefore gets the same number of batches. */
 
+/*! Threads: which calls on one loader may overlap (run at the same time on
+ * different threads).
+ *  - Configuration (add_field, add_field_files, set, set_transform): before
+ *    start, on one thread, overlapping nothing. get() reads options: it may
+ *    overlap anything but set_state() (which takes over seed, shuffle and
+ *    drop_last) and start().
+ *  - Control calls (start, set_epoch, set_state): may overlap each other and
+ *    every call below; they run one at a time inside the loader (a lock the
+ *    workers never take, so reads go on while an order is built). The one
+ *    that returns last decides the epoch and position.
+ *  - next() / next_timeout(): one thread at a time; once start has
+ *    returned, may overlap set_epoch, set_state, the queries and releases.
+ *  - Queries (get_state, get_stats, num_batches, num_samples,
+ *    last_skip_error) and batch calls (accessors, wait_stream, sync,
+ *    release, release_stream, release_checked): may overlap each other and
+ *    everything above after start. get_state() reports the position of the
+ *    last control call or next() that completed.
+ *  - errmsg(): the last failure of any thread's call; read it on the thread
+ *    that saw the failure before another call on the loader fails.
+ *  - destroy(): waits for control calls in progress and wakes next() (see
+ *    npyload_loader_destroy); no call may begin once it has begun.
+ * Two loaders share nothing: any calls on different loaders may overlap. */
+
 /*! npyload_loader_create() :
  * @return : 0 and a new loader in *out, or -ENOMEM / NPYLOAD_EINVAL. */
 NPYLOAD_API int npyload_loader_create(npyload_loader **out);
@@ -278,7 +301,14 @@ NPYLOAD_API int npyload_loader_create(npyload_loader **out);
  * caller stay valid until they are released: destroy then joins the workers
  * and frees every descriptor, io_uring ring and slot except the held ones;
  * the last npyload_batch_release() frees those and the handle.
- * Must not race with other calls on the same loader.
+ * Threads (see "Threads" below): destroy waits for a start, set_epoch or
+ * set_state in progress on another thread to finish (those still waiting
+ * for their turn return NPYLOAD_ESTATE), and wakes a next() waiting for a
+ * batch, which returns NPYLOAD_ESTATE; then it frees. It never hangs (the
+ * calls it waits for never wait for anything unbounded). No call on the
+ * loader may begin once destroy has begun, as with free(): its memory is
+ * gone when destroy returns. Releasing batches the caller holds, during or
+ * after destroy, is allowed.
  * fork(): a loader belongs to the process that created it. In a child
  * process every call on an inherited loader or batch returns
  * NPYLOAD_EFORKED (create a new loader in the child); there,
@@ -384,12 +414,27 @@ NPYLOAD_API int npyload_loader_set(npyload_loader *L, npyload_option opt,
 NPYLOAD_API int npyload_loader_get(const npyload_loader *L, npyload_option opt,
                                    int64_t *value);
 
+/*! NPYLOAD_MAX_SAMPLE_BYTES: the largest sample (one row of a field, as
+ * stored and as delivered after its transform) a loader accepts: 4 GiB.
+ * Slots are sized in samples, so a header's per-sample shape alone (a file
+ * of shape (0, 2^32) holds 0 bytes) would otherwise decide how much start
+ * reserves; 4 GiB is far above any sample a training step uses (the
+ * reference workload's largest is 2 MiB; a 1024^3 float32 volume is 4 GiB)
+ * and keeps one slot row addressable by every io backend. A larger sample
+ * is refused at start with NPYLOAD_ETOOBIG before anything is allocated;
+ * the message names the field, its first file and the size. */
+#define NPYLOAD_MAX_SAMPLE_BYTES (UINT64_C(1) << 32)
+
 /*! npyload_loader_start() :
  * Reads every header, validates the fields (per-sample shape and dtype agree
  * within a field, totals agree across fields; every mismatch names the file
  * and both values), chooses the io backend, allocates PREFETCH slots once,
  * starts the workers and begins epoch 0 (or the epoch given by
  * npyload_loader_set_epoch / npyload_loader_set_state before start).
+ * A slot holds min(BATCH_SIZE, ceil(N / WORLD_SIZE)) rows (a rank never
+ * gets more in one batch), so a small field with a large BATCH_SIZE, or an
+ * empty one, reserves only what it can deliver; stats slot_bytes says how
+ * much. A sample above NPYLOAD_MAX_SAMPLE_BYTES is refused (NPYLOAD_ETOOBIG).
  * Fortran-ordered data is refused unless its bytes are also C-ordered (at
  * most one dimension longer than 1), so it is never delivered transposed;
  * the message names the file. Big-endian
@@ -403,7 +448,12 @@ NPYLOAD_API int npyload_loader_start(npyload_loader *L);
  * (reads in flight finish and are discarded; batches the caller holds stay
  * valid) and begins `epoch` from its first batch. It also clears a failure
  * (after a failed read, set_epoch retries from the epoch's start).
- * @return : 0, or -ENOMEM (the loader then keeps its previous order). */
+ * Thread-safe against start/set_epoch/set_state (they run one at a time: the
+ * one that returns last decides the order, and every batch next() hands out
+ * after it returns, get_state() and num_batches() agree with it) and
+ * against next() on another thread; see "Threads".
+ * @return : 0, -ENOMEM (the loader then keeps its previous order), or
+ *           NPYLOAD_ESTATE when destroy has begun on another thread. */
 NPYLOAD_API int npyload_loader_set_epoch(npyload_loader *L, uint64_t epoch);
 
 /*! npyload_loader_num_batches() : batches per epoch for this rank, or a
@@ -424,8 +474,12 @@ NPYLOAD_API int64_t npyload_loader_num_samples(const npyload_loader *L);
  *           caller's hands, so waiting could never end (release a batch and
  *           call again: the loader is not failed); another negative error (a
  *           failed read names the file and offset in npyload_loader_errmsg),
- *           after which the loader stays failed until set_epoch/set_state.
- * Only one thread may call next() at a time. */
+ *           after which the loader stays failed until set_epoch/set_state;
+ *           NPYLOAD_ESTATE (no message) when destroy() began on another
+ *           thread while next() waited.
+ * Only one thread may call next() at a time; it may overlap every other
+ * call (see "Threads"). A batch prefetched for an epoch that set_epoch or
+ * set_state abandoned is never handed out. */
 NPYLOAD_API int npyload_loader_next(npyload_loader *L, npyload_batch **out);
 
 /*! npyload_loader_next_timeout() : as next(), but gives up after
@@ -508,9 +562,25 @@ NPYLOAD_API int npyload_batch_sync(npyload_batch *b);
  * be overwritten as soon as the copy engine reaches it, so all work reading
  * the batch must have finished — use npyload_batch_release_stream() to
  * release without waiting on the host. NULL-safe. Thread-safe with respect
- * to next() on the same loader; each batch is released exactly once. If the
- * loader was destroyed, the last release frees its memory. */
+ * to next() on the same loader and to the release of other batches. If the
+ * loader was destroyed, the last release frees its memory.
+ * Each batch is released once. A second release of the same handle is
+ * detected and ignored: nothing changes (no slot is freed twice, no count
+ * moves) and npyload_loader_errmsg() of its loader says which batch; use
+ * npyload_batch_release_checked() to get the refusal as a result. next()
+ * hands out a different handle each time (a slot's handles are used in
+ * turn), so a stale handle is recognised as such even after its slot was
+ * refilled and handed out again, for the next 7 hand-outs of that slot;
+ * after that it may name a batch the caller holds again. A release after
+ * the destroyed loader's last batch was released touches freed memory. */
 NPYLOAD_API void npyload_batch_release(npyload_batch *b);
+
+/*! npyload_batch_release_checked() : npyload_batch_release() with a result.
+ * @return : 0 when the batch was released; NPYLOAD_ESTATE when `b` is not a
+ *           batch the caller holds (released already: nothing changed, the
+ *           loader's errmsg names the batch); NPYLOAD_EINVAL for NULL;
+ *           NPYLOAD_EFORKED in a fork() child (nothing changed). */
+NPYLOAD_API int npyload_batch_release_checked(npyload_batch *b);
 
 /*! npyload_batch_release_stream() :
  * Releases the batch once the work queued on `stream` before this call has
@@ -565,7 +635,8 @@ NPYLOAD_API int npyload_loader_get_state(const npyload_loader *L,
  * happens at start. seed, shuffle and drop_last are taken from the state
  * (before or after start); batch_size and N must match (NPYLOAD_EMISMATCH
  * otherwise); any malformed field is NPYLOAD_EINVAL with its name. After
- * start it abandons the current position like set_epoch. */
+ * start it abandons the current position like set_epoch. Thread-safe like
+ * set_epoch (see "Threads"); NPYLOAD_ESTATE once destroy has begun. */
 NPYLOAD_API int npyload_loader_set_state(npyload_loader *L,
                                          const npyload_state *st);
 

@@ -1138,3 +1138,189 @@ Test(loader, get_after_start_returns_resolved_values)
     npyload_loader_destroy(L);
     tu_rmtree(d.dir);
 }
+
+/* Issue 21 item 4: a batch released twice is detected and ignored; the slot
+ * count stays right, so next() says EHELD instead of waiting forever, and a
+ * stale handle never releases the batch now in its slot. (next_timeout only
+ * keeps the unfixed loader from hanging the test; no timing is asserted.) */
+Test(loader, double_release_detected_and_ignored)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 2, .prefetch = 2, .batch = 2};
+    npyload_loader *L = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_batch *a, *b, *x, *y;
+    cr_assert_eq(npyload_loader_next(L, &a), 0);
+    cr_assert_eq(npyload_loader_next(L, &b), 0);
+    cr_assert_eq(npyload_batch_release_checked(a), 0);
+    npyload_batch_release(a); /* the second release: ignored */
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "batch 0 of epoch 0"), "%s",
+                       npyload_loader_errmsg(L));
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "released already"), "%s",
+                       npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_batch_release_checked(a), NPYLOAD_ESTATE);
+    /* a's slot comes back as batch 2, under a handle of its own. */
+    cr_assert_eq(npyload_loader_next(L, &x), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_batch_seq(x), 2);
+    cr_assert_neq(x, a, "a fresh handle per hand-out");
+    check_batch(x);
+    /* b and x held: both slots, so next() must say so at once. */
+    int rc = npyload_loader_next_timeout(L, &y, 5000000000LL);
+    cr_assert_eq(rc, NPYLOAD_EHELD, "next after a double release: %d (%s), want EHELD", rc,
+                 npyload_strerror(rc));
+    /* The stale handle of x's slot must not release x. */
+    cr_assert_eq(npyload_batch_release_checked(a), NPYLOAD_ESTATE);
+    cr_assert_eq(npyload_loader_next_timeout(L, &y, 5000000000LL), NPYLOAD_EHELD);
+    check_batch(x);
+    npyload_batch_release(b);
+    cr_assert_eq(npyload_batch_release_checked(x), 0);
+    cr_assert_eq(npyload_batch_release_checked(x), NPYLOAD_ESTATE);
+    cr_assert_eq(npyload_batch_release_checked(NULL), NPYLOAD_EINVAL);
+    /* The rest of the epoch, in order, slots counted right. */
+    int64_t seq = 3, n = npyload_loader_num_batches(L);
+    while ((rc = npyload_loader_next_timeout(L, &y, 5000000000LL)) == 0) {
+        cr_assert_eq(npyload_batch_seq(y), seq++);
+        check_batch(y);
+        npyload_batch_release(y);
+        npyload_batch_release(y);
+    }
+    cr_assert_eq(rc, NPYLOAD_EOF, "%d: %s", rc, npyload_loader_errmsg(L));
+    cr_assert_eq(seq, n);
+    npyload_loader_destroy(L); /* under ASan: nothing leaks */
+    tu_rmtree(d.dir);
+}
+
+/* The same after destroy (a zombie kept for held batches): a second release
+ * of one batch neither frees the loader early nor touches freed memory
+ * (ASan), and the last real release frees it. */
+Test(loader, double_release_after_destroy)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 2, .prefetch = 4, .batch = 2};
+    npyload_loader *L = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_batch *a, *b, *u;
+    cr_assert_eq(npyload_loader_next(L, &u), 0);
+    npyload_batch_release(u); /* u's slot is not held: destroy sheds it */
+    cr_assert_eq(npyload_loader_next(L, &a), 0);
+    cr_assert_eq(npyload_loader_next(L, &b), 0);
+    npyload_loader_destroy(L);
+    cr_assert_eq(npyload_batch_release_checked(u), NPYLOAD_ESTATE);
+    cr_assert_eq(npyload_batch_release_checked(a), 0);
+    cr_assert_eq(npyload_batch_release_checked(a), NPYLOAD_ESTATE);
+    check_batch(b); /* still valid: the loader waits for b */
+    npyload_batch_release(b); /* frees the loader */
+    tu_rmtree(d.dir);
+}
+
+/* Issue 21 item 11: slots are sized for the rows a rank can get, and a
+ * sample above NPYLOAD_MAX_SAMPLE_BYTES is refused at start. The files are
+ * written here with a shape only (0 rows: 128 bytes on disk). */
+static npyload_loader *huge_sample_loader(const char *path, const char *descr,
+                                          const npyload_transform *t, int *rc)
+{
+    int64_t shape[2] = {0, INT64_C(4294967296)};
+    cr_assert_gt(tu_write_npy(path, descr, 0, 2, shape, NULL, 0, 64), 0);
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    const char *paths[1] = {path};
+    cr_assert_eq(npyload_loader_add_field_files(L, "x", paths, 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 64), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, 8), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, NPYLOAD_IO_PREAD), 0);
+    if (t)
+        cr_assert_eq(npyload_loader_set_transform(L, "x", t), 0, "%s", npyload_loader_errmsg(L));
+    *rc = npyload_loader_start(L);
+    return L;
+}
+
+Test(loader, zero_samples_of_a_huge_shape_reserve_nothing)
+{
+    char *dir = tu_mkdtemp("huge");
+    char *p = tu_path(dir, "empty.npy");
+    /* |u1 x 2^32 = 4 GiB a sample: at the bound, accepted; 0 samples. */
+    int rc;
+    npyload_loader *L = huge_sample_loader(p, "|u1", NULL, &rc);
+    cr_assert_eq(rc, 0, "%s", npyload_loader_errmsg(L));
+    npyload_stats st;
+    cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+    cr_assert_leq(st.slot_bytes, 4096, "a loader of 0 samples has %llu-byte slots",
+                  (unsigned long long)st.slot_bytes);
+    cr_assert_eq(npyload_loader_num_samples(L), 0);
+    cr_assert_eq(npyload_loader_num_batches(L), 0);
+    npyload_batch *b;
+    cr_assert_eq(npyload_loader_next(L, &b), NPYLOAD_EOF);
+    npyload_loader_destroy(L);
+    free(p);
+    tu_rmtree(dir);
+}
+
+Test(loader, sample_above_the_bound_refused_naming_field_file_size)
+{
+    char *dir = tu_mkdtemp("huge");
+    char *p = tu_path(dir, "wide.npy");
+    int rc;
+    /* <f4 x 2^32 = 16 GiB a sample. */
+    npyload_loader *L = huge_sample_loader(p, "<f4", NULL, &rc);
+    const char *m = npyload_loader_errmsg(L);
+    cr_assert_eq(rc, NPYLOAD_ETOOBIG, "%d: %s", rc, m);
+    cr_assert_not_null(strstr(m, "field 'x'"), "%s", m);
+    cr_assert_not_null(strstr(m, p), "%s", m);
+    cr_assert_not_null(strstr(m, "17179869184 bytes"), "%s", m);
+    cr_assert_not_null(strstr(m, "NPYLOAD_MAX_SAMPLE_BYTES"), "%s", m);
+    npyload_loader_destroy(L);
+    /* 4 GiB stored, 16 GiB after a transform to float32. */
+    npyload_transform t = {.dtype = NPYLOAD_DTYPE_FLOAT32};
+    L = huge_sample_loader(p, "|u1", &t, &rc);
+    m = npyload_loader_errmsg(L);
+    cr_assert_eq(rc, NPYLOAD_ETOOBIG, "%d: %s", rc, m);
+    cr_assert_not_null(strstr(m, "after its transform"), "%s", m);
+    cr_assert_not_null(strstr(m, "17179869184 bytes"), "%s", m);
+    npyload_loader_destroy(L);
+    cr_assert_eq((uint64_t)NPYLOAD_MAX_SAMPLE_BYTES, UINT64_C(4294967296));
+    free(p);
+    tu_rmtree(dir);
+}
+
+/* 3 samples of 64 KiB, BATCH_SIZE 1024: slots of 3 rows (2 for rank 0 of
+ * 2), not 1024; the batch is whole and right. */
+Test(loader, slots_sized_for_the_rows_a_rank_gets)
+{
+    char *dir = tu_mkdtemp("small");
+    const int64_t sizes[1] = {3}, shape[1] = {65536};
+    cr_assert_eq(tu_write_field(dir, "s", 4, "|u1", 1, 1, shape, sizes, 1, 64), 0);
+    char glob[512];
+    snprintf(glob, sizeof glob, "%s/s_*.npy", dir);
+    for (int64_t world = 1; world <= 2; world++) {
+        npyload_loader *L;
+        cr_assert_eq(npyload_loader_create(&L), 0);
+        cr_assert_eq(npyload_loader_add_field(L, "s", glob), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 1024), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_WORLD_SIZE, world), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, NPYLOAD_IO_PREAD), 0);
+        cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+        uint64_t rows = (uint64_t)((3 + world - 1) / world);
+        npyload_stats st;
+        cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+        cr_assert_geq(st.slot_bytes, rows * 65536);
+        cr_assert_leq(st.slot_bytes, rows * 65536 + 2 * 4096,
+                      "world %lld: %llu-byte slots for %llu rows of 65536 bytes",
+                      (long long)world, (unsigned long long)st.slot_bytes,
+                      (unsigned long long)rows);
+        npyload_batch *b;
+        cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+        cr_assert_eq(npyload_batch_size(b), rows);
+        const int64_t *idx = npyload_batch_indices(b);
+        const uint8_t *px = npyload_batch_field(b, 0)->data;
+        for (size_t r = 0; r < rows; r++) {
+            cr_assert_eq(idx[r], (int64_t)r * world);
+            for (size_t i = 0; i < 65536; i++)
+                if (px[r * 65536 + i] != tu_byte(4, (uint64_t)idx[r], i))
+                    cr_assert_fail("row %zu byte %zu differs", r, i);
+        }
+        npyload_batch_release(b);
+        cr_assert_eq(npyload_loader_next(L, &b), NPYLOAD_EOF);
+        npyload_loader_destroy(L);
+    }
+    tu_rmtree(dir);
+}

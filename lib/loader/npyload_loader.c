@@ -30,6 +30,31 @@ int npyl_loader_forked(npyload_loader *L)
     return NPYLOAD_EFORKED;
 }
 
+int npyl_ctl_enter(npyload_loader *L)
+{
+    pthread_mutex_lock(&L->ctl);
+    L->ctl_waiting++;
+    while (L->ctl_busy && !L->destroying)
+        pthread_cond_wait(&L->ctl_cv, &L->ctl);
+    L->ctl_waiting--;
+    int rc = 0;
+    if (L->destroying)
+        rc = NPYLOAD_ESTATE; /* destroy waits for ctl_waiting == 0 */
+    else
+        L->ctl_busy = 1;
+    pthread_cond_broadcast(&L->ctl_cv);
+    pthread_mutex_unlock(&L->ctl);
+    return rc;
+}
+
+void npyl_ctl_leave(npyload_loader *L)
+{
+    pthread_mutex_lock(&L->ctl);
+    L->ctl_busy = 0;
+    pthread_cond_broadcast(&L->ctl_cv);
+    pthread_mutex_unlock(&L->ctl);
+}
+
 int npyload_loader_create(npyload_loader **out)
 {
     if (!out)
@@ -45,6 +70,8 @@ int npyload_loader_create(npyload_loader **out)
     pthread_cond_init(&L->work_cv, &ca);
     pthread_cond_init(&L->ready_cv, &ca);
     pthread_cond_init(&L->dev_cv, &ca);
+    pthread_mutex_init(&L->ctl, NULL);
+    pthread_cond_init(&L->ctl_cv, &ca);
     pthread_condattr_destroy(&ca);
     L->opt[NPYLOAD_OPT_BATCH_SIZE] = 1;
     L->opt[NPYLOAD_OPT_WORLD_SIZE] = 1;
@@ -78,8 +105,10 @@ static void free_worker(npyload_loader *L, npyl_worker *w)
 }
 
 /* Frees what a slot owns and leaves NULLs, so a second call is a no-op.
- * A device slot released on a stream waits for that stream's work first. */
-static void free_slot(npyload_loader *L, npyl_slot *s, int device_slot)
+ * A device slot released on a stream waits for that stream's work first.
+ * keep_handles: its handles stay (a zombie: a stale handle's release must
+ * still find them). */
+static void free_slot(npyload_loader *L, npyl_slot *s, int device_slot, int keep_handles)
 {
     if (device_slot) {
         if (s->ev_release && s->release_pending)
@@ -99,17 +128,20 @@ static void free_slot(npyload_loader *L, npyl_slot *s, int device_slot)
     free(s->indices);
     free(s->arrays);
     free(s->errmsg);
-    free(s->batch);
+    if (!keep_handles) {
+        free(s->handles);
+        s->handles = NULL;
+    }
     s->mem = NULL;
     s->ev_done = s->ev_release = NULL;
     s->release_pending = 0;
     s->indices = NULL;
     s->arrays = NULL;
     s->errmsg = NULL;
-    s->batch = NULL;
 }
 
-/* Frees every slot, or (keep_held) every slot but those the caller holds. */
+/* Frees every slot, or (keep_held) every slot but those the caller holds,
+ * and of those only what no handle reaches. */
 static void free_slots(npyload_loader *L, int keep_held)
 {
     npyl_slot *lists[2] = {L->hslots, L->dslots};
@@ -117,7 +149,7 @@ static void free_slots(npyload_loader *L, int keep_held)
     for (int k = 0; k < 2; k++)
         for (size_t i = 0; lists[k] && i < counts[k]; i++)
             if (!keep_held || lists[k][i].state != SLOT_HELD)
-                free_slot(L, &lists[k][i], k == 1);
+                free_slot(L, &lists[k][i], k == 1, keep_held);
 }
 
 /* Frees the per-start tables that neither a held batch nor its release
@@ -210,6 +242,8 @@ void npyl_loader_free(npyload_loader *L)
     pthread_cond_destroy(&L->ready_cv);
     pthread_cond_destroy(&L->dev_cv);
     pthread_mutex_destroy(&L->mu);
+    pthread_cond_destroy(&L->ctl_cv);
+    pthread_mutex_destroy(&L->ctl);
     free(L);
 }
 
@@ -219,6 +253,26 @@ void npyload_loader_destroy(npyload_loader *L)
         return;
     if (npyl_in_child(L))
         return; /* fork() child: leaked on purpose, see npyload.h */
+    /* Control calls: the one in progress finishes (they never wait for
+     * anything unbounded), those waiting for their turn return
+     * NPYLOAD_ESTATE. Then none is inside or can get in. */
+    pthread_mutex_lock(&L->ctl);
+    L->destroying = 1;
+    pthread_cond_broadcast(&L->ctl_cv);
+    while (L->ctl_busy || L->ctl_waiting)
+        pthread_cond_wait(&L->ctl_cv, &L->ctl);
+    pthread_mutex_unlock(&L->ctl);
+    /* A next() waiting for a batch sees stopping and returns
+     * NPYLOAD_ESTATE; wait until it has left (a synchronous next() finishes
+     * its read first) before the workers, slots and locks go. */
+    pthread_mutex_lock(&L->mu);
+    L->stopping = 1;
+    pthread_cond_broadcast(&L->work_cv);
+    pthread_cond_broadcast(&L->dev_cv);
+    pthread_cond_broadcast(&L->ready_cv);
+    while (L->in_next)
+        pthread_cond_wait(&L->ready_cv, &L->mu);
+    pthread_mutex_unlock(&L->mu);
     npyl_pipeline_stop(L);
     pthread_mutex_lock(&L->mu);
     int keep = L->held > 0;
@@ -239,7 +293,13 @@ int64_t npyload_loader_num_batches(const npyload_loader *L)
         return NPYLOAD_EINVAL;
     if (npyl_in_child(L))
         return NPYLOAD_EFORKED;
-    return L->started ? L->nbatches : NPYLOAD_ESTATE;
+    if (!L->started)
+        return NPYLOAD_ESTATE;
+    npyload_loader *M = (npyload_loader *)L; /* the lock is not part of the value */
+    pthread_mutex_lock(&M->mu); /* set_state may change it (drop_last) */
+    int64_t nb = L->nbatches;
+    pthread_mutex_unlock(&M->mu);
+    return nb;
 }
 
 int64_t npyload_loader_num_samples(const npyload_loader *L)

@@ -14,6 +14,20 @@
  *    device slot: device slots are taken strictly in seq order, so a batch
  *    ahead can never occupy the last device slot while an earlier batch
  *    waits for one (that would deadlock the in-order consumer).
+ *  - A second mutex (ctl) serialises the API's control calls: start,
+ *    set_epoch and set_state run one at a time (ctl_busy), each for its whole
+ *    body, so the O(N) order is built into seqspare, which only the ctl
+ *    holder touches, without mu: the workers never wait for an order being
+ *    built. destroy marks the loader (destroying), waits for the control
+ *    call in progress, makes those still waiting return NPYLOAD_ESTATE, and
+ *    wakes a next() waiting for a batch (it returns NPYLOAD_ESTATE), then
+ *    waits for it to leave (in_next) before anything is freed. Lock order:
+ *    ctl is never taken with mu held.
+ *  - Batch handles: each slot has NPYL_HANDLES handles used in turn, one per
+ *    hand-out; owner is the one the caller holds (NULL when none). release
+ *    claims it with a compare-and-swap, so a second release of a handle, or
+ *    a release of a handle whose slot was handed out again since (under
+ *    another handle), finds owner != handle and is refused: no count moves.
  *  - A generation (gen) is one pass over an epoch's batches. set_epoch and
  *    set_state start a new generation; work of an older generation is
  *    discarded when it finishes (its slot goes back to FREE) — in-flight
@@ -58,6 +72,9 @@
 #define MAX_PREFETCH 1024
 #define MAX_QUEUE_DEPTH 4096
 #define DEV_ALIGN 256u
+/* Handles per slot, used in turn: a stale handle is recognised until its
+ * slot has been handed out NPYL_HANDLES more times (see release()). */
+#define NPYL_HANDLES 8
 
 /* One past the largest npyload_option: the table's values are 1 .. count
  * (checked by static assertions next to opt_name). */
@@ -116,7 +133,13 @@ typedef struct npyl_slot {
     char *errmsg;         /* NPYL_ERRMSG_LEN, only when err != 0 */
     uint8_t *mem;
     npyload_array *arrays; /* one per field, pointing into mem */
-    npyload_batch *batch;  /* the handle given to the caller */
+    npyload_batch *handles; /* NPYL_HANDLES handles, one per hand-out in turn;
+                               kept until the loader is freed (a zombie keeps
+                               them all) so a stale handle is never dangling */
+    uint64_t handouts;    /* [mu] times the slot was handed out */
+    _Atomic(npyload_batch *) owner; /* the handle the caller holds, or NULL:
+                                       set by next() under mu, cleared by the
+                                       release that wins the CAS */
     /* device mode: */
     void *ev_done, *ev_release; /* copy done (recorded by the copying
                                    worker; on a staging slot: the copy that
@@ -132,6 +155,8 @@ struct npyload_batch {
     npyload_loader *L;
     npyl_slot *slot;
     int device_mode;
+    int64_t seq;          /* the hand-out's batch and epoch (for messages) */
+    uint64_t epoch;
 };
 
 typedef struct npyl_worker {
@@ -165,6 +190,13 @@ struct npyload_loader {
     pid_t pid;
     pthread_mutex_t mu;
     pthread_cond_t work_cv, ready_cv, dev_cv;
+    /* Control calls (start, set_epoch, set_state) and destroy; see above. */
+    pthread_mutex_t ctl;
+    pthread_cond_t ctl_cv;
+    int ctl_busy;             /* [ctl] a control call runs */
+    int ctl_waiting;          /* [ctl] control calls waiting for their turn */
+    int destroying;           /* [ctl] destroy has begun */
+    int in_next;              /* [mu] next() calls inside */
 
     int64_t opt[NPYL_NUM_OPTS];
     int state_pending;        /* set_state called before start */
@@ -180,6 +212,8 @@ struct npyload_loader {
     npyl_file_info *io_files; /* every file of every field */
     size_t nio_files;
     int64_t n;                /* samples per field */
+    int64_t slot_rows;        /* rows a slot holds: min(BATCH_SIZE, the
+                                 most samples a rank gets per epoch) */
     uint64_t host_slot_bytes, dev_slot_bytes;
     uint64_t raw_bytes;       /* per worker: stored rows of transformed fields */
     npyl_tdev *tdev;          /* device transforms: the loaded kernels */
@@ -244,6 +278,13 @@ NPYL_HIDDEN int npyl_in_child(const npyload_loader *L);
     "loader used in a child process after fork(); create a new loader in "    \
     "the child"
 
+/* Control calls: npyl_ctl_enter waits for the control call in progress to
+ * finish, then owns the loader's order and position until npyl_ctl_leave.
+ * Returns 0, or NPYLOAD_ESTATE (errmsg untouched: the loader is being freed)
+ * once destroy has begun. */
+NPYL_HIDDEN int npyl_ctl_enter(npyload_loader *L);
+NPYL_HIDDEN void npyl_ctl_leave(npyload_loader *L);
+
 /* npyload_loader_fields.c: reads every field's headers at start, checks
  * them and fills the io file table and L->n. */
 NPYL_HIDDEN int npyl_load_fields(npyload_loader *L);
@@ -279,8 +320,9 @@ NPYL_HIDDEN int npyl_pipeline_start(npyload_loader *L);
 /* Stops and joins the workers; in-flight reads and copies complete first. */
 NPYL_HIDDEN void npyl_pipeline_stop(npyload_loader *L);
 /* Begins a generation with order parameters `op` (its epoch included) at
- * batch first_seq. Called from the API thread without mu (it builds the order
- * unlocked, then takes mu to install it). Returns 0 or -ENOMEM, in which case
+ * batch first_seq. Called by the ctl holder without mu (it builds the order
+ * into seqspare unlocked, then takes mu to install it; ctl keeps any other
+ * builder out). Clears errmsg on success. Returns 0 or -ENOMEM, in which case
  * nothing changed. */
 NPYL_HIDDEN int npyl_pipeline_reset(npyload_loader *L, const npyl_order_params *op,
                                     int64_t first_seq);

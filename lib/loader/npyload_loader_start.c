@@ -40,7 +40,7 @@ static int resolve_backend(npyload_loader *L)
  * (rows a multiple of 4096 bytes keep that congruence for every run). */
 static int plan_layout(npyload_loader *L)
 {
-    uint64_t B = (uint64_t)L->opt[NPYLOAD_OPT_BATCH_SIZE];
+    uint64_t B = (uint64_t)L->slot_rows;
     uint64_t h = 0, d = 0, r = 0;
     int device_mode = L->opt[NPYLOAD_OPT_DEVICE] >= 0; /* open_cuda sets L->device later */
     for (size_t i = 0; i < L->nfields; i++) {
@@ -77,6 +77,43 @@ static int plan_layout(npyload_loader *L)
     L->host_slot_bytes = (h + NPYL_DIRECT_ALIGN - 1) / NPYL_DIRECT_ALIGN * NPYL_DIRECT_ALIGN;
     L->dev_slot_bytes = d;
     L->raw_bytes = r ? (r + NPYL_DIRECT_ALIGN - 1) / NPYL_DIRECT_ALIGN * NPYL_DIRECT_ALIGN : 0;
+    return 0;
+}
+
+/* Step: the per-sample size bound, checked before anything is sized from
+ * it, and the rows a slot needs: a batch never holds more than BATCH_SIZE
+ * rows nor more than a rank's samples per epoch, ceil(N / WORLD_SIZE)
+ * (every split of an epoch, a resumed one or drop_last included, gives a
+ * rank at most that many), so a field of 3 samples with BATCH_SIZE 1024 has
+ * slots of 3 rows, and one of 0 samples slots of none. */
+static int plan_rows(npyload_loader *L)
+{
+    for (size_t i = 0; i < L->nfields; i++) {
+        const npyl_field *f = &L->fields[i];
+        uint64_t stored = f->row_bytes, out = f->out_row_bytes;
+        if (stored <= NPYLOAD_MAX_SAMPLE_BYTES && out <= NPYLOAD_MAX_SAMPLE_BYTES)
+            continue;
+        char shape[256];
+        int at = snprintf(shape, sizeof shape, "(");
+        for (int d = 0; d < f->sndim && at < (int)sizeof shape - 24; d++)
+            at += snprintf(shape + at, sizeof shape - (size_t)at, "%s%" PRId64, d ? ", " : "",
+                           f->sshape[d]);
+        snprintf(shape + at, sizeof shape - (size_t)at, "%s)", f->sndim == 1 ? "," : "");
+        if (stored > NPYLOAD_MAX_SAMPLE_BYTES)
+            return npyl_loader_fail(L, NPYLOAD_ETOOBIG, "field '%s': %s: a sample of shape "
+                                    "%s and dtype %s is %" PRIu64 " bytes, above "
+                                    "NPYLOAD_MAX_SAMPLE_BYTES (%" PRIu64 " bytes, 4 GiB)",
+                                    f->name, f->paths[0], shape, f->descr, stored,
+                                    (uint64_t)NPYLOAD_MAX_SAMPLE_BYTES);
+        return npyl_loader_fail(L, NPYLOAD_ETOOBIG, "field '%s': %s: a sample of shape %s "
+                                "is %" PRIu64 " bytes after its transform (%s), above "
+                                "NPYLOAD_MAX_SAMPLE_BYTES (%" PRIu64 " bytes, 4 GiB)",
+                                f->name, f->paths[0], shape, out, f->tplan.out_descr,
+                                (uint64_t)NPYLOAD_MAX_SAMPLE_BYTES);
+    }
+    int64_t B = L->opt[NPYLOAD_OPT_BATCH_SIZE], W = L->opt[NPYLOAD_OPT_WORLD_SIZE];
+    int64_t per_rank = L->n / W + (L->n % W != 0);
+    L->slot_rows = per_rank < B ? per_rank : B;
     return 0;
 }
 
@@ -130,16 +167,19 @@ static int open_tdev(npyload_loader *L)
 
 static int init_slot(npyload_loader *L, npyl_slot *s, int device_slot)
 {
-    size_t B = (size_t)L->opt[NPYLOAD_OPT_BATCH_SIZE];
-    s->indices = malloc(B * sizeof *s->indices);
+    size_t rows = L->slot_rows ? (size_t)L->slot_rows : 1;
+    s->indices = malloc(rows * sizeof *s->indices);
     s->arrays = calloc(L->nfields, sizeof *s->arrays);
     s->errmsg = calloc(1, NPYL_ERRMSG_LEN);
-    s->batch = calloc(1, sizeof *s->batch);
-    if (!s->indices || !s->arrays || !s->errmsg || !s->batch)
+    s->handles = calloc(NPYL_HANDLES, sizeof *s->handles);
+    if (!s->indices || !s->arrays || !s->errmsg || !s->handles)
         return npyl_loader_fail(L, -ENOMEM, "out of memory allocating slots");
-    s->batch->L = L;
-    s->batch->slot = s;
-    s->batch->device_mode = device_slot;
+    for (size_t k = 0; k < NPYL_HANDLES; k++) {
+        s->handles[k].L = L;
+        s->handles[k].slot = s;
+        s->handles[k].device_mode = device_slot;
+    }
+    atomic_init(&s->owner, NULL);
     int rc;
     if (device_slot) {
         if ((rc = npyl_cuda_malloc(L->cuda, (void **)&s->mem, L->dev_slot_bytes)) ||
@@ -356,7 +396,7 @@ static int create_workers(npyload_loader *L, size_t nworkers)
         .files = L->io_files,
         .nfiles = L->nio_files,
     };
-    size_t B = (size_t)L->opt[NPYLOAD_OPT_BATCH_SIZE];
+    size_t B = L->slot_rows ? (size_t)L->slot_rows : 1;
     for (size_t i = 0; i < nworkers; i++) {
         npyl_worker *w = &L->workers[i];
         w->L = L;
@@ -406,19 +446,30 @@ static int begin_first_epoch(npyload_loader *L)
     return 0;
 }
 
+static int start_ctl(npyload_loader *L);
+
 int npyload_loader_start(npyload_loader *L)
 {
     if (!L)
         return NPYLOAD_EINVAL;
     int rc = npyl_loader_forked(L);
-    if (rc)
+    if (rc || (rc = npyl_ctl_enter(L)))
         return rc;
+    rc = start_ctl(L);
+    npyl_ctl_leave(L);
+    return rc;
+}
+
+/* start's body; the caller holds the control turn (npyl_ctl_enter). */
+static int start_ctl(npyload_loader *L)
+{
+    int rc;
     if (L->started)
         return npyl_loader_fail(L, NPYLOAD_ESTATE, "the loader is already started");
     size_t nworkers = 0, prefetch = 0;
     if ((rc = resolve_counts(L, &nworkers, &prefetch)))
         return rc;
-    if ((rc = npyl_load_fields(L)) || (rc = plan_transforms(L)) ||
+    if ((rc = npyl_load_fields(L)) || (rc = plan_transforms(L)) || (rc = plan_rows(L)) ||
         (rc = resolve_backend(L)) || (rc = plan_layout(L)) ||
         (rc = plan_order(L)) || (rc = open_cuda(L)) ||
         (rc = alloc_slots(L, nworkers, prefetch)) || (rc = open_tdev(L)) ||

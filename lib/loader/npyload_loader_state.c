@@ -8,16 +8,13 @@
 
 #include "npyload_loader_internal.h"
 
-int npyload_loader_set_epoch(npyload_loader *L, uint64_t epoch)
+/* set_epoch's body; the caller holds the control turn (npyl_ctl_enter). */
+static int set_epoch_ctl(npyload_loader *L, uint64_t epoch)
 {
-    if (!L)
-        return NPYLOAD_EINVAL;
-    int frc = npyl_loader_forked(L);
-    if (frc)
-        return frc;
     if (!L->started) {
         L->epoch = epoch;
         L->state_pending = 0;
+        L->errmsg[0] = 0;
         return 0;
     }
     pthread_mutex_lock(&L->mu);
@@ -26,18 +23,30 @@ int npyload_loader_set_epoch(npyload_loader *L, uint64_t epoch)
     int keep = epoch == L->op.epoch && L->next_seq == 0 && L->gen_first_seq == 0 &&
                L->op.base == 0 && !L->failed;
     npyl_order_params op = L->op;
+    if (keep)
+        L->errmsg[0] = 0;
     pthread_mutex_unlock(&L->mu);
-    int rc = 0;
-    if (!keep) {
-        op.epoch = epoch;
-        op.base = 0; /* a new epoch is the normal split */
-        rc = npyl_pipeline_reset(L, &op, 0);
-    }
+    if (keep)
+        return 0;
+    op.epoch = epoch;
+    op.base = 0; /* a new epoch is the normal split */
+    int rc = npyl_pipeline_reset(L, &op, 0);
     if (rc)
         return npyl_loader_fail(L, rc, "out of memory building the order of epoch %" PRIu64,
                                 epoch);
-    L->errmsg[0] = 0;
     return 0;
+}
+
+int npyload_loader_set_epoch(npyload_loader *L, uint64_t epoch)
+{
+    if (!L)
+        return NPYLOAD_EINVAL;
+    int rc = npyl_loader_forked(L);
+    if (rc || (rc = npyl_ctl_enter(L)))
+        return rc;
+    rc = set_epoch_ctl(L, epoch);
+    npyl_ctl_leave(L);
+    return rc;
 }
 
 int npyload_loader_get_state(const npyload_loader *L, npyload_state *out)
@@ -162,13 +171,9 @@ int npyl_state_check(npyload_loader *L, const npyload_state *st, int64_t n,
     return 0;
 }
 
-int npyload_loader_set_state(npyload_loader *L, const npyload_state *st)
+/* set_state's body; the caller holds the control turn (npyl_ctl_enter). */
+static int set_state_ctl(npyload_loader *L, const npyload_state *st)
 {
-    if (!L || !st)
-        return NPYLOAD_EINVAL;
-    int frc = npyl_loader_forked(L);
-    if (frc)
-        return frc;
     npyl_order_params op;
     int64_t first_seq;
     if (!L->started) {
@@ -185,10 +190,9 @@ int npyload_loader_set_state(npyload_loader *L, const npyload_state *st)
         L->errmsg[0] = 0;
         return 0;
     }
-    /* Adopt the saved order parameters (installed under mu by reset). */
-    pthread_mutex_lock(&L->mu);
+    /* Adopt the saved order parameters (installed under mu by reset; only
+     * the ctl holder changes L->op, so reading it here needs no mu). */
     op = L->op;
-    pthread_mutex_unlock(&L->mu);
     int rc = npyl_state_check(L, st, L->n, &op, &first_seq);
     if (rc)
         return rc;
@@ -198,6 +202,17 @@ int npyload_loader_set_state(npyload_loader *L, const npyload_state *st)
     L->opt[NPYLOAD_OPT_SEED] = st->seed;
     L->opt[NPYLOAD_OPT_SHUFFLE] = st->shuffle;
     L->opt[NPYLOAD_OPT_DROP_LAST] = st->drop_last;
-    L->errmsg[0] = 0;
     return 0;
+}
+
+int npyload_loader_set_state(npyload_loader *L, const npyload_state *st)
+{
+    if (!L || !st)
+        return NPYLOAD_EINVAL;
+    int rc = npyl_loader_forked(L);
+    if (rc || (rc = npyl_ctl_enter(L)))
+        return rc;
+    rc = set_state_ctl(L, st);
+    npyl_ctl_leave(L);
+    return rc;
 }

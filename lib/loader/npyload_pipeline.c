@@ -14,9 +14,11 @@
 
 int npyl_pipeline_reset(npyload_loader *L, const npyl_order_params *op, int64_t first_seq)
 {
-    /* Build the new order without the lock (O(N): a permutation of every
-     * sample), into the spare buffer that only this (the API) thread touches,
-     * then swap it in under the lock. Workers read seqbuf only under mu. */
+    /* Build the new order without mu (O(N): a permutation of every sample)
+     * into the spare buffer, which only the ctl holder touches (two builders
+     * used to share it: set_epoch(5) || set_epoch(7) could install the
+     * previous epoch's order), then swap it in under mu. Workers read seqbuf
+     * only under mu. */
     int rc = npyl_order_build(op, L->seqspare);
     if (rc)
         return rc; /* L->op, gen and the position unchanged */
@@ -35,6 +37,7 @@ int npyl_pipeline_reset(npyload_loader *L, const npyl_order_params *op, int64_t 
     L->claim_seq = first_seq;
     L->dev_next_seq = first_seq;
     L->failed = 0;
+    L->errmsg[0] = 0;
     /* Batches of the old generation that are READY but not handed out are
      * recycled now; those still being filled are recycled by their worker. */
     for (size_t i = 0; i < L->nh; i++)
@@ -457,7 +460,14 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
     int rc = 0;
     npyl_slot *s = NULL;
     pthread_mutex_lock(&L->mu);
+    L->in_next++; /* destroy waits for it to leave */
     for (;;) {
+        if (L->stopping) {
+            /* destroy() on another thread: the loader is going away, so no
+             * message (its memory is freed once we leave). */
+            rc = NPYLOAD_ESTATE;
+            break;
+        }
         if (L->failed == 2) {
             rc = NPYLOAD_ECUDA; /* release() withdrew a slot; errmsg says why */
             break;
@@ -518,15 +528,24 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
             L->next_seq++;
             s->state = SLOT_HELD;
             L->held++;
-            *out = s->batch;
+            /* A fresh handle per hand-out (see release()). */
+            npyload_batch *b = &s->handles[++s->handouts % NPYL_HANDLES];
+            b->seq = s->seq;
+            b->epoch = s->epoch;
+            atomic_store_explicit(&s->owner, b, memory_order_release);
+            *out = b;
         }
     }
-    pthread_mutex_unlock(&L->mu);
+    /* The counters before leaving: once in_next drops, a destroy() on
+     * another thread may free L. */
     atomic_fetch_add(&L->st_wait_ns, npyl_now_ns() - t0);
     if (*out) {
         atomic_fetch_add(&L->st_batches, 1);
         atomic_fetch_add(&L->st_samples, s->rows);
     }
+    if (--L->in_next == 0 && L->stopping)
+        pthread_cond_broadcast(&L->ready_cv); /* destroy waits for this */
+    pthread_mutex_unlock(&L->mu);
     return rc;
 }
 
@@ -597,14 +616,29 @@ int npyload_batch_sync(npyload_batch *b) { return batch_copy_wait(b, NULL, 1); }
  *    for the loader's lifetime, and the loader fails (next() returns
  *    NPYLOAD_ECUDA with the reason) until set_epoch/set_state. Its memory is
  *    freed with the loader (cudaFree waits for the device). */
-static void release(npyload_batch *b, void *stream, int on_stream)
+static int release(npyload_batch *b, void *stream, int on_stream)
 {
     if (!b)
-        return;
+        return NPYLOAD_EINVAL;
     npyload_loader *L = b->L;
     if (npyl_in_child(L))
-        return; /* fork() child: never touch the parent's lock or streams */
+        return NPYLOAD_EFORKED; /* fork() child: never touch the parent's lock or streams */
     npyl_slot *s = b->slot;
+    /* Only the release that takes the handle out of owner goes on: a second
+     * release of b, or a release of b after its slot was handed out again
+     * (under another of its handles), finds owner != b and changes nothing.
+     * Handles are kept for the loader's life, zombie included, so b is never
+     * dangling here while the loader exists. */
+    npyload_batch *mine = b;
+    if (!atomic_compare_exchange_strong_explicit(&s->owner, &mine, NULL, memory_order_acq_rel,
+                                                 memory_order_acquire)) {
+        pthread_mutex_lock(&L->mu);
+        snprintf(L->errmsg, sizeof L->errmsg, "npyload_batch_release: batch %" PRId64
+                 " of epoch %" PRIu64 " (handle %p) is not held by the caller: it was "
+                 "released already; ignored", b->seq, b->epoch, (void *)b);
+        pthread_mutex_unlock(&L->mu);
+        return NPYLOAD_ESTATE;
+    }
     int recorded = 0, ordered = 1;
     char why[512] = "";
     if (b->device_mode && on_stream) {
@@ -639,8 +673,11 @@ static void release(npyload_batch *b, void *stream, int on_stream)
     pthread_mutex_unlock(&L->mu);
     if (free_now)
         npyl_loader_free(L); /* destroyed earlier; this was its last batch */
+    return 0;
 }
 
-void npyload_batch_release(npyload_batch *b) { release(b, NULL, 0); }
+void npyload_batch_release(npyload_batch *b) { (void)release(b, NULL, 0); }
 
-void npyload_batch_release_stream(npyload_batch *b, void *stream) { release(b, stream, 1); }
+int npyload_batch_release_checked(npyload_batch *b) { return release(b, NULL, 0); }
+
+void npyload_batch_release_stream(npyload_batch *b, void *stream) { (void)release(b, stream, 1); }

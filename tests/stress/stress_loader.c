@@ -7,9 +7,14 @@
  * Every delivered byte is checked against tu_byte(). Prints
  * "N passed, N failed" and exits non-zero on any failure. */
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "npyload.h"
 #include "testutil.h"
@@ -191,6 +196,282 @@ static void transforms_under_load(int backend, int workers)
     passes++;
 }
 
+
+/* ---- Control calls on several threads (set_epoch, set_state, next,
+ * destroy): the rules in npyload.h, "Threads". A larger field, so that
+ * building an epoch's order takes long enough for calls to overlap. ---- */
+#define BIG_N 200000
+#define BIG_B 4096
+#define BIG_SEED 11
+static char glob_big[512];
+static const uint64_t BIG_EPOCHS[] = {5, 7, 9};
+#define NBIG_EPOCHS (sizeof BIG_EPOCHS / sizeof BIG_EPOCHS[0])
+static int64_t *big_order[NBIG_EPOCHS]; /* npyload_order_indices per epoch */
+
+static npyload_loader *make_big(int backend, int workers, int prefetch, int64_t batch)
+{
+    npyload_loader *L;
+    if (npyload_loader_create(&L) || npyload_loader_add_field(L, "u", glob_big) ||
+        npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, backend) ||
+        npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, workers) ||
+        npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, prefetch) ||
+        npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, batch) ||
+        npyload_loader_set(L, NPYLOAD_OPT_SEED, BIG_SEED) ||
+        npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1) || npyload_loader_start(L)) {
+        fprintf(stderr, "setup failed: %s\n", npyload_loader_errmsg(L));
+        exit(2);
+    }
+    return L;
+}
+
+static const int64_t *big_expected(uint64_t epoch)
+{
+    for (size_t i = 0; i < NBIG_EPOCHS; i++)
+        if (BIG_EPOCHS[i] == epoch)
+            return big_order[i];
+    return NULL;
+}
+
+/* A batch of the big loader is what npyload_order_indices() gives for the
+ * epoch it reports, at its position, with the bytes of those samples. */
+static int big_batch_ok(npyload_batch *b, char *why, size_t len)
+{
+    uint64_t e = npyload_batch_epoch(b);
+    int64_t seq = npyload_batch_seq(b);
+    const int64_t *want = big_expected(e);
+    if (!want) {
+        snprintf(why, len, "batch of epoch %llu, never asked for", (unsigned long long)e);
+        return 0;
+    }
+    const int64_t *idx = npyload_batch_indices(b);
+    const uint8_t *u = npyload_batch_field(b, 0)->data;
+    size_t rows = npyload_batch_size(b);
+    int64_t lo = seq * BIG_B;
+    size_t exp_rows = (size_t)(BIG_N - lo < BIG_B ? BIG_N - lo : BIG_B);
+    if (lo < 0 || lo >= BIG_N || rows != exp_rows) {
+        snprintf(why, len, "epoch %llu batch %lld: %zu rows", (unsigned long long)e,
+                 (long long)seq, rows);
+        return 0;
+    }
+    for (size_t r = 0; r < rows; r++) {
+        if (idx[r] != want[lo + (int64_t)r]) {
+            snprintf(why, len, "epoch %llu batch %lld row %zu: sample %lld, the epoch's "
+                     "order has %lld", (unsigned long long)e, (long long)seq, r,
+                     (long long)idx[r], (long long)want[lo + (int64_t)r]);
+            return 0;
+        }
+        if (u[r] != tu_byte(3, (uint64_t)idx[r], 0)) {
+            snprintf(why, len, "epoch %llu batch %lld row %zu: bytes differ",
+                     (unsigned long long)e, (long long)seq, r);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Drains the rest of the epoch and checks it continues get_state's position
+ * in the order of get_state's epoch. */
+static void drain_matches_state(npyload_loader *L, const char *what)
+{
+    npyload_state st;
+    CHECK(npyload_loader_get_state(L, &st) == 0, "%s: get_state", what);
+    const int64_t *want = big_expected(st.epoch);
+    CHECK(want, "%s: get_state reports epoch %llu", what, (unsigned long long)st.epoch);
+    int64_t pos = (int64_t)st.consumed;
+    npyload_batch *b;
+    int rc;
+    char why[256];
+    while ((rc = npyload_loader_next(L, &b)) == 0) {
+        int ok = big_batch_ok(b, why, sizeof why);
+        uint64_t e = npyload_batch_epoch(b);
+        int64_t seq = npyload_batch_seq(b);
+        size_t rows = npyload_batch_size(b);
+        npyload_batch_release(b);
+        CHECK(ok, "%s: %s", what, why);
+        CHECK(e == st.epoch && seq * BIG_B == pos, "%s: get_state says epoch %llu at %lld, "
+              "next() gave epoch %llu batch %lld", what, (unsigned long long)st.epoch,
+              (long long)pos, (unsigned long long)e, (long long)seq);
+        pos += (int64_t)rows;
+    }
+    CHECK(rc == NPYLOAD_EOF, "%s: next: %s", what, npyload_loader_errmsg(L));
+    CHECK(pos == BIG_N, "%s: the epoch ended at %lld of %d", what, (long long)pos, BIG_N);
+}
+
+typedef struct racer {
+    npyload_loader *L;
+    pthread_barrier_t *go;
+    uint64_t epoch;
+    int rc;
+} racer;
+
+static void *set_epoch_racer(void *arg)
+{
+    racer *r = arg;
+    pthread_barrier_wait(r->go);
+    r->rc = npyload_loader_set_epoch(r->L, r->epoch);
+    return NULL;
+}
+
+/* set_epoch(5) and set_epoch(7) at once: whichever returns last decides, and
+ * the loader then delivers exactly that epoch's order (it used to deliver
+ * the previous epoch's order while reporting 5 or 7). */
+static void concurrent_set_epoch(int backend)
+{
+    npyload_loader *L = make_big(backend, 2, 4, BIG_B);
+    for (int round = 0; round < 12; round++) {
+        /* Something else first, with a batch in flight. */
+        CHECK(npyload_loader_set_epoch(L, 1000 + (uint64_t)round) == 0, "set_epoch");
+        npyload_batch *b;
+        CHECK(npyload_loader_next(L, &b) == 0, "next: %s", npyload_loader_errmsg(L));
+        npyload_batch_release(b);
+        pthread_barrier_t go;
+        pthread_barrier_init(&go, NULL, 2);
+        racer r[2] = {{L, &go, 5, -1}, {L, &go, 7, -1}};
+        pthread_t t[2];
+        for (int i = 0; i < 2; i++)
+            pthread_create(&t[i], NULL, set_epoch_racer, &r[i]);
+        for (int i = 0; i < 2; i++)
+            pthread_join(t[i], NULL);
+        pthread_barrier_destroy(&go);
+        CHECK(r[0].rc == 0 && r[1].rc == 0, "set_epoch: %d %d", r[0].rc, r[1].rc);
+        drain_matches_state(L, "set_epoch(5) || set_epoch(7)");
+    }
+    npyload_loader_destroy(L);
+    passes++;
+}
+
+typedef struct churn {
+    npyload_loader *L;
+    atomic_int *running;
+    int rc;
+} churn;
+
+static void *churn_set_epoch(void *arg)
+{
+    churn *c = arg;
+    for (int i = 0; i < 60 && !c->rc; i++)
+        c->rc = npyload_loader_set_epoch(c->L, i % 2 ? 5 : 7);
+    atomic_fetch_sub(c->running, 1);
+    return NULL;
+}
+
+static void *churn_set_state(void *arg)
+{
+    churn *c = arg;
+    for (int i = 0; i < 60 && !c->rc; i++) {
+        npyload_state st = {.version = NPYLOAD_STATE_VERSION, .seed = BIG_SEED, .epoch = 9,
+                            .consumed = (uint64_t)(BIG_B * (i % 7)), .num_samples = BIG_N,
+                            .batch_size = BIG_B, .world_size = 1, .rank = 0, .shuffle = 1,
+                            .drop_last = 0, .base = 0};
+        c->rc = npyload_loader_set_state(c->L, &st);
+    }
+    atomic_fetch_sub(c->running, 1);
+    return NULL;
+}
+
+/* set_state (epoch 9, various positions) vs set_epoch (5, 7) vs next() on
+ * the consumer: every batch handed out is the right one for the epoch and
+ * position it reports; afterwards the loader continues from get_state. */
+static void set_state_set_epoch_next(int backend)
+{
+    npyload_loader *L = make_big(backend, 3, 4, BIG_B);
+    CHECK(npyload_loader_set_epoch(L, 5) == 0, "set_epoch");
+    atomic_int running = 2;
+    churn ce = {L, &running, 0}, cs = {L, &running, 0};
+    pthread_t te, ts;
+    pthread_create(&te, NULL, churn_set_epoch, &ce);
+    pthread_create(&ts, NULL, churn_set_state, &cs);
+    char why[256];
+    int bad = 0, rc = 0;
+    while (atomic_load(&running) > 0) {
+        npyload_batch *b;
+        rc = npyload_loader_next(L, &b);
+        if (rc == NPYLOAD_EOF) {
+            sched_yield();
+            continue;
+        }
+        if (rc)
+            break;
+        if (!bad && !big_batch_ok(b, why, sizeof why))
+            bad = 1;
+        npyload_batch_release(b);
+    }
+    pthread_join(te, NULL);
+    pthread_join(ts, NULL);
+    CHECK(rc == 0 || rc == NPYLOAD_EOF, "next: %s", npyload_loader_errmsg(L));
+    CHECK(ce.rc == 0 && cs.rc == 0, "set_epoch %d, set_state %d: %s", ce.rc, cs.rc,
+          npyload_loader_errmsg(L));
+    CHECK(!bad, "during the churn: %s", why);
+    drain_matches_state(L, "after set_state || set_epoch || next");
+    npyload_loader_destroy(L);
+    passes++;
+}
+
+typedef struct sleeper {
+    npyload_loader *L;
+    atomic_long tid;
+    atomic_int calling, done;
+    int rc, ok;
+} sleeper;
+
+static void *next_once(void *arg)
+{
+    sleeper *s = arg;
+    atomic_store(&s->tid, (long)syscall(SYS_gettid));
+    npyload_batch *b = NULL;
+    atomic_store(&s->calling, 1);
+    s->rc = npyload_loader_next(s->L, &b);
+    char why[256];
+    s->ok = 1;
+    if (s->rc == 0) {
+        s->ok = big_batch_ok(b, why, sizeof why);
+        npyload_batch_release(b); /* may run after destroy: allowed */
+    }
+    atomic_store(&s->done, 1);
+    return NULL;
+}
+
+/* The state letter of thread `tid` (/proc/self/task/TID/stat), or 0. */
+static char thread_state(long tid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/self/task/%ld/stat", tid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' ? p[2] : 0;
+}
+
+/* destroy() while another thread waits inside next(): next() returns
+ * NPYLOAD_ESTATE (or the batch, if it came first) and destroy returns; it
+ * used to free the condition variable next() slept on. One worker reading a
+ * shuffled batch of single-byte rows keeps next() waiting. */
+static void destroy_wakes_next(int backend)
+{
+    for (int round = 0; round < 3; round++) {
+        npyload_loader *L = make_big(backend, 1, 2, BIG_N / 2);
+        sleeper s = {.L = L};
+        pthread_t t;
+        pthread_create(&t, NULL, next_once, &s);
+        /* Wait until the thread is inside next() and asleep there (or done). */
+        struct timespec ms = {0, 1000000};
+        for (int i = 0; i < 20000 && !atomic_load(&s.done); i++) {
+            if (atomic_load(&s.calling) && thread_state(atomic_load(&s.tid)) == 'S')
+                break;
+            nanosleep(&ms, NULL);
+        }
+        npyload_loader_destroy(L);
+        pthread_join(t, NULL);
+        CHECK(s.rc == 0 || s.rc == NPYLOAD_ESTATE, "next() during destroy returned %d", s.rc);
+        CHECK(s.ok, "next() during destroy: wrong batch");
+    }
+    passes++;
+}
+
 int main(void)
 {
     dir = tu_mkdtemp("stress");
@@ -202,8 +483,26 @@ int main(void)
     }
     snprintf(glob_a, sizeof glob_a, "%s/a_*.npy", dir);
     snprintf(glob_b, sizeof glob_b, "%s/b_*.npy", dir);
+    int64_t sh1[] = {1}, big[] = {BIG_N};
+    if (tu_write_field(dir, "u", 3, "|u1", 1, 1, sh1, big, 1, 64)) {
+        fprintf(stderr, "cannot write the dataset\n");
+        return 2;
+    }
+    snprintf(glob_big, sizeof glob_big, "%s/u_*.npy", dir);
+    for (size_t i = 0; i < NBIG_EPOCHS; i++) {
+        big_order[i] = malloc(BIG_N * sizeof *big_order[i]);
+        if (!big_order[i] ||
+            npyload_order_indices(BIG_N, 1, BIG_SEED, BIG_EPOCHS[i], 0, 1, 0, BIG_B, NULL, 0,
+                                  0, big_order[i], BIG_N) != BIG_N) {
+            fprintf(stderr, "npyload_order_indices failed\n");
+            return 2;
+        }
+    }
     int backends[] = {NPYLOAD_IO_AUTO, NPYLOAD_IO_PREAD, NPYLOAD_IO_MMAP};
     for (size_t i = 0; i < 3; i++) {
+        concurrent_set_epoch(backends[i]);
+        set_state_set_epoch_next(backends[i]);
+        destroy_wakes_next(backends[i]);
         epochs_out_of_order_release(backends[i]);
         set_epoch_in_flight(backends[i]);
         destroy_mid_epoch_release_elsewhere(backends[i]);
@@ -211,6 +510,8 @@ int main(void)
         transforms_under_load(backends[i], 3);
         transforms_under_load(backends[i], NPYLOAD_WORKERS_SYNC);
     }
+    for (size_t i = 0; i < NBIG_EPOCHS; i++)
+        free(big_order[i]);
     tu_rmtree(dir);
     printf("%d passed, %d failed\n", passes, failures);
     return failures ? 1 : 0;
