@@ -1229,7 +1229,7 @@ static npyload_loader *huge_sample_loader(const char *path, const char *descr,
     cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, 8), 0);
     cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, NPYLOAD_IO_PREAD), 0);
     if (t)
-        cr_assert_eq(npyload_loader_set_transform(L, "x", t), 0, "%s", npyload_loader_errmsg(L));
+        cr_assert_eq(npyload_loader_set_transform(L, "x", t, sizeof *t), 0, "%s", npyload_loader_errmsg(L));
     *rc = npyload_loader_start(L);
     return L;
 }
@@ -1243,7 +1243,7 @@ Test(loader, zero_samples_of_a_huge_shape_reserve_nothing)
     npyload_loader *L = huge_sample_loader(p, "|u1", NULL, &rc);
     cr_assert_eq(rc, 0, "%s", npyload_loader_errmsg(L));
     npyload_stats st;
-    cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+    cr_assert_eq(npyload_loader_get_stats(L, &st, sizeof st), 0);
     cr_assert_leq(st.slot_bytes, 4096, "a loader of 0 samples has %llu-byte slots",
                   (unsigned long long)st.slot_bytes);
     cr_assert_eq(npyload_loader_num_samples(L), 0);
@@ -1270,7 +1270,7 @@ Test(loader, sample_above_the_bound_refused_naming_field_file_size)
     cr_assert_not_null(strstr(m, "NPYLOAD_MAX_SAMPLE_BYTES"), "%s", m);
     npyload_loader_destroy(L);
     /* 4 GiB stored, 16 GiB after a transform to float32. */
-    npyload_transform t = {.dtype = NPYLOAD_DTYPE_FLOAT32};
+    npyload_transform t = {.dtype = NPYLOAD_DTYPE_FLOAT32, .scale = 1.0f};
     L = huge_sample_loader(p, "|u1", &t, &rc);
     m = npyload_loader_errmsg(L);
     cr_assert_eq(rc, NPYLOAD_ETOOBIG, "%d: %s", rc, m);
@@ -1301,7 +1301,7 @@ Test(loader, slots_sized_for_the_rows_a_rank_gets)
         cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
         uint64_t rows = (uint64_t)((3 + world - 1) / world);
         npyload_stats st;
-        cr_assert_eq(npyload_loader_get_stats(L, &st), 0);
+        cr_assert_eq(npyload_loader_get_stats(L, &st, sizeof st), 0);
         cr_assert_geq(st.slot_bytes, rows * 65536);
         cr_assert_leq(st.slot_bytes, rows * 65536 + 2 * 4096,
                       "world %lld: %llu-byte slots for %llu rows of 65536 bytes",

@@ -805,3 +805,33 @@ Test(loader_zst, a_file_list_holding_a_file_and_its_packed_twin_is_refused)
     npyload_loader_destroy(L);
     tu_rmtree(d.dir);
 }
+
+/* A huge BATCH_SIZE over a small packed field: the per-worker .npy.zst
+ * state is sized, like the slots, for the rows a batch can hold (the whole
+ * field here), not for BATCH_SIZE (2^31 rows of frame bookkeeping would be
+ * tens of GiB). One batch holds every sample, equal to the .npy's rows. */
+Test(loader_zst, huge_batch_size_over_a_small_field_sizes_for_the_field)
+{
+    dataset d = make_dataset();
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    const char *imgs[NFILES];
+    for (size_t k = 0; k < NFILES; k++)
+        imgs[k] = d.img[k];
+    cr_assert_eq(npyload_loader_add_field_files(L, "img", imgs, NFILES), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, (int64_t)1 << 31), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, 2), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, NPYLOAD_IO_PREAD), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_batch *b;
+    cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_batch_size(b), N_TOTAL);
+    const uint8_t *got = npyload_batch_field(b, 0)->data;
+    for (int64_t s = 0; s < N_TOTAL; s++)
+        for (size_t i = 0; i < IMG_BYTES; i++)
+            cr_assert_eq(got[s * IMG_BYTES + i], tu_byte(1, (uint64_t)s, i), "sample %ld", (long)s);
+    npyload_batch_release(b);
+    cr_assert_eq(npyload_loader_next(L, &b), NPYLOAD_EOF);
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+}

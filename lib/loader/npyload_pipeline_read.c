@@ -379,7 +379,10 @@ int npyl_read_worker_init(npyload_loader *L, npyl_worker *w)
 {
     if (!L->has_zst)
         return 0;
-    size_t B = (size_t)L->opt[NPYLOAD_OPT_BATCH_SIZE];
+    /* Rows a batch can hold here (min(BATCH_SIZE, the rank's share)), as
+     * the slots are sized: a huge BATCH_SIZE over a small field reserves
+     * nothing more. */
+    size_t B = L->slot_rows ? (size_t)L->slot_rows : 1;
     /* One frame, wherever its offset puts it: max_csize + the alignment. */
     uint64_t one = (uint64_t)L->zst_max_csize + NPYL_DIRECT_ALIGN;
     uint64_t all = one * B * L->nfields;
