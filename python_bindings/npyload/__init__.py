@@ -386,8 +386,10 @@ class _HookPipe:
             try:
                 out = fn(batch)
             except BaseException as e:
-                # No local may keep the batch or the error: a traceback keeps
-                # this frame, and with it the batch's slot, alive.
+                # No local may keep the batch or the error: e's traceback
+                # keeps this frame (and fn's, which holds the batch while the
+                # error lives: freed with it, by reference counting, as long
+                # as no cycle holds the error; see _Iterator.__next__).
                 del batch
                 self._put((self._failed(e, seq, epoch), None, None))
                 return
@@ -478,7 +480,14 @@ class _Iterator:
             self._finish(ld, err is _EOF)
             if err is _EOF:
                 raise StopIteration
-            raise err
+            try:
+                raise err
+            finally:
+                # The traceback holds this frame: a local naming err would
+                # make a cycle (err -> traceback -> frame -> err) that keeps
+                # the failed batch's slot (err.__cause__ -> fn's frame ->
+                # batch) until the cyclic GC runs.
+                del err
         raw = ld._c.next()
         if raw is None:
             self._finish(ld, True)
