@@ -509,6 +509,15 @@ class _Iterator:
 _TDTYPES = {None: 0, "float32": 1, "float16": 2, "bfloat16": 3}
 
 
+def _float32(x):
+    """x rounded to float32 (inf beyond its range)."""
+    try:
+        x = float(x)
+    except OverflowError:  # an int beyond the double range
+        return _math.inf if x > 0 else -_math.inf
+    return _struct.unpack("f", _struct.pack("f", x))[0]
+
+
 class Transform:
     """A per-field conversion done by the loader (workers on the host, a
     kernel on the GPU after the copy), before the batch is handed out.
@@ -519,7 +528,7 @@ class Transform:
 
     dtype : 'float32', 'float16', 'bfloat16' (numpy/torch dtypes accepted),
         or None to keep the stored dtype (only without arithmetic).
-    scale : float, applied first.
+    scale : float, applied first; finite and nonzero (ValueError otherwise).
     mean, std : None, a number, or one number per channel.
     channels_last : bool. The batch keeps its logical shape (N, C, H, W) in
         NHWC memory order: a torch tensor is
@@ -546,6 +555,14 @@ class Transform:
             dtype = name
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
             raise TypeError(f"Transform: scale must be a number, got {scale!r}")
+        # The library computes in float32: a scale must be finite and nonzero
+        # there (0 would zero the field, and the library's struct once read 0
+        # as "unset", delivering x unscaled; inf and nan would poison it).
+        # The default 1.0 reaches C as 1.0.
+        if _float32(scale) in (0.0, _math.inf, -_math.inf) or scale != scale:
+            raise ValueError(f"Transform: scale = {scale!r} out of range: a finite "
+                             "nonzero float32 (|scale| from 1.4e-45 to 3.4e38; 1.0 = "
+                             "no scaling)")
         self.dtype = dtype
         self.scale = float(scale)
         self.mean = self._values("mean", mean)
