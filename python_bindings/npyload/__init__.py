@@ -26,11 +26,18 @@ Deleting (or closing) the loader while arrays from it are alive is safe: the
 workers stop at once, its files and free slots are released, and only the
 slots still in use live on, each freed when its last array dies.
 
-Threads: a loader is used by one thread at a time; waits for a batch release
-the GIL and Ctrl-C interrupts them promptly.
+Threads: calls on one loader never overlap. A call made while another thread
+is inside one (``next()`` of a loop, ``iter()``, ``set_epoch()``,
+``load_state_dict()``, ``state_dict()``, ``close()``) raises RuntimeError
+("npyload loader is in use: X was called while Y is running") and changes
+nothing. ``stats()``, ``len()``, ``backend`` and the other attributes may be
+read from any thread at any time, also while a loop waits for a batch.
+Waits for a batch release the GIL and Ctrl-C interrupts them promptly.
 """
 
 import functools as _functools
+import math as _math
+import struct as _struct
 import os as _os
 import sys as _sys
 import queue as _queue
@@ -52,16 +59,37 @@ _SHUFFLE = {"none": _npyload.SHUFFLE_NONE, "full": _npyload.SHUFFLE_FULL,
             "local": _npyload.SHUFFLE_LOCAL}
 
 
-def _int_arg(name, value, minimum=None, allow_none=False):
+def _int_arg(name, value, minimum=None, allow_none=False, maximum=None, what=""):
+    """value as an int, or ValueError "NAME = VALUE out of range: LO .. HI
+    (WHAT)" naming the caller's argument in the caller's units."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name} must be an int, got {value!r}")
     value = value.__index__()
-    if minimum is not None and value < minimum:
-        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-        raise ValueError(f"{name} must be {what}, got {value}")
+    if ((minimum is not None and value < minimum) or
+            (maximum is not None and value > maximum)):
+        lo = "" if minimum is None else _int_text(minimum)
+        hi = "" if maximum is None else _int_text(maximum)
+        span = f"{lo} .. {hi}" if lo and hi else f">= {lo}" if lo else f"<= {hi}"
+        raise ValueError(f"{name} = {value} out of range: {span}"
+                         + (f" ({what})" if what else ""))
     return value
+
+
+def _int_text(v):
+    return {_INT64_MAX: "2**63-1", -_INT64_MAX - 1: "-2**63"}.get(v, str(v))
+
+
+_INT64_MAX = (1 << 63) - 1
+_EPOCH_MAX = _INT64_MAX  # the binding passes epochs as int64
+# {option: (lo, hi, default)}: what npyload_loader_set accepts, asked of the
+# library (the limits live in the C code only).
+_OPT_RANGES = _npyload.Loader.option_ranges()
+
+
+def _opt_max(opt):
+    return _OPT_RANGES[opt][1]
 
 
 def _env_int(var):
@@ -92,10 +120,7 @@ def _parse_device(device):
     if isinstance(device, bool):
         raise TypeError(f"device must be 'cpu', 'cuda', 'cuda:N' or an int, got {device!r}")
     if hasattr(device, "__index__"):
-        k = device.__index__()
-        if k < -1:
-            raise ValueError(f"device index must be >= -1, got {k}")
-        return k
+        return _device_index(device.__index__())
     if type(device).__name__ == "device" and hasattr(device, "type"):  # torch.device
         device = str(device)
     if not isinstance(device, str):
@@ -109,8 +134,17 @@ def _parse_device(device):
     if d.startswith("cuda:"):
         tail = d[5:]
         if tail.isdigit():
-            return int(tail)
+            return _device_index(int(tail))
     raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N' (N a device index), got {device!r}")
+
+
+def _device_index(k):
+    # Indexes above the library's CUDA device range (which it does not
+    # export without loading CUDA) are refused by npyload_loader_set, naming
+    # DEVICE and the range; beyond int64 it would never see the value.
+    if not -1 <= k <= _INT64_MAX:
+        raise ValueError(f"device = {k} out of range: -1 (cpu) or a CUDA device index >= 0")
+    return k
 
 
 def _parse_shuffle(shuffle):
@@ -259,6 +293,38 @@ class TransformError(RuntimeError):
 _EOF = object()
 
 
+class _InUse:
+    """A Loader's in-use guard: one call at a time. ``with guard("set_epoch()"):``
+    runs the body if no call is in progress, else raises RuntimeError naming
+    both calls (never waits: an overlap is a bug in the caller). The C object
+    has the same guard, with the same message, for its own state; this one
+    also keeps the Python-level state (generation counter, hook thread, the C
+    object itself, which load_state_dict may replace) whole."""
+
+    __slots__ = ("_mu", "call")
+
+    def __init__(self):
+        self._mu = _threading.Lock()  # held for a few bytecodes only
+        self.call = None
+
+    def __call__(self, call):
+        with self._mu:
+            busy = self.call
+            if busy is None:
+                self.call = call
+                return self
+        raise RuntimeError(f"npyload loader is in use: {call} was called while {busy} is "
+                           "running (on another thread, or below this call); calls on one "
+                           "loader must not overlap, only stats() and len() may run during "
+                           "a next()")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.call = None
+
+
 def _epoch_batches(n, world_size, batch_size, drop_last):
     """Batches per rank of a full epoch: DistributedSampler's split, then
     DataLoader's batching (the C library's npyl_order_num_batches)."""
@@ -279,13 +345,14 @@ class _HookPipe:
     counts what it received. Holds no reference to the Loader or the
     iterator, so freeing the iterator (a `break`) can stop it.
 
-    Every call into the C loader happens under `lock`: the C object refuses
-    calls that overlap a waiting next(), and the consumer's stats() or
-    state_dict() take the same lock."""
+    While it runs, this thread is the only caller of the C loader's next()
+    and get_state(): the Loader stops it (stop()) before any call of its own
+    that would overlap (set_epoch, load_state_dict, close, iter), and the
+    consumer's stats() may overlap a waiting next() (the C object allows
+    it)."""
 
-    def __init__(self, c, lock, wrap, fn, depth, stream):
+    def __init__(self, c, wrap, fn, depth, stream):
         self._c = c
-        self._lock = lock
         self._wrap = wrap
         self._fn = fn
         self._stream = stream
@@ -306,11 +373,10 @@ class _HookPipe:
             self._put((e, None, None))
 
     def _loop(self):
-        c, fn, lock, stop = self._c, self._fn, self._lock, self._stop
+        c, fn, stop = self._c, self._fn, self._stop
         while not stop.is_set():
-            with lock:
-                raw = c.next()
-                state = None if raw is None else c.get_state()
+            raw = c.next()
+            state = None if raw is None else c.get_state()
             if raw is None:
                 self._put((_EOF, None, None))
                 return
@@ -320,8 +386,10 @@ class _HookPipe:
             try:
                 out = fn(batch)
             except BaseException as e:
-                # No local may keep the batch or the error: a traceback keeps
-                # this frame, and with it the batch's slot, alive.
+                # No local may keep the batch or the error: e's traceback
+                # keeps this frame (and fn's, which holds the batch while the
+                # error lives: freed with it, by reference counting, as long
+                # as no cycle holds the error; see _Iterator.__next__).
                 del batch
                 self._put((self._failed(e, seq, epoch), None, None))
                 return
@@ -395,6 +463,10 @@ class _Iterator:
         ld = self._loader
         if ld is None:
             raise StopIteration
+        with ld._in_use("next()"):
+            return self._next(ld)
+
+    def _next(self, ld):
         if ld._gen != self._gen:
             self._finish(ld, False)
             raise RuntimeError("npyload: this iterator was superseded by a newer "
@@ -408,7 +480,14 @@ class _Iterator:
             self._finish(ld, err is _EOF)
             if err is _EOF:
                 raise StopIteration
-            raise err
+            try:
+                raise err
+            finally:
+                # The traceback holds this frame: a local naming err would
+                # make a cycle (err -> traceback -> frame -> err) that keeps
+                # the failed batch's slot (err.__cause__ -> fn's frame ->
+                # batch) until the cyclic GC runs.
+                del err
         raw = ld._c.next()
         if raw is None:
             self._finish(ld, True)
@@ -430,6 +509,15 @@ class _Iterator:
 _TDTYPES = {None: 0, "float32": 1, "float16": 2, "bfloat16": 3}
 
 
+def _float32(x):
+    """x rounded to float32 (inf beyond its range)."""
+    try:
+        x = float(x)
+    except OverflowError:  # an int beyond the double range
+        return _math.inf if x > 0 else -_math.inf
+    return _struct.unpack("f", _struct.pack("f", x))[0]
+
+
 class Transform:
     """A per-field conversion done by the loader (workers on the host, a
     kernel on the GPU after the copy), before the batch is handed out.
@@ -440,7 +528,7 @@ class Transform:
 
     dtype : 'float32', 'float16', 'bfloat16' (numpy/torch dtypes accepted),
         or None to keep the stored dtype (only without arithmetic).
-    scale : float, applied first.
+    scale : float, applied first; finite and nonzero (ValueError otherwise).
     mean, std : None, a number, or one number per channel.
     channels_last : bool. The batch keeps its logical shape (N, C, H, W) in
         NHWC memory order: a torch tensor is
@@ -467,6 +555,14 @@ class Transform:
             dtype = name
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
             raise TypeError(f"Transform: scale must be a number, got {scale!r}")
+        # The library computes in float32: a scale must be finite and nonzero
+        # there (0 would zero the field, and the library's struct once read 0
+        # as "unset", delivering x unscaled; inf and nan would poison it).
+        # The default 1.0 reaches C as 1.0.
+        if _float32(scale) in (0.0, _math.inf, -_math.inf) or scale != scale:
+            raise ValueError(f"Transform: scale = {scale!r} out of range: a finite "
+                             "nonzero float32 (|scale| from 1.4e-45 to 3.4e38; 1.0 = "
+                             "no scaling)")
         self.dtype = dtype
         self.scale = float(scale)
         self.mean = self._values("mean", mean)
@@ -612,6 +708,20 @@ class Loader:
     every new ``iter(loader)`` starts that epoch again, except the first one
     after ``load_state_dict``, which resumes where the saved loader stopped.
     See the module docstring for the lifetime rule.
+
+    Threads: one call at a time. A loop's ``next()``, ``iter()``,
+    ``set_epoch()``, ``load_state_dict()``, ``state_dict()`` and ``close()``
+    called while another of them runs on another thread raise RuntimeError
+    ("npyload loader is in use: X was called while Y is running") and change
+    nothing. ``stats()``, ``len()``, ``backend`` and the attributes may be
+    read from any thread at any time, also while a loop waits for a batch
+    (with ``transform=``, ``state_dict()`` too).
+
+    Numeric arguments out of range raise ValueError naming the argument, the
+    value and the accepted range in these units (the library's limits, asked
+    of it): batch_size 1 .. 2**31, num_workers 0 .. 256, prefetch 1 .. 1023
+    (1 .. 1022 with ``transform=``), world_size 1 .. 2**24, window 1 ..
+    2**31, seed an int64, max_errors 1 .. 2**63-1, rank below world_size.
     """
 
     def __init__(self, fields, batch_size, shuffle=False, seed=0, drop_last=False,
@@ -621,6 +731,7 @@ class Loader:
                  max_errors=None, transforms=None, as_tuple=False, transform=None):
         self._c = None
         self._pipe = None
+        self._in_use = _InUse()
         if not isinstance(fields, _Mapping) or len(fields) == 0:
             raise TypeError("fields must be a non-empty mapping from field name "
                             "to a glob string or a list of paths"
@@ -645,16 +756,36 @@ class Loader:
                 raise TypeError(f"field {name!r}: expected a glob string or a list of "
                                 f"paths, got {type(spec).__name__}")
 
-        batch_size = _int_arg("batch_size", batch_size, 1)
-        seed = _int_arg("seed", seed)
-        num_workers = _int_arg("num_workers", num_workers, 0)
-        prefetch = _int_arg("prefetch", prefetch, 1, allow_none=True)
-        window = _int_arg("window", window, 1)
+        # Ranges in this constructor's units, from the library's limits:
+        # num_workers=0 is the library's WORKERS_SYNC, prefetch counts the
+        # batches ahead of the one the loop holds (slots - 1, or slots - 2
+        # with transform=; see below), window=0 is not "default" here.
+        batch_size = _int_arg("batch_size", batch_size, 1, maximum=_opt_max(
+            _npyload.OPT_BATCH_SIZE), what="samples per batch")
+        seed = _int_arg("seed", seed, -_INT64_MAX - 1, maximum=_INT64_MAX,
+                        what="an int64")
+        num_workers = _int_arg("num_workers", num_workers, 0, maximum=_opt_max(
+            _npyload.OPT_NUM_WORKERS), what="worker threads; 0 = none, batches "
+            "are read inside next()")
+        max_slots = _opt_max(_npyload.OPT_PREFETCH)
+        if transform is None:
+            prefetch = _int_arg("prefetch", prefetch, 1, allow_none=True,
+                                maximum=max_slots - 1, what="batches read ahead; the "
+                                f"loader has prefetch + 1 slots, at most {max_slots}")
+        else:
+            prefetch = _int_arg("prefetch", prefetch, 1, allow_none=True,
+                                maximum=max_slots - 2, what="batches read ahead; with "
+                                f"transform= the loader has prefetch + 2 slots, at most "
+                                f"{max_slots}")
+        window = _int_arg("window", window, 1, maximum=_opt_max(
+            _npyload.OPT_SHUFFLE_WINDOW), what="files per window")
         if align not in ("names", "none"):
             raise ValueError(f"align must be 'names' or 'none', got {align!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        max_errors = 0 if max_errors is None else _int_arg("max_errors", max_errors, 1)
+        max_errors = 0 if max_errors is None else _int_arg(
+            "max_errors", max_errors, 1, maximum=_opt_max(_npyload.OPT_MAX_ERRORS),
+            what="skipped samples; None = no limit")
         shuffle_mode = _parse_shuffle(shuffle)
         if not isinstance(drop_last, (bool, int)):
             raise TypeError(f"drop_last must be a bool, got {drop_last!r}")
@@ -687,10 +818,10 @@ class Loader:
         if rank is None:
             rank = dist[0] if dist else _env_int("RANK")
             rank = 0 if rank is None else rank
-        world_size = _int_arg("world_size", world_size, 1)
-        rank = _int_arg("rank", rank, 0)
-        if rank >= world_size:
-            raise ValueError(f"rank must be in [0, world_size): rank={rank}, world_size={world_size}")
+        world_size = _int_arg("world_size", world_size, 1, maximum=_opt_max(
+            _npyload.OPT_WORLD_SIZE), what="ranks")
+        rank = _int_arg("rank", rank, 0, maximum=world_size - 1,
+                        what=f"below world_size = {world_size}")
 
         torch = None
         if output in ("auto", "torch"):
@@ -778,7 +909,6 @@ class Loader:
         self._at_eof = False
         self._n = c.num_samples()
         self._len_override = None  # batches of a resumed epoch (load_state_dict)
-        self._c_lock = _threading.Lock()  # C calls while a hook thread runs
         self._hook_state = None  # with transform=: the state the consumer is at
 
     # ---- DataLoader-like surface ----
@@ -804,16 +934,21 @@ class Loader:
 
     @property
     def backend(self):
-        """Name of the active io backend ('uring', 'pread' or 'mmap')."""
-        with self._c_lock:
-            return self._live().backend
+        """Name of the active io backend ('uring', 'pread' or 'mmap'). May be
+        read from any thread, also while a loop waits for a batch."""
+        return self._live().backend
 
     def set_epoch(self, epoch):
         """Selects the epoch the next ``for`` loop runs (its order is a pure
         function of (seed, epoch)). Prefetching for it starts now. Right after
         load_state_dict, set_epoch with the saved epoch keeps the resumed
-        position."""
-        epoch = _int_arg("epoch", epoch, 0)
+        position. Raises RuntimeError ("in use") while another call on this
+        loader runs (a loop's next() included), changing nothing."""
+        epoch = _int_arg("epoch", epoch, 0, maximum=_EPOCH_MAX)
+        with self._in_use("set_epoch()"):
+            self._set_epoch(epoch)
+
+    def _set_epoch(self, epoch):
         c = self._live()
         if self._resumed and epoch == self._epoch:
             return
@@ -828,6 +963,10 @@ class Loader:
         self._hook_state = None
 
     def __iter__(self):
+        with self._in_use("iter()"):
+            return self._iter()
+
+    def _iter(self):
         c = self._live()
         self._stop_pipe()
         if self._resumed:
@@ -847,18 +986,21 @@ class Loader:
         wrap = _functools.partial(_wrap_raw, torch=self._torch, np=self._np,
                                   copy=self.copy, as_tuple=self.as_tuple,
                                   bf16=getattr(self, "_bf16", None))
-        self._pipe = _HookPipe(c, self._c_lock, wrap, self.transform,
+        self._pipe = _HookPipe(c, wrap, self.transform,
                                _hook_depth(self.prefetch), stream)
         return _Iterator(self, self._gen, self._pipe)
 
     def state_dict(self):
         """The position after the last batch handed out (with transform=:
         the last batch the loop received), as a dict of ints (save it with
-        your checkpoint)."""
-        c = self._live()
-        if self._hook_state is not None:
-            return dict(self._hook_state)
-        return dict(c.get_state())
+        your checkpoint). Without transform=, refused (RuntimeError "in
+        use") while another thread's loop waits in next()."""
+        self._live()
+        hook_state = self._hook_state  # with transform=: a Python read
+        if hook_state is not None:
+            return dict(hook_state)
+        with self._in_use("state_dict()"):
+            return dict(self._live().get_state())
 
     def load_state_dict(self, state):
         """Resumes from ``state_dict()`` of a loader over the same data with
@@ -869,9 +1011,14 @@ class Loader:
         of the epoch's global sequence is split over the W' ranks like
         DistributedSampler: nothing lost, nothing repeated but the padding
         (at most W'-1 samples), equal batch counts; the next epoch is the
-        normal split."""
+        normal split. Raises RuntimeError ("in use") while another call on
+        this loader runs, changing nothing."""
         if not isinstance(state, _Mapping):
             raise TypeError("state must be the dict returned by state_dict()")
+        with self._in_use("load_state_dict()"):
+            self._load_state_dict(state)
+
+    def _load_state_dict(self, state):
         c = self._live()
         self._stop_pipe()
         adopt = {_npyload.OPT_SEED: "seed", _npyload.OPT_SHUFFLE: "shuffle",
@@ -910,19 +1057,23 @@ class Loader:
         h2d_bytes, h2d_ns, backend, pinned, direct_io, device, slot_bytes,
         num_slots, uring_fallbacks, and with on_error='skip' samples_skipped,
         errors and last_error (the message of the last failure behind a
-        skip)."""
-        with self._c_lock:
-            return self._live().stats()
+        skip). May be called from any thread, also while a loop waits for a
+        batch (then it does not wait); refused (RuntimeError "in use") only
+        during set_epoch(), load_state_dict(), close() and the like."""
+        return self._live().stats()
 
     def close(self):
         """Stops the workers and frees the loader at once (threads, open
         files, io_uring rings, unused slots). Arrays and tensors still alive
         stay valid: only their slots are kept, each freed when its last array
         dies. A ``transform=`` thread is stopped first (after its running
-        call returns) and the batches it had prepared are dropped."""
-        self._stop_pipe()
-        if self._c is not None:
-            self._c.close()
+        call returns) and the batches it had prepared are dropped. Refused
+        (RuntimeError "in use") while another call on this loader runs, a
+        loop's next() included: stop the loop first. Closing twice is fine."""
+        with self._in_use("close()"):
+            self._stop_pipe()
+            if self._c is not None:
+                self._c.close()
 
     def __enter__(self):
         return self

@@ -47,10 +47,14 @@ typedef struct NpyloadPy_Loader {
     PyObject_HEAD
     npyload_loader *L;
     int started;
-    /* Set while a thread waits in next() with the GIL released: every other
-     * call on the loader is refused meanwhile (the C API allows one caller
-     * at a time, and destroy must not race with next). */
-    int busy;
+    /* The in-use guard: the name of the call in progress ("next()",
+     * "set_epoch()", "close()", ...; a static string), NULL when none.
+     * Set and tested with the GIL held; kept while the call runs without
+     * the GIL, so a call from another thread meanwhile is refused (the C
+     * API allows one caller at a time, and destroy must race with
+     * nothing). Only stats() and the backend attribute may run while it
+     * says "next()" (see _npyload_loader.c). */
+    const char *busy;
     PyObject *field_names; /* tuple of str, built at start */
     PyObject *joiner;      /* given to every batch (see NpyloadPy_Batch) */
 } NpyloadPy_Loader;

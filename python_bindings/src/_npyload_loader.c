@@ -5,10 +5,21 @@
  *
  * Threads and the GIL: next() waits with the GIL released, in slices of
  * 100 ms, checking for signals in between so Ctrl-C raises
- * KeyboardInterrupt promptly. While one thread waits, every other method on
- * the same loader raises RuntimeError (the C API allows one caller at a
- * time). Nothing else blocks on I/O except start() (reads every header),
- * which also runs without the GIL.
+ * KeyboardInterrupt promptly; start(), set_epoch(), set_state(), set(),
+ * add_field() and close() also run without the GIL (file I/O, joins).
+ *
+ * One call at a time (the in-use guard, self->busy): every method that
+ * touches the C loader runs between loader_enter() and loader_leave(), so a
+ * call made while another thread is inside one raises RuntimeError("npyload
+ * loader is in use: X was called while Y is running") and changes nothing.
+ * The guard covers the whole use of self->L, error messages included (they
+ * live in the loader); arguments are parsed before it is taken, since
+ * parsing may run Python code. The exceptions, "shared" calls: stats() and
+ * the backend attribute may run while next() waits (the C library's
+ * counters are thread-safe, the backend is fixed at start); they run with
+ * the GIL held and no Python code between their C calls, so no other call
+ * can start under them. Dealloc needs no guard: a running method holds a
+ * reference to the object.
  */
 #include "_npyload.h"
 
@@ -22,13 +33,52 @@ static PyObject *loader_error(NpyloadPy_Loader *self, int rc)
     return npyloadpy_raise(rc, npyload_loader_errmsg(self->L));
 }
 
-/* Refuses a call while another thread waits in next(), or after close(). */
-static int loader_check(NpyloadPy_Loader *self)
+static const char CALL_NEXT[] = "next()";
+
+static void in_use_error(const char *call, const char *busy)
+{
+    PyErr_Format(PyExc_RuntimeError,
+                 "npyload loader is in use: %s was called while %s is running "
+                 "(on another thread, or below this call); calls on one loader "
+                 "must not overlap, only stats() and len() may run during a next()",
+                 call, busy);
+}
+
+/* Takes the in-use guard for `call` (a static string naming the method):
+ * refuses while another call runs, or after close(). 0 or -1 with an
+ * exception set. Leave with loader_leave(). */
+static int loader_enter(NpyloadPy_Loader *self, const char *call)
 {
     if (self->busy) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "npyload loader is in use by another thread (next() "
-                        "is waiting); calls on one loader must not overlap");
+        in_use_error(call, self->busy);
+        return -1;
+    }
+    if (!self->L) {
+        PyErr_SetString(PyExc_ValueError, "npyload loader is closed");
+        return -1;
+    }
+    self->busy = call;
+    return 0;
+}
+
+static void loader_leave(NpyloadPy_Loader *self)
+{
+    self->busy = NULL;
+}
+
+static PyObject *none_ref(void)
+{
+    Py_INCREF(Py_None);
+    return Py_None;
+}
+
+/* For the shared calls (stats(), backend): allowed while nothing or only
+ * next() runs; takes nothing, so the caller must not release the GIL or run
+ * Python code while it uses self->L. */
+static int loader_share(NpyloadPy_Loader *self, const char *call)
+{
+    if (self->busy && self->busy != CALL_NEXT) {
+        in_use_error(call, self->busy);
         return -1;
     }
     if (!self->L) {
@@ -74,17 +124,18 @@ static void loader_dealloc(NpyloadPy_Loader *self)
 
 static PyObject *loader_close(NpyloadPy_Loader *self, PyObject *unused)
 {
-    if (self->busy) {
-        loader_check(self); /* sets the "in use" error */
+    if (!self->busy && !self->L)
+        Py_RETURN_NONE; /* closing twice is fine */
+    if (loader_enter(self, "close()") < 0)
         return NULL;
-    }
+    /* self->L is NULL before the GIL goes: a call from now on sees "in use",
+     * then "closed", never the loader being destroyed. */
     npyload_loader *L = self->L;
     self->L = NULL;
-    if (L) {
-        Py_BEGIN_ALLOW_THREADS
-        npyload_loader_destroy(L);
-        Py_END_ALLOW_THREADS
-    }
+    Py_BEGIN_ALLOW_THREADS
+    npyload_loader_destroy(L);
+    Py_END_ALLOW_THREADS
+    loader_leave(self);
     Py_RETURN_NONE;
 }
 
@@ -100,23 +151,21 @@ static PyObject *loader_add_field(NpyloadPy_Loader *self, PyObject *args)
         Py_XDECREF(name_b);
         return NULL;
     }
-    if (loader_check(self) < 0) {
-        Py_DECREF(name_b);
-        Py_DECREF(glob_b);
-        return NULL;
+    PyObject *res = NULL;
+    if (loader_enter(self, "add_field()") == 0) {
+        int rc;
+        npyload_loader *L = self->L;
+        const char *name = PyBytes_AS_STRING(name_b);
+        const char *glob = PyBytes_AS_STRING(glob_b);
+        Py_BEGIN_ALLOW_THREADS /* globbing touches the file system */
+        rc = npyload_loader_add_field(L, name, glob);
+        Py_END_ALLOW_THREADS
+        res = rc < 0 ? loader_error(self, rc) : none_ref();
+        loader_leave(self);
     }
-    int rc;
-    npyload_loader *L = self->L;
-    const char *name = PyBytes_AS_STRING(name_b);
-    const char *glob = PyBytes_AS_STRING(glob_b);
-    Py_BEGIN_ALLOW_THREADS /* globbing touches the file system */
-    rc = npyload_loader_add_field(L, name, glob);
-    Py_END_ALLOW_THREADS
     Py_DECREF(name_b);
     Py_DECREF(glob_b);
-    if (rc < 0)
-        return loader_error(self, rc);
-    Py_RETURN_NONE;
+    return res;
 }
 
 static PyObject *loader_add_field_files(NpyloadPy_Loader *self, PyObject *args)
@@ -125,10 +174,6 @@ static PyObject *loader_add_field_files(NpyloadPy_Loader *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O&O:add_field_files", PyUnicode_FSConverter,
                           &name_b, &paths_obj))
         return NULL;
-    if (loader_check(self) < 0) {
-        Py_DECREF(name_b);
-        return NULL;
-    }
     const char *name = PyBytes_AS_STRING(name_b);
     PyObject *seq = PySequence_Fast(paths_obj, "paths must be a sequence");
     if (!seq) {
@@ -148,13 +193,11 @@ static PyObject *loader_add_field_files(NpyloadPy_Loader *self, PyObject *args)
             goto done;
         paths[i] = PyBytes_AS_STRING(bytes[i]);
     }
-    int rc = npyload_loader_add_field_files(self->L, name, paths, (size_t)n);
-    if (rc < 0) {
-        loader_error(self, rc);
+    if (loader_enter(self, "add_field_files()") < 0)
         goto done;
-    }
-    res = Py_None;
-    Py_INCREF(res);
+    int rc = npyload_loader_add_field_files(self->L, name, paths, (size_t)n);
+    res = rc < 0 ? loader_error(self, rc) : none_ref();
+    loader_leave(self);
 done:
     if (bytes)
         for (Py_ssize_t i = 0; i < n; i++)
@@ -173,16 +216,17 @@ static PyObject *loader_set(NpyloadPy_Loader *self, PyObject *args)
     int64_t v;
     if (!PyArg_ParseTuple(args, "iO:set", &opt, &vobj))
         return NULL;
-    if (loader_check(self) < 0 || npyloadpy_as_int64(vobj, "value", &v) < 0)
+    if (npyloadpy_as_int64(vobj, "value", &v) < 0 || loader_enter(self, "set()") < 0)
         return NULL;
     int rc;
+    npyload_loader *L = self->L;
     /* Asking for a CUDA device loads the runtime (dlopen): no GIL. */
     Py_BEGIN_ALLOW_THREADS
-    rc = npyload_loader_set(self->L, (npyload_option)opt, v);
+    rc = npyload_loader_set(L, (npyload_option)opt, v);
     Py_END_ALLOW_THREADS
-    if (rc < 0)
-        return loader_error(self, rc);
-    Py_RETURN_NONE;
+    PyObject *res = rc < 0 ? loader_error(self, rc) : none_ref();
+    loader_leave(self);
+    return res;
 }
 
 static PyObject *loader_get(NpyloadPy_Loader *self, PyObject *args)
@@ -191,38 +235,52 @@ static PyObject *loader_get(NpyloadPy_Loader *self, PyObject *args)
     int64_t v = 0;
     if (!PyArg_ParseTuple(args, "i:get", &opt))
         return NULL;
-    if (loader_check(self) < 0)
+    if (loader_enter(self, "get()") < 0)
         return NULL;
     int rc = npyload_loader_get(self->L, (npyload_option)opt, &v);
-    if (rc < 0)
-        return loader_error(self, rc);
-    return PyLong_FromLongLong((long long)v);
+    PyObject *res = rc < 0 ? loader_error(self, rc) : PyLong_FromLongLong((long long)v);
+    loader_leave(self);
+    return res;
 }
 
-static PyObject *loader_start(NpyloadPy_Loader *self, PyObject *unused)
+/* The field names of a started loader, as a tuple of str (with the guard
+ * held: the names live in the loader). */
+static PyObject *field_name_tuple(npyload_loader *L)
 {
-    if (loader_check(self) < 0)
-        return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = npyload_loader_start(self->L);
-    Py_END_ALLOW_THREADS
-    if (rc < 0)
-        return loader_error(self, rc);
-    self->started = 1;
-    size_t nf = npyload_loader_num_fields(self->L);
+    size_t nf = npyload_loader_num_fields(L);
     PyObject *names = PyTuple_New((Py_ssize_t)nf);
     if (!names)
         return NULL;
     for (size_t i = 0; i < nf; i++) {
-        const char *s = npyload_loader_field_name(self->L, i);
-        PyObject *u = npyloadpy_str(s);
+        PyObject *u = npyloadpy_str(npyload_loader_field_name(L, i));
         if (!u) {
             Py_DECREF(names);
             return NULL;
         }
         PyTuple_SET_ITEM(names, (Py_ssize_t)i, u);
     }
+    return names;
+}
+
+static PyObject *loader_start(NpyloadPy_Loader *self, PyObject *unused)
+{
+    if (loader_enter(self, "start()") < 0)
+        return NULL;
+    int rc;
+    npyload_loader *L = self->L;
+    Py_BEGIN_ALLOW_THREADS
+    rc = npyload_loader_start(L);
+    Py_END_ALLOW_THREADS
+    PyObject *names = NULL;
+    if (rc < 0) {
+        loader_error(self, rc);
+    } else {
+        self->started = 1;
+        names = field_name_tuple(L);
+    }
+    loader_leave(self);
+    if (!names)
+        return NULL;
     Py_XSETREF(self->field_names, names);
     Py_RETURN_NONE;
 }
@@ -230,20 +288,24 @@ static PyObject *loader_start(NpyloadPy_Loader *self, PyObject *unused)
 static PyObject *loader_set_epoch(NpyloadPy_Loader *self, PyObject *arg)
 {
     int64_t e;
-    if (loader_check(self) < 0 || npyloadpy_as_int64(arg, "epoch", &e) < 0)
+    if (npyloadpy_as_int64(arg, "epoch", &e) < 0)
         return NULL;
     if (e < 0) {
-        PyErr_SetString(PyExc_ValueError, "epoch must be >= 0");
+        PyErr_Format(PyExc_ValueError, "epoch = %lld out of range: 0 .. 2**63-1",
+                     (long long)e);
         return NULL;
     }
+    if (loader_enter(self, "set_epoch()") < 0)
+        return NULL;
     int rc;
+    npyload_loader *L = self->L;
     /* Abandoning an epoch waits for the reads in flight. */
     Py_BEGIN_ALLOW_THREADS
-    rc = npyload_loader_set_epoch(self->L, (uint64_t)e);
+    rc = npyload_loader_set_epoch(L, (uint64_t)e);
     Py_END_ALLOW_THREADS
-    if (rc < 0)
-        return loader_error(self, rc);
-    Py_RETURN_NONE;
+    PyObject *res = rc < 0 ? loader_error(self, rc) : none_ref();
+    loader_leave(self);
+    return res;
 }
 
 PyDoc_STRVAR(next_doc,
@@ -255,63 +317,70 @@ PyDoc_STRVAR(next_doc,
 
 static PyObject *loader_next(NpyloadPy_Loader *self, PyObject *unused)
 {
-    if (loader_check(self) < 0)
+    if (loader_enter(self, CALL_NEXT) < 0)
         return NULL;
     if (!self->started) {
+        loader_leave(self);
         PyErr_SetString(PyExc_RuntimeError, "npyload loader is not started");
         return NULL;
     }
     npyload_batch *b = NULL;
     npyload_loader *L = self->L;
+    PyObject *res = NULL;
     int rc;
-    self->busy = 1;
     for (;;) {
         Py_BEGIN_ALLOW_THREADS
         rc = npyload_loader_next_timeout(L, &b, NEXT_SLICE_NS);
         Py_END_ALLOW_THREADS
         if (rc != -ETIMEDOUT)
             break;
-        if (PyErr_CheckSignals() < 0) {
-            self->busy = 0;
-            return NULL;
-        }
+        /* A signal handler runs here, with the guard held: it may read
+         * stats(), and any other call on this loader is refused. */
+        if (PyErr_CheckSignals() < 0)
+            goto out;
     }
-    self->busy = 0;
     if (rc == NPYLOAD_EOF)
-        Py_RETURN_NONE;
-    if (rc < 0)
-        return loader_error(self, rc);
-    return npyloadpy_batch_new(b, self->field_names, self->joiner);
+        res = none_ref();
+    else if (rc < 0)
+        loader_error(self, rc);
+    else
+        res = npyloadpy_batch_new(b, self->field_names, self->joiner);
+out:
+    loader_leave(self);
+    return res;
 }
 
 static PyObject *loader_num_batches(NpyloadPy_Loader *self, PyObject *unused)
 {
-    if (loader_check(self) < 0)
+    if (loader_enter(self, "num_batches()") < 0)
         return NULL;
     int64_t n = npyload_loader_num_batches(self->L);
-    if (n < 0)
-        return loader_error(self, (int)n);
-    return PyLong_FromLongLong((long long)n);
+    PyObject *res = n < 0 ? loader_error(self, (int)n) : PyLong_FromLongLong((long long)n);
+    loader_leave(self);
+    return res;
 }
 
 static PyObject *loader_num_samples(NpyloadPy_Loader *self, PyObject *unused)
 {
-    if (loader_check(self) < 0)
+    if (loader_enter(self, "num_samples()") < 0)
         return NULL;
     int64_t n = npyload_loader_num_samples(self->L);
-    if (n < 0)
-        return loader_error(self, (int)n);
-    return PyLong_FromLongLong((long long)n);
+    PyObject *res = n < 0 ? loader_error(self, (int)n) : PyLong_FromLongLong((long long)n);
+    loader_leave(self);
+    return res;
 }
 
 static PyObject *loader_get_state(NpyloadPy_Loader *self, PyObject *unused)
 {
     npyload_state st;
-    if (loader_check(self) < 0)
+    if (loader_enter(self, "get_state()") < 0)
         return NULL;
     int rc = npyload_loader_get_state(self->L, &st);
     if (rc < 0)
-        return loader_error(self, rc);
+        loader_error(self, rc);
+    loader_leave(self);
+    if (rc < 0)
+        return NULL;
     return Py_BuildValue("{s:K,s:L,s:K,s:K,s:L,s:L,s:L,s:L,s:L,s:L,s:L}",
                          "version", (unsigned long long)st.version,
                          "seed", (long long)st.seed,
@@ -352,8 +421,6 @@ static PyObject *loader_set_state(NpyloadPy_Loader *self, PyObject *d)
     static const char *keys[] = {"version", "seed", "epoch", "consumed",
                                  "num_samples", "batch_size", "world_size",
                                  "rank", "shuffle", "drop_last"};
-    if (loader_check(self) < 0)
-        return NULL;
     if (!PyMapping_Check(d)) {
         PyErr_SetString(PyExc_TypeError, "state must be a dict from state_dict()");
         return NULL;
@@ -381,24 +448,30 @@ static PyObject *loader_set_state(NpyloadPy_Loader *self, PyObject *d)
     if (st.version >= 2 && PyMapping_HasKeyString(d, "base") &&
         state_item(d, "base", &st.base) < 0)
         return NULL;
+    /* The dict was read (which may run Python code) before the guard. */
+    if (loader_enter(self, "set_state()") < 0)
+        return NULL;
     int rc;
+    npyload_loader *L = self->L;
     Py_BEGIN_ALLOW_THREADS
-    rc = npyload_loader_set_state(self->L, &st);
+    rc = npyload_loader_set_state(L, &st);
     Py_END_ALLOW_THREADS
-    if (rc < 0)
-        return loader_error(self, rc);
-    Py_RETURN_NONE;
+    PyObject *res = rc < 0 ? loader_error(self, rc) : none_ref();
+    loader_leave(self);
+    return res;
 }
 
 static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *unused)
 {
     npyload_stats s;
-    if (loader_check(self) < 0)
+    char last[1024];
+    /* Shared: both C calls are thread-safe, and nothing between them
+     * releases the GIL; from here on only the copies are used. */
+    if (loader_share(self, "stats()") < 0)
         return NULL;
     int rc = npyload_loader_get_stats(self->L, &s, sizeof s);
     if (rc < 0)
         return loader_error(self, rc);
-    char last[1024];
     npyload_loader_last_skip_error(self->L, last, sizeof last);
     PyObject *last_s = npyloadpy_str(last);
     if (!last_s)
@@ -439,17 +512,22 @@ static PyObject *loader_set_stream_joiner(NpyloadPy_Loader *self, PyObject *fn)
     }
     if (fn == Py_None)
         fn = NULL;
+    /* next() hands the joiner to each batch: not while it runs. */
+    if (loader_enter(self, "_set_stream_joiner()") < 0)
+        return NULL;
     Py_XINCREF(fn);
-    Py_XSETREF(self->joiner, fn);
+    PyObject *old = self->joiner;
+    self->joiner = fn;
+    loader_leave(self);
+    Py_XDECREF(old); /* may run Python code: after the guard */
     Py_RETURN_NONE;
 }
 
 static PyObject *loader_get_backend(NpyloadPy_Loader *self, void *closure)
 {
-    if (!self->L) {
-        PyErr_SetString(PyExc_ValueError, "npyload loader is closed");
+    if (loader_share(self, "backend") < 0)
         return NULL;
-    }
+    /* A static string: nothing of the loader is used after this line. */
     return PyUnicode_FromString(npyload_backend_name(npyload_loader_backend(self->L)));
 }
 
@@ -511,20 +589,16 @@ static PyObject *loader_set_transform(NpyloadPy_Loader *self, PyObject *args)
     float *mean = NULL, *std = NULL;
     npyload_transform t = {.dtype = dtype, .scale = (float)scale,
                            .channels_last = channels_last};
-    if (loader_check(self) < 0 ||
-        float_list(mean_obj, "mean must be a sequence of numbers", &mean, &t.n_mean) < 0 ||
-        float_list(std_obj, "std must be a sequence of numbers", &std, &t.n_std) < 0)
+    if (float_list(mean_obj, "mean must be a sequence of numbers", &mean, &t.n_mean) < 0 ||
+        float_list(std_obj, "std must be a sequence of numbers", &std, &t.n_std) < 0 ||
+        loader_enter(self, "set_transform()") < 0)
         goto out;
     t.mean = mean;
     t.std = std;
     int rc = npyload_loader_set_transform(self->L, PyBytes_AS_STRING(name_b), &t,
                                           sizeof t);
-    if (rc < 0) {
-        loader_error(self, rc);
-        goto out;
-    }
-    ret = Py_None;
-    Py_INCREF(ret);
+    ret = rc < 0 ? loader_error(self, rc) : none_ref();
+    loader_leave(self);
 out:
     PyMem_Free(mean);
     PyMem_Free(std);
@@ -532,7 +606,74 @@ out:
     return ret;
 }
 
+/* Whether npyload_loader_set() accepts v for opt (on a loader not started). */
+static int accepts(npyload_loader *L, npyload_option opt, int64_t v)
+{
+    return npyload_loader_set(L, opt, v) == 0;
+}
+
+/* The largest value accepted for opt, from `ok` (accepted) towards `limit`
+ * (INT64_MAX or INT64_MIN), by bisection: the accepted values of every
+ * option form one interval. */
+static int64_t accepted_edge(npyload_loader *L, npyload_option opt, int64_t ok, int64_t limit)
+{
+    if (accepts(L, opt, limit))
+        return limit;
+    int64_t bad = limit;
+    /* |bad - ok| halves each round; computed in unsigned to avoid overflow. */
+    while ((ok < bad ? (uint64_t)bad - (uint64_t)ok : (uint64_t)ok - (uint64_t)bad) > 1) {
+        int64_t mid = ok < bad ? (int64_t)((uint64_t)ok + ((uint64_t)bad - (uint64_t)ok) / 2)
+                               : (int64_t)((uint64_t)ok - ((uint64_t)ok - (uint64_t)bad) / 2);
+        if (accepts(L, opt, mid))
+            ok = mid;
+        else
+            bad = mid;
+    }
+    return ok;
+}
+
+PyDoc_STRVAR(option_ranges_doc,
+"option_ranges() -> {option: (lo, hi, default)}\n\n"
+"For every option of npyload_loader_set() but DEVICE (which would probe\n"
+"CUDA): the smallest and the largest value the library accepts, and the\n"
+"value of a new loader. Asked of the library itself, on a scratch loader,\n"
+"so that npyload.Loader checks its arguments, in its own units, against\n"
+"the library's limits rather than copies of them.");
+
+static PyObject *loader_option_ranges(PyObject *unused_cls, PyObject *unused)
+{
+    static const npyload_option opts[] = {
+#define NPYLOAD_XX_OPT(name, value, doc) NPYLOAD_OPT_##name,
+        NPYLOAD_OPTION_MAP(NPYLOAD_XX_OPT)
+#undef NPYLOAD_XX_OPT
+    };
+    npyload_loader *L = NULL;
+    int rc = npyload_loader_create(&L);
+    if (rc < 0)
+        return rc == -ENOMEM ? PyErr_NoMemory() : npyloadpy_raise(rc, NULL);
+    PyObject *d = PyDict_New();
+    for (size_t i = 0; d && i < sizeof opts / sizeof opts[0]; i++) {
+        int64_t def = 0;
+        if (opts[i] == NPYLOAD_OPT_DEVICE || npyload_loader_get(L, opts[i], &def) < 0 ||
+            !accepts(L, opts[i], def))
+            continue;
+        int64_t lo = accepted_edge(L, opts[i], def, INT64_MIN);
+        int64_t hi = accepted_edge(L, opts[i], def, INT64_MAX);
+        accepts(L, opts[i], def); /* the scratch loader back at its default */
+        PyObject *k = PyLong_FromLong((long)opts[i]);
+        PyObject *v = Py_BuildValue("(LLL)", (long long)lo, (long long)hi, (long long)def);
+        if (!k || !v || PyDict_SetItem(d, k, v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+    }
+    npyload_loader_destroy(L);
+    return d;
+}
+
 static PyMethodDef loader_methods[] = {
+    {"option_ranges", (PyCFunction)loader_option_ranges, METH_NOARGS | METH_STATIC,
+     option_ranges_doc},
     {"add_field", (PyCFunction)loader_add_field, METH_VARARGS,
      "add_field(name, glob): a field made of the files matching glob, sorted."},
     {"add_field_files", (PyCFunction)loader_add_field_files, METH_VARARGS,

@@ -372,6 +372,101 @@ def test_bad_arguments(dataset, kw, exc):
     assert str(ei.value)
 
 
+# Every numeric argument, just outside its range and far beyond it (2**64,
+# 2**100: never a bare OverflowError). The range is in the caller's units:
+# prefetch counts batches ahead (the library's slots - 1, or - 2 with
+# transform=), num_workers=0 is "no thread". (name, kwargs, range).
+P = 2 ** 64
+OUT_OF_RANGE = [
+    ("batch_size", dict(batch_size=0), "1 .. 2147483648"),
+    ("batch_size", dict(batch_size=2 ** 31 + 1), "1 .. 2147483648"),
+    ("batch_size", dict(batch_size=P), "1 .. 2147483648"),
+    ("num_workers", dict(num_workers=-1), "0 .. 256"),
+    ("num_workers", dict(num_workers=257), "0 .. 256"),
+    ("num_workers", dict(num_workers=2 ** 100), "0 .. 256"),
+    ("prefetch", dict(prefetch=0), "1 .. 1023"),
+    ("prefetch", dict(prefetch=1024), "1 .. 1023"),
+    ("prefetch", dict(prefetch=P), "1 .. 1023"),
+    ("prefetch", dict(prefetch=1023, transform=lambda b: b), "1 .. 1022"),
+    ("seed", dict(seed=2 ** 63), "-2**63 .. 2**63-1"),
+    ("seed", dict(seed=-2 ** 63 - 1), "-2**63 .. 2**63-1"),
+    ("seed", dict(seed=-2 ** 100), "-2**63 .. 2**63-1"),
+    ("rank", dict(rank=-1, world_size=2), "0 .. 1"),
+    ("rank", dict(rank=2, world_size=2), "0 .. 1"),
+    ("rank", dict(rank=P, world_size=2), "0 .. 1"),
+    ("world_size", dict(world_size=0), "1 .. 16777216"),
+    ("world_size", dict(world_size=2 ** 24 + 1), "1 .. 16777216"),
+    ("world_size", dict(world_size=P), "1 .. 16777216"),
+    ("window", dict(window=0), "1 .. 2147483648"),
+    ("window", dict(window=2 ** 100), "1 .. 2147483648"),
+    ("max_errors", dict(max_errors=0), "1 .. 2**63-1"),
+    ("max_errors", dict(max_errors=2 ** 63), "1 .. 2**63-1"),
+    ("device", dict(device=-2), "-1 (cpu) or a CUDA device index >= 0"),
+    ("device", dict(device=P), "-1 (cpu) or a CUDA device index >= 0"),
+    ("device", dict(device="cuda:" + str(P)), "-1 (cpu) or a CUDA device index >= 0"),
+]
+
+
+@pytest.mark.parametrize("name, kw, span", OUT_OF_RANGE,
+                         ids=[f"{n}={next(iter(k.values()))}"[:40] for n, k, _ in OUT_OF_RANGE])
+def test_out_of_range_arguments_name_argument_value_and_range(dataset, name, kw, span):
+    globs, _ = dataset
+    kw = dict(kw)
+    kw.setdefault("batch_size", BS)
+    with pytest.raises(ValueError) as ei:
+        make(globs, **kw)
+    value = kw[name] if name != "device" or not isinstance(kw[name], str) else P
+    assert str(ei.value).startswith(f"{name} = {value} out of range: {span}"), str(ei.value)
+
+
+@pytest.mark.parametrize("epoch", [-1, 2 ** 63, P, 2 ** 100])
+def test_set_epoch_out_of_range(dataset, epoch):
+    globs, _ = dataset
+    with make(globs) as L:
+        with pytest.raises(ValueError, match=rf"^epoch = {epoch} out of range: 0 \.\. 2\*\*63-1"):
+            L.set_epoch(epoch)
+        L.set_epoch(2 ** 63 - 1)  # the largest is accepted
+        assert L.state_dict()["epoch"] == 2 ** 63 - 1
+
+
+@pytest.mark.parametrize("name, opt, hi", [
+    ("batch_size", "BATCH_SIZE", 2 ** 31), ("num_workers", "NUM_WORKERS", 256),
+    ("world_size", "WORLD_SIZE", 2 ** 24), ("window", "SHUFFLE_WINDOW", 2 ** 31),
+    ("max_errors", "MAX_ERRORS", 2 ** 63 - 1)])
+def test_python_limits_are_the_librarys(name, opt, hi):
+    """The ranges Python checks are those npyload_loader_set enforces (the
+    C setter is the truth): the top of each is accepted there, one more
+    refused."""
+    from npyload import _npyload
+    c = _npyload.Loader()
+    o = getattr(_npyload, "OPT_" + opt)
+    c.set(o, hi)
+    if hi < 2 ** 63 - 1:
+        with pytest.raises(NpyloadError, match=f"{opt} = {hi + 1} out of range"):
+            c.set(o, hi + 1)
+    assert _npyload.Loader.option_ranges()[o][1] == hi
+    c.close()
+
+
+@pytest.mark.parametrize("hook", [False, True])
+def test_largest_prefetch_uses_every_slot_the_library_allows(dataset, hook):
+    """prefetch's top (1023, or 1022 with transform=) builds a loader with
+    the library's largest slot count; one more is refused by Python, naming
+    prefetch (the library itself refuses one slot more)."""
+    globs, _ = dataset
+    from npyload import _npyload
+    top = 1022 if hook else 1023
+    kw = dict(transform=lambda b: b) if hook else {}
+    with make(globs, prefetch=top, num_workers=1, **kw) as L:
+        assert L.prefetch == top
+        assert L.num_slots == 1024
+        assert sum(len(b.indices) if not hook else len(b.indices) for b in L) == N
+    c = _npyload.Loader()
+    with pytest.raises(NpyloadError, match="PREFETCH = 1025 out of range"):
+        c.set(_npyload.OPT_PREFETCH, 1025)
+    c.close()
+
+
 @pytest.mark.parametrize("fields, exc", [
     ({}, ValueError), ([], TypeError), ("a/*.npy", TypeError),
     ({"x": 3}, TypeError), ({"x": []}, ValueError), ({"": "a"}, TypeError),

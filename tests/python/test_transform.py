@@ -307,3 +307,35 @@ def test_num_workers_negative_refused(data):
     d, _ = data
     with pytest.raises(ValueError, match="num_workers"):
         npyload.Loader(fields(d, "img"), batch_size=4, num_workers=-1)
+
+
+# 0 would zero the field (and the library's struct once read 0.0 as "unset",
+# delivering x unscaled); inf/nan poison it; 1e-300 and 1e39 become 0 and inf
+# in float32, where the library computes.
+@pytest.mark.parametrize("scale", [0, 0.0, -0.0, float("nan"), float("inf"), -float("inf"),
+                                   1e-300, 1e39, -1e39, 2 ** 1100])
+def test_scale_must_be_a_finite_nonzero_float32(scale):
+    with pytest.raises(ValueError, match=r"^Transform: scale = .* out of range: a finite "
+                       r"nonzero float32") as ei:
+        npyload.Transform("float32", scale=scale)
+    assert repr(scale) in str(ei.value)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.5, -3.0, 1e-30, 3e38, 7])
+def test_scale_delivers_x_times_scale_like_numpy(data, scale):
+    """The scale the caller gives is the one applied (bit exact against
+    numpy's float32 x * scale), the default 1.0 included: the library gets
+    1.0, never a 0 meaning "default"."""
+    d, arrs = data
+    t = npyload.Transform("float32", scale=scale) if scale != 1.0 else \
+        npyload.Transform("float32")
+    assert t.scale == float(scale)
+    with npyload.Loader(fields(d, "img"), batch_size=10, num_workers=2, output="numpy",
+                        transforms={"img": t}) as L:
+        n = 0
+        for b in L:
+            with np.errstate(over="ignore"):  # 3e38 * 255 is inf, in C too
+                want = arrs["img"][b.indices].astype(np.float32) * np.float32(scale)
+            np.testing.assert_array_equal(np_bits(b["img"]), want.view(np.uint32))
+            n += len(b.indices)
+    assert n == N
