@@ -405,6 +405,15 @@ NPYLOAD_API int npyload_loader_set_transform(npyload_loader *L, const char *fiel
 NPYLOAD_API int npyload_loader_set(npyload_loader *L, npyload_option opt,
                                    int64_t value);
 
+/*! npyload_option_range() : the smallest and largest value
+ * npyload_loader_set() accepts for `opt` (0 and -1 where they mean a
+ * default or a mode, as documented above; RANK is also checked against
+ * WORLD_SIZE at start, DEVICE against the devices present). Bindings check
+ * their arguments against it, in their own units, rather than copy the
+ * limits. @return : 0, or NPYLOAD_EINVAL for an unknown option or NULL. */
+NPYLOAD_API int npyload_option_range(npyload_option opt, int64_t *min,
+                                     int64_t *max);
+
 /*! npyload_loader_get() : reads back an option's effective value. Before
  * start: the value set (0 for a default). After start: what the loader runs
  * with, defaults resolved: NUM_WORKERS, PREFETCH (batch slots),

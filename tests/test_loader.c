@@ -1324,3 +1324,37 @@ Test(loader, slots_sized_for_the_rows_a_rank_gets)
     }
     tu_rmtree(dir);
 }
+
+/* npyload_option_range() is the setter's own table: for every option but
+ * DEVICE (whose values >= 0 also need a device present) the ends are
+ * accepted by npyload_loader_set and one past them refused. */
+Test(loader_options, option_range_is_what_set_accepts)
+{
+    static const npyload_option opts[] = {
+#define XX(name, value, doc) NPYLOAD_OPT_##name,
+        NPYLOAD_OPTION_MAP(XX)
+#undef XX
+    };
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+        int64_t lo, hi;
+        cr_assert_eq(npyload_option_range(opts[i], &lo, &hi), 0, "option %d", (int)opts[i]);
+        cr_assert(lo <= hi);
+        if (opts[i] == NPYLOAD_OPT_DEVICE) {
+            cr_assert_eq(lo, -1);
+            cr_assert_eq(npyload_loader_set(L, opts[i], hi + 1), NPYLOAD_EINVAL);
+            continue;
+        }
+        cr_assert_eq(npyload_loader_set(L, opts[i], lo), 0, "%s", npyload_loader_errmsg(L));
+        cr_assert_eq(npyload_loader_set(L, opts[i], hi), 0, "%s", npyload_loader_errmsg(L));
+        if (lo > INT64_MIN)
+            cr_assert_eq(npyload_loader_set(L, opts[i], lo - 1), NPYLOAD_EINVAL);
+        if (hi < INT64_MAX)
+            cr_assert_eq(npyload_loader_set(L, opts[i], hi + 1), NPYLOAD_EINVAL);
+    }
+    int64_t a, b;
+    cr_assert_eq(npyload_option_range((npyload_option)999, &a, &b), NPYLOAD_EINVAL);
+    cr_assert_eq(npyload_option_range(NPYLOAD_OPT_PREFETCH, NULL, &b), NPYLOAD_EINVAL);
+    npyload_loader_destroy(L);
+}

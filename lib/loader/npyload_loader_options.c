@@ -31,10 +31,80 @@ NPYLOAD_OPTION_MAP(NPYL_XX_CHECK)
 
 /* ---- options ---- */
 
-static int range_fail(npyload_loader *L, int opt, int64_t v, const char *range)
+/* The accepted values of every option: one table, read by the setter and by
+ * npyload_option_range() (the Python binding checks its arguments against
+ * it, in its own units). `what` is the range in words for messages. */
+typedef struct opt_range {
+    int64_t min, max;
+    const char *what;
+} opt_range;
+
+static int range_of(int opt, opt_range *r)
 {
-    return npyl_loader_fail(L, NPYLOAD_EINVAL, "option %s = %" PRId64 " out of range: %s",
-                            opt_name(opt), v, range);
+    switch (opt) {
+    case NPYLOAD_OPT_BATCH_SIZE:
+        *r = (opt_range){1, INT64_C(1) << 31, "1 .. 2^31 samples"};
+        return 0;
+    case NPYLOAD_OPT_NUM_WORKERS:
+        *r = (opt_range){NPYLOAD_WORKERS_SYNC, MAX_WORKERS,
+                         "1 .. 256 (0 = default 2, -1 = synchronous reads in next())"};
+        return 0;
+    case NPYLOAD_OPT_PREFETCH:
+        *r = (opt_range){0, MAX_PREFETCH, "1 .. 1024 slots (0 = default 2 x workers)"};
+        return 0;
+    case NPYLOAD_OPT_SHUFFLE:
+        *r = (opt_range){NPYLOAD_SHUFFLE_NONE, NPYLOAD_SHUFFLE_LOCAL,
+                         "0 (none), 1 (full) or 2 (local)"};
+        return 0;
+    case NPYLOAD_OPT_DROP_LAST:
+    case NPYLOAD_OPT_DIRECT_IO:
+    case NPYLOAD_OPT_ALIGN:
+    case NPYLOAD_OPT_ON_ERROR:
+        *r = (opt_range){0, 1, "0 or 1"};
+        return 0;
+    case NPYLOAD_OPT_RANK:
+        *r = (opt_range){0, (INT64_C(1) << 24) - 1, ">= 0 and below WORLD_SIZE"};
+        return 0;
+    case NPYLOAD_OPT_WORLD_SIZE:
+        *r = (opt_range){1, INT64_C(1) << 24, "1 .. 2^24"};
+        return 0;
+    case NPYLOAD_OPT_IO_BACKEND:
+        *r = (opt_range){NPYLOAD_IO_AUTO, NPYLOAD_IO_MMAP,
+                         "0 auto, 1 io_uring, 2 pread, 3 mmap"};
+        return 0;
+    case NPYLOAD_OPT_DEVICE:
+        *r = (opt_range){-1, 1024, "-1 (host) or a CUDA device index 0 .. 1024"};
+        return 0;
+    case NPYLOAD_OPT_SHUFFLE_WINDOW:
+        *r = (opt_range){0, INT64_C(1) << 31, "files per window >= 1 (0 = default 8)"};
+        return 0;
+    case NPYLOAD_OPT_QUEUE_DEPTH:
+        *r = (opt_range){0, MAX_QUEUE_DEPTH, "1 .. 4096 (0 = default 32)"};
+        return 0;
+    case NPYLOAD_OPT_PIN_MEMORY:
+        *r = (opt_range){-1, 1, "-1 auto, 0 never, 1 require"};
+        return 0;
+    case NPYLOAD_OPT_MAX_ERRORS:
+        *r = (opt_range){0, INT64_MAX, ">= 0 samples (0 = no limit)"};
+        return 0;
+    case NPYLOAD_OPT_SEED:
+        *r = (opt_range){INT64_MIN, INT64_MAX, "any int64"};
+        return 0;
+    }
+    return NPYLOAD_EINVAL;
+}
+
+/* Every option of the table has a range (checked once, at compile time, by
+ * the switch above covering the enum: -Wswitch warns on a missing case). */
+
+int npyload_option_range(npyload_option opt, int64_t *min, int64_t *max)
+{
+    opt_range r;
+    if (!min || !max || range_of(opt, &r))
+        return NPYLOAD_EINVAL;
+    *min = r.min;
+    *max = r.max;
+    return 0;
 }
 
 int npyload_loader_set(npyload_loader *L, npyload_option opt, int64_t v)
@@ -44,76 +114,20 @@ int npyload_loader_set(npyload_loader *L, npyload_option opt, int64_t v)
     int frc = npyl_loader_forked(L);
     if (frc)
         return frc;
-    if (!opt_name(opt))
+    opt_range r;
+    if (!opt_name(opt) || range_of(opt, &r))
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "unknown option %d", (int)opt);
     if (L->started)
         return npyl_loader_fail(L, NPYLOAD_ESTATE, "option %s cannot change after start",
                                 opt_name(opt));
-    switch (opt) {
-    case NPYLOAD_OPT_BATCH_SIZE:
-        if (v < 1 || v > (INT64_C(1) << 31))
-            return range_fail(L, opt, v, "1 .. 2^31 samples");
-        break;
-    case NPYLOAD_OPT_NUM_WORKERS:
-        if (v < NPYLOAD_WORKERS_SYNC || v > MAX_WORKERS)
-            return range_fail(L, opt, v, "1 .. 256 (0 = default 2, -1 = synchronous "
-                              "reads in next())");
-        break;
-    case NPYLOAD_OPT_PREFETCH:
-        if (v < 0 || v > MAX_PREFETCH)
-            return range_fail(L, opt, v, "1 .. 1024 slots (0 = default 2 x workers)");
-        break;
-    case NPYLOAD_OPT_SHUFFLE:
-        if (v < NPYLOAD_SHUFFLE_NONE || v > NPYLOAD_SHUFFLE_LOCAL)
-            return range_fail(L, opt, v, "0 (none), 1 (full) or 2 (local)");
-        break;
-    case NPYLOAD_OPT_DROP_LAST:
-    case NPYLOAD_OPT_DIRECT_IO:
-    case NPYLOAD_OPT_ALIGN:
-    case NPYLOAD_OPT_ON_ERROR:
-        if (v != 0 && v != 1)
-            return range_fail(L, opt, v, "0 or 1");
-        break;
-    case NPYLOAD_OPT_RANK:
-        if (v < 0)
-            return range_fail(L, opt, v, ">= 0 and below WORLD_SIZE");
-        break;
-    case NPYLOAD_OPT_WORLD_SIZE:
-        if (v < 1 || v > (INT64_C(1) << 24))
-            return range_fail(L, opt, v, "1 .. 2^24");
-        break;
-    case NPYLOAD_OPT_IO_BACKEND:
-        if (v < NPYLOAD_IO_AUTO || v > NPYLOAD_IO_MMAP)
-            return range_fail(L, opt, v, "0 auto, 1 io_uring, 2 pread, 3 mmap");
-        break;
-    case NPYLOAD_OPT_DEVICE:
-        if (v < -1 || v > 1024)
-            return range_fail(L, opt, v, "-1 (host) or a CUDA device index 0 .. 1024");
-        if (v >= 0) {
-            char why[256] = "";
-            if (!npyload_cuda_available((int)v, why, sizeof why))
-                return npyl_loader_fail(L, NPYLOAD_ENOCUDA, "CUDA device %" PRId64
-                                        " requested but unusable: %s", v, why);
-        }
-        break;
-    case NPYLOAD_OPT_SHUFFLE_WINDOW:
-        if (v < 0 || v > (INT64_C(1) << 31))
-            return range_fail(L, opt, v, "files per window >= 1 (0 = default 8)");
-        break;
-    case NPYLOAD_OPT_QUEUE_DEPTH:
-        if (v < 0 || v > MAX_QUEUE_DEPTH)
-            return range_fail(L, opt, v, "1 .. 4096 (0 = default 32)");
-        break;
-    case NPYLOAD_OPT_PIN_MEMORY:
-        if (v < -1 || v > 1)
-            return range_fail(L, opt, v, "-1 auto, 0 never, 1 require");
-        break;
-    case NPYLOAD_OPT_MAX_ERRORS:
-        if (v < 0)
-            return range_fail(L, opt, v, ">= 0 samples (0 = no limit)");
-        break;
-    case NPYLOAD_OPT_SEED:
-        break;
+    if (v < r.min || v > r.max)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "option %s = %" PRId64
+                                " out of range: %s", opt_name(opt), v, r.what);
+    if (opt == NPYLOAD_OPT_DEVICE && v >= 0) {
+        char why[256] = "";
+        if (!npyload_cuda_available((int)v, why, sizeof why))
+            return npyl_loader_fail(L, NPYLOAD_ENOCUDA, "CUDA device %" PRId64
+                                    " requested but unusable: %s", v, why);
     }
     L->opt[opt] = v;
     L->errmsg[0] = 0;

@@ -139,11 +139,10 @@ def _parse_device(device):
 
 
 def _device_index(k):
-    # Indexes above the library's CUDA device range (which it does not
-    # export without loading CUDA) are refused by npyload_loader_set, naming
-    # DEVICE and the range; beyond int64 it would never see the value.
-    if not -1 <= k <= _INT64_MAX:
-        raise ValueError(f"device = {k} out of range: -1 (cpu) or a CUDA device index >= 0")
+    lo, hi = _OPT_RANGES[_npyload.OPT_DEVICE][:2]
+    if not lo <= k <= hi:
+        raise ValueError(f"device = {k} out of range: -1 (cpu) or a CUDA device index "
+                         f"0 .. {hi}")
     return k
 
 

@@ -606,39 +606,12 @@ out:
     return ret;
 }
 
-/* Whether npyload_loader_set() accepts v for opt (on a loader not started). */
-static int accepts(npyload_loader *L, npyload_option opt, int64_t v)
-{
-    return npyload_loader_set(L, opt, v) == 0;
-}
-
-/* The largest value accepted for opt, from `ok` (accepted) towards `limit`
- * (INT64_MAX or INT64_MIN), by bisection: the accepted values of every
- * option form one interval. */
-static int64_t accepted_edge(npyload_loader *L, npyload_option opt, int64_t ok, int64_t limit)
-{
-    if (accepts(L, opt, limit))
-        return limit;
-    int64_t bad = limit;
-    /* |bad - ok| halves each round; computed in unsigned to avoid overflow. */
-    while ((ok < bad ? (uint64_t)bad - (uint64_t)ok : (uint64_t)ok - (uint64_t)bad) > 1) {
-        int64_t mid = ok < bad ? (int64_t)((uint64_t)ok + ((uint64_t)bad - (uint64_t)ok) / 2)
-                               : (int64_t)((uint64_t)ok - ((uint64_t)ok - (uint64_t)bad) / 2);
-        if (accepts(L, opt, mid))
-            ok = mid;
-        else
-            bad = mid;
-    }
-    return ok;
-}
-
 PyDoc_STRVAR(option_ranges_doc,
 "option_ranges() -> {option: (lo, hi, default)}\n\n"
-"For every option of npyload_loader_set() but DEVICE (which would probe\n"
-"CUDA): the smallest and the largest value the library accepts, and the\n"
-"value of a new loader. Asked of the library itself, on a scratch loader,\n"
-"so that npyload.Loader checks its arguments, in its own units, against\n"
-"the library's limits rather than copies of them.");
+"For every option of npyload_loader_set(): the smallest and the largest\n"
+"value the library accepts (npyload_option_range) and the value of a new\n"
+"loader, so that npyload.Loader checks its arguments, in its own units,\n"
+"against the library's limits rather than copies of them.");
 
 static PyObject *loader_option_ranges(PyObject *unused_cls, PyObject *unused)
 {
@@ -653,13 +626,10 @@ static PyObject *loader_option_ranges(PyObject *unused_cls, PyObject *unused)
         return rc == -ENOMEM ? PyErr_NoMemory() : npyloadpy_raise(rc, NULL);
     PyObject *d = PyDict_New();
     for (size_t i = 0; d && i < sizeof opts / sizeof opts[0]; i++) {
-        int64_t def = 0;
-        if (opts[i] == NPYLOAD_OPT_DEVICE || npyload_loader_get(L, opts[i], &def) < 0 ||
-            !accepts(L, opts[i], def))
+        int64_t lo, hi, def = 0;
+        if (npyload_option_range(opts[i], &lo, &hi) < 0 ||
+            npyload_loader_get(L, opts[i], &def) < 0)
             continue;
-        int64_t lo = accepted_edge(L, opts[i], def, INT64_MIN);
-        int64_t hi = accepted_edge(L, opts[i], def, INT64_MAX);
-        accepts(L, opts[i], def); /* the scratch loader back at its default */
         PyObject *k = PyLong_FromLong((long)opts[i]);
         PyObject *v = Py_BuildValue("(LLL)", (long long)lo, (long long)hi, (long long)def);
         if (!k || !v || PyDict_SetItem(d, k, v) < 0)

@@ -401,9 +401,10 @@ OUT_OF_RANGE = [
     ("window", dict(window=2 ** 100), "1 .. 2147483648"),
     ("max_errors", dict(max_errors=0), "1 .. 2**63-1"),
     ("max_errors", dict(max_errors=2 ** 63), "1 .. 2**63-1"),
-    ("device", dict(device=-2), "-1 (cpu) or a CUDA device index >= 0"),
-    ("device", dict(device=P), "-1 (cpu) or a CUDA device index >= 0"),
-    ("device", dict(device="cuda:" + str(P)), "-1 (cpu) or a CUDA device index >= 0"),
+    ("device", dict(device=-2), "-1 (cpu) or a CUDA device index 0 .. 1024"),
+    ("device", dict(device=1025), "-1 (cpu) or a CUDA device index 0 .. 1024"),
+    ("device", dict(device=P), "-1 (cpu) or a CUDA device index 0 .. 1024"),
+    ("device", dict(device="cuda:" + str(P)), "-1 (cpu) or a CUDA device index 0 .. 1024"),
 ]
 
 
