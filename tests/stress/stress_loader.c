@@ -234,7 +234,7 @@ static const int64_t *big_expected(uint64_t epoch)
 
 /* A batch of the big loader is what npyload_order_indices() gives for the
  * epoch it reports, at its position, with the bytes of those samples. */
-static int big_batch_ok(npyload_batch *b, char *why, size_t len)
+static int big_batch_ok(npyload_batch *b, int64_t batch, char *why, size_t len)
 {
     uint64_t e = npyload_batch_epoch(b);
     int64_t seq = npyload_batch_seq(b);
@@ -246,8 +246,8 @@ static int big_batch_ok(npyload_batch *b, char *why, size_t len)
     const int64_t *idx = npyload_batch_indices(b);
     const uint8_t *u = npyload_batch_field(b, 0)->data;
     size_t rows = npyload_batch_size(b);
-    int64_t lo = seq * BIG_B;
-    size_t exp_rows = (size_t)(BIG_N - lo < BIG_B ? BIG_N - lo : BIG_B);
+    int64_t lo = seq * batch;
+    size_t exp_rows = (size_t)(BIG_N - lo < batch ? BIG_N - lo : batch);
     if (lo < 0 || lo >= BIG_N || rows != exp_rows) {
         snprintf(why, len, "epoch %llu batch %lld: %zu rows", (unsigned long long)e,
                  (long long)seq, rows);
@@ -282,7 +282,7 @@ static void drain_matches_state(npyload_loader *L, const char *what)
     int rc;
     char why[256];
     while ((rc = npyload_loader_next(L, &b)) == 0) {
-        int ok = big_batch_ok(b, why, sizeof why);
+        int ok = big_batch_ok(b, BIG_B, why, sizeof why);
         uint64_t e = npyload_batch_epoch(b);
         int64_t seq = npyload_batch_seq(b);
         size_t rows = npyload_batch_size(b);
@@ -392,7 +392,7 @@ static void set_state_set_epoch_next(int backend)
         }
         if (rc)
             break;
-        if (!bad && !big_batch_ok(b, why, sizeof why))
+        if (!bad && !big_batch_ok(b, BIG_B, why, sizeof why))
             bad = 1;
         npyload_batch_release(b);
     }
@@ -409,9 +409,11 @@ static void set_state_set_epoch_next(int backend)
 
 typedef struct sleeper {
     npyload_loader *L;
+    int64_t batch; /* the loader's BATCH_SIZE */
     atomic_long tid;
     atomic_int calling, done;
     int rc, ok;
+    char why[256];
 } sleeper;
 
 static void *next_once(void *arg)
@@ -421,10 +423,9 @@ static void *next_once(void *arg)
     npyload_batch *b = NULL;
     atomic_store(&s->calling, 1);
     s->rc = npyload_loader_next(s->L, &b);
-    char why[256];
     s->ok = 1;
     if (s->rc == 0) {
-        s->ok = big_batch_ok(b, why, sizeof why);
+        s->ok = big_batch_ok(b, s->batch, s->why, sizeof s->why);
         npyload_batch_release(b); /* may run after destroy: allowed */
     }
     atomic_store(&s->done, 1);
@@ -454,7 +455,10 @@ static void destroy_wakes_next(int backend)
 {
     for (int round = 0; round < 3; round++) {
         npyload_loader *L = make_big(backend, 1, 2, BIG_N / 2);
-        sleeper s = {.L = L};
+        /* An epoch whose order big_batch_ok knows, for a batch that comes
+         * before the destroy. */
+        CHECK(npyload_loader_set_epoch(L, BIG_EPOCHS[0]) == 0, "set_epoch");
+        sleeper s = {.L = L, .batch = BIG_N / 2};
         pthread_t t;
         pthread_create(&t, NULL, next_once, &s);
         /* Wait until the thread is inside next() and asleep there (or done). */
@@ -467,7 +471,7 @@ static void destroy_wakes_next(int backend)
         npyload_loader_destroy(L);
         pthread_join(t, NULL);
         CHECK(s.rc == 0 || s.rc == NPYLOAD_ESTATE, "next() during destroy returned %d", s.rc);
-        CHECK(s.ok, "next() during destroy: wrong batch");
+        CHECK(s.ok, "next() during destroy: wrong batch: %s", s.why);
     }
     passes++;
 }
