@@ -19,7 +19,6 @@
  * Uses include/npyload.h (its .npy.zst file API: the loader's seek-table
  * parser and frame decoder) and libzstd for the estimate's compression. */
 #include "npyload_bench_measure.h"
-#include "npyload_bench_support.h"
 
 #include <errno.h>
 #include <math.h>
@@ -34,20 +33,6 @@ enum {
     ZB_MAX_FRAMES = 64,               /* sampled frames per field */
 };
 #define ZB_BUDGET (48ull << 20)       /* decompressed bytes sampled per field */
-
-int nb_zst_read_header(const char *path, npyload_header *h, uint64_t *zbytes, char *err,
-                       size_t errlen)
-{
-    npyload_zst_file *z = NULL;
-    int rc = npyload_zst_file_open(path, &z, err, errlen);
-    if (rc != 0)
-        return rc;
-    const npyload_zst_facts *f = npyload_zst_file_facts(z);
-    *h = f->hdr;
-    *zbytes = f->compressed_bytes;
-    npyload_zst_file_close(z);
-    return 0;
-}
 
 int nb_zst_any(const nb_ctx *ctx)
 {

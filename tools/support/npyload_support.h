@@ -1,18 +1,14 @@
 /*
- * npyload_bench_support.h — UNSTABLE. For npyload's own benchmark
- * (npyload-bench) and tests only. (The .npy.zst file API that used to live
- * here is public now: npyload.h, "Compressed shards".)
- *
- * Not installed, not part of libnpyload (shared or static), no API or ABI
- * promise: names and meanings may change in any release. The definitions
- * live in the `npyload_bench_support` static library (lib/CMakeLists.txt),
- * built in the build tree next to libnpyload; link it explicitly. Programs
- * outside this repository should measure with CUDA themselves.
+ * npyload_support.h — scaffolding for npyload's own tools (npyload-bench)
+ * and tests: the pinned H2D ceiling, a GPU compute simulator, NVML
+ * monitoring. Not part of libnpyload (shared or static), not installed, no
+ * API or ABI promise. The definitions live in the `npyload_support` static
+ * library (tools/support/CMakeLists.txt), built in the build tree only.
  *
  * Like npyload.h it carries no CUDA types: streams are `void *`.
  */
-#ifndef NPYLOAD_BENCH_SUPPORT_H
-#define NPYLOAD_BENCH_SUPPORT_H
+#ifndef NPYLOAD_SUPPORT_H
+#define NPYLOAD_SUPPORT_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -52,7 +48,23 @@ int npyload_compute_sim_sync(npyload_compute_sim *s);
 /*! npyload_compute_sim_destroy() : waits for the stream, frees. NULL-safe. */
 void npyload_compute_sim_destroy(npyload_compute_sim *s);
 
+/*! npyload_nvml: GPU monitoring through NVML (libnvidia-ml.so.1, loaded at
+ * run time; absent on machines without an NVIDIA driver). */
+typedef struct npyload_nvml npyload_nvml;
+typedef struct npyload_nvml_sample_t {
+    double util_pct;     /* GPU utilisation, percent */
+    double power_w;      /* 0 when NVML cannot tell */
+    double mem_used_mib; /* < 0 when NVML cannot tell */
+} npyload_nvml_sample_t;
+/*! npyload_nvml_open() : NVML for `device` (an NVML index).
+ * @return : 0, or -1 with the reason in `why`. */
+int npyload_nvml_open(int device, npyload_nvml **out, char *why, size_t whylen);
+/*! npyload_nvml_sample() : @return : 0, or -1 when no sample came. */
+int npyload_nvml_sample(const npyload_nvml *n, npyload_nvml_sample_t *s);
+/*! npyload_nvml_close() : NULL-safe. */
+void npyload_nvml_close(npyload_nvml *n);
+
 #ifdef __cplusplus
 }
 #endif
-#endif /* NPYLOAD_BENCH_SUPPORT_H */
+#endif /* NPYLOAD_SUPPORT_H */
