@@ -91,7 +91,7 @@ static const char usage[] =
     "                       bench/schema.json)\n"
     "  --plot FILE.svg      heatmap over the grid, as SVG (a FILE.png name\n"
     "                       writes FILE.svg beside it and says so; for a PNG:\n"
-    "                       python3 bench/plot_bench.py FILE.json FILE.png)\n"
+    "                       rsvg-convert -o FILE.png FILE.svg)\n"
     "  --quiet              only the recommendation line\n";
 
 typedef struct opts {
@@ -189,7 +189,7 @@ static int parse_device(const char *d)
 }
 
 /* --plot: FILE.svg as given; FILE.png becomes FILE.svg beside it, in `buf`
- * (a PNG is bench/plot_bench.py's job); any other name is refused before
+ * (a PNG is a converter's job); any other name is refused before
  * measuring. */
 static const char *plot_path(const char *p, char *buf, size_t len)
 {
@@ -202,9 +202,9 @@ static const char *plot_path(const char *p, char *buf, size_t len)
         die_usage("--plot: '%s': name too long", p);
     snprintf(buf, len, "%.*s.svg", (int)(n - 4), p);
     fprintf(stderr,
-            "npyload-bench: --plot %s: the plot is SVG, written to %s (for a PNG: python3 "
-            "bench/plot_bench.py BENCH.json %s)\n",
-            p, buf, p);
+            "npyload-bench: --plot %s: the plot is SVG, written to %s (for a PNG: "
+            "rsvg-convert -o %s %s)\n",
+            p, buf, p, buf);
     return buf;
 }
 
