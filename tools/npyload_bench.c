@@ -27,8 +27,8 @@
  *   below all: include/npyload.h, tools/support/npyload_support.h
  *
  * Uses nothing of lib/ but include/npyload.h and the non-installed
- * tools/support library; libc, pthreads, and liburing for the raw O_DIRECT
- * read ceiling. */
+ * tools/support library (its ceilings read through lib/io, the loader's own
+ * readers); libc and pthreads. */
 #include "npyload_args.h"
 #include "npyload_bench_measure.h"
 

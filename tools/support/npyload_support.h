@@ -64,6 +64,26 @@ int npyload_nvml_sample(const npyload_nvml *n, npyload_nvml_sample_t *s);
 /*! npyload_nvml_close() : NULL-safe. */
 void npyload_nvml_close(npyload_nvml *n);
 
+/*! npyload_support_io: lib/io, the loader's own read backends, for the
+ * bench's ceilings. Files by index into `paths` (which must outlive the
+ * context); `backend` an NPYLOAD_IO_* value other than AUTO; the gather
+ * path is off (a PREAD context really preads, an MMAP context copies from
+ * its mappings); `depth`: io_uring reads in flight. */
+typedef struct npyload_support_io npyload_support_io;
+typedef struct npyload_support_req {
+    uint32_t file;
+    uint64_t offset, len;
+    void *dst;
+} npyload_support_req;
+/*! @return : 0, NPYLOAD_ENOURING, NPYLOAD_EINVAL or -errno (err says why). */
+int npyload_support_io_create(const char *const *paths, size_t n, int backend, int direct,
+                              unsigned depth, npyload_support_io **out, char *err, size_t len);
+/*! Reads all n requests (blocking). @return : 0 or an error (err says why). */
+int npyload_support_io_read(npyload_support_io *io, const npyload_support_req *reqs, size_t n,
+                            char *err, size_t len);
+/*! NULL-safe. */
+void npyload_support_io_destroy(npyload_support_io *io);
+
 #ifdef __cplusplus
 }
 #endif
