@@ -608,6 +608,7 @@ int main(int argc, char **argv)
                      .nceilings = nceil, .runs = runs, .nruns = nruns, .rec = &rec,
                      .warnings = ctx.warnings, .zst = &zst};
     int status = report(&ctx, &rep, &o, nok);
+    npyload_nvml_close(ctx.nvml);
     free(runs);
     return status;
 }
