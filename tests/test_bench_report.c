@@ -1,19 +1,17 @@
 /* npyload-bench's pure logic on synthetic measurements: percentiles, the
  * recommendation rule, the JSON document (its content; its validity against
  * bench/schema.json is checked with jsonschema in
- * tests/python/test_bench_cli.py) and the SVG heatmap. The tools' code is
- * compiled into this test directly (it is not part of the library). */
+ * tests/python/test_bench_cli.py) and the SVG heatmap, through the bench's
+ * report core (npyload_bench_core, tools/support/CMakeLists.txt; not part
+ * of the library). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../tools/npyload_bench_plot.c"
-#include "../tools/npyload_bench_recommend.c"
-#include "../tools/npyload_bench_report.c"
-#include "../tools/npyload_bench_zst_report.c"
-#include "../tools/npyload_json.c"
+#include "npyload_bench.h"
+#include "npyload_json.h"
 #include "testutil.h"
 
 /* ---- helpers ---- */

@@ -30,7 +30,7 @@
 #include "gpu/fake_cuda_driver.h"
 #include "gpu/fake_cudart.h"
 #include "npyload.h"
-#include "npyload_bench_support.h"
+#include "npyload_support.h"
 #include "testutil.h"
 
 /* ---- helpers ---- */

@@ -8,14 +8,27 @@
  *       [--cold] [--direct] [--json FILE] [--plot FILE.svg] [--quiet]
  *
  * This file is the command line and the order of the work: set-up, the
- * ceilings (npyload_bench_ceiling.c), the grid (npyload_bench_measure.c),
- * the recommendation (npyload_bench_recommend.c), compression (decode
- * ceiling, packing estimate: npyload_bench_zst.c) and the reports
- * (npyload_bench_report.c, npyload_bench_zst_report.c, npyload_bench_plot.c).
+ * ceilings, the grid, the recommendation, compression and the reports.
+ * Calls only go down; each file includes only the headers of files below
+ * it (measure.h declares the measuring side, bench.h the report core):
  *
- * Uses nothing of lib/ but include/npyload.h and the unstable bench-only
- * include/npyload_bench_support.h; libc, pthreads, and liburing
- * for the raw O_DIRECT read ceiling. */
+ *   npyload_bench.c              command line, order of the work
+ *     |-- npyload_bench_measure.c  one configuration of the grid, monitor
+ *     |     |-- npyload_bench_gpu.c    h2d ceiling, GPU step (tools/support)
+ *     |-- npyload_bench_zst.c      decode ceiling, packing estimate
+ *     |     |-- npyload_bench_ceiling.c  pread/gather copy, O_DIRECT read
+ *     |-- npyload_bench_ceiling.c
+ *     `-- npyload_bench_data.c     files, headers, order, eviction, clock,
+ *                                  warnings (below every measuring file)
+ *   report core (npyload_bench_core, no measuring):
+ *     npyload_bench_report.c, npyload_bench_plot.c
+ *       |-- npyload_bench_zst_report.c, npyload_bench_recommend.c
+ *       `-- npyload_json.c
+ *   below all: include/npyload.h, tools/support/npyload_support.h
+ *
+ * Uses nothing of lib/ but include/npyload.h and the non-installed
+ * tools/support library (its ceilings read through lib/io, the loader's own
+ * readers); libc and pthreads. */
 #include "npyload_args.h"
 #include "npyload_bench_measure.h"
 
@@ -34,33 +47,6 @@
 /* ------------------------------------------------------------------------ */
 /* Small helpers                                                              */
 /* ------------------------------------------------------------------------ */
-
-uint64_t nb_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-void nb_sleep_ns(uint64_t ns)
-{
-    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
-}
-
-void nb_warn(nb_ctx *ctx, const char *fmt, ...)
-{
-    char buf[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "npyload-bench: warning: %s\n", buf);
-    size_t l = strlen(ctx->warnings);
-    if (l + strlen(buf) + 2 < sizeof ctx->warnings)
-        snprintf(ctx->warnings + l, sizeof ctx->warnings - l, "%s\n", buf);
-}
 
 static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void die_usage(const char *fmt, ...)
@@ -105,7 +91,7 @@ static const char usage[] =
     "                       bench/schema.json)\n"
     "  --plot FILE.svg      heatmap over the grid, as SVG (a FILE.png name\n"
     "                       writes FILE.svg beside it and says so; for a PNG:\n"
-    "                       python3 bench/plot_bench.py FILE.json FILE.png)\n"
+    "                       rsvg-convert -o FILE.png FILE.svg)\n"
     "  --quiet              only the recommendation line\n";
 
 typedef struct opts {
@@ -203,7 +189,7 @@ static int parse_device(const char *d)
 }
 
 /* --plot: FILE.svg as given; FILE.png becomes FILE.svg beside it, in `buf`
- * (a PNG is bench/plot_bench.py's job); any other name is refused before
+ * (a PNG is a converter's job); any other name is refused before
  * measuring. */
 static const char *plot_path(const char *p, char *buf, size_t len)
 {
@@ -216,9 +202,9 @@ static const char *plot_path(const char *p, char *buf, size_t len)
         die_usage("--plot: '%s': name too long", p);
     snprintf(buf, len, "%.*s.svg", (int)(n - 4), p);
     fprintf(stderr,
-            "npyload-bench: --plot %s: the plot is SVG, written to %s (for a PNG: python3 "
-            "bench/plot_bench.py BENCH.json %s)\n",
-            p, buf, p);
+            "npyload-bench: --plot %s: the plot is SVG, written to %s (for a PNG: "
+            "rsvg-convert -o %s %s)\n",
+            p, buf, p, buf);
     return buf;
 }
 
@@ -423,7 +409,7 @@ static void setup_device(nb_ctx *ctx, nb_config *cfg)
         add_note(cfg, "device cpu: no GPU monitoring. ");
     } else {
         char nwhy[128] = "", why[256] = "";
-        if (nb_nvml_open(&ctx->nvml, cfg->device, nwhy, sizeof nwhy) != 0) {
+        if (npyload_nvml_open(cfg->device, &ctx->nvml, nwhy, sizeof nwhy) != 0) {
             add_note(cfg, "GPU monitoring skipped: %s. ", nwhy);
             if (!ctx->quiet)
                 fprintf(stderr, "npyload-bench: GPU monitoring skipped: %s\n", nwhy);
@@ -622,6 +608,7 @@ int main(int argc, char **argv)
                      .nceilings = nceil, .runs = runs, .nruns = nruns, .rec = &rec,
                      .warnings = ctx.warnings, .zst = &zst};
     int status = report(&ctx, &rep, &o, nok);
+    npyload_nvml_close(ctx.nvml);
     free(runs);
     return status;
 }

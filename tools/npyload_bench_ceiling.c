@@ -1,80 +1,103 @@
 /* npyload-bench, the ceilings: what the machine itself gives on the same
- * bytes, measured in the same run as the loader (bench/README.md).
+ * bytes, measured in the same run as the loader (bench/README.md). Every
+ * ceiling reads through the library's own io layer (lib/io, through
+ * tools/support), so a ceiling and the loader share one reader:
  *   pread_copy     threads pread the samples the loader reads, in its order
+ *                  (lib/io's pread backend, the gather path off)
  *   gather_copy    threads memcpy the same samples, in the same order, from
- *                  the files mapped once (small rows: no syscall per row)
- *   odirect_uring  (--cold) one io_uring of depth 32 reads the files' data
- *                  with O_DIRECT in 1 MiB blocks
+ *                  the files mapped once (lib/io's mmap backend: small rows,
+ *                  no syscall per row)
+ *   odirect_uring  (--cold) lib/io's io_uring backend, depth 32, reads the
+ *                  files' data with O_DIRECT in 1 MiB blocks
  * h2d_pinned is in npyload_bench_gpu.c. */
 #include "npyload_bench_measure.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
-#ifdef NPYLOAD_HAVE_URING
-#include <liburing.h>
-#endif
+/* Every file of every field, in one table for a support io context; a
+ * field's files start at base[k]. */
+typedef struct file_table {
+    const char **paths;
+    size_t n;
+    size_t base[NB_MAX_FIELDS];
+} file_table;
+
+static int table_make(const nb_ctx *ctx, file_table *t)
+{
+    size_t n = 0;
+    for (int k = 0; k < ctx->nfields; k++)
+        n += ctx->data[k].nfiles;
+    t->paths = calloc(n ? n : 1, sizeof *t->paths);
+    if (!t->paths)
+        return -1;
+    t->n = 0;
+    for (int k = 0; k < ctx->nfields; k++) {
+        t->base[k] = t->n;
+        for (size_t i = 0; i < ctx->data[k].nfiles; i++)
+            t->paths[t->n++] = ctx->data[k].files[i].path;
+    }
+    return 0;
+}
 
 /* ------------------------------------------------------------------------ */
-/* pread_copy: parallel pread copy of the same bytes, same per-sample runs     */
+/* pread_copy / gather_copy: the same bytes, same per-sample runs, in order    */
 /* ------------------------------------------------------------------------ */
 
 typedef struct copy_ctx {
     const nb_ctx *ctx;
+    const file_table *table;
     const int64_t *order;
     int64_t n;
     int batch;
     int nfields;
     uint64_t batch_bytes;
     uint64_t deadline;
-    int64_t max_batches;
     atomic_llong next_batch;
     atomic_ullong bytes;
     atomic_int failed;
-    char **bufs;       /* one batch buffer per thread, touched before timing */
+    char **bufs;                /* one batch buffer per thread, touched before timing */
+    npyload_support_io **ios;   /* one io context per thread, as the loader's workers */
+    npyload_support_req **reqs; /* one request list per thread */
     atomic_int next_buf;
-    const uint8_t **maps[NB_MAX_FIELDS]; /* gather_copy: [field][file] */
+    char err[200];
 } copy_ctx;
 
 static void *copy_thread(void *arg)
 {
     copy_ctx *c = arg;
-    char *buf = c->bufs[atomic_fetch_add(&c->next_buf, 1)];
+    int me = atomic_fetch_add(&c->next_buf, 1);
+    npyload_support_req *reqs = c->reqs[me];
     int64_t nb = (c->n + c->batch - 1) / c->batch;
     uint64_t local = 0;
     for (;;) {
         int64_t b = atomic_fetch_add(&c->next_batch, 1);
-        if (c->max_batches > 0 ? b >= c->max_batches : nb_now_ns() >= c->deadline)
+        if (nb_now_ns() >= c->deadline)
             break;
         int64_t i0 = (b % nb) * c->batch;
         int64_t i1 = i0 + c->batch < c->n ? i0 + c->batch : c->n;
-        char *dst = buf;
+        char *dst = c->bufs[me];
+        size_t nr = 0;
         for (int k = 0; k < c->nfields; k++) {
             const nb_data *bf = &c->ctx->data[k];
             for (int64_t i = i0; i < i1; i++) {
                 const nb_file *f = nb_sample_file(bf, c->order[i]);
-                off_t off = (off_t)(f->data_offset +
-                                    (uint64_t)(c->order[i] - f->first) * bf->sample_bytes);
-                if (c->maps[0]) {
-                    memcpy(dst, c->maps[k][f - bf->files] + off, bf->sample_bytes);
-                    dst += bf->sample_bytes;
-                    local += bf->sample_bytes;
-                    continue;
-                }
-                ssize_t r = pread(f->fd, dst, bf->sample_bytes, off);
-                if (r != (ssize_t)bf->sample_bytes) {
-                    atomic_store(&c->failed, 1);
-                    return NULL;
-                }
+                reqs[nr++] = (npyload_support_req){
+                    .file = (uint32_t)(c->table->base[k] + (size_t)(f - bf->files)),
+                    .offset = f->data_offset +
+                              (uint64_t)(c->order[i] - f->first) * bf->sample_bytes,
+                    .len = bf->sample_bytes, .dst = dst};
                 dst += bf->sample_bytes;
-                local += bf->sample_bytes;
             }
         }
+        char err[200];
+        if (npyload_support_io_read(c->ios[me], reqs, nr, err, sizeof err) != 0) {
+            if (!atomic_exchange(&c->failed, 1))
+                snprintf(c->err, sizeof c->err, "%s", err);
+            return NULL;
+        }
+        local += (uint64_t)(dst - c->bufs[me]);
     }
     atomic_fetch_add(&c->bytes, local);
     return NULL;
@@ -94,7 +117,6 @@ static double copy_passes(copy_ctx *c, pthread_t *t, int threads, double seconds
         atomic_store(&c->next_buf, 0);
         uint64_t t0 = nb_now_ns();
         c->deadline = t0 + (uint64_t)((pass ? seconds / 3 : 0.2) * 1e9);
-        c->max_batches = 0;
         int started = 0;
         for (int i = 0; i < threads; i++)
             if (pthread_create(&t[i], NULL, copy_thread, c) == 0)
@@ -115,44 +137,16 @@ static double copy_passes(copy_ctx *c, pthread_t *t, int threads, double seconds
     return best;
 }
 
-/* Maps every file of every field (gather_copy). @return : 0, or -1 with the
- * reason in note; unmap_all undoes a partial map_all. */
-static void unmap_all(const nb_ctx *ctx, copy_ctx *c)
+static void copy_free(copy_ctx *c, int threads)
 {
-    for (int k = 0; k < ctx->nfields; k++) {
-        for (size_t i = 0; c->maps[k] && i < ctx->data[k].nfiles; i++)
-            if (c->maps[k][i])
-                munmap((void *)c->maps[k][i], ctx->data[k].files[i].file_bytes);
-        free(c->maps[k]);
-        c->maps[k] = NULL;
+    for (int i = 0; i < threads; i++) {
+        free(c->bufs ? c->bufs[i] : NULL);
+        free(c->reqs ? c->reqs[i] : NULL);
+        npyload_support_io_destroy(c->ios ? c->ios[i] : NULL);
     }
-}
-
-static int map_all(const nb_ctx *ctx, copy_ctx *c, char *note, size_t len)
-{
-    for (int k = 0; k < ctx->nfields; k++) {
-        const nb_data *d = &ctx->data[k];
-        c->maps[k] = calloc(d->nfiles ? d->nfiles : 1, sizeof *c->maps[k]);
-        if (!c->maps[k]) {
-            snprintf(note, len, "out of memory");
-            unmap_all(ctx, c);
-            return -1;
-        }
-        for (size_t i = 0; i < d->nfiles; i++) {
-            if (d->files[i].file_bytes == 0)
-                continue;
-            void *p = mmap(NULL, d->files[i].file_bytes, PROT_READ, MAP_SHARED,
-                           d->files[i].fd, 0);
-            if (p == MAP_FAILED) {
-                snprintf(note, len, "%s: mmap failed (%s): skipped", d->files[i].path,
-                         strerror(errno));
-                unmap_all(ctx, c);
-                return -1;
-            }
-            c->maps[k][i] = p;
-        }
-    }
-    return 0;
+    free(c->bufs);
+    free(c->reqs);
+    free(c->ios);
 }
 
 static void ceiling_copy(const nb_ctx *ctx, const nb_config *cfg, int threads, double seconds,
@@ -161,45 +155,55 @@ static void ceiling_copy(const nb_ctx *ctx, const nb_config *cfg, int threads, d
     snprintf(out->name, sizeof out->name, gather ? "gather_copy" : "pread_copy");
     out->threads = threads;
     int64_t *order = nb_make_order(ctx, cfg->num_samples, cfg->shuffle, cfg->batch_size, 0);
-    if (!order) {
+    file_table table = {0};
+    if (!order || table_make(ctx, &table) != 0) {
+        free(order);
         snprintf(out->note, sizeof out->note, "cannot build the order (out of memory)");
         return;
     }
-    copy_ctx c = {.ctx = ctx, .order = order, .n = cfg->num_samples, .batch = cfg->batch_size,
-                  .nfields = cfg->nfields, .batch_bytes = cfg->batch_bytes};
-    if (gather && map_all(ctx, &c, out->note, sizeof out->note) != 0) {
-        free(order);
-        return;
-    }
+    copy_ctx c = {.ctx = ctx, .table = &table, .order = order, .n = cfg->num_samples,
+                  .batch = cfg->batch_size, .nfields = cfg->nfields,
+                  .batch_bytes = cfg->batch_bytes};
     pthread_t *t = calloc((size_t)threads, sizeof *t);
     c.bufs = calloc((size_t)threads, sizeof *c.bufs);
-    for (int i = 0; t && c.bufs && i < threads; i++) {
+    c.reqs = calloc((size_t)threads, sizeof *c.reqs);
+    c.ios = calloc((size_t)threads, sizeof *c.ios);
+    int ok = t && c.bufs && c.reqs && c.ios;
+    for (int i = 0; ok && i < threads; i++) {
         if (posix_memalign((void **)&c.bufs[i], 4096, c.batch_bytes) != 0) {
             c.bufs[i] = NULL;
+            ok = 0;
             break;
         }
         memset(c.bufs[i], 0, c.batch_bytes);
+        c.reqs[i] = calloc((size_t)cfg->batch_size * (size_t)cfg->nfields, sizeof **c.reqs);
+        ok = c.reqs[i] != NULL;
     }
-    if (!t || !c.bufs || !c.bufs[threads - 1]) {
-        for (int i = 0; c.bufs && i < threads; i++)
-            free(c.bufs[i]);
-        free(c.bufs);
+    if (!ok)
+        snprintf(out->note, sizeof out->note, "out of memory for %d batch buffers", threads);
+    for (int i = 0; ok && i < threads; i++) {
+        char err[200];
+        if (npyload_support_io_create(table.paths, table.n,
+                                      gather ? NPYLOAD_IO_MMAP : NPYLOAD_IO_PREAD, 0, 1,
+                                      &c.ios[i], err, sizeof err) != 0) {
+            snprintf(out->note, sizeof out->note, "%s: skipped", err);
+            ok = 0;
+        }
+    }
+    if (!ok) {
+        copy_free(&c, threads);
         free(t);
         free(order);
-        snprintf(out->note, sizeof out->note, "out of memory for %d batch buffers",
-                 threads);
-        unmap_all(ctx, &c);
+        free(table.paths);
         return;
     }
     double best = copy_passes(&c, t, threads, seconds, out);
-    unmap_all(ctx, &c);
-    for (int i = 0; i < threads; i++)
-        free(c.bufs[i]);
-    free(c.bufs);
+    copy_free(&c, threads);
     free(t);
     free(order);
+    free(table.paths);
     if (atomic_load(&c.failed)) {
-        snprintf(out->note, sizeof out->note, "a pread failed or came back short");
+        snprintf(out->note, sizeof out->note, "a read failed: %s", c.err);
         return;
     }
     out->measured = best > 0;
@@ -234,142 +238,85 @@ void nb_ceiling_gather(const nb_ctx *ctx, const nb_config *cfg, int threads, dou
 /* odirect_uring (--cold)                                                     */
 /* ------------------------------------------------------------------------ */
 
-#ifdef NPYLOAD_HAVE_URING
-enum { OD_BS = 1 << 20, OD_QD = 32 };
+enum { OD_BS = 1 << 20, OD_QD = 32, OD_CALL = 8 * OD_QD };
 
-typedef struct od_span {
-    int fd;
-    uint64_t off, end;
-} od_span;
-
-static void od_close(od_span *spans, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        close(spans[i].fd);
-    free(spans);
-}
-
-/* The work list: every file's data range, aligned out to 4 KiB, each file
- * opened with O_DIRECT. @return : the number of spans, or -1 (note says why). */
-static long od_spans(const nb_ctx *ctx, od_span **out, char *note, size_t len)
-{
-    size_t n = 0, total = 0;
-    for (int k = 0; k < ctx->nfields; k++)
-        total += ctx->data[k].nfiles;
-    od_span *spans = calloc(total ? total : 1, sizeof *spans);
-    if (!spans) {
-        snprintf(note, len, "out of memory");
-        return -1;
-    }
-    for (int k = 0; k < ctx->nfields; k++)
-        for (size_t i = 0; i < ctx->data[k].nfiles; i++) {
-            const nb_file *f = &ctx->data[k].files[i];
-            int fd = open(f->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-            if (fd < 0) {
-                snprintf(note, len, "%s: O_DIRECT open failed (%s): skipped", f->path,
-                         strerror(errno));
-                od_close(spans, n);
-                return -1;
-            }
-            spans[n].fd = fd;
-            spans[n].off = f->data_offset & ~4095ull;
-            spans[n].end = (f->data_offset + f->data_bytes + 4095) & ~4095ull;
-            n++;
-        }
-    *out = spans;
-    return (long)n;
-}
-
-/* Reads the spans in OD_BS blocks, OD_QD in flight, until all are read or
- * the time is up. @return : bytes read, or -1 (note says why); *all tells
- * whether every span was read. */
-static int64_t od_read(struct io_uring *ring, char *pool, const od_span *spans, size_t nspans,
-                       double seconds, int *all, char *note, size_t len)
+/* Every file's data range, aligned down to 4 KiB at the start (the end is
+ * the file's), in OD_BS blocks, OD_CALL per read call (OD_QD in flight, the
+ * destinations cycling over OD_QD buffers: the bytes are not kept), until
+ * all are read or the time is up. @return : bytes read, or -1 (note says
+ * why); *all tells whether everything was read. */
+static int64_t od_read(const nb_ctx *ctx, npyload_support_io *io, char *pool, double seconds,
+                       int *all, char *note, size_t len)
 {
     uint64_t deadline = nb_now_ns() + (uint64_t)(seconds * 1e9);
+    npyload_support_req reqs[OD_CALL];
+    size_t nr = 0;
+    uint32_t file = 0;
     int64_t bytes = 0;
-    size_t si = 0;
-    uint64_t pos = nspans ? spans[0].off : 0;
-    int inflight = 0, stop = 0, slot_free[OD_QD], nfree = OD_QD;
-    for (int i = 0; i < OD_QD; i++)
-        slot_free[i] = i;
-    while (!stop || inflight) {
-        struct io_uring_sqe *sqe;
-        while (!stop && nfree > 0 && si < nspans && (sqe = io_uring_get_sqe(ring))) {
-            int slot = slot_free[--nfree];
-            uint64_t n = spans[si].end - pos < OD_BS ? spans[si].end - pos : OD_BS;
-            io_uring_prep_read(sqe, spans[si].fd, pool + (size_t)slot * OD_BS, (unsigned)n, pos);
-            io_uring_sqe_set_data64(sqe, (uint64_t)slot);
-            inflight++;
-            pos += n;
-            if (pos >= spans[si].end && ++si < nspans)
-                pos = spans[si].off;
+    *all = 0;
+    for (int k = 0; k < ctx->nfields; k++)
+        for (size_t i = 0; i < ctx->data[k].nfiles; i++, file++) {
+            const nb_file *f = &ctx->data[k].files[i];
+            uint64_t end = f->data_offset + f->data_bytes;
+            for (uint64_t pos = f->data_offset & ~4095ull; pos < end; pos += OD_BS) {
+                uint64_t n = end - pos < OD_BS ? end - pos : OD_BS;
+                reqs[nr] = (npyload_support_req){.file = file, .offset = pos, .len = n,
+                                                 .dst = pool + (nr % OD_QD) * (size_t)OD_BS};
+                if (++nr < OD_CALL)
+                    continue;
+                if (npyload_support_io_read(io, reqs, nr, note, len) != 0)
+                    return -1;
+                for (size_t r = 0; r < nr; r++)
+                    bytes += (int64_t)reqs[r].len;
+                nr = 0;
+                if (nb_now_ns() >= deadline)
+                    return bytes;
+            }
         }
-        stop |= si >= nspans;
-        if (!inflight)
-            break;
-        io_uring_submit(ring);
-        struct io_uring_cqe *cqe;
-        int rc = io_uring_wait_cqe(ring, &cqe);
-        if (rc < 0 || cqe->res < 0) {
-            snprintf(note, len, "O_DIRECT read failed: %s", strerror(rc < 0 ? -rc : -cqe->res));
-            return -1;
-        }
-        bytes += cqe->res;
-        slot_free[nfree++] = (int)io_uring_cqe_get_data64(cqe);
-        inflight--;
-        io_uring_cqe_seen(ring, cqe);
-        stop |= nb_now_ns() >= deadline;
-    }
-    *all = si >= nspans;
+    if (nr && npyload_support_io_read(io, reqs, nr, note, len) != 0)
+        return -1;
+    for (size_t r = 0; r < nr; r++)
+        bytes += (int64_t)reqs[r].len;
+    *all = 1;
     return bytes;
 }
-#endif
 
 void nb_ceiling_odirect(nb_ctx *ctx, double seconds, nb_ceiling *out)
 {
     snprintf(out->name, sizeof out->name, "odirect_uring");
     out->threads = 1;
-#ifndef NPYLOAD_HAVE_URING
-    (void)ctx;
-    (void)seconds;
-    snprintf(out->note, sizeof out->note, "built without liburing: skipped");
-#else
-    struct io_uring ring;
-    int rc = io_uring_queue_init(OD_QD, &ring, 0);
-    if (rc < 0) {
-        snprintf(out->note, sizeof out->note, "io_uring refused here (%s): skipped",
-                 strerror(-rc));
+    file_table table = {0};
+    npyload_support_io *io = NULL;
+    char *pool = NULL;
+    char err[200] = "";
+    if (table_make(ctx, &table) != 0 ||
+        posix_memalign((void **)&pool, 4096, (size_t)OD_BS * OD_QD) != 0) {
+        free(table.paths);
+        snprintf(out->note, sizeof out->note, "out of memory");
         return;
     }
-    char *pool = NULL;
-    od_span *spans = NULL;
-    long nspans = -1;
-    if (posix_memalign((void **)&pool, 4096, (size_t)OD_BS * OD_QD) != 0) {
-        pool = NULL;
-        snprintf(out->note, sizeof out->note, "out of memory");
+    memset(pool, 0, (size_t)OD_BS * OD_QD);
+    int rc = npyload_support_io_create(table.paths, table.n, NPYLOAD_IO_URING, 1, OD_QD, &io,
+                                       err, sizeof err);
+    if (rc != 0) {
+        snprintf(out->note, sizeof out->note, "%s: skipped", err);
     } else {
-        memset(pool, 0, (size_t)OD_BS * OD_QD);
         nb_evict_all(ctx, 0);
-        nspans = od_spans(ctx, &spans, out->note, sizeof out->note);
-    }
-    if (nspans >= 0) {
         int all = 0;
         uint64_t t0 = nb_now_ns();
-        int64_t bytes = od_read(&ring, pool, spans, (size_t)nspans, seconds, &all, out->note,
-                                sizeof out->note);
+        int64_t bytes = od_read(ctx, io, pool, seconds, &all, out->note, sizeof out->note);
         out->seconds = (double)(nb_now_ns() - t0) / 1e9;
         if (bytes >= 0) {
             out->bytes = (uint64_t)bytes;
             out->measured = bytes > 0;
             out->gbps = out->measured ? (double)bytes / out->seconds / 1e9 : 0;
             snprintf(out->note, sizeof out->note,
-                     "O_DIRECT io_uring reads of the files' data, 1 MiB blocks, depth 32, "
-                     "after eviction%s", all ? " (all data read before the time bound)" : "");
+                     "O_DIRECT io_uring reads of the files' data (lib/io), 1 MiB blocks, "
+                     "depth 32, after eviction%s",
+                     all ? " (all data read before the time bound)" : "");
         }
-        od_close(spans, (size_t)nspans);
     }
+    npyload_support_io_destroy(io);
     free(pool);
-    io_uring_queue_exit(&ring);
-#endif
+    free(table.paths);
 }

@@ -2,7 +2,6 @@
  * library's npyload_read_header), eviction from and warming of the page
  * cache, and the loader's sample order for the copy ceiling. */
 #include "npyload_bench_measure.h"
-#include "npyload_bench_support.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -11,7 +10,52 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <stdarg.h>
+#include <time.h>
 #include <unistd.h>
+
+uint64_t nb_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void nb_sleep_ns(uint64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+void nb_warn(nb_ctx *ctx, const char *fmt, ...)
+{
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "npyload-bench: warning: %s\n", buf);
+    size_t l = strlen(ctx->warnings);
+    if (l + strlen(buf) + 2 < sizeof ctx->warnings)
+        snprintf(ctx->warnings + l, sizeof ctx->warnings - l, "%s\n", buf);
+}
+
+/* The NPY header of a .npy.zst (validated as the loader does) and its
+ * compressed size. @return : 0, or an error with "PATH: problem". */
+static int zst_read_header(const char *path, npyload_header *h, uint64_t *zbytes,
+                           char *err, size_t errlen)
+{
+    npyload_zst_file *z = NULL;
+    int rc = npyload_zst_file_open(path, &z, err, errlen);
+    if (rc != 0)
+        return rc;
+    const npyload_zst_facts *f = npyload_zst_file_facts(z);
+    *h = f->hdr;
+    *zbytes = f->compressed_bytes;
+    npyload_zst_file_close(z);
+    return 0;
+}
 
 /* kB value of "Key:" in /proc/self/status, or -1. */
 long nb_proc_status_kb(const char *key)
@@ -62,7 +106,7 @@ int nb_load_field(nb_field_info *fi, nb_data *bf)
         char err[512];
         uint64_t zbytes = 0; /* a .npy.zst: its compressed size */
         if (npyload_zst_probe(g.gl_pathv[i]) == 1)
-            rc = nb_zst_read_header(g.gl_pathv[i], &h, &zbytes, err, sizeof err);
+            rc = zst_read_header(g.gl_pathv[i], &h, &zbytes, err, sizeof err);
         else
             rc = npyload_read_header(g.gl_pathv[i], &h, err, sizeof err);
         if (rc != 0) {

@@ -1,8 +1,6 @@
-/* npyload-bench, the GPU: the only file that calls the library's CUDA bench
- * helpers (npyload_cuda_h2d_bandwidth, npyload_compute_sim_*), so that a
- * move of those helpers to a bench-only header is an edit here alone. */
+/* npyload-bench, the GPU: the only file that calls tools/support's CUDA
+ * helpers (npyload_cuda_h2d_bandwidth, npyload_compute_sim_*). */
 #include "npyload_bench_measure.h"
-#include "npyload_bench_support.h" /* unstable, bench/test only: h2d ceiling, GPU busy step */
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -3,7 +3,6 @@
  * the progress bar. */
 #include "npyload_bench_measure.h"
 
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,34 +62,10 @@ int nb_hwm_reset_works(void)
     return peak > 0 && after > 0 && after < peak - 32 * 1024;
 }
 
-int nb_nvml_open(nb_nvml *n, int device, char *why, size_t whylen)
-{
-    n->lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!n->lib) {
-        snprintf(why, whylen, "libnvidia-ml.so.1 not found");
-        return -1;
-    }
-    int (*init)(void) = (int (*)(void))dlsym(n->lib, "nvmlInit_v2");
-    int (*handle)(unsigned, void **) = (int (*)(unsigned, void **))dlsym(n->lib, "nvmlDeviceGetHandleByIndex_v2");
-    n->util = (int (*)(void *, nb_nvml_util *))dlsym(n->lib, "nvmlDeviceGetUtilizationRates");
-    n->power = (int (*)(void *, unsigned *))dlsym(n->lib, "nvmlDeviceGetPowerUsage");
-    n->mem = (int (*)(void *, nb_nvml_mem *))dlsym(n->lib, "nvmlDeviceGetMemoryInfo");
-    if (!init || !handle || !n->util) {
-        snprintf(why, whylen, "libnvidia-ml.so.1 lacks the expected symbols");
-        return -1;
-    }
-    if (init() != 0 || handle((unsigned)device, &n->dev) != 0) {
-        snprintf(why, whylen, "nvmlInit or device %d lookup failed", device);
-        n->dev = NULL;
-        return -1;
-    }
-    return 0;
-}
-
 /* One monitor thread per run: NVML every 100 ms, VmRSS every 10 ms when
  * VmHWM cannot be reset. */
 typedef struct monitor {
-    const nb_nvml *nvml;
+    const npyload_nvml *nvml;
     pthread_t thread;
     atomic_int stop;
     int sample_rss;
@@ -110,21 +85,17 @@ static void *monitor_thread(void *arg)
                 m->rss_max_kb = kb;
         }
         uint64_t t = nb_now_ns();
-        if (m->nvml->dev && t >= next_gpu) {
+        npyload_nvml_sample_t g;
+        if (m->nvml && t >= next_gpu) {
             next_gpu = t + 100000000ull;
-            nb_nvml_util u;
-            unsigned mw = 0;
-            nb_nvml_mem mem;
-            if (m->nvml->util(m->nvml->dev, &u) == 0) {
+            if (npyload_nvml_sample(m->nvml, &g) == 0) {
                 m->gpu_samples++;
-                m->util_sum += u.gpu;
-                if (u.gpu > m->util_max)
-                    m->util_max = u.gpu;
-                if (m->nvml->power && m->nvml->power(m->nvml->dev, &mw) == 0)
-                    m->power_sum += mw / 1000.0;
-                if (m->nvml->mem && m->nvml->mem(m->nvml->dev, &mem) == 0 &&
-                    mem.used / 1048576.0 > m->mem_max_mib)
-                    m->mem_max_mib = mem.used / 1048576.0;
+                m->util_sum += g.util_pct;
+                if (g.util_pct > m->util_max)
+                    m->util_max = g.util_pct;
+                m->power_sum += g.power_w;
+                if (g.mem_used_mib > m->mem_max_mib)
+                    m->mem_max_mib = g.mem_used_mib;
             }
         }
         nb_sleep_ns(m->sample_rss ? 10000000ull : 50000000ull);
@@ -439,9 +410,9 @@ void nb_run_one(nb_ctx *ctx, const nb_config *cfg, int workers, int prefetch, in
                  npyload_backend_name(npyload_loader_backend(L)));
         monitor mon;
         memset(&mon, 0, sizeof mon);
-        mon.nvml = &ctx->nvml;
+        mon.nvml = ctx->nvml;
         mon.sample_rss = !ctx->hwm_ok;
-        int mon_on = (mon.sample_rss || ctx->nvml.dev) &&
+        int mon_on = (mon.sample_rss || ctx->nvml) &&
                      pthread_create(&mon.thread, NULL, monitor_thread, &mon) == 0;
         run_loader_measure(ctx, L, cfg, prefetch, ceiling_gbps, r);
         if (mon_on) {

@@ -1,12 +1,15 @@
 /* npyload-bench, the measuring side: declarations shared by
  *   npyload_bench.c          the command line and the order of the work
- *   npyload_bench_data.c     the fields' files: headers, eviction, warming
+ *   npyload_bench_data.c     the fields' files: headers, eviction, warming;
+ *                            the clock and the warnings
  *   npyload_bench_ceiling.c  the machine's ceilings (pread copy, O_DIRECT)
  *   npyload_bench_measure.c  one configuration of the grid, monitoring
  *   npyload_bench_zst.c      .npy.zst: decode ceiling, packing estimate
  *   npyload_bench_gpu.c      the only caller of the CUDA bench helpers
  *                            (npyload_cuda_h2d_bandwidth, npyload_compute_sim)
- * Like every tool, this uses nothing of lib/ but include/npyload.h. */
+ * (the order of their calls: the comment at the top of npyload_bench.c).
+ * Like every tool, this uses nothing of lib/ but include/npyload.h and the
+ * non-installed tools/support library. */
 #ifndef NPYLOAD_BENCH_MEASURE_H
 #define NPYLOAD_BENCH_MEASURE_H
 
@@ -16,6 +19,7 @@
 
 #include "npyload.h"
 #include "npyload_bench.h"
+#include "npyload_support.h"
 
 /* One NPY file of a field, open for the ceilings and the eviction. */
 typedef struct nb_file {
@@ -37,17 +41,6 @@ typedef struct nb_data {
     int64_t nsamples;
 } nb_data;
 
-/* NVML, loaded at run time (dev == NULL: no GPU monitoring). */
-typedef struct { unsigned gpu, memory; } nb_nvml_util;
-typedef struct { unsigned long long total, free, used; } nb_nvml_mem;
-typedef struct nb_nvml {
-    void *lib;
-    void *dev;
-    int (*util)(void *, nb_nvml_util *);
-    int (*power)(void *, unsigned *);
-    int (*mem)(void *, nb_nvml_mem *);
-} nb_nvml;
-
 /* The progress bar on stderr (only when it is a terminal). */
 typedef struct nb_progress {
     int on;
@@ -62,18 +55,17 @@ typedef struct nb_ctx {
     int nfields;
     int quiet;
     int hwm_ok;            /* VmHWM can be reset (else VmRSS is sampled) */
-    nb_nvml nvml;
+    npyload_nvml *nvml;    /* NULL: no GPU monitoring */
     nb_progress prog;
     char warnings[8192];   /* newline-separated, for the JSON */
 } nb_ctx;
 
-/* ---- npyload_bench.c ---- */
+/* ---- npyload_bench_data.c ---- */
 uint64_t nb_now_ns(void);
 void nb_sleep_ns(uint64_t ns);
 /* Prints "npyload-bench: warning: ..." and keeps it for the JSON. */
 void nb_warn(nb_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* ---- npyload_bench_data.c ---- */
 /* Globs and reads the headers of one field. @return : 0, or -1 with the
  * reason on stderr. */
 int nb_load_field(nb_field_info *fi, nb_data *d);
@@ -103,10 +95,6 @@ void nb_ceiling_gather(const nb_ctx *ctx, const nb_config *cfg, int threads, dou
 void nb_ceiling_odirect(nb_ctx *ctx, double seconds, nb_ceiling *out);
 
 /* ---- npyload_bench_zst.c ---- */
-/* The NPY header of a .npy.zst (validated as the loader does) and its
- * compressed size. @return : 0, or an error with "PATH: problem". */
-int nb_zst_read_header(const char *path, npyload_header *h, uint64_t *zbytes, char *err,
-                       size_t errlen);
 /* 1 if some field has .npy.zst files. */
 int nb_zst_any(const nb_ctx *ctx);
 /* zst_decode: `threads` threads decompress sampled frames of the packed
@@ -135,8 +123,6 @@ void nb_gpu_step_sync(nb_gpu_step *s);
 void nb_gpu_step_destroy(nb_gpu_step *s);
 
 /* ---- npyload_bench_measure.c ---- */
-/* NVML for `device`. @return : 0, or -1 with `why`. */
-int nb_nvml_open(nb_nvml *n, int device, char *why, size_t whylen);
 /* Resets VmHWM, and tells whether resetting really works here. */
 int nb_hwm_reset_works(void);
 void nb_progress_start(nb_progress *p, int total, int quiet);

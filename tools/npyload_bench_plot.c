@@ -1,8 +1,8 @@
 /* npyload-bench, the heatmap: the workers x prefetch grid, one panel per io
  * backend, coloured by GB/s (or by stall % with --compute-ms), the
  * recommended cell framed in red. Written as SVG, a text format any browser
- * shows; bench/plot_bench.py renders the JSON to PNG with matplotlib for
- * those who want a raster. Pure: tests/test_bench_report.c checks it. */
+ * shows, and the bench's one plot (bench/demo.sh draws it on a machine with
+ * no Python). Pure: tests/test_bench_report.c checks it. */
 #include "npyload_bench.h"
 
 #include <math.h>

@@ -10,18 +10,20 @@
  *     of the two is the reference the runs are compared with.
  *   raw fields (.npy): an estimate of what npyload-pack would give. Frames
  *     of npyload-pack's default size (whole samples, at least 128 KiB) are
- *     sampled across the files, compressed at its default level on one
- *     thread (pack MB/s per core) and decompressed from memory by every core
- *     (decode GB/s); with the raw cold and page-cache samples/s this run
+ *     sampled across the files into a temporary .npy, packed by the
+ *     library's own packer (npyload_pack_file, its default level, one
+ *     thread: pack MB/s per core) and the packed frames decoded from memory
+ *     by every core as for packed fields (decode GB/s); with the raw cold and page-cache samples/s this run
  *     measured (or its ceilings), npyload_bench_zst_report.c judges whether
  *     packing pays here.
  *
- * Uses include/npyload.h (its .npy.zst file API: the loader's seek-table
- * parser and frame decoder) and libzstd for the estimate's compression. */
+ * Uses include/npyload.h only (its packer and .npy.zst file API: the
+ * loader's seek-table parser and frame decoder); libzstd only to make the
+ * decoders' ZSTD_DCtx. */
 #include "npyload_bench_measure.h"
-#include "npyload_bench_support.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,20 +36,6 @@ enum {
     ZB_MAX_FRAMES = 64,               /* sampled frames per field */
 };
 #define ZB_BUDGET (48ull << 20)       /* decompressed bytes sampled per field */
-
-int nb_zst_read_header(const char *path, npyload_header *h, uint64_t *zbytes, char *err,
-                       size_t errlen)
-{
-    npyload_zst_file *z = NULL;
-    int rc = npyload_zst_file_open(path, &z, err, errlen);
-    if (rc != 0)
-        return rc;
-    const npyload_zst_facts *f = npyload_zst_file_facts(z);
-    *h = f->hdr;
-    *zbytes = f->compressed_bytes;
-    npyload_zst_file_close(z);
-    return 0;
-}
 
 int nb_zst_any(const nb_ctx *ctx)
 {
@@ -68,7 +56,7 @@ static int field_packed(const nb_data *d)
 
 /* One sampled frame, its compressed bytes in memory. */
 typedef struct zb_frame {
-    npyload_zst_file *zf; /* packed: the file's index; NULL: estimate */
+    npyload_zst_file *zf; /* the file's index */
     uint32_t f;
     unsigned char *src;
     size_t csize, dsize;
@@ -173,10 +161,80 @@ static int sample_packed(const nb_data *d, nb_zst_field *zf, zb_set *s, char *no
     return 0;
 }
 
-/* Raw field: frames of npyload-pack's rule compressed at `level` on this
- * thread (timed: pack MB/s per core). @return : 0 or -1. */
-static int sample_raw(const nb_data *d, int level, uint64_t frame_size, nb_zst_field *zf,
-                      zb_set *s, char *note, size_t nlen)
+/* A directory for the estimate's temporary files: /dev/shm when usable (so
+ * the packer's fsyncs cost nothing), else $TMPDIR or /tmp. */
+static int temp_dir(char *dir, size_t len)
+{
+    const char *t = getenv("TMPDIR");
+    const char *cands[] = {"/dev/shm", t && *t ? t : "/tmp", "/tmp"};
+    for (size_t i = 0; i < sizeof cands / sizeof *cands; i++) {
+        snprintf(dir, len, "%s/npyload-bench-XXXXXX", cands[i]);
+        if (mkdtemp(dir))
+            return 0;
+    }
+    return -1;
+}
+
+/* Writes the rows of `want` frames of npyload-pack's rule (spf samples),
+ * spread over the field's frames, as one .npy at `path`. @return : 0 or
+ * -1 (note says why). */
+static int write_sampled(const nb_data *d, const nb_field_info *fi, uint64_t spf,
+                         uint64_t want, uint64_t total_frames, const char *path, char *note,
+                         size_t nlen)
+{
+    uint64_t sb = d->sample_bytes, rows_total = 0;
+    int64_t shape[9] = {0};
+    unsigned char *raw = malloc((size_t)(spf * sb));
+    FILE *out = fopen(path, "wb");
+    int rc = raw && out ? 0 : -1;
+    if (rc)
+        snprintf(note, nlen, "%.240s: %s", path, raw ? strerror(errno) : "out of memory");
+    /* the header first with a zero row count, rewritten at the end */
+    char hdr[4096];
+    for (int pass = 0; pass < 2 && rc == 0; pass++) {
+        shape[0] = (int64_t)rows_total;
+        memcpy(shape + 1, fi->shape, (size_t)fi->ndim * sizeof *shape);
+        int hl = npyload_format_header(hdr, sizeof hdr, fi->descr, 0, fi->ndim + 1, shape);
+        if (hl <= 0 || fseek(out, 0, SEEK_SET) != 0 || fwrite(hdr, 1, (size_t)hl, out) != (size_t)hl) {
+            snprintf(note, nlen, "%.200s: cannot write the header", path);
+            rc = -1;
+        }
+        for (uint64_t j = 0; j < want && rc == 0 && pass == 0; j++) {
+            /* the j-th of `want` frames spread over the field's frames */
+            uint64_t g = j * total_frames / want, first = 0;
+            size_t fi_ = 0;
+            for (; fi_ < d->nfiles; fi_++) {
+                uint64_t nf = ((uint64_t)d->files[fi_].nsamples + spf - 1) / spf;
+                if (g < first + nf)
+                    break;
+                first += nf;
+            }
+            const nb_file *file = &d->files[fi_];
+            uint64_t row = (g - first) * spf;
+            uint64_t rows = (uint64_t)file->nsamples - row < spf ? (uint64_t)file->nsamples - row
+                                                                 : spf;
+            int e = pread_all(file->fd, raw, (size_t)(rows * sb), file->data_offset + row * sb);
+            if (e != 0 || fwrite(raw, 1, (size_t)(rows * sb), out) != (size_t)(rows * sb)) {
+                snprintf(note, nlen, "%.240s: %s", e ? file->path : path, strerror(e ? -e : errno));
+                rc = -1;
+            }
+            rows_total += rows;
+        }
+    }
+    if (out && fclose(out) != 0 && rc == 0) {
+        snprintf(note, nlen, "%.240s: %s", path, strerror(errno));
+        rc = -1;
+    }
+    free(raw);
+    return rc;
+}
+
+/* Raw field: what npyload-pack would make of it, made by the library's own
+ * packer: frames of its rule are sampled into a temporary .npy and packed
+ * with npyload_pack_file on one thread (pack MB/s per core: its wall time),
+ * then sampled as a packed field. @return : 0 or -1. */
+static int sample_raw(const nb_data *d, const nb_field_info *fi, int level, uint64_t frame_size,
+                      nb_zst_field *zf, zb_set *s, char *note, size_t nlen)
 {
     uint64_t sb = d->sample_bytes;
     if (sb == 0 || d->nsamples <= 0) {
@@ -186,76 +244,42 @@ static int sample_raw(const nb_data *d, int level, uint64_t frame_size, nb_zst_f
     uint64_t spf = (frame_size + sb - 1) / sb;
     spf = spf ? spf : 1;
     zf->samples_per_frame = spf;
-    uint64_t fbytes = spf * sb;
     uint64_t total_frames = 0;
     for (size_t i = 0; i < d->nfiles; i++)
         total_frames += ((uint64_t)d->files[i].nsamples + spf - 1) / spf;
-    uint64_t want = ZB_BUDGET / fbytes;
+    uint64_t want = ZB_BUDGET / (spf * sb);
     want = want < 1 ? 1 : want > ZB_MAX_FRAMES ? ZB_MAX_FRAMES : want;
     want = want > total_frames ? total_frames : want;
-    s->fr = calloc((size_t)want, sizeof *s->fr);
-    unsigned char *raw = malloc((size_t)fbytes);
-    size_t bound = ZSTD_compressBound((size_t)fbytes);
-    ZSTD_CCtx *cc = ZSTD_createCCtx();
-    if (!s->fr || !raw || !cc || ZSTD_isError(bound)) {
-        free(raw);
-        ZSTD_freeCCtx(cc);
-        snprintf(note, nlen, "out of memory");
+    char dir[200], in[240], out[240];
+    if (temp_dir(dir, sizeof dir) != 0) {
+        snprintf(note, nlen, "cannot make a temporary directory: %s", strerror(errno));
         return -1;
     }
-    ZSTD_CCtx_setParameter(cc, ZSTD_c_compressionLevel, level);
-    ZSTD_CCtx_setParameter(cc, ZSTD_c_checksumFlag, 1);
-    double csec = 0;
-    int rc = 0;
-    for (uint64_t j = 0; j < want && rc == 0; j++) {
-        /* the j-th of `want` frames spread over the field's frames */
-        uint64_t g = j * total_frames / want, first = 0;
-        size_t fi = 0;
-        for (; fi < d->nfiles; fi++) {
-            uint64_t nf = ((uint64_t)d->files[fi].nsamples + spf - 1) / spf;
-            if (g < first + nf)
-                break;
-            first += nf;
-        }
-        const nb_file *file = &d->files[fi];
-        uint64_t row = (g - first) * spf;
-        uint64_t rows = (uint64_t)file->nsamples - row < spf ? (uint64_t)file->nsamples - row
-                                                             : spf;
-        size_t n = (size_t)(rows * sb);
-        rc = pread_all(file->fd, raw, n, file->data_offset + row * sb);
-        if (rc != 0) {
-            snprintf(note, nlen, "%s: %s", file->path, strerror(-rc));
-            break;
-        }
-        zb_frame *fr = &s->fr[s->n];
-        fr->src = malloc(bound);
-        if (!fr->src) {
-            snprintf(note, nlen, "out of memory");
-            rc = -ENOMEM;
-            break;
-        }
-        uint64_t t0 = nb_now_ns();
-        size_t c = ZSTD_compress2(cc, fr->src, bound, raw, n);
-        csec += (double)(nb_now_ns() - t0) / 1e9;
-        if (ZSTD_isError(c)) {
-            free(fr->src);
-            fr->src = NULL;
-            snprintf(note, nlen, "zstd: %s", ZSTD_getErrorName(c));
-            rc = -EIO;
-            break;
-        }
-        fr->csize = c;
-        fr->dsize = n;
-        s->max_dsize = n > s->max_dsize ? n : s->max_dsize;
-        zf->raw_bytes += n;
-        zf->zst_bytes += c;
-        s->n++;
+    snprintf(in, sizeof in, "%s/sample.npy", dir);
+    snprintf(out, sizeof out, "%s/sample.npy.zst", dir);
+    int rc = write_sampled(d, fi, spf, want, total_frames, in, note, nlen);
+    npyload_pack_options o = {.level = level, .frame_size = frame_size, .threads = 1,
+                              .force = 1};
+    npyload_pack_result r = {0};
+    if (rc == 0)
+        rc = npyload_pack_file(in, out, &o, sizeof o, &r, sizeof r, note, nlen) ? -1 : 0;
+    nb_file pf = {.path = out, .fd = rc == 0 ? open(out, O_RDONLY | O_CLOEXEC) : -1, .zst = 1};
+    nb_data pd = {.files = &pf, .nfiles = 1, .sample_bytes = sb};
+    if (rc == 0 && pf.fd < 0) {
+        snprintf(note, nlen, "%s: %s", out, strerror(errno));
+        rc = -1;
     }
-    free(raw);
-    ZSTD_freeCCtx(cc);
-    zf->frames = s->n;
-    zf->compress_mbps_per_core = csec > 0 ? (double)zf->raw_bytes / csec / 1e6 : 0;
-    return rc == 0 ? 0 : -1;
+    if (rc == 0)
+        rc = sample_packed(&pd, zf, s, note, nlen);
+    if (rc == 0)
+        zf->compress_mbps_per_core =
+            r.seconds > 0 ? (double)(r.in_bytes) / r.seconds / 1e6 : 0;
+    if (pf.fd >= 0)
+        close(pf.fd);
+    unlink(in);
+    unlink(out);
+    rmdir(dir);
+    return rc;
 }
 
 /* ---- decoding from memory, every core ---- */
@@ -283,20 +307,10 @@ static void *dec_thread(void *arg)
     /* each thread starts at its own frame; the clock is read every frame */
     for (int i = t->id % s->n; nb_now_ns() < t->deadline; i = (i + 1) % s->n) {
         const zb_frame *fr = &s->fr[i];
-        if (fr->zf) {
-            if (npyload_zst_file_decode(fr->zf, fr->f, dc, fr->src, dst, s->max_dsize, t->err,
-                                        sizeof t->err) != 0) {
-                t->failed = 1;
-                break;
-            }
-        } else {
-            size_t r = ZSTD_decompressDCtx(dc, dst, s->max_dsize, fr->src, fr->csize);
-            if (ZSTD_isError(r) || r != fr->dsize) {
-                t->failed = 1;
-                snprintf(t->err, sizeof t->err, "zstd: %s",
-                         ZSTD_isError(r) ? ZSTD_getErrorName(r) : "wrong size");
-                break;
-            }
+        if (npyload_zst_file_decode(fr->zf, fr->f, dc, fr->src, dst, s->max_dsize, t->err,
+                                    sizeof t->err) != 0) {
+            t->failed = 1;
+            break;
         }
         t->bytes += fr->dsize;
     }
@@ -397,8 +411,8 @@ static void measure_fields(nb_ctx *ctx, const nb_config *cfg, int threads, doubl
         zb_set s;
         memset(&s, 0, sizeof s);
         int rc = f->compressed ? sample_packed(d, f, &s, z->note, sizeof z->note)
-                               : sample_raw(d, z->level, z->frame_size, f, &s, z->note,
-                                            sizeof z->note);
+                               : sample_raw(d, &cfg->fields[k], z->level, z->frame_size, f,
+                                            &s, z->note, sizeof z->note);
         if (rc == 0) {
             f->ratio = f->zst_bytes ? (double)f->raw_bytes / (double)f->zst_bytes : 0;
             f->decode_gbps = decode_rate(&s, threads, per, z->note, sizeof z->note);

@@ -16,7 +16,7 @@
 
 #include "gpu/gpu_kernels.h"
 #include "npyload.h"
-#include "npyload_bench_support.h"
+#include "npyload_support.h"
 #include "testutil.h"
 
 #define NEED_GPU()                                                             \

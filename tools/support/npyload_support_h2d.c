@@ -1,13 +1,12 @@
 /* Pinned host-to-device bandwidth, the ceiling npyload-bench and the GPU
- * tests compare the loader's device path with. Not part of libnpyload: built
- * into the npyload_bench_support static library (lib/CMakeLists.txt) with
- * npyload_cuda_sim.c; declared in include/npyload_bench_support.h, an
- * unstable, uninstalled header for npyload's own bench and tests. */
+ * tests compare the loader's device path with. Not part of libnpyload: the
+ * npyload_support static library (tools/support/CMakeLists.txt), built in
+ * the build tree only, so it may use lib/cuda's internal runtime table. */
 #include <pthread.h>
 #include <string.h>
 
-#include "npyload_bench_support.h"
-#include "npyload_cuda.h"
+#include "cuda/npyload_cuda.h"
+#include "npyload_support.h"
 
 struct bw_job {
     int device;
