@@ -85,8 +85,8 @@ int npyload_loader_create(npyload_loader **out)
 
 /* Frees what a slot owns and leaves NULLs, so a second call is a no-op.
  * A device slot released on a stream waits for that stream's work first.
- * keep_handles: its handles stay (a zombie: a stale handle's release must
- * still find them). */
+ * keep_handles: its handles stay (destroyed with batches held: a stale
+ * handle's release must still find them). */
 static void free_slot(npyload_loader *L, npyl_slot *s, int device_slot, int keep_handles)
 {
     if (device_slot) {
