@@ -667,12 +667,12 @@ Test(loader_zst, a_big_frame_of_small_samples_decodes_in_bounded_memory)
     size_t used = 0;
     for (size_t w = 0; w < L->nworkers; w++) {
         const npyl_worker *wk = &L->workers[w];
-        size_t mem = wk->zdst_cap + ZSTD_sizeof_DCtx(wk->dctx);
+        size_t mem = wk->rd.zdst_cap + ZSTD_sizeof_DCtx(wk->rd.dctx);
         cr_assert_leq(mem, bound,
                       "worker %zu: %zu bytes of decode scratch + %zu of zstd context for a "
-                      "%llu-byte frame (bound %zu)", w, wk->zdst_cap,
-                      ZSTD_sizeof_DCtx(wk->dctx), (unsigned long long)(rows * rb), bound);
-        used += ZSTD_sizeof_DCtx(wk->dctx) > 64u << 10; /* its stream buffers exist */
+                      "%llu-byte frame (bound %zu)", w, wk->rd.zdst_cap,
+                      ZSTD_sizeof_DCtx(wk->rd.dctx), (unsigned long long)(rows * rb), bound);
+        used += ZSTD_sizeof_DCtx(wk->rd.dctx) > 64u << 10; /* its stream buffers exist */
     }
     cr_assert_geq(used, 1, "no worker streamed the frame");
     npyload_loader_destroy(L);

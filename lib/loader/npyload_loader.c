@@ -1,7 +1,7 @@
-/* Loader lifecycle: create, the fork() guard, teardown (destroy, the
- * zombie kept for held batches, the last release's free) and the queries.
- * Options, fields, start and resume state have their own files; the hot
- * path (workers, next, release) is in npyload_pipeline.c. */
+/* Loader lifetime: create, the fork() guard, the control turn, teardown
+ * (destroy, what is kept for held batches, the last reference's free) and
+ * the queries. Options, fields, start and resume state have their own
+ * files; next() and release() are in npyload_loader_next.c. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -66,10 +66,8 @@ int npyload_loader_create(npyload_loader **out)
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_mutex_init(&L->mu, NULL);
-    pthread_cond_init(&L->work_cv, &ca);
-    pthread_cond_init(&L->ready_cv, &ca);
-    pthread_cond_init(&L->dev_cv, &ca);
+    npyl_slots_init(&L->ring);
+    npyl_skip_log_init(&L->skip);
     pthread_mutex_init(&L->ctl, NULL);
     pthread_cond_init(&L->ctl_cv, &ca);
     pthread_condattr_destroy(&ca);
@@ -77,51 +75,32 @@ int npyload_loader_create(npyload_loader **out)
     L->opt[NPYLOAD_OPT_WORLD_SIZE] = 1;
     L->opt[NPYLOAD_OPT_DEVICE] = -1;
     L->opt[NPYLOAD_OPT_PIN_MEMORY] = -1;
-    L->device = -1;
+    L->dev.device = -1;
     L->pid = getpid();
+    atomic_init(&L->refs, 1);
+    L->env = (npyl_work_env){.ring = &L->ring, .rv = &L->rv, .dev = &L->dev, .st = &L->st};
     *out = L;
     return 0;
 }
 
-/* Frees a worker's io context (its descriptors and ring), requests and CUDA
- * stream. The worker's thread must be joined. */
-static void free_worker(npyload_loader *L, npyl_worker *w)
-{
-    npyl_io_destroy(w->io);
-    w->io = NULL;
-    free(w->reqs);
-    w->reqs = NULL;
-    free(w->dst);
-    w->dst = NULL;
-    npyl_read_worker_free(w);
-    npyl_free_aligned(w->raw);
-    w->raw = NULL;
-    if (w->draw)
-        npyl_cuda_free(L->cuda, w->draw);
-    w->draw = NULL;
-    if (w->stream)
-        npyl_cuda_stream_destroy(L->cuda, w->stream);
-    w->stream = NULL;
-}
-
 /* Frees what a slot owns and leaves NULLs, so a second call is a no-op.
  * A device slot released on a stream waits for that stream's work first.
- * keep_handles: its handles stay (a zombie: a stale handle's release must
- * still find them). */
+ * keep_handles: its handles stay (destroyed with batches held: a stale
+ * handle's release must still find them). */
 static void free_slot(npyload_loader *L, npyl_slot *s, int device_slot, int keep_handles)
 {
     if (device_slot) {
         if (s->ev_release && s->release_pending)
-            npyl_cuda_event_sync(L->cuda, s->ev_release);
+            npyl_cuda_event_sync(L->dev.cuda, s->ev_release);
         if (s->mem)
-            npyl_cuda_free(L->cuda, s->mem);
+            npyl_cuda_free(L->dev.cuda, s->mem);
         if (s->ev_done)
-            npyl_cuda_event_destroy(L->cuda, s->ev_done);
+            npyl_cuda_event_destroy(L->dev.cuda, s->ev_done);
         if (s->ev_release)
-            npyl_cuda_event_destroy(L->cuda, s->ev_release);
+            npyl_cuda_event_destroy(L->dev.cuda, s->ev_release);
     } else if (s->mem) {
-        if (L->pinned)
-            npyl_cuda_host_free(L->cuda, s->mem);
+        if (L->dev.pinned)
+            npyl_cuda_host_free(L->dev.cuda, s->mem);
         else
             npyl_free_aligned(s->mem);
     }
@@ -140,15 +119,16 @@ static void free_slot(npyload_loader *L, npyl_slot *s, int device_slot, int keep
     s->errmsg = NULL;
 }
 
-/* Frees every slot, or (keep_held) every slot but those the caller holds,
- * and of those only what no handle reaches. */
+/* Frees every slot, or (keep_held) every slot but those the caller held
+ * when destroy ran (npyl_slots_mark_kept), and of those only what no
+ * handle reaches. */
 static void free_slots(npyload_loader *L, int keep_held)
 {
-    npyl_slot *lists[2] = {L->hslots, L->dslots};
-    size_t counts[2] = {L->nh, L->nd};
+    npyl_slot *lists[2] = {L->ring.hslots, L->ring.dslots};
+    size_t counts[2] = {L->ring.nh, L->ring.nd};
     for (int k = 0; k < 2; k++)
         for (size_t i = 0; lists[k] && i < counts[k]; i++)
-            if (!keep_held || lists[k][i].state != SLOT_HELD)
+            if (!keep_held || !lists[k][i].kept)
                 free_slot(L, &lists[k][i], k == 1, keep_held);
 }
 
@@ -156,11 +136,11 @@ static void free_slots(npyload_loader *L, int keep_held)
  * reads: the epoch's order and the file tables. */
 static void free_tables(npyload_loader *L)
 {
-    free((void *)L->op.file_sizes);
-    L->op.file_sizes = NULL;
-    free(L->seqbuf);
-    free(L->seqspare);
-    L->seqbuf = L->seqspare = NULL;
+    free((void *)L->ring.op.file_sizes);
+    L->ring.op.file_sizes = NULL;
+    free(L->ring.seqbuf);
+    free(L->ring.seqspare);
+    L->ring.seqbuf = L->ring.seqspare = NULL;
     for (size_t i = 0; i < L->nfields; i++) {
         for (size_t k = 0; L->fields[i].files && k < L->fields[i].npaths; k++) {
             npyl_zst_index_free(L->fields[i].files[k].zst);
@@ -178,7 +158,7 @@ static void free_tables(npyload_loader *L)
 static void free_workers(npyload_loader *L)
 {
     for (size_t i = 0; i < L->nworkers; i++)
-        free_worker(L, &L->workers[i]);
+        npyl_worker_fini(&L->workers[i]);
     free(L->workers);
     L->workers = NULL;
     L->nworkers = 0;
@@ -189,20 +169,20 @@ void npyl_loader_free_started(npyload_loader *L)
 {
     /* May run on any user thread (destroy, the last release): switch to the
      * loader's device for the frees and back. */
-    int prev = -1, entered = L->cuda && npyl_cuda_enter(L->cuda, &prev) == 0;
+    int prev = -1, entered = L->dev.cuda && npyl_cuda_enter(L->dev.cuda, &prev) == 0;
     free_workers(L);
     free_slots(L, 0);
-    free(L->hslots);
-    free(L->dslots);
-    L->hslots = L->dslots = NULL;
-    L->nh = L->nd = 0;
-    npyl_tdev_close(L->tdev); /* its context is still alive here */
-    L->tdev = NULL;
+    free(L->ring.hslots);
+    free(L->ring.dslots);
+    L->ring.hslots = L->ring.dslots = NULL;
+    L->ring.nh = L->ring.nd = 0;
+    npyl_tdev_close(L->dev.tdev); /* its context is still alive here */
+    L->dev.tdev = NULL;
     if (entered)
-        npyl_cuda_leave(L->cuda, prev);
-    npyl_cuda_close(L->cuda);
-    L->cuda = NULL;
-    L->pinned = 0;
+        npyl_cuda_leave(L->dev.cuda, prev);
+    npyl_cuda_close(L->dev.cuda);
+    L->dev.cuda = NULL;
+    L->dev.pinned = 0;
     free_tables(L);
     for (size_t i = 0; i < L->nfields; i++) {
         npyl_transform_plan_free(&L->fields[i].tplan);
@@ -213,22 +193,23 @@ void npyl_loader_free_started(npyload_loader *L)
     L->started = 0;
 }
 
-/* destroy with batches held: keep only the HELD slots (and the CUDA context
- * and slot arrays their release needs); free the io contexts (descriptors,
- * rings), every other slot, host and device, and the tables. Called with mu
- * held and the workers joined, so no slot changes state meanwhile; release()
- * of a held batch waits on mu, then sees zombie. */
-static void shed_for_zombie(npyload_loader *L)
+/* destroy with batches held: keep only the slots the caller holds (and the
+ * CUDA context and slot arrays their release needs); free the io contexts
+ * (descriptors, rings), every other slot, host and device, and the tables.
+ * The workers are joined and the slots marked (npyl_slots_mark_kept), so
+ * no slot freed here changes state meanwhile; a release of a held batch
+ * drops its reference, and the last one frees the rest. */
+static void shed_held(npyload_loader *L)
 {
-    int prev = -1, entered = L->cuda && npyl_cuda_enter(L->cuda, &prev) == 0;
+    int prev = -1, entered = L->dev.cuda && npyl_cuda_enter(L->dev.cuda, &prev) == 0;
     free_workers(L);
     free_slots(L, 1);
     if (entered)
-        npyl_cuda_leave(L->cuda, prev);
+        npyl_cuda_leave(L->dev.cuda, prev);
     free_tables(L);
 }
 
-void npyl_loader_free(npyload_loader *L)
+static void loader_free(npyload_loader *L)
 {
     npyl_loader_free_started(L);
     for (size_t i = 0; i < L->nfields; i++) {
@@ -238,13 +219,19 @@ void npyl_loader_free(npyload_loader *L)
         npyl_free_paths(L->fields[i].paths, L->fields[i].npaths);
     }
     free(L->fields);
-    pthread_cond_destroy(&L->work_cv);
-    pthread_cond_destroy(&L->ready_cv);
-    pthread_cond_destroy(&L->dev_cv);
-    pthread_mutex_destroy(&L->mu);
+    npyl_slots_fini(&L->ring);
+    npyl_skip_log_fini(&L->skip);
     pthread_cond_destroy(&L->ctl_cv);
     pthread_mutex_destroy(&L->ctl);
     free(L);
+}
+
+void npyl_loader_unref(npyload_loader *L)
+{
+    /* acq_rel: every use of L by the other holders happens before the
+     * free by the last. */
+    if (atomic_fetch_sub_explicit(&L->refs, 1, memory_order_acq_rel) == 1)
+        loader_free(L);
 }
 
 void npyload_loader_destroy(npyload_loader *L)
@@ -265,24 +252,11 @@ void npyload_loader_destroy(npyload_loader *L)
     /* A next() waiting for a batch sees stopping and returns
      * NPYLOAD_ESTATE; wait until it has left (a synchronous next() finishes
      * its read first) before the workers, slots and locks go. */
-    pthread_mutex_lock(&L->mu);
-    L->stopping = 1;
-    pthread_cond_broadcast(&L->work_cv);
-    pthread_cond_broadcast(&L->dev_cv);
-    pthread_cond_broadcast(&L->ready_cv);
-    while (L->in_next)
-        pthread_cond_wait(&L->ready_cv, &L->mu);
-    pthread_mutex_unlock(&L->mu);
-    npyl_pipeline_stop(L);
-    pthread_mutex_lock(&L->mu);
-    int keep = L->held > 0;
-    if (keep) {
-        shed_for_zombie(L);
-        L->zombie = 1; /* the last npyload_batch_release frees the rest */
-    }
-    pthread_mutex_unlock(&L->mu);
-    if (!keep)
-        npyl_loader_free(L);
+    npyl_slots_stop(&L->ring, 1);
+    npyl_workers_stop(L->workers, L->nworkers, &L->env);
+    if (npyl_slots_mark_kept(&L->ring) > 0)
+        shed_held(L);
+    npyl_loader_unref(L); /* the caller's reference; held batches have theirs */
 }
 
 /* ---- epoch, state, queries ---- */
@@ -296,10 +270,9 @@ int64_t npyload_loader_num_batches(const npyload_loader *L)
     if (!L->started)
         return NPYLOAD_ESTATE;
     npyload_loader *M = (npyload_loader *)L; /* the lock is not part of the value */
-    pthread_mutex_lock(&M->mu); /* set_state may change it (drop_last) */
-    int64_t nb = L->nbatches;
-    pthread_mutex_unlock(&M->mu);
-    return nb;
+    npyl_position pos;
+    npyl_slots_position(&M->ring, &pos); /* set_state may change it (drop_last) */
+    return pos.nbatches;
 }
 
 int64_t npyload_loader_num_samples(const npyload_loader *L)
@@ -345,36 +318,36 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *dst,
         return NPYLOAD_EFORKED;
     npyload_stats st, *out = &st;
     memset(out, 0, sizeof *out);
-    out->bytes_read = atomic_load(&L->st_bytes);
-    out->samples_skipped = atomic_load(&L->st_skipped);
-    out->errors = atomic_load(&L->st_errors);
-    out->compressed_bytes_read = atomic_load(&L->st_zcbytes);
-    out->decompressed_bytes = atomic_load(&L->st_zdbytes);
-    out->decode_ns = atomic_load(&L->st_zdecode_ns);
-    out->transform_ns = atomic_load(&L->st_transform_ns);
-    out->batches_delivered = atomic_load(&L->st_batches);
-    out->samples_delivered = atomic_load(&L->st_samples);
-    out->wait_ns = atomic_load(&L->st_wait_ns);
-    out->io_ns = atomic_load(&L->st_io_ns);
-    out->h2d_bytes = atomic_load(&L->st_h2d_bytes);
-    out->h2d_ns = atomic_load(&L->st_h2d_ns);
+    out->bytes_read = atomic_load(&L->st.bytes);
+    out->samples_skipped = atomic_load(&L->st.skipped);
+    out->errors = atomic_load(&L->st.errors);
+    out->compressed_bytes_read = atomic_load(&L->st.zcbytes);
+    out->decompressed_bytes = atomic_load(&L->st.zdbytes);
+    out->decode_ns = atomic_load(&L->st.zdecode_ns);
+    out->transform_ns = atomic_load(&L->st.transform_ns);
+    out->batches_delivered = atomic_load(&L->st.batches);
+    out->samples_delivered = atomic_load(&L->st.samples);
+    out->wait_ns = atomic_load(&L->st.wait_ns);
+    out->io_ns = atomic_load(&L->st.io_ns);
+    out->h2d_bytes = atomic_load(&L->st.h2d_bytes);
+    out->h2d_ns = atomic_load(&L->st.h2d_ns);
     out->backend = L->started ? L->backend : NPYLOAD_IO_AUTO;
-    out->pinned = L->pinned;
+    out->pinned = L->dev.pinned;
     out->direct_io = (int)L->opt[NPYLOAD_OPT_DIRECT_IO];
-    out->device = L->device;
+    out->device = L->dev.device;
     out->slot_bytes = L->host_slot_bytes;
-    out->num_slots = L->nh + L->nd;
+    out->num_slots = L->ring.nh + L->ring.nd;
     /* workers[] and their io contexts live from start to free_started, like
      * the slots read above; backend_now is atomic. */
     npyl_io_counters c = {0, 0, 0, 0};
     if (L->started && L->workers)
         for (size_t i = 0; i < L->nworkers; i++) {
-            if (!L->workers[i].io)
+            if (!L->workers[i].rd.io)
                 continue;
             if (L->backend == NPYLOAD_IO_URING &&
-                npyl_io_backend_now(L->workers[i].io) == NPYLOAD_IO_PREAD)
+                npyl_io_backend_now(L->workers[i].rd.io) == NPYLOAD_IO_PREAD)
                 out->uring_fallbacks++;
-            npyl_io_counters_add(L->workers[i].io, &c);
+            npyl_io_counters_add(L->workers[i].rd.io, &c);
         }
     out->gather_bytes = c.gather_bytes;
     out->gather_requests = c.gather_reqs;
@@ -391,8 +364,6 @@ int npyload_loader_last_skip_error(const npyload_loader *L, char *buf, size_t le
     if (npyl_in_child(L))
         return NPYLOAD_EFORKED;
     npyload_loader *M = (npyload_loader *)L; /* the lock is not part of the value */
-    pthread_mutex_lock(&M->mu);
-    snprintf(buf, len, "%s", L->skip_msg);
-    pthread_mutex_unlock(&M->mu);
+    npyl_skip_log_get(&M->skip, buf, len);
     return 0;
 }

@@ -188,15 +188,15 @@ static int load_field(npyload_loader *L, npyl_field *f, size_t *io_next, int64_t
             return npyl_loader_fail(L, rc, "field '%s': %s", f->name, err);
         f->files[k].zst = zst; /* freed with the file table from here on */
         if (zst) {
-            L->has_zst = 1;
-            if (zst->max_csize > L->zst_max_csize)
-                L->zst_max_csize = zst->max_csize;
+            L->zst.any = 1;
+            if (zst->max_csize > L->zst.max_csize)
+                L->zst.max_csize = zst->max_csize;
             for (uint32_t fr = 1; fr < zst->nframes; fr++) {
                 uint64_t first, count;
                 npyl_zst_frame_rows(zst, fr, &first, &count);
                 uint64_t dsz = zst->doff[fr + 1] - zst->doff[fr];
-                if (count > 1 && dsz > L->zst_max_multi_dsize)
-                    L->zst_max_multi_dsize = (uint32_t)dsz;
+                if (count > 1 && dsz > L->zst.max_multi_dsize)
+                    L->zst.max_multi_dsize = (uint32_t)dsz;
             }
         }
         if (h.ndim < 1)
@@ -397,8 +397,8 @@ int npyl_load_fields(npyload_loader *L)
     int arc = check_alignment(L);
     if (arc)
         return arc;
-    L->has_zst = 0;
-    L->zst_max_csize = L->zst_max_multi_dsize = 0;
+    L->zst.any = 0;
+    L->zst.max_csize = L->zst.max_multi_dsize = 0;
     L->io_files = calloc(nfiles, sizeof *L->io_files);
     if (!L->io_files)
         return npyl_loader_fail(L, -ENOMEM, "out of memory");

@@ -1,52 +1,33 @@
-/* The loader's private state, shared by npyload_loader.c (setup, options,
- * validation, teardown: the rare paths) and npyload_pipeline.c (workers,
- * next(), release(): the hot path). Depends on every other module of lib/.
+/* The loader object, shared by the top layer of lib/loader: the public API
+ * and lifetime (npyload_loader.c, npyload_loader_next.c), setup
+ * (npyload_loader_start.c, _fields.c, _options.c) and the resume state
+ * (npyload_loader_state.c). Everything below this layer (worker, batch
+ * read, slots, device) sees only the sub-structs it is handed, never
+ * npyload_loader; README.md in this folder draws the layers.
  *
- * Concurrency model, in one place:
- *  - One mutex (mu) guards every field below marked [mu]. Work is coarse
- *    (one lock round-trip per batch per stage, batches are megabytes), so a
- *    single lock is simpler than lock-free rings and never the bottleneck.
- *  - Workers sleep on work_cv until a batch can be claimed (a free staging
- *    slot and an unclaimed batch of the current generation), read it with no
- *    lock held, then publish it. The consumer sleeps on ready_cv until the
- *    batch with seq == next_seq of the current generation is published.
- *    In device mode, workers also wait on dev_cv for their turn to take a
- *    device slot: device slots are taken strictly in seq order, so a batch
- *    ahead can never occupy the last device slot while an earlier batch
- *    waits for one (that would deadlock the in-order consumer).
- *  - A second mutex (ctl) serialises the API's control calls: start,
- *    set_epoch and set_state run one at a time (ctl_busy), each for its whole
- *    body, so the O(N) order is built into seqspare, which only the ctl
- *    holder touches, without mu: the workers never wait for an order being
- *    built. destroy marks the loader (destroying), waits for the control
- *    call in progress, makes those still waiting return NPYLOAD_ESTATE, and
- *    wakes a next() waiting for a batch (it returns NPYLOAD_ESTATE), then
- *    waits for it to leave (in_next) before anything is freed. Lock order:
- *    ctl is never taken with mu held.
- *  - Batch handles: each slot has NPYL_HANDLES handles used in turn, one per
- *    hand-out; owner is the one the caller holds (NULL when none). release
- *    claims it with a compare-and-swap, so a second release of a handle, or
- *    a release of a handle whose slot was handed out again since (under
- *    another handle), finds owner != handle and is refused: no count moves.
- *  - A generation (gen) is one pass over an epoch's batches. set_epoch and
- *    set_state start a new generation; work of an older generation is
- *    discarded when it finishes (its slot goes back to FREE) — in-flight
- *    reads are never cancelled, they land in memory the loader still owns.
- *  - Device mode, staging slots: a worker queues the copy of its host slot
- *    on its own stream, records the slot's ev_done after it, and hands the
- *    slot back FREE with copy_pending set, without waiting: it goes on to
- *    read its next batch while the copy runs. Whoever claims a FREE slot
- *    with copy_pending waits on its ev_done (no lock held) before reading
- *    into it; claims prefer slots without a pending copy. The copy itself
- *    waits only on device events already recorded (the previous copy into
- *    the device slot, the consumer's release), so no host wait can deadlock.
- *    npyl_pipeline_stop waits for every pending copy before memory is freed.
- *  - Slots handed to the caller are HELD until released. Destroy with slots
- *    HELD joins the workers and frees everything but those slots, the slot
- *    arrays, the fields and the CUDA context their release needs ("zombie");
- *    the last release frees the rest. A device slot released on a stream that can be
- *    neither ordered by an event nor waited for is POISONED: never reused
- *    (see release() in npyload_pipeline.c).
+ * The loader is the sum of its parts: ring (the slots and the schedule,
+ * npyload_loader_slots.h: its mutex mu and condition variables guard every
+ * slot state, and its header has the concurrency model), dev (CUDA,
+ * npyload_loader_device.h), rv + skip (what the batch reader sees,
+ * npyload_loader_read.h), workers + env (npyload_loader_worker.h), st (the
+ * counters), plus what setup owns (options, fields, file tables, sizes)
+ * and the control turn below.
+ *
+ * Control calls: a second mutex (ctl) serialises start, set_epoch and
+ * set_state (ctl_busy), each for its whole body, so the O(N) order is built
+ * into the ring's seqspare, which only the ctl holder touches, without mu:
+ * the workers never wait for an order being built. destroy marks the loader
+ * (destroying), waits for the control call in progress, makes those still
+ * waiting return NPYLOAD_ESTATE, and stops the ring, which wakes a next()
+ * waiting for a batch (it returns NPYLOAD_ESTATE) and waits for it to leave
+ * before anything is freed. Lock order: ctl is never taken with mu held.
+ *
+ * Lifetime: refs counts the caller's reference (dropped by destroy) and
+ * one per batch handed out and not yet released. Destroy with batches held
+ * joins the workers and frees everything but the HELD slots, the slot
+ * arrays and handles, the fields and the CUDA context their release needs;
+ * whoever drops the last reference (destroy, or the last release) frees the
+ * rest (npyl_loader_unref). Nothing below the API calls back into it.
  */
 #ifndef NPYLOAD_LOADER_INTERNAL_H
 #define NPYLOAD_LOADER_INTERNAL_H
@@ -63,8 +44,12 @@
 #include "../order/npyload_order.h"
 #include "../zst/npyload_zst.h"
 #include "../transform/npyload_transform.h"
+#include "npyload_loader_device.h"
+#include "npyload_loader_field.h"
+#include "npyload_loader_read.h"
+#include "npyload_loader_slots.h"
+#include "npyload_loader_worker.h"
 
-#define NPYL_ERRMSG_LEN 1024
 #define DEFAULT_WORKERS 2
 #define DEFAULT_WINDOW 8
 #define DEFAULT_QUEUE_DEPTH 32
@@ -72,9 +57,6 @@
 #define MAX_PREFETCH 1024
 #define MAX_QUEUE_DEPTH 4096
 #define DEV_ALIGN 256u
-/* Handles per slot, used in turn: a stale handle is recognised until its
- * slot has been handed out NPYL_HANDLES more times (see release()). */
-#define NPYL_HANDLES 8
 
 /* One past the largest npyload_option: the table's values are 1 .. count
  * (checked by static assertions next to opt_name). */
@@ -82,130 +64,29 @@
 enum { NPYL_NUM_OPTS = 1 NPYLOAD_OPTION_MAP(NPYL_XX_COUNT) };
 #undef NPYL_XX_COUNT
 
-/* One file of a field, after start. */
-typedef struct npyl_ffile {
-    uint32_t io_index;    /* index into loader->io_files */
-    int64_t first;        /* global sample index of its first row */
-    int64_t count;        /* rows */
-    uint64_t data_offset;
-    npyl_zst_index *zst;  /* a .npy.zst: its frame index (owned); NULL: .npy */
-} npyl_ffile;
-
-typedef struct npyl_field {
-    char *name;
-    char **paths;         /* as added (glob already expanded, sorted) */
-    size_t npaths;
-    /* Known after start: */
-    npyl_ffile *files;
-    char descr[NPYLOAD_DESCR_LEN];
-    size_t itemsize;
-    int sndim;            /* per-sample ndim */
-    int64_t sshape[NPYLOAD_MAX_DIMS];
-    uint64_t row_bytes;   /* bytes per sample */
-    uint64_t host_off;    /* where the field starts in a host slot */
-    uint64_t dev_off;     /* where the field starts in a device slot */
-    /* Transform (npyload_loader_set_transform): the description with its
-     * own copies of mean/std, then at start its plan. xform: the plan is
-     * not the identity, so the stored rows go through the worker's raw
-     * buffer (host mode) or its device raw buffer (device mode), at
-     * raw_off, and the slot holds out_row_bytes per row. */
-    int has_transform;
-    npyload_transform tdesc;
-    float *tmean, *tstd;
-    npyl_tplan tplan;
-    int xform;
-    uint64_t out_row_bytes; /* bytes per delivered row (row_bytes without) */
-    uint64_t raw_off;
-} npyl_field;
-
-enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_READY, SLOT_HELD, SLOT_POISONED };
-
-/* A slot: host staging memory (host slots) or device memory (device slots).
- * In host mode the host slots are also the batches handed out. */
-typedef struct npyl_slot {
-    int state;            /* [mu] SLOT_* */
-    uint64_t gen;         /* [mu] generation it was filled for */
-    int64_t seq;          /* [mu] batch position in the rank's epoch */
-    uint64_t epoch;       /* the epoch it belongs to */
-    size_t rows;
-    int64_t *indices;     /* batch_size entries */
-    int err;              /* a failed batch carries its error in order */
-    char *errmsg;         /* NPYL_ERRMSG_LEN, only when err != 0 */
-    uint8_t *mem;
-    npyload_array *arrays; /* one per field, pointing into mem */
-    npyload_batch *handles; /* NPYL_HANDLES handles, one per hand-out in turn;
-                               kept until the loader is freed (a zombie keeps
-                               them all) so a stale handle is never dangling */
-    uint64_t handouts;    /* [mu] times the slot was handed out */
-    _Atomic(npyload_batch *) owner; /* the handle the caller holds, or NULL:
-                                       set by next() under mu, cleared by the
-                                       release that wins the CAS */
-    /* device mode: */
-    void *ev_done, *ev_release; /* copy done (recorded by the copying
-                                   worker; on a staging slot: the copy that
-                                   reads it), slot released (by the consumer;
-                                   device slots only) */
-    void *ev_start;       /* staging slots: before the copy (timing); created
-                             by the first worker that copies from the slot */
-    int release_pending;  /* [mu] ev_release recorded and not yet waited on */
-    int copy_pending;     /* [mu] staging slot: ev_done not yet waited on */
-} npyl_slot;
-
-struct npyload_batch {
-    npyload_loader *L;
-    npyl_slot *slot;
-    int device_mode;
-    int64_t seq;          /* the hand-out's batch and epoch (for messages) */
-    uint64_t epoch;
-};
-
-typedef struct npyl_worker {
-    npyload_loader *L;
-    pthread_t thread;
-    int started;
-    npyl_io *io;
-    npyl_io_req *reqs;    /* batch_size x nfields capacity */
-    uint8_t **dst;        /* nfields: where each field's rows land */
-    uint8_t *raw;         /* host mode with transforms: one batch of the
-                             transformed fields' stored rows (raw_bytes) */
-    void *draw;           /* device mode with transforms: the same on the
-                             device; reused in stream order */
-    void *stream;         /* device mode: this worker's copy stream */
-    char errmsg[NPYL_ERRMSG_LEN];
-    /* .npy.zst reading (npyload_pipeline_read.c), sized at start: */
-    ZSTD_DCtx *dctx;      /* reused for every frame */
-    uint8_t *zsrc;        /* compressed frames, NPYL_DIRECT_ALIGN-aligned */
-    size_t zsrc_cap;
-    uint8_t *zdst;        /* the decode window of a frame of several samples
-                             (at most 1 MiB; npyload_zst_frame.c) */
-    size_t zdst_cap;
-    struct npyl_zrow *zrows; /* batch_size x nfields: rows grouped by frame */
-} npyl_worker;
-
 struct npyload_loader {
     /* The creating process. In any other (a fork() child) the threads that
-     * mu, the cvs and the io contexts belong to do not exist and mu may be
+     * the locks and the io contexts belong to do not exist and mu may be
      * held forever: every entry returns NPYLOAD_EFORKED and touches none of
      * it (npyl_loader_forked). */
     pid_t pid;
-    pthread_mutex_t mu;
-    pthread_cond_t work_cv, ready_cv, dev_cv;
+    _Atomic size_t refs;      /* 1 (the caller's, until destroy) + batches held */
     /* Control calls (start, set_epoch, set_state) and destroy; see above. */
     pthread_mutex_t ctl;
     pthread_cond_t ctl_cv;
     int ctl_busy;             /* [ctl] a control call runs */
     int ctl_waiting;          /* [ctl] control calls waiting for their turn */
     int destroying;           /* [ctl] destroy has begun */
-    int in_next;              /* [mu] next() calls inside */
 
+    /* Setup: options and fields. */
     int64_t opt[NPYL_NUM_OPTS];
     int state_pending;        /* set_state called before start */
     npyload_state pending;
-
+    uint64_t epoch;           /* the first epoch (set_epoch before start) */
     npyl_field *fields;
     size_t nfields, cap_fields;
 
-    /* Known after start: */
+    /* Known after start (setup fills them; freed by free_started): */
     int started;
     int backend;              /* resolved npyload_io_backend */
     unsigned queue_depth;     /* resolved QUEUE_DEPTH */
@@ -216,51 +97,19 @@ struct npyload_loader {
                                  most samples a rank gets per epoch) */
     uint64_t host_slot_bytes, dev_slot_bytes;
     uint64_t raw_bytes;       /* per worker: stored rows of transformed fields */
-    npyl_tdev *tdev;          /* device transforms: the loaded kernels */
+    npyl_zst_sizes zst;       /* .npy.zst files: the largest frames */
     int sync;                 /* NUM_WORKERS = NPYLOAD_WORKERS_SYNC: one
                                  worker context, no thread; next() reads */
-    npyl_cuda *cuda;          /* NULL unless device mode or pinned */
-    int device;               /* -1 host */
-    int pinned;
-    npyl_slot *hslots;        /* staging (host) slots */
-    size_t nh;
-    npyl_slot *dslots;        /* device slots (device mode) */
-    size_t nd;
+
+    /* The parts below the API, each handed only what it needs. */
+    npyl_ring ring;           /* slots and schedule; owns mu and the cvs */
+    npyl_device dev;          /* CUDA: context, device, pinned, kernels */
+    npyl_read_view rv;        /* the batch reader's view (filled at start) */
+    npyl_skip_log skip;       /* last failure behind a skip */
+    npyl_stats st;            /* counters */
+    npyl_work_env env;        /* the workers' view: ring, rv, dev, st */
     npyl_worker *workers;
     size_t nworkers;
-
-    /* Order of the current generation. [mu] */
-    npyl_order_params op;
-    int64_t *seqbuf;          /* this rank's delivered indices for the epoch */
-    int64_t *seqspare;        /* the next order is built here, then swapped */
-    int64_t delivered;        /* entries in seqbuf */
-    int64_t nbatches;
-    uint64_t gen;
-    uint64_t epoch;
-    int64_t next_seq;         /* next batch next() hands out */
-    int64_t claim_seq;        /* next batch a worker claims */
-    int64_t dev_next_seq;     /* next batch to take a device slot */
-    int64_t gen_first_seq;    /* where the generation began (resume) */
-
-    size_t held;              /* [mu] batch slots held by the caller */
-    int failed;               /* [mu] until set_epoch: 1 an error was handed
-                                 out; 2 a release poisoned a slot (errmsg
-                                 says why; next() returns NPYLOAD_ECUDA) */
-    int stopping;             /* [mu] workers exit */
-    int zombie;               /* [mu] destroyed with batches held */
-
-    /* Counters, read without the lock. */
-    _Atomic uint64_t st_bytes, st_batches, st_samples, st_wait_ns, st_io_ns,
-        st_h2d_bytes, st_h2d_ns;
-    _Atomic uint64_t st_skipped, st_errors; /* ON_ERROR skip */
-    char skip_msg[NPYL_ERRMSG_LEN];  /* [mu] last failure behind a skip */
-
-    /* .npy.zst files (npyload_loader_fields.c): the largest frame of any. */
-    int has_zst;
-    uint32_t zst_max_csize;       /* any frame, compressed */
-    uint32_t zst_max_multi_dsize; /* frames of several samples, decompressed */
-    _Atomic uint64_t st_zcbytes, st_zdbytes, st_zdecode_ns;
-    _Atomic uint64_t st_transform_ns; /* host transforms */
 
     char errmsg[NPYL_ERRMSG_LEN];
 };
@@ -295,40 +144,11 @@ NPYL_HIDDEN int npyl_load_fields(npyload_loader *L);
 NPYL_HIDDEN int npyl_state_check(npyload_loader *L, const npyload_state *st, int64_t n,
                                  npyl_order_params *op, int64_t *first_seq);
 
-/* npyload_pipeline_read.c: reads slot h's rows (h->indices, h->rows) of
- * field fi to dst[fi] + row * row_bytes, through w's io context. With
- * ON_ERROR skip, failed rows are dropped (h->rows and h->indices shrink,
- * the good rows packed to the front). Returns 0 or the error, with the
- * message in w->errmsg; *bytes accumulates what landed. No lock held. */
-NPYL_HIDDEN int npyl_read_batch(npyload_loader *L, npyl_worker *w, npyl_slot *h,
-                                uint8_t *const *dst, uint64_t *bytes);
-
-/* npyload_pipeline_read.c: a worker's .npy.zst state (decompression
- * context, scratch buffers), sized from L's largest frames; nothing when the
- * loader has no .npy.zst file. 0 or -ENOMEM (message in L->errmsg). The
- * free is idempotent. */
-NPYL_HIDDEN int npyl_read_worker_init(npyload_loader *L, npyl_worker *w);
-NPYL_HIDDEN void npyl_read_worker_free(npyl_worker *w);
-
-/* npyload_pipeline.c: */
-/* Sync mode: claims and fills the next batch on the calling thread (the
- * worker body once). Called with mu held; returns with mu held. Returns 1
- * when a batch was processed, 0 when none can be claimed now. */
-NPYL_HIDDEN int npyl_pipeline_step(npyload_loader *L);
-/* Starts the worker threads (after slots and io contexts exist). */
-NPYL_HIDDEN int npyl_pipeline_start(npyload_loader *L);
-/* Stops and joins the workers; in-flight reads and copies complete first. */
-NPYL_HIDDEN void npyl_pipeline_stop(npyload_loader *L);
-/* Begins a generation with order parameters `op` (its epoch included) at
- * batch first_seq. Called by the ctl holder without mu (it builds the order
- * into seqspare unlocked, then takes mu to install it; ctl keeps any other
- * builder out). Clears errmsg on success. Returns 0 or -ENOMEM, in which case
- * nothing changed. */
-NPYL_HIDDEN int npyl_pipeline_reset(npyload_loader *L, const npyl_order_params *op,
-                                    int64_t first_seq);
 /* npyload_loader.c: frees what start allocated (the loader returns to its
- * pre-start state), or everything including the loader itself. */
+ * pre-start state). */
 NPYL_HIDDEN void npyl_loader_free_started(npyload_loader *L);
-NPYL_HIDDEN void npyl_loader_free(npyload_loader *L);
+/* npyload_loader.c: drops a reference (destroy's, or a released batch's);
+ * the last one frees the loader. */
+NPYL_HIDDEN void npyl_loader_unref(npyload_loader *L);
 
 #endif

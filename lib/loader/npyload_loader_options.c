@@ -148,11 +148,11 @@ int npyload_loader_get(const npyload_loader *L, npyload_option opt, int64_t *val
     case NPYLOAD_OPT_NUM_WORKERS:
         *value = L->sync ? NPYLOAD_WORKERS_SYNC : (int64_t)L->nworkers;
         break;
-    case NPYLOAD_OPT_PREFETCH: *value = (int64_t)(L->nd ? L->nd : L->nh); break;
+    case NPYLOAD_OPT_PREFETCH: *value = (int64_t)(L->ring.nd ? L->ring.nd : L->ring.nh); break;
     case NPYLOAD_OPT_QUEUE_DEPTH: *value = (int64_t)L->queue_depth; break;
-    case NPYLOAD_OPT_SHUFFLE_WINDOW: *value = L->op.window; break;
+    case NPYLOAD_OPT_SHUFFLE_WINDOW: *value = L->ring.op.window; break;
     case NPYLOAD_OPT_IO_BACKEND: *value = L->backend; break;
-    case NPYLOAD_OPT_PIN_MEMORY: *value = L->pinned; break;
+    case NPYLOAD_OPT_PIN_MEMORY: *value = L->dev.pinned; break;
     default: break;
     }
     return 0;

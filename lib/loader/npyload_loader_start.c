@@ -42,7 +42,7 @@ static int plan_layout(npyload_loader *L)
 {
     uint64_t B = (uint64_t)L->slot_rows;
     uint64_t h = 0, d = 0, r = 0;
-    int device_mode = L->opt[NPYLOAD_OPT_DEVICE] >= 0; /* open_cuda sets L->device later */
+    int device_mode = L->opt[NPYLOAD_OPT_DEVICE] >= 0; /* open_cuda sets L->dev.device later */
     for (size_t i = 0; i < L->nfields; i++) {
         npyl_field *f = &L->fields[i];
         /* A transformed field: the host slot holds the stored rows in device
@@ -150,18 +150,18 @@ static int open_tdev(npyload_loader *L)
     int need = 0;
     for (size_t i = 0; i < L->nfields; i++)
         need |= L->fields[i].xform;
-    if (L->device < 0 || !need)
+    if (L->dev.device < 0 || !need)
         return 0;
     char err[512] = "";
-    int prev = -1, rc = npyl_cuda_enter(L->cuda, &prev);
+    int prev = -1, rc = npyl_cuda_enter(L->dev.cuda, &prev);
     if (rc)
-        return npyl_loader_fail(L, rc, "CUDA device %d: %s", L->device,
-                                npyl_cuda_errmsg(L->cuda));
-    rc = npyl_tdev_open(&L->tdev, L->cuda, err, sizeof err);
-    npyl_cuda_leave(L->cuda, prev);
+        return npyl_loader_fail(L, rc, "CUDA device %d: %s", L->dev.device,
+                                npyl_cuda_errmsg(L->dev.cuda));
+    rc = npyl_tdev_open(&L->dev.tdev, L->dev.cuda, err, sizeof err);
+    npyl_cuda_leave(L->dev.cuda, prev);
     if (rc)
         return npyl_loader_fail(L, rc, "CUDA device %d: loading the transform kernels "
-                                "failed: %s", L->device, err);
+                                "failed: %s", L->dev.device, err);
     return 0;
 }
 
@@ -175,65 +175,66 @@ static int init_slot(npyload_loader *L, npyl_slot *s, int device_slot)
     if (!s->indices || !s->arrays || !s->errmsg || !s->handles)
         return npyl_loader_fail(L, -ENOMEM, "out of memory allocating slots");
     for (size_t k = 0; k < NPYL_HANDLES; k++) {
-        s->handles[k].L = L;
+        s->handles[k].owner = L;
+        s->handles[k].nfields = L->nfields;
         s->handles[k].slot = s;
         s->handles[k].device_mode = device_slot;
     }
     atomic_init(&s->owner, NULL);
     int rc;
     if (device_slot) {
-        if ((rc = npyl_cuda_malloc(L->cuda, (void **)&s->mem, L->dev_slot_bytes)) ||
-            (rc = npyl_cuda_event_create(L->cuda, &s->ev_done, 0)) ||
-            (rc = npyl_cuda_event_create(L->cuda, &s->ev_release, 0)))
+        if ((rc = npyl_cuda_malloc(L->dev.cuda, (void **)&s->mem, L->dev_slot_bytes)) ||
+            (rc = npyl_cuda_event_create(L->dev.cuda, &s->ev_done, 0)) ||
+            (rc = npyl_cuda_event_create(L->dev.cuda, &s->ev_release, 0)))
             return npyl_loader_fail(L, rc, "CUDA device %d: allocating a %" PRIu64
-                                    "-byte device slot failed: %s", L->device,
-                                    L->dev_slot_bytes, npyl_cuda_errmsg(L->cuda));
+                                    "-byte device slot failed: %s", L->dev.device,
+                                    L->dev_slot_bytes, npyl_cuda_errmsg(L->dev.cuda));
         return 0;
     }
-    if (L->pinned) {
-        rc = npyl_cuda_host_alloc(L->cuda, (void **)&s->mem, L->host_slot_bytes);
+    if (L->dev.pinned) {
+        rc = npyl_cuda_host_alloc(L->dev.cuda, (void **)&s->mem, L->host_slot_bytes);
         if (rc == 0)
             return 0;
         if (L->opt[NPYLOAD_OPT_PIN_MEMORY] == 1)
             return npyl_loader_fail(L, rc, "pinning a %" PRIu64 "-byte slot failed (%s); "
                                     "PIN_MEMORY=1 requires it", L->host_slot_bytes,
-                                    npyl_cuda_errmsg(L->cuda));
+                                    npyl_cuda_errmsg(L->dev.cuda));
         /* Pinning can fail under a locked-memory limit: fall back to pageable
          * memory for every slot so the stats tell one consistent story. */
-        for (size_t i = 0; i < L->nh && &L->hslots[i] != s; i++) {
-            npyl_cuda_host_free(L->cuda, L->hslots[i].mem);
-            L->hslots[i].mem = npyl_alloc_aligned(L->host_slot_bytes, NPYL_DIRECT_ALIGN);
-            if (!L->hslots[i].mem)
+        for (size_t i = 0; i < L->ring.nh && &L->ring.hslots[i] != s; i++) {
+            npyl_cuda_host_free(L->dev.cuda, L->ring.hslots[i].mem);
+            L->ring.hslots[i].mem = npyl_alloc_aligned(L->host_slot_bytes, NPYL_DIRECT_ALIGN);
+            if (!L->ring.hslots[i].mem)
                 return npyl_loader_fail(L, -ENOMEM, "out of memory allocating slots");
         }
-        L->pinned = 0;
+        L->dev.pinned = 0;
     }
     s->mem = npyl_alloc_aligned(L->host_slot_bytes, NPYL_DIRECT_ALIGN);
     if (!s->mem)
         return npyl_loader_fail(L, -ENOMEM, "cannot allocate %zu slots of %" PRIu64
-                                " bytes (PREFETCH x batch bytes)", L->nh, L->host_slot_bytes);
+                                " bytes (PREFETCH x batch bytes)", L->ring.nh, L->host_slot_bytes);
     return 0;
 }
 
 static int alloc_slots(npyload_loader *L, size_t nworkers, size_t prefetch)
 {
-    int device_mode = L->device >= 0;
+    int device_mode = L->dev.device >= 0;
     /* Host mode: the slots are the batches. Device mode: PREFETCH device
      * slots are the batches; host staging slots only need to cover the reads
      * in flight plus one being copied. */
-    L->nh = device_mode ? (prefetch < nworkers + 1 ? prefetch : nworkers + 1) : prefetch;
-    L->nd = device_mode ? prefetch : 0;
-    L->hslots = calloc(L->nh, sizeof *L->hslots);
-    L->dslots = L->nd ? calloc(L->nd, sizeof *L->dslots) : NULL;
-    if (!L->hslots || (L->nd && !L->dslots))
+    L->ring.nh = device_mode ? (prefetch < nworkers + 1 ? prefetch : nworkers + 1) : prefetch;
+    L->ring.nd = device_mode ? prefetch : 0;
+    L->ring.hslots = calloc(L->ring.nh, sizeof *L->ring.hslots);
+    L->ring.dslots = L->ring.nd ? calloc(L->ring.nd, sizeof *L->ring.dslots) : NULL;
+    if (!L->ring.hslots || (L->ring.nd && !L->ring.dslots))
         return npyl_loader_fail(L, -ENOMEM, "out of memory");
-    for (size_t i = 0; i < L->nh; i++) {
-        int rc = init_slot(L, &L->hslots[i], 0);
+    for (size_t i = 0; i < L->ring.nh; i++) {
+        int rc = init_slot(L, &L->ring.hslots[i], 0);
         if (rc)
             return rc;
     }
-    for (size_t i = 0; i < L->nd; i++) {
-        int rc = init_slot(L, &L->dslots[i], 1);
+    for (size_t i = 0; i < L->ring.nd; i++) {
+        int rc = init_slot(L, &L->ring.dslots[i], 1);
         if (rc)
             return rc;
     }
@@ -298,17 +299,17 @@ static int open_cuda(npyload_loader *L)
 {
     int dev = (int)L->opt[NPYLOAD_OPT_DEVICE];
     int pin = (int)L->opt[NPYLOAD_OPT_PIN_MEMORY];
-    L->device = dev;
+    L->dev.device = dev;
     if (dev < 0 && pin != 1)
         return 0; /* host mode never loads CUDA unless pinning is required */
     char why[256] = "";
-    int rc = npyl_cuda_open(&L->cuda, dev >= 0 ? dev : 0, why, sizeof why);
+    int rc = npyl_cuda_open(&L->dev.cuda, dev >= 0 ? dev : 0, why, sizeof why);
     if (rc)
         return npyl_loader_fail(L, NPYLOAD_ENOCUDA, "%s: %s",
                                 dev >= 0 ? "CUDA device requested but unusable"
                                          : "PIN_MEMORY=1 needs CUDA, which is unusable",
                                 why);
-    L->pinned = pin != 0;
+    L->dev.pinned = pin != 0;
     return 0;
 }
 
@@ -336,7 +337,7 @@ static int resolve_counts(npyload_loader *L, size_t *nworkers, size_t *prefetch)
  * buffers the epoch's order is built in. */
 static int plan_order(npyload_loader *L)
 {
-    npyl_order_params *op = &L->op;
+    npyl_order_params *op = &L->ring.op;
     memset(op, 0, sizeof *op);
     op->n = L->n;
     op->shuffle = (int)L->opt[NPYLOAD_OPT_SHUFFLE];
@@ -360,24 +361,41 @@ static int plan_order(npyload_loader *L)
     int rc = npyl_order_check(op, oerr, sizeof oerr);
     if (rc)
         return npyl_loader_fail(L, rc, "%s", oerr);
-    L->delivered = npyl_order_delivered_len(op);
-    L->nbatches = npyl_order_num_batches(op);
+    L->ring.delivered = npyl_order_delivered_len(op);
+    L->ring.nbatches = npyl_order_num_batches(op);
     /* Sized for the larger of the drop_last cases: set_state may switch. */
     npyl_order_params keep = *op;
     keep.drop_last = 0;
     int64_t cap = npyl_order_delivered_len(&keep);
-    if (cap < L->delivered)
-        cap = L->delivered;
-    L->seqbuf = malloc((size_t)(cap ? cap : 1) * sizeof *L->seqbuf);
-    L->seqspare = malloc((size_t)(cap ? cap : 1) * sizeof *L->seqspare);
-    if (!L->seqbuf || !L->seqspare)
+    if (cap < L->ring.delivered)
+        cap = L->ring.delivered;
+    L->ring.seqbuf = malloc((size_t)(cap ? cap : 1) * sizeof *L->ring.seqbuf);
+    L->ring.seqspare = malloc((size_t)(cap ? cap : 1) * sizeof *L->ring.seqspare);
+    if (!L->ring.seqbuf || !L->ring.seqspare)
         return npyl_loader_fail(L, -ENOMEM, "out of memory for the epoch's order (%" PRId64
-                                " samples)", L->delivered);
+                                " samples)", L->ring.delivered);
     return 0;
 }
 
-/* Step: one io context (descriptors, ring), request array and, in device
- * mode, copy stream and timing events per worker. */
+/* Step: what the batch reader sees of the loader. */
+static int fill_read_view(npyload_loader *L)
+{
+    L->rv = (npyl_read_view){
+        .fields = L->fields,
+        .nfields = L->nfields,
+        .io_files = L->io_files,
+        .direct_io = (int)L->opt[NPYLOAD_OPT_DIRECT_IO],
+        .skip_errors = L->opt[NPYLOAD_OPT_ON_ERROR] == 1,
+        .max_errors = L->opt[NPYLOAD_OPT_MAX_ERRORS],
+        .st = &L->st,
+        .skip = &L->skip,
+    };
+    return 0;
+}
+
+/* Step: one worker per thread (or the one of a synchronous loader): its io
+ * context (descriptors, ring), request array, .npy.zst scratch and, in
+ * device mode, copy stream (npyl_worker_init). */
 static int create_workers(npyload_loader *L, size_t nworkers)
 {
     unsigned max_open = 1;
@@ -388,50 +406,30 @@ static int create_workers(npyload_loader *L, size_t nworkers)
     if (!L->workers)
         return npyl_loader_fail(L, -ENOMEM, "out of memory");
     L->nworkers = nworkers;
-    npyl_io_config cfg = {
-        .backend = L->backend,
-        .direct = (int)L->opt[NPYLOAD_OPT_DIRECT_IO],
-        .queue_depth = L->queue_depth,
-        .max_open = max_open,
-        .files = L->io_files,
-        .nfiles = L->nio_files,
+    npyl_worker_cfg cfg = {
+        .io = {
+            .backend = L->backend,
+            .direct = (int)L->opt[NPYLOAD_OPT_DIRECT_IO],
+            .queue_depth = L->queue_depth,
+            .max_open = max_open,
+            .files = L->io_files,
+            .nfiles = L->nio_files,
+        },
+        .rows = L->slot_rows ? (size_t)L->slot_rows : 1,
+        .zst = L->zst,
+        .raw_bytes = L->raw_bytes,
     };
-    size_t B = L->slot_rows ? (size_t)L->slot_rows : 1;
-    for (size_t i = 0; i < nworkers; i++) {
-        npyl_worker *w = &L->workers[i];
-        w->L = L;
-        char err[NPYL_ERRMSG_LEN - 64];
-        rc = npyl_io_create(&w->io, &cfg, err, sizeof err);
-        if (rc)
-            return npyl_loader_fail(L, rc, "worker %zu: %s", i, err);
-        w->reqs = calloc(B * L->nfields, sizeof *w->reqs);
-        w->dst = calloc(L->nfields ? L->nfields : 1, sizeof *w->dst);
-        if (!w->reqs || !w->dst)
-            return npyl_loader_fail(L, -ENOMEM, "out of memory");
-        if ((rc = npyl_read_worker_init(L, w)))
+    for (size_t i = 0; i < nworkers; i++)
+        if ((rc = npyl_worker_init(&L->workers[i], i, &L->env, &cfg, L->errmsg,
+                                   sizeof L->errmsg)))
             return rc;
-        /* One batch of the transformed fields' stored rows: memory is
-         * workers x batch, independent of PREFETCH. */
-        if (L->raw_bytes && L->device < 0 &&
-            !(w->raw = npyl_alloc_aligned(L->raw_bytes, NPYL_DIRECT_ALIGN)))
-            return npyl_loader_fail(L, -ENOMEM, "cannot allocate the %" PRIu64 "-byte "
-                                    "transform buffer of worker %zu", L->raw_bytes, i);
-        if (L->raw_bytes && L->device >= 0 &&
-            (rc = npyl_cuda_malloc(L->cuda, &w->draw, L->raw_bytes)))
-            return npyl_loader_fail(L, rc, "CUDA device %d: allocating the %" PRIu64
-                                    "-byte transform buffer of worker %zu failed: %s",
-                                    L->device, L->raw_bytes, i, npyl_cuda_errmsg(L->cuda));
-        if (L->device >= 0 && (rc = npyl_cuda_stream_create(L->cuda, &w->stream)))
-            return npyl_loader_fail(L, rc, "CUDA: creating a copy stream failed: %s",
-                                    npyl_cuda_errmsg(L->cuda));
-    }
     return 0;
 }
 
 /* Step: the first generation, at the position a pending set_state gave. */
 static int begin_first_epoch(npyload_loader *L)
 {
-    npyl_order_params first = L->op;
+    npyl_order_params first = L->ring.op;
     first.epoch = L->epoch;
     int64_t first_seq = 0;
     if (L->state_pending) {
@@ -440,7 +438,7 @@ static int begin_first_epoch(npyload_loader *L)
             return rc;
         L->state_pending = 0;
     }
-    int rc = npyl_pipeline_reset(L, &first, first_seq);
+    int rc = npyl_slots_reset(&L->ring, &first, first_seq, L->errmsg);
     if (rc)
         return npyl_loader_fail(L, rc, "out of memory building the epoch's order");
     return 0;
@@ -473,10 +471,11 @@ static int start_ctl(npyload_loader *L)
         (rc = resolve_backend(L)) || (rc = plan_layout(L)) ||
         (rc = plan_order(L)) || (rc = open_cuda(L)) ||
         (rc = alloc_slots(L, nworkers, prefetch)) || (rc = open_tdev(L)) ||
-        (rc = create_workers(L, nworkers)) || (rc = begin_first_epoch(L)))
+        (rc = fill_read_view(L)) || (rc = create_workers(L, nworkers)) || (rc = begin_first_epoch(L)))
         goto fail;
     L->started = 1;
-    if (!L->sync && (rc = npyl_pipeline_start(L))) {
+    if (!L->sync &&
+        (rc = npyl_workers_start(L->workers, L->nworkers, L->errmsg, sizeof L->errmsg))) {
         L->started = 0;
         goto fail;
     }
@@ -485,8 +484,8 @@ static int start_ctl(npyload_loader *L)
 fail:
     /* Leave the loader as it was before start, so destroy stays simple and
      * the caller can read errmsg. */
-    npyl_pipeline_stop(L);
-    L->stopping = 0;
+    npyl_workers_stop(L->workers, L->nworkers, &L->env);
+    L->ring.stopping = 0; /* no thread left: the ring is the caller's again */
     npyl_loader_free_started(L); /* fields and options stay; errmsg too */
     return rc;
 }

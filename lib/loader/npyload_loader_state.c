@@ -17,20 +17,19 @@ static int set_epoch_ctl(npyload_loader *L, uint64_t epoch)
         L->errmsg[0] = 0;
         return 0;
     }
-    pthread_mutex_lock(&L->mu);
+    npyl_position pos;
+    npyl_slots_position(&L->ring, &pos);
     /* Nothing consumed yet of this very epoch: keep the batches already
      * prefetched (start; set_epoch(0) is the common pattern). */
-    int keep = epoch == L->op.epoch && L->next_seq == 0 && L->gen_first_seq == 0 &&
-               L->op.base == 0 && !L->failed;
-    npyl_order_params op = L->op;
-    if (keep)
-        L->errmsg[0] = 0;
-    pthread_mutex_unlock(&L->mu);
-    if (keep)
+    if (epoch == pos.op.epoch && pos.next_seq == 0 && pos.gen_first_seq == 0 &&
+        pos.op.base == 0 && !pos.failed) {
+        npyl_slots_set_msg(&L->ring, L->errmsg, sizeof L->errmsg, "");
         return 0;
+    }
+    npyl_order_params op = pos.op;
     op.epoch = epoch;
     op.base = 0; /* a new epoch is the normal split */
-    int rc = npyl_pipeline_reset(L, &op, 0);
+    int rc = npyl_slots_reset(&L->ring, &op, 0, L->errmsg);
     if (rc)
         return npyl_loader_fail(L, rc, "out of memory building the order of epoch %" PRIu64,
                                 epoch);
@@ -58,23 +57,24 @@ int npyload_loader_get_state(const npyload_loader *L, npyload_state *out)
     if (!L->started)
         return NPYLOAD_ESTATE;
     npyload_loader *M = (npyload_loader *)L; /* the lock is not part of the value */
-    pthread_mutex_lock(&M->mu);
-    int64_t consumed = L->next_seq * L->op.batch_size;
-    if (consumed > L->delivered)
-        consumed = L->delivered;
+    npyl_position pos;
+    npyl_slots_position(&M->ring, &pos);
+    const npyl_order_params *op = &pos.op;
+    int64_t consumed = pos.next_seq * op->batch_size;
+    if (consumed > pos.delivered)
+        consumed = pos.delivered;
     memset(out, 0, sizeof *out);
     out->version = NPYLOAD_STATE_VERSION;
-    out->seed = L->op.seed;
-    out->epoch = L->op.epoch;
+    out->seed = op->seed;
+    out->epoch = op->epoch;
     out->consumed = (uint64_t)consumed;
     out->num_samples = L->n;
-    out->batch_size = L->op.batch_size;
-    out->world_size = L->op.world_size;
-    out->rank = L->op.rank;
-    out->shuffle = L->op.shuffle;
-    out->drop_last = L->op.drop_last;
-    out->base = L->op.base;
-    pthread_mutex_unlock(&M->mu);
+    out->batch_size = op->batch_size;
+    out->world_size = op->world_size;
+    out->rank = op->rank;
+    out->shuffle = op->shuffle;
+    out->drop_last = op->drop_last;
+    out->base = op->base;
     return 0;
 }
 
@@ -191,12 +191,12 @@ static int set_state_ctl(npyload_loader *L, const npyload_state *st)
         return 0;
     }
     /* Adopt the saved order parameters (installed under mu by reset; only
-     * the ctl holder changes L->op, so reading it here needs no mu). */
-    op = L->op;
+     * the ctl holder changes L->ring.op, so reading it here needs no mu). */
+    op = L->ring.op;
     int rc = npyl_state_check(L, st, L->n, &op, &first_seq);
     if (rc)
         return rc;
-    rc = npyl_pipeline_reset(L, &op, first_seq);
+    rc = npyl_slots_reset(&L->ring, &op, first_seq, L->errmsg);
     if (rc)
         return npyl_loader_fail(L, rc, "out of memory restoring the state");
     L->opt[NPYLOAD_OPT_SEED] = st->seed;

@@ -1,7 +1,8 @@
 /* Reads a batch's rows: how a slot's rows become read requests (runs of
  * consecutive samples of one file, one read each), how rows of .npy.zst
  * files become frame reads and decodes, and what happens when a read fails
- * (ON_ERROR skip). Called by a worker with no lock held.
+ * (ON_ERROR skip). Called by a worker with no lock held; sees the loader
+ * only through npyl_read_view (npyload_loader_read.h).
  *
  * .npy.zst rows: the batch's rows of compressed files are grouped by frame
  * (sorted by field, file, frame, row), so a frame that holds several of the
@@ -23,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "npyload_loader_internal.h"
+#include "npyload_loader_read.h"
 
 /* One row of a batch that lives in a .npy.zst file. */
 typedef struct npyl_zrow {
@@ -70,19 +71,19 @@ static void raw_req(npyl_io_req *q, const npyl_field *f, const npyl_ffile *ff, i
     q->dst = dst;
 }
 
-/* Turns the rows of slot s into read requests, one per run of consecutive
+/* Turns the batch's rows (indices[0 .. rows)) into read requests, one per run of consecutive
  * samples of one .npy file: a run lands in one read, straight into the
  * slot. Rows of .npy.zst files go to zrows (*nz of them) instead. */
-static size_t plan_reads(const npyload_loader *L, const npyl_slot *s, uint8_t *const *dst,
-                         npyl_io_req *reqs, npyl_zrow *zrows, size_t *nz)
+static size_t plan_reads(const npyl_read_view *v, const int64_t *indices, size_t rows,
+                         uint8_t *const *dst, npyl_io_req *reqs, npyl_zrow *zrows, size_t *nz)
 {
     size_t n = 0;
     *nz = 0;
-    for (size_t fi = 0; fi < L->nfields; fi++) {
-        const npyl_field *f = &L->fields[fi];
+    for (size_t fi = 0; fi < v->nfields; fi++) {
+        const npyl_field *f = &v->fields[fi];
         uint8_t *base = dst[fi];
-        for (size_t r = 0; r < s->rows;) {
-            int64_t first = s->indices[r];
+        for (size_t r = 0; r < rows;) {
+            int64_t first = indices[r];
             const npyl_ffile *ff = find_file(f, first);
             if (ff->zst) {
                 npyl_zrow *z = &zrows[(*nz)++];
@@ -97,7 +98,7 @@ static size_t plan_reads(const npyload_loader *L, const npyl_slot *s, uint8_t *c
                 continue;
             }
             size_t run = 1;
-            while (r + run < s->rows && s->indices[r + run] == first + (int64_t)run &&
+            while (r + run < rows && indices[r + run] == first + (int64_t)run &&
                    first + (int64_t)run < ff->first + ff->count)
                 run++;
             raw_req(&reqs[n++], f, ff, first, run, base + (uint64_t)r * f->row_bytes);
@@ -141,9 +142,9 @@ static size_t frame_end(const npyl_zrow *zr, size_t v, size_t n)
  * filled up to `cursor`: with O_DIRECT, at the next address congruent to
  * coff modulo NPYL_DIRECT_ALIGN (zsrc itself is aligned), so the io layer
  * reads all but its unaligned head and tail with O_DIRECT. */
-static uint64_t place(const npyload_loader *L, uint64_t cursor, uint64_t coff)
+static uint64_t place(const npyl_read_view *v, uint64_t cursor, uint64_t coff)
 {
-    if (!L->opt[NPYLOAD_OPT_DIRECT_IO])
+    if (!v->direct_io)
         return cursor;
     return cursor + ((coff - cursor) & (NPYL_DIRECT_ALIGN - 1));
 }
@@ -180,12 +181,12 @@ static void copy_rows(void *arg, uint64_t pos, const unsigned char *p, size_t n)
 /* Decompresses frame `frame` of file z->ff (its compressed bytes at src) to
  * rows z[0..k) of field z->field: straight into dst when the frame holds
  * exactly these rows in order, else streamed through the decode window. */
-static int decode_group(npyload_loader *L, npyl_worker *w, const npyl_zrow *z, size_t k,
+static int decode_group(const npyl_read_view *v, npyl_read_ctx *c, const npyl_zrow *z, size_t k,
                         const uint8_t *src, uint8_t *const *dst, uint64_t *bytes, zstats *zs)
 {
-    const npyl_field *f = &L->fields[z->field];
+    const npyl_field *f = &v->fields[z->field];
     const npyl_zst_index *x = z->ff->zst;
-    const char *name = L->io_files[z->file].path;
+    const char *name = v->io_files[z->file].path;
     uint64_t first, count, rb = f->row_bytes;
     npyl_zst_frame_rows(x, z->frame, &first, &count);
     int direct = k == count;
@@ -198,16 +199,16 @@ static int decode_group(npyload_loader *L, npyl_worker *w, const npyl_zrow *z, s
          * batch, rank padding) decodes into the first and is copied to the
          * rest: the decode scratch is only for frames of several samples. */
         uint8_t *at = dst[z->field] + z->row * rb;
-        rc = npyl_zst_decode_frame(x, z->frame, w->dctx, src, at, (size_t)(count * rb), name,
-                                   w->errmsg, sizeof w->errmsg);
+        rc = npyl_zst_decode_frame(x, z->frame, c->dctx, src, at, (size_t)(count * rb), name,
+                                   c->errmsg, sizeof c->errmsg);
         for (size_t j = 1; rc == 0 && !direct && j < k; j++)
             memcpy(dst[z->field] + z[j].row * rb, at, rb);
     } else {
         row_sink sink = {.z = z, .k = k, .next = 0, .first = first, .rb = rb,
                          .dst = dst[z->field]};
-        rc = npyl_zst_stream_frame(x, z->frame, w->dctx, src, w->zdst, w->zdst_cap,
+        rc = npyl_zst_stream_frame(x, z->frame, c->dctx, src, c->zdst, c->zdst_cap,
                                    NPYLOAD_ZST_MAX_WINDOW_LOG, copy_rows, &sink, name,
-                                   w->errmsg, sizeof w->errmsg);
+                                   c->errmsg, sizeof c->errmsg);
     }
     zs->ns += npyl_now_ns() - t0;
     if (rc)
@@ -218,23 +219,24 @@ static int decode_group(npyload_loader *L, npyl_worker *w, const npyl_zrow *z, s
 }
 
 /* An io failure on a frame read: say which frame as well. */
-static void name_frame(npyl_worker *w, const npyl_zrow *z)
+static void name_frame(npyl_read_ctx *c, const npyl_zrow *z)
 {
-    size_t n = strlen(w->errmsg);
-    if (n + 1 < sizeof w->errmsg)
-        snprintf(w->errmsg + n, sizeof w->errmsg - n, " (frame %" PRIu32 " at byte %" PRIu64 ")",
+    size_t n = strlen(c->errmsg);
+    if (n + 1 < sizeof c->errmsg)
+        snprintf(c->errmsg + n, sizeof c->errmsg - n, " (frame %" PRIu32 " at byte %" PRIu64 ")",
                  z->frame, z->ff->zst->coff[z->frame]);
 }
 
-/* Reads all of slot h's rows, every field: the plain path. */
-static int read_all(npyload_loader *L, npyl_worker *w, npyl_slot *h, uint8_t *const *dst,
+/* Reads all of the batch's rows, every field: the plain path. */
+static int read_all(const npyl_read_view *v, npyl_read_ctx *c, const int64_t *indices,
+                    size_t rows, uint8_t *const *dst,
                     uint64_t *bytes, zstats *zs)
 {
     size_t nz = 0, bad = 0;
-    size_t nraw = plan_reads(L, h, dst, w->reqs, w->zrows, &nz);
+    size_t nraw = plan_reads(v, indices, rows, dst, c->reqs, c->zrows, &nz);
     if (nz == 0)
-        return npyl_io_read(w->io, w->reqs, nraw, &bad, bytes, w->errmsg, sizeof w->errmsg);
-    npyl_zrow *zr = w->zrows;
+        return npyl_io_read(c->io, c->reqs, nraw, &bad, bytes, c->errmsg, sizeof c->errmsg);
+    npyl_zrow *zr = c->zrows;
     qsort(zr, nz, sizeof *zr, zrow_cmp);
     /* Rounds: the raw rows and as many frames as the scratch holds in the
      * first, further frames in later ones (only when they do not fit). */
@@ -246,37 +248,37 @@ static int read_all(npyload_loader *L, npyl_worker *w, npyl_slot *h, uint8_t *co
             size_t g = frame_end(zr, u, nz);
             const npyl_zst_index *x = zr[u].ff->zst;
             uint64_t coff = x->coff[zr[u].frame], csz = x->coff[zr[u].frame + 1] - coff;
-            uint64_t p = place(L, cursor, coff);
-            if (p + csz > w->zsrc_cap && u > u0)
+            uint64_t p = place(v, cursor, coff);
+            if (p + csz > c->zsrc_cap && u > u0)
                 break; /* the first frame always fits: zsrc_cap >= max_csize + align */
             zr[u].src = p;
-            w->reqs[nreq++] = (npyl_io_req){.file = zr[u].file, .offset = coff, .len = csz,
-                                            .dst = w->zsrc + p};
+            c->reqs[nreq++] = (npyl_io_req){.file = zr[u].file, .offset = coff, .len = csz,
+                                            .dst = c->zsrc + p};
             cursor = p + csz;
             cb += csz;
             u = g;
         }
         uint64_t got = 0;
-        int rc = npyl_io_read(w->io, w->reqs, nreq, &bad, &got, w->errmsg, sizeof w->errmsg);
+        int rc = npyl_io_read(c->io, c->reqs, nreq, &bad, &got, c->errmsg, sizeof c->errmsg);
         if (rc) {
             if (bad >= nraw) { /* a frame: the bad-th request after the raw ones */
-                size_t k = bad - nraw, v = u0;
+                size_t k = bad - nraw, t = u0;
                 while (k--)
-                    v = frame_end(zr, v, nz);
-                if (v < nz)
-                    name_frame(w, &zr[v]);
+                    t = frame_end(zr, t, nz);
+                if (t < nz)
+                    name_frame(c, &zr[t]);
             }
             return rc;
         }
         *bytes += got - cb; /* the raw rows; frames count as the rows they hold */
         zs->cbytes += cb;
         nraw = 0;
-        for (size_t v = u0; v < u;) {
-            size_t g = frame_end(zr, v, u);
-            rc = decode_group(L, w, &zr[v], g - v, w->zsrc + zr[v].src, dst, bytes, zs);
+        for (size_t t = u0; t < u;) {
+            size_t g = frame_end(zr, t, u);
+            rc = decode_group(v, c, &zr[t], g - t, c->zsrc + zr[t].src, dst, bytes, zs);
             if (rc)
                 return rc;
-            v = g;
+            t = g;
         }
     } while (u < nz);
     return 0;
@@ -285,20 +287,20 @@ static int read_all(npyload_loader *L, npyl_worker *w, npyl_slot *h, uint8_t *co
 /* Reads global sample s of every field to row `at` of dst: the row-by-row
  * path of ON_ERROR skip. Raw fields in one io call, then each .npy.zst
  * field's frame, read and decoded through the scratch buffers. */
-static int read_row(npyload_loader *L, npyl_worker *w, int64_t s, size_t at, uint8_t *const *dst,
+static int read_row(const npyl_read_view *v, npyl_read_ctx *c, int64_t s, size_t at, uint8_t *const *dst,
                     uint64_t *bytes, zstats *zs)
 {
     size_t n = 0, bad = 0;
-    for (size_t fi = 0; fi < L->nfields; fi++) {
-        const npyl_field *f = &L->fields[fi];
+    for (size_t fi = 0; fi < v->nfields; fi++) {
+        const npyl_field *f = &v->fields[fi];
         const npyl_ffile *ff = find_file(f, s);
         if (ff->zst)
             continue;
-        raw_req(&w->reqs[n++], f, ff, s, 1, dst[fi] + (uint64_t)at * f->row_bytes);
+        raw_req(&c->reqs[n++], f, ff, s, 1, dst[fi] + (uint64_t)at * f->row_bytes);
     }
-    int rc = n ? npyl_io_read(w->io, w->reqs, n, &bad, bytes, w->errmsg, sizeof w->errmsg) : 0;
-    for (size_t fi = 0; rc == 0 && fi < L->nfields; fi++) {
-        const npyl_field *f = &L->fields[fi];
+    int rc = n ? npyl_io_read(c->io, c->reqs, n, &bad, bytes, c->errmsg, sizeof c->errmsg) : 0;
+    for (size_t fi = 0; rc == 0 && fi < v->nfields; fi++) {
+        const npyl_field *f = &v->fields[fi];
         const npyl_ffile *ff = find_file(f, s);
         if (!ff->zst)
             continue;
@@ -307,17 +309,17 @@ static int read_row(npyload_loader *L, npyl_worker *w, int64_t s, size_t at, uin
         uint64_t off, got = 0;
         npyl_zst_locate(ff->zst, z.local, &z.frame, &off);
         uint64_t coff = ff->zst->coff[z.frame], csz = ff->zst->coff[z.frame + 1] - coff;
-        uint64_t p = place(L, 0, coff);
-        npyl_io_req q = {.file = z.file, .offset = coff, .len = csz, .dst = w->zsrc + p};
-        rc = npyl_io_read(w->io, &q, 1, &bad, &got, w->errmsg, sizeof w->errmsg);
+        uint64_t p = place(v, 0, coff);
+        npyl_io_req q = {.file = z.file, .offset = coff, .len = csz, .dst = c->zsrc + p};
+        rc = npyl_io_read(c->io, &q, 1, &bad, &got, c->errmsg, sizeof c->errmsg);
         if (rc) {
-            name_frame(w, &z);
+            name_frame(c, &z);
             break;
         }
         zs->cbytes += csz;
         /* One row of the frame: never its whole (decode_group goes through
          * the scratch unless the frame is exactly this one row, in place). */
-        rc = decode_group(L, w, &z, 1, w->zsrc + p, dst, bytes, zs);
+        rc = decode_group(v, c, &z, 1, c->zsrc + p, dst, bytes, zs);
     }
     return rc;
 }
@@ -328,92 +330,120 @@ static int read_row(npyload_loader *L, npyl_worker *w, int64_t s, size_t at, uin
  * the rows that fail. A row is delivered only when its own read succeeded,
  * identity checks and frame checksums included: never wrong bytes. Returns
  * 0 (the slot now holds only good rows, possibly none) or the read's error
- * when more than MAX_ERRORS samples were skipped; w->errmsg says why. */
-static int read_skipping(npyload_loader *L, npyl_worker *w, npyl_slot *h, uint8_t *const *dst,
-                         int rc, uint64_t *bytes, zstats *zs)
+ * when more than MAX_ERRORS samples were skipped; c->errmsg says why. */
+static int read_skipping(const npyl_read_view *v, npyl_read_ctx *c, int64_t *indices,
+                         size_t *rows, uint8_t *const *dst, int rc, uint64_t *bytes, zstats *zs)
 {
-    atomic_fetch_add(&L->st_errors, 1);
-    pthread_mutex_lock(&L->mu);
-    snprintf(L->skip_msg, sizeof L->skip_msg, "%s", w->errmsg);
-    pthread_mutex_unlock(&L->mu);
-    if (read_all(L, w, h, dst, bytes, zs) == 0)
+    atomic_fetch_add(&v->st->errors, 1);
+    pthread_mutex_lock(&v->skip->mu);
+    snprintf(v->skip->msg, sizeof v->skip->msg, "%s", c->errmsg);
+    pthread_mutex_unlock(&v->skip->mu);
+    if (read_all(v, c, indices, *rows, dst, bytes, zs) == 0)
         return 0;
     size_t kept = 0, skipped = 0;
-    for (size_t r = 0; r < h->rows; r++) {
-        int64_t s = h->indices[r];
-        int rrc = read_row(L, w, s, kept, dst, bytes, zs);
+    for (size_t r = 0; r < *rows; r++) {
+        int64_t s = indices[r];
+        int rrc = read_row(v, c, s, kept, dst, bytes, zs);
         if (rrc == 0) {
-            h->indices[kept++] = s;
+            indices[kept++] = s;
             continue;
         }
         skipped++;
         rc = rrc;
-        pthread_mutex_lock(&L->mu);
-        snprintf(L->skip_msg, sizeof L->skip_msg, "sample %" PRId64 ": %.900s", s, w->errmsg);
-        pthread_mutex_unlock(&L->mu);
+        pthread_mutex_lock(&v->skip->mu);
+        snprintf(v->skip->msg, sizeof v->skip->msg, "sample %" PRId64 ": %.900s", s, c->errmsg);
+        pthread_mutex_unlock(&v->skip->mu);
     }
-    h->rows = kept;
-    uint64_t total = atomic_fetch_add(&L->st_skipped, skipped) + skipped;
-    int64_t max = L->opt[NPYLOAD_OPT_MAX_ERRORS];
+    *rows = kept;
+    uint64_t total = atomic_fetch_add(&v->st->skipped, skipped) + skipped;
+    int64_t max = v->max_errors;
     if (max > 0 && total > (uint64_t)max)
-        return rc; /* w->errmsg holds the last failure */
+        return rc; /* c->errmsg holds the last failure */
     return 0;
 }
 
-int npyl_read_batch(npyload_loader *L, npyl_worker *w, npyl_slot *h, uint8_t *const *dst,
-                    uint64_t *bytes)
+int npyl_read_batch(const npyl_read_view *v, npyl_read_ctx *c, int64_t *indices, size_t *rows,
+                    uint8_t *const *dst, uint64_t *bytes)
 {
     zstats zs = {0, 0, 0};
-    int rc = read_all(L, w, h, dst, bytes, &zs);
-    if (rc && L->opt[NPYLOAD_OPT_ON_ERROR] == 1)
-        rc = read_skipping(L, w, h, dst, rc, bytes, &zs);
+    int rc = read_all(v, c, indices, *rows, dst, bytes, &zs);
+    if (rc && v->skip_errors)
+        rc = read_skipping(v, c, indices, rows, dst, rc, bytes, &zs);
     if (zs.cbytes | zs.dbytes | zs.ns) {
-        atomic_fetch_add(&L->st_zcbytes, zs.cbytes);
-        atomic_fetch_add(&L->st_zdbytes, zs.dbytes);
-        atomic_fetch_add(&L->st_zdecode_ns, zs.ns);
+        atomic_fetch_add(&v->st->zcbytes, zs.cbytes);
+        atomic_fetch_add(&v->st->zdbytes, zs.dbytes);
+        atomic_fetch_add(&v->st->zdecode_ns, zs.ns);
     }
     return rc;
 }
 
-int npyl_read_worker_init(npyload_loader *L, npyl_worker *w)
+int npyl_read_ctx_init(npyl_read_ctx *c, const npyl_read_view *v, const npyl_io_config *cfg,
+                       size_t rows, const npyl_zst_sizes *zsz, char *err, size_t errlen)
 {
-    if (!L->has_zst)
+    int rc = npyl_io_create(&c->io, cfg, err, errlen);
+    if (rc)
+        return rc;
+    c->reqs = calloc(rows * v->nfields, sizeof *c->reqs);
+    if (!c->reqs)
+        return npyl_fail(err, errlen, -ENOMEM, "out of memory");
+    if (!zsz->any)
         return 0;
     /* Rows a batch can hold here (min(BATCH_SIZE, the rank's share)), as
      * the slots are sized: a huge BATCH_SIZE over a small field reserves
      * nothing more. */
-    size_t B = L->slot_rows ? (size_t)L->slot_rows : 1;
+    size_t B = rows;
     /* One frame, wherever its offset puts it: max_csize + the alignment. */
-    uint64_t one = (uint64_t)L->zst_max_csize + NPYL_DIRECT_ALIGN;
-    uint64_t all = one * B * L->nfields;
+    uint64_t one = (uint64_t)zsz->max_csize + NPYL_DIRECT_ALIGN;
+    uint64_t all = one * B * v->nfields;
     uint64_t cap = all < ZSRC_MAX_BYTES ? all : ZSRC_MAX_BYTES;
     if (cap < one)
         cap = one;
     cap = (cap + NPYL_DIRECT_ALIGN - 1) & ~(uint64_t)(NPYL_DIRECT_ALIGN - 1);
-    w->zsrc = npyl_alloc_aligned((size_t)cap, NPYL_DIRECT_ALIGN);
-    w->zsrc_cap = (size_t)cap;
+    c->zsrc = npyl_alloc_aligned((size_t)cap, NPYL_DIRECT_ALIGN);
+    c->zsrc_cap = (size_t)cap;
     /* The decode window: a frame of several samples up to this size decodes
      * into it in one call, a larger one streams through it. */
-    w->zdst_cap = L->zst_max_multi_dsize ? L->zst_max_multi_dsize : 1;
-    if (w->zdst_cap > NPYL_ZST_WINDOW_BYTES)
-        w->zdst_cap = NPYL_ZST_WINDOW_BYTES;
-    w->zdst = malloc(w->zdst_cap);
-    w->zrows = calloc(B * L->nfields, sizeof *w->zrows);
-    w->dctx = npyl_zst_dctx_create();
-    if (!w->zsrc || !w->zdst || !w->zrows || !w->dctx)
-        return npyl_loader_fail(L, -ENOMEM, "out of memory for the .npy.zst buffers (%" PRIu64
-                                " + %zu bytes per worker)", cap, w->zdst_cap);
+    c->zdst_cap = zsz->max_multi_dsize ? zsz->max_multi_dsize : 1;
+    if (c->zdst_cap > NPYL_ZST_WINDOW_BYTES)
+        c->zdst_cap = NPYL_ZST_WINDOW_BYTES;
+    c->zdst = malloc(c->zdst_cap);
+    c->zrows = calloc(B * v->nfields, sizeof *c->zrows);
+    c->dctx = npyl_zst_dctx_create();
+    if (!c->zsrc || !c->zdst || !c->zrows || !c->dctx)
+        return npyl_fail(err, errlen, -ENOMEM, "out of memory for the .npy.zst buffers (%"
+                         PRIu64 " + %zu bytes per worker)", cap, c->zdst_cap);
     return 0;
 }
 
-void npyl_read_worker_free(npyl_worker *w)
+void npyl_read_ctx_fini(npyl_read_ctx *c)
 {
-    npyl_zst_dctx_free(w->dctx);
-    npyl_free_aligned(w->zsrc);
-    free(w->zdst);
-    free(w->zrows);
-    w->dctx = NULL;
-    w->zsrc = w->zdst = NULL;
-    w->zrows = NULL;
-    w->zsrc_cap = w->zdst_cap = 0;
+    npyl_io_destroy(c->io);
+    c->io = NULL;
+    free(c->reqs);
+    c->reqs = NULL;
+    npyl_zst_dctx_free(c->dctx);
+    npyl_free_aligned(c->zsrc);
+    free(c->zdst);
+    free(c->zrows);
+    c->dctx = NULL;
+    c->zsrc = c->zdst = NULL;
+    c->zrows = NULL;
+    c->zsrc_cap = c->zdst_cap = 0;
+}
+
+/* ---- the skip log ---- */
+
+void npyl_skip_log_init(npyl_skip_log *g)
+{
+    pthread_mutex_init(&g->mu, NULL);
+    g->msg[0] = 0;
+}
+
+void npyl_skip_log_fini(npyl_skip_log *g) { pthread_mutex_destroy(&g->mu); }
+
+void npyl_skip_log_get(npyl_skip_log *g, char *buf, size_t len)
+{
+    pthread_mutex_lock(&g->mu);
+    snprintf(buf, len, "%s", g->msg);
+    pthread_mutex_unlock(&g->mu);
 }

@@ -1,0 +1,64 @@
+/* lib/loader's bottom layer: what a field is (its files, row layout and
+ * transform) and the loader's counters. Types only, no functions: the
+ * batch reader, the slots, the device copy and the worker all read these,
+ * and none of them owns them (setup fills them at start, lifetime frees
+ * them). See README.md in this folder for the layering. */
+#ifndef NPYLOAD_LOADER_FIELD_H
+#define NPYLOAD_LOADER_FIELD_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "../common/npyload_common.h"
+#include "../io/npyload_io.h"
+#include "../transform/npyload_transform.h"
+#include "../zst/npyload_zst.h"
+
+#define NPYL_ERRMSG_LEN 1024
+
+/* One file of a field, after start. */
+typedef struct npyl_ffile {
+    uint32_t io_index;    /* index into the loader's io file table */
+    int64_t first;        /* global sample index of its first row */
+    int64_t count;        /* rows */
+    uint64_t data_offset;
+    npyl_zst_index *zst;  /* a .npy.zst: its frame index (owned); NULL: .npy */
+} npyl_ffile;
+
+typedef struct npyl_field {
+    char *name;
+    char **paths;         /* as added (glob already expanded, sorted) */
+    size_t npaths;
+    /* Known after start: */
+    npyl_ffile *files;
+    char descr[NPYLOAD_DESCR_LEN];
+    size_t itemsize;
+    int sndim;            /* per-sample ndim */
+    int64_t sshape[NPYLOAD_MAX_DIMS];
+    uint64_t row_bytes;   /* bytes per sample */
+    uint64_t host_off;    /* where the field starts in a host slot */
+    uint64_t dev_off;     /* where the field starts in a device slot */
+    /* Transform (npyload_loader_set_transform): the description with its
+     * own copies of mean/std, then at start its plan. xform: the plan is
+     * not the identity, so the stored rows go through the worker's raw
+     * buffer (host mode) or its device raw buffer (device mode), at
+     * raw_off, and the slot holds out_row_bytes per row. */
+    int has_transform;
+    npyload_transform tdesc;
+    float *tmean, *tstd;
+    npyl_tplan tplan;
+    int xform;
+    uint64_t out_row_bytes; /* bytes per delivered row (row_bytes without) */
+    uint64_t raw_off;
+} npyl_field;
+
+/* The loader's counters (npyload_loader_get_stats), added to without a
+ * lock by whichever part did the work. */
+typedef struct npyl_stats {
+    _Atomic uint64_t bytes, batches, samples, wait_ns, io_ns, h2d_bytes, h2d_ns;
+    _Atomic uint64_t skipped, errors;          /* ON_ERROR skip */
+    _Atomic uint64_t zcbytes, zdbytes, zdecode_ns; /* .npy.zst */
+    _Atomic uint64_t transform_ns;             /* host transforms */
+} npyl_stats;
+
+#endif

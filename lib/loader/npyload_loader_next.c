@@ -1,0 +1,143 @@
+/* The hot path's API: where a batch is handed out (next) and given back
+ * (release), and the batch accessors. The slots (npyload_loader_slots.c)
+ * decide which batch and own every state change; a synchronous loader's
+ * next() reads the batch itself through its one worker context. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "npyload_loader_internal.h"
+
+int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t timeout_ns)
+{
+    if (!L || !out)
+        return NPYLOAD_EINVAL;
+    *out = NULL;
+    int frc = npyl_loader_forked(L);
+    if (frc)
+        return frc;
+    if (!L->started)
+        return npyl_loader_fail(L, NPYLOAD_ESTATE, "next() before start()");
+    uint64_t t0 = npyl_now_ns();
+    struct timespec deadline;
+    if (timeout_ns >= 0) {
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        uint64_t ns = (uint64_t)deadline.tv_nsec + (uint64_t)timeout_ns;
+        deadline.tv_sec += (time_t)(ns / 1000000000u);
+        deadline.tv_nsec = (long)(ns % 1000000000u);
+    }
+    npyl_slots_enter_next(&L->ring); /* destroy waits for it to leave */
+    size_t rows = 0;
+    int rc, try = 1;
+    /* A synchronous loader reads on this thread when nothing is ready, and
+     * asks again; when nothing can be read now either, it fails. */
+    while ((rc = npyl_slots_take_ready(&L->ring, timeout_ns >= 0 ? &deadline : NULL, L->sync,
+                                       try, out, &rows, L->errmsg, sizeof L->errmsg)) ==
+           NPYL_TAKE_AGAIN)
+        try = npyl_worker_step(&L->workers[0]);
+    /* The counters and the batch's reference before leaving: once next()
+     * has left, a destroy() on another thread may free L. */
+    atomic_fetch_add(&L->st.wait_ns, npyl_now_ns() - t0);
+    if (*out) {
+        atomic_fetch_add(&L->refs, 1); /* dropped by the batch's release */
+        atomic_fetch_add(&L->st.batches, 1);
+        atomic_fetch_add(&L->st.samples, rows);
+    }
+    npyl_slots_leave_next(&L->ring);
+    return rc;
+}
+
+int npyload_loader_next(npyload_loader *L, npyload_batch **out)
+{
+    return npyload_loader_next_timeout(L, out, -1);
+}
+
+/* ---- batches ---- */
+
+size_t npyload_batch_size(const npyload_batch *b) { return b ? b->slot->rows : 0; }
+
+const int64_t *npyload_batch_indices(const npyload_batch *b)
+{
+    return b ? b->slot->indices : NULL;
+}
+
+size_t npyload_batch_num_fields(const npyload_batch *b) { return b ? b->nfields : 0; }
+
+const npyload_array *npyload_batch_field(const npyload_batch *b, size_t i)
+{
+    return (b && i < b->nfields) ? &b->slot->arrays[i] : NULL;
+}
+
+uint64_t npyload_batch_epoch(const npyload_batch *b)
+{
+    return b ? b->slot->epoch : 0;
+}
+
+int64_t npyload_batch_seq(const npyload_batch *b) { return b ? b->slot->seq : -1; }
+
+/* wait_stream (sync == 0) and sync (sync == 1): on the user's thread, so
+ * its current device is kept as it was. */
+static int batch_copy_wait(npyload_batch *b, void *stream, int sync)
+{
+    if (!b)
+        return NPYLOAD_EINVAL;
+    if (npyl_in_child(b->owner))
+        return NPYLOAD_EFORKED;
+    if (!b->device_mode)
+        return 0;
+    return npyl_device_batch_wait(&b->owner->dev, b->slot, stream, sync);
+}
+
+int npyload_batch_wait_stream(npyload_batch *b, void *stream)
+{
+    return batch_copy_wait(b, stream, 0);
+}
+
+int npyload_batch_sync(npyload_batch *b) { return batch_copy_wait(b, NULL, 1); }
+
+/* Gives a batch's slot back and drops the batch's reference on the loader
+ * (the last one, after destroy, frees it). With a stream (device batches),
+ * the slot's next copy must be ordered after the work queued on it so far,
+ * and the slot is never handed back unordered (npyl_device_order_release):
+ * if neither an event nor a host wait can order it, the slot is POISONED:
+ * withdrawn for the loader's lifetime, and the loader fails (next() returns
+ * NPYLOAD_ECUDA with the reason) until set_epoch/set_state. Its memory is
+ * freed with the loader (cudaFree waits for the device). */
+static int release(npyload_batch *b, void *stream, int on_stream)
+{
+    if (!b)
+        return NPYLOAD_EINVAL;
+    npyload_loader *L = b->owner;
+    if (npyl_in_child(L))
+        return NPYLOAD_EFORKED; /* fork() child: never touch the parent's lock or streams */
+    npyl_slot *s = b->slot;
+    if (npyl_slots_disown(b) != 0) {
+        char msg[NPYL_ERRMSG_LEN];
+        snprintf(msg, sizeof msg, "npyload_batch_release: batch %" PRId64 " of epoch %" PRIu64
+                 " (handle %p) is not held by the caller: it was released already; "
+                 "ignored", b->seq, b->epoch, (void *)b);
+        npyl_slots_set_msg(&L->ring, L->errmsg, sizeof L->errmsg, msg);
+        return NPYLOAD_ESTATE;
+    }
+    int recorded = 0, ordered = 1;
+    char why[512] = "", msg[NPYL_ERRMSG_LEN] = "";
+    if (b->device_mode && on_stream)
+        ordered = npyl_device_order_release(&L->dev, s, stream, &recorded, why, sizeof why);
+    if (!ordered)
+        snprintf(msg, sizeof msg, "CUDA device %d: releasing batch %" PRId64 " on stream %p: "
+                 "neither an event nor a host wait could order the slot's reuse after the "
+                 "stream's work (%.400s); the slot is withdrawn", L->dev.device, b->seq,
+                 stream, why);
+    npyl_slots_give_back(&L->ring, s, ordered, recorded, msg, L->errmsg, sizeof L->errmsg);
+    npyl_loader_unref(L); /* destroyed earlier and this was its last batch: freed */
+    return 0;
+}
+
+void npyload_batch_release(npyload_batch *b) { (void)release(b, NULL, 0); }
+
+int npyload_batch_release_checked(npyload_batch *b) { return release(b, NULL, 0); }
+
+void npyload_batch_release_stream(npyload_batch *b, void *stream) { (void)release(b, stream, 1); }

@@ -1,0 +1,78 @@
+/* lib/loader's batch reader: a batch's rows (sample indices) become io
+ * requests and .npy.zst frame groups, which are read and decoded into the
+ * caller's buffers; with ON_ERROR skip, failed rows are dropped. It sees
+ * the loader only through npyl_read_view (read-only: the fields, the io
+ * file table, the options it needs, where to count), and each worker's
+ * scratch through npyl_read_ctx. Nothing here locks anything but the skip
+ * log's own mutex, and nothing here calls up into the loader. */
+#ifndef NPYLOAD_LOADER_READ_H
+#define NPYLOAD_LOADER_READ_H
+
+#include <pthread.h>
+
+#include "npyload_loader_field.h"
+
+/* The last failure behind a skipped sample (npyload_loader_last_skip_error),
+ * with its own lock: workers write it while reading, any thread reads it. */
+typedef struct npyl_skip_log {
+    pthread_mutex_t mu;
+    char msg[NPYL_ERRMSG_LEN];
+} npyl_skip_log;
+
+NPYL_HIDDEN void npyl_skip_log_init(npyl_skip_log *g);
+NPYL_HIDDEN void npyl_skip_log_fini(npyl_skip_log *g);
+NPYL_HIDDEN void npyl_skip_log_get(npyl_skip_log *g, char *buf, size_t len);
+
+/* What the reader needs of the loader, filled once at start. */
+typedef struct npyl_read_view {
+    const npyl_field *fields;
+    size_t nfields;
+    const npyl_file_info *io_files;
+    int direct_io;        /* DIRECT_IO: frames placed for O_DIRECT */
+    int skip_errors;      /* ON_ERROR == skip */
+    int64_t max_errors;   /* MAX_ERRORS (0: no limit) */
+    npyl_stats *st;       /* counters it adds to */
+    npyl_skip_log *skip;
+} npyl_read_view;
+
+/* One worker's reading state: its io context (descriptors, ring), request
+ * array and .npy.zst scratch, and the message of its last failure. */
+typedef struct npyl_read_ctx {
+    npyl_io *io;
+    npyl_io_req *reqs;    /* rows x nfields capacity */
+    ZSTD_DCtx *dctx;      /* reused for every frame */
+    uint8_t *zsrc;        /* compressed frames, NPYL_DIRECT_ALIGN-aligned */
+    size_t zsrc_cap;
+    uint8_t *zdst;        /* the decode window of a frame of several samples
+                             (at most 1 MiB; npyload_zst_frame.c) */
+    size_t zdst_cap;
+    struct npyl_zrow *zrows; /* rows x nfields: rows grouped by frame */
+    char errmsg[NPYL_ERRMSG_LEN];
+} npyl_read_ctx;
+
+/* Sizes of the .npy.zst scratch: the largest frame of any file, compressed,
+ * and of frames of several samples, decompressed (0, 0: no .npy.zst). */
+typedef struct npyl_zst_sizes {
+    int any;
+    uint32_t max_csize, max_multi_dsize;
+} npyl_zst_sizes;
+
+/* Creates c's io context from cfg and its buffers for batches of up to
+ * `rows` rows. Returns 0, or the error with the message in err (the io
+ * layer's own message for an io failure, which the caller prefixes with
+ * the worker). c is left for npyl_read_ctx_fini in every case. */
+NPYL_HIDDEN int npyl_read_ctx_init(npyl_read_ctx *c, const npyl_read_view *v,
+                                   const npyl_io_config *cfg, size_t rows,
+                                   const npyl_zst_sizes *zs, char *err, size_t errlen);
+/* Frees what init made; idempotent. */
+NPYL_HIDDEN void npyl_read_ctx_fini(npyl_read_ctx *c);
+
+/* Reads rows indices[0 .. *rows) of every field fi to dst[fi] + row *
+ * row_bytes, through c. With ON_ERROR skip, failed rows are dropped (*rows
+ * and indices shrink, the good rows packed to the front). Returns 0 or the
+ * error, with the message in c->errmsg; *bytes accumulates what landed.
+ * No lock held. */
+NPYL_HIDDEN int npyl_read_batch(const npyl_read_view *v, npyl_read_ctx *c, int64_t *indices,
+                                size_t *rows, uint8_t *const *dst, uint64_t *bytes);
+
+#endif

@@ -1,0 +1,209 @@
+/* lib/loader's slots: the ring of batch slots and the schedule of the
+ * current generation (its order, the claim / device / hand-out positions),
+ * guarded by one mutex. This file's .c is the only place a slot's state
+ * (SLOT_*) changes and the only user of mu and the condition variables;
+ * the worker, the device copy and the API ask it (claim, publish, take
+ * ready, give back, reset, stop).
+ *
+ * Concurrency model, in one place:
+ *  - One mutex (mu) guards every field below marked [mu]. Work is coarse
+ *    (one lock round-trip per batch per stage, batches are megabytes), so a
+ *    single lock is simpler than lock-free rings and never the bottleneck.
+ *  - Workers sleep on work_cv until a batch can be claimed (a free staging
+ *    slot and an unclaimed batch of the current generation), read it with no
+ *    lock held, then publish it. The consumer sleeps on ready_cv until the
+ *    batch with seq == next_seq of the current generation is published.
+ *    In device mode, workers also wait on dev_cv for their turn to take a
+ *    device slot: device slots are taken strictly in seq order, so a batch
+ *    ahead can never occupy the last device slot while an earlier batch
+ *    waits for one (that would deadlock the in-order consumer).
+ *  - A generation (gen) is one pass over an epoch's batches. set_epoch and
+ *    set_state start a new generation (npyl_slots_reset); work of an older
+ *    generation is discarded when it finishes (its slot goes back to FREE) —
+ *    in-flight reads are never cancelled, they land in memory the loader
+ *    still owns.
+ *  - Batch handles: each slot has NPYL_HANDLES handles used in turn, one per
+ *    hand-out; owner is the one the caller holds (NULL when none). release
+ *    claims it with a compare-and-swap (npyl_slots_disown), so a second
+ *    release of a handle, or a release of a handle whose slot was handed out
+ *    again since (under another handle), finds owner != handle and is
+ *    refused: no count moves.
+ *  - Device mode, staging slots: a worker queues the copy of its host slot
+ *    on its own stream and hands the slot back FREE with copy_pending set,
+ *    without waiting; whoever claims a FREE slot with copy_pending waits on
+ *    its ev_done (no lock held) before reading into it; claims prefer slots
+ *    without a pending copy (npyload_loader_device.h has the event rules).
+ *  - Slots handed to the caller are HELD until released. A device slot
+ *    released on a stream that can be neither ordered by an event nor waited
+ *    for is POISONED: never reused.
+ *  - The control mutex (ctl, npyload_loader_internal.h) is never taken with
+ *    mu held. */
+#ifndef NPYLOAD_LOADER_SLOTS_H
+#define NPYLOAD_LOADER_SLOTS_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#include "../order/npyload_order.h"
+#include "npyload_loader_field.h"
+
+/* Handles per slot, used in turn: a stale handle is recognised until its
+ * slot has been handed out NPYL_HANDLES more times (see npyl_slots_disown). */
+#define NPYL_HANDLES 8
+
+enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_READY, SLOT_HELD, SLOT_POISONED };
+
+/* A slot: host staging memory (host slots) or device memory (device slots).
+ * In host mode the host slots are also the batches handed out. The fields
+ * not marked [mu] belong to whoever holds the slot (FILLING: its worker;
+ * HELD: the caller). */
+typedef struct npyl_slot {
+    int state;            /* [mu] SLOT_* */
+    uint64_t gen;         /* [mu] generation it was filled for */
+    int64_t seq;          /* [mu] batch position in the rank's epoch */
+    uint64_t epoch;       /* the epoch it belongs to */
+    size_t rows;
+    int64_t *indices;     /* slot_rows entries */
+    int err;              /* a failed batch carries its error in order */
+    char *errmsg;         /* NPYL_ERRMSG_LEN, only when err != 0 */
+    uint8_t *mem;
+    npyload_array *arrays; /* one per field, pointing into mem */
+    npyload_batch *handles; /* NPYL_HANDLES handles, one per hand-out in turn;
+                               kept until the loader is freed (a destroyed
+                               loader keeps them all) so a stale handle is
+                               never dangling */
+    uint64_t handouts;    /* [mu] times the slot was handed out */
+    _Atomic(npyload_batch *) owner; /* the handle the caller holds, or NULL:
+                                       set under mu at hand-out, cleared by
+                                       the release that wins the CAS */
+    /* device mode: */
+    void *ev_done, *ev_release; /* copy done (recorded by the copying
+                                   worker; on a staging slot: the copy that
+                                   reads it), slot released (by the consumer;
+                                   device slots only) */
+    void *ev_start;       /* staging slots: before the copy (timing); created
+                             by the first worker that copies from the slot */
+    int release_pending;  /* [mu] ev_release recorded and not yet waited on */
+    int copy_pending;     /* [mu] staging slot: ev_done not yet waited on */
+    int kept;             /* HELD when destroy ran (npyl_slots_mark_kept) */
+} npyl_slot;
+
+/* A handle to a handed-out batch. `owner` is the loader, opaque here: the
+ * API reads its fields through it, nothing below the API does. */
+struct npyload_batch {
+    npyload_loader *owner;
+    npyl_slot *slot;
+    size_t nfields;
+    int device_mode;
+    int64_t seq;          /* the hand-out's batch and epoch (for messages) */
+    uint64_t epoch;
+};
+
+typedef struct npyl_ring {
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, ready_cv, dev_cv;
+    npyl_slot *hslots;        /* staging (host) slots */
+    size_t nh;
+    npyl_slot *dslots;        /* device slots (device mode) */
+    size_t nd;
+    /* Order of the current generation. [mu] */
+    npyl_order_params op;
+    int64_t *seqbuf;          /* this rank's delivered indices for the epoch */
+    int64_t *seqspare;        /* the next order is built here (by the ctl
+                                 holder only, without mu), then swapped */
+    int64_t delivered;        /* entries in seqbuf */
+    int64_t nbatches;
+    uint64_t gen;
+    int64_t next_seq;         /* next batch next() hands out */
+    int64_t claim_seq;        /* next batch a worker claims */
+    int64_t dev_next_seq;     /* next batch to take a device slot */
+    int64_t gen_first_seq;    /* where the generation began (resume) */
+    size_t held;              /* [mu] batch slots held by the caller */
+    int failed;               /* [mu] until the next reset: 1 an error was
+                                 handed out; 2 a release poisoned a slot */
+    int stopping;             /* [mu] workers exit, next() returns */
+    int in_next;              /* [mu] next() calls inside */
+} npyl_ring;
+
+NPYL_HIDDEN void npyl_slots_init(npyl_ring *r);
+NPYL_HIDDEN void npyl_slots_fini(npyl_ring *r);
+
+/* ---- workers ---- */
+/* Claims the next batch into a FREE staging slot (preferring one no copy
+ * reads any more): sets it FILLING with the batch's seq, epoch, rows and
+ * indices, and *copy_pending to whether a copy may still read it. wait:
+ * sleeps until a claim is possible or stop; else (sync mode) needs a FREE
+ * device slot too when there are device slots, never sleeps. Returns the
+ * slot, or NULL (stopping, or nothing to claim now). */
+NPYL_HIDDEN npyl_slot *npyl_slots_claim(npyl_ring *r, int wait, int *copy_pending);
+/* A filled staging slot h, host mode: READY for next() (FREE when its
+ * generation was abandoned meanwhile). */
+NPYL_HIDDEN void npyl_slots_publish(npyl_ring *r, npyl_slot *h, int copy_pending);
+/* Device mode: a filled staging slot h waits for its turn (dev_next_seq ==
+ * h->seq) and a FREE device slot, which becomes FILLING with h's batch
+ * (seq, rows, indices, error); *wait_release says the consumer's release
+ * event must be waited for before the copy. Returns NULL (h FREE) when h's
+ * generation was abandoned or the loader stops. */
+NPYL_HIDDEN npyl_slot *npyl_slots_take_device(npyl_ring *r, npyl_slot *h, int copy_pending,
+                                              int *wait_release);
+/* Device mode, after the copy was queued (or failed): d READY (or FREE when
+ * abandoned), h FREE (POISONED: poison_h) with copy_pending = copy_queued. */
+NPYL_HIDDEN void npyl_slots_publish_device(npyl_ring *r, npyl_slot *d, npyl_slot *h,
+                                           int copy_queued, int poison_h);
+
+/* ---- the consumer ---- */
+enum { NPYL_TAKE_AGAIN = 0x10000 }; /* not NPYLOAD_EOF (1), not an error */
+/* next(): npyl_slots_enter_next / leave_next bracket the whole call
+ * (destroy waits for every next() to leave, npyl_slots_stop). */
+NPYL_HIDDEN void npyl_slots_enter_next(npyl_ring *r);
+NPYL_HIDDEN void npyl_slots_leave_next(npyl_ring *r);
+/* Hands out batch next_seq: HELD under a fresh handle, in *out, with
+ * *rows. A failed batch returns its error and message (errmsg) instead and
+ * marks the ring failed. Else: NPYLOAD_ESTATE when stopping (no message)
+ * or failed earlier, NPYLOAD_ECUDA when a release poisoned a slot,
+ * NPYLOAD_EOF, NPYLOAD_EHELD when every slot is held, -ETIMEDOUT at the
+ * deadline (NULL: none). sync: nobody else fills slots: try == 1 returns
+ * NPYL_TAKE_AGAIN rather than fail, so the caller may read one itself
+ * (npyl_worker_step) and ask again; try == 0 then fails with ESTATE. */
+NPYL_HIDDEN int npyl_slots_take_ready(npyl_ring *r, const struct timespec *deadline, int sync,
+                                      int try, npyload_batch **out, size_t *rows, char *errmsg,
+                                      size_t errlen);
+/* A release: takes b out of its slot's owner tag. 0 when b was held;
+ * NPYLOAD_ESTATE when it was not (released already, or its slot handed out
+ * again since): then nothing may change. */
+NPYL_HIDDEN int npyl_slots_disown(npyload_batch *b);
+/* Gives b's slot back: FREE (release_pending = recorded) when ordered, else
+ * POISONED and the ring failed, `why` in errmsg. */
+NPYL_HIDDEN void npyl_slots_give_back(npyl_ring *r, npyl_slot *s, int ordered, int recorded,
+                                      const char *why, char *errmsg, size_t errlen);
+
+/* ---- control (the ctl holder) ---- */
+/* Begins a generation with order parameters `op` (its epoch included) at
+ * batch first_seq: builds the order into seqspare without mu, then installs
+ * it, recycles READY slots of the old generation and clears the failure
+ * (and errmsg). Returns 0 or -ENOMEM, in which case nothing changed. */
+NPYL_HIDDEN int npyl_slots_reset(npyl_ring *r, const npyl_order_params *op, int64_t first_seq,
+                                 char *errmsg);
+/* The position as set_epoch and get_state read it, under mu. */
+typedef struct npyl_position {
+    npyl_order_params op;
+    int64_t next_seq, gen_first_seq, delivered, nbatches;
+    int failed;
+} npyl_position;
+NPYL_HIDDEN void npyl_slots_position(npyl_ring *r, npyl_position *p);
+/* Sets stopping and wakes every waiter; wait_next: also waits until no
+ * next() is inside. */
+NPYL_HIDDEN void npyl_slots_stop(npyl_ring *r, int wait_next);
+/* Writes msg into dst[len] (the loader's message, which next() writes
+ * under mu) under mu. */
+NPYL_HIDDEN void npyl_slots_set_msg(npyl_ring *r, char *dst, size_t len, const char *msg);
+/* destroy, after stop and with the workers joined: marks the slots the
+ * caller holds (kept) and returns how many. A slot not kept is touched by
+ * nobody from here on, so it may be freed without mu; a kept one changes
+ * state only in its release. */
+NPYL_HIDDEN size_t npyl_slots_mark_kept(npyl_ring *r);
+/* The batches the caller holds, under mu. */
+NPYL_HIDDEN size_t npyl_slots_held(npyl_ring *r);
+
+#endif

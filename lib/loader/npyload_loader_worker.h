@@ -1,0 +1,63 @@
+/* lib/loader's workers: a worker's whole life — init (its reading state,
+ * transform buffer and copy stream), the thread's main loop, filling one
+ * batch (claim, read, transform or copy, publish), the synchronous step
+ * next() runs itself in sync mode, stop and fini. A worker sees the loader
+ * through npyl_work_env: the slots to ask, the read view, the device, the
+ * counters; never the loader itself. */
+#ifndef NPYLOAD_LOADER_WORKER_H
+#define NPYLOAD_LOADER_WORKER_H
+
+#include <pthread.h>
+
+#include "npyload_loader_device.h"
+#include "npyload_loader_field.h"
+#include "npyload_loader_read.h"
+#include "npyload_loader_slots.h"
+
+/* What the workers share, filled at start (a part of the loader). */
+typedef struct npyl_work_env {
+    npyl_ring *ring;
+    const npyl_read_view *rv;   /* rv->fields / nfields: the slot layout too */
+    const npyl_device *dev;
+    npyl_stats *st;
+} npyl_work_env;
+
+typedef struct npyl_worker {
+    const npyl_work_env *env;
+    pthread_t thread;
+    int started;
+    npyl_read_ctx rd;     /* io context, requests, .npy.zst scratch, errmsg */
+    uint8_t **dst;        /* nfields: where each field's rows land */
+    uint8_t *raw;         /* host mode with transforms: one batch of the
+                             transformed fields' stored rows (raw_bytes) */
+    void *draw;           /* device mode with transforms: the same on the
+                             device; reused in stream order */
+    void *stream;         /* device mode: this worker's copy stream */
+} npyl_worker;
+
+/* What npyl_worker_init sizes. */
+typedef struct npyl_worker_cfg {
+    npyl_io_config io;
+    size_t rows;          /* rows a slot holds (at least 1) */
+    npyl_zst_sizes zst;
+    uint64_t raw_bytes;   /* stored rows of transformed fields, per batch */
+} npyl_worker_cfg;
+
+/* Gives w (zeroed) its resources; index names it in messages. Returns 0 or
+ * the error with the message in err. w is left for npyl_worker_fini in
+ * every case. */
+NPYL_HIDDEN int npyl_worker_init(npyl_worker *w, size_t index, const npyl_work_env *env,
+                                 const npyl_worker_cfg *cfg, char *err, size_t errlen);
+/* Frees w's resources; its thread must be joined. Idempotent. */
+NPYL_HIDDEN void npyl_worker_fini(npyl_worker *w);
+/* Starts the threads of ws[0 .. n). Returns 0 or the error (message in err). */
+NPYL_HIDDEN int npyl_workers_start(npyl_worker *ws, size_t n, char *err, size_t errlen);
+/* Stops (the ring's stopping) and joins the threads of ws[0 .. n), then
+ * waits for every copy still reading a staging slot. In-flight reads and
+ * copies complete first. */
+NPYL_HIDDEN void npyl_workers_stop(npyl_worker *ws, size_t n, const npyl_work_env *env);
+/* Sync mode: claims and fills the next batch on the calling thread with w.
+ * Returns 1 when a batch was processed, 0 when none can be claimed now. */
+NPYL_HIDDEN int npyl_worker_step(npyl_worker *w);
+
+#endif
