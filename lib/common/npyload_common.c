@@ -77,6 +77,24 @@ int npyl_sized_out(void *theirs, size_t theirs_size, const void *ours,
     return 0;
 }
 
+const char *npyl_file_kind(unsigned mode)
+{
+    mode_t m = (mode_t)mode;
+    if (S_ISDIR(m))
+        return "directory";
+    if (S_ISFIFO(m))
+        return "FIFO";
+    if (S_ISCHR(m))
+        return "character device";
+    if (S_ISBLK(m))
+        return "block device";
+    if (S_ISSOCK(m))
+        return "socket";
+    if (S_ISLNK(m))
+        return "symbolic link";
+    return "special file";
+}
+
 static int cmp_paths(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);

@@ -47,6 +47,11 @@ NPYL_HIDDEN int npyl_sized_in(void *ours, size_t ours_size, const void *theirs,
 NPYL_HIDDEN int npyl_sized_out(void *theirs, size_t theirs_size,
                                const void *ours, size_t ours_size, size_t min);
 
+/* What a non-regular file is, for messages: "directory", "FIFO",
+ * "character device", "block device", "socket", "symbolic link", or
+ * "special file". `mode` is a struct stat's st_mode. */
+NPYL_HIDDEN const char *npyl_file_kind(unsigned mode);
+
 /* Expands a glob into a sorted (byte order, strcmp) list of paths. On success
  * *paths holds *n malloc'd strings in one malloc'd array (npyl_free_paths).
  * Returns 0, NPYLOAD_ENOFILES or -errno, with a message in err naming the

@@ -16,21 +16,6 @@
  * rewritten in place; we reproduce it so our headers match numpy's bytes. */
 #define NPYL_GROWTH_AXIS_MAX_DIGITS 21
 
-static const char *file_kind(mode_t m)
-{
-    if (S_ISFIFO(m))
-        return "FIFO";
-    if (S_ISCHR(m))
-        return "character device";
-    if (S_ISBLK(m))
-        return "block device";
-    if (S_ISSOCK(m))
-        return "socket";
-    if (S_ISLNK(m))
-        return "symbolic link";
-    return "special file";
-}
-
 /* pread until n bytes or end of file; returns the count or -errno. */
 static ssize_t pread_full(int fd, void *buf, size_t n, off_t off)
 {
@@ -81,7 +66,7 @@ int npyload_read_header(const char *path, npyload_header *out, char *err,
          * random access anyway. */
         rc = npyl_fail(err, errlen, NPYLOAD_EINVAL,
                        "%s: not a regular file (%s)", path,
-                       file_kind(st.st_mode));
+                       npyl_file_kind(st.st_mode));
         goto done;
     }
     /* A regular file: back to ordinary blocking reads. */

@@ -226,23 +226,6 @@ static void tmp_name(char name[16])
     name[sizeof TMP_PREFIX - 1 + sizeof r] = 0;
 }
 
-static const char *kind_name(mode_t m)
-{
-    if (S_ISDIR(m))
-        return "a directory";
-    if (S_ISFIFO(m))
-        return "a FIFO";
-    if (S_ISCHR(m))
-        return "a character device";
-    if (S_ISBLK(m))
-        return "a block device";
-    if (S_ISSOCK(m))
-        return "a socket";
-    if (S_ISLNK(m))
-        return "a symbolic link";
-    return "not a regular file";
-}
-
 /* What is at `out` now may be replaced? 0 when nothing is there, or (with
  * force) a regular file other than the input. lstat, not stat: a symbolic
  * link is refused, never followed nor replaced, and so are devices, FIFOs,
@@ -260,9 +243,9 @@ static int out_replaceable(const pack_out *po, int force, const struct stat *ist
     }
     if (!S_ISREG(st.st_mode))
         return npyl_fail(err, errlen, NPYLOAD_EINVAL,
-                         "%s: is %s: the output must be a regular file (force "
+                         "%s: is a %s: the output must be a regular file (force "
                          "replaces regular files only)",
-                         po->path, kind_name(st.st_mode));
+                         po->path, npyl_file_kind(st.st_mode));
     if (st.st_dev == ist->st_dev && st.st_ino == ist->st_ino)
         return npyl_fail(err, errlen, NPYLOAD_EINVAL,
                          "%s: the output is the input", po->path);
