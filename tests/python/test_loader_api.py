@@ -224,7 +224,7 @@ def test_torchrun_environment(dataset, monkeypatch):
 
 
 def test_device_string_parsing(monkeypatch):
-    from npyload import _parse_device
+    from npyload._options import _parse_device
     assert _parse_device("cpu") == -1
     assert _parse_device(None) == -1
     assert _parse_device("cuda:3") == 3

@@ -1,0 +1,124 @@
+"""Batches as a mapping from field name to array or tensor (Batch), as a
+tuple (BatchTuple), and the wrapping of the C batch views."""
+from collections.abc import Mapping as _Mapping
+
+from ._torch import _wait_stream
+
+
+class Batch(_Mapping):
+    """One batch: a read-only mapping from field name to array or tensor.
+
+    Attributes: ``indices`` (global sample index of each row; an int64 numpy
+    array or torch tensor, an owned copy), ``epoch``, ``seq`` (the batch's
+    position in this rank's epoch) and ``num_samples`` (rows).
+    Without ``copy=True`` the values share memory with a loader slot; the
+    slot is given back when the last of them (and this object) is freed.
+    """
+
+    __slots__ = ("_data", "indices", "epoch", "seq", "num_samples", "_raw")
+
+    def __init__(self, data, indices, epoch, seq, num_samples, raw):
+        self._data = data
+        self.indices = indices
+        self.epoch = epoch
+        self.seq = seq
+        self.num_samples = num_samples
+        self._raw = raw
+
+    def __getitem__(self, key):
+        return self._data[key]
+
+    def __iter__(self):
+        # A mapping iterates its keys, so `images, labels = batch` (the
+        # DataLoader habit) would silently bind field *names*. Refuse it
+        # loudly; keys()/items()/values(), dict(batch) and **batch do not
+        # come through here.
+        raise TypeError(
+            "npyload.Batch is a mapping from field name to tensor: iterating it "
+            "(`a, b = batch`, `for x in batch`, list(batch)) would give the field "
+            f"names {tuple(self._data)}, not the tensors. Index it (batch[name]), "
+            "iterate batch.keys() or batch.items(), or pass as_tuple=True to "
+            "npyload.Loader to get tuples in field order")
+
+    def __len__(self):
+        return len(self._data)
+
+    def __contains__(self, key):
+        return key in self._data
+
+    def keys(self):
+        return self._data.keys()
+
+    def items(self):
+        return self._data.items()
+
+    def values(self):
+        return self._data.values()
+
+    def wait_stream(self, stream=None):
+        """Makes a CUDA stream (a torch.cuda.Stream or an int handle; None =
+        legacy default) wait for this batch's copy. Tensors made by the loader
+        already wait on the stream current when the batch was yielded. The
+        batch's slot is reused only after the work queued on every stream it
+        was handed to (this one included) when the batch is freed."""
+        _wait_stream(self._raw, stream)
+
+    def __repr__(self):
+        fields = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in self._data.items())
+        return f"<npyload.Batch epoch={self.epoch} seq={self.seq} rows={self.num_samples} {{{fields}}}>"
+
+
+class BatchTuple(tuple):
+    """One batch with ``as_tuple=True``: a tuple of the fields' arrays or
+    tensors in the order the fields were given, so ``images, labels = batch``
+    works. Carries the same ``indices``, ``epoch``, ``seq``, ``num_samples``
+    and ``wait_stream()`` as :class:`Batch`, and ``field_names``."""
+
+    def wait_stream(self, stream=None):
+        """As :meth:`Batch.wait_stream`."""
+        _wait_stream(self._raw, stream)
+
+    def __repr__(self):
+        fields = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in zip(self.field_names, self))
+        return (f"<npyload.BatchTuple epoch={self.epoch} seq={self.seq} "
+                f"rows={self.num_samples} ({fields})>")
+
+
+def _bfloat16_numpy():
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return ml_dtypes.bfloat16
+
+
+def _wrap_raw(raw, torch, np, copy, as_tuple, bf16=None):
+    """A Batch (or BatchTuple) of torch tensors or numpy arrays viewing raw's slot."""
+    names = raw.field_names
+    data = {}
+    if torch is not None:
+        for i, name in enumerate(names):
+            t = torch.from_dlpack(raw.field(i))
+            data[name] = t.clone() if copy else t
+        indices = torch.frombuffer(raw.indices_bytes(), dtype=torch.int64) \
+            if raw.size else torch.empty(0, dtype=torch.int64)
+    else:
+        for i, name in enumerate(names):
+            view = raw.field(i)
+            a = np.asarray(view)
+            if bf16 is not None and view.descr == "bfloat16":
+                a = a.view(bf16)  # the array interface gives uint16 bits
+            data[name] = a.copy() if copy else a
+        indices = np.frombuffer(raw.indices_bytes(), dtype=np.int64)
+    epoch, seq, n = raw.epoch, raw.seq, raw.size
+    keep = raw
+    if copy:
+        if raw.live_views == 0:
+            raw.release()
+        keep = None
+    if as_tuple:
+        t = BatchTuple(data[name] for name in names)
+        t.field_names = tuple(names)
+        t.indices, t.epoch, t.seq, t.num_samples, t._raw = indices, epoch, seq, n, keep
+        return t
+    return Batch(data, indices, epoch, seq, n, keep)

@@ -1,0 +1,660 @@
+"""Loader: the drop-in for torch.utils.data.DataLoader, and its iterator."""
+import functools as _functools
+import os as _os
+import threading as _threading
+import warnings as _warnings
+from collections.abc import Mapping as _Mapping
+
+from . import _npyload
+from ._npyload import cuda_available
+from ._transform import Transform
+from ._hook import _EOF
+from ._options import _EPOCH_MAX
+from ._hook import _HookPipe
+from ._options import _INT64_MAX
+from ._options import _IO
+from ._transform import _TDTYPES
+from ._batch import _bfloat16_numpy
+from ._options import _dist_rank_world
+from ._options import _env_int
+from ._hook import _hook_depth
+from ._options import _int_arg
+from ._torch import _join_streams
+from ._options import _opt_max
+from ._options import _parse_device
+from ._options import _parse_shuffle
+from ._torch import _torch_or_none
+from ._batch import _wrap_raw
+
+
+class _InUse:
+    """A Loader's in-use guard: one call at a time. ``with guard("set_epoch()"):``
+    runs the body if no call is in progress, else raises RuntimeError naming
+    both calls (never waits: an overlap is a bug in the caller). The C object
+    has the same guard, with the same message, for its own state; this one
+    also keeps the Python-level state (generation counter, hook thread, the C
+    object itself, which load_state_dict may replace) whole."""
+
+    __slots__ = ("_mu", "call")
+
+    def __init__(self):
+        self._mu = _threading.Lock()  # held for a few bytecodes only
+        self.call = None
+
+    def __call__(self, call):
+        with self._mu:
+            busy = self.call
+            if busy is None:
+                self.call = call
+                return self
+        raise RuntimeError(f"npyload loader is in use: {call} was called while {busy} is "
+                           "running (on another thread, or below this call); calls on one "
+                           "loader must not overlap, only stats() and len() may run during "
+                           "a next()")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.call = None
+
+
+def _epoch_batches(n, world_size, batch_size, drop_last):
+    """Batches per rank of a full epoch: DistributedSampler's split, then
+    DataLoader's batching (the C library's npyl_order_num_batches)."""
+    per_rank = n // world_size if drop_last else -(-n // world_size)
+    return per_rank // batch_size if drop_last else -(-per_rank // batch_size)
+
+
+class _Iterator:
+    __slots__ = ("_loader", "_gen", "_pipe")
+
+    def __init__(self, loader, gen, pipe=None):
+        self._loader = loader
+        self._gen = gen
+        self._pipe = pipe
+
+    def __iter__(self):
+        return self
+
+    def _finish(self, ld, eof):
+        self._loader = None
+        if eof:
+            ld._at_eof = True
+            ld._len_override = None  # a resumed epoch is over: full epochs again
+        if self._pipe is not None:
+            self._pipe.stop()
+            if ld._pipe is self._pipe:
+                ld._pipe = None
+            self._pipe = None
+
+    def __next__(self):
+        ld = self._loader
+        if ld is None:
+            raise StopIteration
+        with ld._in_use("next()"):
+            return self._next(ld)
+
+    def _next(self, ld):
+        if ld._gen != self._gen:
+            self._finish(ld, False)
+            raise RuntimeError("npyload: this iterator was superseded by a newer "
+                               "iter(loader), set_epoch() or load_state_dict()")
+        if self._pipe is not None:
+            ld._live()
+            err, out, state = self._pipe.get()
+            if err is None:
+                ld._hook_state = state
+                return out
+            self._finish(ld, err is _EOF)
+            if err is _EOF:
+                raise StopIteration
+            try:
+                raise err
+            finally:
+                # The traceback holds this frame: a local naming err would
+                # make a cycle (err -> traceback -> frame -> err) that keeps
+                # the failed batch's slot (err.__cause__ -> fn's frame ->
+                # batch) until the cyclic GC runs.
+                del err
+        raw = ld._c.next()
+        if raw is None:
+            self._finish(ld, True)
+            raise StopIteration
+        return ld._wrap(raw)
+
+    def __len__(self):
+        return len(self._loader) if self._loader is not None else 0
+
+    def __del__(self):
+        # `break` out of a loop frees the iterator: stop the hook thread so
+        # it neither runs on nor holds slots.
+        pipe = self._pipe
+        if pipe is not None:
+            self._pipe = None
+            pipe.stop()
+
+
+class Loader:
+    """Batches of NPY fields, read by worker threads into reused slots.
+
+    Parameters
+    ----------
+    fields : mapping name -> glob string or list of paths
+        Paths and globs may be str, bytes or os.PathLike; names that are not
+        UTF-8 work as with os.fsencode / os.fsdecode (messages naming such a
+        path hold it surrogate-escaped). Each field is the concatenation of its files along the first (sample)
+        axis; a glob's matches are sorted lexicographically. All fields must
+        hold the same number of samples.
+    batch_size : int >= 1
+    shuffle : bool or 'full' / 'local' / 'none'
+        True = 'full' (a permutation of all samples per epoch, a pure function
+        of (seed, epoch)); 'local' permutes files, then samples within windows
+        of ``window`` files (for data larger than RAM).
+    seed : int
+    drop_last : bool
+        As DistributedSampler(drop_last) and DataLoader(drop_last) together.
+    num_workers : int >= 0
+        Worker *threads* (no processes, no copies of the dataset). 0: no
+        thread; each batch is read on the calling thread inside ``next()``
+        (for debugging, as DataLoader's num_workers=0); same batches.
+    prefetch : int >= 1 or None
+        Batches read ahead of the one the loop body holds: the loader has
+        prefetch + 1 slots (memory = (prefetch + 1) x batch bytes), because a
+        ``for b in loader`` loop still holds the previous batch while it asks
+        for the next. None: the library default (2 x num_workers slots).
+    device : 'cpu', 'cuda', 'cuda:N', an int, or None (= 'cpu')
+        'cuda' without an index uses LOCAL_RANK when set (torchrun).
+    rank, world_size : int or None
+        Default: torch.distributed when initialised, else the RANK and
+        WORLD_SIZE environment variables (torchrun), else 0 and 1.
+    io : 'auto', 'uring', 'pread' or 'mmap'
+    output : 'auto', 'torch' or 'numpy'
+        'auto': torch tensors when torch is importable, numpy arrays otherwise.
+    copy : bool
+        True: yield owned copies and give each slot back immediately.
+    window : int >= 1
+        Files per window for shuffle='local'.
+    direct_io : bool
+        O_DIRECT reads (bypass the page cache).
+    align : 'names' or 'none'
+        'names' (default): when every field has the same number of files,
+        the i-th files of all fields must carry the same number as the last
+        run of digits of their names (``train_0007.npy`` pairs with
+        ``train_0007_heatmaps.npy``), so misaligned lists fail at start
+        naming both files. 'none' turns the check off.
+    on_error : 'raise' or 'skip'
+        'raise' (default): a failed read (I/O error, truncated, changed or
+        replaced file) raises NpyloadError from the iteration. 'skip': the
+        batch's reads are retried once, then samples that still fail are
+        dropped from the batch (it is shorter; ``batch.indices`` lists what it
+        holds), never delivered as wrong bytes, and counted in
+        ``stats()['samples_skipped']``; nothing is logged. An epoch whose reads
+        all fail still ends (its batches are empty).
+    max_errors : int or None
+        With on_error='skip': once more than this many samples were skipped,
+        the next failing batch raises anyway.
+    pin_memory : bool or None
+        None: pin the staging slots when a CUDA device is the output; True:
+        pin host slots through CUDA device 0 even for device='cpu' (where
+        CUDA is unusable this warns once, as DataLoader does, and the slots
+        stay pageable); False: never pin.
+    transforms : mapping from field name to Transform, or None
+        Conversions done by the loader (see Transform): in the worker
+        threads for device='cpu', on the GPU after the copy otherwise.
+    as_tuple : bool
+        True: each batch is a :class:`BatchTuple`, the fields' tensors in the
+        order ``fields`` gave them (``for images, labels in loader``). False
+        (default): a :class:`Batch` mapping. Iterating a ``Batch`` itself
+        raises TypeError (it would yield the field names).
+    transform : callable or None
+        A per-batch hook: ``fn(batch)`` runs on a background thread while the
+        loop body works on earlier batches, and what it returns is what the
+        loop gets, in order. See "Per-batch hook" below.
+
+    Per-batch hook (``transform=fn``): one thread per loader calls ``fn`` on
+    each batch (a ``Batch`` or ``BatchTuple``) and queues the result; at most
+    ``prefetch`` batches are ahead of the loop (queued results and the one
+    ``fn`` works on; at least one queued). The loader then has ``prefetch +
+    2`` slots (``4`` for prefetch=1): the loop body may hold two batches
+    for a moment while ``for`` rebinds its variable. Torch ops
+    release the GIL, so augmentation overlaps the training step. An exception
+    from ``fn`` reaches the loop as :class:`TransformError` (with ``seq`` and
+    ``epoch`` of the batch, the original chained as ``__cause__``) after the
+    batches before it; a read error arrives as the NpyloadError it is. The
+    thread stops, and the batches it had queued are dropped (their slots
+    given back), when the loop ends or breaks (the iterator is freed), on
+    ``close()``, ``set_epoch()``, ``load_state_dict()`` or a new
+    ``iter(loader)``; stopping waits for a running ``fn`` call to return.
+    ``state_dict()`` counts the batches the loop received, not those the
+    thread prepared ahead. With a CUDA device, ``fn`` runs with the CUDA
+    stream current when ``iter(loader)`` was called.
+
+    Iteration follows DataLoader with DistributedSampler: ``for b in loader``
+    runs the epoch chosen with ``set_epoch`` (0 at first) from its first batch;
+    every new ``iter(loader)`` starts that epoch again, except the first one
+    after ``load_state_dict``, which resumes where the saved loader stopped.
+    See the module docstring for the lifetime rule.
+
+    Threads: one call at a time. A loop's ``next()``, ``iter()``,
+    ``set_epoch()``, ``load_state_dict()``, ``state_dict()`` and ``close()``
+    called while another of them runs on another thread raise RuntimeError
+    ("npyload loader is in use: X was called while Y is running") and change
+    nothing. ``stats()``, ``len()``, ``backend`` and the attributes may be
+    read from any thread at any time, also while a loop waits for a batch
+    (with ``transform=``, ``state_dict()`` too).
+
+    Numeric arguments out of range raise ValueError naming the argument, the
+    value and the accepted range in these units (the library's limits, asked
+    of it): batch_size 1 .. 2**31, num_workers 0 .. 256, prefetch 1 .. 1023
+    (1 .. 1022 with ``transform=``), world_size 1 .. 2**24, window 1 ..
+    2**31, seed an int64, max_errors 1 .. 2**63-1, rank below world_size.
+    """
+
+    def __init__(self, fields, batch_size, shuffle=False, seed=0, drop_last=False,
+                 num_workers=2, prefetch=None, device="cpu", rank=None,
+                 world_size=None, io="auto", output="auto", copy=False, window=8,
+                 direct_io=False, pin_memory=None, align="names", on_error="raise",
+                 max_errors=None, transforms=None, as_tuple=False, transform=None):
+        self._c = None
+        self._pipe = None
+        self._in_use = _InUse()
+        if not isinstance(fields, _Mapping) or len(fields) == 0:
+            raise TypeError("fields must be a non-empty mapping from field name "
+                            "to a glob string or a list of paths"
+                            if not isinstance(fields, _Mapping) else
+                            "fields must be a non-empty mapping (got an empty one)")
+        specs = []
+        for name, spec in fields.items():
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"field names must be non-empty strings, got {name!r}")
+            if isinstance(spec, (str, bytes, _os.PathLike)):
+                specs.append((name, _os.fsdecode(spec), None))
+            elif isinstance(spec, (list, tuple)):
+                if not spec:
+                    raise ValueError(f"field {name!r}: the list of paths is empty")
+                paths = []
+                for p in spec:
+                    if not isinstance(p, (str, bytes, _os.PathLike)):
+                        raise TypeError(f"field {name!r}: paths must be str, bytes or os.PathLike, got {p!r}")
+                    paths.append(_os.fsdecode(p))
+                specs.append((name, None, paths))
+            else:
+                raise TypeError(f"field {name!r}: expected a glob string or a list of "
+                                f"paths, got {type(spec).__name__}")
+
+        # Ranges in this constructor's units, from the library's limits:
+        # num_workers=0 is the library's WORKERS_SYNC, prefetch counts the
+        # batches ahead of the one the loop holds (slots - 1, or slots - 2
+        # with transform=; see below), window=0 is not "default" here.
+        batch_size = _int_arg("batch_size", batch_size, 1, maximum=_opt_max(
+            _npyload.OPT_BATCH_SIZE), what="samples per batch")
+        seed = _int_arg("seed", seed, -_INT64_MAX - 1, maximum=_INT64_MAX,
+                        what="an int64")
+        num_workers = _int_arg("num_workers", num_workers, 0, maximum=_opt_max(
+            _npyload.OPT_NUM_WORKERS), what="worker threads; 0 = none, batches "
+            "are read inside next()")
+        max_slots = _opt_max(_npyload.OPT_PREFETCH)
+        if transform is None:
+            prefetch = _int_arg("prefetch", prefetch, 1, allow_none=True,
+                                maximum=max_slots - 1, what="batches read ahead; the "
+                                f"loader has prefetch + 1 slots, at most {max_slots}")
+        else:
+            prefetch = _int_arg("prefetch", prefetch, 1, allow_none=True,
+                                maximum=max_slots - 2, what="batches read ahead; with "
+                                f"transform= the loader has prefetch + 2 slots, at most "
+                                f"{max_slots}")
+        window = _int_arg("window", window, 1, maximum=_opt_max(
+            _npyload.OPT_SHUFFLE_WINDOW), what="files per window")
+        if align not in ("names", "none"):
+            raise ValueError(f"align must be 'names' or 'none', got {align!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        max_errors = 0 if max_errors is None else _int_arg(
+            "max_errors", max_errors, 1, maximum=_opt_max(_npyload.OPT_MAX_ERRORS),
+            what="skipped samples; None = no limit")
+        shuffle_mode = _parse_shuffle(shuffle)
+        if not isinstance(drop_last, (bool, int)):
+            raise TypeError(f"drop_last must be a bool, got {drop_last!r}")
+        if not isinstance(direct_io, (bool, int)):
+            raise TypeError(f"direct_io must be a bool, got {direct_io!r}")
+        if not isinstance(io, str) or io.lower() not in _IO:
+            raise ValueError(f"io must be one of 'auto', 'uring', 'pread', 'mmap', got {io!r}")
+        dev = _parse_device(device)
+        if output not in ("auto", "torch", "numpy"):
+            raise ValueError(f"output must be 'auto', 'torch' or 'numpy', got {output!r}")
+        if pin_memory not in (None, True, False):
+            raise TypeError(f"pin_memory must be None, True or False, got {pin_memory!r}")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be a callable (batch -> anything) or None, "
+                            f"got {transform!r}")
+        if pin_memory and dev < 0:
+            ok, why = cuda_available(0)
+            if not ok:
+                # DataLoader warns and carries on without pinning; so do we
+                # (pinning only speeds up a later copy to a GPU there is none of).
+                _warnings.warn(f"npyload: pin_memory=True but CUDA is unusable ({why}); "
+                               "the slots stay in pageable memory", RuntimeWarning,
+                               stacklevel=2)
+                pin_memory = None
+
+        dist = _dist_rank_world()
+        if world_size is None:
+            world_size = dist[1] if dist else _env_int("WORLD_SIZE")
+            world_size = 1 if world_size is None else world_size
+        if rank is None:
+            rank = dist[0] if dist else _env_int("RANK")
+            rank = 0 if rank is None else rank
+        world_size = _int_arg("world_size", world_size, 1, maximum=_opt_max(
+            _npyload.OPT_WORLD_SIZE), what="ranks")
+        rank = _int_arg("rank", rank, 0, maximum=world_size - 1,
+                        what=f"below world_size = {world_size}")
+
+        torch = None
+        if output in ("auto", "torch"):
+            torch = _torch_or_none()
+            if torch is None and output == "torch":
+                raise ImportError("output='torch' needs torch, which is not importable")
+        if torch is None:
+            if dev >= 0:
+                raise ValueError("device memory needs torch output (numpy cannot view "
+                                 "CUDA memory): install torch or use device='cpu'")
+            try:
+                import numpy
+            except ImportError:
+                raise ImportError("npyload.Loader needs numpy or torch to yield arrays") from None
+            self._np = numpy
+            self._bf16 = _bfloat16_numpy()
+        else:
+            self._np = None
+        self._torch = torch
+
+        self._specs = specs
+        self._transforms = []
+        if transforms is not None:
+            if not isinstance(transforms, _Mapping):
+                raise TypeError("transforms must be a mapping from field name to "
+                                f"npyload.Transform, got {type(transforms).__name__}")
+            names = [n for n, _, _ in specs]
+            for name, t in transforms.items():
+                if name not in names:
+                    raise ValueError(f"transforms: no field named {name!r} (fields: "
+                                     f"{', '.join(names)})")
+                if not isinstance(t, Transform):
+                    raise TypeError(f"transforms[{name!r}] must be an npyload.Transform, "
+                                    f"got {type(t).__name__}")
+                self._transforms.append((name, t))
+        self.transform = transform
+        if transform is not None and not prefetch:
+            prefetch = max(1, 2 * num_workers - 1)  # the library's default memory
+        if transform is None:
+            slots = prefetch + 1 if prefetch else 0
+        else:
+            # The loop body may hold two batches for a moment (the previous
+            # one and the one just taken from the queue, before the `for`
+            # rebinds its variable), the queue holds its results, and the
+            # thread's next() needs a free slot to read into.
+            slots = _hook_depth(prefetch) + 3
+        self._opts = {
+            _npyload.OPT_BATCH_SIZE: batch_size,
+            _npyload.OPT_NUM_WORKERS: num_workers if num_workers else -1,  # -1: sync
+            _npyload.OPT_PREFETCH: slots,
+            _npyload.OPT_SHUFFLE: shuffle_mode,
+            _npyload.OPT_SEED: seed,
+            _npyload.OPT_DROP_LAST: int(bool(drop_last)),
+            _npyload.OPT_WORLD_SIZE: world_size,
+            _npyload.OPT_RANK: rank,
+            _npyload.OPT_IO_BACKEND: _IO[io.lower()],
+            _npyload.OPT_SHUFFLE_WINDOW: window,
+            _npyload.OPT_DIRECT_IO: int(bool(direct_io)),
+            _npyload.OPT_ALIGN: 0 if align == "names" else 1,
+            _npyload.OPT_ON_ERROR: 1 if on_error == "skip" else 0,
+            _npyload.OPT_MAX_ERRORS: max_errors,
+        }
+        if pin_memory is not None:
+            self._opts[_npyload.OPT_PIN_MEMORY] = int(pin_memory)
+        self._opts[_npyload.OPT_DEVICE] = dev  # last: it may load CUDA
+        self._c = c = self._build()
+
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = bool(drop_last)
+        self.num_workers = num_workers
+        self.num_slots = c.get(_npyload.OPT_PREFETCH)
+        self.prefetch = prefetch if prefetch else self.num_slots - 1
+        self.device = dev
+        self.rank = rank
+        self.world_size = world_size
+        self.copy = bool(copy)
+        self.as_tuple = bool(as_tuple)
+        self.field_names = c.field_names
+        self._epoch = 0
+        self._gen = 0
+        self._fresh = True      # the C loader is at the start of _epoch
+        self._resumed = False   # a load_state_dict position awaits iteration
+        self._at_eof = False
+        self._n = c.num_samples()
+        self._len_override = None  # batches of a resumed epoch (load_state_dict)
+        self._hook_state = None  # with transform=: the state the consumer is at
+
+    # ---- DataLoader-like surface ----
+
+    def __len__(self):
+        """Batches per epoch for this rank (the same on every rank). After
+        load_state_dict, until that epoch's loop has ended: the batches the
+        resumed loop yields (what was left of the epoch)."""
+        self._live()
+        if self._len_override is not None:
+            return self._len_override
+        return _epoch_batches(self._n, self.world_size, self.batch_size, self.drop_last)
+
+    @property
+    def num_samples(self):
+        """N: samples in every field (all ranks together)."""
+        self._live()
+        return self._n
+
+    @property
+    def epoch(self):
+        return self._epoch
+
+    @property
+    def backend(self):
+        """Name of the active io backend ('uring', 'pread' or 'mmap'). May be
+        read from any thread, also while a loop waits for a batch."""
+        return self._live().backend
+
+    def set_epoch(self, epoch):
+        """Selects the epoch the next ``for`` loop runs (its order is a pure
+        function of (seed, epoch)). Prefetching for it starts now. Right after
+        load_state_dict, set_epoch with the saved epoch keeps the resumed
+        position. Raises RuntimeError ("in use") while another call on this
+        loader runs (a loop's next() included), changing nothing."""
+        epoch = _int_arg("epoch", epoch, 0, maximum=_EPOCH_MAX)
+        with self._in_use("set_epoch()"):
+            self._set_epoch(epoch)
+
+    def _set_epoch(self, epoch):
+        c = self._live()
+        if self._resumed and epoch == self._epoch:
+            return
+        self._stop_pipe()
+        c.set_epoch(epoch)
+        self._epoch = epoch
+        self._gen += 1
+        self._fresh = True
+        self._resumed = False
+        self._at_eof = False
+        self._len_override = None
+        self._hook_state = None
+
+    def __iter__(self):
+        with self._in_use("iter()"):
+            return self._iter()
+
+    def _iter(self):
+        c = self._live()
+        self._stop_pipe()
+        if self._resumed:
+            self._resumed = False
+        elif not self._fresh:
+            c.set_epoch(self._epoch)
+            self._len_override = None
+        self._fresh = False
+        self._at_eof = False
+        self._gen += 1
+        if self.transform is None:
+            return _Iterator(self, self._gen)
+        self._hook_state = c.get_state()
+        stream = None
+        if self.device >= 0 and self._torch is not None:
+            stream = self._torch.cuda.current_stream(self.device)
+        wrap = _functools.partial(_wrap_raw, torch=self._torch, np=self._np,
+                                  copy=self.copy, as_tuple=self.as_tuple,
+                                  bf16=getattr(self, "_bf16", None))
+        self._pipe = _HookPipe(c, wrap, self.transform,
+                               _hook_depth(self.prefetch), stream)
+        return _Iterator(self, self._gen, self._pipe)
+
+    def state_dict(self):
+        """The position after the last batch handed out (with transform=:
+        the last batch the loop received), as a dict of ints (save it with
+        your checkpoint). Without transform=, refused (RuntimeError "in
+        use") while another thread's loop waits in next()."""
+        self._live()
+        hook_state = self._hook_state  # with transform=: a Python read
+        if hook_state is not None:
+            return dict(hook_state)
+        with self._in_use("state_dict()"):
+            return dict(self._live().get_state())
+
+    def load_state_dict(self, state):
+        """Resumes from ``state_dict()`` of a loader over the same data with
+        the same batch_size (num_workers, prefetch and io may differ). At the
+        same world_size the next ``iter(loader)`` yields exactly the batches
+        the saved loader would have yielded next. At another world_size (a
+        state saved by any rank of a DDP job, resumed with W' ranks) the rest
+        of the epoch's global sequence is split over the W' ranks like
+        DistributedSampler: nothing lost, nothing repeated but the padding
+        (at most W'-1 samples), equal batch counts; the next epoch is the
+        normal split. Raises RuntimeError ("in use") while another call on
+        this loader runs, changing nothing."""
+        if not isinstance(state, _Mapping):
+            raise TypeError("state must be the dict returned by state_dict()")
+        with self._in_use("load_state_dict()"):
+            self._load_state_dict(state)
+
+    def _load_state_dict(self, state):
+        c = self._live()
+        self._stop_pipe()
+        adopt = {_npyload.OPT_SEED: "seed", _npyload.OPT_SHUFFLE: "shuffle",
+                 _npyload.OPT_DROP_LAST: "drop_last"}
+        for key in ("epoch", "consumed", "seed", "shuffle", "drop_last"):
+            if key not in state:
+                raise ValueError(f"state lacks the key {key!r} (expected the dict "
+                                 "returned by state_dict())")
+        if all(int(state[k]) == self._opts[o] for o, k in adopt.items()):
+            c.set_state(state)
+        else:
+            # The order depends on seed/shuffle/drop_last, which a started
+            # loader cannot change: build a new one restored before start.
+            new = self._build(state)
+            for o, k in adopt.items():
+                self._opts[o] = int(state[k])
+            self.seed = int(state["seed"])
+            self.drop_last = bool(state["drop_last"])
+            self.shuffle = {0: False, 1: True, 2: "local"}.get(int(state["shuffle"]), self.shuffle)
+            self._c, old = new, c
+            old.close()
+            c = new
+        self._epoch = int(state["epoch"])
+        self._gen += 1
+        self._resumed = True
+        self._fresh = False
+        self._at_eof = False
+        self._hook_state = None
+        # The resumed loop yields the rest of the epoch (at another world
+        # size, the rest split over the new ranks): len() says so until it ends.
+        consumed = int(c.get_state()["consumed"])
+        self._len_override = c.num_batches() - (-(-consumed // self.batch_size))
+
+    def stats(self):
+        """Counters since start: bytes_read, batches_delivered, wait_ns, io_ns,
+        h2d_bytes, h2d_ns, backend, pinned, direct_io, device, slot_bytes,
+        num_slots, uring_fallbacks, and with on_error='skip' samples_skipped,
+        errors and last_error (the message of the last failure behind a
+        skip). May be called from any thread, also while a loop waits for a
+        batch (then it does not wait); refused (RuntimeError "in use") only
+        during set_epoch(), load_state_dict(), close() and the like."""
+        return self._live().stats()
+
+    def close(self):
+        """Stops the workers and frees the loader at once (threads, open
+        files, io_uring rings, unused slots). Arrays and tensors still alive
+        stay valid: only their slots are kept, each freed when its last array
+        dies. A ``transform=`` thread is stopped first (after its running
+        call returns) and the batches it had prepared are dropped. Refused
+        (RuntimeError "in use") while another call on this loader runs, a
+        loop's next() included: stop the loop first. Closing twice is fine."""
+        with self._in_use("close()"):
+            self._stop_pipe()
+            if self._c is not None:
+                self._c.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        if self._c is None or self._c.closed:
+            return "<npyload.Loader closed>"
+        return (f"<npyload.Loader fields={list(self.field_names)} batch_size={self.batch_size} "
+                f"batches={len(self)} rank={self.rank}/{self.world_size} "
+                f"backend={self.backend} device={self.device}>")
+
+    # ---- internals ----
+
+    def _build(self, state=None):
+        """A started C loader for the stored fields and options, positioned
+        at `state` when given (restored before start, so the state's seed,
+        shuffle and drop_last are adopted)."""
+        c = _npyload.Loader()
+        if self._opts[_npyload.OPT_DEVICE] >= 0:
+            c._set_stream_joiner(_join_streams)
+        try:
+            for name, glob, paths in self._specs:
+                if paths is None:
+                    c.add_field(name, glob)
+                else:
+                    c.add_field_files(name, paths)
+            for opt, value in self._opts.items():
+                c.set(opt, value)
+            for name, t in self._transforms:
+                c.set_transform(name, _TDTYPES[t.dtype], t.scale, t.mean, t.std,
+                                t.channels_last)
+            if state is not None:
+                c.set_state(state)
+            c.start()
+        except BaseException:
+            c.close()
+            raise
+        return c
+
+    def _stop_pipe(self):
+        pipe = self._pipe
+        if pipe is not None:
+            self._pipe = None
+            pipe.stop()
+
+    def _live(self):
+        c = self._c
+        if c is None or c.closed:
+            raise ValueError("npyload loader is closed")
+        return c
+
+    def _wrap(self, raw):
+        return _wrap_raw(raw, self._torch, self._np, self.copy, self.as_tuple,
+                         getattr(self, "_bf16", None))

@@ -1,0 +1,114 @@
+"""Argument parsing and checks in the caller's units, against the limits the
+C library reports (npyload_option_range), and torchrun's environment."""
+import os as _os
+import sys as _sys
+
+from . import _npyload
+
+
+_IO = {"auto": _npyload.IO_AUTO, "uring": _npyload.IO_URING,
+       "io_uring": _npyload.IO_URING, "pread": _npyload.IO_PREAD,
+       "mmap": _npyload.IO_MMAP}
+
+
+_SHUFFLE = {"none": _npyload.SHUFFLE_NONE, "full": _npyload.SHUFFLE_FULL,
+            "local": _npyload.SHUFFLE_LOCAL}
+
+
+def _int_arg(name, value, minimum=None, allow_none=False, maximum=None, what=""):
+    """value as an int, or ValueError "NAME = VALUE out of range: LO .. HI
+    (WHAT)" naming the caller's argument in the caller's units."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    value = value.__index__()
+    if ((minimum is not None and value < minimum) or
+            (maximum is not None and value > maximum)):
+        lo = "" if minimum is None else _int_text(minimum)
+        hi = "" if maximum is None else _int_text(maximum)
+        span = f"{lo} .. {hi}" if lo and hi else f">= {lo}" if lo else f"<= {hi}"
+        raise ValueError(f"{name} = {value} out of range: {span}"
+                         + (f" ({what})" if what else ""))
+    return value
+
+
+def _int_text(v):
+    return {_INT64_MAX: "2**63-1", -_INT64_MAX - 1: "-2**63"}.get(v, str(v))
+
+
+_INT64_MAX = (1 << 63) - 1
+
+
+_EPOCH_MAX = _INT64_MAX  # the binding passes epochs as int64
+
+
+# {option: (lo, hi, default)}: what npyload_loader_set accepts, asked of the
+# library (the limits live in the C code only).
+_OPT_RANGES = _npyload.Loader.option_ranges()
+
+
+def _opt_max(opt):
+    return _OPT_RANGES[opt][1]
+
+
+def _env_int(var):
+    v = _os.environ.get(var)
+    if v is None or v.strip() == "":
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"environment variable {var}={v!r} is not an int") from None
+
+
+def _dist_rank_world():
+    """(rank, world_size) from an initialised torch.distributed, else None."""
+    dist = _sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:  # pragma: no cover - defensive
+        pass
+    return None
+
+
+def _parse_device(device):
+    """-1 for host memory, k for CUDA device k."""
+    if device is None:
+        return -1
+    if isinstance(device, bool):
+        raise TypeError(f"device must be 'cpu', 'cuda', 'cuda:N' or an int, got {device!r}")
+    if hasattr(device, "__index__"):
+        return _device_index(device.__index__())
+    if type(device).__name__ == "device" and hasattr(device, "type"):  # torch.device
+        device = str(device)
+    if not isinstance(device, str):
+        raise TypeError(f"device must be 'cpu', 'cuda', 'cuda:N' or an int, got {device!r}")
+    d = device.strip().lower()
+    if d == "cpu":
+        return -1
+    if d == "cuda":
+        lr = _env_int("LOCAL_RANK")
+        return lr if lr is not None else 0
+    if d.startswith("cuda:"):
+        tail = d[5:]
+        if tail.isdigit():
+            return _device_index(int(tail))
+    raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N' (N a device index), got {device!r}")
+
+
+def _device_index(k):
+    lo, hi = _OPT_RANGES[_npyload.OPT_DEVICE][:2]
+    if not lo <= k <= hi:
+        raise ValueError(f"device = {k} out of range: -1 (cpu) or a CUDA device index "
+                         f"0 .. {hi}")
+    return k
+
+
+def _parse_shuffle(shuffle):
+    if isinstance(shuffle, bool):
+        return _npyload.SHUFFLE_FULL if shuffle else _npyload.SHUFFLE_NONE
+    if isinstance(shuffle, str) and shuffle.lower() in _SHUFFLE:
+        return _SHUFFLE[shuffle.lower()]
+    raise ValueError(f"shuffle must be True, False, 'full', 'local' or 'none', got {shuffle!r}")

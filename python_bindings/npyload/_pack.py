@@ -1,0 +1,86 @@
+"""Packing .npy files into seekable .npy.zst shards (the C packer)."""
+import os as _os
+
+from . import _npyload
+from ._npyload import NpyloadError
+from ._options import _int_arg
+
+
+_PACK_LEVELS = (-131072, 22)     # zstd's ZSTD_minCLevel() .. ZSTD_maxCLevel()
+
+
+_PACK_MAX_FRAME = 1 << 30        # bytes: the seekable format's frame limit
+
+
+_PACK_MAX_THREADS = 1024
+
+
+def pack(paths, level=3, frame_size=None, threads=None, force=False,
+         remove=False, out=None, checksum=True):
+    """Compresses NPY files into seekable ``FILE.npy.zst`` shards, with the
+    same C code as ``npyload-pack`` (``npyload_pack_file``) and its options:
+
+    - ``paths``: one path or a list of paths of ``.npy`` files;
+    - ``level``: zstd level (``-l``; negative levels are faster);
+    - ``frame_size``: target decompressed bytes per frame (``--frame-size``):
+      each frame holds the fewest whole samples reaching it (None: 128 KiB);
+    - ``threads``: compression threads (``-T``; None or 0: all cores);
+    - ``force``: replace existing outputs (``-f``); without it an existing
+      output raises NpyloadError (``code == -errno.EEXIST``);
+    - ``remove``: delete each input once it is packed (``--rm``);
+    - ``out``: the output path (``-o``), with exactly one input;
+    - ``checksum``: frame checksums (False is ``--no-check``).
+
+    Each output is written as a nameless temporary file in its directory,
+    synced to disk, and only then linked under its name (the directory
+    synced after): an error, Ctrl-C (KeyboardInterrupt) or a power loss
+    never leaves a partial file under the final name. ``force`` replaces
+    regular files only: a device, FIFO, socket, directory or symbolic link at
+    ``out`` raises NpyloadError naming it. An input modified while it is
+    packed raises NpyloadError naming it (nothing written).
+    Numbers out of range raise ValueError naming the argument and its range:
+    ``level`` -131072 .. 22 (0: the default), ``frame_size`` 1 .. 1 GiB,
+    ``threads`` 0 .. 1024. Files are packed in order; the first failure raises
+    NpyloadError naming the file (earlier outputs stay). Returns one dict per
+    input: ``in_bytes``, ``out_bytes``, ``frames`` (frame 0, the header, in),
+    ``samples_per_frame``, ``seconds``, ``out``. ``zstd -d`` restores each
+    ``.npy`` byte for byte.
+    """
+    if isinstance(paths, (str, bytes, _os.PathLike)):
+        paths = [paths]
+    paths = [_os.fsdecode(_os.fspath(p)) for p in paths]
+    if not paths:
+        raise ValueError("pack: no input file")
+    if out is not None:
+        if len(paths) != 1:
+            raise ValueError(f"pack: out names one output: give exactly one "
+                             f"input (got {len(paths)})")
+        out = _os.fsdecode(_os.fspath(out))
+    # The ranges of npyload_pack_file, checked here so that a bad value is a
+    # ValueError naming it before any file is touched.
+    level = _int_arg("level", level)
+    if level != 0 and not _PACK_LEVELS[0] <= level <= _PACK_LEVELS[1]:
+        raise ValueError(f"pack: level={level} out of range ({_PACK_LEVELS[0]} "
+                         f".. {_PACK_LEVELS[1]}; 0 = the default 3)")
+    frame_size = _int_arg("frame_size", frame_size, allow_none=True)
+    if frame_size is not None and not 1 <= frame_size <= _PACK_MAX_FRAME:
+        raise ValueError(f"pack: frame_size={frame_size} out of range (1 .. "
+                         f"{_PACK_MAX_FRAME} bytes; None = 131072)")
+    threads = _int_arg("threads", threads, allow_none=True)
+    if threads is not None and not 0 <= threads <= _PACK_MAX_THREADS:
+        raise ValueError(f"pack: threads={threads} out of range (0 .. "
+                         f"{_PACK_MAX_THREADS}; None or 0 = all cores)")
+    results = []
+    for p in paths:
+        r = _npyload.pack_file(p, out, level, frame_size or 0, threads or 0,
+                               bool(force), bool(checksum))
+        if remove:
+            try:
+                _os.unlink(p)
+            except OSError as e:
+                err = NpyloadError(f"{p}: packed, but cannot remove it: "
+                                   f"{e.strerror}")
+                err.code = -(e.errno or 0)
+                raise err from e
+        results.append(r)
+    return results
