@@ -475,6 +475,438 @@ int npyload_pack_file(const char *in, const char *out,
     return rc;
 }
 
+/* ---- one pack: plan, temporary output, chunk loop, finish -------------- */
+
+/* Everything one npyload_pack_file call holds; pack_release frees it all,
+ * whatever step failed. */
+typedef struct pack_job {
+    const char *in, *out;
+    const npyload_pack_options *o;
+    char *err;
+    size_t errlen;
+    /* the plan */
+    int level, checksum;
+    struct stat ist;            /* the input's identity before its header */
+    npyload_header h;
+    uint64_t rows, rb;          /* samples and bytes per sample */
+    uint64_t spf, nframes;      /* samples per frame; frames with frame 0 */
+    size_t frame_bytes;
+    char *dflt;                 /* the default output name, when built */
+    /* the files */
+    int ifd;
+    pack_out po;
+    /* the seek table, one entry per frame */
+    uint32_t *tcs, *tds, *tck;
+    uint64_t out_bytes, flushed; /* written; write-back started */
+    /* the chunk loop */
+    unsigned char *ibuf, *obuf;
+    size_t *csz, stride;
+    uint64_t chunk_frames;
+    ZSTD_CCtx *cctx;            /* the calling thread's */
+    pack_worker *ws;            /* ws[1..nthreads-1]: helpers */
+    int nthreads, pool_init;
+    pack_pool pool;
+} pack_job;
+
+/* Frames for the header's rows: spf samples per frame, the fewest whole
+ * samples reaching the target, within the seekable format's limits. */
+static int plan_frames(pack_job *j, uint64_t target)
+{
+    const npyload_header *h = &j->h;
+    j->rows = h->ndim ? (uint64_t)h->shape[0] : 1;
+    j->rb = j->rows ? h->data_bytes / j->rows : 0;
+    j->spf = 0;
+    j->nframes = 1;
+    if (h->data_bytes) {
+        uint64_t rb = j->rb, spf;
+        if (rb > NPYL_ZST_MAX_FRAME_BYTES)
+            return npyl_fail(j->err, j->errlen, NPYLOAD_ETOOBIG,
+                             "%s: %" PRIu64 "-byte samples: more than a "
+                             "seekable frame may hold (%u)",
+                             j->in, rb, NPYL_ZST_MAX_FRAME_BYTES);
+        spf = target / rb + (target % rb != 0); /* target <= 1 GiB */
+        if (spf == 0)
+            spf = 1;
+        if (spf > NPYL_ZST_MAX_FRAME_BYTES / rb)
+            spf = NPYL_ZST_MAX_FRAME_BYTES / rb;
+        if (spf > j->rows)
+            spf = j->rows;
+        j->spf = spf;
+        j->nframes = 1 + (j->rows + spf - 1) / spf;
+        if (j->nframes > NPYL_ZST_MAX_FRAMES)
+            return npyl_fail(j->err, j->errlen, NPYLOAD_ETOOBIG,
+                             "%s: %" PRIu64 " frames, more than the seekable "
+                             "format's %u: choose a larger frame size",
+                             j->in, j->nframes, NPYL_ZST_MAX_FRAMES);
+    }
+    j->frame_bytes = (size_t)(j->spf * j->rb);
+    return 0;
+}
+
+/* Step 1, nothing opened yet: the options, the input's identity and header,
+ * the frames, the output's name. */
+static int pack_plan(pack_job *j)
+{
+    const npyload_pack_options *o = j->o;
+    int rc = check_options(j->in, o, j->err, j->errlen);
+    if (rc)
+        return rc;
+    j->level = o->level ? o->level : NPYLOAD_PACK_DEFAULT_LEVEL;
+    j->checksum = !o->no_checksum;
+    /* The input's identity before its header is read: every later check
+     * compares with it. ENOENT: the header reader names it as the loader
+     * does. */
+    if (stat(j->in, &j->ist) != 0 && errno != ENOENT) {
+        int e = errno;
+        return npyl_fail(j->err, j->errlen, -e, "%s: cannot stat: %s", j->in,
+                         strerror(e));
+    }
+    rc = npyload_read_header(j->in, &j->h, j->err, j->errlen);
+    if (rc)
+        return rc;
+    if (j->h.fortran_order && j->h.ndim > 1)
+        return npyl_fail(j->err, j->errlen, NPYLOAD_EUNSUPPORTED,
+                         "%s: Fortran-ordered array (fortran_order: True): "
+                         "samples are not contiguous, cannot pack by sample",
+                         j->in);
+    if (j->h.file_bytes != j->h.data_offset + j->h.data_bytes)
+        return npyl_fail(j->err, j->errlen, NPYLOAD_EUNSUPPORTED,
+                         "%s: %" PRIu64 " bytes after the array data: a "
+                         ".npy.zst holds the array only, strip them first",
+                         j->in, j->h.file_bytes - j->h.data_offset - j->h.data_bytes);
+    rc = plan_frames(j, o->frame_size ? o->frame_size
+                                      : NPYLOAD_PACK_DEFAULT_FRAME_SIZE);
+    if (rc)
+        return rc;
+    if (!j->out) {
+        j->dflt = malloc(strlen(j->in) + 5);
+        if (!j->dflt)
+            return npyl_fail(j->err, j->errlen, -ENOMEM, "%s: out of memory",
+                             j->in);
+        sprintf(j->dflt, "%s.zst", j->in);
+        j->out = j->dflt;
+    }
+    j->po.path = j->out;
+    return 0;
+}
+
+/* Step 2: the input opened and still the file planned, the temporary output
+ * created, the seek table and the caller's compressor allocated. */
+static int pack_open(pack_job *j, int no_tmpfile)
+{
+    j->ifd = open(j->in, O_RDONLY | O_CLOEXEC);
+    if (j->ifd < 0) {
+        int e = errno;
+        return npyl_fail(j->err, j->errlen, -e, "%s: cannot open: %s", j->in,
+                         strerror(e));
+    }
+    int rc = input_unchanged(j->ifd, j->in, &j->ist, 0, j->err, j->errlen);
+    if (rc)
+        return rc;
+    if ((uint64_t)j->ist.st_size != j->h.file_bytes)
+        return npyl_fail(j->err, j->errlen, NPYLOAD_ECHANGED,
+                         "%s: changed while being packed (%" PRIu64 " bytes, "
+                         "then %lld)", j->in, j->h.file_bytes,
+                         (long long)j->ist.st_size);
+    rc = out_open_dir(&j->po, j->err, j->errlen);
+    if (!rc)
+        rc = out_replaceable(&j->po, j->o->force, &j->ist, j->err, j->errlen);
+    if (!rc)
+        rc = out_create_tmp(&j->po, no_tmpfile, j->err, j->errlen);
+    if (rc)
+        return rc;
+    size_t n = (size_t)j->nframes;
+    j->tcs = malloc(sizeof(uint32_t) * n);
+    j->tds = malloc(sizeof(uint32_t) * n);
+    j->tck = malloc(sizeof(uint32_t) * n);
+    j->cctx = make_cctx(j->level, j->checksum, j->spf > 1);
+    if (!j->tcs || !j->tds || !j->tck || !j->cctx)
+        return npyl_fail(j->err, j->errlen, -ENOMEM, "%s: out of memory", j->in);
+    return 0;
+}
+
+static int pack_write_failed(const pack_job *j, int rc)
+{
+    return npyl_fail(j->err, j->errlen, rc, "%s: write failed: %s", j->out,
+                     strerror(-rc));
+}
+
+/* Appends compressed frame f (c bytes at cp) and its seek-table entry. */
+static int pack_put_frame(pack_job *j, uint64_t f, const unsigned char *cp,
+                          size_t c, size_t dsize)
+{
+    int rc = write_all(j->po.fd, cp, c);
+    if (rc)
+        return pack_write_failed(j, rc);
+    j->tcs[f] = (uint32_t)c;
+    j->tds[f] = (uint32_t)dsize;
+    j->tck[f] = j->checksum ? le32(cp + c - 4) : 0;
+    j->out_bytes += c;
+    return 0;
+}
+
+/* Step 3: frame 0, the NPY header on its own. */
+static int pack_header_frame(pack_job *j)
+{
+    size_t hb = (size_t)j->h.data_offset;
+    size_t cap = ZSTD_compressBound(hb);
+    unsigned char *hbuf = malloc(hb), *cbuf = malloc(cap);
+    int rc = 0;
+    if (!hbuf || !cbuf) {
+        rc = npyl_fail(j->err, j->errlen, -ENOMEM, "%s: out of memory", j->in);
+        goto out;
+    }
+    rc = pread_exact(j->ifd, hbuf, hb, 0);
+    if (rc) {
+        rc = npyl_fail(j->err, j->errlen, rc, "%s: read failed at byte 0: %s",
+                       j->in, rc == -EIO ? "short read" : strerror(-rc));
+        goto out;
+    }
+    size_t c = ZSTD_compress2(j->cctx, cbuf, cap, hbuf, hb);
+    if (ZSTD_isError(c))
+        rc = npyl_fail(j->err, j->errlen, NPYLOAD_EINVAL, "%s: zstd: %s",
+                       j->in, ZSTD_getErrorName(c));
+    else
+        rc = pack_put_frame(j, 0, cbuf, c, hb);
+out:
+    free(hbuf);
+    free(cbuf);
+    return rc;
+}
+
+/* Step 4a: chunk buffers of chunk_frames frames, and threads-1 helpers that
+ * compress alongside the calling thread. */
+static int pack_pool_start(pack_job *j)
+{
+    uint64_t data_frames = j->nframes - 1;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = j->o->threads > 0 ? j->o->threads : (cores > 0 ? (int)cores : 1);
+    if (nt > MAX_THREADS)
+        nt = MAX_THREADS;
+    if ((uint64_t)nt > data_frames)
+        nt = (int)data_frames;
+    uint64_t k = (uint64_t)nt * CHUNK_FRAMES_PER_THREAD;
+    if (k * j->frame_bytes > CHUNK_MAX_BYTES)
+        k = CHUNK_MAX_BYTES / j->frame_bytes;
+    if (k == 0)
+        k = 1;
+    if (k > data_frames)
+        k = data_frames;
+    j->chunk_frames = k;
+    j->stride = ZSTD_compressBound(j->frame_bytes);
+    j->ibuf = malloc((size_t)k * j->frame_bytes);
+    j->obuf = malloc((size_t)k * j->stride);
+    j->csz = malloc(sizeof(size_t) * (size_t)k);
+    j->ws = calloc((size_t)nt, sizeof *j->ws);
+    if (!j->ibuf || !j->obuf || !j->csz || !j->ws)
+        return npyl_fail(j->err, j->errlen, -ENOMEM, "%s: out of memory for %"
+                         PRIu64 " frames of %zu bytes", j->in, k,
+                         j->frame_bytes);
+    j->nthreads = nt;
+    pack_pool *p = &j->pool;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->go, NULL);
+    pthread_cond_init(&p->done, NULL);
+    j->pool_init = 1;
+    p->participants = 1;
+    p->out = j->obuf;
+    p->out_stride = j->stride;
+    p->csize = j->csz;
+    p->in = j->ibuf;
+    p->frame_bytes = j->frame_bytes;
+    /* ws[0] is the calling thread (j->cctx); helpers from 1. */
+    for (int t = 1; t < nt; t++) {
+        pack_worker *w = &j->ws[t];
+        w->pool = p;
+        w->cctx = make_cctx(j->level, j->checksum, j->spf > 1);
+        if (!w->cctx)
+            return npyl_fail(j->err, j->errlen, -ENOMEM, "%s: out of memory",
+                             j->in);
+        int e = pthread_create(&w->tid, NULL, helper_main, w);
+        if (e)
+            return npyl_fail(j->err, j->errlen, -e, "%s: cannot start a "
+                             "thread: %s", j->in, strerror(e));
+        w->started = 1;
+        p->participants++;
+    }
+    return 0;
+}
+
+/* Compresses the cnt frames of `bytes` input in ibuf with every
+ * participant, returning when all are done. */
+static void pack_compress(pack_job *j, uint32_t cnt, size_t bytes)
+{
+    pack_pool *p = &j->pool;
+    pthread_mutex_lock(&p->mu);
+    p->count = cnt;
+    p->last_bytes = bytes - (size_t)(cnt - 1) * j->frame_bytes;
+    p->next = 0;
+    p->finished = 0;
+    p->gen++;
+    pthread_cond_broadcast(&p->go);
+    pthread_mutex_unlock(&p->mu);
+    compress_chunk(p, j->cctx);
+    pthread_mutex_lock(&p->mu);
+    while (p->finished < p->participants)
+        pthread_cond_wait(&p->done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Step 4b, one chunk: frames f .. f+cnt-1 (rows from `row`) read,
+ * compressed and appended. */
+static int pack_chunk(pack_job *j, uint64_t f, uint32_t cnt, uint64_t row,
+                      uint64_t crow)
+{
+    size_t bytes = (size_t)(crow * j->rb);
+    uint64_t off = j->h.data_offset + row * j->rb;
+    int rc = pread_exact(j->ifd, j->ibuf, bytes, off);
+    if (rc)
+        return npyl_fail(j->err, j->errlen,
+                         rc == -EIO ? NPYLOAD_ECHANGED : rc,
+                         "%s: read of %zu bytes at byte %" PRIu64 " failed: %s",
+                         j->in, bytes, off,
+                         rc == -EIO ? "short read (file changed?)"
+                                    : strerror(-rc));
+    pack_compress(j, cnt, bytes);
+    for (uint32_t i = 0; i < cnt; i++) {
+        size_t c = j->csz[i];
+        if (ZSTD_isError(c))
+            return npyl_fail(j->err, j->errlen, NPYLOAD_EINVAL,
+                             "%s: zstd failed on frame %" PRIu64 ": %s",
+                             j->in, f + i, ZSTD_getErrorName(c));
+        rc = pack_put_frame(j, f + i, j->obuf + (size_t)i * j->stride, c,
+                            i + 1 == cnt ? j->pool.last_bytes : j->frame_bytes);
+        if (rc)
+            return rc;
+    }
+    /* Start the write-back of what is written so far, so that the final
+     * fsync has little left to wait for (it overlaps with compressing the
+     * next chunks). Advice only: errors ignored. */
+    if (j->out_bytes - j->flushed >= WRITEBACK_BYTES) {
+        sync_file_range(j->po.fd, (off_t)j->flushed,
+                        (off_t)(j->out_bytes - j->flushed),
+                        SYNC_FILE_RANGE_WRITE);
+        j->flushed = j->out_bytes;
+    }
+    return 0;
+}
+
+static int pack_progress(const pack_job *j, uint64_t done)
+{
+    const npyload_pack_options *o = j->o;
+    if (o->progress && o->progress(o->progress_arg, done, j->h.file_bytes))
+        return npyl_fail(j->err, j->errlen, -ECANCELED, "%s: cancelled", j->out);
+    return 0;
+}
+
+/* Step 4: the data frames, chunk by chunk. */
+static int pack_chunks(pack_job *j)
+{
+    if (j->nframes == 1)
+        return 0;
+    int rc = pack_pool_start(j);
+    uint64_t row = 0, f = 1;
+    while (!rc && f < j->nframes) {
+        uint64_t left = j->nframes - f;
+        uint32_t cnt = (uint32_t)(left < j->chunk_frames ? left : j->chunk_frames);
+        uint64_t crow = (uint64_t)cnt * j->spf;
+        if (crow > j->rows - row)
+            crow = j->rows - row;
+        rc = pack_chunk(j, f, cnt, row, crow);
+        row += crow;
+        f += cnt;
+        /* An early answer to a rewrite; the last check is in pack_finish. */
+        if (!rc)
+            rc = input_unchanged(j->ifd, j->in, &j->ist, 0, j->err, j->errlen);
+        if (!rc)
+            rc = pack_progress(j, j->h.data_offset + row * j->rb);
+    }
+    return rc;
+}
+
+/* Step 5: the seek table, then the output durable before it has the final
+ * name (after a power loss the name holds the whole output or nothing), and
+ * the name durable after. */
+static int pack_finish(pack_job *j)
+{
+    size_t tsz = npyl_zst_table_size((uint32_t)j->nframes, j->checksum);
+    unsigned char *tab = malloc(tsz);
+    if (!tab)
+        return npyl_fail(j->err, j->errlen, -ENOMEM, "%s: out of memory", j->in);
+    npyl_zst_table_encode(tab, (uint32_t)j->nframes, j->tcs, j->tds, j->tck,
+                          j->checksum);
+    int rc = write_all(j->po.fd, tab, tsz);
+    free(tab);
+    if (rc)
+        return pack_write_failed(j, rc);
+    j->out_bytes += tsz;
+    /* Every byte read came from the file whose header was parsed: else the
+     * output could mix old and new rows. */
+    rc = input_unchanged(j->ifd, j->in, &j->ist, 1, j->err, j->errlen);
+    if (rc)
+        return rc;
+    if (fchmod(j->po.fd, j->ist.st_mode & 07777) != 0) {
+        int e = errno;
+        return npyl_fail(j->err, j->errlen, -e, "%s: cannot set its mode: %s",
+                         j->out, strerror(e));
+    }
+    rc = sync_fd(j->po.fd);
+    if (rc)
+        return npyl_fail(j->err, j->errlen, rc, "%s: fsync failed: %s", j->out,
+                         strerror(-rc));
+    rc = out_publish(&j->po, j->o->force, &j->ist, j->err, j->errlen);
+    if (rc)
+        return rc;
+    j->po.tmp[0] = 0; /* published: nothing to remove */
+    rc = sync_fd(j->po.dirfd);
+    if (rc)
+        return npyl_fail(j->err, j->errlen, rc, "%s: written, but fsync of its "
+                         "directory %s failed (the name may not survive a "
+                         "power loss): %s", j->out, j->po.dir, strerror(-rc));
+    return 0;
+}
+
+/* Frees what any step left, stopping the helpers first; an unpublished
+ * temporary is removed. */
+static void pack_release(pack_job *j)
+{
+    if (j->pool_init) {
+        pthread_mutex_lock(&j->pool.mu);
+        j->pool.quit = 1;
+        pthread_cond_broadcast(&j->pool.go);
+        pthread_mutex_unlock(&j->pool.mu);
+    }
+    for (int t = 1; j->ws && t < j->nthreads; t++) {
+        if (j->ws[t].started)
+            pthread_join(j->ws[t].tid, NULL);
+        ZSTD_freeCCtx(j->ws[t].cctx);
+    }
+    if (j->pool_init) {
+        pthread_mutex_destroy(&j->pool.mu);
+        pthread_cond_destroy(&j->pool.go);
+        pthread_cond_destroy(&j->pool.done);
+    }
+    free(j->ws);
+    ZSTD_freeCCtx(j->cctx);
+    /* After fsync, close() has no write-back error left to report. */
+    if (j->po.fd >= 0)
+        close(j->po.fd);
+    if (j->po.tmp[0])
+        unlinkat(j->po.dirfd, j->po.tmp, 0);
+    if (j->po.dirfd >= 0)
+        close(j->po.dirfd);
+    free(j->po.dir);
+    if (j->ifd >= 0)
+        close(j->ifd);
+    free(j->csz);
+    free(j->ibuf);
+    free(j->obuf);
+    free(j->tcs);
+    free(j->tds);
+    free(j->tck);
+    free(j->dflt);
+}
+
 int npyl_pack_file_ex(const char *in, const char *out,
                       const npyload_pack_options *o, npyload_pack_result *r,
                       char *err, size_t errlen, int no_tmpfile)
@@ -482,388 +914,36 @@ int npyl_pack_file_ex(const char *in, const char *out,
     uint64_t t0 = npyl_now_ns();
     npyload_pack_options def;
     memset(&def, 0, sizeof def);
-    if (!o)
-        o = &def;
     if (!in)
         return npyl_fail(err, errlen, NPYLOAD_EINVAL,
                          "<null>: npyload_pack_file: no input path");
-    int rc = check_options(in, o, err, errlen);
-    if (rc)
-        return rc;
-    int level = o->level ? o->level : NPYLOAD_PACK_DEFAULT_LEVEL;
-    uint64_t target = o->frame_size ? o->frame_size : NPYLOAD_PACK_DEFAULT_FRAME_SIZE;
-    int checksum = !o->no_checksum;
-
-    /* The input's identity before its header is read: every later check
-     * compares with it. */
-    struct stat ist;
-    if (stat(in, &ist) != 0) {
-        int e = errno;
-        if (e != ENOENT)
-            return npyl_fail(err, errlen, -e, "%s: cannot stat: %s", in,
-                             strerror(e));
-        /* ENOENT: the header reader names it as the loader does */
-    }
-    npyload_header h;
-    rc = npyload_read_header(in, &h, err, errlen);
-    if (rc)
-        return rc;
-    if (h.fortran_order && h.ndim > 1)
-        return npyl_fail(err, errlen, NPYLOAD_EUNSUPPORTED,
-                         "%s: Fortran-ordered array (fortran_order: True): "
-                         "samples are not contiguous, cannot pack by sample",
-                         in);
-    if (h.file_bytes != h.data_offset + h.data_bytes)
-        return npyl_fail(err, errlen, NPYLOAD_EUNSUPPORTED,
-                         "%s: %" PRIu64 " bytes after the array data: a "
-                         ".npy.zst holds the array only, strip them first",
-                         in, h.file_bytes - h.data_offset - h.data_bytes);
-
-    /* Samples and frames. */
-    uint64_t rows = h.ndim ? (uint64_t)h.shape[0] : 1;
-    uint64_t rb = rows ? h.data_bytes / rows : 0;
-    uint64_t spf = 0, nframes = 1;
-    if (h.data_bytes) {
-        if (rb > NPYL_ZST_MAX_FRAME_BYTES)
-            return npyl_fail(err, errlen, NPYLOAD_ETOOBIG,
-                             "%s: %" PRIu64 "-byte samples: more than a "
-                             "seekable frame may hold (%u)",
-                             in, rb, NPYL_ZST_MAX_FRAME_BYTES);
-        spf = target / rb + (target % rb != 0); /* target <= 1 GiB */
-        if (spf == 0)
-            spf = 1;
-        if (spf > NPYL_ZST_MAX_FRAME_BYTES / rb)
-            spf = NPYL_ZST_MAX_FRAME_BYTES / rb;
-        if (spf > rows)
-            spf = rows;
-        nframes = 1 + (rows + spf - 1) / spf;
-        if (nframes > NPYL_ZST_MAX_FRAMES)
-            return npyl_fail(err, errlen, NPYLOAD_ETOOBIG,
-                             "%s: %" PRIu64 " frames, more than the seekable "
-                             "format's %u: choose a larger frame size",
-                             in, nframes, NPYL_ZST_MAX_FRAMES);
-    }
-    size_t frame_bytes = (size_t)(spf * rb);
-
-    char *dflt = NULL;
-    if (!out) {
-        dflt = malloc(strlen(in) + 5);
-        if (!dflt)
-            return npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", in);
-        sprintf(dflt, "%s.zst", in);
-        out = dflt;
-    }
-
-    /* Everything below releases through `done`. */
-    int ifd = -1;
-    pack_out po;
-    memset(&po, 0, sizeof po);
-    po.path = out;
-    po.dirfd = po.fd = -1;
-    uint32_t *tcs = NULL, *tds = NULL, *tck = NULL;
-    unsigned char *ibuf = NULL, *obuf = NULL, *tab = NULL;
-    size_t *csz = NULL;
-    pack_worker *ws = NULL;
-    int nthreads = 0;
-    pack_pool pool;
-    memset(&pool, 0, sizeof pool);
-    int pool_init = 0;
-    ZSTD_CCtx *cctx = NULL;
-
-    ifd = open(in, O_RDONLY | O_CLOEXEC);
-    if (ifd < 0) {
-        int e = errno;
-        rc = npyl_fail(err, errlen, -e, "%s: cannot open: %s", in, strerror(e));
-        goto done;
-    }
-    rc = input_unchanged(ifd, in, &ist, 0, err, errlen);
-    if (rc)
-        goto done;
-    if ((uint64_t)ist.st_size != h.file_bytes) {
-        rc = npyl_fail(err, errlen, NPYLOAD_ECHANGED,
-                       "%s: changed while being packed (%" PRIu64 " bytes, "
-                       "then %lld)", in, h.file_bytes, (long long)ist.st_size);
-        goto done;
-    }
-    rc = out_open_dir(&po, err, errlen);
-    if (rc)
-        goto done;
-    rc = out_replaceable(&po, o->force, &ist, err, errlen);
-    if (rc)
-        goto done;
-    rc = out_create_tmp(&po, no_tmpfile, err, errlen);
-    if (rc)
-        goto done;
-
-    tcs = malloc(sizeof(uint32_t) * nframes);
-    tds = malloc(sizeof(uint32_t) * nframes);
-    tck = malloc(sizeof(uint32_t) * nframes);
-    cctx = make_cctx(level, checksum, spf > 1);
-    if (!tcs || !tds || !tck || !cctx) {
-        rc = npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", in);
-        goto done;
-    }
-
-    if (o->progress && o->progress(o->progress_arg, 0, h.file_bytes)) {
-        rc = npyl_fail(err, errlen, -ECANCELED, "%s: cancelled", out);
-        goto done;
-    }
-
-    /* Frame 0: the header. */
-    {
-        size_t hb = (size_t)h.data_offset;
-        size_t cap = ZSTD_compressBound(hb);
-        ibuf = malloc(hb);
-        obuf = malloc(cap);
-        if (!ibuf || !obuf) {
-            rc = npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", in);
-            goto done;
-        }
-        rc = pread_exact(ifd, ibuf, hb, 0);
-        if (rc) {
-            rc = npyl_fail(err, errlen, rc, "%s: read failed at byte 0: %s", in,
-                           rc == -EIO ? "short read" : strerror(-rc));
-            goto done;
-        }
-        size_t c = ZSTD_compress2(cctx, obuf, cap, ibuf, hb);
-        if (ZSTD_isError(c)) {
-            rc = npyl_fail(err, errlen, NPYLOAD_EINVAL, "%s: zstd: %s", in,
-                           ZSTD_getErrorName(c));
-            goto done;
-        }
-        rc = write_all(po.fd, obuf, c);
-        if (rc) {
-            rc = npyl_fail(err, errlen, rc, "%s: write failed: %s", out,
-                           strerror(-rc));
-            goto done;
-        }
-        tcs[0] = (uint32_t)c;
-        tds[0] = (uint32_t)hb;
-        tck[0] = checksum ? le32(obuf + c - 4) : 0;
-        free(ibuf);
-        free(obuf);
-        ibuf = obuf = NULL;
-    }
-    uint64_t out_bytes = tcs[0];
-    uint64_t flushed = 0; /* output bytes whose write-back was started */
-
-    if (nframes > 1) {
-        uint64_t data_frames = nframes - 1;
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        nthreads = o->threads > 0 ? o->threads : (cores > 0 ? (int)cores : 1);
-        if (nthreads > MAX_THREADS)
-            nthreads = MAX_THREADS;
-        if ((uint64_t)nthreads > data_frames)
-            nthreads = (int)data_frames;
-        uint64_t k = (uint64_t)nthreads * CHUNK_FRAMES_PER_THREAD;
-        if (k * frame_bytes > CHUNK_MAX_BYTES)
-            k = CHUNK_MAX_BYTES / frame_bytes;
-        if (k == 0)
-            k = 1;
-        if (k > data_frames)
-            k = data_frames;
-        size_t stride = ZSTD_compressBound(frame_bytes);
-        ibuf = malloc((size_t)k * frame_bytes);
-        obuf = malloc((size_t)k * stride);
-        csz = malloc(sizeof(size_t) * (size_t)k);
-        ws = calloc((size_t)nthreads, sizeof *ws);
-        if (!ibuf || !obuf || !csz || !ws) {
-            rc = npyl_fail(err, errlen, -ENOMEM, "%s: out of memory for %" PRIu64
-                           " frames of %zu bytes", in, k, frame_bytes);
-            goto done;
-        }
-        pthread_mutex_init(&pool.mu, NULL);
-        pthread_cond_init(&pool.go, NULL);
-        pthread_cond_init(&pool.done, NULL);
-        pool_init = 1;
-        pool.participants = 1;
-        pool.out = obuf;
-        pool.out_stride = stride;
-        pool.csize = csz;
-        pool.in = ibuf;
-        pool.frame_bytes = frame_bytes;
-        /* ws[0] is the calling thread (cctx above); helpers from 1. */
-        for (int t = 1; t < nthreads; t++) {
-            ws[t].pool = &pool;
-            ws[t].cctx = make_cctx(level, checksum, spf > 1);
-            if (!ws[t].cctx) {
-                rc = npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", in);
-                goto done;
-            }
-            int e = pthread_create(&ws[t].tid, NULL, helper_main, &ws[t]);
-            if (e) {
-                rc = npyl_fail(err, errlen, -e, "%s: cannot start a thread: %s",
-                               in, strerror(e));
-                goto done;
-            }
-            ws[t].started = 1;
-            pool.participants++;
-        }
-
-        uint64_t row = 0;
-        uint32_t f = 1;
-        while (f < nframes) {
-            uint32_t cnt = (uint32_t)(nframes - f < k ? nframes - f : k);
-            uint64_t crow = (uint64_t)cnt * spf;
-            if (crow > rows - row)
-                crow = rows - row;
-            size_t bytes = (size_t)(crow * rb);
-            uint64_t off = h.data_offset + row * rb;
-            rc = pread_exact(ifd, ibuf, bytes, off);
-            if (rc) {
-                rc = npyl_fail(err, errlen, rc == -EIO ? NPYLOAD_ECHANGED : rc,
-                               "%s: read of %zu bytes at byte %" PRIu64
-                               " failed: %s", in, bytes, off,
-                               rc == -EIO ? "short read (file changed?)"
-                                          : strerror(-rc));
-                goto done;
-            }
-            pthread_mutex_lock(&pool.mu);
-            pool.count = cnt;
-            pool.last_bytes = bytes - (size_t)(cnt - 1) * frame_bytes;
-            pool.next = 0;
-            pool.finished = 0;
-            pool.gen++;
-            pthread_cond_broadcast(&pool.go);
-            pthread_mutex_unlock(&pool.mu);
-            compress_chunk(&pool, cctx);
-            pthread_mutex_lock(&pool.mu);
-            while (pool.finished < pool.participants)
-                pthread_cond_wait(&pool.done, &pool.mu);
-            pthread_mutex_unlock(&pool.mu);
-
-            for (uint32_t i = 0; i < cnt; i++) {
-                size_t c = csz[i];
-                if (ZSTD_isError(c)) {
-                    rc = npyl_fail(err, errlen, NPYLOAD_EINVAL,
-                                   "%s: zstd failed on frame %" PRIu32 ": %s",
-                                   in, f + i, ZSTD_getErrorName(c));
-                    goto done;
-                }
-                const unsigned char *cp = obuf + (size_t)i * stride;
-                rc = write_all(po.fd, cp, c);
-                if (rc) {
-                    rc = npyl_fail(err, errlen, rc, "%s: write failed: %s", out,
-                                   strerror(-rc));
-                    goto done;
-                }
-                tcs[f + i] = (uint32_t)c;
-                tds[f + i] = (uint32_t)(i + 1 == cnt ? pool.last_bytes : frame_bytes);
-                tck[f + i] = checksum ? le32(cp + c - 4) : 0;
-                out_bytes += c;
-            }
-            row += crow;
-            f += cnt;
-            /* Start the write-back of what is written so far, so that the
-             * final fsync has little left to wait for (it overlaps with
-             * compressing the next chunks). Advice only: errors ignored. */
-            if (out_bytes - flushed >= WRITEBACK_BYTES) {
-                sync_file_range(po.fd, (off_t)flushed,
-                                (off_t)(out_bytes - flushed),
-                                SYNC_FILE_RANGE_WRITE);
-                flushed = out_bytes;
-            }
-            /* An early answer to a rewrite; the last check is below. */
-            rc = input_unchanged(ifd, in, &ist, 0, err, errlen);
-            if (rc)
-                goto done;
-            if (o->progress &&
-                o->progress(o->progress_arg, h.data_offset + row * rb, h.file_bytes)) {
-                rc = npyl_fail(err, errlen, -ECANCELED, "%s: cancelled", out);
-                goto done;
-            }
-        }
-    }
-
-    size_t tsz = npyl_zst_table_size((uint32_t)nframes, checksum);
-    tab = malloc(tsz);
-    if (!tab) {
-        rc = npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", in);
-        goto done;
-    }
-    npyl_zst_table_encode(tab, (uint32_t)nframes, tcs, tds, tck, checksum);
-    rc = write_all(po.fd, tab, tsz);
-    if (rc) {
-        rc = npyl_fail(err, errlen, rc, "%s: write failed: %s", out,
-                       strerror(-rc));
-        goto done;
-    }
-    out_bytes += tsz;
-    /* Every byte read came from the file whose header was parsed: else the
-     * output could mix old and new rows. */
-    rc = input_unchanged(ifd, in, &ist, 1, err, errlen);
-    if (rc)
-        goto done;
-    /* Durable before it has the final name (after a power loss the name
-     * holds the whole output or nothing), and the name durable after. */
-    if (fchmod(po.fd, ist.st_mode & 07777) != 0) {
-        int e = errno;
-        rc = npyl_fail(err, errlen, -e, "%s: cannot set its mode: %s", out,
-                       strerror(e));
-        goto done;
-    }
-    rc = sync_fd(po.fd);
-    if (rc) {
-        rc = npyl_fail(err, errlen, rc, "%s: fsync failed: %s", out,
-                       strerror(-rc));
-        goto done;
-    }
-    rc = out_publish(&po, o->force, &ist, err, errlen);
-    if (rc)
-        goto done;
-    po.tmp[0] = 0; /* published: nothing to remove */
-    rc = sync_fd(po.dirfd);
-    if (rc) {
-        rc = npyl_fail(err, errlen, rc, "%s: written, but fsync of its "
-                       "directory %s failed (the name may not survive a "
-                       "power loss): %s", out, po.dir, strerror(-rc));
-        goto done;
-    }
-    if (r) {
-        r->in_bytes = h.file_bytes;
-        r->out_bytes = out_bytes;
-        r->frames = nframes;
-        r->samples_per_frame = spf;
+    pack_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", in);
+    j->in = in;
+    j->out = out;
+    j->o = o ? o : &def;
+    j->err = err;
+    j->errlen = errlen;
+    j->ifd = j->po.dirfd = j->po.fd = -1;
+    int rc = pack_plan(j);
+    if (!rc)
+        rc = pack_open(j, no_tmpfile);
+    if (!rc)
+        rc = pack_progress(j, 0);
+    if (!rc)
+        rc = pack_header_frame(j);
+    if (!rc)
+        rc = pack_chunks(j);
+    if (!rc)
+        rc = pack_finish(j);
+    if (!rc && r) {
+        r->in_bytes = j->h.file_bytes;
+        r->out_bytes = j->out_bytes;
+        r->frames = j->nframes;
+        r->samples_per_frame = j->spf;
         r->seconds = (double)(npyl_now_ns() - t0) / 1e9;
     }
-    rc = 0;
-
-done:
-    if (pool_init) {
-        pthread_mutex_lock(&pool.mu);
-        pool.quit = 1;
-        pthread_cond_broadcast(&pool.go);
-        pthread_mutex_unlock(&pool.mu);
-    }
-    for (int t = 1; ws && t < nthreads; t++) {
-        if (ws[t].started)
-            pthread_join(ws[t].tid, NULL);
-        ZSTD_freeCCtx(ws[t].cctx);
-    }
-    if (pool_init) {
-        pthread_mutex_destroy(&pool.mu);
-        pthread_cond_destroy(&pool.go);
-        pthread_cond_destroy(&pool.done);
-    }
-    free(ws);
-    ZSTD_freeCCtx(cctx);
-    /* After fsync, close() has no write-back error left to report. */
-    if (po.fd >= 0)
-        close(po.fd);
-    if (po.tmp[0])
-        unlinkat(po.dirfd, po.tmp, 0);
-    if (po.dirfd >= 0)
-        close(po.dirfd);
-    free(po.dir);
-    if (ifd >= 0)
-        close(ifd);
-    free(tab);
-    free(csz);
-    free(ibuf);
-    free(obuf);
-    free(tcs);
-    free(tds);
-    free(tck);
-    free(dflt);
+    pack_release(j);
     return rc;
 }
