@@ -231,7 +231,12 @@ typedef enum npyload_shuffle {
                      "counted in stats.samples_skipped")                    \
     XX(MAX_ERRORS, 17, "with ON_ERROR skip: once more than this many "       \
                        "samples were skipped, the batch fails as with "     \
-                       "raise; 0 = no limit (default)")
+                       "raise; 0 = no limit (default)")                      \
+    XX(READ_AHEAD, 18, "0 (default) or 1: on; -1: off. Each worker thread "   \
+                       "has the reads of its next batch in flight while it " \
+                       "decodes and transforms the current one (a read "    \
+                       "thread and a second read buffer per worker; sync "  \
+                       "mode reads no ahead)")
 
 /*! NPYLOAD_WORKERS_SYNC: NPYLOAD_OPT_NUM_WORKERS value for synchronous
  * reads. No thread is started; npyload_loader_next() reads (and
@@ -691,6 +696,13 @@ typedef struct npyload_stats {
                                    batches (npyload_loader_set_transform),
                                    summed; device transforms run on the copy
                                    stream and count in h2d_ns */
+    /* Appended after 0.3.0 (the sized-struct rule, Conventions): */
+    uint64_t read_ahead_batches; /* READ_AHEAD: batches whose reads a worker
+                                    had in flight while it decoded or
+                                    transformed the batch before */
+    uint64_t read_wait_ns;      /* READ_AHEAD: worker time waiting for those
+                                   reads, summed (high: the disk is the
+                                   limit; near 0: the cores are) */
 } npyload_stats;
 
 /*! npyload_loader_last_skip_error() : with ON_ERROR skip, copies the message

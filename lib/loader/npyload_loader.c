@@ -325,6 +325,8 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *dst,
     out->decompressed_bytes = atomic_load(&L->st.zdbytes);
     out->decode_ns = atomic_load(&L->st.zdecode_ns);
     out->transform_ns = atomic_load(&L->st.transform_ns);
+    out->read_ahead_batches = atomic_load(&L->st.ahead);
+    out->read_wait_ns = atomic_load(&L->st.read_wait_ns);
     out->batches_delivered = atomic_load(&L->st.batches);
     out->samples_delivered = atomic_load(&L->st.samples);
     out->wait_ns = atomic_load(&L->st.wait_ns);
@@ -342,12 +344,10 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *dst,
     npyl_io_counters c = {0, 0, 0, 0};
     if (L->started && L->workers)
         for (size_t i = 0; i < L->nworkers; i++) {
-            if (!L->workers[i].rd.io)
-                continue;
-            if (L->backend == NPYLOAD_IO_URING &&
-                npyl_io_backend_now(L->workers[i].rd.io) == NPYLOAD_IO_PREAD)
-                out->uring_fallbacks++;
-            npyl_io_counters_add(L->workers[i].rd.io, &c);
+            uint64_t fell = 0;
+            npyl_read_ctx_counters(&L->workers[i].rd, &c, &fell);
+            if (L->backend == NPYLOAD_IO_URING)
+                out->uring_fallbacks += fell;
         }
     out->gather_bytes = c.gather_bytes;
     out->gather_requests = c.gather_reqs;

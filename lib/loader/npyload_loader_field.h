@@ -59,6 +59,7 @@ typedef struct npyl_stats {
     _Atomic uint64_t skipped, errors;          /* ON_ERROR skip */
     _Atomic uint64_t zcbytes, zdbytes, zdecode_ns; /* .npy.zst */
     _Atomic uint64_t transform_ns;             /* host transforms */
+    _Atomic uint64_t ahead, read_wait_ns;      /* read-ahead */
 } npyl_stats;
 
 #endif

@@ -84,6 +84,9 @@ static int range_of(int opt, opt_range *r)
     case NPYLOAD_OPT_PIN_MEMORY:
         *r = (opt_range){-1, 1, "-1 auto, 0 never, 1 require"};
         return 0;
+    case NPYLOAD_OPT_READ_AHEAD:
+        *r = (opt_range){-1, 1, "-1 off, 0 (default) or 1 on"};
+        return 0;
     case NPYLOAD_OPT_MAX_ERRORS:
         *r = (opt_range){0, INT64_MAX, ">= 0 samples (0 = no limit)"};
         return 0;

@@ -227,61 +227,104 @@ static void name_frame(npyl_read_ctx *c, const npyl_zrow *z)
                  z->frame, z->ff->zst->coff[z->frame]);
 }
 
-/* Reads all of the batch's rows, every field: the plain path. */
-static int read_all(const npyl_read_view *v, npyl_read_ctx *c, const int64_t *indices,
-                    size_t rows, uint8_t *const *dst,
-                    uint64_t *bytes, zstats *zs)
+/* Plans the batch's rows into b: one request per run of raw rows (b->nraw),
+ * the rows of .npy.zst files sorted by frame (b->nz), no round yet. */
+static void plan_batch(const npyl_read_view *v, npyl_read_buf *b, const int64_t *indices,
+                       size_t rows, uint8_t *const *dst)
 {
-    size_t nz = 0, bad = 0;
-    size_t nraw = plan_reads(v, indices, rows, dst, c->reqs, c->zrows, &nz);
-    if (nz == 0)
-        return npyl_io_read(c->io, c->reqs, nraw, &bad, bytes, c->errmsg, sizeof c->errmsg);
-    npyl_zrow *zr = c->zrows;
-    qsort(zr, nz, sizeof *zr, zrow_cmp);
-    /* Rounds: the raw rows and as many frames as the scratch holds in the
-     * first, further frames in later ones (only when they do not fit). */
-    size_t u = 0;
-    do {
-        size_t nreq = nraw, u0 = u;
-        uint64_t cursor = 0, cb = 0;
-        while (u < nz) {
-            size_t g = frame_end(zr, u, nz);
-            const npyl_zst_index *x = zr[u].ff->zst;
-            uint64_t coff = x->coff[zr[u].frame], csz = x->coff[zr[u].frame + 1] - coff;
-            uint64_t p = place(v, cursor, coff);
-            if (p + csz > c->zsrc_cap && u > u0)
-                break; /* the first frame always fits: zsrc_cap >= max_csize + align */
-            zr[u].src = p;
-            c->reqs[nreq++] = (npyl_io_req){.file = zr[u].file, .offset = coff, .len = csz,
-                                            .dst = c->zsrc + p};
-            cursor = p + csz;
-            cb += csz;
-            u = g;
+    b->nraw = plan_reads(v, indices, rows, dst, b->reqs, b->zrows, &b->nz);
+    if (b->nz)
+        qsort(b->zrows, b->nz, sizeof *b->zrows, zrow_cmp);
+    b->u0 = b->u = 0;
+}
+
+/* The next round of b's reads: the raw rows (first round only) and, from
+ * b->u on, as many frames as the compressed scratch holds (further frames
+ * go to later rounds, only when they do not fit). */
+static void plan_round(const npyl_read_view *v, npyl_read_buf *b)
+{
+    npyl_zrow *zr = b->zrows;
+    size_t nreq = b->nraw, u = b->u, nz = b->nz;
+    uint64_t cursor = 0, cb = 0;
+    b->u0 = u;
+    while (u < nz) {
+        size_t g = frame_end(zr, u, nz);
+        const npyl_zst_index *x = zr[u].ff->zst;
+        uint64_t coff = x->coff[zr[u].frame], csz = x->coff[zr[u].frame + 1] - coff;
+        uint64_t p = place(v, cursor, coff);
+        if (p + csz > b->zsrc_cap && u > b->u0)
+            break; /* the first frame always fits: zsrc_cap >= max_csize + align */
+        zr[u].src = p;
+        b->reqs[nreq++] = (npyl_io_req){.file = zr[u].file, .offset = coff, .len = csz,
+                                        .dst = b->zsrc + p};
+        cursor = p + csz;
+        cb += csz;
+        u = g;
+    }
+    b->nreq = nreq;
+    b->u = u;
+    b->cb = cb;
+}
+
+/* A round's reads returned rc (the bad-th request failed; got bytes
+ * landed): names the frame of a failed frame read, counts what landed and
+ * decodes the round's frames. */
+static int finish_round(const npyl_read_view *v, npyl_read_ctx *c, npyl_read_buf *b, int rc,
+                        size_t bad, uint64_t got, uint8_t *const *dst, uint64_t *bytes,
+                        zstats *zs)
+{
+    npyl_zrow *zr = b->zrows;
+    if (rc) {
+        if (b->nz == 0)
+            *bytes += got; /* raw rows only: what landed counts */
+        else if (bad >= b->nraw) { /* a frame: the bad-th request after the raw ones */
+            size_t k = bad - b->nraw, t = b->u0;
+            while (k--)
+                t = frame_end(zr, t, b->nz);
+            if (t < b->nz)
+                name_frame(c, &zr[t]);
         }
-        uint64_t got = 0;
-        int rc = npyl_io_read(c->io, c->reqs, nreq, &bad, &got, c->errmsg, sizeof c->errmsg);
-        if (rc) {
-            if (bad >= nraw) { /* a frame: the bad-th request after the raw ones */
-                size_t k = bad - nraw, t = u0;
-                while (k--)
-                    t = frame_end(zr, t, nz);
-                if (t < nz)
-                    name_frame(c, &zr[t]);
-            }
+        return rc;
+    }
+    *bytes += got - b->cb; /* the raw rows; frames count as the rows they hold */
+    zs->cbytes += b->cb;
+    b->nraw = 0;
+    for (size_t t = b->u0; t < b->u;) {
+        size_t g = frame_end(zr, t, b->u);
+        rc = decode_group(v, c, &zr[t], g - t, b->zsrc + zr[t].src, dst, bytes, zs);
+        if (rc)
             return rc;
-        }
-        *bytes += got - cb; /* the raw rows; frames count as the rows they hold */
-        zs->cbytes += cb;
-        nraw = 0;
-        for (size_t t = u0; t < u;) {
-            size_t g = frame_end(zr, t, u);
-            rc = decode_group(v, c, &zr[t], g - t, c->zsrc + zr[t].src, dst, bytes, zs);
-            if (rc)
-                return rc;
-            t = g;
-        }
-    } while (u < nz);
+        t = g;
+    }
     return 0;
+}
+
+/* b's rounds from where it stands, each read through c's own io context
+ * and decoded before the next. */
+static int read_rounds(const npyl_read_view *v, npyl_read_ctx *c, npyl_read_buf *b,
+                       uint8_t *const *dst, uint64_t *bytes, zstats *zs)
+{
+    do {
+        plan_round(v, b);
+        size_t bad = 0;
+        uint64_t got = 0;
+        int rc = npyl_io_read(c->io, b->reqs, b->nreq, &bad, &got, c->errmsg,
+                              sizeof c->errmsg);
+        rc = finish_round(v, c, b, rc, bad, got, dst, bytes, zs);
+        if (rc)
+            return rc;
+    } while (b->u < b->nz);
+    return 0;
+}
+
+/* Reads all of the batch's rows, every field, through c's current buffer:
+ * the plain path. */
+static int read_all(const npyl_read_view *v, npyl_read_ctx *c, const int64_t *indices,
+                    size_t rows, uint8_t *const *dst, uint64_t *bytes, zstats *zs)
+{
+    npyl_read_buf *b = &c->buf[c->cur];
+    plan_batch(v, b, indices, rows, dst);
+    return read_rounds(v, c, b, dst, bytes, zs);
 }
 
 /* Reads global sample s of every field to row `at` of dst: the row-by-row
@@ -290,15 +333,16 @@ static int read_all(const npyl_read_view *v, npyl_read_ctx *c, const int64_t *in
 static int read_row(const npyl_read_view *v, npyl_read_ctx *c, int64_t s, size_t at, uint8_t *const *dst,
                     uint64_t *bytes, zstats *zs)
 {
+    npyl_read_buf *b = &c->buf[c->cur];
     size_t n = 0, bad = 0;
     for (size_t fi = 0; fi < v->nfields; fi++) {
         const npyl_field *f = &v->fields[fi];
         const npyl_ffile *ff = find_file(f, s);
         if (ff->zst)
             continue;
-        raw_req(&c->reqs[n++], f, ff, s, 1, dst[fi] + (uint64_t)at * f->row_bytes);
+        raw_req(&b->reqs[n++], f, ff, s, 1, dst[fi] + (uint64_t)at * f->row_bytes);
     }
-    int rc = n ? npyl_io_read(c->io, c->reqs, n, &bad, bytes, c->errmsg, sizeof c->errmsg) : 0;
+    int rc = n ? npyl_io_read(c->io, b->reqs, n, &bad, bytes, c->errmsg, sizeof c->errmsg) : 0;
     for (size_t fi = 0; rc == 0 && fi < v->nfields; fi++) {
         const npyl_field *f = &v->fields[fi];
         const npyl_ffile *ff = find_file(f, s);
@@ -310,7 +354,7 @@ static int read_row(const npyl_read_view *v, npyl_read_ctx *c, int64_t s, size_t
         npyl_zst_locate(ff->zst, z.local, &z.frame, &off);
         uint64_t coff = ff->zst->coff[z.frame], csz = ff->zst->coff[z.frame + 1] - coff;
         uint64_t p = place(v, 0, coff);
-        npyl_io_req q = {.file = z.file, .offset = coff, .len = csz, .dst = c->zsrc + p};
+        npyl_io_req q = {.file = z.file, .offset = coff, .len = csz, .dst = b->zsrc + p};
         rc = npyl_io_read(c->io, &q, 1, &bad, &got, c->errmsg, sizeof c->errmsg);
         if (rc) {
             name_frame(c, &z);
@@ -319,7 +363,7 @@ static int read_row(const npyl_read_view *v, npyl_read_ctx *c, int64_t s, size_t
         zs->cbytes += csz;
         /* One row of the frame: never its whole (decode_group goes through
          * the scratch unless the frame is exactly this one row, in place). */
-        rc = decode_group(v, c, &z, 1, c->zsrc + p, dst, bytes, zs);
+        rc = decode_group(v, c, &z, 1, b->zsrc + p, dst, bytes, zs);
     }
     return rc;
 }
@@ -362,36 +406,185 @@ static int read_skipping(const npyl_read_view *v, npyl_read_ctx *c, int64_t *ind
     return 0;
 }
 
+/* The end of every batch read: ON_ERROR skip on a failure, the .npy.zst
+ * counters. */
+static int finish_batch(const npyl_read_view *v, npyl_read_ctx *c, int64_t *indices,
+                        size_t *rows, uint8_t *const *dst, int rc, uint64_t *bytes, zstats *zs)
+{
+    if (rc && v->skip_errors)
+        rc = read_skipping(v, c, indices, rows, dst, rc, bytes, zs);
+    if (zs->cbytes | zs->dbytes | zs->ns) {
+        atomic_fetch_add(&v->st->zcbytes, zs->cbytes);
+        atomic_fetch_add(&v->st->zdbytes, zs->dbytes);
+        atomic_fetch_add(&v->st->zdecode_ns, zs->ns);
+    }
+    return rc;
+}
+
 int npyl_read_batch(const npyl_read_view *v, npyl_read_ctx *c, int64_t *indices, size_t *rows,
                     uint8_t *const *dst, uint64_t *bytes)
 {
     zstats zs = {0, 0, 0};
     int rc = read_all(v, c, indices, *rows, dst, bytes, &zs);
-    if (rc && v->skip_errors)
-        rc = read_skipping(v, c, indices, rows, dst, rc, bytes, &zs);
-    if (zs.cbytes | zs.dbytes | zs.ns) {
-        atomic_fetch_add(&v->st->zcbytes, zs.cbytes);
-        atomic_fetch_add(&v->st->zdbytes, zs.dbytes);
-        atomic_fetch_add(&v->st->zdecode_ns, zs.ns);
-    }
-    return rc;
+    return finish_batch(v, c, indices, rows, dst, rc, bytes, &zs);
 }
 
-int npyl_read_ctx_init(npyl_read_ctx *c, const npyl_read_view *v, const npyl_io_config *cfg,
-                       size_t rows, const npyl_zst_sizes *zsz, char *err, size_t errlen)
+/* ---- read-ahead ----
+ *
+ * Each worker has a thread of its own that only performs reads: the worker
+ * hands it the first round of its next batch's reads (npyl_read_begin),
+ * decodes or transforms its current batch meanwhile, and takes the result
+ * when it needs it (npyl_read_end). Why a thread per worker and not reads
+ * submitted to the worker's io_uring: one path for every backend (pread
+ * and mmap cannot submit asynchronously; the gather path and io_uring's
+ * page-cache hits complete inline on the submitting thread, so submitting
+ * alone would copy on the worker anyway), with the io layer unchanged: its
+ * identity checks, O_DIRECT placement, error messages and the io_uring ->
+ * pread fallback hold as they are. The thread has its own io context
+ * (contexts belong to one thread at a time); the worker's own context
+ * serves the rounds after the first and ON_ERROR skip's retries. Why not
+ * one shared I/O thread: a page-cached read is a copy, and one thread
+ * copying for every worker would cap throughput at one core's memcpy. */
+
+enum { AHEAD_IDLE = 0, AHEAD_QUEUED, AHEAD_DONE };
+
+struct npyl_ahead {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;    /* state changed, or quit */
+    pthread_t thread;
+    int started, quit;    /* [mu] quit */
+    int state;            /* [mu] AHEAD_* */
+    npyl_io *io;          /* the thread's own context */
+    const npyl_io_req *reqs; /* [mu] the queued round */
+    size_t n;
+    int rc;               /* [mu] its result */
+    size_t bad;
+    uint64_t got;
+    char errmsg[NPYL_ERRMSG_LEN];
+};
+
+static void *ahead_main(void *arg)
 {
-    int rc = npyl_io_create(&c->io, cfg, err, errlen);
+    struct npyl_ahead *a = arg;
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        while (a->state != AHEAD_QUEUED && !a->quit)
+            pthread_cond_wait(&a->cv, &a->mu);
+        if (a->state != AHEAD_QUEUED)
+            break; /* quit, nothing queued */
+        const npyl_io_req *reqs = a->reqs;
+        size_t n = a->n, bad = 0;
+        pthread_mutex_unlock(&a->mu);
+        uint64_t got = 0;
+        int rc = npyl_io_read(a->io, reqs, n, &bad, &got, a->errmsg, sizeof a->errmsg);
+        pthread_mutex_lock(&a->mu);
+        a->rc = rc;
+        a->bad = bad;
+        a->got = got;
+        a->state = AHEAD_DONE;
+        pthread_cond_broadcast(&a->cv);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+static int ahead_start(npyl_read_ctx *c, const npyl_io_config *cfg, char *err, size_t errlen)
+{
+    struct npyl_ahead *a = calloc(1, sizeof *a);
+    if (!a)
+        return npyl_fail(err, errlen, -ENOMEM, "out of memory");
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->cv, NULL);
+    c->ahead = a;
+    int rc = npyl_io_create(&a->io, cfg, err, errlen);
     if (rc)
         return rc;
-    c->reqs = calloc(rows * v->nfields, sizeof *c->reqs);
-    if (!c->reqs)
-        return npyl_fail(err, errlen, -ENOMEM, "out of memory");
+    rc = pthread_create(&a->thread, NULL, ahead_main, a);
+    if (rc)
+        return npyl_fail(err, errlen, -rc, "cannot start a read-ahead thread: %s",
+                         npyload_strerror(-rc));
+    a->started = 1;
+    return 0;
+}
+
+static void ahead_stop(struct npyl_ahead *a)
+{
+    if (!a)
+        return;
+    if (a->started) {
+        pthread_mutex_lock(&a->mu);
+        a->quit = 1; /* a round queued is read first: it writes into our buffers */
+        pthread_cond_broadcast(&a->cv);
+        pthread_mutex_unlock(&a->mu);
+        pthread_join(a->thread, NULL);
+    }
+    npyl_io_destroy(a->io);
+    pthread_mutex_destroy(&a->mu);
+    pthread_cond_destroy(&a->cv);
+    free(a);
+}
+
+void npyl_read_begin(const npyl_read_view *v, npyl_read_ctx *c, const int64_t *indices,
+                     size_t rows, uint8_t *const *dst)
+{
+    npyl_read_buf *b = &c->buf[c->cur ^ 1];
+    plan_batch(v, b, indices, rows, dst);
+    plan_round(v, b);
+    struct npyl_ahead *a = c->ahead;
+    pthread_mutex_lock(&a->mu);
+    a->reqs = b->reqs;
+    a->n = b->nreq;
+    a->state = AHEAD_QUEUED;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+void npyl_read_wait(npyl_read_ctx *c)
+{
+    struct npyl_ahead *a = c->ahead;
+    pthread_mutex_lock(&a->mu);
+    while (a->state != AHEAD_DONE)
+        pthread_cond_wait(&a->cv, &a->mu);
+    a->state = AHEAD_IDLE;
+    c->cur ^= 1;
+    npyl_read_buf *b = &c->buf[c->cur];
+    b->rc = a->rc; /* the next begin reuses a's result fields */
+    b->bad = a->bad;
+    b->got = a->got;
+    pthread_mutex_unlock(&a->mu);
+    if (b->rc)
+        snprintf(c->errmsg, sizeof c->errmsg, "%s", a->errmsg);
+}
+
+int npyl_read_end(const npyl_read_view *v, npyl_read_ctx *c, int64_t *indices, size_t *rows,
+                  uint8_t *const *dst, uint64_t *bytes)
+{
+    struct npyl_ahead *a = c->ahead;
+    pthread_mutex_lock(&a->mu);
+    int overlapped = a->state != AHEAD_IDLE; /* the next batch's reads begun */
+    pthread_mutex_unlock(&a->mu);
+    if (overlapped)
+        atomic_fetch_add(&v->st->ahead, 1);
+    npyl_read_buf *b = &c->buf[c->cur];
+    zstats zs = {0, 0, 0};
+    int rc = finish_round(v, c, b, b->rc, b->bad, b->got, dst, bytes, &zs);
+    if (rc == 0 && b->u < b->nz)
+        rc = read_rounds(v, c, b, dst, bytes, &zs);
+    return finish_batch(v, c, indices, rows, dst, rc, bytes, &zs);
+}
+
+/* ---- a worker's reading state ---- */
+
+/* Buffers for batches of up to B rows: requests, .npy.zst rows and, when
+ * any file is .npy.zst, the compressed scratch. */
+static int buf_init(npyl_read_buf *b, const npyl_read_view *v, size_t B,
+                    const npyl_zst_sizes *zsz)
+{
+    b->reqs = calloc(B * v->nfields, sizeof *b->reqs);
+    if (!b->reqs)
+        return -ENOMEM;
     if (!zsz->any)
         return 0;
-    /* Rows a batch can hold here (min(BATCH_SIZE, the rank's share)), as
-     * the slots are sized: a huge BATCH_SIZE over a small field reserves
-     * nothing more. */
-    size_t B = rows;
     /* One frame, wherever its offset puts it: max_csize + the alignment. */
     uint64_t one = (uint64_t)zsz->max_csize + NPYL_DIRECT_ALIGN;
     uint64_t all = one * B * v->nfields;
@@ -399,36 +592,77 @@ int npyl_read_ctx_init(npyl_read_ctx *c, const npyl_read_view *v, const npyl_io_
     if (cap < one)
         cap = one;
     cap = (cap + NPYL_DIRECT_ALIGN - 1) & ~(uint64_t)(NPYL_DIRECT_ALIGN - 1);
-    c->zsrc = npyl_alloc_aligned((size_t)cap, NPYL_DIRECT_ALIGN);
-    c->zsrc_cap = (size_t)cap;
-    /* The decode window: a frame of several samples up to this size decodes
-     * into it in one call, a larger one streams through it. */
-    c->zdst_cap = zsz->max_multi_dsize ? zsz->max_multi_dsize : 1;
-    if (c->zdst_cap > NPYL_ZST_WINDOW_BYTES)
-        c->zdst_cap = NPYL_ZST_WINDOW_BYTES;
-    c->zdst = malloc(c->zdst_cap);
-    c->zrows = calloc(B * v->nfields, sizeof *c->zrows);
-    c->dctx = npyl_zst_dctx_create();
-    if (!c->zsrc || !c->zdst || !c->zrows || !c->dctx)
-        return npyl_fail(err, errlen, -ENOMEM, "out of memory for the .npy.zst buffers (%"
-                         PRIu64 " + %zu bytes per worker)", cap, c->zdst_cap);
-    return 0;
+    b->zsrc = npyl_alloc_aligned((size_t)cap, NPYL_DIRECT_ALIGN);
+    b->zsrc_cap = (size_t)cap;
+    b->zrows = calloc(B * v->nfields, sizeof *b->zrows);
+    return b->zsrc && b->zrows ? 0 : -ENOMEM;
+}
+
+static void buf_fini(npyl_read_buf *b)
+{
+    free(b->reqs);
+    npyl_free_aligned(b->zsrc);
+    free(b->zrows);
+    memset(b, 0, sizeof *b);
+}
+
+int npyl_read_ctx_init(npyl_read_ctx *c, const npyl_read_view *v, const npyl_io_config *cfg,
+                       size_t rows, const npyl_zst_sizes *zsz, int ahead, char *err,
+                       size_t errlen)
+{
+    int rc = npyl_io_create(&c->io, cfg, err, errlen);
+    if (rc)
+        return rc;
+    /* Rows a batch can hold here (min(BATCH_SIZE, the rank's share)), as
+     * the slots are sized: a huge BATCH_SIZE over a small field reserves
+     * nothing more. */
+    size_t B = rows;
+    for (int i = 0; i < 1 + (ahead != 0); i++)
+        if (buf_init(&c->buf[i], v, B, zsz))
+            return npyl_fail(err, errlen, -ENOMEM, "out of memory for the read buffers "
+                             "(%zu rows x %zu fields%s)", B, v->nfields,
+                             zsz->any ? ", .npy.zst frames" : "");
+    if (zsz->any) {
+        /* The decode window: a frame of several samples up to this size
+         * decodes into it in one call, a larger one streams through it. */
+        c->zdst_cap = zsz->max_multi_dsize ? zsz->max_multi_dsize : 1;
+        if (c->zdst_cap > NPYL_ZST_WINDOW_BYTES)
+            c->zdst_cap = NPYL_ZST_WINDOW_BYTES;
+        c->zdst = malloc(c->zdst_cap);
+        c->dctx = npyl_zst_dctx_create();
+        if (!c->zdst || !c->dctx)
+            return npyl_fail(err, errlen, -ENOMEM, "out of memory for the .npy.zst "
+                             "decoder (%zu bytes per worker)", c->zdst_cap);
+    }
+    return ahead ? ahead_start(c, cfg, err, errlen) : 0;
 }
 
 void npyl_read_ctx_fini(npyl_read_ctx *c)
 {
+    ahead_stop(c->ahead); /* first: its reads land in the buffers */
+    c->ahead = NULL;
     npyl_io_destroy(c->io);
     c->io = NULL;
-    free(c->reqs);
-    c->reqs = NULL;
+    buf_fini(&c->buf[0]);
+    buf_fini(&c->buf[1]);
     npyl_zst_dctx_free(c->dctx);
-    npyl_free_aligned(c->zsrc);
     free(c->zdst);
-    free(c->zrows);
     c->dctx = NULL;
-    c->zsrc = c->zdst = NULL;
-    c->zrows = NULL;
-    c->zsrc_cap = c->zdst_cap = 0;
+    c->zdst = NULL;
+    c->zdst_cap = 0;
+}
+
+void npyl_read_ctx_counters(const npyl_read_ctx *c, npyl_io_counters *k, uint64_t *fallbacks)
+{
+    const npyl_io *ios[2] = {c->io, c->ahead ? c->ahead->io : NULL};
+    int fell = 0;
+    for (int i = 0; i < 2; i++) {
+        if (!ios[i])
+            continue;
+        npyl_io_counters_add(ios[i], k);
+        fell |= npyl_io_backend_now(ios[i]) == NPYLOAD_IO_PREAD;
+    }
+    *fallbacks += (uint64_t)fell;
 }
 
 /* ---- the skip log ---- */

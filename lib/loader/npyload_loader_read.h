@@ -35,18 +35,39 @@ typedef struct npyl_read_view {
     npyl_skip_log *skip;
 } npyl_read_view;
 
-/* One worker's reading state: its io context (descriptors, ring), request
- * array and .npy.zst scratch, and the message of its last failure. */
-typedef struct npyl_read_ctx {
-    npyl_io *io;
+/* The buffers of one batch's reads: its requests, its rows of .npy.zst
+ * files grouped by frame, and the compressed frames (placed for O_DIRECT).
+ * A worker has two, so that the next batch's reads fill one while the
+ * current batch decodes out of the other. The plan of the batch they hold
+ * (nraw .. cb) travels with them from npyl_read_begin to npyl_read_end. */
+typedef struct npyl_read_buf {
     npyl_io_req *reqs;    /* rows x nfields capacity */
-    ZSTD_DCtx *dctx;      /* reused for every frame */
+    struct npyl_zrow *zrows; /* rows x nfields: rows grouped by frame */
     uint8_t *zsrc;        /* compressed frames, NPYL_DIRECT_ALIGN-aligned */
     size_t zsrc_cap;
+    size_t nraw, nz;      /* raw requests; .npy.zst rows */
+    size_t nreq, u0, u;   /* this round: requests; its frames' rows [u0, u) */
+    uint64_t cb;          /* this round: compressed bytes */
+    int rc;               /* read-ahead: the first round's result (its */
+    size_t bad;           /* failed request, the bytes that landed), */
+    uint64_t got;         /* kept by npyl_read_wait for npyl_read_end */
+} npyl_read_buf;
+
+struct npyl_ahead;        /* the read-ahead thread (npyload_loader_read.c) */
+
+/* One worker's reading state: its io context (descriptors, ring), its two
+ * batch buffers, the .npy.zst decoder and window, the read-ahead thread
+ * with its own io context when read-ahead is on, and the message of its
+ * last failure. */
+typedef struct npyl_read_ctx {
+    npyl_io *io;
+    npyl_read_buf buf[2];
+    unsigned cur;         /* the buffer npyl_read_batch / _end use */
+    ZSTD_DCtx *dctx;      /* reused for every frame */
     uint8_t *zdst;        /* the decode window of a frame of several samples
                              (at most 1 MiB; npyload_zst_frame.c) */
     size_t zdst_cap;
-    struct npyl_zrow *zrows; /* rows x nfields: rows grouped by frame */
+    struct npyl_ahead *ahead; /* NULL: no read-ahead */
     char errmsg[NPYL_ERRMSG_LEN];
 } npyl_read_ctx;
 
@@ -58,14 +79,22 @@ typedef struct npyl_zst_sizes {
 } npyl_zst_sizes;
 
 /* Creates c's io context from cfg and its buffers for batches of up to
- * `rows` rows. Returns 0, or the error with the message in err (the io
- * layer's own message for an io failure, which the caller prefixes with
- * the worker). c is left for npyl_read_ctx_fini in every case. */
+ * `rows` rows; ahead: also the read-ahead thread, with an io context of its
+ * own (same cfg) and the second set of buffers. Returns 0, or the error
+ * with the message in err (the io layer's own message for an io failure,
+ * which the caller prefixes with the worker). c is left for
+ * npyl_read_ctx_fini in every case. */
 NPYL_HIDDEN int npyl_read_ctx_init(npyl_read_ctx *c, const npyl_read_view *v,
                                    const npyl_io_config *cfg, size_t rows,
-                                   const npyl_zst_sizes *zs, char *err, size_t errlen);
-/* Frees what init made; idempotent. */
+                                   const npyl_zst_sizes *zs, int ahead, char *err,
+                                   size_t errlen);
+/* Waits for a read-ahead in flight, stops the thread, frees what init made;
+ * idempotent. */
 NPYL_HIDDEN void npyl_read_ctx_fini(npyl_read_ctx *c);
+/* Adds c's io counters (both contexts) to *k and the number of its contexts
+ * that fell back from io_uring to pread to *fallbacks. Any thread. */
+NPYL_HIDDEN void npyl_read_ctx_counters(const npyl_read_ctx *c, npyl_io_counters *k,
+                                        uint64_t *fallbacks);
 
 /* Reads rows indices[0 .. *rows) of every field fi to dst[fi] + row *
  * row_bytes, through c. With ON_ERROR skip, failed rows are dropped (*rows
@@ -74,5 +103,21 @@ NPYL_HIDDEN void npyl_read_ctx_fini(npyl_read_ctx *c);
  * No lock held. */
 NPYL_HIDDEN int npyl_read_batch(const npyl_read_view *v, npyl_read_ctx *c, int64_t *indices,
                                 size_t *rows, uint8_t *const *dst, uint64_t *bytes);
+
+/* Read-ahead (c->ahead set), in three steps per batch. npyl_read_begin
+ * plans the batch's reads into c's other buffer and hands their first
+ * round (every raw row and the frames that fit) to the read-ahead thread,
+ * returning at once. npyl_read_wait blocks until that round's reads are
+ * done and makes that buffer c's current one (the caller then begins its
+ * next batch, into the buffer just freed, before it finishes this one).
+ * npyl_read_end finishes the batch as npyl_read_batch does (decode,
+ * further rounds through c's own context, ON_ERROR skip), with the
+ * arguments given to begin (indices and dst untouched meanwhile). One
+ * batch begun at a time: wait for it before the next begin. */
+NPYL_HIDDEN void npyl_read_begin(const npyl_read_view *v, npyl_read_ctx *c,
+                                 const int64_t *indices, size_t rows, uint8_t *const *dst);
+NPYL_HIDDEN void npyl_read_wait(npyl_read_ctx *c);
+NPYL_HIDDEN int npyl_read_end(const npyl_read_view *v, npyl_read_ctx *c, int64_t *indices,
+                              size_t *rows, uint8_t *const *dst, uint64_t *bytes);
 
 #endif

@@ -63,6 +63,25 @@ static int have_free_device_slot(const npyl_ring *r)
     return 0;
 }
 
+/* The next batch into FREE staging slot h: FILLING with the batch's seq,
+ * epoch, rows and indices. Called with mu held. */
+static void claim_into(npyl_ring *r, npyl_slot *h, int *copy_pending)
+{
+    /* Copy the batch's indices now, under mu, so a later set_epoch may
+     * rebuild seqbuf while the worker reads. */
+    int64_t seq = r->claim_seq++;
+    int64_t B = r->op.batch_size;
+    int64_t lo = seq * B, hi = lo + B < r->delivered ? lo + B : r->delivered;
+    h->state = SLOT_FILLING;
+    h->gen = r->gen;
+    h->seq = seq;
+    h->epoch = r->op.epoch;
+    h->rows = (size_t)(hi - lo);
+    h->err = 0;
+    memcpy(h->indices, r->seqbuf + lo, h->rows * sizeof *h->indices);
+    *copy_pending = h->copy_pending;
+}
+
 npyl_slot *npyl_slots_claim(npyl_ring *r, int wait, int *copy_pending)
 {
     npyl_slot *h = NULL;
@@ -82,21 +101,18 @@ npyl_slot *npyl_slots_claim(npyl_ring *r, int wait, int *copy_pending)
          * that it never waits. */
         h = free_staging(r);
     }
-    if (h) {
-        /* Copy the batch's indices now, under mu, so a later set_epoch may
-         * rebuild seqbuf while the worker reads. */
-        int64_t seq = r->claim_seq++;
-        int64_t B = r->op.batch_size;
-        int64_t lo = seq * B, hi = lo + B < r->delivered ? lo + B : r->delivered;
-        h->state = SLOT_FILLING;
-        h->gen = r->gen;
-        h->seq = seq;
-        h->epoch = r->op.epoch;
-        h->rows = (size_t)(hi - lo);
-        h->err = 0;
-        memcpy(h->indices, r->seqbuf + lo, h->rows * sizeof *h->indices);
-        *copy_pending = h->copy_pending;
-    }
+    if (h)
+        claim_into(r, h, copy_pending);
+    pthread_mutex_unlock(&r->mu);
+    return h;
+}
+
+npyl_slot *npyl_slots_claim_ahead(npyl_ring *r, int *copy_pending)
+{
+    npyl_slot *h = NULL;
+    pthread_mutex_lock(&r->mu);
+    if (!r->stopping && r->claim_seq < r->nbatches && (h = free_staging(r)) != NULL)
+        claim_into(r, h, copy_pending);
     pthread_mutex_unlock(&r->mu);
     return h;
 }

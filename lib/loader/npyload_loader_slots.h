@@ -137,6 +137,10 @@ NPYL_HIDDEN void npyl_slots_fini(npyl_ring *r);
  * device slot too when there are device slots, never sleeps. Returns the
  * slot, or NULL (stopping, or nothing to claim now). */
 NPYL_HIDDEN npyl_slot *npyl_slots_claim(npyl_ring *r, int wait, int *copy_pending);
+/* Read-ahead: claims the next batch as npyl_slots_claim does, without
+ * waiting: NULL when no staging slot is FREE, nothing is left to claim, or
+ * the loader stops. */
+NPYL_HIDDEN npyl_slot *npyl_slots_claim_ahead(npyl_ring *r, int *copy_pending);
 /* A filled staging slot h, host mode: READY for next() (FREE when its
  * generation was abandoned meanwhile). */
 NPYL_HIDDEN void npyl_slots_publish(npyl_ring *r, npyl_slot *h, int copy_pending);

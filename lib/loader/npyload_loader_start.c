@@ -216,13 +216,21 @@ static int init_slot(npyload_loader *L, npyl_slot *s, int device_slot)
     return 0;
 }
 
+/* READ_AHEAD resolved: on unless turned off, never in sync mode. */
+static int read_ahead(const npyload_loader *L)
+{
+    return !L->sync && L->opt[NPYLOAD_OPT_READ_AHEAD] >= 0;
+}
+
 static int alloc_slots(npyload_loader *L, size_t nworkers, size_t prefetch)
 {
     int device_mode = L->dev.device >= 0;
     /* Host mode: the slots are the batches. Device mode: PREFETCH device
      * slots are the batches; host staging slots only need to cover the reads
      * in flight plus one being copied. */
-    L->ring.nh = device_mode ? (prefetch < nworkers + 1 ? prefetch : nworkers + 1) : prefetch;
+    size_t staging = (read_ahead(L) ? 2 : 1) * nworkers + 1; /* with read-ahead a
+                                                               worker fills two */
+    L->ring.nh = device_mode ? (prefetch < staging ? prefetch : staging) : prefetch;
     L->ring.nd = device_mode ? prefetch : 0;
     L->ring.hslots = calloc(L->ring.nh, sizeof *L->ring.hslots);
     L->ring.dslots = L->ring.nd ? calloc(L->ring.nd, sizeof *L->ring.dslots) : NULL;
@@ -399,8 +407,14 @@ static int fill_read_view(npyload_loader *L)
 static int create_workers(npyload_loader *L, size_t nworkers)
 {
     unsigned max_open = 1;
-    int rc = plan_fd_budget(L, nworkers, &max_open);
-    if (rc)
+    /* Read-ahead gives each worker a second io context; when the
+     * descriptors do not allow two, the workers read no ahead. */
+    int ahead = read_ahead(L), rc = 0;
+    if (ahead && plan_fd_budget(L, 2 * nworkers, &max_open) != 0) {
+        ahead = 0;
+        L->errmsg[0] = 0;
+    }
+    if (!ahead && (rc = plan_fd_budget(L, nworkers, &max_open)))
         return rc;
     L->workers = calloc(nworkers, sizeof *L->workers);
     if (!L->workers)
@@ -418,6 +432,7 @@ static int create_workers(npyload_loader *L, size_t nworkers)
         .rows = L->slot_rows ? (size_t)L->slot_rows : 1,
         .zst = L->zst,
         .raw_bytes = L->raw_bytes,
+        .ahead = ahead,
     };
     for (size_t i = 0; i < nworkers; i++)
         if ((rc = npyl_worker_init(&L->workers[i], i, &L->env, &cfg, L->errmsg,

@@ -14,23 +14,24 @@ int npyl_worker_init(npyl_worker *w, size_t index, const npyl_work_env *env,
 {
     const npyl_device *dv = env->dev;
     size_t nfields = env->rv->nfields;
+    int pairs = cfg->ahead ? 2 : 1;
     w->env = env;
     char rerr[NPYL_ERRMSG_LEN - 64];
-    int rc = npyl_read_ctx_init(&w->rd, env->rv, &cfg->io, cfg->rows, &cfg->zst, rerr,
-                                sizeof rerr);
+    int rc = npyl_read_ctx_init(&w->rd, env->rv, &cfg->io, cfg->rows, &cfg->zst, cfg->ahead,
+                                rerr, sizeof rerr);
     if (rc && !w->rd.io)
         return npyl_fail(err, errlen, rc, "worker %zu: %s", index, rerr);
     if (rc)
         return npyl_fail(err, errlen, rc, "%s", rerr);
-    w->dst = calloc(nfields ? nfields : 1, sizeof *w->dst);
-    if (!w->dst)
-        return npyl_fail(err, errlen, -ENOMEM, "out of memory");
-    /* One batch of the transformed fields' stored rows: memory is workers x
-     * batch, independent of PREFETCH. */
-    if (cfg->raw_bytes && dv->device < 0 &&
-        !(w->raw = npyl_alloc_aligned(cfg->raw_bytes, NPYL_DIRECT_ALIGN)))
-        return npyl_fail(err, errlen, -ENOMEM, "cannot allocate the %" PRIu64 "-byte "
-                         "transform buffer of worker %zu", cfg->raw_bytes, index);
+    for (int i = 0; i < pairs; i++)
+        if (!(w->dst[i] = calloc(nfields ? nfields : 1, sizeof *w->dst[i])))
+            return npyl_fail(err, errlen, -ENOMEM, "out of memory");
+    /* One batch of the transformed fields' stored rows (two with
+     * read-ahead): memory is workers x batch, independent of PREFETCH. */
+    for (int i = 0; i < pairs && cfg->raw_bytes && dv->device < 0; i++)
+        if (!(w->raw[i] = npyl_alloc_aligned(cfg->raw_bytes, NPYL_DIRECT_ALIGN)))
+            return npyl_fail(err, errlen, -ENOMEM, "cannot allocate the %" PRIu64 "-byte "
+                             "transform buffer of worker %zu", cfg->raw_bytes, index);
     if (cfg->raw_bytes && dv->device >= 0 &&
         (rc = npyl_cuda_malloc(dv->cuda, &w->draw, cfg->raw_bytes)))
         return npyl_fail(err, errlen, rc, "CUDA device %d: allocating the %" PRIu64
@@ -48,10 +49,12 @@ void npyl_worker_fini(npyl_worker *w)
         return; /* never initialised */
     const npyl_device *dv = w->env->dev;
     npyl_read_ctx_fini(&w->rd);
-    free(w->dst);
-    w->dst = NULL;
-    npyl_free_aligned(w->raw);
-    w->raw = NULL;
+    for (int i = 0; i < 2; i++) {
+        free(w->dst[i]);
+        w->dst[i] = NULL;
+        npyl_free_aligned(w->raw[i]);
+        w->raw[i] = NULL;
+    }
     if (w->draw)
         npyl_cuda_free(dv->cuda, w->draw);
     w->draw = NULL;
@@ -91,9 +94,9 @@ static void fill_arrays(const npyl_work_env *env, npyl_slot *s, int device_slot)
 }
 
 /* Host transforms: the stored rows of each transformed field, read into
- * the worker's raw buffer, become the slot's output rows. h->rows is the
- * count after the read (ON_ERROR skip may have compacted the batch). */
-static void transform_host(const npyl_worker *w, npyl_slot *h)
+ * the raw buffer, become the slot's output rows. h->rows is the count
+ * after the read (ON_ERROR skip may have compacted the batch). */
+static void transform_host(const npyl_worker *w, const uint8_t *raw, npyl_slot *h)
 {
     const npyl_read_view *rv = w->env->rv;
     uint64_t t0 = 0;
@@ -103,7 +106,7 @@ static void transform_host(const npyl_worker *w, npyl_slot *h)
             continue;
         if (!t0)
             t0 = npyl_now_ns();
-        npyl_transform_rows(&f->tplan, w->raw + f->raw_off, h->mem + f->host_off, h->rows);
+        npyl_transform_rows(&f->tplan, raw + f->raw_off, h->mem + f->host_off, h->rows);
     }
     if (t0)
         atomic_fetch_add(&w->env->st->transform_ns, npyl_now_ns() - t0);
@@ -126,36 +129,63 @@ static void to_device(npyl_worker *w, npyl_slot *h, int copy_pending)
     npyl_slots_publish_device(env->ring, d, h, queued, poison_h);
 }
 
-/* Reads the claimed batch into staging slot h (after the copy that may
- * still read h). Sets h->err and h->errmsg on failure. */
-static void read_into(npyl_worker *w, npyl_slot *h, int *copy_pending, int bind_rc)
+/* A batch the worker fills: its staging slot, whether a copy may still
+ * read it, and the pair of row buffers (w->dst[k], w->raw[k]) it takes. */
+typedef struct fill_job {
+    npyl_slot *h;
+    int copy_pending;
+    unsigned k;
+} fill_job;
+
+static fill_job job_of(npyl_worker *w, npyl_slot *h, int copy_pending)
+{
+    fill_job j = {h, copy_pending, w->k};
+    if (w->rd.ahead)
+        w->k ^= 1;
+    return j;
+}
+
+/* Before anything is read into j's slot: the copy engine may still read it
+ * (an earlier batch's copy), so wait for that copy's event. If the wait
+ * fails, nothing is read and copy_pending stays set, so every later claim
+ * of the slot fails the same way: errors, never bytes written under a
+ * copy. Then each field's rows get their destination: the raw buffer for
+ * host transforms, else the slot (device mode stages the stored rows as
+ * they are). Returns 0, or the error set in the slot. */
+static int read_prepare(npyl_worker *w, fill_job *j)
 {
     const npyl_work_env *env = w->env;
     const npyl_read_view *rv = env->rv;
+    npyl_slot *h = j->h;
     int rc = 0;
-    /* The copy engine may still read h (an earlier batch's copy): the read
-     * must not overwrite it before that copy's event completes. If the wait
-     * fails, nothing is read and copy_pending stays set, so every later
-     * claim of h fails the same way: errors, never bytes written under a
-     * copy. */
-    if (*copy_pending && (rc = npyl_device_finish_copy(env->dev, h, env->st)) == 0)
-        *copy_pending = 0;
+    if (j->copy_pending && (rc = npyl_device_finish_copy(env->dev, h, env->st)) == 0)
+        j->copy_pending = 0;
     if (rc) {
-        npyl_cuda_errmsg_copy(env->dev->cuda, w->rd.errmsg, sizeof w->rd.errmsg);
+        /* Not in w->rd.errmsg: it may hold the failure of the batch read
+         * before this one, not yet finished. */
+        char why[NPYL_ERRMSG_LEN];
+        npyl_cuda_errmsg_copy(env->dev->cuda, why, sizeof why);
         snprintf(h->errmsg, NPYL_ERRMSG_LEN, "batch %" PRId64 " of epoch %" PRIu64
                  ": CUDA device %d: waiting for the staging slot's previous copy "
-                 "failed: %.700s", h->seq, h->epoch, env->dev->device, w->rd.errmsg);
+                 "failed: %.700s", h->seq, h->epoch, env->dev->device, why);
         h->err = rc;
-        return; /* nothing read: the staging slot is not safe to write */
+        return rc; /* nothing read: the staging slot is not safe to write */
     }
-    uint64_t bytes = 0, t0 = npyl_now_ns();
-    /* Host transforms read into the worker's raw buffer; device mode stages
-     * the stored rows as they are. */
+    uint8_t *raw = w->raw[j->k];
     for (size_t fi = 0; fi < rv->nfields; fi++) {
         const npyl_field *f = &rv->fields[fi];
-        w->dst[fi] = (f->xform && w->raw) ? w->raw + f->raw_off : h->mem + f->host_off;
+        w->dst[j->k][fi] = (f->xform && raw) ? raw + f->raw_off : h->mem + f->host_off;
     }
-    rc = npyl_read_batch(rv, &w->rd, h->indices, &h->rows, w->dst, &bytes);
+    return 0;
+}
+
+/* After the read of j (rc, `bytes` landed, since t0): counts, the error in
+ * order, or the host transforms. */
+static void read_done(npyl_worker *w, fill_job *j, int rc, uint64_t bytes, uint64_t t0,
+                      int bind_rc)
+{
+    const npyl_work_env *env = w->env;
+    npyl_slot *h = j->h;
     atomic_fetch_add(&env->st->io_ns, npyl_now_ns() - t0);
     atomic_fetch_add(&env->st->bytes, bytes);
     if (rc) {
@@ -166,23 +196,95 @@ static void read_into(npyl_worker *w, npyl_slot *h, int *copy_pending, int bind_
         h->err = bind_rc;
         snprintf(h->errmsg, NPYL_ERRMSG_LEN, "worker cannot use CUDA device %d",
                  env->dev->device);
-    } else if (w->raw) {
-        transform_host(w, h);
+    } else if (w->raw[j->k]) {
+        transform_host(w, w->raw[j->k], h);
     }
 }
 
-/* Fills the batch claimed into staging slot h: read, transform (host mode)
- * or copy and transform (device mode), publish. No lock held. The worker
- * threads and, in sync mode, next() itself run it. */
-static void fill_batch(npyl_worker *w, npyl_slot *h, int copy_pending, int bind_rc)
+/* The batch is read: to the device (device mode) or READY (host mode). */
+static void hand_on(npyl_worker *w, fill_job *j)
 {
-    read_into(w, h, &copy_pending, bind_rc);
     if (w->env->dev->device >= 0) {
-        to_device(w, h, copy_pending);
+        to_device(w, j->h, j->copy_pending);
         return;
     }
-    fill_arrays(w->env, h, 0);
-    npyl_slots_publish(w->env->ring, h, copy_pending);
+    fill_arrays(w->env, j->h, 0);
+    npyl_slots_publish(w->env->ring, j->h, j->copy_pending);
+}
+
+/* Fills the batch claimed into staging slot h in one go: read, transform
+ * (host mode) or copy and transform (device mode), publish. No lock held.
+ * Sync mode (next() itself) and workers without read-ahead run it. */
+static void fill_batch(npyl_worker *w, npyl_slot *h, int copy_pending, int bind_rc)
+{
+    fill_job j = job_of(w, h, copy_pending);
+    if (read_prepare(w, &j) == 0) {
+        uint64_t bytes = 0, t0 = npyl_now_ns();
+        int rc = npyl_read_batch(w->env->rv, &w->rd, h->indices, &h->rows, w->dst[j.k],
+                                 &bytes);
+        read_done(w, &j, rc, bytes, t0, bind_rc);
+    }
+    hand_on(w, &j);
+}
+
+/* Read-ahead: hands j's first round of reads to the read-ahead thread, or
+ * (the slot may not be written) leaves it failed. 1 when begun. */
+static int begin_job(npyl_worker *w, fill_job *j)
+{
+    if (read_prepare(w, j))
+        return 0;
+    npyl_read_begin(w->env->rv, &w->rd, j->h->indices, j->h->rows, w->dst[j->k]);
+    return 1;
+}
+
+/* The loop of a worker with read-ahead: while it decodes and transforms
+ * batch k, the reads of the next batch it claimed are in flight. The next
+ * batch is claimed without waiting (npyl_slots_claim_ahead), right after
+ * batch k's own reads are done and before its decode starts; when no slot
+ * is free, the worker finishes k and then waits for a claim as without
+ * read-ahead. A worker holds at most two slots. */
+static void run_ahead(npyl_worker *w, int bind_rc)
+{
+    npyl_ring *ring = w->env->ring;
+    int pend = 0;
+    npyl_slot *h = npyl_slots_claim(ring, 1, &pend);
+    fill_job cur = {0}, next = {0};
+    int begun = 0;
+    if (h) {
+        cur = job_of(w, h, pend);
+        begun = begin_job(w, &cur);
+    }
+    while (cur.h) {
+        uint64_t t0 = npyl_now_ns();
+        if (begun) {
+            npyl_read_wait(&w->rd);
+            atomic_fetch_add(&w->env->st->read_wait_ns, npyl_now_ns() - t0);
+        }
+        int next_begun = 0;
+        npyl_slot *n = npyl_slots_claim_ahead(ring, &pend);
+        if (n) {
+            next = job_of(w, n, pend);
+            next_begun = begin_job(w, &next);
+        }
+        if (begun) {
+            uint64_t bytes = 0;
+            int rc = npyl_read_end(w->env->rv, &w->rd, cur.h->indices, &cur.h->rows,
+                                   w->dst[cur.k], &bytes);
+            read_done(w, &cur, rc, bytes, t0, bind_rc);
+        }
+        hand_on(w, &cur);
+        if (n) {
+            cur = next;
+            begun = next_begun;
+            continue;
+        }
+        h = npyl_slots_claim(ring, 1, &pend);
+        cur = (fill_job){0};
+        if (h) {
+            cur = job_of(w, h, pend);
+            begun = begin_job(w, &cur);
+        }
+    }
 }
 
 static void *worker_main(void *arg)
@@ -192,6 +294,10 @@ static void *worker_main(void *arg)
     /* A worker that cannot bind its device would copy to the wrong one:
      * every batch it reads then carries the error instead. */
     int bind_rc = dv->device >= 0 ? npyl_cuda_bind_thread(dv->cuda) : 0;
+    if (w->rd.ahead) {
+        run_ahead(w, bind_rc);
+        return NULL;
+    }
     npyl_slot *h;
     int copy_pending = 0;
     while ((h = npyl_slots_claim(w->env->ring, 1, &copy_pending)) != NULL)

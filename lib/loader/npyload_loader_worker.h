@@ -27,9 +27,13 @@ typedef struct npyl_worker {
     pthread_t thread;
     int started;
     npyl_read_ctx rd;     /* io context, requests, .npy.zst scratch, errmsg */
-    uint8_t **dst;        /* nfields: where each field's rows land */
-    uint8_t *raw;         /* host mode with transforms: one batch of the
-                             transformed fields' stored rows (raw_bytes) */
+    uint8_t **dst[2];     /* nfields each: where each field's rows land, for
+                             the batch being finished and the one read
+                             ahead (used in turn) */
+    uint8_t *raw[2];      /* host mode with transforms: one batch of the
+                             transformed fields' stored rows (raw_bytes)
+                             each; raw[1] only with read-ahead */
+    unsigned k;           /* the pair (dst, raw) the next batch takes */
     void *draw;           /* device mode with transforms: the same on the
                              device; reused in stream order */
     void *stream;         /* device mode: this worker's copy stream */
@@ -41,6 +45,8 @@ typedef struct npyl_worker_cfg {
     size_t rows;          /* rows a slot holds (at least 1) */
     npyl_zst_sizes zst;
     uint64_t raw_bytes;   /* stored rows of transformed fields, per batch */
+    int ahead;            /* read-ahead: the next batch's reads in flight
+                             while this one decodes (worker threads only) */
 } npyl_worker_cfg;
 
 /* Gives w (zeroed) its resources; index names it in messages. Returns 0 or

@@ -477,7 +477,7 @@ static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *unused)
     if (!last_s)
         return NULL;
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:s,s:O,s:O,s:i,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N,s:K,s:K,s:K,s:K}",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:s,s:O,s:O,s:i,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N,s:K,s:K,s:K,s:K,s:K,s:K}",
         "bytes_read", (unsigned long long)s.bytes_read,
         "batches_delivered", (unsigned long long)s.batches_delivered,
         "samples_delivered", (unsigned long long)s.samples_delivered,
@@ -501,7 +501,9 @@ static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *unused)
         "compressed_bytes_read", (unsigned long long)s.compressed_bytes_read,
         "decompressed_bytes", (unsigned long long)s.decompressed_bytes,
         "decode_ns", (unsigned long long)s.decode_ns,
-        "transform_ns", (unsigned long long)s.transform_ns);
+        "transform_ns", (unsigned long long)s.transform_ns,
+        "read_ahead_batches", (unsigned long long)s.read_ahead_batches,
+        "read_wait_ns", (unsigned long long)s.read_wait_ns);
 }
 
 static PyObject *loader_set_stream_joiner(NpyloadPy_Loader *self, PyObject *fn)
