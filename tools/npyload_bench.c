@@ -87,6 +87,8 @@ static const char usage[] =
     "                       recommendation then minimises consumer stall\n"
     "  --cold               evict the files from the page cache before each run\n"
     "  --direct             O_DIRECT reads in the loader\n"
+    "  --no-read-ahead      workers read each batch only when they start it\n"
+    "                       (READ_AHEAD -1), to compare with the default\n"
     "  --json FILE          every run, the ceilings and the machine (schema:\n"
     "                       bench/schema.json)\n"
     "  --plot FILE.svg      heatmap over the grid, as SVG (a FILE.png name\n"
@@ -227,7 +229,7 @@ static void add_field(nb_config *cfg, const char *a)
 
 enum {
     OPT_BATCH_SIZE = 256, OPT_WORKERS, OPT_PREFETCH, OPT_IO, OPT_SHUFFLE, OPT_DEVICE,
-    OPT_BATCHES, OPT_SECONDS, OPT_COMPUTE_MS, OPT_COLD, OPT_DIRECT, OPT_JSON, OPT_PLOT,
+    OPT_BATCHES, OPT_SECONDS, OPT_COMPUTE_MS, OPT_COLD, OPT_DIRECT, OPT_NO_READ_AHEAD, OPT_JSON, OPT_PLOT,
     OPT_VERSION,
 };
 
@@ -243,6 +245,7 @@ static const struct option longopts[] = {
     {"compute-ms", required_argument, NULL, OPT_COMPUTE_MS},
     {"cold", no_argument, NULL, OPT_COLD},
     {"direct", no_argument, NULL, OPT_DIRECT},
+    {"no-read-ahead", no_argument, NULL, OPT_NO_READ_AHEAD},
     {"json", required_argument, NULL, OPT_JSON},
     {"plot", required_argument, NULL, OPT_PLOT},
     {"quiet", no_argument, NULL, 'q'},
@@ -276,6 +279,7 @@ static void apply_opt(nb_ctx *ctx, nb_config *cfg, opts *o, int opt, const char 
     case OPT_COMPUTE_MS: cfg->compute_ms = parse_num("--compute-ms", v, 0, 1e6); break;
     case OPT_COLD: cfg->cold = 1; break;
     case OPT_DIRECT: cfg->direct = 1; break;
+    case OPT_NO_READ_AHEAD: cfg->no_read_ahead = 1; break;
     case OPT_JSON: o->json = v; break;
     case OPT_PLOT: o->plot = plot_path(v, o->plot_svg, sizeof o->plot_svg); break;
     case 'q': ctx->quiet = 1; break;

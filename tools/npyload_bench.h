@@ -51,6 +51,8 @@ typedef struct nb_run {
     uint64_t compressed_bytes_read; /* npyload_stats: .npy.zst frame bytes read */
     uint64_t decompressed_bytes;    /* ... and what they decompressed to */
     uint64_t decode_ns;             /* worker time decompressing, summed */
+    uint64_t read_ahead_batches;    /* decoded with the next batch's reads in flight */
+    uint64_t read_wait_ns;          /* worker time waiting for those reads */
 
     /* GPU monitoring (NVML), when sampled. */
     int gpu_samples;
@@ -114,6 +116,7 @@ typedef struct nb_config {
     double compute_ms;         /* simulated step; 0 none */
     int cold;
     int direct;
+    int no_read_ahead;         /* --no-read-ahead: READ_AHEAD -1 */
     int nfields;
     nb_field_info fields[NB_MAX_FIELDS];
     int64_t num_samples;

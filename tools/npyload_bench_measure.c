@@ -179,6 +179,7 @@ static npyload_loader *run_loader(const nb_config *cfg, int workers, int prefetc
         {NPYLOAD_OPT_IO_BACKEND, io, "io"},
         {NPYLOAD_OPT_DEVICE, cfg->device, "device"},
         {NPYLOAD_OPT_DIRECT_IO, cfg->direct, "direct_io"},
+        {NPYLOAD_OPT_READ_AHEAD, cfg->no_read_ahead ? -1 : 0, "read_ahead"},
     };
     for (size_t i = 0; rc == 0 && i < sizeof set / sizeof set[0]; i++) {
         stage = set[i].name;
@@ -389,6 +390,8 @@ static void run_loader_measure(nb_ctx *ctx, npyload_loader *L, const nb_config *
         r->compressed_bytes_read = st.compressed_bytes_read;
         r->decompressed_bytes = st.decompressed_bytes;
         r->decode_ns = st.decode_ns;
+        r->read_ahead_batches = st.read_ahead_batches;
+        r->read_wait_ns = st.read_wait_ns;
         if (st.slot_bytes && st.num_slots)
             r->slot_mib = (double)st.slot_bytes * (double)st.num_slots / 1048576.0;
     }

@@ -90,7 +90,8 @@ static void nb_json_run(FILE *f, const nb_run *r)
               "\"pinned\": %c, \"direct_io\": %c,\n      \"gather_bytes\": %llu, "
               "\"gather_requests\": %llu, \"read_requests\": %llu,\n      "
               "\"compressed_bytes_read\": %llu, \"decompressed_bytes\": %llu, "
-              "\"decode_ns\": %llu,\n      \"gpu\": ",
+              "\"decode_ns\": %llu, \"read_ahead_batches\": %llu, \"read_wait_ns\": %llu,"
+              "\n      \"gpu\": ",
               r->workers, r->prefetch, r->io_requested_name, r->io_used, r->ok, r->error,
               (unsigned long long)r->batches, (unsigned long long)r->samples,
               (unsigned long long)r->bytes, r->wall_s, r->samples_per_s, r->gbps,
@@ -99,7 +100,8 @@ static void nb_json_run(FILE *f, const nb_run *r)
               r->slot_mib, r->pinned, r->direct_io, (unsigned long long)r->gather_bytes,
               (unsigned long long)r->gather_requests, (unsigned long long)r->read_requests,
               (unsigned long long)r->compressed_bytes_read,
-              (unsigned long long)r->decompressed_bytes, (unsigned long long)r->decode_ns);
+              (unsigned long long)r->decompressed_bytes, (unsigned long long)r->decode_ns,
+              (unsigned long long)r->read_ahead_batches, (unsigned long long)r->read_wait_ns);
     if (r->gpu_samples > 0)
         nj_printf(f,
                   "{\"samples\": %d, \"util_avg_pct\": %g, \"util_max_pct\": %g, "

@@ -525,11 +525,22 @@ static void ahead_stop(struct npyl_ahead *a)
 }
 
 void npyl_read_begin(const npyl_read_view *v, npyl_read_ctx *c, const int64_t *indices,
-                     size_t rows, uint8_t *const *dst)
+                     size_t rows, uint8_t *const *dst, int here)
 {
     npyl_read_buf *b = &c->buf[c->cur ^ 1];
     plan_batch(v, b, indices, rows, dst);
     plan_round(v, b);
+    if (here) {
+        /* Nothing to overlap with: no hand-off, whose wake-up costs a
+         * scheduling delay when every core is busy decoding. */
+        b->bad = 0;
+        b->got = 0;
+        b->rc = npyl_io_read(c->io, b->reqs, b->nreq, &b->bad, &b->got, c->errmsg,
+                             sizeof c->errmsg);
+        c->cur ^= 1;
+        c->read_here = 1;
+        return;
+    }
     struct npyl_ahead *a = c->ahead;
     pthread_mutex_lock(&a->mu);
     a->reqs = b->reqs;
@@ -541,6 +552,10 @@ void npyl_read_begin(const npyl_read_view *v, npyl_read_ctx *c, const int64_t *i
 
 void npyl_read_wait(npyl_read_ctx *c)
 {
+    if (c->read_here) {
+        c->read_here = 0; /* read by begin itself */
+        return;
+    }
     struct npyl_ahead *a = c->ahead;
     pthread_mutex_lock(&a->mu);
     while (a->state != AHEAD_DONE)

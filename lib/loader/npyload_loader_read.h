@@ -68,6 +68,7 @@ typedef struct npyl_read_ctx {
                              (at most 1 MiB; npyload_zst_frame.c) */
     size_t zdst_cap;
     struct npyl_ahead *ahead; /* NULL: no read-ahead */
+    int read_here;        /* the batch begun was read by npyl_read_begin */
     char errmsg[NPYL_ERRMSG_LEN];
 } npyl_read_ctx;
 
@@ -113,9 +114,13 @@ NPYL_HIDDEN int npyl_read_batch(const npyl_read_view *v, npyl_read_ctx *c, int64
  * npyl_read_end finishes the batch as npyl_read_batch does (decode,
  * further rounds through c's own context, ON_ERROR skip), with the
  * arguments given to begin (indices and dst untouched meanwhile). One
- * batch begun at a time: wait for it before the next begin. */
+ * batch begun at a time: wait for it before the next begin. here: the
+ * first round is read by begin itself, on the calling thread, through c's
+ * own context (a batch with nothing to overlap: the worker would only wait
+ * for the hand-off). */
 NPYL_HIDDEN void npyl_read_begin(const npyl_read_view *v, npyl_read_ctx *c,
-                                 const int64_t *indices, size_t rows, uint8_t *const *dst);
+                                 const int64_t *indices, size_t rows, uint8_t *const *dst,
+                                 int here);
 NPYL_HIDDEN void npyl_read_wait(npyl_read_ctx *c);
 NPYL_HIDDEN int npyl_read_end(const npyl_read_view *v, npyl_read_ctx *c, int64_t *indices,
                               size_t *rows, uint8_t *const *dst, uint64_t *bytes);

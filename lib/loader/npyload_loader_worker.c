@@ -229,11 +229,11 @@ static void fill_batch(npyl_worker *w, npyl_slot *h, int copy_pending, int bind_
 
 /* Read-ahead: hands j's first round of reads to the read-ahead thread, or
  * (the slot may not be written) leaves it failed. 1 when begun. */
-static int begin_job(npyl_worker *w, fill_job *j)
+static int begin_job(npyl_worker *w, fill_job *j, int here)
 {
     if (read_prepare(w, j))
         return 0;
-    npyl_read_begin(w->env->rv, &w->rd, j->h->indices, j->h->rows, w->dst[j->k]);
+    npyl_read_begin(w->env->rv, &w->rd, j->h->indices, j->h->rows, w->dst[j->k], here);
     return 1;
 }
 
@@ -252,7 +252,7 @@ static void run_ahead(npyl_worker *w, int bind_rc)
     int begun = 0;
     if (h) {
         cur = job_of(w, h, pend);
-        begun = begin_job(w, &cur);
+        begun = begin_job(w, &cur, 1);
     }
     while (cur.h) {
         uint64_t t0 = npyl_now_ns();
@@ -264,7 +264,7 @@ static void run_ahead(npyl_worker *w, int bind_rc)
         npyl_slot *n = npyl_slots_claim_ahead(ring, &pend);
         if (n) {
             next = job_of(w, n, pend);
-            next_begun = begin_job(w, &next);
+            next_begun = begin_job(w, &next, 0);
         }
         if (begun) {
             uint64_t bytes = 0;
@@ -282,7 +282,7 @@ static void run_ahead(npyl_worker *w, int bind_rc)
         cur = (fill_job){0};
         if (h) {
             cur = job_of(w, h, pend);
-            begun = begin_job(w, &cur);
+            begun = begin_job(w, &cur, 1);
         }
     }
 }
