@@ -520,6 +520,50 @@ static int measure_grid(nb_ctx *ctx, const nb_config *cfg, const opts *o, double
     return nok;
 }
 
+/* Worker time that waited for read-ahead reads, as a share of the run's
+ * worker time: high means the disk, not the cores, held the workers. */
+static double read_wait_share(const nb_run *r)
+{
+    double worker_s = r->wall_s * r->workers;
+    return worker_s > 0 ? (double)r->read_wait_ns / 1e9 / worker_s : 0;
+}
+
+#define WAIT_SHARE_EXTEND 0.25 /* above it, more workers than cores may pay */
+
+/* The grid goes past its largest worker count when the best run had that
+ * many workers and its workers waited for reads more than
+ * WAIT_SHARE_EXTEND of the time: then the same io and prefetch depths with
+ * twice the workers (at most 4 x cores), appended to runs (room for
+ * o->nprefetch more). @return : the runs added. */
+static size_t extend_grid(nb_ctx *ctx, nb_config *cfg, const opts *o, double ref, int cores,
+                          nb_run *runs, size_t nruns)
+{
+    const nb_run *best = NULL;
+    int max_w = 0;
+    for (size_t i = 0; i < nruns; i++) {
+        if (runs[i].workers > max_w)
+            max_w = runs[i].workers;
+        if (runs[i].ok && (!best || runs[i].samples_per_s > best->samples_per_s))
+            best = &runs[i];
+    }
+    double share = best ? read_wait_share(best) : 0;
+    int w = 2 * max_w;
+    if (!best || best->workers != max_w || share <= WAIT_SHARE_EXTEND || w > 4 * cores)
+        return 0;
+    add_note(cfg, "the best run (%d workers) waited for reads %.0f%% of its worker time: "
+             "the grid was extended to %d workers.", best->workers, 100 * share, w);
+    int io = best->io_requested;
+    for (int pi = 0; pi < o->nprefetch; pi++) {
+        nb_run *r = &runs[nruns + (size_t)pi];
+        nb_run_one(ctx, cfg, w, o->prefetch[pi], io, ref, r);
+        if (!ctx->quiet) {
+            nb_print_run(stdout, r);
+            fflush(stdout);
+        }
+    }
+    return (size_t)o->nprefetch;
+}
+
 /* The recommendation line and the files. @return : the exit status. */
 static int report(const nb_ctx *ctx, const nb_report *rep, const opts *o, int nok)
 {
@@ -596,12 +640,16 @@ int main(int argc, char **argv)
     }
 
     size_t nruns = (size_t)(o.nio * o.nworkers * o.nprefetch);
-    nb_run *runs = calloc(nruns, sizeof *runs);
+    nb_run *runs = calloc(nruns + (size_t)o.nprefetch, sizeof *runs); /* + extend_grid's */
     if (!runs) {
         perror("npyload-bench");
         return 1;
     }
     int nok = measure_grid(&ctx, &cfg, &o, ref, runs);
+    size_t more = extend_grid(&ctx, &cfg, &o, ref, mach.cores_allowed, runs, nruns);
+    for (size_t i = nruns; i < nruns + more; i++)
+        nok += runs[i].ok;
+    nruns += more;
     nb_zst_after_grid(&ctx, &cfg, mach.cores_allowed, ceilings, nceil, runs, nruns,
                       total_bytes, &zst);
     if (!ctx.quiet)

@@ -111,6 +111,7 @@ int npyl_io_create(npyl_io **out, const npyl_io_config *cfg, char *err,
     io->backend = cfg->backend;
     atomic_init(&io->backend_now, cfg->backend);
     io->direct = cfg->direct ? 1 : 0;
+    io->random_access = cfg->random_access ? 1 : 0;
     io->queue_depth = cfg->queue_depth;
     /* O_DIRECT reads stay reads: the point of them is to bypass the cache. */
     io->gather_max = io->direct || cfg->gather_max < 0 ? 0

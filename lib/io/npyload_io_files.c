@@ -152,6 +152,8 @@ int npyl_io_fh_map(npyl_io *io, npyl_io_fh *e, char *err, size_t errlen)
                          file_path(io, e->file), fi->size,
                          npyload_strerror(rc));
     }
+    if (io->random_access)
+        (void)madvise(p, (size_t)fi->size, MADV_RANDOM); /* advice: errors ignored */
     e->map = p;
     e->map_len = fi->size;
     return 0;
@@ -195,6 +197,8 @@ static int fh_open(npyl_io *io, npyl_io_fh *e, uint32_t file, char *err,
         close(fd);
         return rc;
     }
+    if (io->random_access)
+        (void)posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM); /* advice: errors ignored */
     int dfd = -1;
     if (io->direct) {
         /* The first open proved it a regular file; a FIFO swapped in since

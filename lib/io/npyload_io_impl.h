@@ -45,6 +45,7 @@ struct npyl_io {
     _Atomic int backend_now;  /* what reads go through now (URING may fall
                                  back to PREAD, once, for good) */
     int direct;
+    int random_access;        /* no kernel read-ahead (npyl_io_config) */
     unsigned queue_depth;
     const npyl_file_info *files;
     size_t nfiles;

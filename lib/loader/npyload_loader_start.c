@@ -428,6 +428,7 @@ static int create_workers(npyload_loader *L, size_t nworkers)
             .max_open = max_open,
             .files = L->io_files,
             .nfiles = L->nio_files,
+            .random_access = L->opt[NPYLOAD_OPT_SHUFFLE] != NPYLOAD_SHUFFLE_NONE,
         },
         .rows = L->slot_rows ? (size_t)L->slot_rows : 1,
         .zst = L->zst,
