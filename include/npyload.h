@@ -700,9 +700,12 @@ typedef struct npyload_stats {
     uint64_t read_ahead_batches; /* READ_AHEAD: batches whose reads a worker
                                     had in flight while it decoded or
                                     transformed the batch before */
-    uint64_t read_wait_ns;      /* READ_AHEAD: worker time waiting for those
-                                   reads, summed (high: the disk is the
-                                   limit; near 0: the cores are) */
+    uint64_t read_wait_ns;      /* READ_AHEAD: worker time waiting for the
+                                   first round of each batch's reads (those
+                                   read ahead, and those read on the worker
+                                   when nothing could overlap), summed
+                                   (high: the disk is the limit; near 0:
+                                   the cores are) */
 } npyload_stats;
 
 /*! npyload_loader_last_skip_error() : with ON_ERROR skip, copies the message

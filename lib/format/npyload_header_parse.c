@@ -468,27 +468,14 @@ static int parse_dict(npyl_lex *x, npyl_dtype *dt, int *fortran, int *ndim,
 /* On NPYLOAD_ETRUNCATED because `len` is short, out->header_len and
  * out->data_offset (the bytes needed) are set once the preamble was complete;
  * header_len stays 0 when even the preamble was cut. */
-int npyload_parse_header(const void *buf, size_t len, uint64_t file_size,
-                         const char *name, npyload_header *out, char *err,
-                         size_t errlen)
+/* The preamble: magic, version, header length, where the data starts.
+ * `avail` is what may be looked at (the buffer, capped by the file's
+ * size). Sets out's versions, header_len and data_offset, *pre the
+ * preamble's size. */
+static int parse_preamble(const unsigned char *p, uint64_t avail, size_t len,
+                          uint64_t file_size, const char *name, npyload_header *out,
+                          size_t *pre_out, char *err, size_t errlen)
 {
-    if (!name)
-        name = "<memory>";
-    if (!out || (!buf && len))
-        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
-                         "%s: npyload_parse_header: NULL %s", name,
-                         out ? "buffer" : "output");
-    memset(out, 0, sizeof *out);
-    if (err && errlen)
-        err[0] = '\0';
-    const unsigned char *p = buf;
-    out->file_bytes = file_size == UINT64_MAX ? 0 : file_size;
-    /* Cap what we look at by the file's size too, in case a caller's buffer
-     * runs past it. */
-    uint64_t avail = len;
-    if (file_size < avail)
-        avail = file_size;
-
     size_t m = avail < NPYL_MAGIC_LEN ? (size_t)avail : NPYL_MAGIC_LEN;
     if (memcmp(p ? (const void *)p : "", NPYL_MAGIC, m) != 0) {
         char ex[NPYL_QUOTE_MAX + 8];
@@ -549,35 +536,17 @@ int npyload_parse_header(const void *buf, size_t len, uint64_t file_size,
         return npyl_fail(err, errlen, NPYLOAD_ETRUNCATED,
                          "%s: header needs %" PRIu64 " bytes, %zu given", name,
                          data_offset, len);
+    *pre_out = pre;
+    return 0;
+}
 
-    npyl_lex x = {
-        .s = p + pre,
-        .n = (size_t)hlen,
-        .i = 0,
-        .base = pre,
-        .allow_long = major <= 2,
-        .name = name,
-        .err = err,
-        .errlen = errlen,
-    };
-    if (major == 3) {
-        size_t bad = utf8_bad(x.s, x.n);
-        if (bad < x.n)
-            return npyl_fail(err, errlen, NPYLOAD_EFORMAT,
-                             "%s: at byte %zu: version 3.0 header is not valid "
-                             "UTF-8",
-                             name, pre + bad);
-    }
-    npyl_dtype dt;
-    int fortran = 0, ndim = 0;
-    int64_t shape[NPYLOAD_MAX_DIMS];
-    int rc = parse_dict(&x, &dt, &fortran, &ndim, shape);
-    if (rc)
-        return rc;
-
-    /* numpy refuses an array whose byte size overflows intp (zero-length
-     * axes aside), so the same bound holds here: at most INT64_MAX bytes. */
-    uint64_t bytes = dt.size;
+/* The array's byte size. numpy refuses an array whose byte size overflows
+ * intp (zero-length axes aside), so the same bound holds here: at most
+ * INT64_MAX bytes. */
+static int array_bytes(const npyl_dtype *dt, int ndim, const int64_t *shape,
+                       const char *name, uint64_t *out, char *err, size_t errlen)
+{
+    uint64_t bytes = dt->size;
     int empty = 0;
     for (int d = 0; d < ndim; d++) {
         if (shape[d] == 0) {
@@ -591,11 +560,65 @@ int npyload_parse_header(const void *buf, size_t len, uint64_t file_size,
             return npyl_fail(err, errlen, NPYLOAD_ETOOBIG,
                              "%s: shape %s of '%s' is over 2^63-1 bytes (the "
                              "byte size overflows 64 bits)",
-                             name, sb, dt.str);
+                             name, sb, dt->str);
         }
     }
-    if (empty)
-        bytes = 0;
+    *out = empty ? 0 : bytes;
+    return 0;
+}
+
+int npyload_parse_header(const void *buf, size_t len, uint64_t file_size,
+                         const char *name, npyload_header *out, char *err,
+                         size_t errlen)
+{
+    if (!name)
+        name = "<memory>";
+    if (!out || (!buf && len))
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: npyload_parse_header: NULL %s", name,
+                         out ? "buffer" : "output");
+    memset(out, 0, sizeof *out);
+    if (err && errlen)
+        err[0] = '\0';
+    const unsigned char *p = buf;
+    out->file_bytes = file_size == UINT64_MAX ? 0 : file_size;
+    /* Cap what we look at by the file's size too, in case a caller's buffer
+     * runs past it. */
+    uint64_t avail = len;
+    if (file_size < avail)
+        avail = file_size;
+    size_t pre = 0;
+    int rc = parse_preamble(p, avail, len, file_size, name, out, &pre, err, errlen);
+    if (rc)
+        return rc;
+
+    npyl_lex x = {
+        .s = p + pre,
+        .n = (size_t)out->header_len,
+        .i = 0,
+        .base = pre,
+        .allow_long = out->major_version <= 2,
+        .name = name,
+        .err = err,
+        .errlen = errlen,
+    };
+    if (out->major_version == 3) {
+        size_t bad = utf8_bad(x.s, x.n);
+        if (bad < x.n)
+            return npyl_fail(err, errlen, NPYLOAD_EFORMAT,
+                             "%s: at byte %zu: version 3.0 header is not valid "
+                             "UTF-8",
+                             name, pre + bad);
+    }
+    npyl_dtype dt;
+    int fortran = 0, ndim = 0;
+    int64_t shape[NPYLOAD_MAX_DIMS];
+    uint64_t bytes = 0;
+    rc = parse_dict(&x, &dt, &fortran, &ndim, shape);
+    if (!rc)
+        rc = array_bytes(&dt, ndim, shape, name, &bytes, err, errlen);
+    if (rc)
+        return rc;
 
     memcpy(out->descr, dt.str, sizeof out->descr);
     out->kind = dt.kind;
@@ -608,11 +631,11 @@ int npyload_parse_header(const void *buf, size_t len, uint64_t file_size,
     /* Bytes past the data are allowed (numpy reads exactly what it needs);
      * too few are not. Cannot overflow: data_offset <= 2^20 + 12, bytes <=
      * INT64_MAX. */
-    if (file_size != UINT64_MAX && data_offset + bytes > file_size)
+    if (file_size != UINT64_MAX && out->data_offset + bytes > file_size)
         return npyl_fail(err, errlen, NPYLOAD_ETRUNCATED,
                          "%s: header says %" PRIu64 " bytes of data from offset "
                          "%" PRIu64 ", file holds %" PRIu64 " bytes",
-                         name, bytes, data_offset, file_size);
+                         name, bytes, out->data_offset, file_size);
     return 0;
 }
 

@@ -139,6 +139,156 @@ static void prep_op(npyl_io_uring *u, unsigned k)
     io_uring_sqe_set_data64(sqe, k);
 }
 
+/* One call's state: the cursor over its requests (request i, its
+ * segments, position pos in segment j), the counts of reads prepared and
+ * in flight, the first error. */
+typedef struct uring_call {
+    npyl_io *io;
+    npyl_io_uring *u;
+    const npyl_io_req *reqs;
+    size_t n, i, *bad;
+    npyl_io_fh *cur;      /* pinned for request i while it is cut */
+    npyl_io_seg seg[3];
+    unsigned nseg, j;
+    uint64_t pos, got;
+    unsigned inflight;    /* submitted, completion not yet reaped */
+    unsigned queued;      /* prepared, not yet taken by the kernel */
+    int rc;
+    char *err;
+    size_t errlen;
+} uring_call;
+
+/* 1. Fills free ops from the cursor (stops at the first error, or when
+ * every open file has reads in flight). */
+static void fill_ops(uring_call *c)
+{
+    npyl_io_uring *u = c->u;
+    while (c->rc == 0 && c->i < c->n && u->nfree > 0) {
+        if (!c->cur) {
+            if (c->reqs[c->i].len == 0) {
+                c->i++;
+                continue;
+            }
+            int g = npyl_io_fh_get(c->io, c->reqs[c->i].file, &c->cur, c->err, c->errlen);
+            if (g) {
+                c->cur = NULL;
+                if (g == NPYL_IO_BUSY)
+                    break; /* every open file has reads in flight */
+                c->rc = g;
+                *c->bad = c->i;
+                break;
+            }
+            c->nseg = npyl_io_split(c->io, &c->reqs[c->i], c->seg);
+            c->j = 0;
+            c->pos = 0;
+        }
+        const npyl_io_seg *sg = &c->seg[c->j];
+        uint64_t len = sg->len - c->pos;
+        if (len > URING_CHUNK)
+            len = URING_CHUNK;
+        unsigned k = u->free_ops[--u->nfree];
+        uring_op *op = &u->ops[k];
+        op->req = c->i;
+        op->fh = c->cur;
+        c->cur->pins++; /* the op's own pin, dropped at its completion */
+        op->direct = sg->direct;
+        op->off = sg->offset + c->pos;
+        op->left = len;
+        op->dst = sg->dst + c->pos;
+        prep_op(u, k);
+        c->queued++;
+        c->pos += len;
+        if (c->pos == sg->len) {
+            c->pos = 0;
+            if (++c->j == c->nseg) {
+                npyl_io_fh_put(c->io, c->cur);
+                c->cur = NULL;
+                c->i++;
+            }
+        }
+    }
+}
+
+/* 2. Submits what is queued and waits for at least one completion. After
+ * a ring failure only waits: reads in flight write into the caller's
+ * memory, so they must land before we return. */
+static void submit_wait(uring_call *c)
+{
+    npyl_io_uring *u = c->u;
+    struct io_uring_cqe *unused;
+    int s = u->broken ? io_uring_wait_cqe(&u->ring, &unused)
+                      : io_uring_submit_and_wait(&u->ring, 1);
+    if (!u->broken && s >= 0) {
+        unsigned t = (unsigned)s < c->queued ? (unsigned)s : c->queued;
+        c->inflight += t;
+        c->queued -= t;
+    } else if (s < 0 && s != -EINTR && s != -EAGAIN && s != -EBUSY && s != -ETIME) {
+        /* The ring itself failed (never seen in practice). SQEs that the
+         * kernel did not take stay in the SQ: the ring is marked broken so
+         * that no later call submits them into memory the caller may have
+         * freed; io_uring_queue_exit discards them. */
+        if (!u->broken) {
+            u->broken = s;
+            if (c->rc == 0) {
+                size_t b = c->i < c->n ? c->i : c->n - 1;
+                c->rc = npyl_io_fail_read(c->io, &c->reqs[b], s, c->err, c->errlen);
+                *c->bad = b;
+            }
+        }
+        /* If even waiting fails, the loop polls the CQ in reap() rather
+         * than return with reads in flight. */
+    }
+}
+
+/* 3. Reaps every completion available: counts what landed, resubmits the
+ * remainder of a short read (or a retry), records the first error. */
+static void reap(uring_call *c)
+{
+    npyl_io_uring *u = c->u;
+    struct io_uring_cqe *cqe;
+    unsigned head, seen = 0;
+    io_uring_for_each_cqe(&u->ring, head, cqe)
+    {
+        seen++;
+        c->inflight--;
+        unsigned k = (unsigned)io_uring_cqe_get_data64(cqe);
+        uring_op *op = &u->ops[k];
+        const npyl_io_req *r = &c->reqs[op->req];
+        int res = cqe->res;
+        int again = 0;
+        if (res == -EAGAIN || res == -EINTR) {
+            again = c->rc == 0;
+        } else if (res < 0) {
+            if (c->rc == 0) {
+                c->rc = npyl_io_fail_read(c->io, r, res, c->err, c->errlen);
+                *c->bad = op->req;
+            }
+        } else if (res == 0) {
+            if (c->rc == 0) {
+                /* Chunks complete out of order: the one that saw EOF may lie
+                 * past the real end. The message says the file's size. */
+                c->rc = npyl_io_fail_eof(c->io, r, op->fh, c->err, c->errlen);
+                *c->bad = op->req;
+            }
+        } else {
+            c->got += (uint64_t)res;
+            op->off += (uint64_t)res;
+            op->dst += res;
+            op->left -= (uint64_t)res;
+            again = op->left > 0 && c->rc == 0;
+        }
+        if (again && !u->broken) {
+            prep_op(u, k); /* the remainder (or a retry) */
+            c->queued++;
+        } else {
+            npyl_io_fh_put(c->io, op->fh);
+            op->fh = NULL;
+            u->free_ops[u->nfree++] = k;
+        }
+    }
+    io_uring_cq_advance(&u->ring, seen);
+}
+
 int npyl_io_uring_read(npyl_io *io, npyl_io_uring *u, const npyl_io_req *reqs,
                        size_t n, size_t *bad, uint64_t *bytes_read, char *err,
                        size_t errlen)
@@ -149,142 +299,17 @@ int npyl_io_uring_read(npyl_io *io, npyl_io_uring *u, const npyl_io_req *reqs,
                          "io_uring ring unusable after an earlier failure: %s",
                          npyload_strerror(u->broken));
     }
-    uint64_t got = 0;
-    int rc = 0;
-    unsigned inflight = 0; /* submitted, completion not yet reaped */
-    unsigned queued = 0;   /* prepared, not yet taken by the kernel */
-
-    /* Cursor over the requests: request i, its segments, position in seg j. */
-    size_t i = 0;
-    npyl_io_fh *cur = NULL; /* pinned for request i while we cut it */
-    npyl_io_seg seg[3];
-    unsigned nseg = 0, j = 0;
-    uint64_t pos = 0;
-
+    uring_call c = {.io = io, .u = u, .reqs = reqs, .n = n, .bad = bad, .err = err,
+                    .errlen = errlen};
     for (;;) {
-        /* 1. Fill free ops from the cursor (stops at the first error). */
-        while (rc == 0 && i < n && u->nfree > 0) {
-            if (!cur) {
-                if (reqs[i].len == 0) {
-                    i++;
-                    continue;
-                }
-                int g = npyl_io_fh_get(io, reqs[i].file, &cur, err, errlen);
-                if (g) {
-                    cur = NULL;
-                    if (g == NPYL_IO_BUSY)
-                        break; /* every open file has reads in flight */
-                    rc = g;
-                    *bad = i;
-                    break;
-                }
-                nseg = npyl_io_split(io, &reqs[i], seg);
-                j = 0;
-                pos = 0;
-            }
-            const npyl_io_seg *sg = &seg[j];
-            uint64_t len = sg->len - pos;
-            if (len > URING_CHUNK)
-                len = URING_CHUNK;
-            unsigned k = u->free_ops[--u->nfree];
-            uring_op *op = &u->ops[k];
-            op->req = i;
-            op->fh = cur;
-            cur->pins++; /* the op's own pin, dropped at its completion */
-            op->direct = sg->direct;
-            op->off = sg->offset + pos;
-            op->left = len;
-            op->dst = sg->dst + pos;
-            prep_op(u, k);
-            queued++;
-            pos += len;
-            if (pos == sg->len) {
-                pos = 0;
-                if (++j == nseg) {
-                    npyl_io_fh_put(io, cur);
-                    cur = NULL;
-                    i++;
-                }
-            }
-        }
-        if (inflight == 0 && (queued == 0 || u->broken))
+        fill_ops(&c);
+        if (c.inflight == 0 && (c.queued == 0 || u->broken))
             break; /* all done, or failed with nothing in flight */
-
-        /* 2. Submit what is queued and wait for at least one completion.
-         * After a ring failure only wait: reads in flight write into the
-         * caller's memory, so they must land before we return. */
-        struct io_uring_cqe *unused;
-        int s = u->broken ? io_uring_wait_cqe(&u->ring, &unused)
-                          : io_uring_submit_and_wait(&u->ring, 1);
-        if (!u->broken && s >= 0) {
-            unsigned t = (unsigned)s < queued ? (unsigned)s : queued;
-            inflight += t;
-            queued -= t;
-        } else if (s < 0 && s != -EINTR && s != -EAGAIN && s != -EBUSY &&
-                   s != -ETIME) {
-            /* The ring itself failed (never seen in practice). SQEs that
-             * the kernel did not take stay in the SQ: the ring is marked
-             * broken so that no later call submits them into memory the
-             * caller may have freed; io_uring_queue_exit discards them. */
-            if (!u->broken) {
-                u->broken = s;
-                if (rc == 0) {
-                    size_t b = i < n ? i : n - 1;
-                    rc = npyl_io_fail_read(io, &reqs[b], s, err, errlen);
-                    *bad = b;
-                }
-            }
-            /* If even waiting fails, the loop polls the CQ below rather
-             * than return with reads in flight. */
-        }
-
-        /* 3. Reap every completion available. */
-        struct io_uring_cqe *cqe;
-        unsigned head, seen = 0;
-        io_uring_for_each_cqe(&u->ring, head, cqe)
-        {
-            seen++;
-            inflight--;
-            unsigned k = (unsigned)io_uring_cqe_get_data64(cqe);
-            uring_op *op = &u->ops[k];
-            const npyl_io_req *r = &reqs[op->req];
-            int res = cqe->res;
-            int again = 0;
-            if (res == -EAGAIN || res == -EINTR) {
-                again = rc == 0;
-            } else if (res < 0) {
-                if (rc == 0) {
-                    rc = npyl_io_fail_read(io, r, res, err, errlen);
-                    *bad = op->req;
-                }
-            } else if (res == 0) {
-                if (rc == 0) {
-                    /* Chunks complete out of order: the one that saw EOF
-                     * may lie past the real end. The message says the
-                     * file's size. */
-                    rc = npyl_io_fail_eof(io, r, op->fh, err, errlen);
-                    *bad = op->req;
-                }
-            } else {
-                got += (uint64_t)res;
-                op->off += (uint64_t)res;
-                op->dst += res;
-                op->left -= (uint64_t)res;
-                again = op->left > 0 && rc == 0;
-            }
-            if (again && !u->broken) {
-                prep_op(u, k); /* the remainder (or a retry) */
-                queued++;
-            } else {
-                npyl_io_fh_put(io, op->fh);
-                op->fh = NULL;
-                u->free_ops[u->nfree++] = k;
-            }
-        }
-        io_uring_cq_advance(&u->ring, seen);
+        submit_wait(&c);
+        reap(&c);
     }
-    if (cur)
-        npyl_io_fh_put(io, cur);
+    if (c.cur)
+        npyl_io_fh_put(io, c.cur);
     if (u->broken) /* ops whose SQEs the kernel never took */
         for (unsigned k = 0; k < u->depth; k++)
             if (u->ops[k].fh) {
@@ -293,8 +318,8 @@ int npyl_io_uring_read(npyl_io *io, npyl_io_uring *u, const npyl_io_req *reqs,
                 u->free_ops[u->nfree++] = k;
             }
     if (bytes_read)
-        *bytes_read += got;
-    return rc;
+        *bytes_read += c.got;
+    return c.rc;
 }
 
 #else /* !NPYLOAD_HAVE_URING */

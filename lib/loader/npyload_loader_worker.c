@@ -233,7 +233,10 @@ static int begin_job(npyl_worker *w, fill_job *j, int here)
 {
     if (read_prepare(w, j))
         return 0;
+    uint64_t t0 = here ? npyl_now_ns() : 0;
     npyl_read_begin(w->env->rv, &w->rd, j->h->indices, j->h->rows, w->dst[j->k], here);
+    if (here) /* read on the worker: all of it was waiting for reads */
+        atomic_fetch_add(&w->env->st->read_wait_ns, npyl_now_ns() - t0);
     return 1;
 }
 

@@ -14,6 +14,7 @@
 #include "npyload_transform_f16.h"
 #include "npyload_transform_impl.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -168,22 +169,12 @@ int npyl_transform_check(const char *what, const npyload_transform *t, char *err
     return 0;
 }
 
-static int plan(const char *what, const npyload_transform *t, const char *descr,
-                int sndim, const int64_t *sshape, npyl_tplan *p, int allow_f16c,
-                char *err, size_t errlen)
+/* The plan's input: the stored dtype (the dtype model of lib/format, as
+ * the header parser classified it) and the sample's geometry. */
+static int plan_input(const char *what, const char *descr, int sndim,
+                      const int64_t *sshape, npyl_tplan *p, uint64_t *elems_out,
+                      char *err, size_t errlen)
 {
-    if (!what)
-        what = "field";
-    if (!p)
-        return npyl_fail(err, errlen, NPYLOAD_EINVAL, "%s: plan is NULL", what);
-    memset(p, 0, sizeof *p);
-    int rc = npyl_transform_check(what, t, err, errlen);
-    if (rc)
-        return rc;
-    if (!descr || sndim < 0 || sndim > NPYLOAD_MAX_DIMS || (sndim && !sshape))
-        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
-                         "%s: transform plan: bad descr or shape", what);
-    /* The dtype model of lib/format, as the header parser classified it. */
     npyl_dtype dt;
     const char *why = "";
     size_t dl = strnlen(descr, NPYL_TDESCR_LEN);
@@ -196,8 +187,6 @@ static int plan(const char *what, const npyload_transform *t, const char *descr,
     p->in_kind = dt.kind;
     p->in_itemsize = dt.size;
     p->in_swap = dt.order != '|' && dt.order != npyl_host_order();
-
-    /* geometry */
     p->sndim = sndim;
     uint64_t elems = 1;
     for (int d = 0; d < sndim; d++) {
@@ -211,8 +200,14 @@ static int plan(const char *what, const npyload_transform *t, const char *descr,
     if (npyl_mul_u64(elems, p->in_itemsize, &p->in_row_bytes))
         return npyl_fail(err, errlen, NPYLOAD_ETOOBIG,
                          "%s: transform: row bytes overflow", what);
+    *elems_out = elems;
+    return 0;
+}
 
-    /* arithmetic */
+/* The arithmetic: scale, and mean / std (one value, or one per channel). */
+static int plan_arith(const char *what, const npyload_transform *t, npyl_tplan *p,
+                      char *err, size_t errlen)
+{
     float scale = t->scale;
     p->scale = scale;
     p->arith = (t->n_mean || t->n_std) ? 2 : scale != 1.0f ? 1 : 0;
@@ -224,35 +219,36 @@ static int plan(const char *what, const npyload_transform *t, const char *descr,
                          "%" PRIu64 " channel%s (axis 0 of the sample%s); give "
                          "1 or %" PRIu64, what, bad, !strcmp(bad, "mean") ? nm : ns,
                          p->C, p->C == 1 ? "" : "s",
-                         sndim ? "" : ", which is a scalar", p->C);
+                         p->sndim ? "" : ", which is a scalar", p->C);
     p->per_channel = nm > 1 || ns > 1;
     p->mean1 = nm ? t->mean[0] : 0.0f;
     p->std1 = ns ? t->std[0] : 1.0f;
-    if (p->per_channel) {
-        p->mean = malloc(p->C * sizeof(float));
-        p->std = malloc(p->C * sizeof(float));
-        if (!p->mean || !p->std) {
-            npyl_transform_plan_free(p);
-            return npyl_fail(err, errlen, -12, "%s: transform: out of memory",
-                             what);
-        }
-        for (uint64_t c = 0; c < p->C; c++) {
-            p->mean[c] = nm == 0 ? 0.0f : nm == 1 ? t->mean[0] : t->mean[c];
-            p->std[c] = ns == 0 ? 1.0f : ns == 1 ? t->std[0] : t->std[c];
-        }
+    if (!p->per_channel)
+        return 0;
+    p->mean = malloc(p->C * sizeof(float));
+    p->std = malloc(p->C * sizeof(float));
+    if (!p->mean || !p->std)
+        return npyl_fail(err, errlen, -ENOMEM, "%s: transform: out of memory", what);
+    for (uint64_t c = 0; c < p->C; c++) {
+        p->mean[c] = nm == 0 ? 0.0f : nm == 1 ? t->mean[0] : t->mean[c];
+        p->std[c] = ns == 0 ? 1.0f : ns == 1 ? t->std[0] : t->std[c];
     }
+    return 0;
+}
 
-    /* output dtype */
+/* The output dtype and the load / store kernels (F16C where allowed). */
+static int plan_output(const char *what, const npyload_transform *t, const char *descr,
+                       uint64_t elems, npyl_tplan *p, int allow_f16c, char *err,
+                       size_t errlen)
+{
     int out = t->dtype;
     if (out != NPYLOAD_DTYPE_KEEP) {
         if ((p->in_kind != 'u' && p->in_kind != 'i' && p->in_kind != 'f') ||
-            !pick_load(p->in_kind, p->in_itemsize, p->in_swap)) {
-            npyl_transform_plan_free(p);
+            !pick_load(p->in_kind, p->in_itemsize, p->in_swap))
             return npyl_fail(err, errlen, NPYLOAD_EUNSUPPORTED,
                              "%s: transform to %s: input dtype '%s' is not an "
                              "integer or float type (bool and complex can only "
                              "be kept)", what, dtype_name(out), descr);
-        }
         static const char *const od[] = {"", "<f4", "<f2", "bfloat16"};
         static const size_t osz[] = {0, 4, 2, 2};
         snprintf(p->out_descr, sizeof p->out_descr, "%s", od[out]);
@@ -272,36 +268,36 @@ static int plan(const char *what, const npyload_transform *t, const char *descr,
         p->store = out == NPYLOAD_DTYPE_FLOAT32 ? store_f32
                  : out == NPYLOAD_DTYPE_FLOAT16 ? npyl_tstore_f16
                                               : npyl_tstore_bf16;
-        if (allow_f16c) {
-            npyl_tload_fn l16 = NULL;
-            npyl_tstore_fn s16 = NULL;
-            if (npyl_tf16c_pick(&l16, &s16)) {
-                if (p->in_kind == 'f' && p->in_itemsize == 2 && !p->in_swap) {
-                    p->load = l16;
-                    p->f16c = 1;
-                }
-                if (out == NPYLOAD_DTYPE_FLOAT16) {
-                    p->store = s16;
-                    p->f16c = 1;
-                }
+        npyl_tload_fn l16 = NULL;
+        npyl_tstore_fn s16 = NULL;
+        if (allow_f16c && npyl_tf16c_pick(&l16, &s16)) {
+            if (p->in_kind == 'f' && p->in_itemsize == 2 && !p->in_swap) {
+                p->load = l16;
+                p->f16c = 1;
+            }
+            if (out == NPYLOAD_DTYPE_FLOAT16) {
+                p->store = s16;
+                p->f16c = 1;
             }
         }
     }
-    if (npyl_mul_u64(elems, p->out_itemsize, &p->out_row_bytes)) {
-        npyl_transform_plan_free(p);
+    if (npyl_mul_u64(elems, p->out_itemsize, &p->out_row_bytes))
         return npyl_fail(err, errlen, NPYLOAD_ETOOBIG,
                          "%s: transform: row bytes overflow", what);
-    }
+    return 0;
+}
 
-    /* layout: channels-last only means something with 2+ axes */
-    if (t->channels_last && sndim == 0) {
-        npyl_transform_plan_free(p);
+/* The layout: strides of (N, C, d1..dk), channels-last when asked and
+ * meaningful (2+ axes, several channels and positions). */
+static int plan_layout(const char *what, const npyload_transform *t, int sndim,
+                       const int64_t *sshape, uint64_t elems, npyl_tplan *p, char *err,
+                       size_t errlen)
+{
+    if (t->channels_last && sndim == 0)
         return npyl_fail(err, errlen, NPYLOAD_EINVAL,
                          "%s: transform channels_last needs samples with a "
                          "channel axis; the samples are scalars", what);
-    }
     p->channels_last = t->channels_last && sndim >= 2 && p->C > 1 && p->S > 1;
-    /* strides of (N, C, d1..dk) */
     int nd = 1 + sndim;
     int64_t acc = 1;
     if (!p->channels_last) {
@@ -321,6 +317,34 @@ static int plan(const char *what, const npyload_transform *t, const char *descr,
     for (int d = 0; d < nd; d++)
         p->byte_strides[d] = p->strides[d] * (int64_t)p->out_itemsize;
     return 0;
+}
+
+static int plan(const char *what, const npyload_transform *t, const char *descr,
+                int sndim, const int64_t *sshape, npyl_tplan *p, int allow_f16c,
+                char *err, size_t errlen)
+{
+    if (!what)
+        what = "field";
+    if (!p)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL, "%s: plan is NULL", what);
+    memset(p, 0, sizeof *p);
+    int rc = npyl_transform_check(what, t, err, errlen);
+    if (rc)
+        return rc;
+    if (!descr || sndim < 0 || sndim > NPYLOAD_MAX_DIMS || (sndim && !sshape))
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: transform plan: bad descr or shape", what);
+    uint64_t elems = 0;
+    rc = plan_input(what, descr, sndim, sshape, p, &elems, err, errlen);
+    if (!rc)
+        rc = plan_arith(what, t, p, err, errlen);
+    if (!rc)
+        rc = plan_output(what, t, descr, elems, p, allow_f16c, err, errlen);
+    if (!rc)
+        rc = plan_layout(what, t, sndim, sshape, elems, p, err, errlen);
+    if (rc)
+        npyl_transform_plan_free(p);
+    return rc;
 }
 
 int npyl_transform_plan(const char *what, const npyload_transform *t,

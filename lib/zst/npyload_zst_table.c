@@ -269,24 +269,17 @@ static int check_windows(npyl_zst_read_fn rd, void *ctx, const npyl_zst_index *x
     return 0;
 }
 
-int npyl_zst_index_read(npyl_zst_read_fn rd, void *ctx, uint64_t file_size,
-                        const char *name, npyl_zst_index *out, char *err,
-                        size_t errlen)
+/* The footer and the seek table's skippable-frame header: sets x's
+ * checksums, nframes and table_bytes (the table starts at file_size -
+ * table_bytes). A file without the seekable footer gets no_table's
+ * message. */
+static int read_footer(npyl_zst_read_fn rd, void *ctx, npyl_zst_index *x,
+                       const char *name, char *err, size_t errlen)
 {
-    if (!rd || !out)
-        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
-                         "%s: npyl_zst_index_read: NULL argument",
-                         name ? name : "<memory>");
-    if (!name)
-        name = "<memory>";
-    memset(out, 0, sizeof *out);
-    npyl_zst_index *x = out;
-    x->file_size = file_size;
-
+    uint64_t file_size = x->file_size;
     const uint64_t min = NPYL_ZST_SKIP_HEADER_BYTES + NPYL_ZST_FOOTER_BYTES;
     if (file_size < min)
         return no_table(rd, ctx, file_size, name, "file too short", err, errlen);
-
     unsigned char foot[NPYL_ZST_FOOTER_BYTES];
     uint64_t foot_at = file_size - NPYL_ZST_FOOTER_BYTES;
     int rc = rd(ctx, foot, sizeof foot, foot_at);
@@ -314,7 +307,6 @@ int npyl_zst_index_read(npyl_zst_read_fn rd, void *ctx, uint64_t file_size,
                          "%s: seek table at byte %" PRIu64 ": %" PRIu32
                          " frames, more than the format's %u",
                          name, foot_at, n, NPYL_ZST_MAX_FRAMES);
-    const unsigned esz = x->checksums ? 12u : 8u;
     uint64_t tbytes = npyl_zst_table_size(n, x->checksums);
     if (tbytes > file_size)
         return npyl_fail(err, errlen, NPYLOAD_EFORMAT,
@@ -341,95 +333,114 @@ int npyl_zst_index_read(npyl_zst_read_fn rd, void *ctx, uint64_t file_size,
                          tbytes - NPYL_ZST_SKIP_HEADER_BYTES, n);
     x->table_bytes = tbytes;
     x->nframes = n;
-    uint64_t data_end = tab_at;
+    return 0;
+}
 
+/* One seek-table entry, frame i (x->coff[i] known): its sizes checked
+ * against the data before the table (which ends at data_end) and the
+ * format's limits, then the next offsets. */
+static int take_entry(npyl_zst_index *x, uint32_t i, const unsigned char *e,
+                      uint64_t data_end, const char *name, char *err, size_t errlen)
+{
+    uint32_t csz = rd_le32(e), dsz = rd_le32(e + 4);
+    uint64_t coff = x->coff[i];
+    if (x->checksums)
+        x->csum[i] = rd_le32(e + 8);
+    if (dsz == 0 || csz == 0)
+        return npyl_fail(err, errlen, NPYLOAD_EFORMAT,
+                         "%s: frame %" PRIu32 " at byte %" PRIu64
+                         ": empty frame in the seek table (compressed %"
+                         PRIu32 ", decompressed %" PRIu32 " bytes)",
+                         name, i, coff, csz, dsz);
+    if (csz > data_end - coff)
+        return npyl_fail(err, errlen, NPYLOAD_EFORMAT,
+                         "%s: frame %" PRIu32 " at byte %" PRIu64
+                         ": %" PRIu32 " compressed bytes run past the "
+                         "seek table at byte %" PRIu64,
+                         name, i, coff, csz, data_end);
+    if (dsz > NPYL_ZST_MAX_FRAME_BYTES ||
+        (uint64_t)dsz > (uint64_t)csz * NPYL_ZST_MAX_EXPANSION)
+        return npyl_fail(err, errlen, NPYLOAD_ETOOBIG,
+                         "%s: frame %" PRIu32 " at byte %" PRIu64
+                         ": claims %" PRIu32 " decompressed bytes from %"
+                         PRIu32 " compressed (limits: %u bytes, %ux)",
+                         name, i, coff, dsz, csz, NPYL_ZST_MAX_FRAME_BYTES,
+                         NPYL_ZST_MAX_EXPANSION);
+    if (csz > ZSTD_compressBound(dsz))
+        return npyl_fail(err, errlen, NPYLOAD_EFORMAT,
+                         "%s: frame %" PRIu32 " at byte %" PRIu64
+                         ": %" PRIu32 " compressed bytes for %" PRIu32
+                         " decompressed, more than zstd ever needs (%zu)",
+                         name, i, coff, csz, dsz, ZSTD_compressBound(dsz));
+    x->coff[i + 1] = coff + csz;
+    x->doff[i + 1] = x->doff[i] + dsz; /* < 2^27 * 2^30: no overflow */
+    return 0;
+}
+
+/* The seek table's entries, read in chunks through a small buffer, into
+ * x->coff / doff / csum (allocated here). */
+static int read_entries(npyl_zst_read_fn rd, void *ctx, npyl_zst_index *x,
+                        const char *name, char *err, size_t errlen)
+{
+    uint32_t n = x->nframes;
+    uint64_t tab_at = x->file_size - x->table_bytes, data_end = tab_at;
     x->coff = malloc(sizeof(uint64_t) * ((size_t)n + 1));
     x->doff = malloc(sizeof(uint64_t) * ((size_t)n + 1));
     x->csum = x->checksums ? malloc(sizeof(uint32_t) * (size_t)n) : NULL;
-    if (!x->coff || !x->doff || (x->checksums && !x->csum)) {
-        npyl_zst_index_free(x);
+    if (!x->coff || !x->doff || (x->checksums && !x->csum))
         return npyl_fail(err, errlen, -ENOMEM,
                          "%s: out of memory for %" PRIu32 " frames", name, n);
-    }
     x->coff[0] = x->doff[0] = 0;
-
-    /* Entries in chunks through a small buffer. */
+    const unsigned esz = x->checksums ? 12u : 8u;
     unsigned char buf[12 * 512];
     const uint32_t per = (uint32_t)(sizeof buf / esz);
     uint64_t at = tab_at + NPYL_ZST_SKIP_HEADER_BYTES;
     for (uint32_t i = 0; i < n;) {
         uint32_t k = n - i < per ? n - i : per;
-        rc = rd(ctx, buf, (size_t)k * esz, at);
-        if (rc) {
-            rc = read_err(rc, name, (size_t)k * esz, at, err, errlen);
-            goto fail;
-        }
-        for (uint32_t j = 0; j < k; j++, i++) {
-            const unsigned char *e = buf + (size_t)j * esz;
-            uint32_t csz = rd_le32(e), dsz = rd_le32(e + 4);
-            uint64_t coff = x->coff[i];
-            if (x->checksums)
-                x->csum[i] = rd_le32(e + 8);
-            if (dsz == 0 || csz == 0) {
-                rc = npyl_fail(err, errlen, NPYLOAD_EFORMAT,
-                               "%s: frame %" PRIu32 " at byte %" PRIu64
-                               ": empty frame in the seek table (compressed %"
-                               PRIu32 ", decompressed %" PRIu32 " bytes)",
-                               name, i, coff, csz, dsz);
-                goto fail;
-            }
-            if (csz > data_end - coff) {
-                rc = npyl_fail(err, errlen, NPYLOAD_EFORMAT,
-                               "%s: frame %" PRIu32 " at byte %" PRIu64
-                               ": %" PRIu32 " compressed bytes run past the "
-                               "seek table at byte %" PRIu64,
-                               name, i, coff, csz, data_end);
-                goto fail;
-            }
-            if (dsz > NPYL_ZST_MAX_FRAME_BYTES ||
-                (uint64_t)dsz > (uint64_t)csz * NPYL_ZST_MAX_EXPANSION) {
-                rc = npyl_fail(err, errlen, NPYLOAD_ETOOBIG,
-                               "%s: frame %" PRIu32 " at byte %" PRIu64
-                               ": claims %" PRIu32 " decompressed bytes from %"
-                               PRIu32 " compressed (limits: %u bytes, %ux)",
-                               name, i, coff, dsz, csz, NPYL_ZST_MAX_FRAME_BYTES,
-                               NPYL_ZST_MAX_EXPANSION);
-                goto fail;
-            }
-            if (csz > ZSTD_compressBound(dsz)) {
-                rc = npyl_fail(err, errlen, NPYLOAD_EFORMAT,
-                               "%s: frame %" PRIu32 " at byte %" PRIu64
-                               ": %" PRIu32 " compressed bytes for %" PRIu32
-                               " decompressed, more than zstd ever needs (%zu)",
-                               name, i, coff, csz, dsz, ZSTD_compressBound(dsz));
-                goto fail;
-            }
-            x->coff[i + 1] = coff + csz;
-            x->doff[i + 1] = x->doff[i] + dsz; /* < 2^27 * 2^30: no overflow */
-        }
+        int rc = rd(ctx, buf, (size_t)k * esz, at);
+        if (rc)
+            return read_err(rc, name, (size_t)k * esz, at, err, errlen);
+        for (uint32_t j = 0; j < k; j++, i++)
+            if ((rc = take_entry(x, i, buf + (size_t)j * esz, data_end, name, err, errlen)))
+                return rc;
         at += (uint64_t)k * esz;
     }
-    if (x->coff[n] != data_end) {
-        rc = npyl_fail(err, errlen, NPYLOAD_EFORMAT,
-                       "%s: seek table at byte %" PRIu64 ": its %" PRIu32
-                       " frames add up to %" PRIu64 " compressed bytes, the "
-                       "file holds %" PRIu64 " before the table",
-                       name, tab_at, n, x->coff[n], data_end);
-        goto fail;
-    }
-    rc = read_header_frame(rd, ctx, x, name, err, errlen);
-    if (rc)
-        goto fail;
-    x->hdr.file_bytes = x->doff[n];
-    rc = check_npy(x, name, err, errlen);
-    if (rc)
-        goto fail;
-    rc = check_windows(rd, ctx, x, name, err, errlen);
-    if (rc)
-        goto fail;
+    if (x->coff[n] != data_end)
+        return npyl_fail(err, errlen, NPYLOAD_EFORMAT,
+                         "%s: seek table at byte %" PRIu64 ": its %" PRIu32
+                         " frames add up to %" PRIu64 " compressed bytes, the "
+                         "file holds %" PRIu64 " before the table",
+                         name, tab_at, n, x->coff[n], data_end);
     return 0;
-fail:
-    npyl_zst_index_free(x);
+}
+
+int npyl_zst_index_read(npyl_zst_read_fn rd, void *ctx, uint64_t file_size,
+                        const char *name, npyl_zst_index *out, char *err,
+                        size_t errlen)
+{
+    if (!rd || !out)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: npyl_zst_index_read: NULL argument",
+                         name ? name : "<memory>");
+    if (!name)
+        name = "<memory>";
+    memset(out, 0, sizeof *out);
+    npyl_zst_index *x = out;
+    x->file_size = file_size;
+    int rc = read_footer(rd, ctx, x, name, err, errlen);
+    if (rc)
+        return rc; /* nothing allocated yet */
+    rc = read_entries(rd, ctx, x, name, err, errlen);
+    if (!rc)
+        rc = read_header_frame(rd, ctx, x, name, err, errlen);
+    if (!rc) {
+        x->hdr.file_bytes = x->doff[x->nframes];
+        rc = check_npy(x, name, err, errlen);
+    }
+    if (!rc)
+        rc = check_windows(rd, ctx, x, name, err, errlen);
+    if (rc)
+        npyl_zst_index_free(x);
     return rc;
 }
 

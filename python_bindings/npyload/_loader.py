@@ -584,7 +584,7 @@ class Loader:
         h2d_bytes, h2d_ns, backend, pinned, direct_io, device, slot_bytes,
         num_slots, uring_fallbacks, read_ahead_batches (batches decoded while
         the worker's next batch was being read) and read_wait_ns (worker
-        time waiting for those reads), and with on_error='skip' samples_skipped,
+        time waiting for reads), and with on_error='skip' samples_skipped,
         errors and last_error (the message of the last failure behind a
         skip). May be called from any thread, also while a loop waits for a
         batch (then it does not wait); refused (RuntimeError "in use") only
