@@ -945,5 +945,6 @@ int npyl_pack_file_ex(const char *in, const char *out,
         r->seconds = (double)(npyl_now_ns() - t0) / 1e9;
     }
     pack_release(j);
+    free(j);
     return rc;
 }
