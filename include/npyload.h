@@ -419,6 +419,14 @@ NPYLOAD_API int npyload_loader_set(npyload_loader *L, npyload_option opt,
 NPYLOAD_API int npyload_option_range(npyload_option opt, int64_t *min,
                                      int64_t *max);
 
+/*! npyload_default_prefetch() : the batch slots a loader gets with PREFETCH
+ * 0 (the default) and NUM_WORKERS `num_workers` (in that option's units:
+ * 0 the default count, NPYLOAD_WORKERS_SYNC for none). The one place the
+ * default is computed: start uses it, bindings ask it rather than recompute.
+ * @return : the slot count (>= 1), or NPYLOAD_EINVAL when num_workers is
+ *           out of NUM_WORKERS' range. */
+NPYLOAD_API int64_t npyload_default_prefetch(int64_t num_workers);
+
 /*! npyload_loader_get() : reads back an option's effective value. Before
  * start: the value set (0 for a default). After start: what the loader runs
  * with, defaults resolved: NUM_WORKERS, PREFETCH (batch slots),

@@ -110,6 +110,19 @@ int npyload_option_range(npyload_option opt, int64_t *min, int64_t *max)
     return 0;
 }
 
+int64_t npyload_default_prefetch(int64_t num_workers)
+{
+    opt_range r;
+    range_of(NPYLOAD_OPT_NUM_WORKERS, &r);
+    if (num_workers < r.min || num_workers > r.max)
+        return NPYLOAD_EINVAL;
+    /* Sync mode has one worker context; slots: two per worker. */
+    int64_t w = num_workers == NPYLOAD_WORKERS_SYNC ? 1
+              : num_workers ? num_workers : DEFAULT_WORKERS;
+    int64_t slots = 2 * w;
+    return slots < MAX_PREFETCH ? slots : MAX_PREFETCH;
+}
+
 int npyload_loader_set(npyload_loader *L, npyload_option opt, int64_t v)
 {
     if (!L)

@@ -333,7 +333,7 @@ static int resolve_counts(npyload_loader *L, size_t *nworkers, size_t *prefetch)
     L->sync = nw == NPYLOAD_WORKERS_SYNC;
     *nworkers = L->sync ? 1 : nw ? (size_t)nw : DEFAULT_WORKERS;
     *prefetch = L->opt[NPYLOAD_OPT_PREFETCH] ? (size_t)L->opt[NPYLOAD_OPT_PREFETCH]
-                                              : 2 * *nworkers;
+                                              : (size_t)npyload_default_prefetch(nw);
     if (*prefetch > MAX_PREFETCH)
         *prefetch = MAX_PREFETCH;
     L->queue_depth = L->opt[NPYLOAD_OPT_QUEUE_DEPTH] ? (unsigned)L->opt[NPYLOAD_OPT_QUEUE_DEPTH]

@@ -59,6 +59,148 @@ class _InUse:
         self.call = None
 
 
+def _field_specs(fields):
+    """[(name, glob or None, paths or None)] from Loader's `fields`."""
+    if not isinstance(fields, _Mapping) or len(fields) == 0:
+        raise TypeError("fields must be a non-empty mapping from field name "
+                        "to a glob string or a list of paths"
+                        if not isinstance(fields, _Mapping) else
+                        "fields must be a non-empty mapping (got an empty one)")
+    specs = []
+    for name, spec in fields.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"field names must be non-empty strings, got {name!r}")
+        if isinstance(spec, (str, bytes, _os.PathLike)):
+            specs.append((name, _os.fsdecode(spec), None))
+        elif isinstance(spec, (list, tuple)):
+            if not spec:
+                raise ValueError(f"field {name!r}: the list of paths is empty")
+            paths = []
+            for p in spec:
+                if not isinstance(p, (str, bytes, _os.PathLike)):
+                    raise TypeError(f"field {name!r}: paths must be str, bytes or os.PathLike, got {p!r}")
+                paths.append(_os.fsdecode(p))
+            specs.append((name, None, paths))
+        else:
+            raise TypeError(f"field {name!r}: expected a glob string or a list of "
+                            f"paths, got {type(spec).__name__}")
+    return specs
+
+
+def _check_counts(batch_size, seed, num_workers, prefetch, window, max_errors, transform):
+    """The numeric arguments, in Loader's units, against the library's
+    limits: num_workers=0 is the library's WORKERS_SYNC, prefetch counts the
+    batches ahead of the one the loop holds (slots - 1, or slots - 2 with
+    transform=; see _slots_for), window=0 is not "default" here."""
+    batch_size = _int_arg("batch_size", batch_size, 1, maximum=_opt_max(
+        _npyload.OPT_BATCH_SIZE), what="samples per batch")
+    seed = _int_arg("seed", seed, -_INT64_MAX - 1, maximum=_INT64_MAX,
+                    what="an int64")
+    num_workers = _int_arg("num_workers", num_workers, 0, maximum=_opt_max(
+        _npyload.OPT_NUM_WORKERS), what="worker threads; 0 = none, batches "
+        "are read inside next()")
+    max_slots = _opt_max(_npyload.OPT_PREFETCH)
+    if transform is None:
+        prefetch = _int_arg("prefetch", prefetch, 1, allow_none=True,
+                            maximum=max_slots - 1, what="batches read ahead; the "
+                            f"loader has prefetch + 1 slots, at most {max_slots}")
+    else:
+        prefetch = _int_arg("prefetch", prefetch, 1, allow_none=True,
+                            maximum=max_slots - 2, what="batches read ahead; with "
+                            f"transform= the loader has prefetch + 2 slots, at most "
+                            f"{max_slots}")
+    window = _int_arg("window", window, 1, maximum=_opt_max(
+        _npyload.OPT_SHUFFLE_WINDOW), what="files per window")
+    max_errors = 0 if max_errors is None else _int_arg(
+        "max_errors", max_errors, 1, maximum=_opt_max(_npyload.OPT_MAX_ERRORS),
+        what="skipped samples; None = no limit")
+    return batch_size, seed, num_workers, prefetch, window, max_errors
+
+
+def _check_choices(shuffle, drop_last, direct_io, read_ahead, io, device, output,
+                   pin_memory, align, on_error, transform):
+    """The other arguments; returns (shuffle mode, device index, pin_memory)."""
+    if align not in ("names", "none"):
+        raise ValueError(f"align must be 'names' or 'none', got {align!r}")
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    shuffle_mode = _parse_shuffle(shuffle)
+    if not isinstance(drop_last, (bool, int)):
+        raise TypeError(f"drop_last must be a bool, got {drop_last!r}")
+    if not isinstance(direct_io, (bool, int)):
+        raise TypeError(f"direct_io must be a bool, got {direct_io!r}")
+    if not isinstance(read_ahead, (bool, int)):
+        raise TypeError(f"read_ahead must be a bool, got {read_ahead!r}")
+    if not isinstance(io, str) or io.lower() not in _IO:
+        raise ValueError(f"io must be one of 'auto', 'uring', 'pread', 'mmap', got {io!r}")
+    dev = _parse_device(device)
+    if output not in ("auto", "torch", "numpy"):
+        raise ValueError(f"output must be 'auto', 'torch' or 'numpy', got {output!r}")
+    if pin_memory not in (None, True, False):
+        raise TypeError(f"pin_memory must be None, True or False, got {pin_memory!r}")
+    if transform is not None and not callable(transform):
+        raise TypeError(f"transform must be a callable (batch -> anything) or None, "
+                        f"got {transform!r}")
+    if pin_memory and dev < 0:
+        ok, why = cuda_available(0)
+        if not ok:
+            # DataLoader warns and carries on without pinning; so do we
+            # (pinning only speeds up a later copy to a GPU there is none of).
+            _warnings.warn(f"npyload: pin_memory=True but CUDA is unusable ({why}); "
+                           "the slots stay in pageable memory", RuntimeWarning,
+                           stacklevel=3)
+            pin_memory = None
+    return shuffle_mode, dev, pin_memory
+
+
+def _resolve_ranks(rank, world_size):
+    """rank and world_size: given, else torch.distributed's, else the
+    RANK / WORLD_SIZE environment, else 0 of 1."""
+    dist = _dist_rank_world()
+    if world_size is None:
+        world_size = dist[1] if dist else _env_int("WORLD_SIZE")
+        world_size = 1 if world_size is None else world_size
+    if rank is None:
+        rank = dist[0] if dist else _env_int("RANK")
+        rank = 0 if rank is None else rank
+    world_size = _int_arg("world_size", world_size, 1, maximum=_opt_max(
+        _npyload.OPT_WORLD_SIZE), what="ranks")
+    rank = _int_arg("rank", rank, 0, maximum=world_size - 1,
+                    what=f"below world_size = {world_size}")
+    return rank, world_size
+
+
+def _check_transforms(specs, transforms):
+    """[(field, Transform)] from Loader's `transforms` mapping."""
+    if transforms is None:
+        return []
+    if not isinstance(transforms, _Mapping):
+        raise TypeError("transforms must be a mapping from field name to "
+                        f"npyload.Transform, got {type(transforms).__name__}")
+    names = [n for n, _, _ in specs]
+    out = []
+    for name, t in transforms.items():
+        if name not in names:
+            raise ValueError(f"transforms: no field named {name!r} (fields: "
+                             f"{', '.join(names)})")
+        if not isinstance(t, Transform):
+            raise TypeError(f"transforms[{name!r}] must be an npyload.Transform, "
+                            f"got {type(t).__name__}")
+        out.append((name, t))
+    return out
+
+
+def _slots_for(prefetch, transform):
+    """The library's PREFETCH (batch slots) for `prefetch` batches ahead.
+    With transform=, the loop body may hold two batches for a moment (the
+    previous one and the one just taken from the queue, before the `for`
+    rebinds its variable), the queue holds its results, and the thread's
+    next() needs a free slot to read into."""
+    if transform is None:
+        return prefetch + 1
+    return _hook_depth(prefetch) + 3
+
+
 def _epoch_batches(n, world_size, batch_size, drop_last):
     """Batches per rank of a full epoch: DistributedSampler's split, then
     DataLoader's batching (the C library's npyl_order_num_batches)."""
@@ -162,7 +304,8 @@ class Loader:
         Batches read ahead of the one the loop body holds: the loader has
         prefetch + 1 slots (memory = (prefetch + 1) x batch bytes), because a
         ``for b in loader`` loop still holds the previous batch while it asks
-        for the next. None: the library default (2 x num_workers slots).
+        for the next. None: the library default (npyload_default_prefetch:
+        2 x num_workers slots, 2 with num_workers=0), asked of the library.
     device : 'cpu', 'cuda', 'cuda:N', an int, or None (= 'cpu')
         'cuda' without an index uses LOCAL_RANK when set (torchrun).
     rank, world_size : int or None
@@ -177,6 +320,12 @@ class Loader:
         Files per window for shuffle='local'.
     direct_io : bool
         O_DIRECT reads (bypass the page cache).
+    read_ahead : bool
+        True (default): each worker thread has its next batch's reads in
+        flight while it decodes and transforms the current one (a read
+        thread and a second read buffer per worker; README, "Read-ahead
+        inside every worker"). False: a worker reads a batch when it starts
+        it (less memory: one read buffer and one slot per worker).
     align : 'names' or 'none'
         'names' (default): when every field has the same number of files,
         the i-th files of all fields must carry the same number as the last
@@ -255,101 +404,73 @@ class Loader:
                  num_workers=2, prefetch=None, device="cpu", rank=None,
                  world_size=None, io="auto", output="auto", copy=False, window=8,
                  direct_io=False, pin_memory=None, align="names", on_error="raise",
-                 max_errors=None, transforms=None, as_tuple=False, transform=None):
+                 max_errors=None, transforms=None, as_tuple=False, transform=None,
+                 read_ahead=True):
         self._c = None
         self._pipe = None
         self._in_use = _InUse()
-        if not isinstance(fields, _Mapping) or len(fields) == 0:
-            raise TypeError("fields must be a non-empty mapping from field name "
-                            "to a glob string or a list of paths"
-                            if not isinstance(fields, _Mapping) else
-                            "fields must be a non-empty mapping (got an empty one)")
-        specs = []
-        for name, spec in fields.items():
-            if not isinstance(name, str) or not name:
-                raise TypeError(f"field names must be non-empty strings, got {name!r}")
-            if isinstance(spec, (str, bytes, _os.PathLike)):
-                specs.append((name, _os.fsdecode(spec), None))
-            elif isinstance(spec, (list, tuple)):
-                if not spec:
-                    raise ValueError(f"field {name!r}: the list of paths is empty")
-                paths = []
-                for p in spec:
-                    if not isinstance(p, (str, bytes, _os.PathLike)):
-                        raise TypeError(f"field {name!r}: paths must be str, bytes or os.PathLike, got {p!r}")
-                    paths.append(_os.fsdecode(p))
-                specs.append((name, None, paths))
-            else:
-                raise TypeError(f"field {name!r}: expected a glob string or a list of "
-                                f"paths, got {type(spec).__name__}")
+        specs = _field_specs(fields)
+        batch_size, seed, num_workers, prefetch, window, max_errors = _check_counts(
+            batch_size, seed, num_workers, prefetch, window, max_errors, transform)
+        shuffle_mode, dev, pin_memory = _check_choices(
+            shuffle, drop_last, direct_io, read_ahead, io, device, output, pin_memory,
+            align, on_error, transform)
+        rank, world_size = _resolve_ranks(rank, world_size)
+        self._pick_output(output, dev)
+        self._specs = specs
+        self._transforms = _check_transforms(specs, transforms)
+        self.transform = transform
+        if not prefetch:
+            # The library's default memory, asked of it (slots - 1 batches
+            # ahead of the one the loop holds).
+            prefetch = max(1, _npyload.default_prefetch(num_workers or -1) - 1)
+        self._opts = {
+            _npyload.OPT_BATCH_SIZE: batch_size,
+            _npyload.OPT_NUM_WORKERS: num_workers if num_workers else -1,  # -1: sync
+            _npyload.OPT_PREFETCH: _slots_for(prefetch, transform),
+            _npyload.OPT_SHUFFLE: shuffle_mode,
+            _npyload.OPT_SEED: seed,
+            _npyload.OPT_DROP_LAST: int(bool(drop_last)),
+            _npyload.OPT_WORLD_SIZE: world_size,
+            _npyload.OPT_RANK: rank,
+            _npyload.OPT_IO_BACKEND: _IO[io.lower()],
+            _npyload.OPT_SHUFFLE_WINDOW: window,
+            _npyload.OPT_DIRECT_IO: int(bool(direct_io)),
+            _npyload.OPT_ALIGN: 0 if align == "names" else 1,
+            _npyload.OPT_ON_ERROR: 1 if on_error == "skip" else 0,
+            _npyload.OPT_MAX_ERRORS: max_errors,
+            _npyload.OPT_READ_AHEAD: 0 if read_ahead else -1,
+        }
+        if pin_memory is not None:
+            self._opts[_npyload.OPT_PIN_MEMORY] = int(pin_memory)
+        self._opts[_npyload.OPT_DEVICE] = dev  # last: it may load CUDA
+        self._c = c = self._build()
 
-        # Ranges in this constructor's units, from the library's limits:
-        # num_workers=0 is the library's WORKERS_SYNC, prefetch counts the
-        # batches ahead of the one the loop holds (slots - 1, or slots - 2
-        # with transform=; see below), window=0 is not "default" here.
-        batch_size = _int_arg("batch_size", batch_size, 1, maximum=_opt_max(
-            _npyload.OPT_BATCH_SIZE), what="samples per batch")
-        seed = _int_arg("seed", seed, -_INT64_MAX - 1, maximum=_INT64_MAX,
-                        what="an int64")
-        num_workers = _int_arg("num_workers", num_workers, 0, maximum=_opt_max(
-            _npyload.OPT_NUM_WORKERS), what="worker threads; 0 = none, batches "
-            "are read inside next()")
-        max_slots = _opt_max(_npyload.OPT_PREFETCH)
-        if transform is None:
-            prefetch = _int_arg("prefetch", prefetch, 1, allow_none=True,
-                                maximum=max_slots - 1, what="batches read ahead; the "
-                                f"loader has prefetch + 1 slots, at most {max_slots}")
-        else:
-            prefetch = _int_arg("prefetch", prefetch, 1, allow_none=True,
-                                maximum=max_slots - 2, what="batches read ahead; with "
-                                f"transform= the loader has prefetch + 2 slots, at most "
-                                f"{max_slots}")
-        window = _int_arg("window", window, 1, maximum=_opt_max(
-            _npyload.OPT_SHUFFLE_WINDOW), what="files per window")
-        if align not in ("names", "none"):
-            raise ValueError(f"align must be 'names' or 'none', got {align!r}")
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        max_errors = 0 if max_errors is None else _int_arg(
-            "max_errors", max_errors, 1, maximum=_opt_max(_npyload.OPT_MAX_ERRORS),
-            what="skipped samples; None = no limit")
-        shuffle_mode = _parse_shuffle(shuffle)
-        if not isinstance(drop_last, (bool, int)):
-            raise TypeError(f"drop_last must be a bool, got {drop_last!r}")
-        if not isinstance(direct_io, (bool, int)):
-            raise TypeError(f"direct_io must be a bool, got {direct_io!r}")
-        if not isinstance(io, str) or io.lower() not in _IO:
-            raise ValueError(f"io must be one of 'auto', 'uring', 'pread', 'mmap', got {io!r}")
-        dev = _parse_device(device)
-        if output not in ("auto", "torch", "numpy"):
-            raise ValueError(f"output must be 'auto', 'torch' or 'numpy', got {output!r}")
-        if pin_memory not in (None, True, False):
-            raise TypeError(f"pin_memory must be None, True or False, got {pin_memory!r}")
-        if transform is not None and not callable(transform):
-            raise TypeError(f"transform must be a callable (batch -> anything) or None, "
-                            f"got {transform!r}")
-        if pin_memory and dev < 0:
-            ok, why = cuda_available(0)
-            if not ok:
-                # DataLoader warns and carries on without pinning; so do we
-                # (pinning only speeds up a later copy to a GPU there is none of).
-                _warnings.warn(f"npyload: pin_memory=True but CUDA is unusable ({why}); "
-                               "the slots stay in pageable memory", RuntimeWarning,
-                               stacklevel=2)
-                pin_memory = None
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = bool(drop_last)
+        self.num_workers = num_workers
+        self.read_ahead = bool(read_ahead)
+        self.num_slots = c.get(_npyload.OPT_PREFETCH)
+        self.prefetch = prefetch
+        self.device = dev
+        self.rank = rank
+        self.world_size = world_size
+        self.copy = bool(copy)
+        self.as_tuple = bool(as_tuple)
+        self.field_names = c.field_names
+        self._epoch = 0
+        self._gen = 0
+        self._fresh = True      # the C loader is at the start of _epoch
+        self._resumed = False   # a load_state_dict position awaits iteration
+        self._at_eof = False
+        self._n = c.num_samples()
+        self._len_override = None  # batches of a resumed epoch (load_state_dict)
+        self._hook_state = None  # with transform=: the state the consumer is at
 
-        dist = _dist_rank_world()
-        if world_size is None:
-            world_size = dist[1] if dist else _env_int("WORLD_SIZE")
-            world_size = 1 if world_size is None else world_size
-        if rank is None:
-            rank = dist[0] if dist else _env_int("RANK")
-            rank = 0 if rank is None else rank
-        world_size = _int_arg("world_size", world_size, 1, maximum=_opt_max(
-            _npyload.OPT_WORLD_SIZE), what="ranks")
-        rank = _int_arg("rank", rank, 0, maximum=world_size - 1,
-                        what=f"below world_size = {world_size}")
-
+    def _pick_output(self, output, dev):
+        """torch when it is importable (or asked for), else numpy."""
         torch = None
         if output in ("auto", "torch"):
             torch = _torch_or_none()
@@ -368,75 +489,6 @@ class Loader:
         else:
             self._np = None
         self._torch = torch
-
-        self._specs = specs
-        self._transforms = []
-        if transforms is not None:
-            if not isinstance(transforms, _Mapping):
-                raise TypeError("transforms must be a mapping from field name to "
-                                f"npyload.Transform, got {type(transforms).__name__}")
-            names = [n for n, _, _ in specs]
-            for name, t in transforms.items():
-                if name not in names:
-                    raise ValueError(f"transforms: no field named {name!r} (fields: "
-                                     f"{', '.join(names)})")
-                if not isinstance(t, Transform):
-                    raise TypeError(f"transforms[{name!r}] must be an npyload.Transform, "
-                                    f"got {type(t).__name__}")
-                self._transforms.append((name, t))
-        self.transform = transform
-        if transform is not None and not prefetch:
-            prefetch = max(1, 2 * num_workers - 1)  # the library's default memory
-        if transform is None:
-            slots = prefetch + 1 if prefetch else 0
-        else:
-            # The loop body may hold two batches for a moment (the previous
-            # one and the one just taken from the queue, before the `for`
-            # rebinds its variable), the queue holds its results, and the
-            # thread's next() needs a free slot to read into.
-            slots = _hook_depth(prefetch) + 3
-        self._opts = {
-            _npyload.OPT_BATCH_SIZE: batch_size,
-            _npyload.OPT_NUM_WORKERS: num_workers if num_workers else -1,  # -1: sync
-            _npyload.OPT_PREFETCH: slots,
-            _npyload.OPT_SHUFFLE: shuffle_mode,
-            _npyload.OPT_SEED: seed,
-            _npyload.OPT_DROP_LAST: int(bool(drop_last)),
-            _npyload.OPT_WORLD_SIZE: world_size,
-            _npyload.OPT_RANK: rank,
-            _npyload.OPT_IO_BACKEND: _IO[io.lower()],
-            _npyload.OPT_SHUFFLE_WINDOW: window,
-            _npyload.OPT_DIRECT_IO: int(bool(direct_io)),
-            _npyload.OPT_ALIGN: 0 if align == "names" else 1,
-            _npyload.OPT_ON_ERROR: 1 if on_error == "skip" else 0,
-            _npyload.OPT_MAX_ERRORS: max_errors,
-        }
-        if pin_memory is not None:
-            self._opts[_npyload.OPT_PIN_MEMORY] = int(pin_memory)
-        self._opts[_npyload.OPT_DEVICE] = dev  # last: it may load CUDA
-        self._c = c = self._build()
-
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.seed = seed
-        self.drop_last = bool(drop_last)
-        self.num_workers = num_workers
-        self.num_slots = c.get(_npyload.OPT_PREFETCH)
-        self.prefetch = prefetch if prefetch else self.num_slots - 1
-        self.device = dev
-        self.rank = rank
-        self.world_size = world_size
-        self.copy = bool(copy)
-        self.as_tuple = bool(as_tuple)
-        self.field_names = c.field_names
-        self._epoch = 0
-        self._gen = 0
-        self._fresh = True      # the C loader is at the start of _epoch
-        self._resumed = False   # a load_state_dict position awaits iteration
-        self._at_eof = False
-        self._n = c.num_samples()
-        self._len_override = None  # batches of a resumed epoch (load_state_dict)
-        self._hook_state = None  # with transform=: the state the consumer is at
 
     # ---- DataLoader-like surface ----
 

@@ -394,6 +394,17 @@ static PyObject *mod_cuda_available(PyObject *self, PyObject *args)
                          npyloadpy_str(ok ? "" : why));
 }
 
+static PyObject *mod_default_prefetch(PyObject *self, PyObject *arg)
+{
+    long long w = PyLong_AsLongLong(arg);
+    if (w == -1 && PyErr_Occurred())
+        return NULL;
+    int64_t slots = npyload_default_prefetch((int64_t)w);
+    if (slots < 0)
+        return npyloadpy_raise((int)slots, "default_prefetch: num_workers out of range");
+    return PyLong_FromLongLong((long long)slots);
+}
+
 PyDoc_STRVAR(pack_file_doc,
 "pack_file(path, out=None, level=0, frame_size=0, threads=0, force=False,\n"
 "          checksum=True) -> dict\n\n"
@@ -527,6 +538,10 @@ static PyMethodDef module_methods[] = {
      METH_VARARGS | METH_KEYWORDS, pack_file_doc},
     {"strerror", mod_strerror, METH_O,
      "strerror(code) -> str: npyload_strerror() of an error code."},
+    {"default_prefetch", mod_default_prefetch, METH_O,
+     "default_prefetch(num_workers) -> int: npyload_default_prefetch(), the "
+     "batch slots of a loader with PREFETCH 0 and NUM_WORKERS num_workers "
+     "(0 the default count, -1 none)."},
     {"cuda_available", mod_cuda_available, METH_VARARGS,
      "cuda_available(device=0) -> (bool, reason): whether CUDA device "
      "`device` is usable by npyload (the runtime is loaded with dlopen)."},
@@ -585,23 +600,10 @@ PyMODINIT_FUNC PyInit__npyload(void)
     if (PyModule_AddStringConstant(m, "__version__", npyload_version_string()) < 0)
         goto fail;
 #define ADD(name, v) if (add_int(m, name, (long long)(v)) < 0) goto fail
-    ADD("OPT_BATCH_SIZE", NPYLOAD_OPT_BATCH_SIZE);
-    ADD("OPT_NUM_WORKERS", NPYLOAD_OPT_NUM_WORKERS);
-    ADD("OPT_PREFETCH", NPYLOAD_OPT_PREFETCH);
-    ADD("OPT_SHUFFLE", NPYLOAD_OPT_SHUFFLE);
-    ADD("OPT_SEED", NPYLOAD_OPT_SEED);
-    ADD("OPT_DROP_LAST", NPYLOAD_OPT_DROP_LAST);
-    ADD("OPT_RANK", NPYLOAD_OPT_RANK);
-    ADD("OPT_WORLD_SIZE", NPYLOAD_OPT_WORLD_SIZE);
-    ADD("OPT_IO_BACKEND", NPYLOAD_OPT_IO_BACKEND);
-    ADD("OPT_DEVICE", NPYLOAD_OPT_DEVICE);
-    ADD("OPT_DIRECT_IO", NPYLOAD_OPT_DIRECT_IO);
-    ADD("OPT_SHUFFLE_WINDOW", NPYLOAD_OPT_SHUFFLE_WINDOW);
-    ADD("OPT_QUEUE_DEPTH", NPYLOAD_OPT_QUEUE_DEPTH);
-    ADD("OPT_PIN_MEMORY", NPYLOAD_OPT_PIN_MEMORY);
-    ADD("OPT_ALIGN", NPYLOAD_OPT_ALIGN);
-    ADD("OPT_ON_ERROR", NPYLOAD_OPT_ON_ERROR);
-    ADD("OPT_MAX_ERRORS", NPYLOAD_OPT_MAX_ERRORS);
+    /* Every option of the one table (npyload.h, NPYLOAD_OPTION_MAP). */
+#define NPYLOAD_XX_OPT(name, value, doc) ADD("OPT_" #name, NPYLOAD_OPT_##name);
+    NPYLOAD_OPTION_MAP(NPYLOAD_XX_OPT)
+#undef NPYLOAD_XX_OPT
     ADD("IO_AUTO", NPYLOAD_IO_AUTO);
     ADD("IO_URING", NPYLOAD_IO_URING);
     ADD("IO_PREAD", NPYLOAD_IO_PREAD);

@@ -488,3 +488,49 @@ def test_stats_and_backend(dataset):
     assert s["samples_delivered"] >= N
     assert s["device"] == -1
     assert "pread" in repr(loader)
+
+
+@pytest.mark.parametrize("hook", [False, True])
+def test_default_prefetch_is_asked_of_the_library(dataset, hook):
+    """prefetch=None gives the slots a C loader gets with PREFETCH 0 (the
+    library's default memory), for every worker count: Python asks
+    npyload_default_prefetch rather than recompute it, so a change of the
+    default in C cannot leave Python behind. With transform=, the hook's
+    slots follow from that prefetch."""
+    globs, _ = dataset
+    from npyload import _npyload
+    from npyload._hook import _hook_depth
+    for w in range(0, 9):
+        c = _npyload.Loader()
+        for name, g in globs.items():
+            c.add_field(name, g)
+        c.set(_npyload.OPT_BATCH_SIZE, BS)
+        c.set(_npyload.OPT_NUM_WORKERS, w if w else -1)
+        c.start()
+        c_slots = c.get(_npyload.OPT_PREFETCH)
+        c.close()
+        kw = dict(transform=lambda b: b) if hook else {}
+        with make(globs, num_workers=w, **kw) as L:
+            assert L.prefetch == max(1, c_slots - 1), (w, L.prefetch, c_slots)
+            want = _hook_depth(c_slots - 1) + 3 if hook else c_slots
+            assert L.num_slots == want, (w, L.num_slots, want)
+
+
+@pytest.mark.parametrize("read_ahead", [True, False])
+def test_read_ahead_bytes_and_overlap(dataset, read_ahead):
+    """read_ahead=True (the default) and False deliver numpy's values in the
+    documented order; with one worker and a slot for every batch, every
+    batch after the first is decoded while the next one's reads are in
+    flight (counted by the loader, not timed), and none without it."""
+    globs, ref = dataset
+    with make(globs, num_workers=1, prefetch=16, shuffle=True, seed=3,
+              read_ahead=read_ahead) as L:
+        assert L.read_ahead is read_ahead
+        batches = collect(L)
+        check_values(batches, ref)
+        got = np.concatenate([i for i, _ in batches])
+        np.testing.assert_array_equal(got, expected_order(N, True, seed=3))
+        st = L.stats()
+        assert st["read_ahead_batches"] == (len(batches) - 1 if read_ahead else 0), st
+    with pytest.raises(TypeError, match="read_ahead must be a bool"):
+        make(globs, read_ahead="yes")
