@@ -525,16 +525,20 @@ static int measure_grid(nb_ctx *ctx, const nb_config *cfg, const opts *o, double
 static double read_wait_share(const nb_run *r)
 {
     double worker_s = r->wall_s * r->workers;
-    return worker_s > 0 ? (double)r->read_wait_ns / 1e9 / worker_s : 0;
+    double share = worker_s > 0 ? (double)r->read_wait_ns / 1e9 / worker_s : 0;
+    return share < 1 ? share : 1; /* the counter includes the warm-up */
 }
 
 #define WAIT_SHARE_EXTEND 0.25 /* above it, more workers than cores may pay */
 
 /* The grid goes past its largest worker count when the best run had that
- * many workers and its workers waited for reads more than
- * WAIT_SHARE_EXTEND of the time: then the same io and prefetch depths with
- * twice the workers (at most 4 x cores), appended to runs (room for
- * o->nprefetch more). @return : the runs added. */
+ * many workers, its workers waited for reads more than WAIT_SHARE_EXTEND of
+ * the time, and the cores were idle meanwhile (the process used less than
+ * 3/4 of min(workers, cores) cores: a read from the page cache is a copy
+ * that keeps a core busy, a read from a device leaves it idle): then the
+ * same io and prefetch depths with twice the workers (at most 4 x cores),
+ * appended to runs (room for o->nprefetch more). @return : the runs
+ * added. */
 static size_t extend_grid(nb_ctx *ctx, nb_config *cfg, const opts *o, double ref, int cores,
                           nb_run *runs, size_t nruns)
 {
@@ -550,6 +554,9 @@ static size_t extend_grid(nb_ctx *ctx, nb_config *cfg, const opts *o, double ref
     int w = 2 * max_w;
     if (!best || best->workers != max_w || share <= WAIT_SHARE_EXTEND || w > 4 * cores)
         return 0;
+    int busy = best->workers < cores ? best->workers : cores;
+    if (best->cpu_pct >= 75.0 * busy)
+        return 0; /* the waits were copies from the page cache */
     add_note(cfg, "the best run (%d workers) waited for reads %.0f%% of its worker time: "
              "the grid was extended to %d workers.", best->workers, 100 * share, w);
     int io = best->io_requested;
