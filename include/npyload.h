@@ -799,6 +799,18 @@ typedef struct npyload_pack_options {
      * flag that this callback returns. May be NULL. */
     int (*progress)(void *arg, uint64_t done, uint64_t total);
     void *progress_arg;
+    /* Appended after 0.3.0 (the sized-struct rule, Conventions): */
+    int narrow;          /* 1: lossless narrowing. A file whose values (2, 4
+                            or 8 bytes each) are at most 256 distinct bit
+                            patterns is stored as one-byte codes plus the
+                            table of values (NaN payloads, -0.0 and
+                            denormals kept bit for bit); npyload delivers
+                            the original values. More distinct values, or
+                            another dtype: refused, NPYLOAD_EUNSUPPORTED
+                            naming the file. `zstd -d` of such a file gives
+                            a valid .npy of the uint8 codes ('|u1', the same
+                            shape): the table sits in a skippable frame
+                            after the header's frame (README, "Narrowing"). */
 } npyload_pack_options;
 
 /*! npyload_pack_result: what one npyload_pack_file did. */
@@ -808,6 +820,9 @@ typedef struct npyload_pack_result {
     uint64_t frames;            /* zstd frames, frame 0 (the header) in */
     uint64_t samples_per_frame; /* samples in each data frame but the last */
     double seconds;             /* wall time */
+    /* Appended after 0.3.0: */
+    uint64_t narrow_values;     /* narrowed: the distinct values (codes); 0
+                                   when stored as is */
 } npyload_pack_result;
 
 /*! npyload_pack_file() :

@@ -2,7 +2,7 @@
  * npyload-pack — compress NPY files into seekable .npy.zst shards.
  *
  *   npyload-pack [-l LEVEL] [--frame-size BYTES] [-T THREADS] [-f] [--rm]
- *                [--no-check] [-q] [-o OUT] FILE.npy...
+ *                [--no-check] [--narrow] [-q] [-o OUT] FILE.npy...
  *
  * Writes FILE.npy.zst beside each input (npyload_pack_file: zstd's
  * seekable format, frame 0 the NPY header, later frames whole samples).
@@ -64,6 +64,12 @@ static void usage(FILE *f)
             "                         symbolic link)\n"
             "      --rm               remove each input after it is packed\n"
             "      --no-check         no frame checksums (default: checksummed)\n"
+            "      --narrow           lossless narrowing: values of 2, 4 or 8 bytes\n"
+            "                         that are at most 256 distinct bit patterns\n"
+            "                         (8-bit images stored as float32) become\n"
+            "                         one-byte codes + the table of values; the\n"
+            "                         loader delivers the values bit for bit; a\n"
+            "                         file with more is refused (exit 1)\n"
             "  -o, --output OUT       output path (one input only)\n"
             "  -q, --quiet            no per-file lines, no progress\n"
             "  -h, --help             this text\n"
@@ -134,6 +140,7 @@ int main(int argc, char **argv)
         {"force", no_argument, NULL, 'f'},
         {"rm", no_argument, NULL, 'R'},
         {"no-check", no_argument, NULL, 'C'},
+        {"narrow", no_argument, NULL, 'N'},
         {"output", required_argument, NULL, 'o'},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
@@ -166,6 +173,7 @@ int main(int argc, char **argv)
         case 'f': o.force = 1; break;
         case 'R': rm = 1; break;
         case 'C': o.no_checksum = 1; break;
+        case 'N': o.narrow = 1; break;
         case 'o': out = optarg; break;
         case 'q': quiet = 1; break;
         case 'h': usage(stdout); return 0;
@@ -226,11 +234,14 @@ int main(int argc, char **argv)
                 snprintf(dst, sizeof dst, "%s", out);
             else
                 snprintf(dst, sizeof dst, "%s.zst", in);
+            char nar[48] = "";
+            if (r.narrow_values)
+                snprintf(nar, sizeof nar, ", narrowed to %" PRIu64 " codes", r.narrow_values);
             printf("%s: %" PRIu64 " -> %" PRIu64 " bytes, ratio %.2fx, %" PRIu64
-                   " frames (%" PRIu64 " samples/frame), %.1f MB/s -> %s\n",
+                   " frames (%" PRIu64 " samples/frame)%s, %.1f MB/s -> %s\n",
                    in, r.in_bytes, r.out_bytes,
                    r.out_bytes ? (double)r.in_bytes / (double)r.out_bytes : 0.0,
-                   r.frames, r.samples_per_frame,
+                   r.frames, r.samples_per_frame, nar,
                    r.seconds > 0 ? (double)r.in_bytes / r.seconds / 1e6 : 0.0, dst);
             fflush(stdout);
         }

@@ -165,6 +165,14 @@ static int read_any_header(const char *path, npyload_header *h, npyl_zst_index *
         return rc;
     }
     *h = x->hdr;
+    if (x->narrow) {
+        /* Narrowed: the loader delivers the values, not the codes. */
+        memcpy(h->descr, x->narrow->descr, sizeof x->narrow->descr);
+        h->byteorder = h->descr[0];
+        h->kind = h->descr[1];
+        h->itemsize = x->narrow->itemsize;
+        h->data_bytes *= x->narrow->itemsize;
+    }
     *zst = x;
     return 0;
 }

@@ -156,8 +156,11 @@ static uint64_t place(const npyl_read_view *v, uint64_t cursor, uint64_t coff)
 typedef struct row_sink {
     const npyl_zrow *z;
     size_t k, next;
-    uint64_t first, rb;
+    uint64_t first, rb;   /* rb: stored bytes per row (narrowed: codes) */
     uint8_t *dst; /* the field's rows in the slot */
+    const npyl_zst_narrow *narrow; /* narrowed: codes become values */
+    uint64_t orb;         /* bytes per row in the slot */
+    int bad;              /* a code outside the value table */
 } row_sink;
 
 static void copy_rows(void *arg, uint64_t pos, const unsigned char *p, size_t n)
@@ -169,13 +172,26 @@ static void copy_rows(void *arg, uint64_t pos, const unsigned char *p, size_t n)
         if (a >= end)
             break;
         uint64_t lo = a > pos ? a : pos, hi = b < end ? b : end;
-        if (lo < hi)
+        if (lo < hi && rs->narrow)
+            rs->bad |= npyl_zst_narrow_expand(rs->narrow, p + (lo - pos), hi - lo,
+                                              rs->dst + rs->z[j].row * rs->orb +
+                                                  (lo - a) * rs->narrow->itemsize);
+        else if (lo < hi)
             memcpy(rs->dst + rs->z[j].row * rs->rb + (lo - a), p + (lo - pos), hi - lo);
     }
     /* Rows that end inside this chunk are complete (they start in order, so
      * they end in order). */
     while (rs->next < rs->k && (rs->z[rs->next].local - rs->first + 1) * rs->rb <= end)
         rs->next++;
+}
+
+/* A narrowed frame held a code its value table does not have. */
+static int bad_code(npyl_read_ctx *c, const char *name, const npyl_zrow *z)
+{
+    return npyl_fail(c->errmsg, sizeof c->errmsg, NPYLOAD_EFORMAT,
+                     "%s: frame %" PRIu32 " at byte %" PRIu64 ": a code past the %" PRIu32
+                     " values of the file's value table (damaged file)", name, z->frame,
+                     z->ff->zst->coff[z->frame], z->ff->zst->narrow->count);
 }
 
 /* Decompresses frame `frame` of file z->ff (its compressed bytes at src) to
@@ -187,7 +203,7 @@ static int decode_group(const npyl_read_view *v, npyl_read_ctx *c, const npyl_zr
     const npyl_field *f = &v->fields[z->field];
     const npyl_zst_index *x = z->ff->zst;
     const char *name = v->io_files[z->file].path;
-    uint64_t first, count, rb = f->row_bytes;
+    uint64_t first, count, rb = f->row_bytes, srb = x->row_bytes; /* srb: stored */
     npyl_zst_frame_rows(x, z->frame, &first, &count);
     int direct = k == count;
     for (size_t j = 0; direct && j < k; j++)
@@ -197,18 +213,26 @@ static int decode_group(const npyl_read_view *v, npyl_read_ctx *c, const npyl_zr
     if (direct || count == 1) {
         /* A one-sample frame wanted by several rows (a sample repeated in a
          * batch, rank padding) decodes into the first and is copied to the
-         * rest: the decode scratch is only for frames of several samples. */
+         * rest: the decode scratch is only for frames of several samples.
+         * A narrowed frame's codes land at the end of the rows and are
+         * expanded in place, front to back. */
         uint8_t *at = dst[z->field] + z->row * rb;
-        rc = npyl_zst_decode_frame(x, z->frame, c->dctx, src, at, (size_t)(count * rb), name,
-                                   c->errmsg, sizeof c->errmsg);
+        uint8_t *codes = at + count * (rb - srb);
+        rc = npyl_zst_decode_frame(x, z->frame, c->dctx, src, codes, (size_t)(count * srb),
+                                   name, c->errmsg, sizeof c->errmsg);
+        if (rc == 0 && x->narrow &&
+            npyl_zst_narrow_expand(x->narrow, codes, (size_t)(count * srb), at) != 0)
+            rc = bad_code(c, name, z);
         for (size_t j = 1; rc == 0 && !direct && j < k; j++)
             memcpy(dst[z->field] + z[j].row * rb, at, rb);
     } else {
-        row_sink sink = {.z = z, .k = k, .next = 0, .first = first, .rb = rb,
-                         .dst = dst[z->field]};
+        row_sink sink = {.z = z, .k = k, .next = 0, .first = first, .rb = srb,
+                         .dst = dst[z->field], .narrow = x->narrow, .orb = rb};
         rc = npyl_zst_stream_frame(x, z->frame, c->dctx, src, c->zdst, c->zdst_cap,
                                    NPYLOAD_ZST_MAX_WINDOW_LOG, copy_rows, &sink, name,
                                    c->errmsg, sizeof c->errmsg);
+        if (rc == 0 && sink.bad)
+            rc = bad_code(c, name, z);
     }
     zs->ns += npyl_now_ns() - t0;
     if (rc)

@@ -81,6 +81,47 @@ NPYL_HIDDEN int npyl_zst_read_mem(void *ctx, void *buf, size_t n, uint64_t off);
  * the decompressed size) and the frame index. Frame f occupies compressed
  * bytes [coff[f], coff[f+1]) of the file and decompressed bytes
  * [doff[f], doff[f+1]) of the .npy; doff[1] == hdr.data_offset. */
+/* Narrowed files (npyload_zst_narrow.c): at most this many distinct values,
+ * stored as one-byte codes; the value table in a skippable frame with this
+ * magic right after the header's zstd frame, inside frame 0's extent. */
+#define NPYL_ZST_NARROW_MAX 256u
+#define NPYL_ZST_NARROW_MAGIC 0x184D2A50u
+#define NPYL_ZST_NARROW_FRAME_MAX 4096u /* the table's skippable frame, at most */
+
+typedef struct npyl_zst_narrow {
+    char descr[16];       /* the values' dtype as the original file had it */
+    uint32_t count;       /* 1 .. 256 */
+    uint32_t itemsize;    /* 2, 4 or 8 */
+    unsigned char values[NPYL_ZST_NARROW_MAX * 8]; /* code k at k x itemsize */
+} npyl_zst_narrow;
+
+/* The distinct values of a file, found by the packer (sorted bit patterns;
+ * over: more than NPYL_ZST_NARROW_MAX). */
+typedef struct npyl_zst_narrow_scan {
+    unsigned itemsize;
+    uint32_t count;
+    int over;
+    uint64_t set[NPYL_ZST_NARROW_MAX];
+} npyl_zst_narrow_scan;
+
+NPYL_HIDDEN void npyl_zst_narrow_begin(npyl_zst_narrow_scan *s, unsigned itemsize);
+/* Adds n bytes of values; -1 (and s->over) once there are too many. */
+NPYL_HIDDEN int npyl_zst_narrow_add(npyl_zst_narrow_scan *s, const void *data, size_t n);
+/* The codes of n bytes of values, every one of which was added. */
+NPYL_HIDDEN void npyl_zst_narrow_codes(const npyl_zst_narrow_scan *s, const void *data,
+                                       size_t n, unsigned char *codes);
+/* The skippable frame holding s's table (malloc'd into *out). */
+NPYL_HIDDEN int npyl_zst_narrow_encode(const npyl_zst_narrow_scan *s, const char *descr,
+                                       unsigned char **out, size_t *out_len);
+/* Parses such a frame (n bytes at p); *out malloc'd. */
+NPYL_HIDDEN int npyl_zst_narrow_parse(const unsigned char *p, size_t n, const char *name,
+                                      npyl_zst_narrow **out, char *err, size_t errlen);
+/* dst[i] = the value of codes[i], for n codes; dst may hold the codes in
+ * its last n bytes (expanded in place). -1 when a code is not in the
+ * table (the values written for it are unspecified). */
+NPYL_HIDDEN int npyl_zst_narrow_expand(const npyl_zst_narrow *x, const unsigned char *codes,
+                                       size_t n, void *dst);
+
 typedef struct npyl_zst_index {
     npyload_header hdr;
     uint64_t file_size;   /* compressed file size, seek table in */
@@ -94,6 +135,10 @@ typedef struct npyl_zst_index {
     uint64_t row_bytes;   /* bytes per sample */
     uint32_t max_dsize;   /* largest data frame, decompressed (scratch) */
     uint32_t max_csize;   /* largest data frame, compressed (read buffer) */
+    uint64_t frame0_bytes; /* the header's zstd frame: coff[1], or less when
+                              the value table follows it (narrowed) */
+    npyl_zst_narrow *narrow; /* narrowed: hdr is the codes' ('|u1'); NULL
+                                otherwise */
 } npyl_zst_index;
 
 /* 1 if the 4 bytes at `p` are a zstd frame magic (how a .npy.zst is told

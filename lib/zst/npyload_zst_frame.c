@@ -38,10 +38,19 @@ void npyl_zst_dctx_free(ZSTD_DCtx *dctx)
 /* The checks before decoding: one whole zstd frame of exactly the table's
  * compressed size, its content size (when it states one) the table's, its
  * checksum (when it carries one) the table's. */
+/* The zstd frame's own length: its extent in the seek table, except for
+ * frame 0 of a narrowed file, whose extent also holds the value table. */
+static size_t frame_len(const npyl_zst_index *x, uint32_t f)
+{
+    if (f == 0 && x->narrow)
+        return (size_t)x->frame0_bytes;
+    return (size_t)(x->coff[f + 1] - x->coff[f]);
+}
+
 static int check_frame(const npyl_zst_index *x, uint32_t f, const unsigned char *s,
                        const char *name, char *err, size_t errlen)
 {
-    size_t csz = (size_t)(x->coff[f + 1] - x->coff[f]);
+    size_t csz = frame_len(x, f);
     size_t dsz = (size_t)(x->doff[f + 1] - x->doff[f]);
     uint64_t at = x->coff[f];
     /* The table's checks guarantee csz >= 1; a frame needs more. */
@@ -108,7 +117,7 @@ int npyl_zst_decode_frame(const npyl_zst_index *x, uint32_t f, ZSTD_DCtx *dctx,
         return npyl_fail(err, errlen, NPYLOAD_EINVAL,
                          "%s: npyl_zst_decode_frame: bad argument", name);
     const unsigned char *s = src;
-    size_t csz = (size_t)(x->coff[f + 1] - x->coff[f]);
+    size_t csz = frame_len(x, f);
     size_t dsz = (size_t)(x->doff[f + 1] - x->doff[f]);
     uint64_t at = x->coff[f];
     if (cap < dsz || !dst)
@@ -154,7 +163,7 @@ static int window_fail(const npyl_zst_index *x, uint32_t f, const unsigned char 
                        unsigned window_log_max, const char *name, char *err, size_t errlen)
 {
     uint64_t w = 0;
-    size_t csz = (size_t)(x->coff[f + 1] - x->coff[f]);
+    size_t csz = frame_len(x, f);
     if (npyl_zst_frame_window(s, csz, &w) != 0)
         w = 0;
     return npyl_fail(err, errlen, NPYLOAD_ETOOBIG,
@@ -176,7 +185,7 @@ int npyl_zst_stream_frame(const npyl_zst_index *x, uint32_t f, ZSTD_DCtx *dctx,
         return npyl_fail(err, errlen, NPYLOAD_EINVAL,
                          "%s: npyl_zst_stream_frame: bad argument", name);
     const unsigned char *s = src;
-    size_t csz = (size_t)(x->coff[f + 1] - x->coff[f]);
+    size_t csz = frame_len(x, f);
     uint64_t dsz = x->doff[f + 1] - x->doff[f];
     uint64_t at = x->coff[f];
     int rc = check_frame(x, f, s, name, err, errlen);

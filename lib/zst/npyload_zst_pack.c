@@ -488,7 +488,11 @@ typedef struct pack_job {
     int level, checksum;
     struct stat ist;            /* the input's identity before its header */
     npyload_header h;
-    uint64_t rows, rb;          /* samples and bytes per sample */
+    uint64_t rows, rb;          /* samples and bytes per sample, as stored
+                                   (narrowed: one byte per value) */
+    unsigned w;                 /* narrowed: bytes per input value; else 1 */
+    npyl_zst_narrow_scan *scan; /* narrowed: the file's distinct values */
+    unsigned char *nbuf;        /* narrowed: a chunk of input values */
     uint64_t spf, nframes;      /* samples per frame; frames with frame 0 */
     size_t frame_bytes;
     char *dflt;                 /* the default output name, when built */
@@ -514,7 +518,7 @@ static int plan_frames(pack_job *j, uint64_t target)
 {
     const npyload_header *h = &j->h;
     j->rows = h->ndim ? (uint64_t)h->shape[0] : 1;
-    j->rb = j->rows ? h->data_bytes / j->rows : 0;
+    j->rb = j->rows ? h->data_bytes / j->w / j->rows : 0;
     j->spf = 0;
     j->nframes = 1;
     if (h->data_bytes) {
@@ -541,6 +545,57 @@ static int plan_frames(pack_job *j, uint64_t target)
     }
     j->frame_bytes = (size_t)(j->spf * j->rb);
     return 0;
+}
+
+/* --narrow: the file's values, 2, 4 or 8 bytes each, must be at most
+ * NPYL_ZST_NARROW_MAX distinct bit patterns (a first pass over the data);
+ * the output then stores one-byte codes (npyload_zst_narrow.c). */
+static int plan_narrow(pack_job *j)
+{
+    const npyload_header *h = &j->h;
+    unsigned w = (unsigned)h->itemsize;
+    if ((w != 2 && w != 4 && w != 8) || strlen(h->descr) != 3 || !strchr("fiuc", h->kind))
+        return npyl_fail(j->err, j->errlen, NPYLOAD_EUNSUPPORTED,
+                         "%s: narrow: dtype '%s' cannot be narrowed (numbers of 2, 4 or "
+                         "8 bytes can)", j->in, h->descr);
+    j->scan = malloc(sizeof *j->scan);
+    size_t cap = 8u << 20;
+    unsigned char *buf = malloc(cap);
+    int fd = open(j->in, O_RDONLY | O_CLOEXEC);
+    int rc = 0;
+    if (!j->scan || !buf || fd < 0) {
+        int e = fd < 0 ? errno : ENOMEM;
+        rc = npyl_fail(j->err, j->errlen, -e, "%s: narrow: %s", j->in,
+                       fd < 0 ? strerror(e) : "out of memory");
+        goto out;
+    }
+    npyl_zst_narrow_begin(j->scan, w);
+    for (uint64_t at = 0; at < h->data_bytes && !j->scan->over;) {
+        size_t n = h->data_bytes - at < cap ? (size_t)(h->data_bytes - at) : cap;
+        n -= n % w;
+        rc = pread_exact(fd, buf, n, h->data_offset + at);
+        if (rc) {
+            rc = npyl_fail(j->err, j->errlen, rc == -EIO ? NPYLOAD_ECHANGED : rc,
+                           "%s: narrow: read of %zu bytes at byte %" PRIu64 " failed: %s",
+                           j->in, n, h->data_offset + at,
+                           rc == -EIO ? "short read (file changed?)" : strerror(-rc));
+            goto out;
+        }
+        npyl_zst_narrow_add(j->scan, buf, n);
+        at += n;
+    }
+    if (j->scan->over)
+        rc = npyl_fail(j->err, j->errlen, NPYLOAD_EUNSUPPORTED,
+                       "%s: narrow: more than %u distinct values: '%s' data cannot be "
+                       "stored as one-byte codes without loss (pack it without --narrow)",
+                       j->in, NPYL_ZST_NARROW_MAX, h->descr);
+    else
+        j->w = w;
+out:
+    if (fd >= 0)
+        close(fd);
+    free(buf);
+    return rc;
 }
 
 /* Step 1, nothing opened yet: the options, the input's identity and header,
@@ -574,6 +629,9 @@ static int pack_plan(pack_job *j)
                          "%s: %" PRIu64 " bytes after the array data: a "
                          ".npy.zst holds the array only, strip them first",
                          j->in, j->h.file_bytes - j->h.data_offset - j->h.data_bytes);
+    j->w = 1;
+    if (o->narrow && (rc = plan_narrow(j)))
+        return rc;
     rc = plan_frames(j, o->frame_size ? o->frame_size
                                       : NPYLOAD_PACK_DEFAULT_FRAME_SIZE);
     if (rc)
@@ -645,6 +703,46 @@ static int pack_put_frame(pack_job *j, uint64_t f, const unsigned char *cp,
     return 0;
 }
 
+/* Narrowed: the input's header made the codes' one: its descr ('<f4',
+ * three characters, checked by plan_narrow) becomes '|u1' in place, so the
+ * header keeps its length and padding. */
+static int codes_header(const pack_job *j, unsigned char *hbuf, size_t hb)
+{
+    char q1[24], q2[24];
+    snprintf(q1, sizeof q1, "'%s'", j->h.descr);
+    snprintf(q2, sizeof q2, "\"%s\"", j->h.descr);
+    const char *key = memmem(hbuf, hb, "descr", 5);
+    size_t from = key ? (size_t)(key - (const char *)hbuf) : hb;
+    unsigned char *d = from < hb ? memmem(hbuf + from, hb - from, q1, 5) : NULL;
+    if (!d && from < hb)
+        d = memmem(hbuf + from, hb - from, q2, 5);
+    if (!d)
+        return npyl_fail(j->err, j->errlen, NPYLOAD_EUNSUPPORTED,
+                         "%s: narrow: cannot find the descr '%s' in the header text",
+                         j->in, j->h.descr);
+    memcpy(d + 1, "|u1", 3);
+    return 0;
+}
+
+/* Narrowed: the value table, after the header's zstd frame, inside frame
+ * 0's extent (the seek table's checksum stays the header frame's). */
+static int pack_put_table(pack_job *j)
+{
+    unsigned char *t = NULL;
+    size_t n = 0;
+    int rc = npyl_zst_narrow_encode(j->scan, j->h.descr, &t, &n);
+    if (rc)
+        return npyl_fail(j->err, j->errlen, rc, "%s: narrow: cannot encode the value "
+                         "table", j->in);
+    rc = write_all(j->po.fd, t, n);
+    free(t);
+    if (rc)
+        return pack_write_failed(j, rc);
+    j->tcs[0] += (uint32_t)n;
+    j->out_bytes += n;
+    return 0;
+}
+
 /* Step 3: frame 0, the NPY header on its own. */
 static int pack_header_frame(pack_job *j)
 {
@@ -662,12 +760,16 @@ static int pack_header_frame(pack_job *j)
                        j->in, rc == -EIO ? "short read" : strerror(-rc));
         goto out;
     }
+    if (j->w > 1 && (rc = codes_header(j, hbuf, hb)))
+        goto out;
     size_t c = ZSTD_compress2(j->cctx, cbuf, cap, hbuf, hb);
     if (ZSTD_isError(c))
         rc = npyl_fail(j->err, j->errlen, NPYLOAD_EINVAL, "%s: zstd: %s",
                        j->in, ZSTD_getErrorName(c));
     else
         rc = pack_put_frame(j, 0, cbuf, c, hb);
+    if (rc == 0 && j->w > 1)
+        rc = pack_put_table(j);
 out:
     free(hbuf);
     free(cbuf);
@@ -686,8 +788,8 @@ static int pack_pool_start(pack_job *j)
     if ((uint64_t)nt > data_frames)
         nt = (int)data_frames;
     uint64_t k = (uint64_t)nt * CHUNK_FRAMES_PER_THREAD;
-    if (k * j->frame_bytes > CHUNK_MAX_BYTES)
-        k = CHUNK_MAX_BYTES / j->frame_bytes;
+    if (k * j->frame_bytes * j->w > CHUNK_MAX_BYTES)
+        k = CHUNK_MAX_BYTES / (j->frame_bytes * j->w);
     if (k == 0)
         k = 1;
     if (k > data_frames)
@@ -698,7 +800,9 @@ static int pack_pool_start(pack_job *j)
     j->obuf = malloc((size_t)k * j->stride);
     j->csz = malloc(sizeof(size_t) * (size_t)k);
     j->ws = calloc((size_t)nt, sizeof *j->ws);
-    if (!j->ibuf || !j->obuf || !j->csz || !j->ws)
+    if (j->w > 1)
+        j->nbuf = malloc((size_t)k * j->frame_bytes * j->w);
+    if (!j->ibuf || !j->obuf || !j->csz || !j->ws || (j->w > 1 && !j->nbuf))
         return npyl_fail(j->err, j->errlen, -ENOMEM, "%s: out of memory for %"
                          PRIu64 " frames of %zu bytes", j->in, k,
                          j->frame_bytes);
@@ -758,13 +862,15 @@ static int pack_chunk(pack_job *j, uint64_t f, uint32_t cnt, uint64_t row,
                       uint64_t crow)
 {
     size_t bytes = (size_t)(crow * j->rb);
-    uint64_t off = j->h.data_offset + row * j->rb;
-    int rc = pread_exact(j->ifd, j->ibuf, bytes, off);
+    uint64_t off = j->h.data_offset + row * j->rb * j->w;
+    int rc = pread_exact(j->ifd, j->w > 1 ? j->nbuf : j->ibuf, bytes * j->w, off);
+    if (rc == 0 && j->w > 1)
+        npyl_zst_narrow_codes(j->scan, j->nbuf, bytes * j->w, j->ibuf);
     if (rc)
         return npyl_fail(j->err, j->errlen,
                          rc == -EIO ? NPYLOAD_ECHANGED : rc,
                          "%s: read of %zu bytes at byte %" PRIu64 " failed: %s",
-                         j->in, bytes, off,
+                         j->in, bytes * j->w, off,
                          rc == -EIO ? "short read (file changed?)"
                                     : strerror(-rc));
     pack_compress(j, cnt, bytes);
@@ -819,7 +925,7 @@ static int pack_chunks(pack_job *j)
         if (!rc)
             rc = input_unchanged(j->ifd, j->in, &j->ist, 0, j->err, j->errlen);
         if (!rc)
-            rc = pack_progress(j, j->h.data_offset + row * j->rb);
+            rc = pack_progress(j, j->h.data_offset + row * j->rb * j->w);
     }
     return rc;
 }
@@ -899,6 +1005,8 @@ static void pack_release(pack_job *j)
     if (j->ifd >= 0)
         close(j->ifd);
     free(j->csz);
+    free(j->scan);
+    free(j->nbuf);
     free(j->ibuf);
     free(j->obuf);
     free(j->tcs);
@@ -942,6 +1050,7 @@ int npyl_pack_file_ex(const char *in, const char *out,
         r->out_bytes = j->out_bytes;
         r->frames = j->nframes;
         r->samples_per_frame = j->spf;
+        r->narrow_values = j->w > 1 ? j->scan->count : 0;
         r->seconds = (double)(npyl_now_ns() - t0) / 1e9;
     }
     pack_release(j);

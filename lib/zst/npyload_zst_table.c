@@ -101,8 +101,10 @@ void npyl_zst_index_free(npyl_zst_index *x)
     free(x->coff);
     free(x->doff);
     free(x->csum);
+    free(x->narrow);
     x->coff = x->doff = NULL;
     x->csum = NULL;
+    x->narrow = NULL;
 }
 
 /* "no seek table" or "not zstd", depending on the file's first bytes. */
@@ -151,6 +153,17 @@ static int read_header_frame(npyl_zst_read_fn rd, void *ctx,
         rc = read_err(rc, name, (size_t)csz, 0, err, errlen);
         goto out;
     }
+    /* A narrowed file's value table follows the header's zstd frame inside
+     * frame 0's extent (npyload_zst_narrow.c). */
+    x->frame0_bytes = csz;
+    size_t first = ZSTD_findFrameCompressedSize(src, (size_t)csz);
+    if (!ZSTD_isError(first) && first < csz) {
+        rc = npyl_zst_narrow_parse(src + first, (size_t)csz - first, name, &x->narrow,
+                                   err, errlen);
+        if (rc)
+            goto out;
+        x->frame0_bytes = first;
+    }
     rc = npyl_zst_decode_frame(x, 0, dctx, src, dst, (size_t)dsz, name, err,
                                errlen);
     if (rc)
@@ -169,6 +182,12 @@ static int read_header_frame(npyl_zst_read_fn rd, void *ctx,
     }
     if (rc)
         goto out;
+    if (!rc && x->narrow && strcmp(x->hdr.descr, "|u1") != 0) {
+        rc = npyl_fail(err, errlen, NPYLOAD_EFORMAT,
+                       "%s: a value table for one-byte codes, but the header's "
+                       "dtype is '%s'", name, x->hdr.descr);
+        goto out;
+    }
     if (x->hdr.data_offset != dsz) {
         rc = npyl_fail(err, errlen, NPYLOAD_EFORMAT,
                        "%s: frame 0 at byte 0: holds %" PRIu64 " bytes, the "
@@ -366,7 +385,8 @@ static int take_entry(npyl_zst_index *x, uint32_t i, const unsigned char *e,
                          PRIu32 " compressed (limits: %u bytes, %ux)",
                          name, i, coff, dsz, csz, NPYL_ZST_MAX_FRAME_BYTES,
                          NPYL_ZST_MAX_EXPANSION);
-    if (csz > ZSTD_compressBound(dsz))
+    /* Frame 0 of a narrowed file also holds the value table. */
+    if (csz > ZSTD_compressBound(dsz) + (i == 0 ? NPYL_ZST_NARROW_FRAME_MAX : 0))
         return npyl_fail(err, errlen, NPYLOAD_EFORMAT,
                          "%s: frame %" PRIu32 " at byte %" PRIu64
                          ": %" PRIu32 " compressed bytes for %" PRIu32

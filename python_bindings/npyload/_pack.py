@@ -16,7 +16,7 @@ _PACK_MAX_THREADS = 1024
 
 
 def pack(paths, level=3, frame_size=None, threads=None, force=False,
-         remove=False, out=None, checksum=True):
+         remove=False, out=None, checksum=True, narrow=False):
     """Compresses NPY files into seekable ``FILE.npy.zst`` shards, with the
     same C code as ``npyload-pack`` (``npyload_pack_file``) and its options:
 
@@ -30,6 +30,12 @@ def pack(paths, level=3, frame_size=None, threads=None, force=False,
     - ``remove``: delete each input once it is packed (``--rm``);
     - ``out``: the output path (``-o``), with exactly one input;
     - ``checksum``: frame checksums (False is ``--no-check``).
+    - ``narrow``: lossless narrowing (``--narrow``): a file whose values (2,
+      4 or 8 bytes each) are at most 256 distinct bit patterns is stored as
+      one-byte codes plus the table of values; the loader delivers the
+      original values bit for bit. A file with more distinct values, or of
+      another dtype, raises NpyloadError naming it. ``zstd -d`` of such a
+      file gives a .npy of the uint8 codes (README, "Narrowing").
 
     Each output is written as a nameless temporary file in its directory,
     synced to disk, and only then linked under its name (the directory
@@ -43,8 +49,9 @@ def pack(paths, level=3, frame_size=None, threads=None, force=False,
     ``threads`` 0 .. 1024. Files are packed in order; the first failure raises
     NpyloadError naming the file (earlier outputs stay). Returns one dict per
     input: ``in_bytes``, ``out_bytes``, ``frames`` (frame 0, the header, in),
-    ``samples_per_frame``, ``seconds``, ``out``. ``zstd -d`` restores each
-    ``.npy`` byte for byte.
+    ``samples_per_frame``, ``seconds``, ``out``, ``narrow_values`` (the codes
+    of a narrowed file, else 0). ``zstd -d`` restores each ``.npy`` byte for
+    byte (a narrowed one: the .npy of its codes).
     """
     if isinstance(paths, (str, bytes, _os.PathLike)):
         paths = [paths]
@@ -73,7 +80,7 @@ def pack(paths, level=3, frame_size=None, threads=None, force=False,
     results = []
     for p in paths:
         r = _npyload.pack_file(p, out, level, frame_size or 0, threads or 0,
-                               bool(force), bool(checksum))
+                               bool(force), bool(checksum), bool(narrow))
         if remove:
             try:
                 _os.unlink(p)

@@ -435,14 +435,14 @@ static int pack_progress(void *arg, uint64_t done, uint64_t total)
 static PyObject *mod_pack_file(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"path", "out", "level", "frame_size", "threads",
-                             "force", "checksum", NULL};
+                             "force", "checksum", "narrow", NULL};
     PyObject *path_obj, *out_obj = Py_None, *in_b = NULL, *out_b = NULL;
     PyObject *level_obj = NULL, *frame_obj = NULL, *threads_obj = NULL;
-    int force = 0, checksum = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOpp:pack_file", kwlist,
+    int force = 0, checksum = 1, narrow = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOppp:pack_file", kwlist,
                                      &path_obj, &out_obj, &level_obj,
                                      &frame_obj, &threads_obj, &force,
-                                     &checksum))
+                                     &checksum, &narrow))
         return NULL;
     /* Narrowed to the C types with a ValueError naming the argument; the
      * library checks the ranges themselves (NpyloadError). */
@@ -489,6 +489,7 @@ static PyObject *mod_pack_file(PyObject *self, PyObject *args, PyObject *kw)
     o.threads = (int)threads;
     o.force = force;
     o.no_checksum = !checksum;
+    o.narrow = narrow;
     int raised = 0;
     o.progress = pack_progress;
     o.progress_arg = &raised;
@@ -515,12 +516,13 @@ static PyObject *mod_pack_file(PyObject *self, PyObject *args, PyObject *kw)
             dst = out_b ? npyloadpy_str(out) : PyUnicode_FromFormat("%U.zst", src);
         Py_XDECREF(src);
         if (dst)
-            res = Py_BuildValue("{s:K,s:K,s:K,s:K,s:d,s:N}",
+            res = Py_BuildValue("{s:K,s:K,s:K,s:K,s:d,s:N,s:K}",
                                 "in_bytes", (unsigned long long)r.in_bytes,
                                 "out_bytes", (unsigned long long)r.out_bytes,
                                 "frames", (unsigned long long)r.frames,
                                 "samples_per_frame", (unsigned long long)r.samples_per_frame,
-                                "seconds", r.seconds, "out", dst);
+                                "seconds", r.seconds, "out", dst,
+                                "narrow_values", (unsigned long long)r.narrow_values);
     }
     Py_DECREF(in_b);
     Py_XDECREF(out_b);

@@ -1,0 +1,209 @@
+/* Lossless narrowing (npyload_zst.h, "narrowed files"): a field whose file
+ * holds at most 256 distinct values (bit patterns) of 2, 4 or 8 bytes is
+ * stored as one-byte codes plus the table of values.
+ *
+ * In the file: frame 0's extent in the seek table is the zstd frame of the
+ * codes' NPY header ('|u1', the same shape) followed by a skippable frame
+ * (magic NPYL_ZST_NARROW_MAGIC) whose payload is the tag "NPYLNRW1" and one
+ * zstd frame, with a content checksum, of the table: the values' descr (16
+ * bytes, NUL-padded), their count and itemsize (u32 little-endian each),
+ * then count x itemsize bytes of values, code k's value at k x itemsize.
+ * `zstd -d` skips skippable frames, so it restores a valid .npy of the
+ * codes; npyload delivers the values. The table is compressed only to get
+ * zstd's checksum over it: a damaged table is refused at start. */
+#include "npyload_zst.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zstd.h>
+
+#define TAG "NPYLNRW1"
+#define TAG_BYTES 8u
+#define TABLE_HEAD 24u /* descr[16], count, itemsize */
+
+static uint32_t rd32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void wr32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)v;
+    p[1] = (unsigned char)(v >> 8);
+    p[2] = (unsigned char)(v >> 16);
+    p[3] = (unsigned char)(v >> 24);
+}
+
+static uint64_t load(const unsigned char *p, unsigned w)
+{
+    uint64_t v = 0;
+    memcpy(&v, p, w); /* a bit pattern: only equality and order matter */
+    return v;
+}
+
+void npyl_zst_narrow_begin(npyl_zst_narrow_scan *s, unsigned itemsize)
+{
+    memset(s, 0, sizeof *s);
+    s->itemsize = itemsize;
+}
+
+int npyl_zst_narrow_add(npyl_zst_narrow_scan *s, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    const unsigned w = s->itemsize;
+    for (size_t i = 0; i + w <= n; i += w) {
+        uint64_t v = load(p + i, w);
+        /* sorted set, binary search: at most 8 steps */
+        size_t lo = 0, hi = s->count;
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (s->set[mid] < v)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo < s->count && s->set[lo] == v)
+            continue;
+        if (s->count == NPYL_ZST_NARROW_MAX) {
+            s->over = 1;
+            return -1;
+        }
+        memmove(s->set + lo + 1, s->set + lo, (s->count - lo) * sizeof *s->set);
+        s->set[lo] = v;
+        s->count++;
+    }
+    return 0;
+}
+
+void npyl_zst_narrow_codes(const npyl_zst_narrow_scan *s, const void *data, size_t n,
+                           unsigned char *codes)
+{
+    const unsigned char *p = data;
+    const unsigned w = s->itemsize;
+    for (size_t i = 0, k = 0; i + w <= n; i += w, k++) {
+        uint64_t v = load(p + i, w);
+        size_t lo = 0, hi = s->count;
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (s->set[mid] < v)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        codes[k] = (unsigned char)lo; /* every value was added: found */
+    }
+}
+
+int npyl_zst_narrow_encode(const npyl_zst_narrow_scan *s, const char *descr,
+                           unsigned char **out, size_t *out_len)
+{
+    const unsigned w = s->itemsize;
+    size_t tlen = TABLE_HEAD + (size_t)s->count * w;
+    unsigned char *t = calloc(1, tlen);
+    size_t cap = ZSTD_compressBound(tlen);
+    unsigned char *f = malloc(NPYL_ZST_SKIP_HEADER_BYTES + TAG_BYTES + cap);
+    if (!t || !f) {
+        free(t);
+        free(f);
+        return -ENOMEM;
+    }
+    strncpy((char *)t, descr, 15);
+    wr32(t + 16, s->count);
+    wr32(t + 20, w);
+    for (uint32_t k = 0; k < s->count; k++)
+        memcpy(t + TABLE_HEAD + (size_t)k * w, &s->set[k], w);
+    ZSTD_CCtx *c = ZSTD_createCCtx();
+    size_t z = c ? ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 1) : 0;
+    if (c && !ZSTD_isError(z))
+        z = ZSTD_compress2(c, f + NPYL_ZST_SKIP_HEADER_BYTES + TAG_BYTES, cap, t, tlen);
+    ZSTD_freeCCtx(c);
+    free(t);
+    if (!c || ZSTD_isError(z)) {
+        free(f);
+        return !c ? -ENOMEM : NPYLOAD_EINVAL;
+    }
+    wr32(f, NPYL_ZST_NARROW_MAGIC);
+    wr32(f + 4, (uint32_t)(TAG_BYTES + z));
+    memcpy(f + NPYL_ZST_SKIP_HEADER_BYTES, TAG, TAG_BYTES);
+    *out = f;
+    *out_len = NPYL_ZST_SKIP_HEADER_BYTES + TAG_BYTES + z;
+    return 0;
+}
+
+int npyl_zst_narrow_parse(const unsigned char *p, size_t n, const char *name,
+                          npyl_zst_narrow **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (n < NPYL_ZST_SKIP_HEADER_BYTES + TAG_BYTES || rd32(p) != NPYL_ZST_NARROW_MAGIC ||
+        memcmp(p + NPYL_ZST_SKIP_HEADER_BYTES, TAG, TAG_BYTES) != 0 ||
+        rd32(p + 4) != n - NPYL_ZST_SKIP_HEADER_BYTES)
+        return npyl_fail(err, errlen, NPYLOAD_EFORMAT,
+                         "%s: frame 0 holds %zu bytes after the header's zstd frame "
+                         "that are not npyload's value table (a newer format, or a "
+                         "damaged file)", name, n);
+    const unsigned char *z = p + NPYL_ZST_SKIP_HEADER_BYTES + TAG_BYTES;
+    size_t zlen = n - NPYL_ZST_SKIP_HEADER_BYTES - TAG_BYTES;
+    unsigned char t[TABLE_HEAD + NPYL_ZST_NARROW_MAX * 8];
+    unsigned long long fcs = ZSTD_getFrameContentSize(z, zlen);
+    size_t r = fcs <= sizeof t ? ZSTD_decompress(t, sizeof t, z, zlen) : (size_t)-1;
+    if (fcs > sizeof t || ZSTD_isError(r) || r != fcs || r < TABLE_HEAD)
+        return npyl_fail(err, errlen, NPYLOAD_EFORMAT,
+                         "%s: the value table of this narrowed file is damaged (%s)",
+                         name, fcs > sizeof t ? "too large"
+                         : ZSTD_isError(r) ? ZSTD_getErrorName(r) : "wrong size");
+    uint32_t count = rd32(t + 16), w = rd32(t + 20);
+    if (t[15] != 0 || count < 1 || count > NPYL_ZST_NARROW_MAX ||
+        (w != 2 && w != 4 && w != 8) || r != TABLE_HEAD + (size_t)count * w)
+        return npyl_fail(err, errlen, NPYLOAD_EFORMAT,
+                         "%s: the value table of this narrowed file is inconsistent "
+                         "(%" PRIu32 " values of %" PRIu32 " bytes in %zu bytes)",
+                         name, count, w, r);
+    npyl_zst_narrow *x = calloc(1, sizeof *x);
+    if (!x)
+        return npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", name);
+    memcpy(x->descr, t, 16);
+    x->count = count;
+    x->itemsize = w;
+    memcpy(x->values, t + TABLE_HEAD, (size_t)count * w);
+    *out = x;
+    return 0;
+}
+
+int npyl_zst_narrow_expand(const npyl_zst_narrow *x, const unsigned char *codes, size_t n,
+                           void *dst)
+{
+    int bad = 0;
+    switch (x->itemsize) {
+    case 2: {
+        uint16_t v[NPYL_ZST_NARROW_MAX] = {0}, *d = dst;
+        memcpy(v, x->values, (size_t)x->count * 2);
+        for (size_t i = 0; i < n; i++) {
+            bad |= codes[i] >= x->count;
+            memcpy(d + i, &v[codes[i]], 2);
+        }
+        break;
+    }
+    case 4: {
+        uint32_t v[NPYL_ZST_NARROW_MAX] = {0}, *d = dst;
+        memcpy(v, x->values, (size_t)x->count * 4);
+        for (size_t i = 0; i < n; i++) {
+            bad |= codes[i] >= x->count;
+            memcpy(d + i, &v[codes[i]], 4);
+        }
+        break;
+    }
+    default: {
+        uint64_t v[NPYL_ZST_NARROW_MAX] = {0}, *d = dst;
+        memcpy(v, x->values, (size_t)x->count * 8);
+        for (size_t i = 0; i < n; i++) {
+            bad |= codes[i] >= x->count;
+            memcpy(d + i, &v[codes[i]], 8);
+        }
+        break;
+    }
+    }
+    return bad ? -1 : 0;
+}
