@@ -888,3 +888,192 @@ Test(loader_zst, huge_batch_size_over_a_small_field_sizes_for_the_field)
     npyload_loader_destroy(L);
     tu_rmtree(d.dir);
 }
+
+/* ---- lossless narrowing (npyload-pack --narrow) ---- */
+
+/* 256 float32 bit patterns: quiet and signalling NaNs with payloads, both
+ * zeros, denormals, both infinities, the 8-bit gray levels k/255. */
+static void narrow_patterns(uint32_t pats[256])
+{
+    static const uint32_t odd[] = {0x7fc00000u, 0x7fc00001u, 0xffc00123u, 0x7f800001u,
+                                   0x80000000u, 0x00000000u, 0x00000001u, 0x807fffffu,
+                                   0x7f800000u, 0xff800000u};
+    size_t n = 0;
+    for (; n < sizeof odd / sizeof odd[0]; n++)
+        pats[n] = odd[n];
+    for (int k = 1; n < 256; k++, n++) {
+        float v = (float)k / 255.0f;
+        memcpy(&pats[n], &v, 4);
+    }
+}
+
+#define NAR_ROWS 40
+#define NAR_VALS 51 /* (3, 17) float32 per sample */
+
+/* Writes dir/NAME_k.npy: NAR_ROWS samples whose value j of sample s is
+ * pats[(s * 7 + j * 13 + k) % npats] (every pattern used), packed narrow
+ * (frame_size small: frames of several samples) or plain. Returns the
+ * .npy's values for checking. */
+static uint32_t *narrow_file(const char *dir, const char *name, int k, const uint32_t *pats,
+                             size_t npats, int narrow, uint64_t frame_size, char *zst,
+                             size_t zlen)
+{
+    uint32_t *v = malloc(sizeof(uint32_t) * NAR_ROWS * NAR_VALS);
+    for (size_t s = 0; s < NAR_ROWS; s++)
+        for (size_t j = 0; j < NAR_VALS; j++)
+            v[s * NAR_VALS + j] = pats[(s * 7 + j * 13 + (size_t)k) % npats];
+    char p[560];
+    snprintf(p, sizeof p, "%s/%s_%04d.npy", dir, name, k);
+    const int64_t shape[3] = {NAR_ROWS, 3, 17};
+    cr_assert_geq(tu_write_npy(p, "<f4", 0, 3, shape, v, sizeof(uint32_t) * NAR_ROWS * NAR_VALS,
+                               64), 0);
+    npyload_pack_options o = {.frame_size = frame_size, .threads = 1, .narrow = narrow};
+    npyload_pack_result r;
+    char err[512];
+    int rc = npyload_pack_file(p, NULL, &o, sizeof o, &r, sizeof r, err, sizeof err);
+    cr_assert_eq(rc, 0, "pack %s: %s", p, err);
+    cr_assert_eq(r.narrow_values, narrow ? npats : 0);
+    snprintf(zst, zlen, "%s.zst", p);
+    return v;
+}
+
+Test(loader_zst, narrowed_files_deliver_every_float32_pattern_bit_for_bit)
+{
+    char *dir = tu_mkdtemp("loader_zst_narrow");
+    uint32_t pats[256];
+    narrow_patterns(pats);
+    /* file 0 narrowed, frames of several samples; file 1 plain; file 2
+     * narrowed, one sample a frame (decoded in place) */
+    char zst[3][600];
+    uint32_t *vals[3];
+    vals[0] = narrow_file(dir, "n", 0, pats, 256, 1, 500, zst[0], sizeof zst[0]);
+    vals[1] = narrow_file(dir, "n", 1, pats, 256, 0, 500, zst[1], sizeof zst[1]);
+    vals[2] = narrow_file(dir, "n", 2, pats, 256, 1, 1, zst[2], sizeof zst[2]);
+    int backends[] = {NPYLOAD_IO_PREAD, NPYLOAD_IO_MMAP};
+    for (int bi = 0; bi < 2; bi++)
+        for (int w = -1; w <= 3; w += 2) { /* sync, 1, 3 workers */
+            npyload_loader *L;
+            cr_assert_eq(npyload_loader_create(&L), 0);
+            const char *list[3] = {zst[0], zst[1], zst[2]};
+            cr_assert_eq(npyload_loader_add_field_files(L, "x", list, 3), 0, "%s",
+                         npyload_loader_errmsg(L));
+            cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 9), 0);
+            cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, w), 0);
+            cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, NPYLOAD_SHUFFLE_FULL), 0);
+            cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, backends[bi]), 0);
+            cr_assert_eq(npyload_loader_start(L), 0, "start: %s", npyload_loader_errmsg(L));
+            npyload_batch *b;
+            int64_t seen = 0;
+            while (npyload_loader_next(L, &b) == 0) {
+                const npyload_array *a = npyload_batch_field(b, 0);
+                cr_assert_str_eq(a->descr, "<f4");
+                const int64_t *idx = npyload_batch_indices(b);
+                for (size_t r = 0; r < npyload_batch_size(b); r++) {
+                    int64_t s = idx[r], file = s / NAR_ROWS, row = s % NAR_ROWS;
+                    const uint32_t *want = vals[file] + row * NAR_VALS;
+                    cr_assert_eq(memcmp((const uint8_t *)a->data + r * NAR_VALS * 4, want,
+                                        NAR_VALS * 4), 0,
+                                 "backend %d workers %d: sample %lld differs", backends[bi], w,
+                                 (long long)s);
+                }
+                seen += (int64_t)npyload_batch_size(b);
+                npyload_batch_release(b);
+            }
+            cr_assert_eq(seen, 3 * NAR_ROWS, "%s", npyload_loader_errmsg(L));
+            npyload_loader_destroy(L);
+        }
+
+    /* zstd -d (libzstd over the whole file: skippable frames skipped) gives
+     * a valid .npy of the codes: '|u1', the same shape, code k the k-th
+     * smallest bit pattern. */
+    size_t zn = 0;
+    uint8_t *zf = tu_read_file(zst[0], &zn);
+    size_t cap = 64u << 10;
+    uint8_t *npy = malloc(cap);
+    size_t got = ZSTD_decompress(npy, cap, zf, zn);
+    cr_assert(!ZSTD_isError(got), "%s", ZSTD_getErrorName(got));
+    npyload_header h;
+    char err[512];
+    cr_assert_eq(npyload_parse_header(npy, got, got, "codes", &h, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(h.descr, "|u1");
+    cr_assert_eq(h.ndim, 3);
+    cr_assert_eq(h.shape[0], NAR_ROWS);
+    cr_assert_eq(h.data_bytes, NAR_ROWS * NAR_VALS);
+    uint32_t sorted[256];
+    memcpy(sorted, pats, sizeof sorted);
+    for (int i = 1; i < 256; i++) /* insertion sort: 256 values */
+        for (int j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) {
+            uint32_t t = sorted[j];
+            sorted[j] = sorted[j - 1];
+            sorted[j - 1] = t;
+        }
+    for (size_t i = 0; i < NAR_ROWS * NAR_VALS; i++)
+        cr_assert_eq(sorted[npy[h.data_offset + i]], vals[0][i], "code %zu", i);
+    free(npy);
+    free(zf);
+    for (int k = 0; k < 3; k++)
+        free(vals[k]);
+    tu_rmtree(dir);
+}
+
+Test(loader_zst, narrowing_refuses_257_distinct_values)
+{
+    char *dir = tu_mkdtemp("loader_zst_narrow257");
+    uint32_t pats[257];
+    narrow_patterns(pats);
+    float extra = 2.5f; /* not among the 256 */
+    memcpy(&pats[256], &extra, 4);
+    uint32_t *v = malloc(sizeof(uint32_t) * NAR_ROWS * NAR_VALS);
+    for (size_t i = 0; i < NAR_ROWS * NAR_VALS; i++)
+        v[i] = pats[i % 257];
+    char p[600];
+    snprintf(p, sizeof p, "%s/w_0000.npy", dir);
+    const int64_t shape[3] = {NAR_ROWS, 3, 17};
+    cr_assert_geq(tu_write_npy(p, "<f4", 0, 3, shape, v, sizeof(uint32_t) * NAR_ROWS * NAR_VALS,
+                               64), 0);
+    npyload_pack_options o = {.threads = 1, .narrow = 1};
+    char err[512] = "";
+    int rc = npyload_pack_file(p, NULL, &o, sizeof o, NULL, 0, err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_EUNSUPPORTED, "%d: %s", rc, err);
+    cr_assert_not_null(strstr(err, p), "%s", err);
+    cr_assert_not_null(strstr(err, "more than 256 distinct values"), "%s", err);
+    char z[620];
+    snprintf(z, sizeof z, "%s.zst", p);
+    cr_assert_neq(access(z, F_OK), 0, "no output may be left");
+    /* one-byte data cannot be narrowed further */
+    snprintf(p, sizeof p, "%s/b_0000.npy", dir);
+    cr_assert_geq(tu_write_npy(p, "|u1", 0, 3, shape, v, NAR_ROWS * NAR_VALS, 64), 0);
+    rc = npyload_pack_file(p, NULL, &o, sizeof o, NULL, 0, err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_EUNSUPPORTED, "%d: %s", rc, err);
+    cr_assert_not_null(strstr(err, "cannot be narrowed"), "%s", err);
+    free(v);
+    tu_rmtree(dir);
+}
+
+Test(loader_zst, a_damaged_value_table_is_refused_at_start)
+{
+    char *dir = tu_mkdtemp("loader_zst_narrowbad");
+    uint32_t pats[256];
+    narrow_patterns(pats);
+    char zst[600];
+    uint32_t *v = narrow_file(dir, "d", 0, pats, 256, 1, 500, zst, sizeof zst);
+    npyl_zst_index x = index_of(zst);
+    cr_assert_not_null(x.narrow);
+    cr_assert_eq(x.narrow->count, 256);
+    uint64_t table_at = x.frame0_bytes, table_end = x.coff[1];
+    npyl_zst_index_free(&x);
+    cr_assert_gt(table_end, table_at + 24);
+    /* a byte in the middle of the table's compressed frame */
+    poke(zst, table_at + (table_end - table_at) / 2 + 8, 0x40);
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field_files(L, "x", (const char *[]){zst}, 1), 0);
+    int rc = npyload_loader_start(L);
+    cr_assert_eq(rc, NPYLOAD_EFORMAT, "%d: %s", rc, npyload_loader_errmsg(L));
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), zst), "%s", npyload_loader_errmsg(L));
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "value table"), "%s",
+                       npyload_loader_errmsg(L));
+    npyload_loader_destroy(L);
+    free(v);
+    tu_rmtree(dir);
+}

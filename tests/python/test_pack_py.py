@@ -312,3 +312,68 @@ def test_long_output_names(tmp_path, n):
     (r,) = npyload.pack(a, out=out, force=True)
     assert zstd_d(out) == a.read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["a.npy", out.name])
+
+
+def _loaded(glob_, n):
+    """Every sample of one field, in index order, as npyload delivers it."""
+    L = npyload.Loader({"x": glob_}, batch_size=5, shuffle=True, seed=2,
+                       num_workers=2, output="numpy")
+    out = [None] * n
+    for b in L:
+        for r, i in enumerate(b.indices):
+            out[int(i)] = np.array(b["x"][r], copy=True)
+    L.close()
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("dtype", ["<f4", "<f8", "<i2", ">f4"])
+def test_narrow_round_trip_bit_for_bit(tmp_path, dtype):
+    """narrow=True: 8-bit levels stored wider (the captcha images are k/255
+    as float32) load back bit for bit through the loader, next to a plain
+    file in the same field; the pack reports the codes and reads fewer
+    bytes than plain packing."""
+    rng = np.random.default_rng(1)
+    levels = (np.arange(256) / 255).astype(dtype) if dtype[1] == "f" else \
+        (np.arange(256) * 97 - 12000).astype(dtype)
+    a = levels[rng.integers(0, 256, size=(30, 2, 16, 8))]
+    b = a[::-1].copy()
+    np.save(tmp_path / "x_0000.npy", a)
+    np.save(tmp_path / "x_0001.npy", b)
+    (r,) = npyload.pack(tmp_path / "x_0000.npy", narrow=True)
+    assert r["narrow_values"] == 256
+    (plain,) = npyload.pack(tmp_path / "x_0001.npy")
+    assert plain["narrow_values"] == 0
+    got = _loaded(str(tmp_path / "x_*.npy.zst"), 60)
+    want = np.concatenate([a, b])
+    assert got.dtype == want.dtype
+    assert got.tobytes() == want.tobytes()
+    assert r["out_bytes"] < plain["out_bytes"]
+
+
+def test_narrow_refuses_more_than_256_values_and_zstd_d_gives_the_codes(tmp_path):
+    a = np.arange(257, dtype=np.float32).reshape(257, 1)
+    np.save(tmp_path / "w.npy", a)
+    with pytest.raises(npyload.NpyloadError, match="more than 256 distinct values"):
+        npyload.pack(tmp_path / "w.npy", narrow=True)
+    assert not (tmp_path / "w.npy.zst").exists()
+    need_zstd()
+    c = np.array([0.5, -0.0, np.nan, 1e-45], dtype=np.float32)[np.arange(40) % 4]
+    np.save(tmp_path / "c.npy", c.reshape(10, 4))
+    npyload.pack(tmp_path / "c.npy", narrow=True)
+    codes_npy = tmp_path / "codes.npy"
+    codes_npy.write_bytes(zstd_d(tmp_path / "c.npy.zst"))
+    codes = np.load(codes_npy)
+    assert codes.dtype == np.uint8 and codes.shape == (10, 4)
+    table = np.unique(c.view(np.uint32))  # code k: the k-th smallest bit pattern
+    assert (table[codes].view(np.float32).view(np.uint32) ==
+            c.reshape(10, 4).view(np.uint32)).all()
+
+
+def test_cli_narrow(tmp_path):
+    a = (np.arange(64) % 7 / 7).astype(np.float32).reshape(16, 4)
+    np.save(tmp_path / "n.npy", a)
+    p = subprocess.run([str(_tool("npyload-pack")), "--narrow", str(tmp_path / "n.npy")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "narrowed to 7 codes" in p.stdout, p.stdout
+    assert _loaded(str(tmp_path / "n.npy.zst"), 16).tobytes() == a.tobytes()
