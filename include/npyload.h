@@ -908,6 +908,12 @@ typedef struct npyload_zst_facts {
                                       npyload-pack wrote it); 0: no data */
     uint64_t max_frame_bytes;      /* largest data frame, decompressed */
     uint64_t max_frame_compressed; /* largest data frame, compressed */
+    /* Appended after 0.3.0: a narrowed file (npyload_pack_options.narrow)
+     * has hdr of its one-byte codes ('|u1', what zstd -d gives); the loader
+     * delivers values of value_descr (value_itemsize bytes each). */
+    uint32_t narrow_values;        /* codes in its value table; 0: not narrowed */
+    uint32_t value_itemsize;       /* narrowed: bytes per delivered value */
+    char value_descr[NPYLOAD_DESCR_LEN]; /* narrowed: the delivered dtype */
 } npyload_zst_facts;
 
 /*! npyload_zst_file: a .npy.zst whose seek table and header were read and

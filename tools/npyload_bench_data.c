@@ -52,6 +52,11 @@ static int zst_read_header(const char *path, npyload_header *h, uint64_t *zbytes
         return rc;
     const npyload_zst_facts *f = npyload_zst_file_facts(z);
     *h = f->hdr;
+    if (f->narrow_values) { /* the values the loader delivers, not the codes */
+        memcpy(h->descr, f->value_descr, sizeof h->descr);
+        h->itemsize = f->value_itemsize;
+        h->data_bytes *= f->value_itemsize;
+    }
     *zbytes = f->compressed_bytes;
     npyload_zst_file_close(z);
     return 0;

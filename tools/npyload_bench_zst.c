@@ -60,6 +60,8 @@ typedef struct zb_frame {
     uint32_t f;
     unsigned char *src;
     size_t csize, dsize;
+    unsigned mult;        /* delivered bytes per decoded byte (narrowed: the
+                             value size; the expansion itself is not timed) */
 } zb_frame;
 
 typedef struct zb_set {
@@ -150,9 +152,10 @@ static int sample_packed(const nb_data *d, nb_zst_field *zf, zb_set *s, char *no
             fr->f = f;
             fr->csize = (size_t)cs;
             fr->dsize = (size_t)ds;
+            fr->mult = fa->narrow_values ? fa->value_itemsize : 1;
             s->max_dsize = ds > s->max_dsize ? (size_t)ds : s->max_dsize;
             spent += ds;
-            zf->raw_bytes += ds;
+            zf->raw_bytes += ds * fr->mult;
             zf->zst_bytes += cs;
             s->n++;
         }
@@ -325,7 +328,7 @@ static void *dec_thread(void *arg)
             break;
         }
         at += fr->dsize;
-        t->bytes += fr->dsize;
+        t->bytes += fr->dsize * (fr->mult ? fr->mult : 1);
     }
 out:
     free(dst);

@@ -89,6 +89,11 @@ int npyload_zst_file_open(const char *path, npyload_zst_file **out, char *err,
     f->checksums = z->x.checksums;
     f->max_frame_bytes = z->x.max_dsize;
     f->max_frame_compressed = z->x.max_csize;
+    if (z->x.narrow) {
+        f->narrow_values = z->x.narrow->count;
+        f->value_itemsize = z->x.narrow->itemsize;
+        memcpy(f->value_descr, z->x.narrow->descr, sizeof f->value_descr);
+    }
     if (z->x.nframes > 1 && z->x.row_bytes > 0) {
         uint64_t first;
         npyl_zst_frame_rows(&z->x, 1, &first, &f->samples_per_frame);
