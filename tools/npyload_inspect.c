@@ -92,6 +92,8 @@ static void print_text(const char *path, const npyload_header *h,
         printf(" compressed_bytes=%llu ratio=%.2fx frames=%lu samples_per_frame=%llu",
                (unsigned long long)z->compressed_bytes, zst_ratio(z), (unsigned long)z->frames,
                (unsigned long long)z->samples_per_frame);
+    if (z && z->narrow_values)
+        printf(" narrow_values=%u value_descr=%s", (unsigned)z->narrow_values, z->value_descr);
     if (verified)
         printf(" verified=%s", z->checksums ? "checksums" : "sizes (no checksums)");
     putchar('\n');
@@ -115,6 +117,9 @@ static void print_json(const char *path, const npyload_header *h,
                "\"samples_per_frame\": %llu",
                (unsigned long long)z->compressed_bytes, zst_ratio(z), (unsigned long)z->frames,
                (unsigned long long)z->samples_per_frame);
+    if (z && z->narrow_values)
+        nj_printf(stdout, ", \"narrow_values\": %d, \"value_descr\": %s",
+                  (int)z->narrow_values, z->value_descr);
     if (verified)
         printf(", \"verified\": true, \"checksums\": %s", z->checksums ? "true" : "false");
     fputs("}\n", stdout);

@@ -157,6 +157,15 @@ static PyObject *inspect_zst(const char *path, int verify)
     static const char *keys[6] = {"compressed_bytes", "ratio", "frames", "samples_per_frame",
                                   "verified", "checksums"};
     int nkeys = verify ? 6 : 4;
+    if (d && f->narrow_values) { /* narrowed: hdr is the codes' */
+        PyObject *nv = PyLong_FromUnsignedLong(f->narrow_values);
+        PyObject *vd = npyloadpy_str(f->value_descr);
+        if (!nv || !vd || PyDict_SetItemString(d, "narrow_values", nv) < 0 ||
+            PyDict_SetItemString(d, "value_descr", vd) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(nv);
+        Py_XDECREF(vd);
+    }
     npyload_zst_file_close(z);
     for (int i = 0; i < 6; i++) {
         if (i < nkeys && d && (!v[i] || PyDict_SetItemString(d, keys[i], v[i]) < 0))

@@ -341,6 +341,9 @@ def test_narrow_round_trip_bit_for_bit(tmp_path, dtype):
     np.save(tmp_path / "x_0001.npy", b)
     (r,) = npyload.pack(tmp_path / "x_0000.npy", narrow=True)
     assert r["narrow_values"] == 256
+    facts = npyload.inspect(tmp_path / "x_0000.npy.zst")
+    assert facts["descr"] == "|u1" and facts["shape"] == a.shape  # the codes' header
+    assert facts["narrow_values"] == 256 and facts["value_descr"] == np.dtype(dtype).str
     (plain,) = npyload.pack(tmp_path / "x_0001.npy")
     assert plain["narrow_values"] == 0
     got = _loaded(str(tmp_path / "x_*.npy.zst"), 60)
