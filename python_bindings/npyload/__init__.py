@@ -44,7 +44,8 @@ from ._hook import TransformError
 from ._loader import Loader
 from ._pack import pack
 from ._transform import Transform
+from ._write import write
 
 __all__ = ["Loader", "Batch", "BatchTuple", "Transform", "TransformError", "NpyloadError",
-           "inspect", "load", "order_indices", "cuda_available", "pack", "__version__"]
+           "inspect", "load", "order_indices", "cuda_available", "pack", "write", "__version__"]
 __version__ = _npyload.__version__
