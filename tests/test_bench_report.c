@@ -90,7 +90,7 @@ Test(bench_recommend, smallest_within_5_percent)
 
 Test(bench_recommend, fewer_workers_beat_fewer_slots)
 {
-    /* (1,8) and (2,1) both qualify: fewest workers first. */
+    /* (1,8) qualifies and (2,1) would on throughput, but has one slot. */
     nb_run runs[] = {mk(2, 1, "auto", 1.98, 100, 1), mk(1, 8, "auto", 1.97, 100, 1),
                      mk(4, 4, "auto", 2.00, 100, 1)};
     nb_recommendation rec;
@@ -101,7 +101,7 @@ Test(bench_recommend, fewer_workers_beat_fewer_slots)
 
 Test(bench_recommend, boundary_is_inclusive)
 {
-    nb_run runs[] = {mk(1, 1, "auto", 0.95, 100, 1), mk(2, 2, "auto", 1.00, 100, 1)};
+    nb_run runs[] = {mk(1, 2, "auto", 0.95, 100, 1), mk(2, 2, "auto", 1.00, 100, 1)};
     nb_recommendation rec;
     cr_assert_eq(nb_recommend(runs, 2, 0, &rec), 0);
     runs[0].gbps = 0.9499;
@@ -144,22 +144,47 @@ Test(bench_recommend, nothing_ran)
 
 /* ---- recommendation with compute ---- */
 
-Test(bench_recommend, compute_smallest_under_1_percent)
+Test(bench_recommend, compute_least_memory_within_noise_of_least_stall)
 {
     nb_run runs[] = {
         mk(1, 1, "auto", 1.0, 40.0, 1), mk(1, 4, "auto", 1.2, 0.9, 1),
-        mk(2, 2, "auto", 1.2, 0.1, 1),  mk(1, 2, "auto", 1.1, 1.0, 1), /* 1.0 is not < 1 */
-        mk(4, 8, "auto", 1.3, 0.0, 1),
+        mk(2, 2, "auto", 1.2, 0.1, 1),  mk(1, 2, "auto", 1.1, 1.0, 1),
+        mk(4, 8, "auto", 1.3, 0.0, 1),  mk(1, 3, "auto", 1.3, 2.01, 1),
     };
     nb_recommendation rec;
-    cr_assert_eq(nb_recommend(runs, 5, 10.0, &rec), 1);
+    /* least stall 0.0: (1,4), (2,2), (1,2) and (4,8) are within 2 points,
+     * (1,3) is not; least memory 2 slots, then fewer workers: (1,2). */
+    cr_assert_eq(nb_recommend(runs, 6, 10.0, &rec), 3);
     cr_assert_eq(rec.workers, 1);
-    cr_assert_eq(rec.prefetch, 4);
-    cr_assert(strstr(rec.criterion, "stall < 1%"));
+    cr_assert_eq(rec.prefetch, 2);
+    cr_assert(strstr(rec.criterion, "least slot memory"), "%s", rec.criterion);
     char line[256];
     nb_format_recommendation(&rec, 10.0, line, sizeof line);
-    cr_assert(strstr(line, "num_workers=1 prefetch=4"), "%s", line);
-    cr_assert(strstr(line, "stall 0.9%"), "%s", line);
+    cr_assert(strstr(line, "num_workers=1 prefetch=2"), "%s", line);
+    cr_assert(strstr(line, "stall 1.0%"), "%s", line);
+}
+
+Test(bench_recommend, compute_never_recommends_one_slot)
+{
+    /* The 1-slot run looks best (its stall is measured with the step's
+     * sleep, yet it cannot overlap a real step's GPU work with a read):
+     * the 2-slot run wins. Only when no run has two slots is one taken. */
+    nb_run runs[] = {mk(1, 1, "auto", 2.0, 0.0, 1), mk(2, 2, "auto", 1.5, 1.5, 1)};
+    nb_recommendation rec;
+    cr_assert_eq(nb_recommend(runs, 2, 10.0, &rec), 1);
+    cr_assert_eq(nb_recommend(runs, 2, 0, &rec), 1);
+    cr_assert_eq(nb_recommend(runs, 1, 10.0, &rec), 0);
+}
+
+Test(bench_recommend, compute_ties_pick_less_memory)
+{
+    /* 0.3 and 1.9 points apart: noise; the smaller memory wins even though
+     * it stalls a little more. */
+    nb_run runs[] = {mk(4, 8, "auto", 1.3, 0.3, 1), mk(2, 4, "auto", 1.2, 1.9, 1)};
+    nb_recommendation rec;
+    cr_assert_eq(nb_recommend(runs, 2, 10.0, &rec), 1);
+    runs[1].stall_pct = 2.5; /* 2.2 points: beyond the noise */
+    cr_assert_eq(nb_recommend(runs, 2, 10.0, &rec), 0);
 }
 
 Test(bench_recommend, compute_fallback_lowest_stall)
@@ -170,8 +195,32 @@ Test(bench_recommend, compute_fallback_lowest_stall)
     /* Lowest stall 5.0 is tied: the smaller (2,4) wins; the failed run with
      * 1.0 never counts. */
     cr_assert_eq(nb_recommend(runs, 4, 10.0, &rec), 2);
-    cr_assert(strstr(rec.criterion, "lowest stall"));
     check_matches_run(runs, 4, &rec);
+}
+
+Test(bench_recommend, paste_lines_carry_the_measured_run)
+{
+    nb_config c;
+    memset(&c, 0, sizeof c);
+    c.batch_size = 64;
+    c.shuffle = 2;
+    c.device = -1;
+    c.nfields = 2;
+    snprintf(c.fields[0].name, sizeof c.fields[0].name, "images");
+    snprintf(c.fields[0].glob, sizeof c.fields[0].glob, "d/images/*.npy");
+    snprintf(c.fields[1].name, sizeof c.fields[1].name, "heatmaps");
+    snprintf(c.fields[1].glob, sizeof c.fields[1].glob, "d/h/*.npy");
+    nb_run runs[] = {mk(3, 4, "io_uring", 1.0, 0.5, 1)};
+    nb_recommendation rec;
+    cr_assert_eq(nb_recommend(runs, 1, 5.0, &rec), 0);
+    char py[1024], cl[512];
+    nb_format_paste(&c, &rec, py, sizeof py, cl, sizeof cl);
+    cr_assert_str_eq(py, "npyload.Loader({\"images\": \"d/images/*.npy\", \"heatmaps\": "
+                         "\"d/h/*.npy\"}, batch_size=64, shuffle=\"local\", num_workers=3, "
+                         "prefetch=3, io=\"uring\")");
+    cr_assert_str_eq(cl, "npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, 3); "
+                         "npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, 4); "
+                         "npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, NPYLOAD_IO_URING);");
 }
 
 /* ---- JSON ---- */

@@ -76,7 +76,8 @@ static const char usage[] =
     "                       would give here and whether packing pays\n"
     "  --batch-size N       samples per batch (default 128)\n"
     "  --workers LIST       worker counts, e.g. 1,2,4 (default 1,2)\n"
-    "  --prefetch LIST      prefetch depths (batch slots) (default 1,2,4)\n"
+    "  --prefetch LIST      batch slots, as C's PREFETCH (Python prefetch =\n"
+    "                       slots - 1) (default 1,2,4)\n"
     "  --io LIST            auto,io_uring,pread,mmap (default auto)\n"
     "  --shuffle[=local]    full shuffle (or locality-preserving)\n"
     "  --device D           cpu (default) or cuda:N\n"
@@ -300,6 +301,14 @@ static void parse_args(int argc, char **argv, nb_ctx *ctx, nb_config *cfg, opts 
     while ((opt = getopt_long(argc, argv, ":hq", longopts, NULL)) != -1) {
         if (opt == 'h') {
             fputs(usage, stdout);
+            fputs("\n", stdout);
+            fputs(nb_legend, stdout);
+            fputs("\nThe recommendation is followed by the lines to paste: the\n"
+                  "npyload.Loader(...) call (prefetch = slots - 1) and the C\n"
+                  "npyload_loader_set calls (PREFETCH = slots) of the measured run.\n"
+                  "Only configurations of 2+ slots are recommended (one slot cannot\n"
+                  "overlap a read with the step); with --compute-ms the least memory\n"
+                  "among the runs within 2 points of the least stall.\n", stdout);
             exit(0);
         } else if (opt == OPT_VERSION) {
             printf("npyload-bench %s\n", npyload_version_string());
@@ -579,6 +588,11 @@ static int report(const nb_ctx *ctx, const nb_report *rep, const opts *o, int no
     if (!ctx->quiet && rep->config->note[0])
         printf("note: %s\n", rep->config->note);
     printf("%s\n", line);
+    if (!ctx->quiet && rep->rec->valid) {
+        char py[2048], c[512];
+        nb_format_paste(rep->config, rep->rec, py, sizeof py, c, sizeof c);
+        printf("  python: %s\n  C:      %s\n", py, c);
+    }
     if (!ctx->quiet && rep->zst)
         printf("%s\n", rep->zst->verdict);
     fflush(stdout);
@@ -653,6 +667,8 @@ int main(int argc, char **argv)
         return 1;
     }
     int nok = measure_grid(&ctx, &cfg, &o, ref, runs);
+    if (!ctx.quiet)
+        fputs(nb_legend, stdout);
     size_t more = extend_grid(&ctx, &cfg, &o, ref, mach.cores_allowed, runs, nruns);
     for (size_t i = nruns; i < nruns + more; i++)
         nok += runs[i].ok;

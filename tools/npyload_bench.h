@@ -82,6 +82,14 @@ typedef struct nb_machine {
     char hostname[64];
 } nb_machine;
 
+/* With --compute-ms, runs whose stall is within this many points of the
+ * least are equal (two runs of one configuration differ by about that on
+ * a quiet machine): the recommendation takes the least memory among them. */
+#define NB_STALL_NOISE 2.0
+
+/* The table's column legend (printed after the table and in --help). */
+extern const char nb_legend[];
+
 typedef struct nb_recommendation {
     int valid;
     int run_index;             /* index into the runs; workers/prefetch match it */
@@ -184,11 +192,15 @@ double nb_percentile(double *v, size_t n, double p);
  * Without compute (compute_ms <= 0): among the runs that succeeded, the
  * "smallest" configuration whose throughput (GB/s) is at least 95 % of the
  * best run's.
- * With compute (compute_ms > 0): the smallest configuration whose consumer
- * stall is under 1 %; when none qualifies, the one with the lowest stall.
- * "Smallest" orders by workers, then prefetch (fewest threads first, then
- * least slot memory); among runs with equal (workers, prefetch) — other io
- * backends — the higher throughput wins, then the earlier run.
+ * Only runs of two slots or more are candidates (one slot cannot overlap
+ * a read with the step holding its batch), unless no run has two.
+ * With compute (compute_ms > 0): stall first, memory second: among the
+ * runs whose stall is within NB_STALL_NOISE points of the least measured,
+ * the one with the least slot memory (then fewer workers, then faster).
+ * "Smallest" (without compute) orders by workers, then prefetch (fewest
+ * threads first, then least slot memory); among runs with equal (workers,
+ * prefetch) — other io backends — the higher throughput wins, then the
+ * earlier run.
  * The result always names one measured run (run_index).
  * @return : run_index, or -1 when no run succeeded (out->valid = 0). */
 int nb_recommend(const nb_run *runs, size_t n, double compute_ms,
@@ -198,6 +210,13 @@ int nb_recommend(const nb_run *runs, size_t n, double compute_ms,
  * 512 MiB of slots)". */
 void nb_format_recommendation(const nb_recommendation *r, double compute_ms,
                               char *buf, size_t len);
+
+/* The recommendation as lines to paste: the npyload.Loader(...) call (its
+ * prefetch is the slots - 1 the Python loader counts) and the C
+ * npyload_loader_set calls (PREFETCH in slots), with the measured run's
+ * values: both build that run's loader. */
+void nb_format_paste(const nb_config *cfg, const nb_recommendation *r, char *py,
+                     size_t pylen, char *c, size_t clen);
 
 /* ---- npyload_bench_report.c ---- */
 

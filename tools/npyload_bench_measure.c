@@ -4,6 +4,7 @@
 #include "npyload_bench_measure.h"
 
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -292,7 +293,8 @@ static int run_timed(nb_ctx *ctx, npyload_loader *L, const nb_config *cfg, nb_gp
         nb_gpu_step_sync(step); /* the last steps belong to the run */
     r->wall_s = (double)(nb_now_ns() - t0) / 1e9;
     if (r->wall_s > 0) {
-        r->stall_pct = 100.0 * (double)in_next / 1e9 / r->wall_s;
+        /* Without a step there is nothing to stall: the consumer only waits. */
+        r->stall_pct = compute_ns || step ? 100.0 * (double)in_next / 1e9 / r->wall_s : NAN;
         r->cpu_pct = 100.0 * (rusage_cpu_s() - cpu0) / r->wall_s;
     }
     return rc;

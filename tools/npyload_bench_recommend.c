@@ -52,6 +52,34 @@ static int nb_smaller(const nb_run *a, int ia, const nb_run *b, int ib)
     return ia < ib;
 }
 
+/* Runs a recommendation may pick: measured, and with two slots or more (a
+ * loader of one slot cannot read the next batch while the step holds the
+ * current one: no overlap, whatever the table says without a step) unless
+ * no run has two. */
+static int eligible(const nb_run *runs, size_t n, size_t i)
+{
+    if (!runs[i].ok)
+        return 0;
+    if (runs[i].prefetch >= 2)
+        return 1;
+    for (size_t k = 0; k < n; k++)
+        if (runs[k].ok && runs[k].prefetch >= 2)
+            return 0;
+    return 1;
+}
+
+/* With a step: less memory, then fewer workers, then faster. */
+static int nb_leaner(const nb_run *a, int ia, const nb_run *b, int ib)
+{
+    if (a->slot_mib != b->slot_mib)
+        return a->slot_mib < b->slot_mib;
+    if (a->workers != b->workers)
+        return a->workers < b->workers;
+    if (a->gbps != b->gbps)
+        return a->gbps > b->gbps;
+    return ia < ib;
+}
+
 int nb_recommend(const nb_run *runs, size_t n, double compute_ms,
                  nb_recommendation *out)
 {
@@ -66,39 +94,37 @@ int nb_recommend(const nb_run *runs, size_t n, double compute_ms,
 
     int pick = -1;
     if (compute_ms > 0) {
+        /* Stall first, memory second: among the runs within
+         * NB_STALL_NOISE points of the least stall measured (closer than
+         * that is noise between two runs of one configuration), the one
+         * with the least slot memory. */
+        double least = INFINITY;
+        for (size_t i = 0; i < n; i++)
+            if (eligible(runs, n, i) && runs[i].stall_pct < least)
+                least = runs[i].stall_pct;
         for (size_t i = 0; i < n; i++) {
-            if (!runs[i].ok || !(runs[i].stall_pct < 1.0))
+            if (!eligible(runs, n, i) || !(runs[i].stall_pct <= least + NB_STALL_NOISE))
                 continue;
-            if (pick < 0 || nb_smaller(&runs[i], (int)i, &runs[pick], pick))
-                pick = (int)i;
-        }
-        if (pick >= 0) {
-            snprintf(out->criterion, sizeof out->criterion,
-                     "smallest (workers, prefetch) with stall < 1%%");
-        } else {
-            /* Nothing keeps the consumer fed: the least stall, ties to the
-             * smallest configuration. */
-            for (size_t i = 0; i < n; i++) {
-                if (!runs[i].ok)
-                    continue;
-                if (pick < 0 || runs[i].stall_pct < runs[pick].stall_pct ||
-                    (runs[i].stall_pct == runs[pick].stall_pct &&
-                     nb_smaller(&runs[i], (int)i, &runs[pick], pick)))
-                    pick = (int)i;
-            }
-            snprintf(out->criterion, sizeof out->criterion,
-                     "lowest stall (no configuration under 1%%)");
-        }
-    } else {
-        double bar = 0.95 * best;
-        for (size_t i = 0; i < n; i++) {
-            if (!runs[i].ok || runs[i].gbps < bar)
-                continue;
-            if (pick < 0 || nb_smaller(&runs[i], (int)i, &runs[pick], pick))
+            if (pick < 0 || nb_leaner(&runs[i], (int)i, &runs[pick], pick))
                 pick = (int)i;
         }
         snprintf(out->criterion, sizeof out->criterion,
-                 "smallest (workers, prefetch) within 5%% of the best throughput");
+                 "least slot memory with stall within %.0f points of the least (%.1f%%)",
+                 NB_STALL_NOISE, least);
+    } else {
+        double bar = 0.95 * best;
+        for (size_t i = 0; i < n; i++) {
+            if (!eligible(runs, n, i) || runs[i].gbps < bar)
+                continue;
+            if (pick < 0 || nb_smaller(&runs[i], (int)i, &runs[pick], pick))
+                pick = (int)i;
+        }
+        if (pick < 0) /* every 2-slot run is below the bar: the best of them */
+            for (size_t i = 0; i < n; i++)
+                if (eligible(runs, n, i) && (pick < 0 || runs[i].gbps > runs[pick].gbps))
+                    pick = (int)i;
+        snprintf(out->criterion, sizeof out->criterion,
+                 "smallest (workers, prefetch) of 2+ slots within 5%% of the best throughput");
     }
 
     const nb_run *r = &runs[pick];
@@ -113,6 +139,37 @@ int nb_recommend(const nb_run *runs, size_t n, double compute_ms,
     out->stall_pct = r->stall_pct;
     out->slot_mib = r->slot_mib;
     return pick;
+}
+
+void nb_format_paste(const nb_config *cfg, const nb_recommendation *r, char *py,
+                     size_t pylen, char *c, size_t clen)
+{
+    size_t n = 0;
+    n += (size_t)snprintf(py + n, pylen - n, "npyload.Loader({");
+    for (int k = 0; k < cfg->nfields && n < pylen; k++)
+        n += (size_t)snprintf(py + n, pylen - n, "%s\"%s\": \"%s\"", k ? ", " : "",
+                              cfg->fields[k].name, cfg->fields[k].glob);
+    const char *io = !strcmp(r->io, "io_uring") ? "uring" : r->io;
+    static const char *const shuffle[] = {"False", "True", "\"local\""};
+    if (n < pylen)
+        n += (size_t)snprintf(py + n, pylen - n,
+                              "}, batch_size=%d, shuffle=%s, num_workers=%d, prefetch=%d, "
+                              "io=\"%s\"%s", cfg->batch_size,
+                              shuffle[cfg->shuffle >= 0 && cfg->shuffle <= 2 ? cfg->shuffle : 0],
+                              r->workers, r->prefetch - 1, io,
+                              cfg->direct ? ", direct_io=True" : "");
+    if (n < pylen && cfg->device >= 0)
+        n += (size_t)snprintf(py + n, pylen - n, ", device=\"cuda:%d\"", cfg->device);
+    if (n < pylen)
+        snprintf(py + n, pylen - n, ")%s",
+                 r->prefetch < 2 ? "  # 1 slot: Python needs 2 (prefetch >= 1)" : "");
+    snprintf(c, clen,
+             "npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, %d); "
+             "npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, %d); "
+             "npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, NPYLOAD_IO_%s);",
+             r->workers, r->prefetch,
+             !strcmp(r->io, "io_uring") ? "URING" : !strcmp(r->io, "pread") ? "PREAD"
+             : !strcmp(r->io, "mmap") ? "MMAP" : "AUTO");
 }
 
 static void nb_format_mib(double mib, char *buf, size_t len)

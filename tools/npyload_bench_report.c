@@ -212,6 +212,14 @@ void nb_print_ceilings(FILE *f, const nb_ceiling *ce, size_t n, const char *ref)
     }
 }
 
+const char nb_legend[] =
+    "columns: io asked / used; w workers; p batch slots (C PREFETCH; Python\n"
+    "  prefetch = p - 1, the batches ahead of the one the loop holds);\n"
+    "  samples/s and GB/s delivered; ceil% of the reference ceiling; p50/p99 ms\n"
+    "  between batches; stall% the step's time spent waiting in next()\n"
+    "  (--compute-ms only, else -); cpu% of one core; rss MiB peak; slots MiB\n"
+    "  the loader's batch memory; gath% bytes copied from mappings.\n";
+
 void nb_print_table_header(FILE *f)
 {
     fprintf(f, "%-8s %-8s %3s %3s %10s %7s %6s %8s %8s %7s %6s %8s %9s %6s\n", "io", "used",
@@ -230,9 +238,12 @@ void nb_print_run(FILE *f, const nb_run *r)
         if (r->bytes_read)
             snprintf(gath, sizeof gath, "%.0f",
                      100.0 * (double)r->gather_bytes / (double)r->bytes_read);
-        fprintf(f, "%-8s %-8s %3d %3d %10.0f %7.3f %6s %8.2f %8.2f %7.1f %6.0f %8.0f %9.1f %6s\n",
+        char stall[16] = "-"; /* not measured without --compute-ms */
+        if (!isnan(r->stall_pct))
+            snprintf(stall, sizeof stall, "%.1f", r->stall_pct);
+        fprintf(f, "%-8s %-8s %3d %3d %10.0f %7.3f %6s %8.2f %8.2f %7s %6.0f %8.0f %9.1f %6s\n",
                 r->io_requested_name, r->io_used, r->workers, r->prefetch, r->samples_per_s,
-                r->gbps, ceil, r->p50_ms, r->p99_ms, r->stall_pct, r->cpu_pct,
+                r->gbps, ceil, r->p50_ms, r->p99_ms, stall, r->cpu_pct,
                 r->peak_rss_mib, r->slot_mib, gath);
     } else {
         fprintf(f, "%-8s %-8s %3d %3d failed: %s\n", r->io_requested_name, r->io_used,

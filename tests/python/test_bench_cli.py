@@ -268,3 +268,36 @@ def test_options_getopt_forms(bench, dataset, tmp_path):
     assert p.returncode == 2 and "needs a value" in p.stderr
     p = run(bench, *fields(dataset), "--bogus")
     assert p.returncode == 2 and "--bogus" in p.stderr
+
+
+def test_pasted_lines_build_the_measured_loader(bench, dataset, tmp_path):
+    """The recommendation's python line, run as is, builds the loader of the
+    measured run (workers, slots, io); the C line names the same values.
+    Without --compute-ms stall is not measured: '-' in the table, null in
+    the JSON; the table ends with its legend."""
+    out_json = tmp_path / "p.json"
+    p = run(bench, *fields(dataset), "--workers", "1,2", "--prefetch", "2,3", "--io", "pread",
+            "--batches", "3", "--batch-size", "8", "--shuffle", "--json", out_json)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(out_json.read_text())
+    check_schema(doc)
+    assert all(r["stall_pct"] is None for r in doc["runs"])
+    assert "columns:" in p.stdout and "stall% the step's time" in p.stdout
+    rows = [l for l in p.stdout.splitlines() if l.startswith("pread ")]
+    assert rows and all(l.split()[9] == "-" for l in rows), rows
+    rec = doc["recommendation"]
+    assert rec["prefetch"] >= 2  # never a 1-slot configuration
+    py = next(l for l in p.stdout.splitlines() if l.strip().startswith("python:"))
+    code = py.split("python:", 1)[1].strip()
+    import npyload
+    L = eval(code, {"npyload": npyload})
+    try:
+        assert L.num_workers == rec["workers"]
+        assert L.num_slots == rec["prefetch"]
+        assert L.backend == "pread"
+    finally:
+        L.close()
+    c = next(l for l in p.stdout.splitlines() if l.strip().startswith("C:"))
+    assert f"NPYLOAD_OPT_NUM_WORKERS, {rec['workers']});" in c
+    assert f"NPYLOAD_OPT_PREFETCH, {rec['prefetch']});" in c
+    assert "NPYLOAD_IO_PREAD" in c
