@@ -33,6 +33,7 @@
 #include "npyload_bench_measure.h"
 
 #include <errno.h>
+#include <math.h>
 #include <getopt.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -88,6 +89,11 @@ static const char usage[] =
     "                       recommendation then minimises consumer stall\n"
     "  --cold               evict the files from the page cache before each run\n"
     "  --direct             O_DIRECT reads in the loader\n"
+    "  --transform F=SPEC   the field's transform in the workers (or on the\n"
+    "                       GPU), as npyload.Transform: SPEC = dtype[,scale=X]\n"
+    "                       [,mean=A:B..][,std=A:B..][,channels_last], dtype\n"
+    "                       keep|float32|float16|bfloat16, X a number or A/B;\n"
+    "                       e.g. images=float32,scale=1/255,mean=0.5,std=0.25\n"
     "  --no-read-ahead      workers read each batch only when they start it\n"
     "                       (READ_AHEAD -1), to compare with the default\n"
     "  --json FILE          every run, the ceilings and the machine (schema:\n"
@@ -99,6 +105,8 @@ static const char usage[] =
 
 typedef struct opts {
     int workers[NB_MAX_GRID], nworkers;
+    const char *transforms[NB_MAX_FIELDS]; /* --transform, applied after the fields */
+    int ntransforms;
     int prefetch[NB_MAX_GRID], nprefetch;
     int io[NB_MAX_IO], nio;
     int seconds_given;
@@ -228,9 +236,80 @@ static void add_field(nb_config *cfg, const char *a)
     snprintf(fi->glob, sizeof fi->glob, "%s", eq + 1);
 }
 
+/* "a:b:c" -> up to 16 floats. @return : how many. */
+static size_t parse_floats(const char *what, const char *s, float *out)
+{
+    size_t n = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save = NULL, *t = strtok_r(buf, ":", &save); t; t = strtok_r(NULL, ":", &save)) {
+        if (n == 16)
+            die_usage("--transform %s: at most 16 values", what);
+        out[n++] = (float)parse_num(what, t, -1e30, 1e30);
+    }
+    if (n == 0)
+        die_usage("--transform %s: no value", what);
+    return n;
+}
+
+/* --transform FIELD=SPEC, SPEC = dtype[,scale=X][,mean=A:B..][,std=A:B..]
+ * [,channels_last], dtype keep|float32|float16|bfloat16, X a number or
+ * A/B (1/255): what npyload.Transform(dtype, scale, mean, std,
+ * channels_last) takes, in one argument. */
+static void add_transform(nb_config *cfg, const char *a)
+{
+    const char *eq = strchr(a, '=');
+    if (!eq || eq == a)
+        die_usage("--transform %s: FIELD=SPEC", a);
+    nb_field_info *fi = NULL;
+    for (int k = 0; k < cfg->nfields && !fi; k++)
+        if (strlen(cfg->fields[k].name) == (size_t)(eq - a) &&
+            !strncmp(cfg->fields[k].name, a, (size_t)(eq - a)))
+            fi = &cfg->fields[k];
+    if (!fi)
+        die_usage("--transform %s: no field of that name (give name=GLOB first)", a);
+    snprintf(fi->transform, sizeof fi->transform, "%s", eq + 1);
+    npyload_transform t = NPYLOAD_TRANSFORM_INIT;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", eq + 1);
+    int first = 1;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save), first = 0) {
+        static const char *const dt[] = {"keep", "float32", "float16", "bfloat16"};
+        int d = -1;
+        for (int i = 0; i < 4; i++)
+            if (!strcmp(tok, dt[i]))
+                d = i;
+        if (first && d >= 0) {
+            t.dtype = d; /* NPYLOAD_DTYPE_KEEP .. BFLOAT16 in this order */
+        } else if (!strncmp(tok, "scale=", 6)) {
+            const char *x = tok + 6, *sl = strchr(x, '/');
+            char num[64];
+            snprintf(num, sizeof num, "%.*s", sl ? (int)(sl - x) : (int)strlen(x), x);
+            double v = parse_num("--transform scale", num, -1e30, 1e30);
+            if (sl)
+                v /= parse_num("--transform scale", sl + 1, 1e-30, 1e30);
+            t.scale = (float)v;
+        } else if (!strncmp(tok, "mean=", 5)) {
+            t.n_mean = parse_floats("mean", tok + 5, fi->mean);
+            t.mean = fi->mean;
+        } else if (!strncmp(tok, "std=", 4)) {
+            t.n_std = parse_floats("std", tok + 4, fi->std);
+            t.std = fi->std;
+        } else if (!strcmp(tok, "channels_last")) {
+            t.channels_last = 1;
+        } else {
+            die_usage("--transform %s: '%s' is not dtype (first: keep, float32, float16, "
+                      "bfloat16), scale=, mean=, std= or channels_last", a, tok);
+        }
+    }
+    fi->t = t;
+    fi->has_transform = 1;
+}
+
 enum {
     OPT_BATCH_SIZE = 256, OPT_WORKERS, OPT_PREFETCH, OPT_IO, OPT_SHUFFLE, OPT_DEVICE,
-    OPT_BATCHES, OPT_SECONDS, OPT_COMPUTE_MS, OPT_COLD, OPT_DIRECT, OPT_NO_READ_AHEAD, OPT_JSON, OPT_PLOT,
+    OPT_BATCHES, OPT_SECONDS, OPT_COMPUTE_MS, OPT_COLD, OPT_DIRECT, OPT_NO_READ_AHEAD, OPT_TRANSFORM, OPT_JSON, OPT_PLOT,
     OPT_VERSION,
 };
 
@@ -247,6 +326,7 @@ static const struct option longopts[] = {
     {"cold", no_argument, NULL, OPT_COLD},
     {"direct", no_argument, NULL, OPT_DIRECT},
     {"no-read-ahead", no_argument, NULL, OPT_NO_READ_AHEAD},
+    {"transform", required_argument, NULL, OPT_TRANSFORM},
     {"json", required_argument, NULL, OPT_JSON},
     {"plot", required_argument, NULL, OPT_PLOT},
     {"quiet", no_argument, NULL, 'q'},
@@ -281,6 +361,11 @@ static void apply_opt(nb_ctx *ctx, nb_config *cfg, opts *o, int opt, const char 
     case OPT_COLD: cfg->cold = 1; break;
     case OPT_DIRECT: cfg->direct = 1; break;
     case OPT_NO_READ_AHEAD: cfg->no_read_ahead = 1; break;
+    case OPT_TRANSFORM:
+        if (o->ntransforms == NB_MAX_FIELDS)
+            die_usage("--transform: at most %d", NB_MAX_FIELDS);
+        o->transforms[o->ntransforms++] = v;
+        break;
     case OPT_JSON: o->json = v; break;
     case OPT_PLOT: o->plot = plot_path(v, o->plot_svg, sizeof o->plot_svg); break;
     case 'q': ctx->quiet = 1; break;
@@ -322,6 +407,8 @@ static void parse_args(int argc, char **argv, nb_ctx *ctx, nb_config *cfg, opts 
     }
     for (int i = optind; i < argc; i++)
         add_field(cfg, argv[i]);
+    for (int i = 0; i < o->ntransforms; i++)
+        add_transform(cfg, o->transforms[i]);
     if (cfg->nfields == 0)
         die_usage("no field given (name=GLOB)");
     if (cfg->batches > 0 && o->seconds_given)
@@ -566,6 +653,8 @@ static size_t extend_grid(nb_ctx *ctx, nb_config *cfg, const opts *o, double ref
     int busy = best->workers < cores ? best->workers : cores;
     if (best->cpu_pct >= 75.0 * busy)
         return 0; /* the waits were copies from the page cache */
+    if (!isnan(best->stall_pct) && best->stall_pct <= NB_STALL_NOISE)
+        return 0; /* with a step: it is fed already */
     add_note(cfg, "the best run (%d workers) waited for reads %.0f%% of its worker time: "
              "the grid was extended to %d workers.", best->workers, 100 * share, w);
     int io = best->io_requested;

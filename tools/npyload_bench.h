@@ -107,6 +107,10 @@ typedef struct nb_recommendation {
 typedef struct nb_field_info {
     char name[64];
     char glob[512];
+    char transform[128];       /* --transform SPEC as given ("" none) */
+    int has_transform;
+    npyload_transform t;       /* parsed; mean/std point into the arrays */
+    float mean[16], std[16];
     size_t nfiles;
     int64_t nsamples;          /* samples in the field's files */
     uint64_t sample_bytes;

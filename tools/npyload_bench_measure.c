@@ -186,6 +186,12 @@ static npyload_loader *run_loader(const nb_config *cfg, int workers, int prefetc
         stage = set[i].name;
         rc = npyload_loader_set(L, set[i].opt, set[i].v);
     }
+    for (int k = 0; rc == 0 && k < cfg->nfields; k++)
+        if (cfg->fields[k].has_transform) {
+            stage = "set_transform";
+            rc = npyload_loader_set_transform(L, cfg->fields[k].name, &cfg->fields[k].t,
+                                              sizeof cfg->fields[k].t);
+        }
     if (rc == 0) {
         stage = "start";
         rc = npyload_loader_start(L);

@@ -160,6 +160,36 @@ void nb_format_paste(const nb_config *cfg, const nb_recommendation *r, char *py,
                               cfg->direct ? ", direct_io=True" : "");
     if (n < pylen && cfg->device >= 0)
         n += (size_t)snprintf(py + n, pylen - n, ", device=\"cuda:%d\"", cfg->device);
+    int nt = 0;
+    for (int k = 0; k < cfg->nfields && n < pylen; k++) {
+        const nb_field_info *fi = &cfg->fields[k];
+        if (!fi->has_transform)
+            continue;
+        static const char *const dt[] = {"None", "\"float32\"", "\"float16\"",
+                                         "\"bfloat16\""};
+        const npyload_transform *t = &fi->t;
+        n += (size_t)snprintf(py + n, pylen - n, "%s\"%s\": npyload.Transform(dtype=%s, "
+                              "scale=%.9g", nt++ ? ", " : ", transforms={", fi->name,
+                              dt[t->dtype >= 0 && t->dtype <= 3 ? t->dtype : 0],
+                              (double)t->scale);
+        const float *v[2] = {t->mean, t->std};
+        size_t cnt[2] = {t->n_mean, t->n_std};
+        for (int m = 0; m < 2 && n < pylen; m++) {
+            if (!cnt[m])
+                continue;
+            n += (size_t)snprintf(py + n, pylen - n, ", %s=[", m ? "std" : "mean");
+            for (size_t i = 0; i < cnt[m] && n < pylen; i++)
+                n += (size_t)snprintf(py + n, pylen - n, "%s%.9g", i ? ", " : "",
+                                      (double)v[m][i]);
+            if (n < pylen)
+                n += (size_t)snprintf(py + n, pylen - n, "]");
+        }
+        if (n < pylen)
+            n += (size_t)snprintf(py + n, pylen - n, "%s)",
+                                  t->channels_last ? ", channels_last=True" : "");
+    }
+    if (nt && n < pylen)
+        n += (size_t)snprintf(py + n, pylen - n, "}");
     if (n < pylen)
         snprintf(py + n, pylen - n, ")%s",
                  r->prefetch < 2 ? "  # 1 slot: Python needs 2 (prefetch >= 1)" : "");
@@ -170,6 +200,13 @@ void nb_format_paste(const nb_config *cfg, const nb_recommendation *r, char *py,
              r->workers, r->prefetch,
              !strcmp(r->io, "io_uring") ? "URING" : !strcmp(r->io, "pread") ? "PREAD"
              : !strcmp(r->io, "mmap") ? "MMAP" : "AUTO");
+    for (int k = 0; k < cfg->nfields; k++)
+        if (cfg->fields[k].has_transform) {
+            size_t m = strlen(c);
+            if (m + 1 < clen)
+                snprintf(c + m, clen - m, " /* + npyload_loader_set_transform as --transform */");
+            break;
+        }
 }
 
 static void nb_format_mib(double mib, char *buf, size_t len)

@@ -53,9 +53,13 @@ static void nb_json_config(FILE *f, const nb_config *c)
         fputs(i ? ",\n      " : "\n      ", f);
         nj_printf(f,
                   "{\"name\": %s, \"glob\": %s, \"files\": %zu, "
-                  "\"sample_bytes\": %llu, \"descr\": %s, \"sample_shape\": [",
+                  "\"sample_bytes\": %llu, \"descr\": %s, ",
                   fi->name, fi->glob, fi->nfiles,
                   (unsigned long long)fi->sample_bytes, fi->descr);
+        if (fi->has_transform)
+            nj_printf(f, "\"transform\": %s, \"sample_shape\": [", fi->transform);
+        else
+            fputs("\"transform\": null, \"sample_shape\": [", f);
         for (int d = 0; d < fi->ndim; d++)
             fprintf(f, "%s%lld", d ? ", " : "", (long long)fi->shape[d]);
         fputs("]}", f);

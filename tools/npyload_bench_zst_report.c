@@ -193,9 +193,11 @@ void nb_print_compression(FILE *f, const nb_zst_report *z)
     sps(b, sizeof b, z->raw_warm_sps);
     sps(c, sizeof c, z->expected_cold_sps);
     sps(d, sizeof d, z->expected_warm_sps);
-    fprintf(f, "  raw: cold %s (%s), warm %s (%s)\n", a,
-            z->raw_cold_source[0] ? z->raw_cold_source : "-", b,
-            z->raw_warm_source[0] ? z->raw_warm_source : "-");
+    if (z->raw_cold_sps > 0)
+        fprintf(f, "  raw: cold %s (%s), ", a, z->raw_cold_source[0] ? z->raw_cold_source : "-");
+    else
+        fprintf(f, "  raw: cold not measured (run with --cold), ");
+    fprintf(f, "warm %s (%s)\n", b, z->raw_warm_source[0] ? z->raw_warm_source : "-");
     fprintf(f, "  %s: cold %s, warm %s\n", z->estimate ? "packed, expected" : "packed, bound",
             c, d);
 }

@@ -301,3 +301,38 @@ def test_pasted_lines_build_the_measured_loader(bench, dataset, tmp_path):
     assert f"NPYLOAD_OPT_NUM_WORKERS, {rec['workers']});" in c
     assert f"NPYLOAD_OPT_PREFETCH, {rec['prefetch']});" in c
     assert "NPYLOAD_IO_PREAD" in c
+
+
+def test_transform_spec_is_measured_and_pasted(bench, dataset, tmp_path):
+    """--transform FIELD=SPEC runs the transform in the workers (as
+    npyload.Transform does) and the pasted python line carries it: the
+    loader it builds delivers the transformed dtype and values."""
+    out_json = tmp_path / "t.json"
+    spec = "images=float16,scale=1/255,mean=0.5:0.25,std=0.2:1,channels_last"
+    p = run(bench, *fields(dataset), "--workers", "1", "--prefetch", "2", "--batches", "2",
+            "--batch-size", "8", "--transform", spec, "--json", out_json)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(out_json.read_text())
+    check_schema(doc)
+    f = {x["name"]: x for x in doc["config"]["fields"]}
+    assert f["images"]["transform"] == spec.split("=", 1)[1] and f["offsets"]["transform"] is None
+    py = next(l for l in p.stdout.splitlines() if l.strip().startswith("python:"))
+    import npyload
+    L = eval(py.split("python:", 1)[1].strip(), {"npyload": npyload})
+    try:
+        b = next(iter(L))
+        x = np.asarray(b["images"]) if not hasattr(b["images"], "numpy") else b["images"].numpy()
+        assert x.dtype == np.float16 and x.shape[1:] == (2, 16, 32)
+        src = np.concatenate([np.load(q) for q in sorted((dataset / "images").glob("*.npy"))])
+        raw = src[np.asarray(b.indices)]
+        mean = np.array([0.5, 0.25], np.float32)[None, :, None, None]
+        std = np.array([0.2, 1], np.float32)[None, :, None, None]
+        want = ((raw * np.float32(1 / 255) - mean) / std).astype(np.float16)
+        np.testing.assert_allclose(x.astype(np.float32), want.astype(np.float32),
+                                   rtol=2e-3, atol=2e-3)
+    finally:
+        L.close()
+    bad = run(bench, *fields(dataset), "--transform", "nosuch=float32")
+    assert bad.returncode == 2 and "no field of that name" in bad.stderr
+    bad = run(bench, *fields(dataset), "--transform", "images=float32,scale=x")
+    assert bad.returncode == 2
