@@ -529,3 +529,40 @@ Test(bench_zst, json_object_and_null)
                            "\"compress_mbps_per_core\": null}"), "%s", text);
     free(text);
 }
+
+/* ---- where the time goes ---- */
+
+Test(bench_verdict, names_each_bottleneck)
+{
+    char v[512];
+    nb_run r = mk(2, 4, "auto", 1.0, 0.5, 1);
+    r.wall_s = 10;
+    nb_verdict(&r, 20.0, 2, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: the consumer"), "%s", v);
+    r.stall_pct = 30;
+    r.read_wait_ns = 15000000000ull; /* 15 of 20 worker-seconds */
+    nb_verdict(&r, 20.0, 2, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: the disk") && strstr(v, "75%"), "%s", v);
+    r.cpu_pct = 180; /* the same waits with busy cores: copies, not the disk */
+    nb_verdict(&r, 20.0, 2, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: copies on the CPU"), "%s", v);
+    r.cpu_pct = 0;
+    r.read_wait_ns = 0;
+    r.decode_ns = 12000000000ull;
+    nb_verdict(&r, 0, 2, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: decode"), "%s", v);
+    r.transform_ns = 16000000000ull;
+    nb_verdict(&r, 0, 2, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: host transforms") && strstr(v, "GPU"), "%s", v);
+    r.decode_ns = r.transform_ns = 0;
+    r.h2d_ns = 9000000000ull; /* 9 of 10 wall seconds */
+    nb_verdict(&r, 0, 2, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: the H2D copy"), "%s", v);
+    r.h2d_ns = 0;
+    r.cpu_pct = 190;
+    nb_verdict(&r, 0, 2, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: copies on the CPU"), "%s", v);
+    r.stall_pct = NAN; /* no step: the consumer is never named */
+    nb_verdict(&r, 0, 2, v, sizeof v);
+    cr_assert(!strstr(v, "consumer"), "%s", v);
+}

@@ -681,6 +681,7 @@ static int report(const nb_ctx *ctx, const nb_report *rep, const opts *o, int no
         char py[2048], c[512];
         nb_format_paste(rep->config, rep->rec, py, sizeof py, c, sizeof c);
         printf("  python: %s\n  C:      %s\n", py, c);
+        printf("%s\n", rep->rec->verdict);
     }
     if (!ctx->quiet && rep->zst)
         printf("%s\n", rep->zst->verdict);
@@ -767,7 +768,9 @@ int main(int argc, char **argv)
     if (!ctx.quiet)
         nb_print_compression(stdout, &zst);
     nb_recommendation rec;
-    nb_recommend(runs, nruns, cfg.compute_ms, &rec);
+    if (nb_recommend(runs, nruns, cfg.compute_ms, &rec) >= 0)
+        nb_verdict(&runs[rec.run_index], cfg.compute_ms, mach.cores_allowed, rec.verdict,
+                   sizeof rec.verdict);
     nb_report rep = {.config = &cfg, .machine = &mach, .ceilings = ceilings,
                      .nceilings = nceil, .runs = runs, .nruns = nruns, .rec = &rec,
                      .warnings = ctx.warnings, .zst = &zst};

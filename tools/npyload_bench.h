@@ -53,6 +53,8 @@ typedef struct nb_run {
     uint64_t decode_ns;             /* worker time decompressing, summed */
     uint64_t read_ahead_batches;    /* decoded with the next batch's reads in flight */
     uint64_t read_wait_ns;          /* worker time waiting for those reads */
+    uint64_t transform_ns;          /* worker time in host transforms */
+    uint64_t h2d_ns;                /* copy-engine time of the H2D copies */
 
     /* GPU monitoring (NVML), when sampled. */
     int gpu_samples;
@@ -102,6 +104,7 @@ typedef struct nb_recommendation {
     double stall_pct;
     double slot_mib;
     char criterion[96];        /* which rule chose it */
+    char verdict[512];         /* nb_verdict of the chosen run (set by the caller) */
 } nb_recommendation;
 
 typedef struct nb_field_info {
@@ -214,6 +217,17 @@ int nb_recommend(const nb_run *runs, size_t n, double compute_ms,
  * 512 MiB of slots)". */
 void nb_format_recommendation(const nb_recommendation *r, double compute_ms,
                               char *buf, size_t len);
+
+/* Where the recommended run's time went, in one line naming the bottleneck
+ * and what to do about it. Shares of the run's worker time (wall x
+ * workers; the counters include the warm-up, so shares are capped at 1):
+ * with a step, stall <= NB_STALL_NOISE: the consumer (the step is the
+ * bottleneck, the loader keeps up); else the largest of read waits (disk:
+ * only when the process used under 3/4 of min(workers, cores) cores),
+ * decode (.npy.zst), host transforms, and the H2D copy (its share of wall
+ * time) when it is above NB_VERDICT_SHARE; else copies on the CPU. */
+#define NB_VERDICT_SHARE 0.4
+void nb_verdict(const nb_run *r, double compute_ms, int cores, char *buf, size_t len);
 
 /* The recommendation as lines to paste: the npyload.Loader(...) call (its
  * prefetch is the slots - 1 the Python loader counts) and the C

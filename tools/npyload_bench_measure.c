@@ -400,6 +400,8 @@ static void run_loader_measure(nb_ctx *ctx, npyload_loader *L, const nb_config *
         r->decode_ns = st.decode_ns;
         r->read_ahead_batches = st.read_ahead_batches;
         r->read_wait_ns = st.read_wait_ns;
+        r->transform_ns = st.transform_ns;
+        r->h2d_ns = st.h2d_ns;
         if (st.slot_bytes && st.num_slots)
             r->slot_mib = (double)st.slot_bytes * (double)st.num_slots / 1048576.0;
     }

@@ -141,6 +141,51 @@ int nb_recommend(const nb_run *runs, size_t n, double compute_ms,
     return pick;
 }
 
+static double share(uint64_t ns, double seconds)
+{
+    double s = seconds > 0 ? (double)ns / 1e9 / seconds : 0;
+    return s < 1 ? s : 1;
+}
+
+void nb_verdict(const nb_run *r, double compute_ms, int cores, char *buf, size_t len)
+{
+    if (compute_ms > 0 && !isnan(r->stall_pct) && r->stall_pct <= NB_STALL_NOISE) {
+        snprintf(buf, len, "bottleneck: the consumer (the %.3g ms step): the loader keeps "
+                 "up (stall %.1f%%); a faster model step is what would go faster",
+                 compute_ms, r->stall_pct);
+        return;
+    }
+    double ws = r->wall_s * (r->workers > 0 ? r->workers : 1);
+    struct { const char *what, *todo; double s; } c[] = {
+        {"the disk (workers waited for reads", "pack the data (npyload-pack, --narrow for "
+         "8-bit data stored wider), a faster disk, or more workers to keep more reads in "
+         "flight", share(r->read_wait_ns, ws)},
+        {"decode (zstd in the workers", "more cores, a faster level (npyload-pack -l 1) or --narrow, or "
+         "keep hot data raw in the page cache", share(r->decode_ns, ws)},
+        {"host transforms (in the workers", "move the transform to the GPU (device=\"cuda\": the kernel "
+         "runs after the copy, PCIe carries the stored dtype)", share(r->transform_ns, ws)},
+        {"the H2D copy (copy engine busy", "a narrower dtype on the wire (transform on the "
+         "GPU), pinned slots (pin_memory)", share(r->h2d_ns, r->wall_s)},
+    };
+    /* Read waits name the disk only when the cores idled meanwhile: a read
+     * from the page cache is a copy that keeps its core busy. */
+    int busy = r->workers < cores ? r->workers : cores;
+    if (r->cpu_pct >= 75.0 * (busy > 0 ? busy : 1))
+        c[0].s = 0;
+    int k = -1;
+    for (int i = 0; i < 4; i++)
+        if (c[i].s > NB_VERDICT_SHARE && (k < 0 || c[i].s > c[k].s))
+            k = i;
+    if (k < 0) {
+        snprintf(buf, len, "bottleneck: copies on the CPU (reads from the page cache into "
+                 "the slots, %.0f%% cpu for %d workers): more workers if cores are free, "
+                 "else it is at the machine's copy rate", r->cpu_pct, r->workers);
+        return;
+    }
+    snprintf(buf, len, "bottleneck: %s %.0f%% of the time): %s", c[k].what, 100 * c[k].s,
+             c[k].todo);
+}
+
 void nb_format_paste(const nb_config *cfg, const nb_recommendation *r, char *py,
                      size_t pylen, char *c, size_t clen)
 {

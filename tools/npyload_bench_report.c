@@ -128,10 +128,11 @@ static void nb_json_recommendation(FILE *f, const nb_recommendation *rec, double
               ",\n  \"recommendation\": {\n    \"workers\": %d,\n    \"prefetch\": %d,"
               "\n    \"io\": %s,\n    \"run_index\": %d,\n    \"gbps\": %g,"
               "\n    \"samples_per_s\": %g,\n    \"frac_of_best\": %g,\n    \"stall_pct\": %g,"
-              "\n    \"slot_mib\": %g,\n    \"criterion\": %s,\n    \"line\": %s\n  }",
+              "\n    \"slot_mib\": %g,\n    \"criterion\": %s,\n    \"line\": %s,"
+              "\n    \"verdict\": %s\n  }",
               rec->workers, rec->prefetch, rec->io, rec->run_index, rec->gbps,
               rec->samples_per_s, rec->frac_of_best, rec->stall_pct, rec->slot_mib,
-              rec->criterion, line);
+              rec->criterion, line, rec->verdict);
 }
 
 /* The newline-separated warnings as an array of strings. */

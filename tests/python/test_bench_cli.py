@@ -105,9 +105,14 @@ def test_grid_json_plot(bench, dataset, tmp_path):
     assert (chosen["workers"], chosen["prefetch"]) == (rec["workers"], rec["prefetch"])
     assert rec["line"] == line[0]
     best = max(r["gbps"] for r in runs)
-    assert rec["gbps"] >= 0.95 * best
+    # Only 2+ slots are recommended (one slot cannot overlap a step): within
+    # 5 % of the best run, or else the best 2-slot run.
+    eligible = [r for r in runs if r["prefetch"] >= 2]
+    assert rec["prefetch"] >= 2
+    if rec["gbps"] < 0.95 * best:
+        assert rec["gbps"] == max(r["gbps"] for r in eligible)
     # No smaller qualifying configuration exists.
-    for r in runs:
+    for r in eligible:
         if r["gbps"] >= 0.95 * best:
             assert (r["workers"], r["prefetch"]) >= (rec["workers"], rec["prefetch"])
     ceil = {c["name"]: c for c in doc["ceilings"]}
