@@ -94,6 +94,10 @@ static const char usage[] =
     "                       [,mean=A:B..][,std=A:B..][,channels_last], dtype\n"
     "                       keep|float32|float16|bfloat16, X a number or A/B;\n"
     "                       e.g. images=float32,scale=1/255,mean=0.5,std=0.25\n"
+    "  --ranks R            R loaders at once, rank r of R (as torchrun\n"
+    "                       --nproc_per_node=R runs them, here as threads):\n"
+    "                       workers and prefetch per rank, samples/s the\n"
+    "                       node's total; host steps only (not with --device)\n"
     "  --no-read-ahead      workers read each batch only when they start it\n"
     "                       (READ_AHEAD -1), to compare with the default\n"
     "  --json FILE          every run, the ceilings and the machine (schema:\n"
@@ -309,7 +313,7 @@ static void add_transform(nb_config *cfg, const char *a)
 
 enum {
     OPT_BATCH_SIZE = 256, OPT_WORKERS, OPT_PREFETCH, OPT_IO, OPT_SHUFFLE, OPT_DEVICE,
-    OPT_BATCHES, OPT_SECONDS, OPT_COMPUTE_MS, OPT_COLD, OPT_DIRECT, OPT_NO_READ_AHEAD, OPT_TRANSFORM, OPT_JSON, OPT_PLOT,
+    OPT_BATCHES, OPT_SECONDS, OPT_COMPUTE_MS, OPT_COLD, OPT_DIRECT, OPT_NO_READ_AHEAD, OPT_TRANSFORM, OPT_RANKS, OPT_JSON, OPT_PLOT,
     OPT_VERSION,
 };
 
@@ -327,6 +331,7 @@ static const struct option longopts[] = {
     {"direct", no_argument, NULL, OPT_DIRECT},
     {"no-read-ahead", no_argument, NULL, OPT_NO_READ_AHEAD},
     {"transform", required_argument, NULL, OPT_TRANSFORM},
+    {"ranks", required_argument, NULL, OPT_RANKS},
     {"json", required_argument, NULL, OPT_JSON},
     {"plot", required_argument, NULL, OPT_PLOT},
     {"quiet", no_argument, NULL, 'q'},
@@ -361,6 +366,7 @@ static void apply_opt(nb_ctx *ctx, nb_config *cfg, opts *o, int opt, const char 
     case OPT_COLD: cfg->cold = 1; break;
     case OPT_DIRECT: cfg->direct = 1; break;
     case OPT_NO_READ_AHEAD: cfg->no_read_ahead = 1; break;
+    case OPT_RANKS: cfg->ranks = (int)parse_int("--ranks", v, 1, 64); break;
     case OPT_TRANSFORM:
         if (o->ntransforms == NB_MAX_FIELDS)
             die_usage("--transform: at most %d", NB_MAX_FIELDS);
@@ -375,6 +381,7 @@ static void apply_opt(nb_ctx *ctx, nb_config *cfg, opts *o, int opt, const char 
 static void parse_args(int argc, char **argv, nb_ctx *ctx, nb_config *cfg, opts *o)
 {
     cfg->batch_size = 128;
+    cfg->ranks = 1;
     cfg->device = -1;
     cfg->seconds = 1.5;
     o->nworkers = parse_list("1,2", o->workers, NB_MAX_GRID, "--workers");
@@ -409,6 +416,8 @@ static void parse_args(int argc, char **argv, nb_ctx *ctx, nb_config *cfg, opts 
         add_field(cfg, argv[i]);
     for (int i = 0; i < o->ntransforms; i++)
         add_transform(cfg, o->transforms[i]);
+    if (cfg->ranks > 1 && cfg->device >= 0)
+        die_usage("--ranks with --device: one GPU per rank is not measured here yet");
     if (cfg->nfields == 0)
         die_usage("no field given (name=GLOB)");
     if (cfg->batches > 0 && o->seconds_given)
@@ -680,6 +689,10 @@ static int report(const nb_ctx *ctx, const nb_report *rep, const opts *o, int no
     if (!ctx->quiet && rep->rec->valid) {
         char py[2048], c[512];
         nb_format_paste(rep->config, rep->rec, py, sizeof py, c, sizeof c);
+        if (rep->config->ranks > 1)
+            printf("  per rank, %d ranks (torchrun --nproc_per_node=%d): the node delivers "
+                   "%.0f samples/s\n", rep->config->ranks, rep->config->ranks,
+                   rep->rec->samples_per_s);
         printf("  python: %s\n  C:      %s\n", py, c);
         printf("%s\n", rep->rec->verdict);
     }

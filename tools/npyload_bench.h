@@ -132,6 +132,10 @@ typedef struct nb_config {
     int cold;
     int direct;
     int no_read_ahead;         /* --no-read-ahead: READ_AHEAD -1 */
+    int ranks;                 /* --ranks R: R loaders at once (rank r of R), as
+                                  torchrun --nproc_per_node=R runs them; a
+                                  run's workers and prefetch are per rank, its
+                                  samples/s the node's total */
     int nfields;
     nb_field_info fields[NB_MAX_FIELDS];
     int64_t num_samples;

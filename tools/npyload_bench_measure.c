@@ -162,7 +162,7 @@ static void run_error(nb_run *r, const char *stage, int rc, const npyload_loader
 
 /* A started loader for the configuration, or NULL (r->error says why). */
 static npyload_loader *run_loader(const nb_config *cfg, int workers, int prefetch, int io,
-                                  nb_run *r)
+                                  int rank, nb_run *r)
 {
     npyload_loader *L = NULL;
     int rc = npyload_loader_create(&L);
@@ -181,6 +181,8 @@ static npyload_loader *run_loader(const nb_config *cfg, int workers, int prefetc
         {NPYLOAD_OPT_DEVICE, cfg->device, "device"},
         {NPYLOAD_OPT_DIRECT_IO, cfg->direct, "direct_io"},
         {NPYLOAD_OPT_READ_AHEAD, cfg->no_read_ahead ? -1 : 0, "read_ahead"},
+        {NPYLOAD_OPT_WORLD_SIZE, cfg->ranks > 1 ? cfg->ranks : 1, "world_size"},
+        {NPYLOAD_OPT_RANK, rank, "rank"},
     };
     for (size_t i = 0; rc == 0 && i < sizeof set / sizeof set[0]; i++) {
         stage = set[i].name;
@@ -262,7 +264,7 @@ static int next_batch(npyload_loader *L, const nb_config *cfg, uint64_t *epoch,
  * Fills samples, wall_s, stall and cpu. @return : 0, NPYLOAD_EOF or an
  * error. */
 static int run_timed(nb_ctx *ctx, npyload_loader *L, const nb_config *cfg, nb_gpu_step *step,
-                     const char *what, lat_log *lat, nb_run *r)
+                     const char *what, int show, lat_log *lat, nb_run *r)
 {
     uint64_t compute_ns = (uint64_t)(cfg->compute_ms * 1e6);
     uint64_t bound_ns = (uint64_t)(cfg->seconds * 1e9), epoch = 0, in_next = 0;
@@ -291,7 +293,8 @@ static int run_timed(nb_ctx *ctx, npyload_loader *L, const nb_config *cfg, nb_gp
         uint64_t el = nb_now_ns() - t0;
         double frac = cfg->batches > 0 ? (double)lat->n / (double)cfg->batches
                                        : (double)el / (double)bound_ns;
-        progress(&ctx->prog, frac, what);
+        if (show)
+            progress(&ctx->prog, frac, what);
         if (cfg->batches > 0 ? (int64_t)lat->n >= cfg->batches : el >= bound_ns && lat->n >= 2)
             break;
     }
@@ -353,6 +356,27 @@ static void run_init(nb_run *r, const nb_config *cfg, int workers, int prefetch,
     r->slot_mib = (double)prefetch * (double)cfg->batch_bytes / 1048576.0;
 }
 
+/* Adds a loader's counters to the run (summed over the ranks' loaders). */
+static void add_stats(npyload_loader *L, nb_run *r)
+{
+    npyload_stats st;
+    if (npyload_loader_get_stats(L, &st, sizeof st) != 0)
+        return;
+    r->pinned = st.pinned;
+    r->direct_io = st.direct_io;
+    r->gather_bytes += st.gather_bytes;
+    r->gather_requests += st.gather_requests;
+    r->read_requests += st.read_requests;
+    r->bytes_read += st.bytes_read;
+    r->compressed_bytes_read += st.compressed_bytes_read;
+    r->decompressed_bytes += st.decompressed_bytes;
+    r->decode_ns += st.decode_ns;
+    r->read_ahead_batches += st.read_ahead_batches;
+    r->read_wait_ns += st.read_wait_ns;
+    r->transform_ns += st.transform_ns;
+    r->h2d_ns += st.h2d_ns;
+}
+
 /* Measures a started loader: warm-up, timed part, figures, stats. */
 static void run_loader_measure(nb_ctx *ctx, npyload_loader *L, const nb_config *cfg,
                                int prefetch, double ceiling_gbps, nb_run *r)
@@ -378,7 +402,7 @@ static void run_loader_measure(nb_ctx *ctx, npyload_loader *L, const nb_config *
     char what[64];
     snprintf(what, sizeof what, "%s w=%d p=%d", r->io_requested_name, r->workers, prefetch);
     lat_log lat = {0};
-    rc = run_timed(ctx, L, cfg, step, what, &lat, r);
+    rc = run_timed(ctx, L, cfg, step, what, 1, &lat, r);
     nb_gpu_step_destroy(step);
     if (rc < 0) {
         free(lat.v);
@@ -387,24 +411,99 @@ static void run_loader_measure(nb_ctx *ctx, npyload_loader *L, const nb_config *
     }
     run_figures(cfg, ceiling_gbps, &lat, r);
     free(lat.v);
+    add_stats(L, r);
     npyload_stats st;
-    if (npyload_loader_get_stats(L, &st, sizeof st) == 0) {
-        r->pinned = st.pinned;
-        r->direct_io = st.direct_io;
-        r->gather_bytes = st.gather_bytes;
-        r->gather_requests = st.gather_requests;
-        r->read_requests = st.read_requests;
-        r->bytes_read = st.bytes_read;
-        r->compressed_bytes_read = st.compressed_bytes_read;
-        r->decompressed_bytes = st.decompressed_bytes;
-        r->decode_ns = st.decode_ns;
-        r->read_ahead_batches = st.read_ahead_batches;
-        r->read_wait_ns = st.read_wait_ns;
-        r->transform_ns = st.transform_ns;
-        r->h2d_ns = st.h2d_ns;
-        if (st.slot_bytes && st.num_slots)
-            r->slot_mib = (double)st.slot_bytes * (double)st.num_slots / 1048576.0;
+    if (npyload_loader_get_stats(L, &st, sizeof st) == 0 && st.slot_bytes && st.num_slots)
+        r->slot_mib = (double)st.slot_bytes * (double)st.num_slots / 1048576.0;
+}
+
+/* --ranks R: one loader per rank, each consumed by a thread of its own at
+ * once (host steps only); the run is the node's: samples summed, wall the
+ * longest, stall the ranks' mean, latencies pooled, counters and slot
+ * memory summed. workers and prefetch are per rank. */
+typedef struct rank_job {
+    nb_ctx *ctx;
+    const nb_config *cfg;
+    npyload_loader *L;
+    int prefetch, rank;
+    char what[64];
+    nb_run r;
+    lat_log lat;
+    int rc;
+} rank_job;
+
+static void *rank_main(void *arg)
+{
+    rank_job *j = arg;
+    j->rc = run_warmup(j->L, j->cfg, j->prefetch);
+    if (j->rc >= 0)
+        j->rc = run_timed(j->ctx, j->L, j->cfg, NULL, j->what, j->rank == 0, &j->lat, &j->r);
+    return NULL;
+}
+
+static void run_ranks(nb_ctx *ctx, const nb_config *cfg, int workers, int prefetch, int io,
+                      double ceiling_gbps, nb_run *r)
+{
+    int R = cfg->ranks;
+    rank_job *j = calloc((size_t)R, sizeof *j);
+    pthread_t *th = calloc((size_t)R, sizeof *th);
+    int started = 0, ok = j && th;
+    if (!ok)
+        snprintf(r->error, sizeof r->error, "out of memory");
+    for (int k = 0; ok && k < R; k++) {
+        j[k] = (rank_job){.ctx = ctx, .cfg = cfg, .prefetch = prefetch, .rank = k};
+        snprintf(j[k].what, sizeof j[k].what, "%s w=%d p=%d x%d", r->io_requested_name,
+                 workers, prefetch, R);
+        j[k].L = run_loader(cfg, workers, prefetch, io, k, r);
+        ok = j[k].L != NULL;
     }
+    if (ok && ctx->hwm_ok)
+        reset_hwm();
+    for (int k = 0; ok && k < R; k++) {
+        if (pthread_create(&th[k], NULL, rank_main, &j[k]) != 0) {
+            snprintf(r->error, sizeof r->error, "cannot start rank thread %d", k);
+            ok = 0;
+            break;
+        }
+        started++;
+    }
+    for (int k = 0; k < started; k++)
+        pthread_join(th[k], NULL);
+    lat_log lat = {0};
+    double stall = 0, cpu = 0;
+    if (ok)
+        r->slot_mib = 0; /* the ranks' slots, summed below */
+    for (int k = 0; ok && k < R; k++) {
+        if (j[k].rc < 0) {
+            run_error(r, "next", j[k].rc, j[k].L);
+            ok = 0;
+            break;
+        }
+        r->samples += j[k].r.samples;
+        r->wall_s = j[k].r.wall_s > r->wall_s ? j[k].r.wall_s : r->wall_s;
+        stall += j[k].r.stall_pct / R;
+        cpu = j[k].r.cpu_pct > cpu ? j[k].r.cpu_pct : cpu; /* process-wide already */
+        for (size_t i = 0; i < j[k].lat.n; i++)
+            lat_add(&lat, j[k].lat.v[i]);
+        add_stats(j[k].L, r);
+        npyload_stats st;
+        if (npyload_loader_get_stats(j[k].L, &st, sizeof st) == 0)
+            r->slot_mib += (double)st.slot_bytes * (double)st.num_slots / 1048576.0;
+    }
+    if (ok) {
+        snprintf(r->io_used, sizeof r->io_used, "%s",
+                 npyload_backend_name(npyload_loader_backend(j[0].L)));
+        r->stall_pct = stall;
+        r->cpu_pct = cpu;
+        run_figures(cfg, ceiling_gbps, &lat, r);
+    }
+    free(lat.v);
+    for (int k = 0; j && k < R; k++) {
+        free(j[k].lat.v);
+        npyload_loader_destroy(j[k].L);
+    }
+    free(j);
+    free(th);
 }
 
 void nb_run_one(nb_ctx *ctx, const nb_config *cfg, int workers, int prefetch, int io,
@@ -417,7 +516,15 @@ void nb_run_one(nb_ctx *ctx, const nb_config *cfg, int workers, int prefetch, in
     long base_kb = nb_proc_status_kb("VmRSS");
     r->base_rss_mib = base_kb > 0 ? base_kb / 1024.0 : 0;
 
-    npyload_loader *L = run_loader(cfg, workers, prefetch, io, r);
+    if (cfg->ranks > 1) {
+        run_ranks(ctx, cfg, workers, prefetch, io, ceiling_gbps, r);
+        long hwm = nb_proc_status_kb("VmHWM");
+        r->peak_rss_mib = hwm > 0 ? hwm / 1024.0 : 0;
+        ctx->prog.done++;
+        progress_clear(&ctx->prog);
+        return;
+    }
+    npyload_loader *L = run_loader(cfg, workers, prefetch, io, 0, r);
     if (L) {
         snprintf(r->io_used, sizeof r->io_used, "%s",
                  npyload_backend_name(npyload_loader_backend(L)));

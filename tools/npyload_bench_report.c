@@ -43,10 +43,12 @@ static void nb_json_config(FILE *f, const nb_config *c)
               ",\n  \"config\": {\n    \"batch_size\": %d,\n    \"shuffle\": %s,"
               "\n    \"device\": %s,\n    \"batches\": %lld,\n    \"seconds\": %g,"
               "\n    \"compute_ms\": %g,\n    \"cold\": %c,\n    \"direct\": %c,"
+              "\n    \"ranks\": %d,"
               "\n    \"num_samples\": %lld,\n    \"batch_bytes\": %llu,"
               "\n    \"ceiling_reference\": %s,\n    \"note\": %s,\n    \"fields\": [",
               c->batch_size, nb_shuffle_name(c->shuffle), dev, (long long)c->batches,
-              c->seconds, c->compute_ms, c->cold, c->direct, (long long)c->num_samples,
+              c->seconds, c->compute_ms, c->cold, c->direct, c->ranks > 1 ? c->ranks : 1,
+              (long long)c->num_samples,
               (unsigned long long)c->batch_bytes, c->ceiling_ref, c->note);
     for (int i = 0; i < c->nfields; i++) {
         const nb_field_info *fi = &c->fields[i];

@@ -341,3 +341,26 @@ def test_transform_spec_is_measured_and_pasted(bench, dataset, tmp_path):
     assert bad.returncode == 2 and "no field of that name" in bad.stderr
     bad = run(bench, *fields(dataset), "--transform", "images=float32,scale=x")
     assert bad.returncode == 2
+
+
+def test_ranks_run_loaders_side_by_side(bench, dataset, tmp_path):
+    """--ranks 2: two loaders (rank 0 and 1 of 2) consumed at once; each
+    run's samples are the node's (both ranks'), its slot memory both
+    loaders'; the recommendation says it is per rank."""
+    out_json = tmp_path / "r.json"
+    p = run(bench, *fields(dataset), "--workers", "1", "--prefetch", "2", "--batches", "3",
+            "--batch-size", "5", "--ranks", "2", "--json", out_json)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(out_json.read_text())
+    check_schema(doc)
+    assert doc["config"]["ranks"] == 2
+    (r,) = doc["runs"]
+    assert r["ok"] and r["samples"] == 2 * 3 * 5 and r["batches"] == 6
+    one = run(bench, *fields(dataset), "--workers", "1", "--prefetch", "2", "--batches", "3",
+              "--batch-size", "5", "--json", tmp_path / "one.json")
+    assert one.returncode == 0
+    (r1,) = json.loads((tmp_path / "one.json").read_text())["runs"]
+    assert r["slot_mib"] == pytest.approx(2 * r1["slot_mib"])
+    assert "per rank, 2 ranks (torchrun --nproc_per_node=2)" in p.stdout
+    bad = run(bench, *fields(dataset), "--ranks", "2", "--device", "cuda:0")
+    assert bad.returncode == 2
