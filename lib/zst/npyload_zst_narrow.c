@@ -44,6 +44,21 @@ static uint64_t load(const unsigned char *p, unsigned w)
     return v;
 }
 
+/* The first position of the sorted set not below v (binary search: at
+ * most 8 steps). */
+static size_t lower_bound(const npyl_zst_narrow_scan *s, uint64_t v)
+{
+    size_t lo = 0, hi = s->count;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (s->set[mid] < v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 void npyl_zst_narrow_begin(npyl_zst_narrow_scan *s, unsigned itemsize)
 {
     memset(s, 0, sizeof *s);
@@ -56,15 +71,7 @@ int npyl_zst_narrow_add(npyl_zst_narrow_scan *s, const void *data, size_t n)
     const unsigned w = s->itemsize;
     for (size_t i = 0; i + w <= n; i += w) {
         uint64_t v = load(p + i, w);
-        /* sorted set, binary search: at most 8 steps */
-        size_t lo = 0, hi = s->count;
-        while (lo < hi) {
-            size_t mid = (lo + hi) / 2;
-            if (s->set[mid] < v)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
+        size_t lo = lower_bound(s, v);
         if (lo < s->count && s->set[lo] == v)
             continue;
         if (s->count == NPYL_ZST_NARROW_MAX) {
@@ -84,16 +91,7 @@ void npyl_zst_narrow_codes(const npyl_zst_narrow_scan *s, const void *data, size
     const unsigned char *p = data;
     const unsigned w = s->itemsize;
     for (size_t i = 0, k = 0; i + w <= n; i += w, k++) {
-        uint64_t v = load(p + i, w);
-        size_t lo = 0, hi = s->count;
-        while (lo < hi) {
-            size_t mid = (lo + hi) / 2;
-            if (s->set[mid] < v)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        codes[k] = (unsigned char)lo; /* every value was added: found */
+        codes[k] = (unsigned char)lower_bound(s, load(p + i, w)); /* every value was added */
     }
 }
 
