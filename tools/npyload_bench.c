@@ -636,7 +636,7 @@ static double read_wait_share(const nb_run *r)
 
 #define WAIT_SHARE_EXTEND 0.25 /* above it, more workers than cores may pay */
 
-/* The grid goes past its largest worker count when the best run had that
+/* With --cold, the grid goes past its largest worker count when the best run had that
  * many workers, its workers waited for reads more than WAIT_SHARE_EXTEND of
  * the time, and the cores were idle meanwhile (the process used less than
  * 3/4 of min(workers, cores) cores: a read from the page cache is a copy
@@ -657,7 +657,10 @@ static size_t extend_grid(nb_ctx *ctx, nb_config *cfg, const opts *o, double ref
     }
     double share = best ? read_wait_share(best) : 0;
     int w = 2 * max_w;
-    if (!best || best->workers != max_w || share <= WAIT_SHARE_EXTEND || w > 4 * cores)
+    /* Only cold (--cold): from the page cache a read is a copy, and short
+     * runs of small batches can look idle without any device wait. */
+    if (!cfg->cold || !best || best->workers != max_w || share <= WAIT_SHARE_EXTEND ||
+        w > 4 * cores)
         return 0;
     int busy = best->workers < cores ? best->workers : cores;
     if (best->cpu_pct >= 75.0 * busy)
