@@ -714,7 +714,49 @@ typedef struct npyload_stats {
                                    when nothing could overlap), summed
                                    (high: the disk is the limit; near 0:
                                    the cores are) */
+    uint64_t elapsed_ns;        /* wall time since start() */
+    uint64_t step_ns;           /* the consumer's time between a next()
+                                   returning and its following call, summed:
+                                   the training step as the loop ran it
+                                   (wait_ns is the loop's other part) */
+    uint64_t worker_cpu_ns;     /* CPU time of the workers and their
+                                   read-ahead threads (and of a synchronous
+                                   loader's next() while it reads), summed */
+    uint64_t num_workers;       /* worker threads (0: synchronous) */
+    uint64_t read_blocked_ns;   /* off-CPU time of the threads reading
+                                   (wall minus CPU time of the reads),
+                                   summed: waiting for a device. A read from
+                                   the page cache is a copy on the CPU and
+                                   adds ~0 (with zstd, decode time inside
+                                   the read is on the CPU too) */
 } npyload_stats;
+
+/*! npyload_stats_verdict() : one line naming where the time of `s` went
+ * (the bottleneck) and what to do about it, for logs and bug reports.
+ * `hook_ns` is the time a per-batch hook ran on a thread of its own between
+ * the loader and the loop (0 without one; then wait_ns and step_ns are the
+ * loop's own). The rules, first match wins:
+ *  - fewer than 2 batches delivered: nothing to judge;
+ *  - the consumer: the loop waited at most NPYLOAD_VERDICT_IDLE (5 %) of
+ *    wait_ns + step_ns: the loader keeps up, the step is the limit;
+ *  - the hook: it ran at least NPYLOAD_VERDICT_HOOK (50 %) of elapsed_ns;
+ *  - else the largest share above NPYLOAD_VERDICT_SHARE (40 %) among
+ *    the disk (the workers' time waiting for reads, read_wait_ns with
+ *    read-ahead, else io_ns, over elapsed_ns x workers, but at most the
+ *    share of read_blocked_ns: a read from the page cache is a copy that
+ *    keeps its thread on the CPU, not a wait for the disk), zstd decode
+ *    (decode_ns), host
+ *    transforms (transform_ns), each over elapsed_ns x workers, and the H2D
+ *    copy (h2d_ns over elapsed_ns);
+ *  - else copies on the CPU (reads into the slots).
+ * The line starts with "bottleneck: " and one of "none", "the consumer",
+ * "the hook", "the disk", "decode", "host transforms", "the H2D copy",
+ * "CPU copies". @return : 0 or NPYLOAD_EINVAL. */
+#define NPYLOAD_VERDICT_IDLE 0.05
+#define NPYLOAD_VERDICT_HOOK 0.50
+#define NPYLOAD_VERDICT_SHARE 0.40
+NPYLOAD_API int npyload_stats_verdict(const npyload_stats *s, uint64_t hook_ns, char *buf,
+                                      size_t len);
 
 /*! npyload_loader_last_skip_error() : with ON_ERROR skip, copies the message
  * of the last failure that made a sample be skipped (or a retry happen) to

@@ -532,37 +532,118 @@ Test(bench_zst, json_object_and_null)
 
 /* ---- where the time goes ---- */
 
-Test(bench_verdict, names_each_bottleneck)
+/* nb_verdict is the library's verdict on the timed counters; without a
+ * step (compute_ms 0) the consumer is never named. */
+Test(bench_verdict, uses_the_timed_counters_and_the_step)
 {
     char v[512];
     nb_run r = mk(2, 4, "auto", 1.0, 0.5, 1);
-    r.wall_s = 10;
-    nb_verdict(&r, 20.0, 2, v, sizeof v);
+    r.timed.batches_delivered = 50;
+    r.timed.num_workers = 2;
+    r.timed.elapsed_ns = 10000000000ull;
+    r.timed.wait_ns = 100000000ull; /* 1 % of the loop */
+    r.timed.step_ns = 9900000000ull;
+    nb_verdict(&r, 20.0, v, sizeof v);
     cr_assert(strstr(v, "bottleneck: the consumer"), "%s", v);
-    r.stall_pct = 30;
-    r.read_wait_ns = 15000000000ull; /* 15 of 20 worker-seconds */
-    nb_verdict(&r, 20.0, 2, v, sizeof v);
-    cr_assert(strstr(v, "bottleneck: the disk") && strstr(v, "75%"), "%s", v);
-    r.cpu_pct = 180; /* the same waits with busy cores: copies, not the disk */
-    nb_verdict(&r, 20.0, 2, v, sizeof v);
-    cr_assert(strstr(v, "bottleneck: copies on the CPU"), "%s", v);
-    r.cpu_pct = 0;
-    r.read_wait_ns = 0;
-    r.decode_ns = 12000000000ull;
-    nb_verdict(&r, 0, 2, v, sizeof v);
-    cr_assert(strstr(v, "bottleneck: decode"), "%s", v);
-    r.transform_ns = 16000000000ull;
-    nb_verdict(&r, 0, 2, v, sizeof v);
-    cr_assert(strstr(v, "bottleneck: host transforms") && strstr(v, "GPU"), "%s", v);
-    r.decode_ns = r.transform_ns = 0;
-    r.h2d_ns = 9000000000ull; /* 9 of 10 wall seconds */
-    nb_verdict(&r, 0, 2, v, sizeof v);
-    cr_assert(strstr(v, "bottleneck: the H2D copy"), "%s", v);
-    r.h2d_ns = 0;
-    r.cpu_pct = 190;
-    nb_verdict(&r, 0, 2, v, sizeof v);
-    cr_assert(strstr(v, "bottleneck: copies on the CPU"), "%s", v);
-    r.stall_pct = NAN; /* no step: the consumer is never named */
-    nb_verdict(&r, 0, 2, v, sizeof v);
+    nb_verdict(&r, 0, v, sizeof v);
     cr_assert(!strstr(v, "consumer"), "%s", v);
+    r.timed.decode_ns = 12000000000ull;
+    nb_verdict(&r, 0, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: decode"), "%s", v);
+}
+
+/* ---- close candidates: repeated, averaged, then the noise decides ---- */
+
+Test(bench_close, candidates_are_the_runs_within_noise_pick_first)
+{
+    nb_run runs[] = {mk(1, 2, "auto", 1.0, 30.0, 1), mk(1, 4, "auto", 1.0, 10.5, 1),
+                     mk(2, 4, "auto", 1.0, 9.5, 1), mk(2, 8, "auto", 1.0, 9.0, 1),
+                     mk(4, 8, "auto", 1.0, 12.0, 1)};
+    size_t n = sizeof runs / sizeof runs[0];
+    nb_recommendation rec;
+    cr_assert_eq(nb_recommend(runs, n, 20.0, &rec), 1, "least memory within 2 points");
+    int idx[3];
+    size_t k = nb_close_candidates(runs, n, 20.0, &rec, idx, 3);
+    cr_assert_eq(k, 3);
+    cr_assert_eq(idx[0], 1);
+    cr_assert_eq(idx[1], 3, "the closest to the least stall next");
+    cr_assert_eq(idx[2], 2);
+    /* 12.0 is 3 points above: not a candidate; nor the 30 % run. */
+    cr_assert_eq(nb_close_candidates(runs, n, 20.0, &rec, idx, 8), 3);
+    /* Alone within noise: nothing to repeat. */
+    nb_run lone[] = {mk(1, 2, "auto", 1.0, 40.0, 1), mk(2, 4, "auto", 1.0, 5.0, 1)};
+    nb_recommend(lone, 2, 20.0, &rec);
+    cr_assert_eq(nb_close_candidates(lone, 2, 20.0, &rec, idx, 3), 1);
+}
+
+Test(bench_close, repeat_averages_and_measured_spread_widens_the_noise)
+{
+    nb_run runs[] = {mk(1, 4, "auto", 1.0, 10.5, 1), mk(2, 4, "auto", 1.2, 9.0, 1)};
+    runs[1].slot_mib = runs[0].slot_mib; /* same memory: fewer workers wins ties */
+    nb_recommendation rec;
+    cr_assert_eq(nb_recommend(runs, 2, 20.0, &rec), 0);
+    /* The repeat of run 0 says 16.5: mean 13.5, spread 6 (noise 3 points). */
+    nb_run again = mk(1, 4, "auto", 0.8, 16.5, 1);
+    nb_merge_repeat(&runs[0], &again, 20.0);
+    cr_assert_eq(runs[0].repeats, 2);
+    cr_assert_float_eq(runs[0].stall_pct, 13.5, 1e-9);
+    cr_assert_float_eq(runs[0].gbps, 0.9, 1e-9);
+    cr_assert_float_eq(runs[0].spread, 6.0, 1e-9);
+    cr_assert_float_eq(nb_noise(runs, 2, 20.0), 3.0, 1e-9);
+    nb_run again1 = mk(2, 4, "auto", 1.2, 9.2, 1);
+    nb_merge_repeat(&runs[1], &again1, 20.0);
+    /* 13.5 vs 9.1: 4.4 points apart, above the measured noise of 3. */
+    cr_assert_eq(nb_recommend(runs, 2, 20.0, &rec), 1);
+    int idx[] = {1, 0};
+    nb_format_close(runs, 2, idx, 2, 20.0, &rec);
+    cr_assert(strstr(rec.close, "measured 2 times") && strstr(rec.close, "separated"), "%s",
+              rec.close);
+    /* A noisier machine: spread 10 -> noise 5: within it, fewer workers. */
+    runs[0].spread = 10.0;
+    cr_assert_eq(nb_recommend(runs, 2, 20.0, &rec), 0);
+    nb_format_close(runs, 2, idx, 2, 20.0, &rec);
+    cr_assert(strstr(rec.close, "within the noise (5.0 points)") &&
+              strstr(rec.close, "least slot memory"), "%s", rec.close);
+}
+
+/* "What to do next" follows the verdict. */
+Test(bench_next_steps, follows_the_verdict)
+{
+    nb_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.device = -1;
+    cfg.compute_ms = 12;
+    nb_run r = mk(2, 4, "auto", 1.0, 0.5, 1);
+    r.frac_of_ceiling = 0.9;
+    nb_recommendation rec;
+    memset(&rec, 0, sizeof rec);
+    rec.valid = 1;
+    char s[640];
+    struct {
+        const char *verdict, *want;
+    } cases[] = {
+        {"bottleneck: the consumer (...)", "model step"},
+        {"bottleneck: the disk (...)", "--cold --workers up to 4"},
+        {"bottleneck: decode (...)", "npyload-pack -l 1"},
+        {"bottleneck: host transforms (...)", "device=\"cuda\""},
+        {"bottleneck: the H2D copy (...)", "pinned"},
+        {"bottleneck: CPU copies (...)", "90% of the machine's measured copy ceiling"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(rec.verdict, sizeof rec.verdict, "%s", cases[i].verdict);
+        nb_next_steps(&cfg, &rec, &r, NULL, 2, s, sizeof s);
+        cr_assert(strstr(s, cases[i].want), "%s -> %s", cases[i].verdict, s);
+    }
+    nb_zst_report z;
+    memset(&z, 0, sizeof z);
+    z.valid = 1;
+    z.pays = 1;
+    z.expected_cold_sps = 2345;
+    snprintf(rec.verdict, sizeof rec.verdict, "bottleneck: the disk (...)");
+    nb_next_steps(&cfg, &rec, &r, &z, 2, s, sizeof s);
+    cr_assert(strstr(s, "expected cold 2345 samples/s packed"), "%s", s);
+    r.workers = 1; /* a core free: more workers */
+    snprintf(rec.verdict, sizeof rec.verdict, "bottleneck: CPU copies (...)");
+    nb_next_steps(&cfg, &rec, &r, NULL, 2, s, sizeof s);
+    cr_assert(strstr(s, "--workers up to 2"), "%s", s);
 }

@@ -1074,7 +1074,7 @@ Test(io_reads, truncated_then_grown_uring)
 
 static npyl_io_counters counters(const npyl_io *io)
 {
-    npyl_io_counters c = {0, 0, 0, 0};
+    npyl_io_counters c = {0};
     npyl_io_counters_add(io, &c);
     return c;
 }

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -1357,4 +1358,95 @@ Test(loader_options, option_range_is_what_set_accepts)
     cr_assert_eq(npyload_option_range((npyload_option)999, &a, &b), NPYLOAD_EINVAL);
     cr_assert_eq(npyload_option_range(NPYLOAD_OPT_PREFETCH, NULL, &b), NPYLOAD_EINVAL);
     npyload_loader_destroy(L);
+}
+
+/* ---- where the time goes (npyload_stats_verdict) ---- */
+
+Test(loader_verdict, names_each_bottleneck_by_its_documented_rule)
+{
+    char v[512];
+    npyload_stats s;
+    memset(&s, 0, sizeof s);
+    cr_assert_eq(npyload_stats_verdict(&s, 0, v, sizeof v), 0);
+    cr_assert(strstr(v, "bottleneck: none"), "%s", v);
+    cr_assert_eq(npyload_stats_verdict(NULL, 0, v, sizeof v), NPYLOAD_EINVAL);
+    s.batches_delivered = 100;
+    s.elapsed_ns = 10000000000ull; /* 10 s, 2 workers: 20 worker-seconds */
+    s.num_workers = 2;
+    s.wait_ns = 400000000ull;  /* 0.4 s of a 10 s loop: 4 % <= 5 % */
+    s.step_ns = 9600000000ull;
+    cr_assert_eq(npyload_stats_verdict(&s, 0, v, sizeof v), 0);
+    cr_assert(strstr(v, "bottleneck: the consumer") && strstr(v, "4.0%"), "%s", v);
+    s.wait_ns = 3000000000ull; /* 30 %: the loader is behind */
+    s.step_ns = 7000000000ull;
+    s.read_ahead_batches = 90;
+    s.read_wait_ns = 15000000000ull; /* 15 of 20 worker-seconds, off the CPU */
+    s.read_blocked_ns = 16000000000ull;
+    s.worker_cpu_ns = 4000000000ull;
+    npyload_stats_verdict(&s, 0, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: the disk") && strstr(v, "75%"), "%s", v);
+    npyload_stats_verdict(&s, 6000000000ull, v, sizeof v); /* a hook busy 60 % */
+    cr_assert(strstr(v, "bottleneck: the hook") && strstr(v, "60%"), "%s", v);
+    s.read_blocked_ns = 1000000000ull; /* the same waits on the CPU: copies */
+    s.worker_cpu_ns = 18000000000ull;
+    npyload_stats_verdict(&s, 0, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: CPU copies"), "%s", v);
+    s.read_ahead_batches = 0; /* without read-ahead the wait is io_ns */
+    s.io_ns = 14000000000ull;
+    s.read_blocked_ns = 14000000000ull;
+    npyload_stats_verdict(&s, 0, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: the disk") && strstr(v, "70%"), "%s", v);
+    s.worker_cpu_ns = 0;
+    s.read_wait_ns = s.io_ns = s.read_blocked_ns = 0;
+    s.decode_ns = 12000000000ull;
+    npyload_stats_verdict(&s, 0, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: decode"), "%s", v);
+    s.transform_ns = 16000000000ull;
+    npyload_stats_verdict(&s, 0, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: host transforms") && strstr(v, "GPU"), "%s", v);
+    s.decode_ns = s.transform_ns = 0;
+    s.h2d_ns = 9000000000ull; /* 9 of 10 wall seconds */
+    npyload_stats_verdict(&s, 0, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: the H2D copy"), "%s", v);
+    s.h2d_ns = 0;
+    s.step_ns = 0; /* a loop with no step is never "the consumer" */
+    s.wait_ns = 0;
+    npyload_stats_verdict(&s, 0, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: CPU copies"), "%s", v);
+    char tiny[8];
+    cr_assert_eq(npyload_stats_verdict(&s, 0, tiny, sizeof tiny), 0);
+    cr_assert_eq(strlen(tiny), 7);
+}
+
+/* The counters behind the verdict on a running loader: the consumer's step
+ * (time between next() calls) is counted in step_ns, the workers' CPU time
+ * in worker_cpu_ns, and a consumer that sleeps 20 ms per batch is named. */
+Test(loader_verdict, slow_consumer_is_named_from_live_counters)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 2, .prefetch = 4, .batch = 4};
+    npyload_loader *L = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_batch *b;
+    int n = 0;
+    while (npyload_loader_next(L, &b) == 0) {
+        npyload_batch_release(b);
+        struct timespec ts = {0, 20 * 1000000};
+        nanosleep(&ts, NULL);
+        n++;
+    }
+    npyload_stats st;
+    cr_assert_eq(npyload_loader_get_stats(L, &st, sizeof st), 0);
+    cr_assert_eq(st.num_workers, 2);
+    /* n - 1 gaps between calls plus the one before the EOF call. */
+    cr_assert_geq(st.step_ns, (uint64_t)n * 20000000ull, "step_ns %llu for %d sleeps",
+                  (unsigned long long)st.step_ns, n);
+    cr_assert_geq(st.elapsed_ns, st.step_ns);
+    cr_assert_gt(st.worker_cpu_ns, 0);
+    char v[512];
+    cr_assert_eq(npyload_stats_verdict(&st, 0, v, sizeof v), 0);
+    cr_assert(strstr(v, "bottleneck: the consumer"), "%s (wait %llu step %llu)", v,
+              (unsigned long long)st.wait_ns, (unsigned long long)st.step_ns);
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
 }

@@ -98,6 +98,10 @@ static const char usage[] =
     "                       --nproc_per_node=R runs them, here as threads):\n"
     "                       workers and prefetch per rank, samples/s the\n"
     "                       node's total; host steps only (not with --device)\n"
+    "  --no-repeat          do not measure the close candidates a second time\n"
+    "                       (by default up to 3 runs as good as the pick\n"
+    "                       within noise are repeated and averaged before\n"
+    "                       the recommendation is final)\n"
     "  --no-read-ahead      workers read each batch only when they start it\n"
     "                       (READ_AHEAD -1), to compare with the default\n"
     "  --json FILE          every run, the ceilings and the machine (schema:\n"
@@ -114,6 +118,7 @@ typedef struct opts {
     int prefetch[NB_MAX_GRID], nprefetch;
     int io[NB_MAX_IO], nio;
     int seconds_given;
+    int no_repeat;            /* --no-repeat */
     const char *json, *plot;
     char plot_svg[4096];      /* --plot FILE.png: FILE.svg */
 } opts;
@@ -313,7 +318,7 @@ static void add_transform(nb_config *cfg, const char *a)
 
 enum {
     OPT_BATCH_SIZE = 256, OPT_WORKERS, OPT_PREFETCH, OPT_IO, OPT_SHUFFLE, OPT_DEVICE,
-    OPT_BATCHES, OPT_SECONDS, OPT_COMPUTE_MS, OPT_COLD, OPT_DIRECT, OPT_NO_READ_AHEAD, OPT_TRANSFORM, OPT_RANKS, OPT_JSON, OPT_PLOT,
+    OPT_BATCHES, OPT_SECONDS, OPT_COMPUTE_MS, OPT_COLD, OPT_DIRECT, OPT_NO_READ_AHEAD, OPT_NO_REPEAT, OPT_TRANSFORM, OPT_RANKS, OPT_JSON, OPT_PLOT,
     OPT_VERSION,
 };
 
@@ -330,6 +335,7 @@ static const struct option longopts[] = {
     {"cold", no_argument, NULL, OPT_COLD},
     {"direct", no_argument, NULL, OPT_DIRECT},
     {"no-read-ahead", no_argument, NULL, OPT_NO_READ_AHEAD},
+    {"no-repeat", no_argument, NULL, OPT_NO_REPEAT},
     {"transform", required_argument, NULL, OPT_TRANSFORM},
     {"ranks", required_argument, NULL, OPT_RANKS},
     {"json", required_argument, NULL, OPT_JSON},
@@ -366,6 +372,7 @@ static void apply_opt(nb_ctx *ctx, nb_config *cfg, opts *o, int opt, const char 
     case OPT_COLD: cfg->cold = 1; break;
     case OPT_DIRECT: cfg->direct = 1; break;
     case OPT_NO_READ_AHEAD: cfg->no_read_ahead = 1; break;
+    case OPT_NO_REPEAT: o->no_repeat = 1; break;
     case OPT_RANKS: cfg->ranks = (int)parse_int("--ranks", v, 1, 64); break;
     case OPT_TRANSFORM:
         if (o->ntransforms == NB_MAX_FIELDS)
@@ -681,6 +688,33 @@ static size_t extend_grid(nb_ctx *ctx, nb_config *cfg, const opts *o, double ref
     return (size_t)o->nprefetch;
 }
 
+#define NB_REPEAT_MAX 3 /* close candidates measured a second time */
+
+/* Measures the recommendation's close candidates once more, merges each
+ * repeat into its run and recommends again (unless --no-repeat); rec->close
+ * says what the repeat showed. */
+static void repeat_close(nb_ctx *ctx, nb_config *cfg, const opts *o, double ref, nb_run *runs,
+                         size_t nruns, nb_recommendation *rec)
+{
+    int idx[NB_REPEAT_MAX];
+    size_t n = nb_close_candidates(runs, nruns, cfg->compute_ms, rec, idx, NB_REPEAT_MAX);
+    if (o->no_repeat || n < 2)
+        return;
+    if (!ctx->quiet)
+        printf("repeating the %zu close candidates:\n", n);
+    for (size_t k = 0; k < n; k++) {
+        nb_run *r = &runs[idx[k]], again;
+        nb_run_one(ctx, cfg, r->workers, r->prefetch, r->io_requested, ref, &again);
+        if (!ctx->quiet) {
+            nb_print_run(stdout, &again);
+            fflush(stdout);
+        }
+        nb_merge_repeat(r, &again, cfg->compute_ms);
+    }
+    nb_recommend(runs, nruns, cfg->compute_ms, rec);
+    nb_format_close(runs, nruns, idx, n, cfg->compute_ms, rec);
+}
+
 /* The recommendation line and the files. @return : the exit status. */
 static int report(const nb_ctx *ctx, const nb_report *rep, const opts *o, int nok)
 {
@@ -689,6 +723,8 @@ static int report(const nb_ctx *ctx, const nb_report *rep, const opts *o, int no
     if (!ctx->quiet && rep->config->note[0])
         printf("note: %s\n", rep->config->note);
     printf("%s\n", line);
+    if (!ctx->quiet && rep->rec->close[0])
+        printf("%s\n", rep->rec->close);
     if (!ctx->quiet && rep->rec->valid) {
         char py[2048], c[512];
         nb_format_paste(rep->config, rep->rec, py, sizeof py, c, sizeof c);
@@ -701,6 +737,8 @@ static int report(const nb_ctx *ctx, const nb_report *rep, const opts *o, int no
     }
     if (!ctx->quiet && rep->zst)
         printf("%s\n", rep->zst->verdict);
+    if (!ctx->quiet && rep->rec->next_steps[0])
+        printf("what to do next: %s\n", rep->rec->next_steps);
     fflush(stdout);
     int status = nok ? 0 : 1;
     if (o->json && nb_write_json_file(o->json, rep) != 0) {
@@ -784,9 +822,13 @@ int main(int argc, char **argv)
     if (!ctx.quiet)
         nb_print_compression(stdout, &zst);
     nb_recommendation rec;
-    if (nb_recommend(runs, nruns, cfg.compute_ms, &rec) >= 0)
-        nb_verdict(&runs[rec.run_index], cfg.compute_ms, mach.cores_allowed, rec.verdict,
+    if (nb_recommend(runs, nruns, cfg.compute_ms, &rec) >= 0) {
+        repeat_close(&ctx, &cfg, &o, ref, runs, nruns, &rec);
+        nb_verdict(&runs[rec.run_index], cfg.compute_ms, rec.verdict,
                    sizeof rec.verdict);
+        nb_next_steps(&cfg, &rec, &runs[rec.run_index], &zst, mach.cores_allowed,
+                      rec.next_steps, sizeof rec.next_steps);
+    }
     nb_report rep = {.config = &cfg, .machine = &mach, .ceilings = ceilings,
                      .nceilings = nceil, .runs = runs, .nruns = nruns, .rec = &rec,
                      .warnings = ctx.warnings, .zst = &zst};

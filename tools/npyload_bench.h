@@ -55,6 +55,13 @@ typedef struct nb_run {
     uint64_t read_wait_ns;          /* worker time waiting for those reads */
     uint64_t transform_ns;          /* worker time in host transforms */
     uint64_t h2d_ns;                /* copy-engine time of the H2D copies */
+    int repeats;                    /* measurements merged into this run (1;
+                                       more for a repeated close candidate) */
+    double spread;                  /* between them: stall points with a
+                                       step, else % of gbps */
+    npyload_stats timed;            /* the loader's counters over the timed
+                                       part (summed over ranks; elapsed_ns
+                                       the longest), for the verdict */
 
     /* GPU monitoring (NVML), when sampled. */
     int gpu_samples;
@@ -105,6 +112,9 @@ typedef struct nb_recommendation {
     double slot_mib;
     char criterion[96];        /* which rule chose it */
     char verdict[512];         /* nb_verdict of the chosen run (set by the caller) */
+    char next_steps[640];      /* nb_next_steps: what to do next */
+    char close[512];           /* the close candidates repeated and what the
+                                  repeat showed ("" when none were) */
 } nb_recommendation;
 
 typedef struct nb_field_info {
@@ -206,7 +216,7 @@ double nb_percentile(double *v, size_t n, double p);
  * Only runs of two slots or more are candidates (one slot cannot overlap
  * a read with the step holding its batch), unless no run has two.
  * With compute (compute_ms > 0): stall first, memory second: among the
- * runs whose stall is within NB_STALL_NOISE points of the least measured,
+ * runs whose stall is within nb_noise points of the least measured,
  * the one with the least slot memory (then fewer workers, then faster).
  * "Smallest" (without compute) orders by workers, then prefetch (fewest
  * threads first, then least slot memory); among runs with equal (workers,
@@ -217,21 +227,53 @@ double nb_percentile(double *v, size_t n, double p);
 int nb_recommend(const nb_run *runs, size_t n, double compute_ms,
                  nb_recommendation *out);
 
+/* The close candidates of a recommendation: the runs it may pick that are
+ * as good as its criterion's best within noise (with a step: stall within
+ * NB_STALL_NOISE points of the least; without: within 5 % of the best
+ * gbps), the pick first, then the closest, at most `max`. The bench
+ * measures each once more (nb_merge_repeat) and recommends again, so that
+ * one lucky or unlucky run does not decide. @return : how many (0 or 1:
+ * nothing to repeat). */
+size_t nb_close_candidates(const nb_run *runs, size_t n, double compute_ms,
+                           const nb_recommendation *rec, int *idx, size_t max);
+
+/* Merges a repeat b into run a: throughput, stall, cpu and latencies are
+ * the mean of the measurements, counters summed; repeats and spread (the
+ * criterion's largest difference between them) updated. */
+void nb_merge_repeat(nb_run *a, const nb_run *b, double compute_ms);
+
+/* One line for rec->close: the candidates with their measurements and
+ * whether the repeat separated them or they are within noise (then the
+ * least memory was picked). */
+void nb_format_close(const nb_run *runs, size_t n_all, const int *idx, size_t n,
+                     double compute_ms, nb_recommendation *rec);
+
+/* The noise of the criterion: NB_STALL_NOISE points (with a step) or 5 %
+ * of gbps, or half the largest spread measured between a repeated run's
+ * measurements when that is more. nb_recommend and the close candidates
+ * use it. */
+double nb_noise(const nb_run *runs, size_t n, double compute_ms);
+
 /* One line: "recommend: num_workers=2 prefetch=4 (1.93 GB/s, 97% of best,
  * 512 MiB of slots)". */
 void nb_format_recommendation(const nb_recommendation *r, double compute_ms,
                               char *buf, size_t len);
 
 /* Where the recommended run's time went, in one line naming the bottleneck
- * and what to do about it. Shares of the run's worker time (wall x
- * workers; the counters include the warm-up, so shares are capped at 1):
- * with a step, stall <= NB_STALL_NOISE: the consumer (the step is the
- * bottleneck, the loader keeps up); else the largest of read waits (disk:
- * only when the process used under 3/4 of min(workers, cores) cores),
- * decode (.npy.zst), host transforms, and the H2D copy (its share of wall
- * time) when it is above NB_VERDICT_SHARE; else copies on the CPU. */
-#define NB_VERDICT_SHARE 0.4
-void nb_verdict(const nb_run *r, double compute_ms, int cores, char *buf, size_t len);
+ * and what to do about it: npyload_stats_verdict (its rules, npyload.h) on
+ * the run's counters over the timed part; without a step (compute_ms 0)
+ * the loop only waits, so the consumer is never named. */
+void nb_verdict(const nb_run *r, double compute_ms, char *buf, size_t len);
+
+/* "What to do next": a short paragraph derived from rec->verdict (set
+ * first), the recommended run r, the compression report z (may be NULL)
+ * and the cores: the consumer -> the model step; the disk -> pack (with
+ * the expected figure when packing pays), more workers with --cold; decode
+ * -> level/narrow/raw; host transforms -> the GPU; H2D -> dtype on the
+ * wire; CPU copies -> more workers while cores are free, else the machine's
+ * copy rate. */
+void nb_next_steps(const nb_config *cfg, const nb_recommendation *rec, const nb_run *r,
+                   const nb_zst_report *z, int cores, char *buf, size_t len);
 
 /* The recommendation as lines to paste: the npyload.Loader(...) call (its
  * prefetch is the slots - 1 the Python loader counts) and the C

@@ -259,6 +259,32 @@ static int next_batch(npyload_loader *L, const nb_config *cfg, uint64_t *epoch,
     return rc;
 }
 
+/* The loader's counters over the timed part (those since st0); the loop's
+ * wait is the bench's own (a device sync outside next() included). */
+static void timed_stats(npyload_loader *L, const npyload_stats *st0, uint64_t in_next,
+                        uint64_t wall_ns, nb_run *r)
+{
+    npyload_stats s;
+    if (npyload_loader_get_stats(L, &s, sizeof s) != 0)
+        return;
+    npyload_stats *d = &r->timed;
+    memset(d, 0, sizeof *d);
+    d->batches_delivered = s.batches_delivered - st0->batches_delivered;
+    d->samples_delivered = s.samples_delivered - st0->samples_delivered;
+    d->elapsed_ns = wall_ns;
+    d->wait_ns = in_next;
+    d->step_ns = wall_ns > in_next ? wall_ns - in_next : 0;
+    d->io_ns = s.io_ns - st0->io_ns;
+    d->h2d_ns = s.h2d_ns - st0->h2d_ns;
+    d->decode_ns = s.decode_ns - st0->decode_ns;
+    d->transform_ns = s.transform_ns - st0->transform_ns;
+    d->read_wait_ns = s.read_wait_ns - st0->read_wait_ns;
+    d->read_ahead_batches = s.read_ahead_batches - st0->read_ahead_batches;
+    d->worker_cpu_ns = s.worker_cpu_ns - st0->worker_cpu_ns;
+    d->read_blocked_ns = s.read_blocked_ns - st0->read_blocked_ns;
+    d->num_workers = s.num_workers;
+}
+
 /* The timed batches: each taken with next() (and synced on a GPU without a
  * step kernel), then a simulated step of compute_ms, then released.
  * Fills samples, wall_s, stall and cpu. @return : 0, NPYLOAD_EOF or an
@@ -269,6 +295,9 @@ static int run_timed(nb_ctx *ctx, npyload_loader *L, const nb_config *cfg, nb_gp
     uint64_t compute_ns = (uint64_t)(cfg->compute_ms * 1e6);
     uint64_t bound_ns = (uint64_t)(cfg->seconds * 1e9), epoch = 0, in_next = 0;
     double cpu0 = rusage_cpu_s();
+    npyload_stats st0;
+    if (npyload_loader_get_stats(L, &st0, sizeof st0) != 0)
+        memset(&st0, 0, sizeof st0);
     uint64_t t0 = nb_now_ns();
     int rc;
     for (;;) {
@@ -306,6 +335,7 @@ static int run_timed(nb_ctx *ctx, npyload_loader *L, const nb_config *cfg, nb_gp
         r->stall_pct = compute_ns || step ? 100.0 * (double)in_next / 1e9 / r->wall_s : NAN;
         r->cpu_pct = 100.0 * (rusage_cpu_s() - cpu0) / r->wall_s;
     }
+    timed_stats(L, &st0, in_next, nb_now_ns() - t0, r);
     return rc;
 }
 
@@ -441,6 +471,25 @@ static void *rank_main(void *arg)
     return NULL;
 }
 
+/* A rank's timed counters into the node's: sums, the longest elapsed. */
+static void add_timed(const npyload_stats *a, npyload_stats *t)
+{
+    t->batches_delivered += a->batches_delivered;
+    t->samples_delivered += a->samples_delivered;
+    t->elapsed_ns = a->elapsed_ns > t->elapsed_ns ? a->elapsed_ns : t->elapsed_ns;
+    t->wait_ns += a->wait_ns;
+    t->step_ns += a->step_ns;
+    t->io_ns += a->io_ns;
+    t->h2d_ns += a->h2d_ns;
+    t->decode_ns += a->decode_ns;
+    t->transform_ns += a->transform_ns;
+    t->read_wait_ns += a->read_wait_ns;
+    t->read_ahead_batches += a->read_ahead_batches;
+    t->worker_cpu_ns += a->worker_cpu_ns;
+    t->read_blocked_ns += a->read_blocked_ns;
+    t->num_workers += a->num_workers;
+}
+
 static void run_ranks(nb_ctx *ctx, const nb_config *cfg, int workers, int prefetch, int io,
                       double ceiling_gbps, nb_run *r)
 {
@@ -481,6 +530,7 @@ static void run_ranks(nb_ctx *ctx, const nb_config *cfg, int workers, int prefet
         }
         r->samples += j[k].r.samples;
         r->wall_s = j[k].r.wall_s > r->wall_s ? j[k].r.wall_s : r->wall_s;
+        add_timed(&j[k].r.timed, &r->timed);
         stall += j[k].r.stall_pct / R;
         cpu = j[k].r.cpu_pct > cpu ? j[k].r.cpu_pct : cpu; /* process-wide already */
         for (size_t i = 0; i < j[k].lat.n; i++)

@@ -30,6 +30,21 @@ static void nb_frame(FILE *f, int x, int y, int w, int h, int t, uint32_t rgb)
 
 enum { NB_LEFT, NB_CENTRE, NB_RIGHT };
 
+/* s with <, > and & escaped for XML text. */
+static void nb_xml_escaped(FILE *f, const char *s)
+{
+    for (const char *p = s; *p; p++) {
+        if (*p == '<')
+            fputs("&lt;", f);
+        else if (*p == '>')
+            fputs("&gt;", f);
+        else if (*p == '&')
+            fputs("&amp;", f);
+        else
+            fputc(*p, f);
+    }
+}
+
 /* Text with its top at y; `size` is the font size in pixels; `rotate`
  * turns it by -90 degrees around its anchor (the y axis label). */
 static void nb_text(FILE *f, int x, int y, const char *s, int size, uint32_t rgb, int align,
@@ -43,16 +58,7 @@ static void nb_text(FILE *f, int x, int y, const char *s, int size, uint32_t rgb
     if (rotate)
         fprintf(f, " transform=\"rotate(-90 %d %d)\"", x, y);
     fputc('>', f);
-    for (const char *p = s; *p; p++) {
-        if (*p == '<')
-            fputs("&lt;", f);
-        else if (*p == '>')
-            fputs("&gt;", f);
-        else if (*p == '&')
-            fputs("&amp;", f);
-        else
-            fputc(*p, f);
-    }
+    nb_xml_escaped(f, s);
     fputs("</text>\n", f);
 }
 
@@ -122,7 +128,7 @@ enum {
     NB_CELL_H = 64,
     NB_MARGIN_L = 110,
     NB_MARGIN_R = 150, /* colour bar */
-    NB_TITLE_H = 96,
+    NB_TITLE_H = 136,
     NB_PANEL_TITLE_H = 30,
     NB_AXIS_H = 64,
     NB_FOOT_H = 52,
@@ -141,7 +147,9 @@ typedef struct nb_grid {
 /* The text lines around the grid: title, subtitle, ceiling, recommendation.
  * Computed once so the canvas can be made wide enough for them. */
 typedef struct nb_plot_text {
-    char title[160];
+    char title[256];
+    char machine[320];
+    char data[512];
     char sub[256];
     char ceil[160];
     char rec[256];
@@ -151,9 +159,31 @@ static void nb_plot_texts(const nb_report *rep, int stall, nb_plot_text *t)
 {
     const nb_config *c = rep->config;
     memset(t, 0, sizeof *t);
-    snprintf(t->title, sizeof t->title, "npyload-bench: %s",
-             stall ? "consumer stall %, lower is better"
-                   : "throughput GB/s, higher is better");
+    const nb_recommendation *r = rep->rec;
+    if (r && r->valid)
+        snprintf(t->title, sizeof t->title, "npyload-bench: num_workers=%d prefetch=%d "
+                 "recommended (%s)", r->workers, r->prefetch,
+                 stall ? "consumer stall %, lower is better"
+                       : "throughput GB/s, higher is better");
+    else
+        snprintf(t->title, sizeof t->title, "npyload-bench: no recommendation (%s)",
+                 stall ? "consumer stall %" : "throughput GB/s");
+    const nb_machine *m = rep->machine;
+    if (m)
+        snprintf(t->machine, sizeof t->machine, "machine: %s, %d cores, %s, npyload %s",
+                 m->hostname, m->cores_allowed, m->cpu_model, m->library_version);
+    size_t l = (size_t)snprintf(t->data, sizeof t->data, "data:");
+    for (int k = 0; k < c->nfields && l < sizeof t->data; k++) {
+        const nb_field_info *fi = &c->fields[k];
+        l += (size_t)snprintf(t->data + l, sizeof t->data - l, "%s %s %s (", k ? "," : "",
+                              fi->name, fi->descr);
+        for (int d = 0; d < fi->ndim && l < sizeof t->data; d++)
+            l += (size_t)snprintf(t->data + l, sizeof t->data - l, "%s%lld", d ? "," : "",
+                                  (long long)fi->shape[d]);
+        if (l < sizeof t->data)
+            l += (size_t)snprintf(t->data + l, sizeof t->data - l, ")%s%s",
+                                  fi->has_transform ? " -> " : "", fi->transform);
+    }
     char dev[24];
     if (c->device < 0)
         snprintf(dev, sizeof dev, "cpu");
@@ -165,8 +195,8 @@ static void nb_plot_texts(const nb_report *rep, int stall, nb_plot_text *t)
              c->cold ? ", cold cache" : "", c->direct ? ", o_direct" : "", dev,
              (long long)c->num_samples);
     if (stall) {
-        size_t l = strlen(t->sub);
-        snprintf(t->sub + l, sizeof t->sub - l, ", compute %.3g ms/step",
+        size_t e = strlen(t->sub);
+        snprintf(t->sub + e, sizeof t->sub - e, ", compute %.3g ms/step",
                  c->compute_ms);
     }
     for (size_t i = 0; i < rep->nceilings; i++)
@@ -330,9 +360,10 @@ int nb_write_plot(const char *path, const nb_report *rep)
     nb_plot_text tx;
     nb_plot_texts(rep, g.stall, &tx);
     int w = NB_MARGIN_L + g.np * NB_CELL_W + NB_MARGIN_R;
-    int tw[4] = {nb_text_width(tx.title, NB_FONT_BIG), nb_text_width(tx.sub, NB_FONT),
-                 nb_text_width(tx.ceil, NB_FONT), nb_text_width(tx.rec, NB_FONT)};
-    for (int i = 0; i < 4; i++)
+    int tw[6] = {nb_text_width(tx.title, NB_FONT_BIG), nb_text_width(tx.sub, NB_FONT),
+                 nb_text_width(tx.ceil, NB_FONT), nb_text_width(tx.rec, NB_FONT),
+                 nb_text_width(tx.machine, NB_FONT), nb_text_width(tx.data, NB_FONT)};
+    for (int i = 0; i < 6; i++)
         w = tw[i] + 32 > w ? tw[i] + 32 : w;
     int h = NB_TITLE_H + g.nio * (NB_PANEL_TITLE_H + g.nw * NB_CELL_H + NB_AXIS_H) + NB_FOOT_H;
     if (h < NB_TITLE_H + NB_PANEL_TITLE_H + 120 + NB_FOOT_H + 20)
@@ -345,10 +376,15 @@ int nb_write_plot(const char *path, const nb_report *rep)
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
             "viewBox=\"0 0 %d %d\">\n",
             w, h, w, h);
+    fputs("<title>", f);
+    nb_xml_escaped(f, tx.title);
+    fputs("</title>\n", f);
     nb_rect(f, 0, 0, w, h, 0xffffff);
     nb_text(f, 16, 12, tx.title, NB_FONT_BIG, 0x202020, NB_LEFT, 0);
-    nb_text(f, 16, 44, tx.sub, NB_FONT, 0x505050, NB_LEFT, 0);
-    nb_text(f, 16, 64, tx.ceil, NB_FONT, 0x505050, NB_LEFT, 0);
+    nb_text(f, 16, 44, tx.machine, NB_FONT, 0x505050, NB_LEFT, 0);
+    nb_text(f, 16, 64, tx.data, NB_FONT, 0x505050, NB_LEFT, 0);
+    nb_text(f, 16, 84, tx.sub, NB_FONT, 0x505050, NB_LEFT, 0);
+    nb_text(f, 16, 104, tx.ceil, NB_FONT, 0x505050, NB_LEFT, 0);
     for (int k = 0; k < g.nio; k++)
         nb_panel(f, rep, &g, k);
     nb_colour_bar(f, &g);

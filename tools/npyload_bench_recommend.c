@@ -80,6 +80,15 @@ static int nb_leaner(const nb_run *a, int ia, const nb_run *b, int ib)
     return ia < ib;
 }
 
+double nb_noise(const nb_run *runs, size_t n, double compute_ms)
+{
+    double bar = compute_ms > 0 ? NB_STALL_NOISE : 5.0;
+    for (size_t i = 0; i < n; i++)
+        if (runs[i].ok && runs[i].repeats > 1 && runs[i].spread / 2 > bar)
+            bar = runs[i].spread / 2;
+    return bar;
+}
+
 int nb_recommend(const nb_run *runs, size_t n, double compute_ms,
                  nb_recommendation *out)
 {
@@ -98,21 +107,22 @@ int nb_recommend(const nb_run *runs, size_t n, double compute_ms,
          * NB_STALL_NOISE points of the least stall measured (closer than
          * that is noise between two runs of one configuration), the one
          * with the least slot memory. */
-        double least = INFINITY;
+        double least = INFINITY, noise = nb_noise(runs, n, compute_ms);
         for (size_t i = 0; i < n; i++)
             if (eligible(runs, n, i) && runs[i].stall_pct < least)
                 least = runs[i].stall_pct;
         for (size_t i = 0; i < n; i++) {
-            if (!eligible(runs, n, i) || !(runs[i].stall_pct <= least + NB_STALL_NOISE))
+            if (!eligible(runs, n, i) || !(runs[i].stall_pct <= least + noise))
                 continue;
             if (pick < 0 || nb_leaner(&runs[i], (int)i, &runs[pick], pick))
                 pick = (int)i;
         }
         snprintf(out->criterion, sizeof out->criterion,
-                 "least slot memory with stall within %.0f points of the least (%.1f%%)",
-                 NB_STALL_NOISE, least);
+                 "least slot memory with stall within %.1f points of the least (%.1f%%)",
+                 noise, least);
     } else {
-        double bar = 0.95 * best;
+        double noise = nb_noise(runs, n, compute_ms);
+        double bar = (1 - noise / 100) * best;
         for (size_t i = 0; i < n; i++) {
             if (!eligible(runs, n, i) || runs[i].gbps < bar)
                 continue;
@@ -124,7 +134,8 @@ int nb_recommend(const nb_run *runs, size_t n, double compute_ms,
                 if (eligible(runs, n, i) && (pick < 0 || runs[i].gbps > runs[pick].gbps))
                     pick = (int)i;
         snprintf(out->criterion, sizeof out->criterion,
-                 "smallest (workers, prefetch) of 2+ slots within 5%% of the best throughput");
+                 "smallest (workers, prefetch) of 2+ slots within %.0f%% of the best throughput",
+                 noise);
     }
 
     const nb_run *r = &runs[pick];
@@ -141,49 +152,184 @@ int nb_recommend(const nb_run *runs, size_t n, double compute_ms,
     return pick;
 }
 
-static double share(uint64_t ns, double seconds)
+/* The criterion's distance of run r from the best: stall points above the
+ * least with a step, else % below the best gbps. */
+static double distance(const nb_run *r, double compute_ms, double least, double best)
 {
-    double s = seconds > 0 ? (double)ns / 1e9 / seconds : 0;
-    return s < 1 ? s : 1;
+    if (compute_ms > 0)
+        return r->stall_pct - least;
+    return best > 0 ? 100.0 * (best - r->gbps) / best : 0;
 }
 
-void nb_verdict(const nb_run *r, double compute_ms, int cores, char *buf, size_t len)
+size_t nb_close_candidates(const nb_run *runs, size_t n, double compute_ms,
+                           const nb_recommendation *rec, int *idx, size_t max)
 {
-    if (compute_ms > 0 && !isnan(r->stall_pct) && r->stall_pct <= NB_STALL_NOISE) {
-        snprintf(buf, len, "bottleneck: the consumer (the %.3g ms step): the loader keeps "
-                 "up (stall %.1f%%); a faster model step is what would go faster",
-                 compute_ms, r->stall_pct);
-        return;
+    if (!rec->valid || max == 0)
+        return 0;
+    double least = INFINITY, best = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!eligible(runs, n, i))
+            continue;
+        if (runs[i].stall_pct < least)
+            least = runs[i].stall_pct;
+        if (runs[i].gbps > best)
+            best = runs[i].gbps;
     }
-    double ws = r->wall_s * (r->workers > 0 ? r->workers : 1);
-    struct { const char *what, *todo; double s; } c[] = {
-        {"the disk (workers waited for reads", "pack the data (npyload-pack, --narrow for "
-         "8-bit data stored wider), a faster disk, or more workers to keep more reads in "
-         "flight", share(r->read_wait_ns, ws)},
-        {"decode (zstd in the workers", "more cores, a faster level (npyload-pack -l 1) or --narrow, or "
-         "keep hot data raw in the page cache", share(r->decode_ns, ws)},
-        {"host transforms (in the workers", "move the transform to the GPU (device=\"cuda\": the kernel "
-         "runs after the copy, PCIe carries the stored dtype)", share(r->transform_ns, ws)},
-        {"the H2D copy (copy engine busy", "a narrower dtype on the wire (transform on the "
-         "GPU), pinned slots (pin_memory)", share(r->h2d_ns, r->wall_s)},
-    };
-    /* Read waits name the disk only when the cores idled meanwhile: a read
-     * from the page cache is a copy that keeps its core busy. */
-    int busy = r->workers < cores ? r->workers : cores;
-    if (r->cpu_pct >= 75.0 * (busy > 0 ? busy : 1))
-        c[0].s = 0;
-    int k = -1;
-    for (int i = 0; i < 4; i++)
-        if (c[i].s > NB_VERDICT_SHARE && (k < 0 || c[i].s > c[k].s))
-            k = i;
-    if (k < 0) {
-        snprintf(buf, len, "bottleneck: copies on the CPU (reads from the page cache into "
-                 "the slots, %.0f%% cpu for %d workers): more workers if cores are free, "
-                 "else it is at the machine's copy rate", r->cpu_pct, r->workers);
-        return;
+    double bar = nb_noise(runs, n, compute_ms);
+    size_t k = 0;
+    idx[k++] = rec->run_index;
+    for (;;) { /* the closest not yet taken, until max or none left */
+        int c = -1;
+        double dc = 0;
+        for (size_t i = 0; i < n; i++) {
+            int taken = 0;
+            for (size_t t = 0; t < k; t++)
+                taken |= idx[t] == (int)i;
+            double d = distance(&runs[i], compute_ms, least, best);
+            if (taken || !eligible(runs, n, i) || !(d <= bar))
+                continue;
+            if (c < 0 || d < dc)
+                c = (int)i, dc = d;
+        }
+        if (c < 0 || k == max)
+            break;
+        idx[k++] = c;
     }
-    snprintf(buf, len, "bottleneck: %s %.0f%% of the time): %s", c[k].what, 100 * c[k].s,
-             c[k].todo);
+    return k;
+}
+
+static double mean2(double a, int na, double b)
+{
+    return (a * na + b) / (na + 1);
+}
+
+void nb_merge_repeat(nb_run *a, const nb_run *b, double compute_ms)
+{
+    if (!b->ok)
+        return;
+    int na = a->repeats > 0 ? a->repeats : 1;
+    double d = compute_ms > 0 ? fabs(a->stall_pct - b->stall_pct)
+                              : (a->gbps > 0 ? 100.0 * fabs(a->gbps - b->gbps) / a->gbps : 0);
+    a->spread = d > a->spread ? d : a->spread;
+    a->samples_per_s = mean2(a->samples_per_s, na, b->samples_per_s);
+    a->gbps = mean2(a->gbps, na, b->gbps);
+    if (a->frac_of_ceiling >= 0 && b->frac_of_ceiling >= 0)
+        a->frac_of_ceiling = mean2(a->frac_of_ceiling, na, b->frac_of_ceiling);
+    a->stall_pct = mean2(a->stall_pct, na, b->stall_pct);
+    a->cpu_pct = mean2(a->cpu_pct, na, b->cpu_pct);
+    a->p50_ms = mean2(a->p50_ms, na, b->p50_ms);
+    a->p99_ms = mean2(a->p99_ms, na, b->p99_ms);
+    a->max_ms = b->max_ms > a->max_ms ? b->max_ms : a->max_ms;
+    a->wall_s += b->wall_s;
+    a->batches += b->batches;
+    a->samples += b->samples;
+    a->bytes += b->bytes;
+    a->peak_rss_mib = b->peak_rss_mib > a->peak_rss_mib ? b->peak_rss_mib : a->peak_rss_mib;
+    a->repeats = na + 1;
+}
+
+void nb_format_close(const nb_run *runs, size_t n_all, const int *idx, size_t n,
+                     double compute_ms, nb_recommendation *rec)
+{
+    size_t m = 0, len = sizeof rec->close;
+    char *s = rec->close;
+    s[0] = 0;
+    if (n < 2)
+        return;
+    m += (size_t)snprintf(s, len, "close candidates, each measured %d times:",
+                          runs[idx[0]].repeats > 1 ? runs[idx[0]].repeats : 1);
+    double lo = INFINITY, hi = -INFINITY;
+    for (size_t k = 0; k < n && m < len; k++) {
+        const nb_run *r = &runs[idx[k]];
+        double v = compute_ms > 0 ? r->stall_pct : r->gbps;
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+        if (compute_ms > 0)
+            m += (size_t)snprintf(s + m, len - m, "%s w=%d p=%d stall %.1f%% (+-%.1f)",
+                                  k ? ";" : "", r->workers, r->prefetch, r->stall_pct,
+                                  r->spread / 2);
+        else
+            m += (size_t)snprintf(s + m, len - m, "%s w=%d p=%d %.3g GB/s (+-%.0f%%)",
+                                  k ? ";" : "", r->workers, r->prefetch, r->gbps,
+                                  r->spread / 2);
+    }
+    double gap = compute_ms > 0 ? hi - lo : (hi > 0 ? 100.0 * (hi - lo) / hi : 0);
+    double bar = nb_noise(runs, n_all, compute_ms);
+    if (m >= len)
+        return;
+    if (gap <= bar)
+        snprintf(s + m, len - m, ". All within the noise (%.1f %s): the %s was picked", bar,
+                 compute_ms > 0 ? "points" : "%", compute_ms > 0 ? "least slot memory"
+                                                                 : "smallest configuration");
+    else
+        snprintf(s + m, len - m, ". Noise %.1f %s: the repeat separated them", bar,
+                 compute_ms > 0 ? "points" : "%");
+}
+
+void nb_verdict(const nb_run *r, double compute_ms, char *buf, size_t len)
+{
+    /* Without a step the loop only waits: the consumer is never named. */
+    npyload_stats s = r->timed;
+    if (!(compute_ms > 0)) {
+        s.wait_ns += s.step_ns;
+        s.step_ns = 0;
+    }
+    npyload_stats_verdict(&s, 0, buf, len);
+}
+
+void nb_next_steps(const nb_config *cfg, const nb_recommendation *rec, const nb_run *r,
+                   const nb_zst_report *z, int cores, char *buf, size_t len)
+{
+    buf[0] = 0;
+    if (!rec->valid)
+        return;
+    const char *v = rec->verdict;
+    size_t m = 0;
+#define SAY(...)                                                                           \
+    do {                                                                                   \
+        if (m < len)                                                                       \
+            m += (size_t)snprintf(buf + m, len - m, __VA_ARGS__);                          \
+    } while (0)
+    if (strstr(v, "the consumer")) {
+        SAY("The loader keeps up with a %.3g ms step: paste the line above and spend no "
+            "more cores or memory on loading; the model step is what to make faster "
+            "(profile it, e.g. torch.profiler).", cfg->compute_ms);
+    } else if (strstr(v, "the disk")) {
+        SAY("Reads from the disk are the limit. ");
+        if (z && z->valid && z->pays == 1)
+            SAY("Packing pays here (expected cold %.0f samples/s packed): npyload-pack the "
+                "fields (--narrow when 8-bit data is stored wider) and rerun on the packed "
+                "files. ", z->expected_cold_sps);
+        else
+            SAY("Pack the fields (npyload-pack, --narrow for 8-bit data stored wider) to read "
+                "fewer bytes. ");
+        SAY("With the cores idle during reads, more workers keep more reads in flight: "
+            "rerun with --cold --workers up to %d.", 2 * cores);
+    } else if (strstr(v, "decode")) {
+        SAY("zstd decode uses the cores: a faster level (npyload-pack -l 1), --narrow for "
+            "8-bit data stored wider, more cores, or raw files where the data fits in the "
+            "page cache (the compression line says which).");
+    } else if (strstr(v, "host transforms")) {
+        SAY("%s", cfg->device >= 0
+                      ? "Host transforms use the cores: "
+                        "give the transform to the GPU (it runs after the copy there)."
+                      : "Host transforms use the cores: on a GPU machine pass "
+                        "device=\"cuda\" so the transform runs on the GPU after the copy, "
+                        "and rerun with --device cuda:0 to measure it.");
+    } else if (strstr(v, "the H2D copy")) {
+        SAY("The copy engine is busy: carry the stored dtype over PCIe (transform on the "
+            "GPU) and keep the slots pinned.");
+    } else {
+        if (r->workers < cores)
+            SAY("Copies into the slots are the work and %d of %d cores do it: rerun with "
+                "--workers up to %d.", r->workers, cores, cores);
+        else
+            SAY("Copies into the slots keep the %d cores busy (%.0f%% of the machine's "
+                "measured copy ceiling): more workers will not help; move fewer bytes "
+                "(npyload-pack, --narrow) or give the loader more cores.", cores,
+                r->frac_of_ceiling >= 0 ? 100 * r->frac_of_ceiling : NAN);
+    }
+#undef SAY
 }
 
 void nb_format_paste(const nb_config *cfg, const nb_recommendation *r, char *py,

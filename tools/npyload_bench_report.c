@@ -84,6 +84,25 @@ static void nb_json_ceilings(FILE *f, const nb_ceiling *ce, size_t n)
     fputs(n ? "\n  ]" : "]", f);
 }
 
+/* Where a run's time went, per batch of its timed part (ms; summed over
+ * workers for worker time), null without batches. */
+static void nb_json_time(FILE *f, const npyload_stats *t)
+{
+    if (!t->batches_delivered) {
+        fputs("null", f);
+        return;
+    }
+    double k = 1e6 * (double)t->batches_delivered;
+    nj_printf(f,
+              "{\"loop_wait\": %g, \"step\": %g, \"read\": %g, \"read_wait\": %g, "
+              "\"read_blocked\": %g, \"decode\": %g, \"transform\": %g, \"h2d\": %g, "
+              "\"worker_cpu\": %g}",
+              (double)t->wait_ns / k, (double)t->step_ns / k, (double)t->io_ns / k,
+              (double)t->read_wait_ns / k, (double)t->read_blocked_ns / k,
+              (double)t->decode_ns / k, (double)t->transform_ns / k, (double)t->h2d_ns / k,
+              (double)t->worker_cpu_ns / k);
+}
+
 static void nb_json_run(FILE *f, const nb_run *r)
 {
     nj_printf(f,
@@ -97,7 +116,7 @@ static void nb_json_run(FILE *f, const nb_run *r)
               "\"gather_requests\": %llu, \"read_requests\": %llu,\n      "
               "\"compressed_bytes_read\": %llu, \"decompressed_bytes\": %llu, "
               "\"decode_ns\": %llu, \"read_ahead_batches\": %llu, \"read_wait_ns\": %llu,"
-              "\n      \"gpu\": ",
+              "\n      \"time_per_batch_ms\": ",
               r->workers, r->prefetch, r->io_requested_name, r->io_used, r->ok, r->error,
               (unsigned long long)r->batches, (unsigned long long)r->samples,
               (unsigned long long)r->bytes, r->wall_s, r->samples_per_s, r->gbps,
@@ -108,6 +127,10 @@ static void nb_json_run(FILE *f, const nb_run *r)
               (unsigned long long)r->compressed_bytes_read,
               (unsigned long long)r->decompressed_bytes, (unsigned long long)r->decode_ns,
               (unsigned long long)r->read_ahead_batches, (unsigned long long)r->read_wait_ns);
+    nb_json_time(f, &r->timed);
+    nj_printf(f, ", \"repeats\": %d, \"spread\": %g", r->repeats > 0 ? r->repeats : 1,
+              r->spread);
+    fputs(",\n      \"gpu\": ", f);
     if (r->gpu_samples > 0)
         nj_printf(f,
                   "{\"samples\": %d, \"util_avg_pct\": %g, \"util_max_pct\": %g, "
@@ -131,10 +154,11 @@ static void nb_json_recommendation(FILE *f, const nb_recommendation *rec, double
               "\n    \"io\": %s,\n    \"run_index\": %d,\n    \"gbps\": %g,"
               "\n    \"samples_per_s\": %g,\n    \"frac_of_best\": %g,\n    \"stall_pct\": %g,"
               "\n    \"slot_mib\": %g,\n    \"criterion\": %s,\n    \"line\": %s,"
-              "\n    \"verdict\": %s\n  }",
+              "\n    \"verdict\": %s,\n    \"close\": %s,\n    \"next_steps\": %s\n  }",
               rec->workers, rec->prefetch, rec->io, rec->run_index, rec->gbps,
               rec->samples_per_s, rec->frac_of_best, rec->stall_pct, rec->slot_mib,
-              rec->criterion, line, rec->verdict);
+              rec->criterion, line, rec->verdict, rec->close[0] ? rec->close : NULL,
+              rec->next_steps);
 }
 
 /* The newline-separated warnings as an array of strings. */

@@ -21,7 +21,11 @@ static size_t nj_utf8_len(const unsigned char *p)
 
 void nj_string(FILE *f, const char *s)
 {
-    const unsigned char *p = (const unsigned char *)(s ? s : "");
+    if (!s) { /* NULL is JSON null */
+        fputs("null", f);
+        return;
+    }
+    const unsigned char *p = (const unsigned char *)s;
     fputc('"', f);
     while (*p) {
         unsigned char c = *p;

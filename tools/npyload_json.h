@@ -3,7 +3,7 @@
  *
  * nj_printf writes a JSON text from a template: the template's characters
  * are copied as they are, and each conversion writes one JSON value:
- *   %s    a JSON string: the C string escaped (NULL writes ""); see nj_string
+ *   %s    a JSON string: the C string escaped (NULL writes null); see nj_string
  *   %d %lld %llu %zu   an integer, as printf writes it
  *   %g    a number (printf's %g, 6 significant digits); NaN or an infinity
  *         writes null (JSON has neither)

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <glob.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,33 @@ uint64_t npyl_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t npyl_thread_cpu_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void npyl_count_cpu(_Atomic uint64_t *sum, uint64_t *mark)
+{
+    uint64_t now = npyl_thread_cpu_ns();
+    if (now > *mark)
+        atomic_fetch_add(sum, now - *mark);
+    *mark = now;
+}
+
+npyl_span npyl_span_begin(void)
+{
+    return (npyl_span){npyl_now_ns(), npyl_thread_cpu_ns()};
+}
+
+uint64_t npyl_blocked_since(npyl_span m)
+{
+    uint64_t wall = npyl_now_ns() - m.wall, cpu = npyl_thread_cpu_ns() - m.cpu;
+    return wall > cpu ? wall - cpu : 0;
 }
 
 void *npyl_alloc_aligned(size_t size, size_t align)

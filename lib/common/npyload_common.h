@@ -5,6 +5,7 @@
 
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "npyload.h"
@@ -20,6 +21,21 @@ NPYL_HIDDEN int npyl_fail(char *err, size_t errlen, int code, const char *fmt,
 
 /* Monotonic clock in nanoseconds. */
 NPYL_HIDDEN uint64_t npyl_now_ns(void);
+
+/* CPU time of the calling thread in nanoseconds (0 when unavailable). */
+NPYL_HIDDEN uint64_t npyl_thread_cpu_ns(void);
+
+/* Adds the calling thread's CPU time since *mark to *sum and moves *mark to
+ * now (start with *mark = npyl_thread_cpu_ns()). */
+NPYL_HIDDEN void npyl_count_cpu(_Atomic uint64_t *sum, uint64_t *mark);
+
+/* Off-CPU time of a span on the calling thread (time blocked, e.g. in a
+ * read from a device): mark, do the work, then npyl_blocked_since. */
+typedef struct npyl_span {
+    uint64_t wall, cpu;
+} npyl_span;
+NPYL_HIDDEN npyl_span npyl_span_begin(void);
+NPYL_HIDDEN uint64_t npyl_blocked_since(npyl_span m);
 
 /* Page-aligned allocation of at least `size` bytes (NULL on failure), and its
  * release. Memory is not zeroed. */

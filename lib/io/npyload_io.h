@@ -68,6 +68,9 @@ typedef struct npyl_io_counters {
     uint64_t gather_reqs;
     uint64_t read_bytes;    /* read with io_uring or pread */
     uint64_t read_reqs;
+    uint64_t cpu_ns;        /* CPU time of read-ahead threads, and */
+    uint64_t blocked_ns;    /* their off-CPU time in reads (filled by the
+                               loader's read context, not by npyl_io) */
 } npyl_io_counters;
 
 typedef struct npyl_io npyl_io;

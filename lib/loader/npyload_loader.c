@@ -341,7 +341,7 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *dst,
     out->num_slots = L->ring.nh + L->ring.nd;
     /* workers[] and their io contexts live from start to free_started, like
      * the slots read above; backend_now is atomic. */
-    npyl_io_counters c = {0, 0, 0, 0};
+    npyl_io_counters c = {0};
     if (L->started && L->workers)
         for (size_t i = 0; i < L->nworkers; i++) {
             uint64_t fell = 0;
@@ -349,6 +349,11 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *dst,
             if (L->backend == NPYLOAD_IO_URING)
                 out->uring_fallbacks += fell;
         }
+    out->elapsed_ns = L->started ? npyl_now_ns() - L->st.start_ns : 0;
+    out->step_ns = atomic_load(&L->st.step_ns);
+    out->worker_cpu_ns = atomic_load(&L->st.cpu_ns) + c.cpu_ns;
+    out->read_blocked_ns = atomic_load(&L->st.blocked_ns) + c.blocked_ns;
+    out->num_workers = L->sync ? 0 : L->nworkers;
     out->gather_bytes = c.gather_bytes;
     out->gather_requests = c.gather_reqs;
     out->read_requests = c.read_reqs;

@@ -22,6 +22,9 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
     if (!L->started)
         return npyl_loader_fail(L, NPYLOAD_ESTATE, "next() before start()");
     uint64_t t0 = npyl_now_ns();
+    uint64_t back = atomic_load(&L->st.last_return_ns);
+    if (back && t0 > back) /* the step since the last batch */
+        atomic_fetch_add(&L->st.step_ns, t0 - back);
     struct timespec deadline;
     if (timeout_ns >= 0) {
         clock_gettime(CLOCK_MONOTONIC, &deadline);
@@ -40,7 +43,9 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
         try = npyl_worker_step(&L->workers[0]);
     /* The counters and the batch's reference before leaving: once next()
      * has left, a destroy() on another thread may free L. */
-    atomic_fetch_add(&L->st.wait_ns, npyl_now_ns() - t0);
+    uint64_t t1 = npyl_now_ns();
+    atomic_fetch_add(&L->st.wait_ns, t1 - t0);
+    atomic_store(&L->st.last_return_ns, t1);
     if (*out) {
         atomic_fetch_add(&L->refs, 1); /* dropped by the batch's release */
         atomic_fetch_add(&L->st.batches, 1);

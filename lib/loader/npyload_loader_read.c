@@ -479,6 +479,8 @@ struct npyl_ahead {
     int started, quit;    /* [mu] quit */
     int state;            /* [mu] AHEAD_* */
     npyl_io *io;          /* the thread's own context */
+    _Atomic uint64_t cpu_ns; /* the thread's CPU time, per round */
+    _Atomic uint64_t blocked_ns; /* its off-CPU time in the rounds */
     const npyl_io_req *reqs; /* [mu] the queued round */
     size_t n;
     int rc;               /* [mu] its result */
@@ -499,8 +501,11 @@ static void *ahead_main(void *arg)
         const npyl_io_req *reqs = a->reqs;
         size_t n = a->n, bad = 0;
         pthread_mutex_unlock(&a->mu);
-        uint64_t got = 0;
+        uint64_t got = 0, cpu = npyl_thread_cpu_ns();
+        npyl_span span = npyl_span_begin();
         int rc = npyl_io_read(a->io, reqs, n, &bad, &got, a->errmsg, sizeof a->errmsg);
+        atomic_fetch_add(&a->blocked_ns, npyl_blocked_since(span));
+        npyl_count_cpu(&a->cpu_ns, &cpu);
         pthread_mutex_lock(&a->mu);
         a->rc = rc;
         a->bad = bad;
@@ -699,6 +704,10 @@ void npyl_read_ctx_counters(const npyl_read_ctx *c, npyl_io_counters *k, uint64_
         if (!ios[i])
             continue;
         npyl_io_counters_add(ios[i], k);
+        if (i == 1) {
+            k->cpu_ns += atomic_load(&c->ahead->cpu_ns);
+            k->blocked_ns += atomic_load(&c->ahead->blocked_ns);
+        }
         fell |= npyl_io_backend_now(ios[i]) == NPYLOAD_IO_PREAD;
     }
     *fallbacks += (uint64_t)fell;

@@ -490,6 +490,7 @@ static int start_ctl(npyload_loader *L)
         (rc = fill_read_view(L)) || (rc = create_workers(L, nworkers)) || (rc = begin_first_epoch(L)))
         goto fail;
     L->started = 1;
+    L->st.start_ns = npyl_now_ns();
     if (!L->sync &&
         (rc = npyl_workers_start(L->workers, L->nworkers, L->errmsg, sizeof L->errmsg))) {
         L->started = 0;

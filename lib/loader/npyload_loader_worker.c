@@ -220,8 +220,10 @@ static void fill_batch(npyl_worker *w, npyl_slot *h, int copy_pending, int bind_
     fill_job j = job_of(w, h, copy_pending);
     if (read_prepare(w, &j) == 0) {
         uint64_t bytes = 0, t0 = npyl_now_ns();
+        npyl_span span = npyl_span_begin();
         int rc = npyl_read_batch(w->env->rv, &w->rd, h->indices, &h->rows, w->dst[j.k],
                                  &bytes);
+        atomic_fetch_add(&w->env->st->blocked_ns, npyl_blocked_since(span));
         read_done(w, &j, rc, bytes, t0, bind_rc);
     }
     hand_on(w, &j);
@@ -234,9 +236,12 @@ static int begin_job(npyl_worker *w, fill_job *j, int here)
     if (read_prepare(w, j))
         return 0;
     uint64_t t0 = here ? npyl_now_ns() : 0;
+    npyl_span span = npyl_span_begin();
     npyl_read_begin(w->env->rv, &w->rd, j->h->indices, j->h->rows, w->dst[j->k], here);
-    if (here) /* read on the worker: all of it was waiting for reads */
+    if (here) { /* read on the worker: all of it was waiting for reads */
         atomic_fetch_add(&w->env->st->read_wait_ns, npyl_now_ns() - t0);
+        atomic_fetch_add(&w->env->st->blocked_ns, npyl_blocked_since(span));
+    }
     return 1;
 }
 
@@ -250,6 +255,7 @@ static void run_ahead(npyl_worker *w, int bind_rc)
 {
     npyl_ring *ring = w->env->ring;
     int pend = 0;
+    uint64_t cpu = npyl_thread_cpu_ns();
     npyl_slot *h = npyl_slots_claim(ring, 1, &pend);
     fill_job cur = {0}, next = {0};
     int begun = 0;
@@ -276,6 +282,7 @@ static void run_ahead(npyl_worker *w, int bind_rc)
             read_done(w, &cur, rc, bytes, t0, bind_rc);
         }
         hand_on(w, &cur);
+        npyl_count_cpu(&w->env->st->cpu_ns, &cpu);
         if (n) {
             cur = next;
             begun = next_begun;
@@ -303,8 +310,11 @@ static void *worker_main(void *arg)
     }
     npyl_slot *h;
     int copy_pending = 0;
-    while ((h = npyl_slots_claim(w->env->ring, 1, &copy_pending)) != NULL)
+    uint64_t cpu = npyl_thread_cpu_ns();
+    while ((h = npyl_slots_claim(w->env->ring, 1, &copy_pending)) != NULL) {
         fill_batch(w, h, copy_pending, bind_rc);
+        npyl_count_cpu(&w->env->st->cpu_ns, &cpu);
+    }
     return NULL;
 }
 
@@ -322,7 +332,9 @@ int npyl_worker_step(npyl_worker *w)
         bind_rc = npyl_cuda_enter(dv->cuda, &prev);
         entered = bind_rc == 0;
     }
+    uint64_t cpu = npyl_thread_cpu_ns();
     fill_batch(w, h, copy_pending, bind_rc);
+    npyl_count_cpu(&w->env->st->cpu_ns, &cpu);
     if (entered)
         npyl_cuda_leave(dv->cuda, prev);
     return 1;

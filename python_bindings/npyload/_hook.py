@@ -3,6 +3,7 @@ each batch, in order, at most ``prefetch`` batches ahead; TransformError."""
 import sys as _sys
 import queue as _queue
 import threading as _threading
+import time as _time
 
 
 
@@ -19,6 +20,23 @@ class TransformError(RuntimeError):
 
 
 _EOF = object()
+
+
+class _LoopClock:
+    """Where a loop with a ``transform=`` hook spends its time (ns): in fn on
+    the hook thread (hook), waiting for the hook's results (wait), and
+    between them (step, the training step as the loop ran it). One per
+    Loader; += under the GIL."""
+    __slots__ = ("hook_ns", "wait_ns", "step_ns", "last")
+
+    def __init__(self):
+        self.hook_ns = self.wait_ns = self.step_ns = self.last = 0
+
+    def waited(self, t0, t1):
+        if self.last:
+            self.step_ns += t0 - self.last
+        self.wait_ns += t1 - t0
+        self.last = t1
 
 
 def _hook_depth(prefetch):
@@ -40,8 +58,9 @@ class _HookPipe:
     consumer's stats() may overlap a waiting next() (the C object allows
     it)."""
 
-    def __init__(self, c, wrap, fn, depth, stream):
+    def __init__(self, c, wrap, fn, depth, stream, clock):
         self._c = c
+        self._clock = clock
         self._wrap = wrap
         self._fn = fn
         self._stream = stream
@@ -72,6 +91,7 @@ class _HookPipe:
             seq, epoch = raw.seq, raw.epoch
             batch = self._wrap(raw)
             del raw
+            t0 = _time.perf_counter_ns()
             try:
                 out = fn(batch)
             except BaseException as e:
@@ -83,6 +103,7 @@ class _HookPipe:
                 self._put((self._failed(e, seq, epoch), None, None))
                 return
             del batch
+            self._clock.hook_ns += _time.perf_counter_ns() - t0
             # The put blocks while the queue is full; stop() drains it.
             self._put((None, out, state))
             del out

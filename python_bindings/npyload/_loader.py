@@ -2,6 +2,7 @@
 import functools as _functools
 import os as _os
 import threading as _threading
+import time as _time
 import warnings as _warnings
 from collections.abc import Mapping as _Mapping
 
@@ -11,6 +12,7 @@ from ._transform import Transform
 from ._hook import _EOF
 from ._options import _EPOCH_MAX
 from ._hook import _HookPipe
+from ._hook import _LoopClock
 from ._options import _INT64_MAX
 from ._options import _IO
 from ._transform import _TDTYPES
@@ -244,7 +246,9 @@ class _Iterator:
                                "iter(loader), set_epoch() or load_state_dict()")
         if self._pipe is not None:
             ld._live()
+            t0 = _time.perf_counter_ns()
             err, out, state = self._pipe.get()
+            ld._clock.waited(t0, _time.perf_counter_ns())
             if err is None:
                 ld._hook_state = state
                 return out
@@ -468,6 +472,7 @@ class Loader:
         self._n = c.num_samples()
         self._len_override = None  # batches of a resumed epoch (load_state_dict)
         self._hook_state = None  # with transform=: the state the consumer is at
+        self._clock = _LoopClock()  # with transform=: hook, loop wait and step
 
     def _pick_output(self, output, dev):
         """torch when it is importable (or asked for), else numpy."""
@@ -566,7 +571,7 @@ class Loader:
                                   copy=self.copy, as_tuple=self.as_tuple,
                                   bf16=getattr(self, "_bf16", None))
         self._pipe = _HookPipe(c, wrap, self.transform,
-                               _hook_depth(self.prefetch), stream)
+                               _hook_depth(self.prefetch), stream, self._clock)
         return _Iterator(self, self._gen, self._pipe)
 
     def state_dict(self):
@@ -638,10 +643,30 @@ class Loader:
         the worker's next batch was being read) and read_wait_ns (worker
         time waiting for reads), and with on_error='skip' samples_skipped,
         errors and last_error (the message of the last failure behind a
-        skip). May be called from any thread, also while a loop waits for a
+        skip).
+
+        Where the time goes: elapsed_ns (since start), step_ns (the loop's
+        time between batches: the training step), worker_cpu_ns,
+        num_workers, and ``verdict``, one line naming the bottleneck (the
+        consumer, the hook, the disk, decode, host transforms, the H2D copy
+        or CPU copies) and what to do, by the rules documented at
+        npyload_stats_verdict in npyload.h. With ``transform=fn`` also
+        hook_ns (time in fn) and loop_wait_ns / loop_step_ns, the wait and
+        step of the loop you run (wait_ns is then the hook thread's), which
+        the verdict judges; without a hook hook_ns is 0 and loop_wait_ns /
+        loop_step_ns equal wait_ns / step_ns.
+
+        May be called from any thread, also while a loop waits for a
         batch (then it does not wait); refused (RuntimeError "in use") only
         during set_epoch(), load_state_dict(), close() and the like."""
-        return self._live().stats()
+        c, k = self._live(), self._clock
+        if self.transform is None:
+            st = c.stats()
+            st.update(hook_ns=0, loop_wait_ns=st["wait_ns"], loop_step_ns=st["step_ns"])
+            return st
+        st = c.stats(hook_ns=k.hook_ns, loop_wait_ns=k.wait_ns, loop_step_ns=k.step_ns)
+        st.update(hook_ns=k.hook_ns, loop_wait_ns=k.wait_ns, loop_step_ns=k.step_ns)
+        return st
 
     def close(self):
         """Stops the workers and frees the loader at once (threads, open

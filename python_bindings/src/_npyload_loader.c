@@ -461,10 +461,20 @@ static PyObject *loader_set_state(NpyloadPy_Loader *self, PyObject *d)
     return res;
 }
 
-static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *unused)
+/* stats(hook_ns=0, loop_wait_ns=-1, loop_step_ns=-1): the counters and the
+ * verdict; a per-batch hook between the loader and the loop passes its
+ * time and the loop's own wait and step (then the verdict judges the loop
+ * the user runs, not the hook thread's calls of next()). */
+static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *args, PyObject *kw)
 {
+    static char *kwlist[] = {"hook_ns", "loop_wait_ns", "loop_step_ns", NULL};
+    unsigned long long hook_ns = 0;
+    long long loop_wait = -1, loop_step = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|KLL:stats", kwlist, &hook_ns, &loop_wait,
+                                     &loop_step))
+        return NULL;
     npyload_stats s;
-    char last[1024];
+    char last[1024], verdict[512];
     /* Shared: both C calls are thread-safe, and nothing between them
      * releases the GIL; from here on only the copies are used. */
     if (loader_share(self, "stats()") < 0)
@@ -473,11 +483,18 @@ static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *unused)
     if (rc < 0)
         return loader_error(self, rc);
     npyload_loader_last_skip_error(self->L, last, sizeof last);
+    npyload_stats judged = s;
+    if (loop_wait >= 0 && loop_step >= 0) {
+        judged.wait_ns = (uint64_t)loop_wait;
+        judged.step_ns = (uint64_t)loop_step;
+    }
+    npyload_stats_verdict(&judged, hook_ns, verdict, sizeof verdict);
     PyObject *last_s = npyloadpy_str(last);
     if (!last_s)
         return NULL;
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:s,s:O,s:O,s:i,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N,s:K,s:K,s:K,s:K,s:K,s:K}",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:s,s:O,s:O,s:i,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N,s:K,s:K,s:K,s:K,s:K,s:K,"
+        "s:K,s:K,s:K,s:K,s:K,s:s}",
         "bytes_read", (unsigned long long)s.bytes_read,
         "batches_delivered", (unsigned long long)s.batches_delivered,
         "samples_delivered", (unsigned long long)s.samples_delivered,
@@ -503,7 +520,13 @@ static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *unused)
         "decode_ns", (unsigned long long)s.decode_ns,
         "transform_ns", (unsigned long long)s.transform_ns,
         "read_ahead_batches", (unsigned long long)s.read_ahead_batches,
-        "read_wait_ns", (unsigned long long)s.read_wait_ns);
+        "read_wait_ns", (unsigned long long)s.read_wait_ns,
+        "elapsed_ns", (unsigned long long)s.elapsed_ns,
+        "step_ns", (unsigned long long)s.step_ns,
+        "worker_cpu_ns", (unsigned long long)s.worker_cpu_ns,
+        "num_workers", (unsigned long long)s.num_workers,
+        "read_blocked_ns", (unsigned long long)s.read_blocked_ns,
+        "verdict", verdict);
 }
 
 static PyObject *loader_set_stream_joiner(NpyloadPy_Loader *self, PyObject *fn)
@@ -671,8 +694,9 @@ static PyMethodDef loader_methods[] = {
      "get_state() -> dict: position after the last batch handed out."},
     {"set_state", (PyCFunction)loader_set_state, METH_O,
      "set_state(d): resume from a get_state() dict."},
-    {"stats", (PyCFunction)loader_stats, METH_NOARGS,
-     "stats() -> dict: counters since start."},
+    {"stats", (PyCFunction)(void (*)(void))loader_stats, METH_VARARGS | METH_KEYWORDS,
+     "stats(hook_ns=0, loop_wait_ns=-1, loop_step_ns=-1) -> dict: counters since "
+     "start and the verdict (npyload_stats_verdict) of the loop described."},
     {"_set_stream_joiner", (PyCFunction)loader_set_stream_joiner, METH_O,
      "_set_stream_joiner(fn): fn(device, [stream ints]) -> stream int, "
      "called when a device batch handed to several CUDA streams is released; "

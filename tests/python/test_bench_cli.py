@@ -87,15 +87,24 @@ def test_grid_json_plot(bench, dataset, tmp_path):
     assert re.match(r"recommend: num_workers=\d+ prefetch=\d+ \(.* GB/s, \d+% of best, .* of slots\)$",
                     line[0]), line[0]
 
+    assert "what to do next: " in p.stdout
+
     doc = json.loads(out_json.read_text())
     check_schema(doc)
+    assert doc["recommendation"]["next_steps"]
+    close = doc["recommendation"]["close"]
+    assert close is None or "measured 2 times" in close
     runs = doc["runs"]
     assert len(runs) == 4
     assert {(r["workers"], r["prefetch"]) for r in runs} == {(1, 1), (1, 2), (2, 1), (2, 2)}
     for r in runs:
         assert r["ok"], r["error"]
-        assert r["batches"] == 5
-        assert r["samples"] == 5 * 10  # 60 samples: every batch full
+        # A close candidate is measured again and its figures averaged.
+        assert r["repeats"] in (1, 2)
+        assert r["batches"] == 5 * r["repeats"]
+        assert r["samples"] == 5 * 10 * r["repeats"]  # 60 samples: every batch full
+        t = r["time_per_batch_ms"]
+        assert t is not None and t["loop_wait"] >= 0 and t["worker_cpu"] > 0
         assert r["io_used"] in ("io_uring", "pread", "mmap")
         assert r["latency_ms"]["p50"] <= r["latency_ms"]["p99"] <= r["latency_ms"]["max"]
         assert r["slot_mib"] > 0
@@ -124,6 +133,15 @@ def test_grid_json_plot(bench, dataset, tmp_path):
     svg = out_svg.read_text()
     assert svg.startswith("<svg") and svg.endswith("</svg>\n")
     assert f">{rec['gbps']:.2f}</text>" in svg  # the recommended cell's figure
+    # Titled with the recommendation, the machine and the data.
+    title = (f"npyload-bench: num_workers={rec['workers']} prefetch={rec['prefetch']} "
+             "recommended")
+    assert f"<title>{title}" in svg
+    m = doc["machine"]
+    assert f"machine: {m['hostname']}, {m['cores_allowed']} cores" in svg
+    f0 = doc["config"]["fields"][0]
+    descr = f0['descr'].replace('<', '&lt;')  # XML text
+    assert f"data: {f0['name']} {descr} (2,16,32)" in svg
 
 
 def test_quiet_compute_svg(bench, dataset, tmp_path):

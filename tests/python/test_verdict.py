@@ -1,0 +1,85 @@
+"""Where the time goes: Loader.stats() counts the loop's own wait and step,
+the per-batch hook's time, and names the bottleneck (npyload_stats_verdict)
+for a synthetic slow consumer, slow hook and slow host transform."""
+import time
+
+import numpy as np
+import pytest
+
+import npyload
+
+ROWS, BATCH = 1024, 64
+NBATCH = ROWS // BATCH
+SLEEP = 0.02
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    d = tmp_path_factory.mktemp("verdict")
+    rng = np.random.default_rng(7)
+    np.save(d / "img.npy", rng.integers(0, 256, (ROWS, 3, 64, 64), dtype=np.uint8))
+    return str(d / "img.npy")
+
+
+def run(path, sleep=0.0, **kw):
+    with npyload.Loader({"image": path}, batch_size=BATCH, output="numpy", io="pread",
+                        **kw) as ld:
+        n = 0
+        for _ in ld:
+            n += 1
+            if sleep:
+                time.sleep(sleep)
+        assert n == NBATCH
+        return ld.stats()
+
+
+def test_stats_carry_the_time_split_and_the_verdict(images):
+    st = run(images, num_workers=2)
+    for k in ("elapsed_ns", "step_ns", "worker_cpu_ns", "num_workers", "read_blocked_ns",
+              "hook_ns", "loop_wait_ns", "loop_step_ns"):
+        assert isinstance(st[k], int) and st[k] >= 0, k
+    assert st["num_workers"] == 2
+    assert st["hook_ns"] == 0
+    assert st["loop_wait_ns"] == st["wait_ns"] and st["loop_step_ns"] == st["step_ns"]
+    assert st["elapsed_ns"] >= st["wait_ns"]
+    assert st["verdict"].startswith("bottleneck: ")
+    # Pages in the cache: the reads are copies, never "the disk".
+    assert "the disk" not in st["verdict"], st
+
+
+def test_slow_consumer_is_named(images):
+    st = run(images, sleep=SLEEP, num_workers=2)
+    # NBATCH - 1 steps between next() calls, plus the one before the EOF call.
+    assert st["step_ns"] >= NBATCH * SLEEP * 1e9
+    assert st["verdict"].startswith("bottleneck: the consumer"), st["verdict"]
+
+
+def slow_hook(b):
+    time.sleep(SLEEP)
+    return b
+
+
+def test_slow_hook_is_named_and_the_loop_wait_is_the_loops(images):
+    st = run(images, num_workers=2, transform=slow_hook)
+    assert st["hook_ns"] >= NBATCH * SLEEP * 1e9
+    # The loop waited for fn: all batches but the ones queued while the
+    # loop started (the queue holds at most prefetch results).
+    assert st["loop_wait_ns"] >= (NBATCH - 4) * SLEEP * 1e9, st
+    # The C loader's own wait_ns is the hook thread's: short (the loader is
+    # ahead of fn); the loop's is what the verdict judges.
+    assert st["wait_ns"] < st["loop_wait_ns"]
+    assert st["verdict"].startswith("bottleneck: the hook"), st["verdict"]
+
+
+def test_hook_with_a_slower_consumer_names_the_consumer(images):
+    st = run(images, sleep=3 * SLEEP, num_workers=2, transform=slow_hook)
+    assert st["loop_step_ns"] >= NBATCH * 3 * SLEEP * 1e9
+    assert st["verdict"].startswith("bottleneck: the consumer"), st["verdict"]
+
+
+def test_slow_host_transform_is_named(images):
+    t = npyload.Transform(dtype="float32", scale=1 / 255, mean=[0.5, 0.4, 0.3],
+                          std=[0.2, 0.25, 0.3], channels_last=True)
+    st = run(images, num_workers=1, transforms={"image": t})
+    assert st["transform_ns"] > 0
+    assert st["verdict"].startswith("bottleneck: host transforms"), st
