@@ -197,7 +197,8 @@ typedef enum npyload_shuffle {
  * generates the enum below (NPYLOAD_OPT_NAME = value) and the names the
  * library's messages use. */
 #define NPYLOAD_OPTION_MAP(XX)                                                 \
-    XX(BATCH_SIZE, 1, "samples per batch, >= 1; default 1")                   \
+    XX(BATCH_SIZE, 1, "samples per batch, >= 1; no default: start() refuses " \
+                      "a loader without it (as Python's batch_size=)")       \
     XX(NUM_WORKERS, 2, "worker threads, >= 1; 0 = default 2; "               \
                        "NPYLOAD_WORKERS_SYNC (-1) = no worker thread: "      \
                        "next() reads each batch on the calling thread "      \

@@ -1450,3 +1450,26 @@ Test(loader_verdict, slow_consumer_is_named_from_live_counters)
     npyload_loader_destroy(L);
     tu_rmtree(d.dir);
 }
+
+/* BATCH_SIZE has no silent default: start refuses, naming the option; once
+ * set, the same loader starts. */
+Test(loader, start_without_batch_size_is_refused_naming_the_option)
+{
+    dataset d = make_dataset();
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "img", d.img_glob), 0);
+    int64_t v = -1;
+    cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_BATCH_SIZE, &v), 0);
+    cr_assert_eq(v, 0, "unset reads as 0, got %lld", (long long)v);
+    cr_assert_eq(npyload_loader_start(L), NPYLOAD_EINVAL);
+    cr_assert(strstr(npyload_loader_errmsg(L), "BATCH_SIZE is not set"), "%s",
+              npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 0), NPYLOAD_EINVAL,
+                 "0 is not a batch size");
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 8), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_num_batches(L), N_TOTAL / 8);
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+}

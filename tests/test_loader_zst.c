@@ -831,6 +831,7 @@ Test(loader_zst, a_glob_matching_a_file_and_its_packed_twin_is_refused)
         snprintf(g, sizeof g, forms[i], d.dir);
         cr_assert_eq(npyload_loader_create(&L), 0);
         cr_assert_eq(npyload_loader_add_field(L, "img", g), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 1), 0);
         cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
         cr_assert_eq(npyload_loader_num_batches(L), N_TOTAL);
         npyload_loader_destroy(L);
@@ -854,6 +855,7 @@ Test(loader_zst, a_file_list_holding_a_file_and_its_packed_twin_is_refused)
     cr_assert_eq(npyload_loader_create(&L), 0);
     cr_assert_eq(npyload_loader_add_field_files(L, "a", a, 1), 0);
     cr_assert_eq(npyload_loader_add_field_files(L, "b", b, 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 1), 0);
     cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
     npyload_loader_destroy(L);
     tu_rmtree(d.dir);

@@ -71,7 +71,7 @@ int npyload_loader_create(npyload_loader **out)
     pthread_mutex_init(&L->ctl, NULL);
     pthread_cond_init(&L->ctl_cv, &ca);
     pthread_condattr_destroy(&ca);
-    L->opt[NPYLOAD_OPT_BATCH_SIZE] = 1;
+    /* BATCH_SIZE stays 0 (unset): start() refuses it. */
     L->opt[NPYLOAD_OPT_WORLD_SIZE] = 1;
     L->opt[NPYLOAD_OPT_DEVICE] = -1;
     L->opt[NPYLOAD_OPT_PIN_MEMORY] = -1;

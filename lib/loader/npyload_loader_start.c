@@ -322,6 +322,17 @@ static int open_cuda(npyload_loader *L)
 }
 
 /* Step: worker count, slot count and queue depth, defaults resolved. */
+/* Step: BATCH_SIZE has no default (after the fields, so that a bad file
+ * is named first). */
+static int need_batch_size(npyload_loader *L)
+{
+    if (L->opt[NPYLOAD_OPT_BATCH_SIZE] >= 1)
+        return 0;
+    return npyl_loader_fail(L, NPYLOAD_EINVAL, "BATCH_SIZE is not set: call "
+                            "npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, n) before start "
+                            "(it has no default)");
+}
+
 static int resolve_counts(npyload_loader *L, size_t *nworkers, size_t *prefetch)
 {
     int64_t W = L->opt[NPYLOAD_OPT_WORLD_SIZE], R = L->opt[NPYLOAD_OPT_RANK];
@@ -483,7 +494,7 @@ static int start_ctl(npyload_loader *L)
     size_t nworkers = 0, prefetch = 0;
     if ((rc = resolve_counts(L, &nworkers, &prefetch)))
         return rc;
-    if ((rc = npyl_load_fields(L)) || (rc = plan_transforms(L)) || (rc = plan_rows(L)) ||
+    if ((rc = npyl_load_fields(L)) || (rc = need_batch_size(L)) || (rc = plan_transforms(L)) || (rc = plan_rows(L)) ||
         (rc = resolve_backend(L)) || (rc = plan_layout(L)) ||
         (rc = plan_order(L)) || (rc = open_cuda(L)) ||
         (rc = alloc_slots(L, nworkers, prefetch)) || (rc = open_tdev(L)) ||
