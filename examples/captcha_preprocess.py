@@ -19,15 +19,21 @@ du = x / 4 - u - 0.5, dv = y / 4 - v - 0.5 (the grid's stride is 4).
     python3 examples/captcha_preprocess.py --images DIR --positions pos.json \\
         --out data [--split train] [--pack]
 """
+from __future__ import annotations
+
 import argparse
 import json
 import os
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from PIL import Image
 
 import npyload
 
+F32 = npt.NDArray[np.float32]  # a float32 array of any shape
 H, W, STRIDE, SIGMA, RADIUS = 256, 512, 4, 1.5, 4
 HM_H, HM_W = H // STRIDE, W // STRIDE
 _G = np.exp(-(np.arange(-RADIUS, RADIUS + 1)[:, None] ** 2 +
@@ -38,7 +44,7 @@ LAYOUT = {"images": "images/{split}/{split}_{id:04d}.npy",
           "offsets": "labels/{split}/{split}_{id:04d}_offsets.npy"}
 
 
-def labels(points):
+def labels(points: Sequence[tuple[float, float]]) -> tuple[F32, F32]:
     """Heatmaps (2, 64, 128) and offsets (4, 64, 128) for [(x, y) gap, (x, y)
     slider] in the 256 x 512 image's pixels."""
     hm = np.zeros((2, HM_H, HM_W), np.float32)
@@ -58,24 +64,24 @@ def labels(points):
 class Captchas:
     """A map-style Dataset over the images listed in the positions JSON."""
 
-    def __init__(self, images, positions):
+    def __init__(self, images: str, positions: str) -> None:
         with open(positions) as f:
-            self.pos = json.load(f)
+            self.pos: dict[str, Any] = json.load(f)
         self.names = sorted(self.pos)
         self.root = images
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.names)
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int) -> dict[str, F32]:
         name = self.names[i]
         with Image.open(os.path.join(self.root, name)) as im:
             g = im.convert("L")
             scale = min(H / g.height, W / g.width)
             w, h = max(1, round(g.width * scale)), max(1, round(g.height * scale))
-            g = np.asarray(g.resize((w, h), Image.BILINEAR))
+            a = np.asarray(g.resize((w, h), Image.Resampling.BILINEAR))
         img = np.zeros((2, H, W), np.float32)
-        img[0, :h, :w] = g.astype(np.float32) / np.float32(255)
+        img[0, :h, :w] = a.astype(np.float32) / np.float32(255)
         img[1, :h, :w] = 1.0
         p = self.pos[name]
         hm, off = labels([(p["gap"][0] * scale, p["gap"][1] * scale),
@@ -83,8 +89,8 @@ class Captchas:
         return {"images": img, "heatmaps": hm, "offsets": off}
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None) -> dict[str, list[str]]:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--images", required=True)
     ap.add_argument("--positions", required=True)
     ap.add_argument("--out", required=True)

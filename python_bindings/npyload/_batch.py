@@ -1,11 +1,20 @@
 """Batches as a mapping from field name to array or tensor (Batch), as a
 tuple (BatchTuple), and the wrapping of the C batch views."""
+from __future__ import annotations
+
 from collections.abc import Mapping as _Mapping
+from typing import TYPE_CHECKING, Any
 
 from ._torch import _wait_stream
 
+if TYPE_CHECKING:
+    from collections.abc import ItemsView, KeysView, ValuesView
+    from typing import NoReturn
 
-class Batch(_Mapping):
+    from . import _npyload
+
+
+class Batch(_Mapping[str, Any]):
     """One batch: a read-only mapping from field name to array or tensor.
 
     Attributes: ``indices`` (global sample index of each row; an int64 numpy
@@ -17,7 +26,8 @@ class Batch(_Mapping):
 
     __slots__ = ("_data", "indices", "epoch", "seq", "num_samples", "_raw")
 
-    def __init__(self, data, indices, epoch, seq, num_samples, raw):
+    def __init__(self, data: dict[str, Any], indices: Any, epoch: int, seq: int,
+                 num_samples: int, raw: _npyload.Batch | None) -> None:
         self._data = data
         self.indices = indices
         self.epoch = epoch
@@ -25,10 +35,10 @@ class Batch(_Mapping):
         self.num_samples = num_samples
         self._raw = raw
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: str) -> Any:
         return self._data[key]
 
-    def __iter__(self):
+    def __iter__(self) -> NoReturn:
         # A mapping iterates its keys, so `images, labels = batch` (the
         # DataLoader habit) would silently bind field *names*. Refuse it
         # loudly; keys()/items()/values(), dict(batch) and **batch do not
@@ -40,22 +50,22 @@ class Batch(_Mapping):
             "iterate batch.keys() or batch.items(), or pass as_tuple=True to "
             "npyload.Loader to get tuples in field order")
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._data)
 
-    def __contains__(self, key):
+    def __contains__(self, key: object) -> bool:
         return key in self._data
 
-    def keys(self):
+    def keys(self) -> KeysView[str]:
         return self._data.keys()
 
-    def items(self):
+    def items(self) -> ItemsView[str, Any]:
         return self._data.items()
 
-    def values(self):
+    def values(self) -> ValuesView[Any]:
         return self._data.values()
 
-    def wait_stream(self, stream=None):
+    def wait_stream(self, stream: object = None) -> None:
         """Makes a CUDA stream (a torch.cuda.Stream or an int handle; None =
         legacy default) wait for this batch's copy. Tensors made by the loader
         already wait on the stream current when the batch was yielded. The
@@ -63,22 +73,30 @@ class Batch(_Mapping):
         was handed to (this one included) when the batch is freed."""
         _wait_stream(self._raw, stream)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         fields = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in self._data.items())
         return f"<npyload.Batch epoch={self.epoch} seq={self.seq} rows={self.num_samples} {{{fields}}}>"
 
 
-class BatchTuple(tuple):
+class BatchTuple(tuple[Any, ...]):
     """One batch with ``as_tuple=True``: a tuple of the fields' arrays or
     tensors in the order the fields were given, so ``images, labels = batch``
     works. Carries the same ``indices``, ``epoch``, ``seq``, ``num_samples``
     and ``wait_stream()`` as :class:`Batch`, and ``field_names``."""
 
-    def wait_stream(self, stream=None):
+    # Set by _wrap_raw on each instance (declared for type checkers).
+    field_names: tuple[str, ...]
+    indices: Any
+    epoch: int
+    seq: int
+    num_samples: int
+    _raw: _npyload.Batch | None
+
+    def wait_stream(self, stream: object = None) -> None:
         """As :meth:`Batch.wait_stream`."""
         _wait_stream(self._raw, stream)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         fields = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in zip(self.field_names, self))
         return (f"<npyload.BatchTuple epoch={self.epoch} seq={self.seq} "
                 f"rows={self.num_samples} ({fields})>")

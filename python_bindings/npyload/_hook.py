@@ -1,5 +1,7 @@
 """The per-batch ``transform=`` hook: a background pipeline that runs fn on
 each batch, in order, at most ``prefetch`` batches ahead; TransformError."""
+from __future__ import annotations
+
 import sys as _sys
 import queue as _queue
 import threading as _threading
@@ -13,7 +15,7 @@ class TransformError(RuntimeError):
     ``seq`` and ``epoch`` name the batch; the exception the hook raised is
     chained as ``__cause__``. The batches before it were delivered."""
 
-    def __init__(self, message, seq, epoch):
+    def __init__(self, message: str, seq: int, epoch: int) -> None:
         super().__init__(message)
         self.seq = seq
         self.epoch = epoch

@@ -1,10 +1,13 @@
 """Loader: the drop-in for torch.utils.data.DataLoader, and its iterator."""
+from __future__ import annotations
+
 import functools as _functools
 import os as _os
 import threading as _threading
 import time as _time
 import warnings as _warnings
 from collections.abc import Mapping as _Mapping
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from . import _npyload
 from ._npyload import cuda_available
@@ -27,6 +30,37 @@ from ._options import _parse_device
 from ._options import _parse_shuffle
 from ._torch import _torch_or_none
 from ._batch import _wrap_raw
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Mapping, Sequence
+    from typing import Literal, Protocol, Union
+
+    from typing_extensions import Self
+    from typing_extensions import TypeVar as _TypeVarDefault
+
+    from ._batch import Batch, BatchTuple
+    from ._npyload import LoaderState, LoaderStats, _Path
+
+    class _TorchDevice(Protocol):
+        """torch.device (read through str())."""
+        @property
+        def type(self) -> str: ...
+
+    _Fields = Mapping[str, Union[_Path, Sequence[_Path]]]
+    _Shuffle = Union[bool, Literal["full", "local", "none"]]
+    _Device = Union[str, int, _TorchDevice, None]
+    _IOName = Literal["auto", "uring", "io_uring", "pread", "mmap"]
+    _Output = Literal["auto", "torch", "numpy"]
+    _Align = Literal["names", "none"]
+    _OnError = Literal["raise", "skip"]
+    # What iterating a Loader yields: Batch by default, BatchTuple with
+    # as_tuple=True, what transform= returns with a hook (see the overloads
+    # of Loader.__init__). The default lets `loader: npyload.Loader` mean
+    # Loader[Batch].
+    _B = _TypeVarDefault("_B", default=Batch)
+    _T = TypeVar("_T")
+else:
+    _B = TypeVar("_B")
 
 
 class _InUse:
@@ -281,7 +315,7 @@ class _Iterator:
             pipe.stop()
 
 
-class Loader:
+class Loader(Generic[_B]):
     """Batches of NPY fields, read by worker threads into reused slots.
 
     Parameters
@@ -404,12 +438,96 @@ class Loader:
     2**31, seed an int64, max_errors 1 .. 2**63-1, rank below world_size.
     """
 
-    def __init__(self, fields, batch_size, shuffle=False, seed=0, drop_last=False,
-                 num_workers=2, prefetch=None, device="cpu", rank=None,
-                 world_size=None, io="auto", output="auto", copy=False, window=8,
-                 direct_io=False, pin_memory=None, align="names", on_error="raise",
-                 max_errors=None, transforms=None, as_tuple=False, transform=None,
-                 read_ahead=True):
+    # Set by __init__ (declared for type checkers).
+    batch_size: int
+    shuffle: bool | str
+    seed: int
+    drop_last: bool
+    num_workers: int
+    read_ahead: bool
+    num_slots: int
+    prefetch: int
+    device: int
+    rank: int
+    world_size: int
+    copy: bool
+    as_tuple: bool
+    field_names: tuple[str, ...]
+    transform: Callable[[Any], Any] | None
+
+    # The type of a batch follows as_tuple and transform: Loader[Batch],
+    # Loader[BatchTuple], or Loader[R] for a transform= returning R.
+    @overload
+    def __init__(self: Loader[Batch], fields: _Fields, batch_size: int,
+                 shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
+                 num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
+                 rank: int | None = None, world_size: int | None = None,
+                 io: _IOName = "auto", output: _Output = "auto", copy: bool = False,
+                 window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
+                 align: _Align = "names", on_error: _OnError = "raise",
+                 max_errors: int | None = None,
+                 transforms: Mapping[str, Transform] | None = None,
+                 as_tuple: Literal[False] = False, transform: None = None,
+                 read_ahead: bool = True) -> None: ...
+    @overload
+    def __init__(self: Loader[BatchTuple], fields: _Fields, batch_size: int,
+                 shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
+                 num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
+                 rank: int | None = None, world_size: int | None = None,
+                 io: _IOName = "auto", output: _Output = "auto", copy: bool = False,
+                 window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
+                 align: _Align = "names", on_error: _OnError = "raise",
+                 max_errors: int | None = None,
+                 transforms: Mapping[str, Transform] | None = None,
+                 as_tuple: Literal[True] = ..., transform: None = None,
+                 read_ahead: bool = True) -> None: ...
+    @overload
+    def __init__(self: Loader[_T], fields: _Fields, batch_size: int,
+                 shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
+                 num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
+                 rank: int | None = None, world_size: int | None = None,
+                 io: _IOName = "auto", output: _Output = "auto", copy: bool = False,
+                 window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
+                 align: _Align = "names", on_error: _OnError = "raise",
+                 max_errors: int | None = None,
+                 transforms: Mapping[str, Transform] | None = None,
+                 as_tuple: Literal[False] = False, transform: Callable[[Batch], _T] = ...,
+                 read_ahead: bool = True) -> None: ...
+    @overload
+    def __init__(self: Loader[_T], fields: _Fields, batch_size: int,
+                 shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
+                 num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
+                 rank: int | None = None, world_size: int | None = None,
+                 io: _IOName = "auto", output: _Output = "auto", copy: bool = False,
+                 window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
+                 align: _Align = "names", on_error: _OnError = "raise",
+                 max_errors: int | None = None,
+                 transforms: Mapping[str, Transform] | None = None,
+                 as_tuple: Literal[True] = ..., transform: Callable[[BatchTuple], _T] = ...,
+                 read_ahead: bool = True) -> None: ...
+    @overload
+    def __init__(self: Loader[Any], fields: _Fields, batch_size: int,
+                 shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
+                 num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
+                 rank: int | None = None, world_size: int | None = None,
+                 io: _IOName = "auto", output: _Output = "auto", copy: bool = False,
+                 window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
+                 align: _Align = "names", on_error: _OnError = "raise",
+                 max_errors: int | None = None,
+                 transforms: Mapping[str, Transform] | None = None,
+                 as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
+                 read_ahead: bool = True) -> None: ...
+    def __init__(self, fields: _Fields, batch_size: int,
+                 shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
+                 num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
+                 rank: int | None = None, world_size: int | None = None,
+                 io: _IOName = "auto", output: _Output = "auto", copy: bool = False,
+                 window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
+                 align: _Align = "names", on_error: _OnError = "raise",
+                 max_errors: int | None = None,
+                 transforms: Mapping[str, Transform] | None = None,
+                 as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
+                 read_ahead: bool = True) -> None:
         self._c = None
         self._pipe = None
         self._in_use = _InUse()
@@ -497,7 +615,7 @@ class Loader:
 
     # ---- DataLoader-like surface ----
 
-    def __len__(self):
+    def __len__(self) -> int:
         """Batches per epoch for this rank (the same on every rank). After
         load_state_dict, until that epoch's loop has ended: the batches the
         resumed loop yields (what was left of the epoch)."""
@@ -507,22 +625,22 @@ class Loader:
         return _epoch_batches(self._n, self.world_size, self.batch_size, self.drop_last)
 
     @property
-    def num_samples(self):
+    def num_samples(self) -> int:
         """N: samples in every field (all ranks together)."""
         self._live()
         return self._n
 
     @property
-    def epoch(self):
+    def epoch(self) -> int:
         return self._epoch
 
     @property
-    def backend(self):
+    def backend(self) -> str:
         """Name of the active io backend ('uring', 'pread' or 'mmap'). May be
         read from any thread, also while a loop waits for a batch."""
         return self._live().backend
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Selects the epoch the next ``for`` loop runs (its order is a pure
         function of (seed, epoch)). Prefetching for it starts now. Right after
         load_state_dict, set_epoch with the saved epoch keeps the resumed
@@ -546,7 +664,7 @@ class Loader:
         self._len_override = None
         self._hook_state = None
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[_B]:
         with self._in_use("iter()"):
             return self._iter()
 
@@ -574,7 +692,7 @@ class Loader:
                                _hook_depth(self.prefetch), stream, self._clock)
         return _Iterator(self, self._gen, self._pipe)
 
-    def state_dict(self):
+    def state_dict(self) -> LoaderState:
         """The position after the last batch handed out (with transform=:
         the last batch the loop received), as a dict of ints (save it with
         your checkpoint). Without transform=, refused (RuntimeError "in
@@ -586,7 +704,7 @@ class Loader:
         with self._in_use("state_dict()"):
             return dict(self._live().get_state())
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes from ``state_dict()`` of a loader over the same data with
         the same batch_size (num_workers, prefetch and io may differ). At the
         same world_size the next ``iter(loader)`` yields exactly the batches
@@ -636,7 +754,7 @@ class Loader:
         consumed = int(c.get_state()["consumed"])
         self._len_override = c.num_batches() - (-(-consumed // self.batch_size))
 
-    def stats(self):
+    def stats(self) -> LoaderStats:
         """Counters since start: bytes_read, batches_delivered, wait_ns, io_ns,
         h2d_bytes, h2d_ns, backend, pinned, direct_io, device, slot_bytes,
         num_slots, uring_fallbacks, read_ahead_batches (batches decoded while
@@ -668,7 +786,7 @@ class Loader:
         st.update(hook_ns=k.hook_ns, loop_wait_ns=k.wait_ns, loop_step_ns=k.step_ns)
         return st
 
-    def close(self):
+    def close(self) -> None:
         """Stops the workers and frees the loader at once (threads, open
         files, io_uring rings, unused slots). Arrays and tensors still alive
         stay valid: only their slots are kept, each freed when its last array
@@ -681,13 +799,13 @@ class Loader:
             if self._c is not None:
                 self._c.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if self._c is None or self._c.closed:
             return "<npyload.Loader closed>"
         return (f"<npyload.Loader fields={list(self.field_names)} batch_size={self.batch_size} "

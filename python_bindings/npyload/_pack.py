@@ -1,9 +1,17 @@
 """Packing .npy files into seekable .npy.zst shards (the C packer)."""
+from __future__ import annotations
+
 import os as _os
+from typing import TYPE_CHECKING
 
 from . import _npyload
 from ._npyload import NpyloadError
 from ._options import _int_arg
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from ._npyload import PackResult, _Path
 
 
 _PACK_LEVELS = (-131072, 22)     # zstd's ZSTD_minCLevel() .. ZSTD_maxCLevel()
@@ -15,8 +23,10 @@ _PACK_MAX_FRAME = 1 << 30        # bytes: the seekable format's frame limit
 _PACK_MAX_THREADS = 1024
 
 
-def pack(paths, level=3, frame_size=None, threads=None, force=False,
-         remove=False, out=None, checksum=True, narrow=False):
+def pack(paths: _Path | Iterable[_Path], level: int = 3, frame_size: int | None = None,
+         threads: int | None = None, force: bool = False, remove: bool = False,
+         out: _Path | None = None, checksum: bool = True,
+         narrow: bool = False) -> list[PackResult]:
     """Compresses NPY files into seekable ``FILE.npy.zst`` shards, with the
     same C code as ``npyload-pack`` (``npyload_pack_file``) and its options:
 

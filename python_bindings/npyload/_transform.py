@@ -1,6 +1,12 @@
 """Transform: dtype, scale, normalise and channels-last in the loader."""
+from __future__ import annotations
+
 import math as _math
 import struct as _struct
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 
 
@@ -39,8 +45,17 @@ class Transform:
     """
 
     __slots__ = ("dtype", "scale", "mean", "std", "channels_last")
+    # The checked values (declared for type checkers).
+    dtype: str | None
+    scale: float
+    mean: tuple[float, ...] | None
+    std: tuple[float, ...] | None
+    channels_last: bool
 
-    def __init__(self, dtype=None, scale=1.0, mean=None, std=None, channels_last=False):
+    def __init__(self, dtype: object = None, scale: float = 1.0,
+                 mean: float | Iterable[float] | None = None,
+                 std: float | Iterable[float] | None = None,
+                 channels_last: bool = False) -> None:
         if dtype is not None:
             # 'float16', np.float16, np.dtype('float16'), torch.float16,
             # ml_dtypes.bfloat16
@@ -93,6 +108,6 @@ class Transform:
             raise ValueError(f"Transform: {what} is empty")
         return vals
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"Transform(dtype={self.dtype!r}, scale={self.scale!r}, mean={self.mean!r}, "
                 f"std={self.std!r}, channels_last={self.channels_last!r})")

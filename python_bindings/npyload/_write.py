@@ -1,5 +1,7 @@
 """Writing datasets: any source of samples -> NPY shards that npyload.Loader
 reads (npyload.write), in parallel, resumable and deterministic."""
+from __future__ import annotations
+
 import hashlib as _hashlib
 import json as _json
 import os as _os
@@ -9,10 +11,23 @@ import threading as _threading
 import time as _time
 from collections.abc import Mapping as _Mapping
 from concurrent.futures import ThreadPoolExecutor as _Pool
+from typing import TYPE_CHECKING, Any
 
 from ._npyload import NpyloadError, inspect as _inspect
 from ._options import _int_arg
 from ._pack import pack as _pack
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from typing import Protocol, Union
+
+    class _Dataset(Protocol):
+        """A map-style dataset (torch.utils.data.Dataset's protocol): samples
+        by index, each a mapping from field name to array or tensor."""
+        def __len__(self) -> int: ...
+        def __getitem__(self, index: int, /) -> Mapping[str, Any]: ...
+
+    _SampleSource = Union[Mapping[str, Any], _Dataset, Iterable[Mapping[str, Any]]]
 
 _DEFAULT_LAYOUT = "{field}/{split}_{id:04d}.npy"
 _STATE = ".npyload-write-{split}.json"   # the call's fingerprint, beside the files
@@ -186,8 +201,10 @@ def _fingerprint(spec, spf, templates, split, n, pack, narrow):
     return _json.dumps(d, sort_keys=True)
 
 
-def write(source, out, *, samples_per_file=64, layout=None, split="train", num_workers=None,
-          pack=False, narrow=False, overwrite=False, progress=True):
+def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_file: int = 64,
+          layout: str | Mapping[str, str] | None = None, split: str = "train",
+          num_workers: int | None = None, pack: bool = False, narrow: bool = False,
+          overwrite: bool = False, progress: bool = True) -> dict[str, list[str]]:
     """Writes `source` as NPY shards under `out` and returns the ``fields``
     mapping ``npyload.Loader`` takes (field -> the list of its files, in
     order).

@@ -1,0 +1,282 @@
+# Type stub of the C extension npyload._npyload (python_bindings/src/*.c).
+# Keep it in step with the module's method tables: tests/python/test_typing.py
+# runs mypy's stubtest against the built module, and compares the dict
+# TypedDicts below with what the functions return.
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, final, type_check_only
+
+import numpy.typing as npt
+from typing_extensions import NotRequired, Self, TypedDict
+
+_Path = str | bytes | os.PathLike[str] | os.PathLike[bytes]
+
+__version__: str
+
+# ---- dicts returned by the functions (no runtime class: type checking only) ----
+
+@type_check_only
+class LoaderState(TypedDict):
+    """npyload.Loader.state_dict(): the position after the last batch
+    handed out. Save it as is; load_state_dict() also takes state version 1
+    dicts (without ``base``)."""
+    version: int
+    seed: int
+    epoch: int
+    consumed: int
+    num_samples: int
+    batch_size: int
+    world_size: int
+    rank: int
+    shuffle: int
+    drop_last: int
+    base: int
+
+@type_check_only
+class LoaderStats(TypedDict):
+    """npyload.Loader.stats(): counters since start."""
+    bytes_read: int
+    batches_delivered: int
+    samples_delivered: int
+    wait_ns: int
+    io_ns: int
+    h2d_bytes: int
+    h2d_ns: int
+    backend: str
+    pinned: bool
+    direct_io: bool
+    device: int
+    slot_bytes: int
+    num_slots: int
+    uring_fallbacks: int
+    samples_skipped: int
+    errors: int
+    gather_bytes: int
+    gather_requests: int
+    read_requests: int
+    last_error: str
+    compressed_bytes_read: int
+    decompressed_bytes: int
+    decode_ns: int
+    transform_ns: int
+    read_ahead_batches: int
+    read_wait_ns: int
+
+@type_check_only
+class HeaderInfo(TypedDict):
+    """npyload.inspect(): header facts of a .npy (or of the .npy inside a
+    .npy.zst, plus the compression's facts)."""
+    version: tuple[int, int]
+    descr: str
+    shape: tuple[int, ...]
+    fortran_order: bool
+    itemsize: int
+    header_len: int
+    data_offset: int
+    data_bytes: int
+    file_bytes: int
+    # .npy.zst only
+    compressed_bytes: NotRequired[int]
+    ratio: NotRequired[float]
+    frames: NotRequired[int]
+    samples_per_frame: NotRequired[int]
+    # .npy.zst with verify=True only
+    verified: NotRequired[bool]
+    checksums: NotRequired[bool]
+    # a narrowed .npy.zst only (descr is then the codes', '|u1')
+    narrow_values: NotRequired[int]
+    value_descr: NotRequired[str]
+
+@type_check_only
+class PackResult(TypedDict):
+    """One input's result of npyload.pack()."""
+    in_bytes: int
+    out_bytes: int
+    frames: int
+    samples_per_frame: int
+    seconds: float
+    out: str
+    narrow_values: int
+
+# ---- the exception ----
+
+class NpyloadError(RuntimeError):
+    """Raised for every failure reported by the npyload C library; ``code``
+    is the library's negative error code (NPYLOAD_E* or -errno)."""
+    code: int | None
+
+# ---- functions ----
+
+def inspect(path: _Path, verify: bool = False) -> HeaderInfo: ...
+def load(path: _Path, mmap: bool = True) -> npt.NDArray[Any]: ...
+def order_indices(
+    n: int,
+    shuffle: int,
+    seed: int,
+    epoch: int,
+    rank: int,
+    world_size: int,
+    drop_last: bool,
+    batch_size: int,
+    file_sizes: Sequence[int] | None = None,
+    window: int = 0,
+) -> list[int]: ...
+def pack_file(
+    path: _Path,
+    out: _Path | None = None,
+    level: int = 0,
+    frame_size: int = 0,
+    threads: int = 0,
+    force: bool = False,
+    checksum: bool = True,
+    narrow: bool = False,
+) -> PackResult: ...
+def strerror(code: int, /) -> str: ...
+def default_prefetch(num_workers: int, /) -> int: ...
+def cuda_available(device: int = 0, /) -> tuple[bool, str]: ...
+
+# ---- the low-level types (npyload.Loader and npyload.Batch wrap them) ----
+
+@final
+class View:
+    """Zero-copy view of one field of a batch (array interface, DLPack)."""
+    @property
+    def __array_interface__(self) -> dict[str, Any]: ...
+    @property
+    def __array_struct__(self) -> Any: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def descr(self) -> str: ...
+    @property
+    def data_ptr(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def device(self) -> int: ...
+    @property
+    def batch(self) -> Batch: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: int | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+
+@final
+class Batch:
+    """One batch: owns a slot of the loader until it is freed."""
+    @property
+    def size(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def device(self) -> int: ...
+    @property
+    def field_names(self) -> tuple[str, ...]: ...
+    @property
+    def released(self) -> bool: ...
+    @property
+    def live_views(self) -> int: ...
+    @property
+    def data_ptrs(self) -> tuple[int, ...]: ...
+    @property
+    def _streams(self) -> tuple[int, ...]: ...
+    def field(self, name_or_index: str | int, /) -> View: ...
+    def indices_view(self) -> View: ...
+    def indices_bytes(self) -> bytearray: ...
+    def indices_list(self) -> list[int]: ...
+    def wait_stream(self, stream: int | None, /) -> None: ...
+    def sync(self) -> None: ...
+    def release(self) -> None: ...
+    def _note_stream(self, stream: int | None, /) -> None: ...
+
+@final
+class Loader:
+    """Low-level owner of one npyload_loader (see npyload.Loader)."""
+    def __new__(cls) -> Self: ...
+    @staticmethod
+    def option_ranges() -> dict[int, tuple[int, int, int]]: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def field_names(self) -> tuple[str, ...]: ...
+    @property
+    def closed(self) -> bool: ...
+    def add_field(self, name: _Path, glob: _Path, /) -> None: ...
+    def add_field_files(self, name: _Path, paths: Sequence[_Path], /) -> None: ...
+    def set(self, option: int, value: int, /) -> None: ...
+    def set_transform(
+        self,
+        field: _Path,
+        dtype: int,
+        scale: float,
+        mean: Sequence[float] | None,
+        std: Sequence[float] | None,
+        channels_last: bool,
+        /,
+    ) -> None: ...
+    def get(self, option: int, /) -> int: ...
+    def start(self) -> None: ...
+    def set_epoch(self, epoch: int, /) -> None: ...
+    def next(self) -> Batch | None: ...
+    def num_batches(self) -> int: ...
+    def num_samples(self) -> int: ...
+    def get_state(self) -> LoaderState: ...
+    def set_state(self, state: Mapping[str, int], /) -> None: ...
+    def stats(self) -> LoaderStats: ...
+    def _set_stream_joiner(self, fn: Callable[[int, list[int]], int] | None, /) -> None: ...
+    def close(self) -> None: ...
+
+# ---- constants ----
+
+OPT_BATCH_SIZE: int
+OPT_NUM_WORKERS: int
+OPT_PREFETCH: int
+OPT_SHUFFLE: int
+OPT_SEED: int
+OPT_DROP_LAST: int
+OPT_RANK: int
+OPT_WORLD_SIZE: int
+OPT_IO_BACKEND: int
+OPT_DEVICE: int
+OPT_DIRECT_IO: int
+OPT_SHUFFLE_WINDOW: int
+OPT_QUEUE_DEPTH: int
+OPT_PIN_MEMORY: int
+OPT_ALIGN: int
+OPT_ON_ERROR: int
+OPT_MAX_ERRORS: int
+OPT_READ_AHEAD: int
+
+IO_AUTO: int
+IO_URING: int
+IO_PREAD: int
+IO_MMAP: int
+
+SHUFFLE_NONE: int
+SHUFFLE_FULL: int
+SHUFFLE_LOCAL: int
+
+EOF: int
+STATE_VERSION: int
+
+EINVAL: int
+EFORMAT: int
+EUNSUPPORTED: int
+ETRUNCATED: int
+EMISMATCH: int
+ESTATE: int
+ENOFILES: int
+ETOOBIG: int
+ENOCUDA: int
+ECUDA: int
+ENOURING: int
+ECHANGED: int
+EHELD: int
+EFORKED: int
