@@ -61,6 +61,16 @@ class LoaderStats(TypedDict):
     transform_ns: int
     read_ahead_batches: int
     read_wait_ns: int
+    elapsed_ns: int
+    step_ns: int
+    worker_cpu_ns: int
+    num_workers: int
+    read_blocked_ns: int
+    verdict: str
+    # Added by npyload.Loader.stats() (not the extension's Loader):
+    hook_ns: NotRequired[int]
+    loop_wait_ns: NotRequired[int]
+    loop_step_ns: NotRequired[int]
 
 @type_check_only
 class HeaderInfo(TypedDict):
@@ -229,7 +239,8 @@ class Loader:
     def num_samples(self) -> int: ...
     def get_state(self) -> LoaderState: ...
     def set_state(self, state: Mapping[str, int], /) -> None: ...
-    def stats(self) -> LoaderStats: ...
+    def stats(self, hook_ns: int = 0, loop_wait_ns: int = -1,
+              loop_step_ns: int = -1) -> LoaderStats: ...
     def _set_stream_joiner(self, fn: Callable[[int, list[int]], int] | None, /) -> None: ...
     def close(self) -> None: ...
 
