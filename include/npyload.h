@@ -202,9 +202,14 @@ typedef enum npyload_shuffle {
     XX(NUM_WORKERS, 2, "worker threads, >= 1; 0 = default 2; "               \
                        "NPYLOAD_WORKERS_SYNC (-1) = no worker thread: "      \
                        "next() reads each batch on the calling thread "      \
-                       "(debugging, like DataLoader's num_workers=0)")      \
+                       "(debugging, like DataLoader's num_workers=0, which " \
+                       "is Python's num_workers=0: Python has no 'default' " \
+                       "value, its default is 2)")                           \
     XX(PREFETCH, 3, "batch slots, >= 1; 0 = default 2 x workers. Memory is "  \
-                    "PREFETCH x batch bytes.")                                \
+                    "PREFETCH x batch bytes. Python's prefetch= counts the " \
+                    "batches read ahead of the one the loop holds, as "      \
+                    "DataLoader's prefetch_factor x workers does: Python "   \
+                    "prefetch = PREFETCH - 1 (npyload-bench prints both)")   \
     XX(SHUFFLE, 4, "npyload_shuffle; default NONE")                           \
     XX(SEED, 5, "any int64; default 0")                                       \
     XX(DROP_LAST, 6, "0/1: see Order semantics below")                        \

@@ -342,7 +342,9 @@ class Loader(Generic[_B]):
         Batches read ahead of the one the loop body holds: the loader has
         prefetch + 1 slots (memory = (prefetch + 1) x batch bytes), because a
         ``for b in loader`` loop still holds the previous batch while it asks
-        for the next. None: the library default (npyload_default_prefetch:
+        for the next (C's NPYLOAD_OPT_PREFETCH counts those slots:
+        prefetch + 1; npyload-bench's column p is that count and its pasted
+        python line says prefetch=p-1). None: the library default (npyload_default_prefetch:
         2 x num_workers slots, 2 with num_workers=0), asked of the library.
     device : 'cpu', 'cuda', 'cuda:N', an int, or None (= 'cpu')
         'cuda' without an index uses LOCAL_RANK when set (torchrun).
