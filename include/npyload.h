@@ -859,6 +859,14 @@ typedef struct npyload_pack_options {
                             a valid .npy of the uint8 codes ('|u1', the same
                             shape): the table sits in a skippable frame
                             after the header's frame (README, "Narrowing"). */
+    int store;           /* with narrow: the codes stored without
+                            compression, as a plain .npy of the codes ('|u1',
+                            the same shape; numpy reads it as the codes)
+                            followed by a trailer holding the value table;
+                            npyload delivers the values, and a read costs no
+                            decode. The default output name is the input's
+                            with ".npy" replaced by ".narrow.npy". Without
+                            narrow: NPYLOAD_EINVAL. */
 } npyload_pack_options;
 
 /*! npyload_pack_result: what one npyload_pack_file did. */
@@ -921,6 +929,14 @@ NPYLOAD_API int npyload_pack_file(const char *in, const char *out,
                                   const npyload_pack_options *o, size_t o_size,
                                   npyload_pack_result *r, size_t r_size,
                                   char *err, size_t errlen);
+
+/*! npyload_pack_default_out() : the output name npyload_pack_file uses when
+ * `out` is NULL: `in` + ".zst", or with store `in` with a final ".npy"
+ * replaced by ".narrow.npy" (".narrow.npy" appended when it has none).
+ * @return : the length of the name (written when it fits in len bytes,
+ *           NUL included; compare with len as with snprintf). */
+NPYLOAD_API size_t npyload_pack_default_out(const char *in, int store, char *buf,
+                                            size_t len);
 
 /*! NPYLOAD_ZST_MAX_WINDOW_LOG: the largest zstd window (2^23 = 8 MiB) a
  * frame of several samples may ask for. Readers decode such frames through

@@ -70,6 +70,10 @@ static void usage(FILE *f)
             "                         one-byte codes + the table of values; the\n"
             "                         loader delivers the values bit for bit; a\n"
             "                         file with more is refused (exit 1)\n"
+            "      --store            with --narrow: the codes uncompressed, as a\n"
+            "                         plain .npy of the codes plus a trailer with\n"
+            "                         the table (numpy reads the codes; npyload\n"
+            "                         the values, with no decode): FILE.narrow.npy\n"
             "  -o, --output OUT       output path (one input only)\n"
             "  -q, --quiet            no per-file lines, no progress\n"
             "  -h, --help             this text\n"
@@ -141,6 +145,7 @@ int main(int argc, char **argv)
         {"rm", no_argument, NULL, 'R'},
         {"no-check", no_argument, NULL, 'C'},
         {"narrow", no_argument, NULL, 'N'},
+        {"store", no_argument, NULL, 'S'},
         {"output", required_argument, NULL, 'o'},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
@@ -174,6 +179,7 @@ int main(int argc, char **argv)
         case 'R': rm = 1; break;
         case 'C': o.no_checksum = 1; break;
         case 'N': o.narrow = 1; break;
+        case 'S': o.store = 1; break;
         case 'o': out = optarg; break;
         case 'q': quiet = 1; break;
         case 'h': usage(stdout); return 0;
@@ -233,7 +239,7 @@ int main(int argc, char **argv)
             if (out)
                 snprintf(dst, sizeof dst, "%s", out);
             else
-                snprintf(dst, sizeof dst, "%s.zst", in);
+                npyload_pack_default_out(in, o.store, dst, sizeof dst);
             char nar[48] = "";
             if (r.narrow_values)
                 snprintf(nar, sizeof nar, ", narrowed to %" PRIu64 " codes", r.narrow_values);

@@ -144,6 +144,7 @@ static void free_tables(npyload_loader *L)
     for (size_t i = 0; i < L->nfields; i++) {
         for (size_t k = 0; L->fields[i].files && k < L->fields[i].npaths; k++) {
             npyl_zst_index_free(L->fields[i].files[k].zst);
+            free(L->fields[i].files[k].nx);
             free(L->fields[i].files[k].zst);
         }
         free(L->fields[i].files);

@@ -23,6 +23,9 @@ typedef struct npyl_ffile {
     int64_t count;        /* rows */
     uint64_t data_offset;
     npyl_zst_index *zst;  /* a .npy.zst: its frame index (owned); NULL: .npy */
+    npyl_zst_narrow *nx;  /* a stored narrowed .npy (codes + trailer): its
+                             value table (owned); rows are read as codes and
+                             expanded; NULL otherwise */
 } npyl_ffile;
 
 typedef struct npyl_field {

@@ -137,10 +137,36 @@ static int f_order_is_c_order(const npyload_header *h)
 /* The header of a .npy or, told by its first bytes whatever its name, of a
  * .npy.zst: then from frame 0, after the whole seek table was validated
  * (*zst receives the index, owned by the caller; NULL for a .npy). */
-static int read_any_header(const char *path, npyload_header *h, npyl_zst_index **zst,
+/* Narrowed: the loader delivers the values, not the codes. */
+static void deliver_values(npyload_header *h, const npyl_zst_narrow *nx)
+{
+    memcpy(h->descr, nx->descr, sizeof nx->descr);
+    h->byteorder = h->descr[0];
+    h->kind = h->descr[1];
+    h->itemsize = nx->itemsize;
+    h->data_bytes *= nx->itemsize;
+}
+
+/* A .npy: its header and, when it is the stored narrowed form (codes and
+ * a trailer), its value table (*nx, owned by the caller). */
+static int read_npy_header(int fd, const char *path, npyload_header *h, npyl_zst_narrow **nx,
                            char *err, size_t errlen)
 {
+    int rc = npyload_read_header(path, h, err, errlen);
+    uint64_t end = h->data_offset + h->data_bytes;
+    if (rc || fd < 0 || strcmp(h->descr, "|u1") != 0 || h->file_bytes <= end)
+        return rc;
+    rc = npyl_zst_store_probe(fd, path, h->file_bytes, end, nx, err, errlen);
+    if (rc == 0 && *nx)
+        deliver_values(h, *nx);
+    return rc;
+}
+
+static int read_any_header(const char *path, npyload_header *h, npyl_zst_index **zst,
+                           npyl_zst_narrow **nx, char *err, size_t errlen)
+{
     *zst = NULL;
+    *nx = NULL;
     /* O_NONBLOCK: a FIFO must not block here; anything but a regular file
      * is left to the NPY reader, which refuses it in its words. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -148,10 +174,14 @@ static int read_any_header(const char *path, npyload_header *h, npyl_zst_index *
         return npyload_read_header(path, h, err, errlen);
     struct stat st;
     unsigned char m[4];
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-        pread(fd, m, sizeof m, 0) != (ssize_t)sizeof m || !npyl_zst_is_zstd(m)) {
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
         return npyload_read_header(path, h, err, errlen);
+    }
+    if (pread(fd, m, sizeof m, 0) != (ssize_t)sizeof m || !npyl_zst_is_zstd(m)) {
+        int rc = read_npy_header(fd, path, h, nx, err, errlen);
+        close(fd);
+        return rc;
     }
     npyl_zst_index *x = calloc(1, sizeof *x);
     if (!x) {
@@ -165,14 +195,8 @@ static int read_any_header(const char *path, npyload_header *h, npyl_zst_index *
         return rc;
     }
     *h = x->hdr;
-    if (x->narrow) {
-        /* Narrowed: the loader delivers the values, not the codes. */
-        memcpy(h->descr, x->narrow->descr, sizeof x->narrow->descr);
-        h->byteorder = h->descr[0];
-        h->kind = h->descr[1];
-        h->itemsize = x->narrow->itemsize;
-        h->data_bytes *= x->narrow->itemsize;
-    }
+    if (x->narrow)
+        deliver_values(h, x->narrow);
     *zst = x;
     return 0;
 }
@@ -191,10 +215,12 @@ static int load_field(npyload_loader *L, npyl_field *f, size_t *io_next, int64_t
         const char *path = f->paths[k];
         npyload_header h;
         npyl_zst_index *zst = NULL;
-        int rc = read_any_header(path, &h, &zst, err, sizeof err);
+        npyl_zst_narrow *nx = NULL;
+        int rc = read_any_header(path, &h, &zst, &nx, err, sizeof err);
         if (rc)
             return npyl_loader_fail(L, rc, "field '%s': %s", f->name, err);
         f->files[k].zst = zst; /* freed with the file table from here on */
+        f->files[k].nx = nx;
         if (zst) {
             L->zst.any = 1;
             if (zst->max_csize > L->zst.max_csize)

@@ -61,21 +61,50 @@ static const npyl_ffile *find_file(const npyl_field *f, int64_t s)
 }
 
 /* Request q: `rows` consecutive samples of field f from global sample s on,
- * all in file ff, landing at dst. */
-static void raw_req(npyl_io_req *q, const npyl_field *f, const npyl_ffile *ff, int64_t s,
-                    uint64_t rows, uint8_t *dst)
+ * all in file ff, landing at dst. A stored narrowed file's rows are codes,
+ * one byte per value: they land at the end of the rows' place (*rff = ff)
+ * and are expanded in place after the read (expand_raw). */
+static void raw_req(npyl_io_req *q, const npyl_ffile **rff, const npyl_field *f,
+                    const npyl_ffile *ff, int64_t s, uint64_t rows, uint8_t *dst)
 {
+    uint64_t rb = ff->nx ? f->row_bytes / ff->nx->itemsize : f->row_bytes;
     q->file = ff->io_index;
-    q->offset = ff->data_offset + (uint64_t)(s - ff->first) * f->row_bytes;
-    q->len = rows * f->row_bytes;
-    q->dst = dst;
+    q->offset = ff->data_offset + (uint64_t)(s - ff->first) * rb;
+    q->len = rows * rb;
+    q->dst = dst + rows * (f->row_bytes - rb);
+    *rff = ff->nx ? ff : NULL;
+}
+
+/* The codes of the stored narrowed files among the n raw requests (read)
+ * become their values, in place. */
+static int expand_raw(const npyl_read_view *v, npyl_read_ctx *c, const npyl_io_req *reqs,
+                      const npyl_ffile *const *rff, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const npyl_ffile *ff = rff[i];
+        if (!ff)
+            continue;
+        const npyl_zst_narrow *x = ff->nx;
+        uint8_t *to = reqs[i].dst + reqs[i].len - reqs[i].len * x->itemsize;
+        if (npyl_zst_narrow_expand(x, reqs[i].dst, (size_t)reqs[i].len, to) == 0)
+            continue;
+        const char *path = "?";
+        for (size_t fi = 0; fi < v->nfields; fi++)
+            if (ff >= v->fields[fi].files && ff < v->fields[fi].files + v->fields[fi].npaths)
+                path = v->fields[fi].paths[ff - v->fields[fi].files];
+        snprintf(c->errmsg, sizeof c->errmsg, "%s: a code is not in the file's table of "
+                 "%" PRIu32 " values (a damaged file)", path, x->count);
+        return NPYLOAD_EFORMAT;
+    }
+    return 0;
 }
 
 /* Turns the batch's rows (indices[0 .. rows)) into read requests, one per run of consecutive
  * samples of one .npy file: a run lands in one read, straight into the
  * slot. Rows of .npy.zst files go to zrows (*nz of them) instead. */
 static size_t plan_reads(const npyl_read_view *v, const int64_t *indices, size_t rows,
-                         uint8_t *const *dst, npyl_io_req *reqs, npyl_zrow *zrows, size_t *nz)
+                         uint8_t *const *dst, npyl_io_req *reqs, const npyl_ffile **rff,
+                         npyl_zrow *zrows, size_t *nz)
 {
     size_t n = 0;
     *nz = 0;
@@ -101,7 +130,8 @@ static size_t plan_reads(const npyl_read_view *v, const int64_t *indices, size_t
             while (r + run < rows && indices[r + run] == first + (int64_t)run &&
                    first + (int64_t)run < ff->first + ff->count)
                 run++;
-            raw_req(&reqs[n++], f, ff, first, run, base + (uint64_t)r * f->row_bytes);
+            raw_req(&reqs[n], &rff[n], f, ff, first, run, base + (uint64_t)r * f->row_bytes);
+            n++;
             r += run;
         }
     }
@@ -256,7 +286,7 @@ static void name_frame(npyl_read_ctx *c, const npyl_zrow *z)
 static void plan_batch(const npyl_read_view *v, npyl_read_buf *b, const int64_t *indices,
                        size_t rows, uint8_t *const *dst)
 {
-    b->nraw = plan_reads(v, indices, rows, dst, b->reqs, b->zrows, &b->nz);
+    b->nraw = plan_reads(v, indices, rows, dst, b->reqs, b->rff, b->zrows, &b->nz);
     if (b->nz)
         qsort(b->zrows, b->nz, sizeof *b->zrows, zrow_cmp);
     b->u0 = b->u = 0;
@@ -312,6 +342,9 @@ static int finish_round(const npyl_read_view *v, npyl_read_ctx *c, npyl_read_buf
     }
     *bytes += got - b->cb; /* the raw rows; frames count as the rows they hold */
     zs->cbytes += b->cb;
+    rc = expand_raw(v, c, b->reqs, b->rff, b->nraw);
+    if (rc)
+        return rc;
     b->nraw = 0;
     for (size_t t = b->u0; t < b->u;) {
         size_t g = frame_end(zr, t, b->u);
@@ -364,9 +397,12 @@ static int read_row(const npyl_read_view *v, npyl_read_ctx *c, int64_t s, size_t
         const npyl_ffile *ff = find_file(f, s);
         if (ff->zst)
             continue;
-        raw_req(&b->reqs[n++], f, ff, s, 1, dst[fi] + (uint64_t)at * f->row_bytes);
+        raw_req(&b->reqs[n], &b->rff[n], f, ff, s, 1, dst[fi] + (uint64_t)at * f->row_bytes);
+        n++;
     }
     int rc = n ? npyl_io_read(c->io, b->reqs, n, &bad, bytes, c->errmsg, sizeof c->errmsg) : 0;
+    if (rc == 0)
+        rc = expand_raw(v, c, b->reqs, b->rff, n);
     for (size_t fi = 0; rc == 0 && fi < v->nfields; fi++) {
         const npyl_field *f = &v->fields[fi];
         const npyl_ffile *ff = find_file(f, s);
@@ -625,7 +661,8 @@ static int buf_init(npyl_read_buf *b, const npyl_read_view *v, size_t B,
                     const npyl_zst_sizes *zsz)
 {
     b->reqs = calloc(B * v->nfields, sizeof *b->reqs);
-    if (!b->reqs)
+    b->rff = calloc(B * v->nfields, sizeof *b->rff);
+    if (!b->reqs || !b->rff)
         return -ENOMEM;
     if (!zsz->any)
         return 0;
@@ -645,6 +682,7 @@ static int buf_init(npyl_read_buf *b, const npyl_read_view *v, size_t B,
 static void buf_fini(npyl_read_buf *b)
 {
     free(b->reqs);
+    free(b->rff);
     npyl_free_aligned(b->zsrc);
     free(b->zrows);
     memset(b, 0, sizeof *b);

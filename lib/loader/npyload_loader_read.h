@@ -42,6 +42,9 @@ typedef struct npyl_read_view {
  * (nraw .. cb) travels with them from npyl_read_begin to npyl_read_end. */
 typedef struct npyl_read_buf {
     npyl_io_req *reqs;    /* rows x nfields capacity */
+    const struct npyl_ffile **rff; /* per raw request: its file when that is
+                                      a stored narrowed .npy (codes to
+                                      expand), else NULL */
     struct npyl_zrow *zrows; /* rows x nfields: rows grouped by frame */
     uint8_t *zsrc;        /* compressed frames, NPYL_DIRECT_ALIGN-aligned */
     size_t zsrc_cap;

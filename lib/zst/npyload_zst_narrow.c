@@ -10,13 +10,21 @@
  * then count x itemsize bytes of values, code k's value at k x itemsize.
  * `zstd -d` skips skippable frames, so it restores a valid .npy of the
  * codes; npyload delivers the values. The table is compressed only to get
- * zstd's checksum over it: a damaged table is refused at start. */
+ * zstd's checksum over it: a damaged table is refused at start.
+ *
+ * Stored without compression (npyload-pack --narrow --store): a plain .npy
+ * of the codes ('|u1', the same shape) followed by a trailer: the same
+ * skippable frame, its length (u32 little-endian) and the tag "NPYLSTOR".
+ * numpy reads the array and ignores what follows it (np.load gives the
+ * codes); npyload finds the trailer from the file's end and delivers the
+ * values. */
 #include "npyload_zst.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <zstd.h>
 
@@ -129,6 +137,49 @@ int npyl_zst_narrow_encode(const npyl_zst_narrow_scan *s, const char *descr,
     *out = f;
     *out_len = NPYL_ZST_SKIP_HEADER_BYTES + TAG_BYTES + z;
     return 0;
+}
+
+int npyl_zst_store_trailer(const npyl_zst_narrow_scan *s, const char *descr,
+                           unsigned char **out, size_t *out_len)
+{
+    unsigned char *f = NULL;
+    size_t n = 0;
+    int rc = npyl_zst_narrow_encode(s, descr, &f, &n);
+    if (rc)
+        return rc;
+    unsigned char *t = realloc(f, n + NPYL_ZST_STORE_TAIL_BYTES);
+    if (!t) {
+        free(f);
+        return -ENOMEM;
+    }
+    wr32(t + n, (uint32_t)n);
+    memcpy(t + n + 4, NPYL_ZST_STORE_TAG, 8);
+    *out = t;
+    *out_len = n + NPYL_ZST_STORE_TAIL_BYTES;
+    return 0;
+}
+
+int npyl_zst_store_probe(int fd, const char *name, uint64_t file_bytes, uint64_t data_end,
+                         npyl_zst_narrow **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    unsigned char tail[NPYL_ZST_STORE_TAIL_BYTES];
+    if (file_bytes < data_end + NPYL_ZST_STORE_TAIL_BYTES ||
+        pread(fd, tail, sizeof tail, (off_t)(file_bytes - sizeof tail)) != (ssize_t)sizeof tail ||
+        memcmp(tail + 4, NPYL_ZST_STORE_TAG, 8) != 0)
+        return 0; /* not a stored narrowed file: bytes after the data, as before */
+    uint32_t n = rd32(tail);
+    if (n > NPYL_ZST_NARROW_FRAME_MAX ||
+        data_end + n + NPYL_ZST_STORE_TAIL_BYTES != file_bytes)
+        return npyl_fail(err, errlen, NPYLOAD_EFORMAT,
+                         "%s: a narrowed-store trailer of %" PRIu32 " bytes that does not "
+                         "end the %" PRIu64 " bytes after the codes (a damaged file)", name, n,
+                         file_bytes - data_end);
+    unsigned char p[NPYL_ZST_NARROW_FRAME_MAX];
+    if (pread(fd, p, n, (off_t)data_end) != (ssize_t)n)
+        return npyl_fail(err, errlen, NPYLOAD_ETRUNCATED, "%s: cannot read the value table "
+                         "(%" PRIu32 " bytes at byte %" PRIu64 ")", name, n, data_end);
+    return npyl_zst_narrow_parse(p, n, name, out, err, errlen);
 }
 
 int npyl_zst_narrow_parse(const unsigned char *p, size_t n, const char *name,

@@ -428,6 +428,10 @@ static int check_options(const char *in, const npyload_pack_options *o,
         return npyl_fail(err, errlen, NPYLOAD_EINVAL,
                          "%s: threads %d out of range (0 .. %d; 0 = all online "
                          "cores)", in, o->threads, PACK_THREADS_ARG_MAX);
+    if (o->store && !o->narrow)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: store needs narrow (only narrowed codes are stored "
+                         "without compression)", in);
     return 0;
 }
 
@@ -473,6 +477,16 @@ int npyload_pack_file(const char *in, const char *out,
     if (rc == 0 && r)
         npyl_sized_out(r, r_size, &res, sizeof res, r_min);
     return rc;
+}
+
+size_t npyload_pack_default_out(const char *in, int store, char *buf, size_t len)
+{
+    size_t n = in ? strlen(in) : 0;
+    if (!store)
+        return (size_t)snprintf(buf, len, "%s.zst", in ? in : "");
+    if (n >= 4 && !strcmp(in + n - 4, ".npy"))
+        n -= 4;
+    return (size_t)snprintf(buf, len, "%.*s.narrow.npy", (int)n, in ? in : "");
 }
 
 /* ---- one pack: plan, temporary output, chunk loop, finish -------------- */
@@ -637,11 +651,12 @@ static int pack_plan(pack_job *j)
     if (rc)
         return rc;
     if (!j->out) {
-        j->dflt = malloc(strlen(j->in) + 5);
+        size_t n = npyload_pack_default_out(j->in, j->o->store, NULL, 0) + 1;
+        j->dflt = malloc(n);
         if (!j->dflt)
             return npyl_fail(j->err, j->errlen, -ENOMEM, "%s: out of memory",
                              j->in);
-        sprintf(j->dflt, "%s.zst", j->in);
+        npyload_pack_default_out(j->in, j->o->store, j->dflt, n);
         j->out = j->dflt;
     }
     j->po.path = j->out;
@@ -762,6 +777,13 @@ static int pack_header_frame(pack_job *j)
     }
     if (j->w > 1 && (rc = codes_header(j, hbuf, hb)))
         goto out;
+    if (j->o->store) { /* the codes' .npy header as is */
+        rc = write_all(j->po.fd, hbuf, hb);
+        if (rc)
+            rc = pack_write_failed(j, rc);
+        j->out_bytes += hb;
+        goto out;
+    }
     size_t c = ZSTD_compress2(j->cctx, cbuf, cap, hbuf, hb);
     if (ZSTD_isError(c))
         rc = npyl_fail(j->err, j->errlen, NPYLOAD_EINVAL, "%s: zstd: %s",
@@ -905,9 +927,44 @@ static int pack_progress(const pack_job *j, uint64_t done)
     return 0;
 }
 
+/* Step 4, stored: the codes of chunks of rows, written as they are. */
+static int pack_store_chunks(pack_job *j)
+{
+    uint64_t k = CHUNK_MAX_BYTES / (j->rb * j->w);
+    if (k == 0)
+        k = 1;
+    j->ibuf = malloc((size_t)(k * j->rb));
+    j->nbuf = malloc((size_t)(k * j->rb * j->w));
+    if (!j->ibuf || !j->nbuf)
+        return npyl_fail(j->err, j->errlen, -ENOMEM, "%s: out of memory", j->in);
+    int rc = 0;
+    for (uint64_t row = 0; !rc && row < j->rows; row += k) {
+        uint64_t crow = j->rows - row < k ? j->rows - row : k;
+        size_t bytes = (size_t)(crow * j->rb);
+        uint64_t off = j->h.data_offset + row * j->rb * j->w;
+        rc = pread_exact(j->ifd, j->nbuf, bytes * j->w, off);
+        if (rc)
+            return npyl_fail(j->err, j->errlen, rc == -EIO ? NPYLOAD_ECHANGED : rc,
+                             "%s: read of %zu bytes at byte %" PRIu64 " failed: %s", j->in,
+                             bytes * j->w, off,
+                             rc == -EIO ? "short read (file changed?)" : strerror(-rc));
+        npyl_zst_narrow_codes(j->scan, j->nbuf, bytes * j->w, j->ibuf);
+        rc = write_all(j->po.fd, j->ibuf, bytes);
+        if (rc)
+            return pack_write_failed(j, rc);
+        j->out_bytes += bytes;
+        rc = input_unchanged(j->ifd, j->in, &j->ist, 0, j->err, j->errlen);
+        if (!rc)
+            rc = pack_progress(j, off + bytes * j->w);
+    }
+    return rc;
+}
+
 /* Step 4: the data frames, chunk by chunk. */
 static int pack_chunks(pack_job *j)
 {
+    if (j->o->store)
+        return pack_store_chunks(j);
     if (j->nframes == 1)
         return 0;
     int rc = pack_pool_start(j);
@@ -935,12 +992,21 @@ static int pack_chunks(pack_job *j)
  * the name durable after. */
 static int pack_finish(pack_job *j)
 {
-    size_t tsz = npyl_zst_table_size((uint32_t)j->nframes, j->checksum);
-    unsigned char *tab = malloc(tsz);
-    if (!tab)
-        return npyl_fail(j->err, j->errlen, -ENOMEM, "%s: out of memory", j->in);
-    npyl_zst_table_encode(tab, (uint32_t)j->nframes, j->tcs, j->tds, j->tck,
-                          j->checksum);
+    size_t tsz = 0;
+    unsigned char *tab = NULL;
+    if (j->o->store) { /* stored: the value table's trailer instead */
+        int rc = npyl_zst_store_trailer(j->scan, j->h.descr, &tab, &tsz);
+        if (rc)
+            return npyl_fail(j->err, j->errlen, rc, "%s: narrow: cannot encode the "
+                             "value table", j->in);
+    } else {
+        tsz = npyl_zst_table_size((uint32_t)j->nframes, j->checksum);
+        tab = malloc(tsz);
+        if (!tab)
+            return npyl_fail(j->err, j->errlen, -ENOMEM, "%s: out of memory", j->in);
+        npyl_zst_table_encode(tab, (uint32_t)j->nframes, j->tcs, j->tds, j->tck,
+                              j->checksum);
+    }
     int rc = write_all(j->po.fd, tab, tsz);
     free(tab);
     if (rc)
@@ -1048,8 +1114,8 @@ int npyl_pack_file_ex(const char *in, const char *out,
     if (!rc && r) {
         r->in_bytes = j->h.file_bytes;
         r->out_bytes = j->out_bytes;
-        r->frames = j->nframes;
-        r->samples_per_frame = j->spf;
+        r->frames = j->o->store ? 0 : j->nframes;
+        r->samples_per_frame = j->o->store ? 0 : j->spf;
         r->narrow_values = j->w > 1 ? j->scan->count : 0;
         r->seconds = (double)(npyl_now_ns() - t0) / 1e9;
     }

@@ -26,7 +26,7 @@ _PACK_MAX_THREADS = 1024
 def pack(paths: _Path | Iterable[_Path], level: int = 3, frame_size: int | None = None,
          threads: int | None = None, force: bool = False, remove: bool = False,
          out: _Path | None = None, checksum: bool = True,
-         narrow: bool = False) -> list[PackResult]:
+         narrow: bool = False, store: bool = False) -> list[PackResult]:
     """Compresses NPY files into seekable ``FILE.npy.zst`` shards, with the
     same C code as ``npyload-pack`` (``npyload_pack_file``) and its options:
 
@@ -46,6 +46,10 @@ def pack(paths: _Path | Iterable[_Path], level: int = 3, frame_size: int | None 
       original values bit for bit. A file with more distinct values, or of
       another dtype, raises NpyloadError naming it. ``zstd -d`` of such a
       file gives a .npy of the uint8 codes (README, "Narrowing").
+    - ``store`` (with ``narrow``; ``--store``): the codes without
+      compression, as ``FILE.narrow.npy``: a plain .npy of the uint8 codes
+      (``np.load`` gives the codes) followed by a trailer holding the value
+      table; the loader delivers the values and reads cost no decode.
 
     Each output is written as a nameless temporary file in its directory,
     synced to disk, and only then linked under its name (the directory
@@ -90,7 +94,7 @@ def pack(paths: _Path | Iterable[_Path], level: int = 3, frame_size: int | None 
     results = []
     for p in paths:
         r = _npyload.pack_file(p, out, level, frame_size or 0, threads or 0,
-                               bool(force), bool(checksum), bool(narrow))
+                               bool(force), bool(checksum), bool(narrow), bool(store))
         if remove:
             try:
                 _os.unlink(p)

@@ -444,14 +444,14 @@ static int pack_progress(void *arg, uint64_t done, uint64_t total)
 static PyObject *mod_pack_file(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"path", "out", "level", "frame_size", "threads",
-                             "force", "checksum", "narrow", NULL};
+                             "force", "checksum", "narrow", "store", NULL};
     PyObject *path_obj, *out_obj = Py_None, *in_b = NULL, *out_b = NULL;
     PyObject *level_obj = NULL, *frame_obj = NULL, *threads_obj = NULL;
-    int force = 0, checksum = 1, narrow = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOppp:pack_file", kwlist,
+    int force = 0, checksum = 1, narrow = 0, store = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOOpppp:pack_file", kwlist,
                                      &path_obj, &out_obj, &level_obj,
                                      &frame_obj, &threads_obj, &force,
-                                     &checksum, &narrow))
+                                     &checksum, &narrow, &store))
         return NULL;
     /* Narrowed to the C types with a ValueError naming the argument; the
      * library checks the ranges themselves (NpyloadError). */
@@ -499,6 +499,7 @@ static PyObject *mod_pack_file(PyObject *self, PyObject *args, PyObject *kw)
     o.force = force;
     o.no_checksum = !checksum;
     o.narrow = narrow;
+    o.store = store;
     int raised = 0;
     o.progress = pack_progress;
     o.progress_arg = &raised;
@@ -520,10 +521,20 @@ static PyObject *mod_pack_file(PyObject *self, PyObject *args, PyObject *kw)
             snprintf(err, sizeof err, "%s: %s", in, npyload_strerror(rc));
         npyloadpy_raise(rc, err);
     } else {
-        PyObject *dst = NULL, *src = npyloadpy_str(in);
-        if (src)
-            dst = out_b ? npyloadpy_str(out) : PyUnicode_FromFormat("%U.zst", src);
-        Py_XDECREF(src);
+        PyObject *dst = NULL;
+        if (out_b) {
+            dst = npyloadpy_str(out);
+        } else {
+            size_t n = npyload_pack_default_out(in, store, NULL, 0) + 1;
+            char *name = PyMem_Malloc(n);
+            if (name) {
+                npyload_pack_default_out(in, store, name, n);
+                dst = npyloadpy_str(name);
+                PyMem_Free(name);
+            } else {
+                PyErr_NoMemory();
+            }
+        }
         if (dst)
             res = Py_BuildValue("{s:K,s:K,s:K,s:K,s:d,s:N,s:K}",
                                 "in_bytes", (unsigned long long)r.in_bytes,

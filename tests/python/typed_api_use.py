@@ -93,8 +93,11 @@ def pack_and_inspect(fields: Mapping[str, list[str]], root: str) -> None:
         with open(p, "rb") as fi, open(dst, "wb") as fo:
             fo.write(fi.read())
         y_copies.append(dst)
+    stored = npyload.pack(y_copies[0], narrow=True, store=True)
+    assert stored[0]["out"].endswith(".narrow.npy") and stored[0]["frames"] == 0
+    os.remove(stored[0]["out"])
     many = npyload.pack(y_copies, level=5, frame_size=64, threads=1, force=True,
-                        remove=True, out=None, checksum=True, narrow=True)
+                        remove=True, out=None, checksum=True, narrow=True, store=False)
     # 8 distinct int64 values per file: narrowed to one-byte codes
     assert [m["narrow_values"] for m in many] == [PER_FILE] * len(many)
     assert not any(os.path.exists(p) for p in y_copies)           # remove=True
