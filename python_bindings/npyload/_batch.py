@@ -1,5 +1,6 @@
 """Batches as a mapping from field name to array or tensor (Batch), as a
 tuple (BatchTuple), and the wrapping of the C batch views."""
+import difflib as _difflib
 from collections.abc import Mapping as _Mapping
 
 from ._torch import _wait_stream
@@ -26,7 +27,11 @@ class Batch(_Mapping):
         self._raw = raw
 
     def __getitem__(self, key):
-        return self._data[key]
+        try:
+            return self._data[key]
+        except KeyError:
+            pass
+        raise KeyError(_missing_field(key, self._data)) from None
 
     def __iter__(self):
         # A mapping iterates its keys, so `images, labels = batch` (the
@@ -82,6 +87,19 @@ class BatchTuple(tuple):
         fields = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in zip(self.field_names, self))
         return (f"<npyload.BatchTuple epoch={self.epoch} seq={self.seq} "
                 f"rows={self.num_samples} ({fields})>")
+
+
+def _missing_field(key, data):
+    """The message of a batch's KeyError: the key, the fields there are and,
+    for a near miss (``"image"`` for ``"images"``), the likely one."""
+    names = list(data)
+    msg = (f"{key!r}: the batch has no such field; its fields are "
+           f"{', '.join(repr(n) for n in names)}")
+    if isinstance(key, str):
+        close = _difflib.get_close_matches(key, names, n=1)
+        if close:
+            msg += f" (did you mean {close[0]!r}?)"
+    return msg
 
 
 def _bfloat16_numpy():
