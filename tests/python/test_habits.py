@@ -2,7 +2,8 @@
 DataLoader(shuffle=True) reshuffles, set_epoch() always wins, resumes go on
 where the saved loader would have; the loader starts at its first iter()
 (construction checks, holds nothing); batch[name] for a missing field says
-which fields there are.
+which fields there are; state_dict()/load_state_dict() through
+torch.distributed.checkpoint and a torch.save trainer checkpoint.
 
 Independent truths: the order of an epoch is the C library's (a pure
 function of (seed, epoch)), so a loader whose epochs advance by themselves
@@ -13,6 +14,7 @@ of the files; threads with /proc/self/task.
 """
 import gc
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -414,3 +416,130 @@ def test_missing_field_keyerror_lists_fields(dataset):
     assert "did you mean" not in str(ei.value)
     assert b.get("image") is None and "image" not in b
     assert b["images"].shape[0] == len(b.indices)
+
+
+# ---- 4. torch: Stateful, DCP and a trainer checkpoint ----
+
+try:
+    import torch
+except ImportError:  # the rest of the module runs without torch
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed: the "
+                                 "torch checkpoint tests need it")
+
+
+@needs_torch
+def test_loader_is_stateful():
+    from torch.distributed.checkpoint.stateful import Stateful
+    assert issubclass(npyload.Loader, Stateful)
+
+
+def _dcp_roundtrip(globs, ckpt, where):
+    import torch.distributed.checkpoint as dcp
+    U = make(globs, shuffle=True, seed=11, num_workers=2)
+    loop(U)
+    it = iter(U)
+    for _ in range(3):
+        next(it)
+    if where == "ran-out":
+        for _ in it:
+            pass
+    saved = U.state_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process"
+        dcp.save({"loader": U}, checkpoint_id=str(ckpt))
+    want = ([] if where == "ran-out" else
+            [[(b.epoch, tuple(to_numpy(b.indices).tolist())) for b in it]]) + _run(U, 2)
+    R = make(globs, shuffle=True, seed=11, num_workers=1, prefetch=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({"loader": R}, checkpoint_id=str(ckpt))
+    assert R.stats()["num_slots"] == 0, "dcp.load does not start the loader"
+    assert R.state_dict() == saved
+    return _run(R, len(want)), want
+
+
+@needs_torch
+@pytest.mark.parametrize("where", ["mid", "ran-out"])
+def test_dcp_save_load_single_process(dataset, tmp_path, where):
+    import torch.distributed as dist
+    assert not (dist.is_available() and dist.is_initialized())
+    globs, _ = dataset
+    got, want = _dcp_roundtrip(globs, tmp_path / "ckpt", where)
+    assert got == want
+
+
+@needs_torch
+def test_dcp_save_load_gloo_world_size_1(dataset, tmp_path):
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    globs, _ = dataset
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}",
+                            rank=0, world_size=1)
+    try:
+        got, want = _dcp_roundtrip(globs, tmp_path / "ckpt", "mid")
+    finally:
+        dist.destroy_process_group()
+    assert got == want
+
+
+def _trainer(globs, epochs, explicit, stop, ckpt_path, resume=None):
+    """A StatefulDataLoader-style trainer: one loader, `for epoch in
+    range(start, epochs)`, set_epoch(epoch) when `explicit`; the checkpoint
+    (torch.save of the loader's state_dict with the trainer's own counters)
+    is written at global step `stop` (inside the loop), with stop =
+    ("break", t) after leaving the loop at step t (a preempted job), or with
+    stop = ("end", e) after epoch e's loop; then it "crashes" (returns).
+    Returns the (epoch, indices) it trained on."""
+    loader = make(globs, shuffle=True, seed=21, drop_last=True, num_workers=2,
+                  output="torch")
+    start, step = 0, 0
+    if resume is not None:
+        ck = torch.load(resume, weights_only=True)
+        loader.load_state_dict(ck["loader"])
+        start, step = ck["epoch"], ck["step"]
+    seen = []
+    for epoch in range(start, epochs):
+        if explicit:
+            loader.set_epoch(epoch)
+        for b in loader:
+            seen.append((int(b.epoch), tuple(b.indices.tolist())))
+            step += 1
+            if step == stop:
+                torch.save({"loader": loader.state_dict(), "epoch": epoch, "step": step,
+                            "model": torch.zeros(2)}, ckpt_path)
+                return seen
+            if stop == ("break", step):
+                break
+        if stop == ("break", step):
+            torch.save({"loader": loader.state_dict(), "epoch": epoch, "step": step,
+                        "model": torch.zeros(2)}, ckpt_path)
+            return seen
+        if stop == ("end", epoch):
+            torch.save({"loader": loader.state_dict(), "epoch": epoch + 1, "step": step,
+                        "model": torch.zeros(2)}, ckpt_path)
+            return seen
+    return seen
+
+
+@needs_torch
+@pytest.mark.parametrize("explicit", [False, True])
+@pytest.mark.parametrize("stop", [1, 5, 9, 13, ("end", 0), ("end", 1), ("break", 3),
+                                  ("break", 9), ("break", 14)])
+def test_trainer_checkpoint_resume_equals_uninterrupted(dataset, tmp_path, explicit, stop):
+    """9 batches per epoch (37 samples, batch 4, drop_last): step 9 is the
+    last batch of epoch 0 (saved inside its loop), ("end", 0) is after that
+    loop. The run before the crash plus the resumed run is the uninterrupted
+    run, batch for batch, with or without set_epoch in the trainer."""
+    globs, _ = dataset
+    full = _trainer(globs, 4, explicit, None, None)
+    assert len(full) == 4 * 9 and len({e for e, _ in full}) == 4
+    ck = tmp_path / "ck.pt"
+    head = _trainer(globs, 4, explicit, stop, ck)
+    tail = _trainer(globs, 4, explicit, None, None, resume=ck)
+    assert head + tail == full
+    if isinstance(stop, int):
+        assert len(head) == stop
+    else:
+        assert len(head) == (stop[1] if stop[0] == "break" else 9 * (stop[1] + 1))
