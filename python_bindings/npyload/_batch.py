@@ -2,6 +2,7 @@
 tuple (BatchTuple), and the wrapping of the C batch views."""
 from __future__ import annotations
 
+import difflib as _difflib
 from collections.abc import Mapping as _Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +37,11 @@ class Batch(_Mapping[str, Any]):
         self._raw = raw
 
     def __getitem__(self, key: str) -> Any:
-        return self._data[key]
+        try:
+            return self._data[key]
+        except KeyError:
+            pass
+        raise KeyError(_missing_field(key, self._data)) from None
 
     def __iter__(self) -> NoReturn:
         # A mapping iterates its keys, so `images, labels = batch` (the
@@ -100,6 +105,19 @@ class BatchTuple(tuple[Any, ...]):
         fields = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in zip(self.field_names, self))
         return (f"<npyload.BatchTuple epoch={self.epoch} seq={self.seq} "
                 f"rows={self.num_samples} ({fields})>")
+
+
+def _missing_field(key, data):
+    """The message of a batch's KeyError: the key, the fields there are and,
+    for a near miss (``"image"`` for ``"images"``), the likely one."""
+    names = list(data)
+    msg = (f"{key!r}: the batch has no such field; its fields are "
+           f"{', '.join(repr(n) for n in names)}")
+    if isinstance(key, str):
+        close = _difflib.get_close_matches(key, names, n=1)
+        if close:
+            msg += f" (did you mean {close[0]!r}?)"
+    return msg
 
 
 def _bfloat16_numpy():

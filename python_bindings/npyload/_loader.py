@@ -62,6 +62,11 @@ if TYPE_CHECKING:
 else:
     _B = TypeVar("_B")
 
+# What the next iter() of a Loader runs (Loader._next).
+_START = "start"      # epoch Loader._epoch from its first batch
+_RESUME = "resume"    # the position load_state_dict() restored
+_ADVANCE = "advance"  # epoch Loader._epoch + 1 from its first batch
+
 
 class _InUse:
     """A Loader's in-use guard: one call at a time. ``with guard("set_epoch()"):``
@@ -258,7 +263,8 @@ class _Iterator:
     def _finish(self, ld, eof):
         self._loader = None
         if eof:
-            ld._at_eof = True
+            if ld._gen == self._gen:
+                ld._loop_ended = True  # (see Loader.state_dict)
             ld._len_override = None  # a resumed epoch is over: full epochs again
         if self._pipe is not None:
             self._pipe.stop()
@@ -419,10 +425,42 @@ class Loader(Generic[_B]):
     thread prepared ahead. With a CUDA device, ``fn`` runs with the CUDA
     stream current when ``iter(loader)`` was called.
 
-    Iteration follows DataLoader with DistributedSampler: ``for b in loader``
-    runs the epoch chosen with ``set_epoch`` (0 at first) from its first batch;
-    every new ``iter(loader)`` starts that epoch again, except the first one
-    after ``load_state_dict``, which resumes where the saved loader stopped.
+    Epochs: every ``iter(loader)`` that is not the first since the
+    construction, ``set_epoch()`` or ``load_state_dict()`` advances the epoch
+    by one, as ``DataLoader(shuffle=True)`` reshuffles on every ``iter()``.
+    So the first loop runs epoch 0 and each later loop the next epoch, from
+    its first batch, whether the loop before it ran to its end or was left
+    early (``break``, ``next(iter(loader))``). ``set_epoch(e)`` makes the
+    next ``iter()`` run epoch ``e`` and always wins: calling it before every
+    loop, as DistributedSampler wants, gives the same batches as not calling
+    it. ``load_state_dict(state)`` makes the next ``iter()`` run the rest of
+    the saved epoch, and the loops after it advance from there; a state
+    saved once its loop had run out (``state["loop_ended"] == 1``) resumes
+    where the saved loader goes on, at the start of the next epoch. A state
+    saved after a ``break`` resumes the rest of that epoch, as one saved
+    inside the loop does (and as StatefulDataLoader's does): a loop left
+    early, a preempted job's, is taken to be interrupted, not finished,
+    so that no sample of it is skipped. Right after ``load_state_dict``,
+    ``set_epoch`` with the saved epoch keeps the saved position (the usual
+    ``for epoch in range(saved, n): set_epoch(epoch)``).
+    An epoch's order is a pure function of (seed, epoch), so the batches of
+    a loader never depend on how its epochs were chosen.
+
+    Lazy start: the loader starts (worker threads, slots, pinned and device
+    memory, io rings) at the first ``iter()``, so a loader built up front
+    (a validation set) holds nothing until it is used. The constructor still
+    raises what starting would (missing files, bad headers, sample counts
+    that differ between fields, misaligned file names, transforms that do
+    not fit, an io backend or CUDA device that cannot be used): it starts a
+    scratch loader of one row and one slot, with no worker thread, and
+    closes it at once. Every header is therefore read twice (construction
+    and first ``iter()``, where a file changed in between raises). Before the
+    first ``iter()``, ``len()``, ``num_samples``, ``field_names``,
+    ``num_slots`` (the slots it will have), ``backend`` (the one the check
+    chose), ``state_dict()`` and ``load_state_dict()`` work as after it, and
+    ``stats()`` counts nothing: every counter is 0, ``num_slots`` and
+    ``slot_bytes`` too.
+
     See the module docstring for the lifetime rule.
 
     Threads: one call at a time. A loop's ``next()``, ``iter()``,
@@ -530,7 +568,8 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
                  read_ahead: bool = True) -> None:
-        self._c = None
+        self._c = None          # the started C loader: None until the first iter()
+        self._closed = False
         self._pipe = None
         self._in_use = _InUse()
         specs = _field_specs(fields)
@@ -568,7 +607,7 @@ class Loader(Generic[_B]):
         if pin_memory is not None:
             self._opts[_npyload.OPT_PIN_MEMORY] = int(pin_memory)
         self._opts[_npyload.OPT_DEVICE] = dev  # last: it may load CUDA
-        self._c = c = self._build()
+        self._check_start()
 
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -576,20 +615,26 @@ class Loader(Generic[_B]):
         self.drop_last = bool(drop_last)
         self.num_workers = num_workers
         self.read_ahead = bool(read_ahead)
-        self.num_slots = c.get(_npyload.OPT_PREFETCH)
+        # The library's PREFETCH, as it reports it once started (host slots,
+        # or device slots with a CUDA device; the range was checked).
+        self.num_slots = self._opts[_npyload.OPT_PREFETCH]
         self.prefetch = prefetch
         self.device = dev
         self.rank = rank
         self.world_size = world_size
         self.copy = bool(copy)
         self.as_tuple = bool(as_tuple)
-        self.field_names = c.field_names
+        # What the next iter() runs (see the class docstring, "Epochs"):
+        # _START: epoch _epoch from its start; _RESUME: the position of the
+        # loaded state (pending in _pending until the loader starts);
+        # _ADVANCE: epoch _epoch + 1 from its start.
         self._epoch = 0
+        self._next = _START
+        self._keep_epoch = False  # after load_state_dict: set_epoch(saved) keeps it
+        self._pending = None      # a loaded state, before the loader started
+        self._loop_ended = False  # the current loop ran to its end (StopIteration)
         self._gen = 0
-        self._fresh = True      # the C loader is at the start of _epoch
-        self._resumed = False   # a load_state_dict position awaits iteration
-        self._at_eof = False
-        self._n = c.num_samples()
+        self._resume_len = None   # batches left at the loaded position
         self._len_override = None  # batches of a resumed epoch (load_state_dict)
         self._hook_state = None  # with transform=: the state the consumer is at
         self._clock = _LoopClock()  # with transform=: hook, loop wait and step
@@ -618,9 +663,10 @@ class Loader(Generic[_B]):
     # ---- DataLoader-like surface ----
 
     def __len__(self) -> int:
-        """Batches per epoch for this rank (the same on every rank). After
-        load_state_dict, until that epoch's loop has ended: the batches the
-        resumed loop yields (what was left of the epoch)."""
+        """Batches the next ``for`` loop yields for this rank: a full epoch
+        (the same on every rank), except after load_state_dict, until that
+        loop has ended, where it is what the resumed loop yields (what was
+        left of the epoch)."""
         self._live()
         if self._len_override is not None:
             return self._len_override
@@ -634,35 +680,48 @@ class Loader(Generic[_B]):
 
     @property
     def epoch(self) -> int:
+        """The epoch of the current (or last) loop; before the first loop
+        after set_epoch() or load_state_dict(), the epoch they chose."""
         return self._epoch
 
     @property
     def backend(self) -> str:
-        """Name of the active io backend ('uring', 'pread' or 'mmap'). May be
-        read from any thread, also while a loop waits for a batch."""
-        return self._live().backend
+        """Name of the active io backend ('uring', 'pread' or 'mmap'); before
+        the first iter(), the one the constructor's check chose. May be read
+        from any thread, also while a loop waits for a batch."""
+        c = self._live()
+        return c.backend if c is not None else self._checked_backend
 
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch the next ``for`` loop runs (its order is a pure
-        function of (seed, epoch)). Prefetching for it starts now. Right after
-        load_state_dict, set_epoch with the saved epoch keeps the resumed
-        position. Raises RuntimeError ("in use") while another call on this
-        loader runs (a loop's next() included), changing nothing."""
+        function of (seed, epoch)); it wins over the advance a new iter()
+        would make. Once the loader has started, prefetching for it starts
+        now. Right after load_state_dict, set_epoch with the saved epoch
+        keeps the resumed position. Raises RuntimeError ("in use") while
+        another call on this loader runs (a loop's next() included), changing
+        nothing."""
         epoch = _int_arg("epoch", epoch, 0, maximum=_EPOCH_MAX)
         with self._in_use("set_epoch()"):
             self._set_epoch(epoch)
 
     def _set_epoch(self, epoch):
         c = self._live()
-        if self._resumed and epoch == self._epoch:
+        if self._keep_epoch and epoch == self._epoch:
+            # The trainer's epoch loop names the saved epoch: go on from the
+            # saved position (even one whose loop had ended).
+            self._next = _RESUME
+            self._loop_ended = False
+            self._len_override = self._resume_len
             return
         self._stop_pipe()
-        c.set_epoch(epoch)
+        if c is not None:
+            c.set_epoch(epoch)
         self._epoch = epoch
+        self._next = _START
+        self._keep_epoch = False
+        self._pending = None
+        self._loop_ended = False
         self._gen += 1
-        self._fresh = True
-        self._resumed = False
-        self._at_eof = False
         self._len_override = None
         self._hook_state = None
 
@@ -671,15 +730,23 @@ class Loader(Generic[_B]):
             return self._iter()
 
     def _iter(self):
-        c = self._live()
+        self._live()
         self._stop_pipe()
-        if self._resumed:
-            self._resumed = False
-        elif not self._fresh:
-            c.set_epoch(self._epoch)
+        nxt = self._next
+        epoch = self._epoch
+        if nxt is _ADVANCE:
+            if epoch >= _EPOCH_MAX:
+                raise ValueError(f"npyload: epoch {epoch} is the last one; call "
+                                 "set_epoch() to choose the next")
+            epoch += 1
+        c = self._started()  # the first iter(): the loader starts here
+        if nxt is not _RESUME:
+            c.set_epoch(epoch)  # (a no-op for an epoch not yet begun)
             self._len_override = None
-        self._fresh = False
-        self._at_eof = False
+        self._epoch = epoch
+        self._next = _ADVANCE
+        self._keep_epoch = False
+        self._loop_ended = False
         self._gen += 1
         if self.transform is None:
             return _Iterator(self, self._gen)
@@ -697,26 +764,43 @@ class Loader(Generic[_B]):
     def state_dict(self) -> LoaderState:
         """The position after the last batch handed out (with transform=:
         the last batch the loop received), as a dict of ints (save it with
-        your checkpoint). Without transform=, refused (RuntimeError "in
-        use") while another thread's loop waits in next()."""
+        your checkpoint): the library's position (seed, epoch, consumed,
+        base, ...) and ``loop_ended``, 1 when the loop over that position ran
+        to its end (StopIteration), so that a loader resumed from it starts
+        the next epoch, as this one would (0 after a ``break``: the rest of
+        the epoch is resumed).
+        Works before the first iter() too (without starting the loader).
+        Without transform=, refused (RuntimeError "in use") while another
+        thread's loop waits in next()."""
         self._live()
         hook_state = self._hook_state  # with transform=: a Python read
         if hook_state is not None:
-            return dict(hook_state)
-        with self._in_use("state_dict()"):
-            return dict(self._live().get_state())
+            out = dict(hook_state)
+        else:
+            with self._in_use("state_dict()"):
+                c = self._live()
+                if c is not None:
+                    out = dict(c.get_state())
+                elif self._pending is not None:
+                    out = self._position_of(self._pending)
+                else:
+                    out = self._position_of(None)
+        out["loop_ended"] = int(self._loop_ended)
+        return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes from ``state_dict()`` of a loader over the same data with
         the same batch_size (num_workers, prefetch and io may differ). At the
         same world_size the next ``iter(loader)`` yields exactly the batches
-        the saved loader would have yielded next. At another world_size (a
+        the saved loader would have yielded next (with ``loop_ended``: its
+        next epoch). At another world_size (a
         state saved by any rank of a DDP job, resumed with W' ranks) the rest
         of the epoch's global sequence is split over the W' ranks like
         DistributedSampler: nothing lost, nothing repeated but the padding
         (at most W'-1 samples), equal batch counts; the next epoch is the
-        normal split. Raises RuntimeError ("in use") while another call on
-        this loader runs, changing nothing."""
+        normal split. Before the first iter() the state is checked now and
+        applied when the loader starts. Raises RuntimeError ("in use") while
+        another call on this loader runs, changing nothing."""
         if not isinstance(state, _Mapping):
             raise TypeError("state must be the dict returned by state_dict()")
         with self._in_use("load_state_dict()"):
@@ -724,37 +808,49 @@ class Loader(Generic[_B]):
 
     def _load_state_dict(self, state):
         c = self._live()
-        self._stop_pipe()
         adopt = {_npyload.OPT_SEED: "seed", _npyload.OPT_SHUFFLE: "shuffle",
                  _npyload.OPT_DROP_LAST: "drop_last"}
         for key in ("epoch", "consumed", "seed", "shuffle", "drop_last"):
             if key not in state:
                 raise ValueError(f"state lacks the key {key!r} (expected the dict "
                                  "returned by state_dict())")
-        if all(int(state[k]) == self._opts[o] for o, k in adopt.items()):
-            c.set_state(state)
+        ended = _int_arg("state['loop_ended']", state.get("loop_ended", 0), 0, maximum=1)
+        if c is None:
+            position = self._check_state(state)  # raises what start would
+            self._pending = dict(state)
         else:
-            # The order depends on seed/shuffle/drop_last, which a started
-            # loader cannot change: build a new one restored before start.
-            new = self._build(state)
-            for o, k in adopt.items():
-                self._opts[o] = int(state[k])
-            self.seed = int(state["seed"])
-            self.drop_last = bool(state["drop_last"])
-            self.shuffle = {0: False, 1: True, 2: "local"}.get(int(state["shuffle"]), self.shuffle)
-            self._c, old = new, c
-            old.close()
-            c = new
+            self._stop_pipe()
+            if all(int(state[k]) == self._opts[o] for o, k in adopt.items()):
+                c.set_state(state)
+            else:
+                # Workers chose their read hints (random or sequential) for
+                # the shuffle mode they started with: start new ones, restored
+                # before start (which adopts the state's seed, shuffle and
+                # drop_last).
+                new = self._build(state)
+                self._c, old = new, c
+                old.close()
+                c = new
+            position = c.get_state()
+        for o, k in adopt.items():
+            self._opts[o] = int(state[k])
+        self.seed = int(state["seed"])
+        self.drop_last = bool(int(state["drop_last"]))
+        self.shuffle = {0: False, 1: True, 2: "local"}.get(int(state["shuffle"]), self.shuffle)
         self._epoch = int(state["epoch"])
+        self._next = _ADVANCE if ended else _RESUME
+        self._keep_epoch = True
+        self._loop_ended = bool(ended)
         self._gen += 1
-        self._resumed = True
-        self._fresh = False
-        self._at_eof = False
         self._hook_state = None
         # The resumed loop yields the rest of the epoch (at another world
-        # size, the rest split over the new ranks): len() says so until it ends.
-        consumed = int(c.get_state()["consumed"])
-        self._len_override = c.num_batches() - (-(-consumed // self.batch_size))
+        # size, the rest split over the new ranks): len() says so until it
+        # ends. A state whose loop had ended resumes at the next epoch.
+        B = self.batch_size
+        self._resume_len = (_epoch_batches(self._n - int(position["base"]), self.world_size,
+                                           B, self.drop_last)
+                            - (-(-int(position["consumed"]) // B)))
+        self._len_override = None if ended else self._resume_len
 
     def stats(self) -> LoaderStats:
         """Counters since start: bytes_read, batches_delivered, wait_ns, io_ns,
@@ -776,10 +872,24 @@ class Loader(Generic[_B]):
         the verdict judges; without a hook hook_ns is 0 and loop_wait_ns /
         loop_step_ns equal wait_ns / step_ns.
 
+        Before the first iter() nothing has started: every counter is 0,
+        slot_bytes and num_slots too (the verdict says none was judged);
+        backend and device are those the loader will use.
+
         May be called from any thread, also while a loop waits for a
         batch (then it does not wait); refused (RuntimeError "in use") only
         during set_epoch(), load_state_dict(), close() and the like."""
         c, k = self._live(), self._clock
+        if c is None:
+            scratch = _npyload.Loader()  # unstarted: the library's zeros, every key
+            try:
+                st = scratch.stats()
+            finally:
+                scratch.close()
+            st["backend"] = self._checked_backend
+            st["device"] = self.device
+            st.update(hook_ns=0, loop_wait_ns=0, loop_step_ns=0)
+            return st
         if self.transform is None:
             st = c.stats()
             st.update(hook_ns=0, loop_wait_ns=st["wait_ns"], loop_step_ns=st["step_ns"])
@@ -795,9 +905,11 @@ class Loader(Generic[_B]):
         dies. A ``transform=`` thread is stopped first (after its running
         call returns) and the batches it had prepared are dropped. Refused
         (RuntimeError "in use") while another call on this loader runs, a
-        loop's next() included: stop the loop first. Closing twice is fine."""
+        loop's next() included: stop the loop first. Closing twice is fine,
+        and so is closing a loader that never started."""
         with self._in_use("close()"):
             self._stop_pipe()
+            self._closed = True
             if self._c is not None:
                 self._c.close()
 
@@ -808,20 +920,23 @@ class Loader(Generic[_B]):
         self.close()
 
     def __repr__(self) -> str:
-        if self._c is None or self._c.closed:
+        if self._closed:
             return "<npyload.Loader closed>"
         return (f"<npyload.Loader fields={list(self.field_names)} batch_size={self.batch_size} "
                 f"batches={len(self)} rank={self.rank}/{self.world_size} "
-                f"backend={self.backend} device={self.device}>")
+                f"backend={self.backend} device={self.device}"
+                f"{'' if self._c is not None else ' not started'}>")
 
     # ---- internals ----
 
-    def _build(self, state=None):
-        """A started C loader for the stored fields and options, positioned
-        at `state` when given (restored before start, so the state's seed,
-        shuffle and drop_last are adopted)."""
+    def _build(self, state=None, opts=None):
+        """A started C loader for the stored fields and `opts` (default: the
+        loader's), positioned at `state` when given (restored before start,
+        so the state's seed, shuffle and drop_last are adopted), else at the
+        start of epoch self._epoch."""
+        opts = self._opts if opts is None else opts
         c = _npyload.Loader()
-        if self._opts[_npyload.OPT_DEVICE] >= 0:
+        if opts[_npyload.OPT_DEVICE] >= 0:
             c._set_stream_joiner(_join_streams)
         try:
             for name, glob, paths in self._specs:
@@ -829,18 +944,91 @@ class Loader(Generic[_B]):
                     c.add_field(name, glob)
                 else:
                     c.add_field_files(name, paths)
-            for opt, value in self._opts.items():
+            for opt, value in opts.items():
                 c.set(opt, value)
             for name, t in self._transforms:
                 c.set_transform(name, _TDTYPES[t.dtype], t.scale, t.mean, t.std,
                                 t.channels_last)
             if state is not None:
                 c.set_state(state)
+            elif getattr(self, "_epoch", 0):
+                c.set_epoch(self._epoch)
             c.start()
         except BaseException:
             c.close()
             raise
         return c
+
+    def _check_start(self):
+        """The constructor's check: starts the fields and options as the
+        first iter() will, but with one row per slot, one slot, no worker
+        thread and no read-ahead, so that every error of a start (paths,
+        headers, counts, names, transforms, backend, device) is raised here,
+        then closes it: nothing is held afterwards. Keeps what the loader
+        reports before it starts."""
+        opts = dict(self._opts)
+        opts.update({_npyload.OPT_BATCH_SIZE: 1, _npyload.OPT_NUM_WORKERS: -1,
+                     _npyload.OPT_PREFETCH: 1, _npyload.OPT_READ_AHEAD: -1})
+        c = self._build(opts=opts)
+        try:
+            self.field_names = c.field_names
+            self._n = c.num_samples()
+            self._checked_backend = c.backend
+            self._state_version = int(c.get_state()["version"])
+        finally:
+            c.close()
+
+    def _started(self):
+        """The started C loader; the first call starts it, at the position
+        state_dict() reports (a loaded state, else the start of the epoch)."""
+        c = self._c
+        if c is None:
+            c = self._c = self._build(self._pending)
+            self._pending = None
+        return c
+
+    def _check_state(self, state):
+        """Before start: raises for `state` what set_state and start would,
+        and returns the position get_state() will report once started."""
+        scratch = _npyload.Loader()  # no fields: only the state's checks
+        try:
+            for opt in (_npyload.OPT_BATCH_SIZE, _npyload.OPT_WORLD_SIZE, _npyload.OPT_RANK):
+                scratch.set(opt, self._opts[opt])
+            scratch.set_state(state)
+        finally:
+            scratch.close()
+        if int(state["num_samples"]) != self._n:
+            err = _npyload.NpyloadError(f"saved state is for {int(state['num_samples'])} "
+                                        f"samples, the fields hold {self._n}")
+            err.code = _npyload.EMISMATCH
+            raise err
+        return self._position_of(state)
+
+    def _position_of(self, state):
+        """What get_state() of the started loader reports: at the start of
+        epoch self._epoch (state None), or right after set_state(state) (the
+        library's rule, npyl_state_check: at the saved world size the saved
+        position; at another one, the global position P = min(N, base +
+        consumed x W) becomes the base of a new split, nothing consumed)."""
+        o, n = self._opts, self._n
+        out = {"version": self._state_version, "seed": o[_npyload.OPT_SEED],
+               "epoch": self._epoch, "consumed": 0, "num_samples": n,
+               "batch_size": self.batch_size, "world_size": self.world_size,
+               "rank": self.rank, "shuffle": o[_npyload.OPT_SHUFFLE],
+               "drop_last": o[_npyload.OPT_DROP_LAST], "base": 0}
+        if state is None:
+            return out
+        base = int(state["base"]) if int(state["version"]) >= 2 and "base" in state else 0
+        consumed = int(state["consumed"])
+        w = int(state["world_size"])
+        if w != self.world_size:
+            rest = n - base
+            pos = n if consumed >= -(-rest // w) else base + consumed * w
+            base, consumed = min(pos, n), 0
+        out.update(seed=int(state["seed"]), epoch=int(state["epoch"]), consumed=consumed,
+                   shuffle=int(state["shuffle"]), drop_last=int(state["drop_last"]),
+                   base=base)
+        return out
 
     def _stop_pipe(self):
         pipe = self._pipe
@@ -849,10 +1037,11 @@ class Loader(Generic[_B]):
             pipe.stop()
 
     def _live(self):
-        c = self._c
-        if c is None or c.closed:
+        """The started C loader, or None before the first iter(); raises
+        once closed."""
+        if self._closed:
             raise ValueError("npyload loader is closed")
-        return c
+        return self._c
 
     def _wrap(self, raw):
         return _wrap_raw(raw, self._torch, self._np, self.copy, self.as_tuple,

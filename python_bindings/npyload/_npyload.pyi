@@ -31,6 +31,10 @@ class LoaderState(TypedDict):
     shuffle: int
     drop_last: int
     base: int
+    # Added by npyload.Loader.state_dict() (not the extension's get_state):
+    # 1 when the saved loop had run to its end (a resumed loader starts the
+    # next epoch).
+    loop_ended: NotRequired[int]
 
 @type_check_only
 class LoaderStats(TypedDict):

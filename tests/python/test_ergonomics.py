@@ -203,12 +203,21 @@ def test_len_after_elastic_load_state_dict(dataset, w_from, w_to):
 def test_len_after_load_state_dict_at_the_epochs_end(dataset):
     globs, _ = dataset
     kw = dict(batch_size=4, output="numpy")
+    # Saved inside the loop, after its last batch: the resumed loop is empty.
     L0 = make(globs, **kw)
-    collect(L0)
+    it = iter(L0)
+    for _ in range(len(L0)):
+        next(it)
     L = make(globs, **kw)
     L.load_state_dict(L0.state_dict())
     assert len(L) == 0 and sum(1 for _ in L) == 0
     assert len(L) == len(L0)
+    # Saved once the loop had run out: the resumed loader goes on with the
+    # next epoch, as L0 would, and len() says a full epoch.
+    assert next(it, None) is None
+    L = make(globs, **kw)
+    L.load_state_dict(L0.state_dict())
+    assert len(L) == len(L0) and sum(1 for _ in L) == len(L0) and L.epoch == 1
 
 
 # ---- in-place edits ----

@@ -118,15 +118,20 @@ def test_epochs_and_set_epoch(dataset):
     globs, ref = dataset
     loader = make(globs, shuffle=True, seed=5)
     e0 = concat_indices(collect(loader))
-    e0_again = concat_indices(collect(loader))  # new iter: the same epoch again
+    np.testing.assert_array_equal(e0, expected_order(N, 1, seed=5, epoch=0))
+    e1_auto = concat_indices(collect(loader))  # new iter: the next epoch
+    assert loader.epoch == 1
+    loader.set_epoch(0)                          # set_epoch wins: epoch 0 again
+    e0_again = concat_indices(collect(loader))
     np.testing.assert_array_equal(e0, e0_again)
     loader.set_epoch(1)
     e1 = concat_indices(collect(loader))
+    np.testing.assert_array_equal(e1, e1_auto)
     assert not np.array_equal(e0, e1)
     np.testing.assert_array_equal(e1, expected_order(N, 1, seed=5, epoch=1))
     assert sorted(e1.tolist()) == list(range(N))
-    b = next(iter(loader))
-    assert b.epoch == 1 and loader.epoch == 1
+    b = next(iter(loader))  # another iter(): the epoch after
+    assert b.epoch == 2 and loader.epoch == 2
     # another loader, other seed: another order
     other = concat_indices(collect(make(globs, shuffle=True, seed=6)))
     assert not np.array_equal(e0, other)
@@ -263,9 +268,12 @@ def test_resume_mid_epoch(dataset, shuffle, k):
         np.testing.assert_array_equal(i1, i2)
         for name in d1:
             np.testing.assert_array_equal(d1[name], d2[name])
-    # the next iter() starts the epoch from its beginning again
+    # the next iter() starts the next epoch from its beginning
     again = collect(resumed)
-    np.testing.assert_array_equal(concat_indices(again), concat_indices(full))
+    explicit = make(globs, shuffle=shuffle, seed=9, num_workers=1)
+    explicit.set_epoch(state["epoch"] + 1)
+    np.testing.assert_array_equal(concat_indices(again), concat_indices(collect(explicit)))
+    assert resumed.epoch == state["epoch"] + 1
 
 
 def test_resume_in_later_epoch_with_ranks(dataset):

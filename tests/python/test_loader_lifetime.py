@@ -293,7 +293,7 @@ def _loader_with_fake_joiner(globs, calls, result=9, fail=False):
             raise RuntimeError("joiner failed on purpose")
         return result
 
-    loader._c._set_stream_joiner(joiner)
+    loader._started()._set_stream_joiner(joiner)  # (the C loader, started now)
     return loader
 
 

@@ -166,8 +166,12 @@ CHILD = textwrap.dedent(r"""
             L.close()  # closing twice is fine
             continue
         # The dust has settled: the loader delivers the order of the epoch
-        # its state reports (the whole epoch, or its rest after a resume).
+        # its state reports (the whole epoch, or its rest after a resume),
+        # or, when the last call was a loop (ended or left), of the next
+        # epoch: a new iter() advances the epoch.
         st = L.state_dict()
+        if L._next == "advance":  # (white-box: what the next iter() runs)
+            st = dict(st, epoch=st["epoch"] + 1, consumed=0)
         idx, epochs = [], set()
         for b in L:
             rows = np.asarray(b.indices)

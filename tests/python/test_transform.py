@@ -258,7 +258,7 @@ def test_errors_name_the_problem(data):
                        transforms={"lab": npyload.Transform(channels_last=True)})
     with npyload.Loader(fields(d, "img"), batch_size=4) as L:
         with pytest.raises(npyload.NpyloadError, match="after start"):
-            L._c.set_transform("img", 1, 1.0, None, None, False)
+            L._started().set_transform("img", 1, 1.0, None, None, False)
 
 
 def test_dtype_spellings():

@@ -190,10 +190,11 @@ def test_read_error_arrives_as_npyload_error_in_order(tmp_path):
                        io="pread", output="numpy", transform=lambda b: to_numpy(b["x"]))
     off = npyload.inspect(str(d / "x_0002.npy"))["data_offset"]
     import os
+    it = iter(L)  # started (the loader starts at its first iter()), then the file shrinks
     os.truncate(d / "x_0002.npy", off + 4)       # batch 4 (rows 16..19) fails
     got = []
     with pytest.raises(npyload.NpyloadError, match="x_0002.npy"):
-        for x in L:
+        for x in it:
             got.append(x[:, 0].tolist())
     assert got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
 
