@@ -270,3 +270,29 @@ def test_usage_and_exit_2_without_a_known_subcommand(args):
     assert "usage: python -m npyload info" in out.stderr
     if args:
         assert "unknown command" in out.stderr
+
+
+def test_bench_prints_the_same_block_first_and_puts_it_in_its_json(info, text, tmp_path):
+    """npyload-bench (tools/npyload_info_print.c, built in the build dir)
+    starts with the lines of `python -m npyload info` (all but system,
+    Python, numpy and torch, which are Python's), and its JSON's build_info
+    holds the same facts as npyload.build_info()."""
+    from conftest import built_tool
+    bench = built_tool("npyload-bench")
+    (tmp_path / "x").mkdir()
+    for i in range(2):
+        np.save(tmp_path / "x" / f"x_{i:04d}.npy", np.ones((8, 4), np.float32))
+    out_json = tmp_path / "b.json"
+    p = subprocess.run([bench, f"x={tmp_path}/x/*.npy", "--workers", "1", "--prefetch", "2",
+                        "--io", "pread", "--batches", "2", "--batch-size", "4",
+                        "--json", str(out_json)], capture_output=True, text=True,
+                       timeout=300, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stdout + p.stderr
+    py = [ln for ln in text.splitlines()
+          if not ln.startswith(("system:", "Python:", "numpy:", "torch:"))]
+    got = p.stdout.splitlines()[:len(py)]
+    assert got == py, "\n".join(got)
+    import json
+    doc = json.loads(out_json.read_text())
+    want = {k: v for k, v in info.items() if k not in ("python", "numpy", "torch")}
+    assert doc["build_info"] == want
