@@ -807,6 +807,73 @@ NPYLOAD_API int64_t npyload_order_indices(int64_t n, int shuffle, int64_t seed,
  * programs never need CUDA libraries. */
 NPYLOAD_API int npyload_cuda_available(int device, char *why, size_t whylen);
 
+/* ---- Build and machine facts, for bug reports ---- */
+
+/*! npyload_build_info: what this library was built with and what it finds
+ * on this machine now: the facts a bug report needs (`python -m npyload
+ * info` and npyload-bench print them). Strings are NUL-terminated, "" when
+ * they do not apply. It grows at its end (see Conventions): read it with
+ * npyload_get_build_info(&bi, sizeof bi). */
+typedef struct npyload_build_info {
+    char version[16];             /* npyload_version_string() */
+    /* io_uring */
+    int uring_compiled;           /* 1: built with liburing */
+    int uring_usable;             /* 1: a ring and a no-op submission work
+                                     here, now, in this process */
+    char liburing_version[16];    /* liburing built against ("2.3") */
+    char uring_why[256];          /* not usable: the call that failed and
+                                     the kernel's answer ("io_uring_setup
+                                     failed: Operation not permitted (...)"),
+                                     or "built without liburing" */
+    /* zstd */
+    char zstd_compiled[16];       /* ZSTD_VERSION_STRING built against */
+    char zstd_loaded[16];         /* ZSTD_versionString() of the libzstd
+                                     this process runs */
+    /* CUDA, loaded at run time (see npyload_cuda_available) */
+    int cuda_runtime_found;       /* 1: a libcudart loaded */
+    int cuda_devices;             /* devices it counts; 0 when unusable */
+    int cuda_runtime_version;     /* 12040 for 12.4; 0 when not found */
+    int cuda_driver_version;      /* 0 when no driver answers */
+    char cuda_runtime_soname[32]; /* "libcudart.so.12" */
+    char cuda_runtime_path[256];  /* the file the dynamic loader mapped */
+    char cuda_why[512];           /* why CUDA is not usable ("no CUDA
+                                     runtime library (libcudart) found:
+                                     tried ..."); "" with a device */
+    /* device transforms (npyload_loader_set_transform with a device) */
+    int transform_kernels;        /* 1: kernels compiled ahead of time and
+                                     embedded (a fatbin) */
+    char transform_kernel_archs[64]; /* "sm_80 sm_90 compute_75": SASS for
+                                     each sm_, PTX (compiled by the driver
+                                     for other GPUs) for each compute_ */
+    char transform_kernels_why[192]; /* without them: why ("... nvcc was not
+                                        found when libnpyload was built ...") */
+    /* CPU features */
+    int f16c_compiled;            /* 1: the x86 F16C float16 path is built in */
+    int f16c_used;                /* 1: and this CPU and OS have F16C and
+                                     AVX: float16 transforms use it */
+    /* What 0 (the default) means for the options, here */
+    int64_t default_num_workers;  /* NUM_WORKERS */
+    int64_t default_prefetch;     /* PREFETCH slots with the default
+                                     workers: npyload_default_prefetch(0) */
+    int64_t default_queue_depth;  /* QUEUE_DEPTH, reads in flight per worker */
+    int64_t default_shuffle_window; /* SHUFFLE_WINDOW, files */
+    int default_io_backend;       /* what IO_BACKEND AUTO resolves to on this
+                                     machine now (URING or PREAD) */
+    int default_read_ahead;       /* 1: READ_AHEAD is on by default */
+} npyload_build_info;
+
+/*! npyload_get_build_info() : fills `out` with the facts above. `size` is
+ * sizeof(npyload_build_info) as the caller was compiled (see Conventions):
+ * only that many bytes of `out` are written.
+ * Cost: it probes io_uring (a two-entry ring, torn down) and looks for the
+ * CUDA runtime as npyload_cuda_available() does (dlopen of libcudart, which
+ * stays mapped, and a device count, which initialises the CUDA driver in
+ * this process: call it before fork() only where a CUDA program could).
+ * No current device is set and no context is created.
+ * @return : 0, or NPYLOAD_EINVAL (NULL, or a size below the first layout:
+ *           version .. default_read_ahead). Thread-safe; no global state. */
+NPYLOAD_API int npyload_get_build_info(npyload_build_info *out, size_t size);
+
 /* ------------------------------------------------------------------------ */
 /* Compressed shards: FILE.npy.zst                                            */
 /* ------------------------------------------------------------------------ */

@@ -1195,3 +1195,47 @@ Test(cuda_fake, compute_sim_launches_through_the_driver_table)
     npyload_compute_sim_destroy(sim);
     cr_assert_eq(atomic_load(&fd->n_module_unload), 1);
 }
+
+/* ---- npyload_get_build_info's CUDA facts ---- */
+
+/* Without a device it says what npyload_cuda_available says, word for word,
+ * and a runtime exactly when one of the sonames loads here. */
+Test(cuda_nogpu, build_info_says_what_available_says)
+{
+    SKIP_IF_GPU();
+    npyload_build_info bi;
+    char avail[512] = "";
+    cr_assert_eq(npyload_get_build_info(&bi, sizeof bi), 0);
+    npyload_cuda_available(0, avail, sizeof avail);
+    cr_assert_eq(bi.cuda_devices, 0);
+    cr_assert_str_eq(bi.cuda_why, avail);
+    int rt = can_dlopen("libcudart.so.13") || can_dlopen("libcudart.so.12") ||
+             can_dlopen("libcudart.so.11.0") || can_dlopen("libcudart.so");
+    cr_assert_eq(bi.cuda_runtime_found, rt, "found %d, a libcudart %s", bi.cuda_runtime_found,
+                 rt ? "loads" : "does not load");
+    if (!rt) {
+        cr_assert_str_eq(bi.cuda_runtime_path, "");
+        cr_assert_eq(bi.cuda_runtime_version, 0);
+    }
+}
+
+/* With a runtime (the fake one, 1 device, CUDA 13.0): the file it was
+ * loaded from, its soname, both versions and the device count. */
+Test(cuda_fake, build_info_names_the_runtime_and_counts_devices)
+{
+    load_fake();
+#ifdef NPYLOAD_FAKE_CUDART
+    npyload_build_info bi;
+    cr_assert_eq(npyload_get_build_info(&bi, sizeof bi), 0);
+    cr_assert_eq(bi.cuda_runtime_found, 1);
+    cr_assert_eq(bi.cuda_devices, 1);
+    cr_assert_str_eq(bi.cuda_why, "");
+    cr_assert_eq(bi.cuda_runtime_version, 13000);
+    cr_assert_eq(bi.cuda_driver_version, 13000);
+    cr_assert_str_eq(bi.cuda_runtime_soname, "libcudart.so.13");
+    char a[4096], b[4096];
+    cr_assert_not_null(realpath(NPYLOAD_FAKE_CUDART, a));
+    cr_assert_not_null(realpath(bi.cuda_runtime_path, b), "%s", bi.cuda_runtime_path);
+    cr_assert_str_eq(a, b);
+#endif
+}

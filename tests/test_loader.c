@@ -18,6 +18,7 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include "npyload.h"
 #include "testutil.h"
@@ -1472,4 +1473,159 @@ Test(loader, start_without_batch_size_is_refused_naming_the_option)
     cr_assert_eq(npyload_loader_num_batches(L), N_TOTAL / 8);
     npyload_loader_destroy(L);
     tu_rmtree(d.dir);
+}
+
+/* ---- npyload_get_build_info (issue 25, item 3) ---- */
+
+/* The defaults it reports are what a loader started with every count left
+ * at 0 runs with (npyload_loader_get after start), and the backend AUTO
+ * chose for that loader. */
+Test(loader, build_info_defaults_are_what_a_default_loader_runs_with)
+{
+    npyload_build_info bi;
+    cr_assert_eq(npyload_get_build_info(&bi, sizeof bi), 0);
+    cr_assert_str_eq(bi.version, npyload_version_string());
+    dataset d = make_dataset();
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "img", d.img_glob), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 8), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    int64_t w = 0, p = 0, q = 0, io = 0;
+    cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_NUM_WORKERS, &w), 0);
+    cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_PREFETCH, &p), 0);
+    cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_QUEUE_DEPTH, &q), 0);
+    cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_IO_BACKEND, &io), 0);
+    cr_assert_eq(bi.default_num_workers, w);
+    cr_assert_eq(bi.default_prefetch, p);
+    cr_assert_eq(bi.default_prefetch, npyload_default_prefetch(0));
+    cr_assert_eq(bi.default_queue_depth, q);
+    cr_assert_eq(bi.default_io_backend, io);
+    cr_assert_eq(bi.default_io_backend, npyload_loader_backend(L));
+    npyload_loader_destroy(L);
+    /* LOCAL shuffle's window, resolved after start. */
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "img", d.img_glob), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 8), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, NPYLOAD_SHUFFLE_LOCAL), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    int64_t win = 0;
+    cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_SHUFFLE_WINDOW, &win), 0);
+    cr_assert_eq(bi.default_shuffle_window, win);
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+    cr_assert_eq(bi.default_read_ahead, 1);
+}
+
+/* io_uring: "compiled in" is the build's (NPYLOAD_HAVE_URING, from the same
+ * CMake result), "usable" is whether a loader can start on io_uring here. */
+Test(loader, build_info_uring_agrees_with_a_loader)
+{
+    npyload_build_info bi;
+    cr_assert_eq(npyload_get_build_info(&bi, sizeof bi), 0);
+#ifdef NPYLOAD_HAVE_URING
+    cr_assert_eq(bi.uring_compiled, 1);
+    cr_assert_neq(bi.liburing_version[0], '\0');
+#else
+    cr_assert_eq(bi.uring_compiled, 0);
+    cr_assert_str_eq(bi.liburing_version, "");
+#endif
+    int ok = uring_ok();
+    cr_assert_eq(bi.uring_usable, ok, "build info says %d, a loader on io_uring %s",
+                 bi.uring_usable, ok ? "starts" : "is refused");
+    cr_assert_eq(bi.default_io_backend, ok ? NPYLOAD_IO_URING : NPYLOAD_IO_PREAD);
+    cr_assert_eq(bi.uring_why[0] == '\0', ok, "%s", bi.uring_why);
+}
+
+/* io_uring refused by a seccomp profile (as containers do): not usable,
+ * the kernel's answer given, AUTO resolves to pread. */
+Test(loader, build_info_uring_refused_says_why)
+{
+    npyload_build_info bi;
+    cr_assert_eq(npyload_get_build_info(&bi, sizeof bi), 0);
+    if (!bi.uring_usable)
+        cr_skip_test("io_uring is not usable here already: %s", bi.uring_why);
+    struct sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {.len = sizeof filter / sizeof filter[0], .filter = filter};
+    cr_assert_eq(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+    cr_assert_eq(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog), 0);
+    cr_assert_eq(npyload_get_build_info(&bi, sizeof bi), 0);
+    cr_assert_eq(bi.uring_compiled, 1);
+    cr_assert_eq(bi.uring_usable, 0);
+    cr_assert_eq(bi.default_io_backend, NPYLOAD_IO_PREAD);
+    cr_assert(strstr(bi.uring_why, "io_uring_setup") && strstr(bi.uring_why, strerror(EPERM)),
+              "%s", bi.uring_why);
+}
+
+/* CPU features against the compiler's own CPUID reading; zstd against the
+ * libzstd this test links (the same the library runs). */
+Test(loader, build_info_cpu_and_zstd)
+{
+    npyload_build_info bi;
+    cr_assert_eq(npyload_get_build_info(&bi, sizeof bi), 0);
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    cr_assert_eq(bi.f16c_compiled, 1);
+    cr_assert_eq(bi.f16c_used, __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx"));
+#else
+    cr_assert_eq(bi.f16c_compiled, 0);
+    cr_assert_eq(bi.f16c_used, 0);
+#endif
+    cr_assert_str_eq(bi.zstd_compiled, ZSTD_VERSION_STRING);
+    cr_assert_str_eq(bi.zstd_loaded, ZSTD_versionString());
+    /* Kernels: a fatbin names its architectures, no fatbin says why. */
+    if (bi.transform_kernels)
+        cr_assert(strstr(bi.transform_kernel_archs, "sm_") && !bi.transform_kernels_why[0]);
+    else
+        cr_assert(!bi.transform_kernel_archs[0] && strstr(bi.transform_kernels_why, "nvcc"),
+                  "%s", bi.transform_kernels_why);
+    /* CUDA: devices only with a runtime; a reason exactly when none. */
+    cr_assert(bi.cuda_runtime_found || bi.cuda_devices == 0);
+    cr_assert_eq(bi.cuda_devices > 0, bi.cuda_why[0] == '\0', "%d devices, why '%s'",
+                 bi.cuda_devices, bi.cuda_why);
+    char why[512];
+    cr_assert_eq(npyload_cuda_available(0, why, sizeof why), bi.cuda_devices > 0);
+    if (!bi.cuda_runtime_found)
+        cr_assert(strstr(bi.cuda_why, "libcudart"), "%s", bi.cuda_why);
+    else
+        cr_assert(strstr(bi.cuda_runtime_path, "libcudart"), "%s", bi.cuda_runtime_path);
+}
+
+/* The sized-struct rule: a size below the first layout is refused and
+ * nothing is written; a newer caller's larger struct gets its extra bytes
+ * zeroed and nothing past `size` is touched. */
+Test(loader, build_info_sized_struct)
+{
+    const size_t n = sizeof(npyload_build_info);
+    unsigned char buf[sizeof(npyload_build_info) + 128];
+    cr_assert_eq(npyload_get_build_info(NULL, n), NPYLOAD_EINVAL);
+    size_t small[] = {0, sizeof(void *), offsetof(npyload_build_info, default_read_ahead),
+                    offsetof(npyload_build_info, default_read_ahead) + sizeof(int) - 1};
+    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) {
+        memset(buf, 0xa5, sizeof buf);
+        cr_assert_eq(npyload_get_build_info((npyload_build_info *)(void *)buf, small[i]),
+                     NPYLOAD_EINVAL, "size %zu", small[i]);
+        for (size_t k = 0; k < sizeof buf; k++)
+            cr_assert_eq(buf[k], 0xa5, "size %zu: byte %zu written", small[i], k);
+    }
+    memset(buf, 0xa5, sizeof buf);
+    cr_assert_eq(npyload_get_build_info((npyload_build_info *)(void *)buf, n + 64), 0);
+    npyload_build_info bi;
+    memcpy(&bi, buf, n);
+    cr_assert_str_eq(bi.version, npyload_version_string());
+    for (size_t k = n; k < n + 64; k++)
+        cr_assert_eq(buf[k], 0, "byte %zu of a newer caller's struct not zeroed", k);
+    for (size_t k = n + 64; k < sizeof buf; k++)
+        cr_assert_eq(buf[k], 0xa5, "byte %zu past the size written", k);
+    /* Exactly sizeof: the same facts (those that do not depend on timing). */
+    npyload_build_info b2;
+    memset(&b2, 0xa5, sizeof b2);
+    cr_assert_eq(npyload_get_build_info(&b2, sizeof b2), 0);
+    cr_assert_eq(b2.default_prefetch, bi.default_prefetch);
+    cr_assert_str_eq(b2.zstd_loaded, bi.zstd_loaded);
 }

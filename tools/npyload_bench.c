@@ -31,6 +31,7 @@
  * readers); libc and pthreads. */
 #include "npyload_args.h"
 #include "npyload_bench_measure.h"
+#include "npyload_info_print.h"
 
 #include <errno.h>
 #include <math.h>
@@ -763,6 +764,7 @@ int main(int argc, char **argv)
 
     nb_machine mach;
     machine_info(&mach);
+    ni_build_info(ctx.quiet ? NULL : stdout, &mach.build_info); /* first: for bug reports */
     uint64_t total_bytes = setup_data(&ctx, &cfg);
     int max_workers = 0;
     for (int i = 0; i < o.nworkers; i++)

@@ -89,6 +89,7 @@ typedef struct nb_machine {
     double mem_total_gib;
     char library_version[32];
     char hostname[64];
+    npyload_build_info build_info; /* the JSON's "build_info" (npyload_info_print.h) */
 } nb_machine;
 
 /* With --compute-ms, runs whose stall is within this many points of the

@@ -3,6 +3,7 @@
  * stdout. Pure: nothing here measures, so tests/test_bench_report.c checks
  * it on synthetic runs. */
 #include "npyload_bench.h"
+#include "npyload_info_print.h"
 #include "npyload_json.h"
 
 #include <math.h>
@@ -183,6 +184,7 @@ int nb_write_json(FILE *f, const nb_report *rep)
 {
     nj_printf(f, "{\n  \"tool\": %s,\n  \"schema_version\": %d", "npyload-bench", 1);
     nb_json_machine(f, rep->machine);
+    ni_build_info_json(f, &rep->machine->build_info);
     nb_json_config(f, rep->config);
     nb_json_ceilings(f, rep->ceilings, rep->nceilings);
     fputs(",\n  \"runs\": [", f);

@@ -34,6 +34,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -313,8 +314,25 @@ static int probe_runtime(npyl_cuda *c, char *why, size_t whylen)
  * device 3 from a fresh thread would otherwise leave a context on it, or, on
  * restoring, one on device 0 -- the classic "every rank holds memory on
  * GPU 0"). */
+/* Records what the runtime `c` (loaded, resolved, probed) is. */
+static void note_facts(const npyl_cuda *c, npyl_cuda_facts *f)
+{
+    f->found = 1;
+    f->devices = c->ndevices;
+    f->runtime_version = c->runtime_version;
+    f->driver_version = c->driver_version;
+    snprintf(f->soname, sizeof f->soname, "%s", c->soname);
+    struct link_map *lm = NULL;
+    if (dlinfo(c->lib, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name && lm->l_name[0])
+        snprintf(f->path, sizeof f->path, "%s", lm->l_name);
+    else
+        snprintf(f->path, sizeof f->path, "%s", c->soname);
+}
+
+/* facts (may be NULL) gets the last runtime that loaded and was probed. */
 static int open_impl(npyl_cuda **out, int device, const char *const *sonames,
-                     size_t nsonames, int set_current, char *why, size_t whylen)
+                     size_t nsonames, int set_current, npyl_cuda_facts *facts,
+                     char *why, size_t whylen)
 {
     if (why && whylen)
         why[0] = '\0';
@@ -385,6 +403,8 @@ static int open_impl(npyl_cuda **out, int device, const char *const *sonames,
             continue;
         }
         int rc = probe_runtime(c, toonew, sizeof toonew);
+        if (facts)
+            note_facts(c, facts);
         if (rc == 1) { /* too new for this driver: try an older runtime */
             free_handle(c);
             continue;
@@ -425,12 +445,12 @@ int npyl_cuda_open_sonames(npyl_cuda **out, int device,
                            const char *const *sonames, size_t nsonames,
                            char *why, size_t whylen)
 {
-    return open_impl(out, device, sonames, nsonames, 1, why, whylen);
+    return open_impl(out, device, sonames, nsonames, 1, NULL, why, whylen);
 }
 
 int npyl_cuda_open(npyl_cuda **out, int device, char *why, size_t whylen)
 {
-    return open_impl(out, device, NULL, 0, 1, why, whylen);
+    return open_impl(out, device, NULL, 0, 1, NULL, why, whylen);
 }
 
 void npyl_cuda_close(npyl_cuda *c)
@@ -676,7 +696,7 @@ NPYLOAD_API int npyload_cuda_available(int device, char *why, size_t whylen)
 {
     npyl_cuda *c = NULL;
     char tmp[512];
-    int rc = open_impl(&c, device, NULL, 0, 0, tmp, sizeof tmp);
+    int rc = open_impl(&c, device, NULL, 0, 0, NULL, tmp, sizeof tmp);
     if (rc != 0) {
         if (why && whylen)
             snprintf(why, whylen, "%s", tmp);
@@ -686,4 +706,16 @@ NPYLOAD_API int npyload_cuda_available(int device, char *why, size_t whylen)
     if (why && whylen)
         why[0] = '\0';
     return 1;
+}
+
+void npyl_cuda_probe_facts(npyl_cuda_facts *out)
+{
+    npyl_cuda *c = NULL;
+    memset(out, 0, sizeof *out);
+    if (open_impl(&c, 0, NULL, 0, 0, out, out->why, sizeof out->why) == 0) {
+        out->why[0] = '\0';
+        npyl_cuda_close(c);
+    } else {
+        out->devices = 0;
+    }
 }

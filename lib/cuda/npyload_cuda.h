@@ -46,6 +46,22 @@ NPYL_HIDDEN int npyl_cuda_open(npyl_cuda **out, int device, char *why,
 NPYL_HIDDEN int npyl_cuda_open_sonames(npyl_cuda **out, int device,
                                        const char *const *sonames, size_t n,
                                        char *why, size_t whylen);
+/* What the runtime search finds on this machine, for
+ * npyload_get_build_info(): the runtime that loads (the one open() would
+ * use), its file, its version and the driver's, and the devices it counts.
+ * Like npyload_cuda_available() it sets no current device and creates no
+ * context (counting devices initialises the driver). Never fails: without
+ * a runtime, found is 0 and why says what was tried. */
+typedef struct npyl_cuda_facts {
+    int found;            /* a libcudart loaded with every entry point */
+    int devices;          /* devices the runtime counts; 0 when unusable */
+    int runtime_version;  /* 12040 for 12.4; 0 when not found */
+    int driver_version;   /* 0 when no driver answers */
+    char soname[32];      /* "libcudart.so.12" */
+    char path[256];       /* the file the dynamic loader mapped */
+    char why[512];        /* why CUDA is not usable; "" when devices > 0 */
+} npyl_cuda_facts;
+NPYL_HIDDEN void npyl_cuda_probe_facts(npyl_cuda_facts *out);
 /* NULL-safe. The caller must have destroyed every stream and event and freed
  * every buffer of the handle first (the runtime stays mapped: RTLD_NODELETE). */
 NPYL_HIDDEN void npyl_cuda_close(npyl_cuda *c);

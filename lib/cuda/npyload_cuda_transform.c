@@ -38,6 +38,15 @@ int npyl_tdev_built(char *why, size_t whylen)
 #endif
 }
 
+const char *npyl_tdev_archs(void)
+{
+#if defined(NPYLOAD_HAVE_TRANSFORM_KERNELS) && defined(NPYLOAD_TRANSFORM_KERNEL_ARCHS)
+    return NPYLOAD_TRANSFORM_KERNEL_ARCHS;
+#else
+    return "";
+#endif
+}
+
 int npyl_tdev_plan_check(const char *what, const npyl_tplan *p, char *err,
                          size_t errlen)
 {

@@ -22,6 +22,10 @@ typedef struct npyl_tdev npyl_tdev;
 
 /* 1 if this build embeds the kernels (nvcc was found), else 0 and why. */
 NPYL_HIDDEN int npyl_tdev_built(char *why, size_t whylen);
+/* The architectures of the embedded fatbin: "sm_80 sm_90 compute_75"
+ * (SASS for each sm_, PTX for each compute_, which the driver compiles for
+ * any other GPU); "" without kernels. */
+NPYL_HIDDEN const char *npyl_tdev_archs(void);
 
 /* Checks that plan `p` can run on the device: kernels built, channel count
  * within NPYL_TDEV_MAX_CHANNELS when per channel. Returns 0, NPYLOAD_ENOCUDA

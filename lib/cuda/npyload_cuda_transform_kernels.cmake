@@ -19,12 +19,20 @@ if(NPYLOAD_HAVE_NVCC)
     set(_tk_low 70)
   endif()
   set(_tk_flags -std=c++14 -O3 -I${CMAKE_CURRENT_SOURCE_DIR}/cuda)
+  # SASS for these, PTX for _tk_low; the list also goes into the library
+  # (npyl_tdev_archs, for npyload_get_build_info).
+  set(_tk_sass 80 90)
+  set(_tk_gencode "")
+  set(_tk_archs "")
+  foreach(a IN LISTS _tk_sass)
+    list(APPEND _tk_gencode -gencode arch=compute_${a},code=sm_${a})
+    string(APPEND _tk_archs "sm_${a} ")
+  endforeach()
+  list(APPEND _tk_gencode -gencode arch=compute_${_tk_low},code=compute_${_tk_low})
+  string(APPEND _tk_archs "compute_${_tk_low}")
   add_custom_command(
     OUTPUT ${_tk_out}.fatbin
-    COMMAND ${CMAKE_CUDA_COMPILER} ${_tk_flags} -fatbin
-            -gencode arch=compute_80,code=sm_80
-            -gencode arch=compute_90,code=sm_90
-            -gencode arch=compute_${_tk_low},code=compute_${_tk_low}
+    COMMAND ${CMAKE_CUDA_COMPILER} ${_tk_flags} -fatbin ${_tk_gencode}
             ${_tk_src} -o ${_tk_out}.fatbin
     DEPENDS ${_tk_src} ${_tk_params}
     COMMENT "nvcc: device transform kernels (fatbin)")
@@ -46,7 +54,8 @@ if(NPYLOAD_HAVE_NVCC)
   set_source_files_properties(cuda/npyload_cuda_transform.c PROPERTIES
     OBJECT_DEPENDS ${_tk_out}_fatbin.h)
   target_include_directories(npyload_cuda PRIVATE ${_tk_dir})
-  target_compile_definitions(npyload_cuda PRIVATE NPYLOAD_HAVE_TRANSFORM_KERNELS=1)
+  target_compile_definitions(npyload_cuda PRIVATE NPYLOAD_HAVE_TRANSFORM_KERNELS=1
+    NPYLOAD_TRANSFORM_KERNEL_ARCHS="${_tk_archs}")
   set(NPYLOAD_HAVE_TRANSFORM_KERNELS ON)
   set(NPYLOAD_TRANSFORM_PTX ${_tk_out}.ptx PARENT_SCOPE)
 endif()

@@ -78,6 +78,22 @@ int npyl_io_uring_usable(char *why, size_t whylen)
 #endif
 }
 
+int npyl_io_uring_built(char *version, size_t len)
+{
+#ifdef NPYLOAD_HAVE_URING
+#ifndef NPYLOAD_LIBURING_VERSION
+#define NPYLOAD_LIBURING_VERSION "unknown"
+#endif
+    if (version && len)
+        snprintf(version, len, "%s", NPYLOAD_LIBURING_VERSION);
+    return 1;
+#else
+    if (version && len)
+        version[0] = '\0';
+    return 0;
+#endif
+}
+
 /* ---- lifecycle ---------------------------------------------------------- */
 
 int npyl_io_create(npyl_io **out, const npyl_io_config *cfg, char *err,

@@ -118,6 +118,11 @@ NPYL_HIDDEN void npyl_io_destroy(npyl_io *io);
  * which call failed and why), never fails otherwise. */
 NPYL_HIDDEN int npyl_io_uring_usable(char *why, size_t whylen);
 
+/* 1 when this build has the io_uring backend (liburing found at build
+ * time), else 0. `version` (may be NULL) gets the liburing version built
+ * against ("2.3"), "" without it. */
+NPYL_HIDDEN int npyl_io_uring_built(char *version, size_t len);
+
 /* Fills info for `path` from stat(2); returns 0 or -errno. */
 NPYL_HIDDEN int npyl_io_stat(const char *path, npyl_file_info *info);
 

@@ -134,6 +134,12 @@ NPYL_HIDDEN int npyl_in_child(const npyload_loader *L);
 NPYL_HIDDEN int npyl_ctl_enter(npyload_loader *L);
 NPYL_HIDDEN void npyl_ctl_leave(npyload_loader *L);
 
+/* npyload_loader_start.c: the backend NPYLOAD_IO_AUTO resolves to now
+ * (io_uring when a probe ring works, else pread), with the reason io_uring
+ * was passed over in why (may be NULL). Start and npyload_get_build_info
+ * both ask it. */
+NPYL_HIDDEN int npyl_loader_auto_backend(char *why, size_t whylen);
+
 /* npyload_loader_fields.c: reads every field's headers at start, checks
  * them and fills the io file table and L->n. */
 NPYL_HIDDEN int npyl_load_fields(npyload_loader *L);

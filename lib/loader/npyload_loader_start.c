@@ -13,6 +13,13 @@
 
 #include "npyload_loader_internal.h"
 
+int npyl_loader_auto_backend(char *why, size_t whylen)
+{
+    /* Kernels, containers and seccomp profiles refuse io_uring; pread on the
+     * worker threads is the fallback. */
+    return npyl_io_uring_usable(why, whylen) ? NPYLOAD_IO_URING : NPYLOAD_IO_PREAD;
+}
+
 static int resolve_backend(npyload_loader *L)
 {
     int want = (int)L->opt[NPYLOAD_OPT_IO_BACKEND];
@@ -25,9 +32,7 @@ static int resolve_backend(npyload_loader *L)
             return npyl_loader_fail(L, NPYLOAD_ENOURING,
                                     "io_uring backend requested but unusable: %s", why);
     } else if (want == NPYLOAD_IO_AUTO) {
-        /* Probe once per loader: kernels, containers and seccomp profiles
-         * refuse io_uring; pread on the worker threads is the fallback. */
-        want = npyl_io_uring_usable(why, sizeof why) ? NPYLOAD_IO_URING : NPYLOAD_IO_PREAD;
+        want = npyl_loader_auto_backend(why, sizeof why); /* once per loader */
     }
     L->backend = want;
     return 0;

@@ -123,6 +123,12 @@ NPYL_HIDDEN int npyl_transform_is_identity(const npyl_tplan *p);
 NPYL_HIDDEN void npyl_transform_rows(const npyl_tplan *p, const void *src,
                                      void *dst, size_t rows);
 
+/* The F16C path of the float16 loops: returns 1 when plans choose it here
+ * (built in, and CPUID says this CPU and OS support F16C and AVX), else 0.
+ * *compiled (may be NULL) gets 1 when the path is built in (x86-64 with
+ * GCC or Clang). */
+NPYL_HIDDEN int npyl_transform_f16c(int *compiled);
+
 /* Scalar conversions, also used by the engine's portable path. */
 NPYL_HIDDEN uint16_t npyl_f32_to_f16(float f);
 NPYL_HIDDEN float npyl_f16_to_f32(uint16_t h);

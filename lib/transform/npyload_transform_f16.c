@@ -116,3 +116,15 @@ int npyl_tf16c_pick(npyl_tload_fn *load, npyl_tstore_fn *store)
     (void)store;
     return 0;
 }
+
+int npyl_transform_f16c(int *compiled)
+{
+#ifdef NPYL_HAVE_F16C_PATH
+    if (compiled)
+        *compiled = 1;
+#else
+    if (compiled)
+        *compiled = 0;
+#endif
+    return npyl_tf16c_pick(NULL, NULL);
+}

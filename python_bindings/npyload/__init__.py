@@ -41,11 +41,13 @@ from . import _npyload
 from ._npyload import NpyloadError, inspect, load, order_indices, cuda_available
 from ._batch import Batch, BatchTuple
 from ._hook import TransformError
+from ._info import build_info
 from ._loader import Loader
 from ._pack import pack
 from ._transform import Transform
 from ._write import write
 
 __all__ = ["Loader", "Batch", "BatchTuple", "Transform", "TransformError", "NpyloadError",
-           "inspect", "load", "order_indices", "cuda_available", "pack", "write", "__version__"]
+           "inspect", "load", "order_indices", "cuda_available", "build_info", "pack", "write",
+           "__version__"]
 __version__ = _npyload.__version__

@@ -112,6 +112,40 @@ class PackResult(TypedDict):
     out: str
     narrow_values: int
 
+@type_check_only
+class BuildInfo(TypedDict):
+    """npyload.build_info(): the library's build and what it finds on this
+    machine (npyload_get_build_info), for bug reports."""
+    version: str
+    uring_compiled: bool
+    uring_usable: bool
+    liburing_version: str
+    uring_why: str
+    zstd_compiled: str
+    zstd_loaded: str
+    cuda_runtime_found: bool
+    cuda_devices: int
+    cuda_runtime_version: str
+    cuda_driver_version: str
+    cuda_runtime_soname: str
+    cuda_runtime_path: str
+    cuda_why: str
+    transform_kernels: bool
+    transform_kernel_archs: str
+    transform_kernels_why: str
+    f16c_compiled: bool
+    f16c_used: bool
+    default_num_workers: int
+    default_prefetch: int
+    default_queue_depth: int
+    default_shuffle_window: int
+    default_io_backend: str
+    default_read_ahead: bool
+    # Added by npyload.build_info() (not the extension's build_info):
+    python: NotRequired[str]
+    numpy: NotRequired[str]
+    torch: NotRequired[str | None]
+
 # ---- the exception ----
 
 class NpyloadError(RuntimeError):
@@ -149,6 +183,7 @@ def pack_file(
 def strerror(code: int, /) -> str: ...
 def default_prefetch(num_workers: int, /) -> int: ...
 def cuda_available(device: int = 0, /) -> tuple[bool, str]: ...
+def build_info() -> BuildInfo: ...
 
 # ---- the low-level types (npyload.Loader and npyload.Batch wrap them) ----
 

@@ -403,6 +403,55 @@ static PyObject *mod_cuda_available(PyObject *self, PyObject *args)
                          npyloadpy_str(ok ? "" : why));
 }
 
+/* "12.4" from CUDA's 12040; "" for 0 (not found). */
+static PyObject *cuda_version_str(int v)
+{
+    if (v <= 0)
+        return PyUnicode_FromString("");
+    return PyUnicode_FromFormat("%d.%d", v / 1000, (v % 1000) / 10);
+}
+
+static PyObject *mod_build_info(PyObject *self, PyObject *noargs)
+{
+    npyload_build_info bi;
+    int rc;
+    /* It probes io_uring and looks for the CUDA runtime (a driver's
+     * initialisation can take a while): without the GIL. */
+    Py_BEGIN_ALLOW_THREADS
+    rc = npyload_get_build_info(&bi, sizeof bi);
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+        return npyloadpy_raise(rc, "npyload_get_build_info failed");
+    return Py_BuildValue(
+        "{s:N,s:O,s:O,s:N,s:N,s:N,s:N,s:O,s:i,s:N,s:N,s:N,s:N,s:N,s:O,s:N,s:N,"
+        "s:O,s:O,s:L,s:L,s:L,s:L,s:s,s:O}",
+        "version", npyloadpy_str(bi.version),
+        "uring_compiled", bi.uring_compiled ? Py_True : Py_False,
+        "uring_usable", bi.uring_usable ? Py_True : Py_False,
+        "liburing_version", npyloadpy_str(bi.liburing_version),
+        "uring_why", npyloadpy_str(bi.uring_why),
+        "zstd_compiled", npyloadpy_str(bi.zstd_compiled),
+        "zstd_loaded", npyloadpy_str(bi.zstd_loaded),
+        "cuda_runtime_found", bi.cuda_runtime_found ? Py_True : Py_False,
+        "cuda_devices", bi.cuda_devices,
+        "cuda_runtime_version", cuda_version_str(bi.cuda_runtime_version),
+        "cuda_driver_version", cuda_version_str(bi.cuda_driver_version),
+        "cuda_runtime_soname", npyloadpy_str(bi.cuda_runtime_soname),
+        "cuda_runtime_path", npyloadpy_str(bi.cuda_runtime_path),
+        "cuda_why", npyloadpy_str(bi.cuda_why),
+        "transform_kernels", bi.transform_kernels ? Py_True : Py_False,
+        "transform_kernel_archs", npyloadpy_str(bi.transform_kernel_archs),
+        "transform_kernels_why", npyloadpy_str(bi.transform_kernels_why),
+        "f16c_compiled", bi.f16c_compiled ? Py_True : Py_False,
+        "f16c_used", bi.f16c_used ? Py_True : Py_False,
+        "default_num_workers", (long long)bi.default_num_workers,
+        "default_prefetch", (long long)bi.default_prefetch,
+        "default_queue_depth", (long long)bi.default_queue_depth,
+        "default_shuffle_window", (long long)bi.default_shuffle_window,
+        "default_io_backend", npyload_backend_name((npyload_io_backend)bi.default_io_backend),
+        "default_read_ahead", bi.default_read_ahead ? Py_True : Py_False);
+}
+
 static PyObject *mod_default_prefetch(PyObject *self, PyObject *arg)
 {
     long long w = PyLong_AsLongLong(arg);
@@ -564,6 +613,11 @@ static PyMethodDef module_methods[] = {
      "default_prefetch(num_workers) -> int: npyload_default_prefetch(), the "
      "batch slots of a loader with PREFETCH 0 and NUM_WORKERS num_workers "
      "(0 the default count, -1 none)."},
+    {"build_info", mod_build_info, METH_NOARGS,
+     "build_info() -> dict: npyload_get_build_info(), the library's build and "
+     "what it finds on this machine (io_uring, zstd, the CUDA runtime, the "
+     "device kernels, F16C, the defaults). npyload.build_info() adds the "
+     "Python side."},
     {"cuda_available", mod_cuda_available, METH_VARARGS,
      "cuda_available(device=0) -> (bool, reason): whether CUDA device "
      "`device` is usable by npyload (the runtime is loaded with dlopen)."},

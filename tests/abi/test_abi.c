@@ -204,3 +204,26 @@ Test(abi, older_pack_structs_are_read_and_written_within_their_size)
     free(out);
     drop(L);
 }
+
+/* npyload_build_info: first published with every member it has now, so its
+ * first layout is the whole struct. Exactly that size is filled (malloc'd
+ * at it: ASan sees a byte past it); a newer caller's tail is zeroed. */
+Test(abi, build_info_is_filled_within_its_size)
+{
+    unsigned char *s = malloc(sizeof(npyload_build_info));
+    cr_assert_eq(npyload_get_build_info((npyload_build_info *)s, sizeof(npyload_build_info)), 0);
+    cr_assert_str_eq(((npyload_build_info *)s)->version, npyload_version_string());
+    free(s);
+    size_t big = sizeof(npyload_build_info) + 24;
+    s = malloc(big);
+    memset(s, 0xab, big);
+    cr_assert_eq(npyload_get_build_info((npyload_build_info *)s, big), 0);
+    for (size_t i = sizeof(npyload_build_info); i < big; i++)
+        cr_assert_eq(s[i], 0, "byte %zu of a newer caller's struct not zeroed", i);
+    free(s);
+    uint64_t words[4] = {7, 7, 7, 7};
+    cr_assert_eq(npyload_get_build_info((npyload_build_info *)words, sizeof(void *)),
+                 NPYLOAD_EINVAL);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(words[i], 7);
+}

@@ -10,7 +10,8 @@ import npyload
 
 PKG = pathlib.Path(npyload.__file__).parent
 PUBLIC = {"Loader", "Batch", "BatchTuple", "Transform", "TransformError", "NpyloadError",
-          "inspect", "load", "order_indices", "cuda_available", "pack", "write", "__version__"}
+          "inspect", "load", "order_indices", "cuda_available", "build_info", "pack", "write",
+          "__version__"}
 
 
 def test_public_names_are_exported():

@@ -152,6 +152,8 @@ def _check_dict(d, spec, allow=()):
         ann = spec[k][0]
         if ann in exact:
             assert type(v) is exact[ann], (k, ann, v)
+        elif ann == "str | None":
+            assert v is None or type(v) is str, (k, ann, v)
         elif ann == "tuple[int, ...]" or ann == "tuple[int, int]":
             assert type(v) is tuple and all(type(x) is int for x in v), (k, v)
             assert ann.endswith("...]") or len(v) == 2, (k, v)
@@ -161,7 +163,11 @@ def _check_dict(d, spec, allow=()):
 
 def test_stub_dicts_match_what_the_functions_return(tmp_path):
     spec = _typed_dicts()
-    assert set(spec) == {"LoaderState", "LoaderStats", "HeaderInfo", "PackResult"}, set(spec)
+    assert set(spec) == {"LoaderState", "LoaderStats", "HeaderInfo", "PackResult",
+                         "BuildInfo"}, set(spec)
+    py = ("python", "numpy", "torch")
+    _check_dict(npyload.build_info(), spec["BuildInfo"], allow=py)
+    _check_dict(npyload._npyload.build_info(), spec["BuildInfo"])  # without them
     x = np.arange(48, dtype=np.float32).reshape(12, 4)
     codes = np.tile(np.array([0.5, 1.5, -2.0], dtype=np.float32), 8).reshape(6, 4)
     np.save(tmp_path / "x_0000.npy", x)

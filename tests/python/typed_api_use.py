@@ -27,13 +27,13 @@ import npyload
 if TYPE_CHECKING:
     from typing_extensions import assert_type
 
-    from npyload._npyload import HeaderInfo, LoaderState, LoaderStats, PackResult
+    from npyload._npyload import BuildInfo, HeaderInfo, LoaderState, LoaderStats, PackResult
 else:
     def assert_type(value, typ):
         return value
 
     # Only type checkers know these TypedDicts; at run time they are dicts.
-    HeaderInfo = LoaderState = LoaderStats = PackResult = dict
+    BuildInfo = HeaderInfo = LoaderState = LoaderStats = PackResult = dict
 
 N, PER_FILE = 24, 8   # samples, samples per file: 3 files per field
 
@@ -268,6 +268,12 @@ def main(root: str) -> None:
     ok, why = npyload.cuda_available()
     assert_type(ok, bool)
     assert_type(why, str)
+    info = npyload.build_info()
+    assert_type(info, BuildInfo)
+    assert_type(info["uring_usable"], bool)
+    assert_type(info["default_prefetch"], int)
+    assert_type(info["torch"], Optional[str])
+    assert info["version"] == npyload.__version__ and info["cuda_devices"] >= 0
     fields = write_all(root)
     pack_and_inspect(fields, root)
     every_loader_argument(fields)

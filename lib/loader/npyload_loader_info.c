@@ -1,0 +1,72 @@
+/* npyload_get_build_info(): the build's and the machine's facts for a bug
+ * report, asked of the module that owns each one: lib/io (io_uring built
+ * in, and usable now), lib/cuda (the runtime the search finds, the device
+ * kernels embedded), lib/transform (the F16C path), the loader's own
+ * defaults (npyload_loader_internal.h, npyload_default_prefetch, the AUTO
+ * backend as start resolves it). It lives in the loader because only the
+ * loader may use every module (ARCHITECTURE.md).
+ *
+ * zstd's two versions are read here, with <zstd.h>, rather than through
+ * lib/zst: ZSTD_VERSION_STRING is what this file was compiled against, the
+ * same header lib/zst is compiled against (both come from the one
+ * pkg_check_modules of the top CMakeLists.txt), and ZSTD_versionString()
+ * answers from the libzstd the process runs.
+ *
+ * Nothing is kept between calls. */
+#include <stdio.h>
+#include <string.h>
+#include <zstd.h>
+
+#include "npyload_loader_internal.h"
+
+int npyload_get_build_info(npyload_build_info *dst, size_t size)
+{
+    if (!dst)
+        return NPYLOAD_EINVAL;
+    /* The first published layout is the whole struct as it is now; check
+     * the size before doing any of the (slow) probes. */
+    const size_t min = NPYL_SIZE_THROUGH(npyload_build_info, default_read_ahead);
+    if (size < min)
+        return NPYLOAD_EINVAL;
+
+    npyload_build_info bi;
+    memset(&bi, 0, sizeof bi);
+    snprintf(bi.version, sizeof bi.version, "%s", npyload_version_string());
+
+    bi.uring_compiled = npyl_io_uring_built(bi.liburing_version, sizeof bi.liburing_version);
+    /* The probe start runs for AUTO: usable exactly when AUTO picks io_uring. */
+    bi.default_io_backend = npyl_loader_auto_backend(bi.uring_why, sizeof bi.uring_why);
+    bi.uring_usable = bi.default_io_backend == NPYLOAD_IO_URING;
+    if (bi.uring_usable)
+        bi.uring_why[0] = '\0';
+
+    snprintf(bi.zstd_compiled, sizeof bi.zstd_compiled, "%s", ZSTD_VERSION_STRING);
+    snprintf(bi.zstd_loaded, sizeof bi.zstd_loaded, "%s", ZSTD_versionString());
+
+    npyl_cuda_facts cf;
+    npyl_cuda_probe_facts(&cf);
+    bi.cuda_runtime_found = cf.found;
+    bi.cuda_devices = cf.devices;
+    bi.cuda_runtime_version = cf.runtime_version;
+    bi.cuda_driver_version = cf.driver_version;
+    snprintf(bi.cuda_runtime_soname, sizeof bi.cuda_runtime_soname, "%s", cf.soname);
+    snprintf(bi.cuda_runtime_path, sizeof bi.cuda_runtime_path, "%s", cf.path);
+    snprintf(bi.cuda_why, sizeof bi.cuda_why, "%s", cf.why);
+
+    bi.transform_kernels = npyl_tdev_built(bi.transform_kernels_why,
+                                           sizeof bi.transform_kernels_why);
+    if (bi.transform_kernels)
+        bi.transform_kernels_why[0] = '\0';
+    snprintf(bi.transform_kernel_archs, sizeof bi.transform_kernel_archs, "%s",
+             npyl_tdev_archs());
+
+    bi.f16c_used = npyl_transform_f16c(&bi.f16c_compiled);
+
+    bi.default_num_workers = DEFAULT_WORKERS;
+    bi.default_prefetch = npyload_default_prefetch(0);
+    bi.default_queue_depth = DEFAULT_QUEUE_DEPTH;
+    bi.default_shuffle_window = DEFAULT_WINDOW;
+    bi.default_read_ahead = 1; /* READ_AHEAD 0 is on (start.c, read_ahead()) */
+
+    return npyl_sized_out(dst, size, &bi, sizeof bi, min);
+}
