@@ -228,6 +228,7 @@ def test_defaults_are_what_a_default_loader_runs_with(info, text, tmp_path):
     assert info["default_prefetch"] == _npyload.default_prefetch(0)
     # Python's Loader: the same worker count by default, prefetch = slots - 1
     with npyload.Loader({"x": str(tmp_path / "x_*.npy")}, 4, output="numpy") as ld:
+        next(iter(ld))  # the C loader starts at the first iter()
         assert ld._c.get(_npyload.OPT_NUM_WORKERS) == info["default_num_workers"]
         assert ld._c.get(_npyload.OPT_PREFETCH) == info["default_prefetch"]
         assert ld.stats()["num_workers"] == info["default_num_workers"]
@@ -288,11 +289,20 @@ def test_bench_prints_the_same_block_first_and_puts_it_in_its_json(info, text, t
                         "--json", str(out_json)], capture_output=True, text=True,
                        timeout=300, stdin=subprocess.DEVNULL)
     assert p.returncode == 0, p.stdout + p.stderr
+    # The bench links the build dir's library, the package the wheel's: the
+    # two are built with different options (the wheel's NPYLOAD_GPU_TESTS,
+    # test_device_kernels_follow_the_wheels_build_options), so the device
+    # transforms line may differ; every other fact is the same.
+    kern = "device transforms:"
     py = [ln for ln in text.splitlines()
           if not ln.startswith(("system:", "Python:", "numpy:", "torch:"))]
     got = p.stdout.splitlines()[:len(py)]
-    assert got == py, "\n".join(got)
+    assert [ln for ln in got if not ln.startswith(kern)] == \
+        [ln for ln in py if not ln.startswith(kern)], "\n".join(got)
+    assert any(ln.startswith(kern) for ln in got)
     import json
     doc = json.loads(out_json.read_text())
-    want = {k: v for k, v in info.items() if k not in ("python", "numpy", "torch")}
-    assert doc["build_info"] == want
+    skip = ("python", "numpy", "torch", "transform_kernels", "transform_kernels_why",
+            "transform_kernel_archs")
+    want = {k: v for k, v in info.items() if k not in skip}
+    assert {k: v for k, v in doc["build_info"].items() if k not in skip} == want
