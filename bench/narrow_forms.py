@@ -22,6 +22,7 @@ import os
 import time
 
 import npyload
+from zst_loader_cold import evict  # bench/: the same eviction as the zst figures
 
 FIELDS = {"images": "images/train/train_*.npy",
           "heatmaps": "labels/train/train_*_heatmaps.npy",
@@ -54,16 +55,6 @@ def prepare(src, out):
 
 def form_globs(out, form):
     return {n: os.path.join(out, form, n, "*") for n in FIELDS}
-
-
-def evict(globs):
-    for g in globs.values():
-        for p in glob.glob(g):
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def run(out, form, cold, workers, prefetch):

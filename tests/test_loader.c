@@ -457,9 +457,9 @@ Test(loader, truncated_file_pread) { truncated_case(NPYLOAD_IO_PREAD); }
 Test(loader, truncated_file_mmap) { truncated_case(NPYLOAD_IO_MMAP); }
 Test(loader, truncated_file_auto) { truncated_case(NPYLOAD_IO_AUTO); }
 
-/* io_uring refused, as seccomp profiles in containers do: AUTO must fall back
- * to pread and say so; asking for io_uring explicitly must fail clearly. */
-Test(loader, uring_refused_falls_back_to_pread)
+/* From here on this (forked) test process gets EPERM from io_uring_setup,
+ * as containers' seccomp profiles answer. */
+static void refuse_io_uring(void)
 {
     struct sock_filter filter[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
@@ -470,6 +470,13 @@ Test(loader, uring_refused_falls_back_to_pread)
     struct sock_fprog prog = {.len = sizeof filter / sizeof filter[0], .filter = filter};
     cr_assert_eq(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
     cr_assert_eq(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog), 0);
+}
+
+/* io_uring refused, as seccomp profiles in containers do: AUTO must fall back
+ * to pread and say so; asking for io_uring explicitly must fail clearly. */
+Test(loader, uring_refused_falls_back_to_pread)
+{
+    refuse_io_uring();
     dataset d = make_dataset();
     cfg c = {.backend = NPYLOAD_IO_AUTO, .workers = 2, .prefetch = 2, .batch = 8, .shuffle = 1};
     npyload_loader *L = open_loader(&d, &c);
@@ -1545,15 +1552,7 @@ Test(loader, build_info_uring_refused_says_why)
     cr_assert_eq(npyload_get_build_info(&bi, sizeof bi), 0);
     if (!bi.uring_usable)
         cr_skip_test("io_uring is not usable here already: %s", bi.uring_why);
-    struct sock_filter filter[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
-    struct sock_fprog prog = {.len = sizeof filter / sizeof filter[0], .filter = filter};
-    cr_assert_eq(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
-    cr_assert_eq(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog), 0);
+    refuse_io_uring();
     cr_assert_eq(npyload_get_build_info(&bi, sizeof bi), 0);
     cr_assert_eq(bi.uring_compiled, 1);
     cr_assert_eq(bi.uring_usable, 0);
