@@ -21,7 +21,7 @@ def _dist_version(name: str) -> str | None:
     mod = _sys.modules.get(name)
     v = getattr(mod, "__version__", None) if mod is not None else None
     if isinstance(v, str):
-        return v
+        return str(v)  # torch's TorchVersion is a str subclass
     try:
         return _metadata.version(name)
     except _metadata.PackageNotFoundError:
