@@ -874,6 +874,14 @@ typedef struct npyload_build_info {
  *           version .. default_read_ahead). Thread-safe; no global state. */
 NPYLOAD_API int npyload_get_build_info(npyload_build_info *out, size_t size);
 
+/*! npyload_build_info_text() : `bi` as the lines a person reads ("npyload
+ * 0.3.0", "io_uring: ...", ... "defaults: ..."), each ending in '\n': the
+ * block npyload-bench starts with and `python -m npyload info` prints
+ * before its Python lines. Writes at most len bytes, NUL-terminated.
+ * @return : the length of the whole text (as snprintf: compare with len). */
+NPYLOAD_API size_t npyload_build_info_text(const npyload_build_info *bi, char *buf,
+                                           size_t len);
+
 /* ------------------------------------------------------------------------ */
 /* Compressed shards: FILE.npy.zst                                            */
 /* ------------------------------------------------------------------------ */

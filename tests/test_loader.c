@@ -1628,3 +1628,37 @@ Test(loader, build_info_sized_struct)
     cr_assert_eq(b2.default_prefetch, bi.default_prefetch);
     cr_assert_str_eq(b2.zstd_loaded, bi.zstd_loaded);
 }
+
+/* The text of the facts: one line per fact from these values, its length
+ * returned as snprintf does, truncated safely in a short buffer. */
+Test(loader, build_info_text_says_the_facts_and_truncates_safely)
+{
+    npyload_build_info bi;
+    memset(&bi, 0, sizeof bi);
+    snprintf(bi.version, sizeof bi.version, "9.8.7");
+    bi.uring_compiled = 1;
+    snprintf(bi.liburing_version, sizeof bi.liburing_version, "2.3");
+    snprintf(bi.uring_why, sizeof bi.uring_why, "io_uring_setup failed: EPERM");
+    snprintf(bi.zstd_loaded, sizeof bi.zstd_loaded, "1.5.7");
+    snprintf(bi.zstd_compiled, sizeof bi.zstd_compiled, "1.5.4");
+    bi.cuda_runtime_found = 1;
+    bi.cuda_runtime_version = 12040;
+    snprintf(bi.cuda_runtime_path, sizeof bi.cuda_runtime_path, "/x/libcudart.so.12");
+    bi.default_num_workers = 2;
+    bi.default_prefetch = 4;
+    bi.default_io_backend = NPYLOAD_IO_PREAD;
+    char t[4096];
+    size_t n = npyload_build_info_text(&bi, t, sizeof t);
+    cr_assert_eq(n, strlen(t));
+    cr_assert(strstr(t, "npyload 9.8.7\n"), "%s", t);
+    cr_assert(strstr(t, "NOT usable here: io_uring_setup failed: EPERM\n"), "%s", t);
+    cr_assert(strstr(t, "1.5.7 loaded, built against 1.5.4 (they differ)\n"), "%s", t);
+    cr_assert(strstr(t, "/x/libcudart.so.12 (CUDA 12.4)\n"), "%s", t);
+    cr_assert(strstr(t, "prefetch 3 (C: PREFETCH 4 slots)"), "%s", t);
+    cr_assert(strstr(t, "io auto -> pread here"), "%s", t);
+    char small[20];
+    cr_assert_eq(npyload_build_info_text(&bi, small, sizeof small), n);
+    cr_assert_eq(strlen(small), sizeof small - 1);
+    cr_assert_eq(memcmp(small, t, sizeof small - 1), 0);
+    cr_assert_eq(npyload_build_info_text(&bi, NULL, 0), n);
+}

@@ -1,6 +1,6 @@
-/* npyload_get_build_info() printed for people and for JSON. The text says
- * the same as python_bindings/npyload/_info.py's format_info (which adds
- * the Python, numpy and torch lines); keep the two in step. */
+/* npyload_get_build_info() printed for people (the library's
+ * npyload_build_info_text, which `python -m npyload info` prints too) and
+ * for JSON. */
 #include "npyload_info_print.h"
 
 #include <string.h>
@@ -27,48 +27,9 @@ int ni_build_info(FILE *f, npyload_build_info *bi)
     }
     if (!f)
         return 0;
-    char rv[16], dv[16];
-    cuda_version(rv, sizeof rv, bi->cuda_runtime_version);
-    cuda_version(dv, sizeof dv, bi->cuda_driver_version);
-    fprintf(f, "npyload %s\n", bi->version);
-    if (!bi->uring_compiled)
-        fprintf(f, "io_uring:          not compiled in (built without liburing): reads use "
-                   "pread\n");
-    else if (bi->uring_usable)
-        fprintf(f, "io_uring:          compiled in (liburing %s), usable here\n",
-                bi->liburing_version);
-    else
-        fprintf(f, "io_uring:          compiled in (liburing %s), NOT usable here: %s\n",
-                bi->liburing_version, bi->uring_why);
-    fprintf(f, "zstd:              %s loaded, built against %s%s\n", bi->zstd_loaded,
-            bi->zstd_compiled,
-            strcmp(bi->zstd_loaded, bi->zstd_compiled) ? " (they differ)" : "");
-    if (bi->cuda_runtime_found)
-        fprintf(f, "CUDA runtime:      %s (CUDA %s)\n", bi->cuda_runtime_path, rv[0] ? rv : "?");
-    else
-        fprintf(f, "CUDA runtime:      not found\n");
-    if (bi->cuda_devices)
-        fprintf(f, "CUDA devices:      %d (driver %s)\n", bi->cuda_devices, dv[0] ? dv : "?");
-    else
-        fprintf(f, "CUDA devices:      none: %s\n", bi->cuda_why);
-    if (bi->transform_kernels)
-        fprintf(f, "device transforms: ahead of time (embedded fatbin: %s)\n",
-                bi->transform_kernel_archs);
-    else
-        fprintf(f, "device transforms: unavailable: %s\n", bi->transform_kernels_why);
-    if (!bi->f16c_compiled)
-        fprintf(f, "CPU features:      F16C not compiled in (portable float16 conversion)\n");
-    else
-        fprintf(f, "CPU features:      F16C compiled in, %s\n",
-                bi->f16c_used ? "used (this CPU has it)" : "not used (this CPU lacks F16C/AVX)");
-    fprintf(f,
-            "defaults:          num_workers %lld, prefetch %lld (C: PREFETCH %lld slots), "
-            "queue depth %lld per worker, io auto -> %s here, read-ahead %s, shuffle window "
-            "%lld files\n",
-            (long long)bi->default_num_workers, (long long)bi->default_prefetch - 1,
-            (long long)bi->default_prefetch, (long long)bi->default_queue_depth,
-            npyload_backend_name((npyload_io_backend)bi->default_io_backend),
-            bi->default_read_ahead ? "on" : "off", (long long)bi->default_shuffle_window);
+    char text[4096];
+    npyload_build_info_text(bi, text, sizeof text);
+    fputs(text, f);
     return 0;
 }
 

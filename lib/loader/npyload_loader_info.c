@@ -13,6 +13,7 @@
  * answers from the libzstd the process runs.
  *
  * Nothing is kept between calls. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <zstd.h>
@@ -69,4 +70,79 @@ int npyload_get_build_info(npyload_build_info *dst, size_t size)
     bi.default_read_ahead = 1; /* READ_AHEAD 0 is on (start.c, read_ahead()) */
 
     return npyl_sized_out(dst, size, &bi, sizeof bi, min);
+}
+
+/* Appends to buf[len] at *at (the length counts on past a full buffer, as
+ * snprintf's return does). */
+static void put(char *buf, size_t len, size_t *at, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(*at < len ? buf + *at : NULL, *at < len ? len - *at : 0, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        *at += (size_t)n;
+}
+
+/* "12.4" from CUDA's 12040; "?" for 0. */
+static void cuda_version(char *v, size_t len, int n)
+{
+    if (n > 0)
+        snprintf(v, len, "%d.%d", n / 1000, (n % 1000) / 10);
+    else
+        snprintf(v, len, "?");
+}
+
+size_t npyload_build_info_text(const npyload_build_info *bi, char *buf, size_t len)
+{
+    size_t at = 0;
+    if (buf && len)
+        buf[0] = '\0';
+    if (!bi)
+        return 0;
+    if (!buf)
+        len = 0;
+    char rv[16], dv[16];
+    cuda_version(rv, sizeof rv, bi->cuda_runtime_version);
+    cuda_version(dv, sizeof dv, bi->cuda_driver_version);
+    put(buf, len, &at, "npyload %s\n", bi->version);
+    if (!bi->uring_compiled)
+        put(buf, len, &at, "io_uring:          not compiled in (built without liburing): "
+            "reads use pread\n");
+    else if (bi->uring_usable)
+        put(buf, len, &at, "io_uring:          compiled in (liburing %s), usable here\n",
+            bi->liburing_version);
+    else
+        put(buf, len, &at, "io_uring:          compiled in (liburing %s), NOT usable here: "
+            "%s\n", bi->liburing_version, bi->uring_why);
+    put(buf, len, &at, "zstd:              %s loaded, built against %s%s\n", bi->zstd_loaded,
+        bi->zstd_compiled, strcmp(bi->zstd_loaded, bi->zstd_compiled) ? " (they differ)" : "");
+    if (bi->cuda_runtime_found)
+        put(buf, len, &at, "CUDA runtime:      %s (CUDA %s)\n", bi->cuda_runtime_path, rv);
+    else
+        put(buf, len, &at, "CUDA runtime:      not found\n");
+    if (bi->cuda_devices)
+        put(buf, len, &at, "CUDA devices:      %d (driver %s)\n", bi->cuda_devices, dv);
+    else
+        put(buf, len, &at, "CUDA devices:      none: %s\n", bi->cuda_why);
+    if (bi->transform_kernels)
+        put(buf, len, &at, "device transforms: ahead of time (embedded fatbin: %s)\n",
+            bi->transform_kernel_archs);
+    else
+        put(buf, len, &at, "device transforms: unavailable: %s\n", bi->transform_kernels_why);
+    if (!bi->f16c_compiled)
+        put(buf, len, &at, "CPU features:      F16C not compiled in (portable float16 "
+            "conversion)\n");
+    else
+        put(buf, len, &at, "CPU features:      F16C compiled in, %s\n",
+            bi->f16c_used ? "used (this CPU has it)" : "not used (this CPU lacks F16C/AVX)");
+    put(buf, len, &at,
+        "defaults:          num_workers %lld, prefetch %lld (C: PREFETCH %lld slots), queue "
+        "depth %lld per worker, io auto -> %s here, read-ahead %s, shuffle window %lld "
+        "files\n",
+        (long long)bi->default_num_workers, (long long)bi->default_prefetch - 1,
+        (long long)bi->default_prefetch, (long long)bi->default_queue_depth,
+        npyload_backend_name((npyload_io_backend)bi->default_io_backend),
+        bi->default_read_ahead ? "on" : "off", (long long)bi->default_shuffle_window);
+    return at;
 }

@@ -17,8 +17,8 @@ USAGE = """usage: python -m npyload info
 def main(argv: Sequence[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if args == ["info"]:
-        from ._info import build_info, format_info
-        sys.stdout.write(format_info(build_info()))
+        from ._info import format_info
+        sys.stdout.write(format_info())
         return 0
     if args in (["-h"], ["--help"], ["help"]):
         sys.stdout.write(USAGE)

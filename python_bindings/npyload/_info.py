@@ -51,60 +51,23 @@ def build_info() -> BuildInfo:
     ``cuda_available()`` does: counting devices initialises the CUDA driver
     in this process."""
     info = _npyload.build_info()
-    info["python"] = _platform.python_version()
-    info["numpy"] = _np.__version__
-    info["torch"] = _dist_version("torch")
+    info.update(_python_facts())
     return info
 
 
-def format_info(info: BuildInfo) -> str:
-    """The human-readable block of ``python -m npyload info`` for a
-    build_info() dict."""
-    i = info
-    lines = [f"npyload {i['version']}"]
-    if not i["uring_compiled"]:
-        uring = "not compiled in (built without liburing): reads use pread"
-    elif i["uring_usable"]:
-        uring = f"compiled in (liburing {i['liburing_version']}), usable here"
-    else:
-        uring = (f"compiled in (liburing {i['liburing_version']}), NOT usable here: "
-                 f"{i['uring_why']}")
-    lines.append(f"io_uring:          {uring}")
-    zstd = f"{i['zstd_loaded']} loaded, built against {i['zstd_compiled']}"
-    if i["zstd_loaded"] != i["zstd_compiled"]:
-        zstd += " (they differ)"
-    lines.append(f"zstd:              {zstd}")
-    if i["cuda_runtime_found"]:
-        rt = f"{i['cuda_runtime_path']} (CUDA {i['cuda_runtime_version'] or '?'})"
-    else:
-        rt = "not found"
-    lines.append(f"CUDA runtime:      {rt}")
-    if i["cuda_devices"]:
-        drv = i["cuda_driver_version"] or "?"
-        lines.append(f"CUDA devices:      {i['cuda_devices']} (driver {drv})")
-    else:
-        lines.append(f"CUDA devices:      none: {i['cuda_why']}")
-    if i["transform_kernels"]:
-        k = f"ahead of time (embedded fatbin: {i['transform_kernel_archs']})"
-    else:
-        k = f"unavailable: {i['transform_kernels_why']}"
-    lines.append(f"device transforms: {k}")
-    if not i["f16c_compiled"]:
-        f16 = "F16C not compiled in (portable float16 conversion)"
-    else:
-        f16 = "F16C compiled in, " + ("used (this CPU has it)" if i["f16c_used"]
-                                      else "not used (this CPU lacks F16C/AVX)")
-    lines.append(f"CPU features:      {f16}")
-    slots = i["default_prefetch"]
-    lines.append(f"defaults:          num_workers {i['default_num_workers']}, prefetch "
-                 f"{slots - 1} (C: PREFETCH {slots} slots), queue depth "
-                 f"{i['default_queue_depth']} per worker, io auto -> "
-                 f"{i['default_io_backend']} here, read-ahead "
-                 f"{'on' if i['default_read_ahead'] else 'off'}, shuffle window "
-                 f"{i['default_shuffle_window']} files")
-    lines.append(f"system:            {_platform.system()} {_platform.release()} "
-                 f"{_platform.machine()}")
-    lines.append(f"Python:            {i['python']} ({_sys.executable})")
-    lines.append(f"numpy:             {i['numpy']}")
-    lines.append(f"torch:             {i['torch'] or 'not installed'}")
-    return "\n".join(lines) + "\n"
+def _python_facts() -> dict[str, str | None]:
+    return {"python": _platform.python_version(), "numpy": _np.__version__,
+            "torch": _dist_version("torch")}
+
+
+def format_info() -> str:
+    """The human-readable block of ``python -m npyload info``: the library's
+    own text of its facts (npyload_build_info_text, which npyload-bench
+    prints too), then the system, Python, numpy and torch lines."""
+    p = _python_facts()
+    return (_npyload.build_info_text()
+            + f"system:            {_platform.system()} {_platform.release()} "
+              f"{_platform.machine()}\n"
+            + f"Python:            {p['python']} ({_sys.executable})\n"
+            + f"numpy:             {p['numpy']}\n"
+            + f"torch:             {p['torch'] or 'not installed'}\n")

@@ -452,6 +452,21 @@ static PyObject *mod_build_info(PyObject *self, PyObject *noargs)
         "default_read_ahead", bi.default_read_ahead ? Py_True : Py_False);
 }
 
+static PyObject *mod_build_info_text(PyObject *self, PyObject *noargs)
+{
+    npyload_build_info bi;
+    char text[4096];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = npyload_get_build_info(&bi, sizeof bi);
+    if (rc == 0)
+        npyload_build_info_text(&bi, text, sizeof text);
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+        return npyloadpy_raise(rc, "npyload_get_build_info failed");
+    return npyloadpy_str(text);
+}
+
 static PyObject *mod_default_prefetch(PyObject *self, PyObject *arg)
 {
     long long w = PyLong_AsLongLong(arg);
@@ -613,6 +628,10 @@ static PyMethodDef module_methods[] = {
      "default_prefetch(num_workers) -> int: npyload_default_prefetch(), the "
      "batch slots of a loader with PREFETCH 0 and NUM_WORKERS num_workers "
      "(0 the default count, -1 none)."},
+    {"build_info_text", mod_build_info_text, METH_NOARGS,
+     "build_info_text() -> str: npyload_build_info_text() of a fresh "
+     "npyload_get_build_info(): the block `python -m npyload info` and "
+     "npyload-bench start with."},
     {"build_info", mod_build_info, METH_NOARGS,
      "build_info() -> dict: npyload_get_build_info(), the library's build and "
      "what it finds on this machine (io_uring, zstd, the CUDA runtime, the "
