@@ -219,12 +219,12 @@ static void fill_batch(npyl_worker *w, npyl_slot *h, int copy_pending, int bind_
 {
     fill_job j = job_of(w, h, copy_pending);
     if (read_prepare(w, &j) == 0) {
-        uint64_t bytes = 0, t0 = npyl_now_ns();
+        uint64_t bytes = 0;
         npyl_span span = npyl_span_begin();
         int rc = npyl_read_batch(w->env->rv, &w->rd, h->indices, &h->rows, w->dst[j.k],
                                  &bytes);
         atomic_fetch_add(&w->env->st->blocked_ns, npyl_blocked_since(span));
-        read_done(w, &j, rc, bytes, t0, bind_rc);
+        read_done(w, &j, rc, bytes, span.wall, bind_rc);
     }
     hand_on(w, &j);
 }
@@ -235,11 +235,12 @@ static int begin_job(npyl_worker *w, fill_job *j, int here)
 {
     if (read_prepare(w, j))
         return 0;
-    uint64_t t0 = here ? npyl_now_ns() : 0;
-    npyl_span span = npyl_span_begin();
+    /* Read on the worker (here): all of it was waiting for reads; handed to
+     * the read-ahead thread, which counts its own. */
+    npyl_span span = here ? npyl_span_begin() : (npyl_span){0, 0};
     npyl_read_begin(w->env->rv, &w->rd, j->h->indices, j->h->rows, w->dst[j->k], here);
-    if (here) { /* read on the worker: all of it was waiting for reads */
-        atomic_fetch_add(&w->env->st->read_wait_ns, npyl_now_ns() - t0);
+    if (here) {
+        atomic_fetch_add(&w->env->st->read_wait_ns, npyl_now_ns() - span.wall);
         atomic_fetch_add(&w->env->st->blocked_ns, npyl_blocked_since(span));
     }
     return 1;
