@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -259,6 +260,17 @@ static int next_batch(npyload_loader *L, const nb_config *cfg, uint64_t *epoch,
     return rc;
 }
 
+/* The npyload_stats counters a run keeps for its timed part (the
+ * difference across it) and sums over its ranks. */
+static const size_t TIMED_COUNTERS[] = {
+    offsetof(npyload_stats, batches_delivered), offsetof(npyload_stats, samples_delivered),
+    offsetof(npyload_stats, io_ns),             offsetof(npyload_stats, h2d_ns),
+    offsetof(npyload_stats, decode_ns),         offsetof(npyload_stats, transform_ns),
+    offsetof(npyload_stats, read_wait_ns),      offsetof(npyload_stats, read_ahead_batches),
+    offsetof(npyload_stats, worker_cpu_ns),     offsetof(npyload_stats, read_blocked_ns),
+};
+#define NB_COUNTER(s, off) (*(uint64_t *)(void *)((char *)(s) + (off)))
+
 /* The loader's counters over the timed part (those since st0); the loop's
  * wait is the bench's own (a device sync outside next() included). */
 static void timed_stats(npyload_loader *L, const npyload_stats *st0, uint64_t in_next,
@@ -269,19 +281,12 @@ static void timed_stats(npyload_loader *L, const npyload_stats *st0, uint64_t in
         return;
     npyload_stats *d = &r->timed;
     memset(d, 0, sizeof *d);
-    d->batches_delivered = s.batches_delivered - st0->batches_delivered;
-    d->samples_delivered = s.samples_delivered - st0->samples_delivered;
+    for (size_t i = 0; i < sizeof TIMED_COUNTERS / sizeof TIMED_COUNTERS[0]; i++)
+        NB_COUNTER(d, TIMED_COUNTERS[i]) =
+            NB_COUNTER(&s, TIMED_COUNTERS[i]) - NB_COUNTER(st0, TIMED_COUNTERS[i]);
     d->elapsed_ns = wall_ns;
     d->wait_ns = in_next;
     d->step_ns = wall_ns > in_next ? wall_ns - in_next : 0;
-    d->io_ns = s.io_ns - st0->io_ns;
-    d->h2d_ns = s.h2d_ns - st0->h2d_ns;
-    d->decode_ns = s.decode_ns - st0->decode_ns;
-    d->transform_ns = s.transform_ns - st0->transform_ns;
-    d->read_wait_ns = s.read_wait_ns - st0->read_wait_ns;
-    d->read_ahead_batches = s.read_ahead_batches - st0->read_ahead_batches;
-    d->worker_cpu_ns = s.worker_cpu_ns - st0->worker_cpu_ns;
-    d->read_blocked_ns = s.read_blocked_ns - st0->read_blocked_ns;
     d->num_workers = s.num_workers;
 }
 
@@ -474,19 +479,11 @@ static void *rank_main(void *arg)
 /* A rank's timed counters into the node's: sums, the longest elapsed. */
 static void add_timed(const npyload_stats *a, npyload_stats *t)
 {
-    t->batches_delivered += a->batches_delivered;
-    t->samples_delivered += a->samples_delivered;
+    for (size_t i = 0; i < sizeof TIMED_COUNTERS / sizeof TIMED_COUNTERS[0]; i++)
+        NB_COUNTER(t, TIMED_COUNTERS[i]) += NB_COUNTER(a, TIMED_COUNTERS[i]);
     t->elapsed_ns = a->elapsed_ns > t->elapsed_ns ? a->elapsed_ns : t->elapsed_ns;
     t->wait_ns += a->wait_ns;
     t->step_ns += a->step_ns;
-    t->io_ns += a->io_ns;
-    t->h2d_ns += a->h2d_ns;
-    t->decode_ns += a->decode_ns;
-    t->transform_ns += a->transform_ns;
-    t->read_wait_ns += a->read_wait_ns;
-    t->read_ahead_batches += a->read_ahead_batches;
-    t->worker_cpu_ns += a->worker_cpu_ns;
-    t->read_blocked_ns += a->read_blocked_ns;
     t->num_workers += a->num_workers;
 }
 
