@@ -384,11 +384,52 @@ typedef struct npyload_transform {
     const float *std;     /* n_std values: 0 (none: 1), 1 or C; nonzero */
     size_t n_std;
     int channels_last;    /* 0 or 1 (a sample with one axis is unchanged) */
+    /* Random augmentation (0.3), decided per sample as documented below: */
+    float hflip;          /* probability in [0, 1] of reversing the last axis */
+    float vflip;          /* probability in [0, 1] of reversing the axis before */
+    int64_t crop_h, crop_w; /* random crop of the last two axes to this size
+                             (both 0: none; with pad, the sample's own size) */
+    int64_t pad;          /* zeros added on each side of the last two axes
+                             before the crop (stored zeros, before scale) */
+    const float *hflip_sign; /* n values, 0 (none), 1 or C, each +1 or -1: */
+    size_t n_hflip_sign;     /* channel c is multiplied by it when the sample */
+    const float *vflip_sign; /* is flipped (a float stored dtype only): */
+    size_t n_vflip_sign;     /* vector targets such as offsets (du, dv) */
 } npyload_transform;
+
+/*! Augmentation: what a sample becomes, and how it is decided.
+ * Geometry acts on the last two axes (H, W) of a sample with two or more
+ * axes; a sample with fewer axes is never moved, only signed. With stored
+ * sample x (axes (..., H, W)), P = pad, crop (h, w) (the padded size when
+ * crop_h = crop_w = 0) and the sample's decisions (hf, vf, top, left):
+ *   padded[..., u, v] = x[..., u - P, v - P] inside x, else 0 (stored zero)
+ *   out[..., y, X]    = padded[..., top + (vf ? h-1-y : y),
+ *                                  left + (hf ? w-1-X : X)]
+ * then channel c (axis 0 of the sample) is negated when hf and
+ * hflip_sign[c] = -1, or vf and vflip_sign[c] = -1 (both: negated twice),
+ * and then the transform's scale, mean/std, dtype and layout apply as
+ * without augmentation. Delivered shape: (..., h, w).
+ *
+ * The decisions are a pure function of (seed, epoch, global sample index i)
+ * (the loader's seed and epoch, as for the shuffle), so any worker count,
+ * backend, world size, resume or device gives the same batch, and every
+ * field of a sample draws the same numbers: fields with the same hflip
+ * probability flip together; fields of the same (H, W, pad, crop) get the
+ * same offsets. With mix64 and G of lib/order's generator, on uint64 wrapping:
+ *   x  = mix64(mix64(seed + G) ^ epoch) ^ i
+ *   dj = mix64(x + j * G) for j = 1, 2, 3, 4
+ *   hf = (d1 >> 40) < ceil(hflip * 2^24)       (hflip as a float, exact)
+ *   vf = (d2 >> 40) < ceil(vflip * 2^24)
+ *   top  = ((d3 >> 32) * (H + 2P - h + 1)) >> 32
+ *   left = ((d4 >> 32) * (W + 2P - w + 1)) >> 32
+ * npyload_batch_augment() hands out each row's decisions, for labels that
+ * are not arrays (keypoints, boxes). */
 
 /*! NPYLOAD_TRANSFORM_INIT: the identity transform, an initializer:
  * `npyload_transform t = NPYLOAD_TRANSFORM_INIT; t.dtype = ...;` */
-#define NPYLOAD_TRANSFORM_INIT {NPYLOAD_DTYPE_KEEP, 1.0f, NULL, 0, NULL, 0, 0}
+#define NPYLOAD_TRANSFORM_INIT                                                 \
+    {NPYLOAD_DTYPE_KEEP, 1.0f, NULL, 0, NULL, 0, 0, 0.0f, 0.0f, 0, 0, 0, NULL, 0,  \
+     NULL, 0}
 
 /*! npyload_loader_set_transform() :
  * Sets (or, with t == NULL, removes) the transform of field `field`.
@@ -568,6 +609,16 @@ NPYLOAD_API const int64_t *npyload_batch_indices(const npyload_batch *b);
 NPYLOAD_API size_t npyload_batch_num_fields(const npyload_batch *b);
 NPYLOAD_API const npyload_array *npyload_batch_field(const npyload_batch *b,
                                                      size_t i);
+
+/*! npyload_batch_augment() : the augmentation decisions of each row of the
+ * batch for field `index` (see "Augmentation" above): hflip[r], vflip[r]
+ * (0 or 1), top[r] and left[r] (the crop window's corner in the padded
+ * sample; 0 without a crop). Each pointer may be NULL; the others receive
+ * npyload_batch_size() entries. A field without augmentation gets zeros.
+ * @return : 0, or NPYLOAD_EINVAL for a NULL batch or an index out of range. */
+NPYLOAD_API int npyload_batch_augment(const npyload_batch *b, size_t index,
+                                      uint8_t *hflip, uint8_t *vflip,
+                                      int64_t *top, int64_t *left);
 
 /*! npyload_batch_epoch(), npyload_batch_seq() : the epoch and the batch's
  * position within this rank's epoch (0, 1, ...). */

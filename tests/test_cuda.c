@@ -822,6 +822,32 @@ Test(cuda_fake, device_transform_without_kernels_or_driver_fails_at_start)
     tu_rmtree(dir);
 }
 
+/* Random flips and crops run in the host workers only: device mode refuses
+ * them at start, naming the field, before any kernel is looked for. */
+Test(cuda_fake, device_augmentation_refused_naming_the_field)
+{
+    load_fake();
+    char *dir;
+    char *glob = small_field(&dir);
+    npyload_loader *L = NULL;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "x", glob), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 4), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DEVICE, 0), 0, "%s",
+                 npyload_loader_errmsg(L));
+    npyload_transform t = NPYLOAD_TRANSFORM_INIT;
+    t.hflip = 0.5f;
+    cr_assert_eq(npyload_loader_set_transform(L, "x", &t, sizeof t), 0, "%s",
+                 npyload_loader_errmsg(L));
+    int rc = npyload_loader_start(L);
+    const char *m = npyload_loader_errmsg(L);
+    cr_assert_eq(rc, NPYLOAD_EUNSUPPORTED, "start returned %d: %s", rc, m);
+    cr_assert(strstr(m, "'x'") && strstr(m, "flips"), "message: %s", m);
+    npyload_loader_destroy(L);
+    free(glob);
+    tu_rmtree(dir);
+}
+
 /* A transform that is the identity on the bytes (keep, channels first) needs
  * no kernel; and the synchronous mode (NUM_WORKERS -1) runs the device path
  * (read, copy, publish) on the calling thread: same bytes, the copies

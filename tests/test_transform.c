@@ -8,6 +8,7 @@
  * engine's chunks. */
 #include <criterion/criterion.h>
 #include <float.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -680,4 +681,114 @@ Test(transform_f16, widening_nan_rule_every_value_every_position)
     }
     free(in);
     free(out);
+}
+
+/* ---- augmentation ------------------------------------------------------- */
+
+/* A (1, 3, 4) uint8 sample, values 1..12, kept as stored: pad 1 and a crop
+ * of the whole padded sample (5, 6) fixes top = left = 0, so the delivered
+ * row is the padded sample, flipped both ways (probability 1): written out
+ * by hand here. */
+Test(transform_aug, pad_and_flips_by_hand)
+{
+    const int64_t sh[] = {1, 3, 4};
+    npyload_transform t = {.scale = 1.0f, .hflip = 1.0f, .vflip = 1.0f, .crop_h = 5,
+                           .crop_w = 6, .pad = 1};
+    npyl_tplan p;
+    char err[256];
+    cr_assert_eq(npyl_transform_plan("x", &t, "|u1", 3, sh, &p, err, sizeof err), 0, "%s", err);
+    cr_assert(p.aug && !npyl_transform_is_identity(&p));
+    cr_assert_eq(p.sshape[1], 5);
+    cr_assert_eq(p.sshape[2], 6);
+    cr_assert_eq(p.out_row_bytes, 30);
+    uint8_t in[12], out[30], scratch[30];
+    for (int i = 0; i < 12; i++)
+        in[i] = (uint8_t)(i + 1);
+    int64_t idx = 5;
+    npyl_transform_rows_aug(&p, in, out, 1, 3, 0, &idx, scratch);
+    static const uint8_t want[30] = {
+        0, 0,  0,  0,  0, 0,
+        0, 12, 11, 10, 9, 0,
+        0, 8,  7,  6,  5, 0,
+        0, 4,  3,  2,  1, 0,
+        0, 0,  0,  0,  0, 0,
+    };
+    cr_assert_arr_eq(out, want, 30);
+    npyl_transform_plan_free(&p);
+}
+
+/* The decisions: probability 0 never flips, 1 always; the crop offsets
+ * stay in range and take every value; the function is pure. */
+Test(transform_aug, decisions_bounds_and_purity)
+{
+    const int64_t sh[] = {4, 9};
+    npyload_transform t = {.scale = 1.0f, .hflip = 1.0f, .vflip = 0.0f, .crop_h = 2,
+                           .crop_w = 3};
+    npyl_tplan p;
+    cr_assert_eq(npyl_transform_plan("x", &t, "<f4", 2, sh, &p, NULL, 0), 0);
+    int seen_top[3] = {0}, seen_left[7] = {0};
+    for (int64_t i = 0; i < 2000; i++) {
+        npyl_aug a, b;
+        npyl_aug_decide(&p, -7, 3, i, &a);
+        npyl_aug_decide(&p, -7, 3, i, &b);
+        cr_assert(!memcmp(&a, &b, sizeof a));
+        cr_assert(a.hflip == 1 && a.vflip == 0);
+        cr_assert(a.top >= 0 && a.top <= 2 && a.left >= 0 && a.left <= 6, "%" PRId64, i);
+        seen_top[a.top] = seen_left[a.left] = 1;
+    }
+    for (int k = 0; k < 3; k++)
+        cr_assert(seen_top[k], "top %d never drawn", k);
+    for (int k = 0; k < 7; k++)
+        cr_assert(seen_left[k], "left %d never drawn", k);
+    npyl_transform_plan_free(&p);
+}
+
+/* Signs negate exactly, in the stored byte order: a big-endian float32
+ * field of (2,) vectors flipped horizontally with sign (-1, 1). */
+Test(transform_aug, sign_on_big_endian_floats)
+{
+    const int64_t sh[] = {2};
+    const float sign[] = {-1.0f, 1.0f};
+    npyload_transform t = {.scale = 1.0f, .dtype = NPYLOAD_DTYPE_FLOAT32, .hflip = 1.0f,
+                           .hflip_sign = sign, .n_hflip_sign = 2};
+    npyl_tplan p;
+    char err[256];
+    cr_assert_eq(npyl_transform_plan("v", &t, ">f4", 1, sh, &p, err, sizeof err), 0, "%s", err);
+    const float vals[2] = {1.5f, -2.25f};
+    uint8_t in[8];
+    for (int k = 0; k < 2; k++) { /* big-endian bytes, built by hand */
+        uint32_t u;
+        memcpy(&u, &vals[k], 4);
+        for (int b = 0; b < 4; b++)
+            in[k * 4 + b] = (uint8_t)(u >> (24 - 8 * b));
+    }
+    float out[2], scratch[2];
+    int64_t idx = 0;
+    npyl_transform_rows_aug(&p, in, out, 1, 0, 0, &idx, scratch);
+    cr_assert_eq(out[0], -1.5f);
+    cr_assert_eq(out[1], -2.25f);
+    npyl_transform_plan_free(&p);
+}
+
+/* Refusals name the field and the member. */
+Test(transform_aug, refusals)
+{
+    const int64_t sh[] = {3, 4};
+    char err[256];
+    npyl_tplan p;
+    npyload_transform t = {.scale = 1.0f, .hflip = NAN};
+    cr_assert_eq(npyl_transform_check("img", &t, err, sizeof err), NPYLOAD_EINVAL);
+    cr_assert(strstr(err, "img") && strstr(err, "hflip"), "%s", err);
+    t = (npyload_transform){.scale = 1.0f, .crop_h = 2};
+    cr_assert_eq(npyl_transform_check("img", &t, err, sizeof err), NPYLOAD_EINVAL);
+    cr_assert(strstr(err, "crop"), "%s", err);
+    t = (npyload_transform){.scale = 1.0f, .crop_h = 4, .crop_w = 4};
+    cr_assert_eq(npyl_transform_plan("img", &t, "|u1", 2, sh, &p, err, sizeof err),
+                 NPYLOAD_EINVAL);
+    cr_assert(strstr(err, "larger than the padded"), "%s", err);
+    const float s = -1.0f;
+    t = (npyload_transform){.scale = 1.0f, .hflip = 0.5f, .hflip_sign = &s, .n_hflip_sign = 1};
+    cr_assert_eq(npyl_transform_plan("img", &t, "<i4", 2, sh, &p, err, sizeof err),
+                 NPYLOAD_EUNSUPPORTED);
+    cr_assert(strstr(err, "float stored dtype"), "%s", err);
 }

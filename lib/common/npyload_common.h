@@ -42,6 +42,17 @@ NPYL_HIDDEN uint64_t npyl_blocked_since(npyl_span m);
 NPYL_HIDDEN void *npyl_alloc_aligned(size_t size, size_t align);
 NPYL_HIDDEN void npyl_free_aligned(void *p);
 
+/* SplitMix64's constant and finaliser (Steele, Lea, Flood 2014; the
+ * variant of Vigna's splitmix64.c): lib/order's shuffle and lib/transform's
+ * augmentation draws are built from them, documented bit for bit there. */
+#define NPYL_GOLDEN 0x9E3779B97F4A7C15ull
+static inline uint64_t npyl_mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 /* a * b and a + b with overflow detection: return 0 and store the result, or
  * -1 on overflow. */
 NPYL_HIDDEN int npyl_mul_u64(uint64_t a, uint64_t b, uint64_t *out);

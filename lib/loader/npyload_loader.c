@@ -215,8 +215,8 @@ static void loader_free(npyload_loader *L)
     npyl_loader_free_started(L);
     for (size_t i = 0; i < L->nfields; i++) {
         free(L->fields[i].name);
-        free(L->fields[i].tmean);
-        free(L->fields[i].tstd);
+        for (int k = 0; k < 4; k++)
+            free(L->fields[i].tvals[k]);
         npyl_free_paths(L->fields[i].paths, L->fields[i].npaths);
     }
     free(L->fields);

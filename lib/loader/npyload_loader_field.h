@@ -48,7 +48,7 @@ typedef struct npyl_field {
      * raw_off, and the slot holds out_row_bytes per row. */
     int has_transform;
     npyload_transform tdesc;
-    float *tmean, *tstd;
+    float *tvals[4];      /* its own copies of mean, std, hflip_sign, vflip_sign */
     npyl_tplan tplan;
     int xform;
     uint64_t out_row_bytes; /* bytes per delivered row (row_bytes without) */

@@ -83,6 +83,29 @@ uint64_t npyload_batch_epoch(const npyload_batch *b)
 
 int64_t npyload_batch_seq(const npyload_batch *b) { return b ? b->slot->seq : -1; }
 
+int npyload_batch_augment(const npyload_batch *b, size_t index, uint8_t *hflip,
+                          uint8_t *vflip, int64_t *top, int64_t *left)
+{
+    if (!b || index >= b->nfields)
+        return NPYLOAD_EINVAL;
+    const npyl_slot *s = b->slot;
+    const npyl_field *f = &b->owner->fields[index];
+    for (size_t r = 0; r < s->rows; r++) {
+        npyl_aug a = {0, 0, 0, 0};
+        if (f->has_transform)
+            npyl_aug_decide(&f->tplan, s->seed, s->epoch, s->indices[r], &a);
+        if (hflip)
+            hflip[r] = (uint8_t)a.hflip;
+        if (vflip)
+            vflip[r] = (uint8_t)a.vflip;
+        if (top)
+            top[r] = a.top;
+        if (left)
+            left[r] = a.left;
+    }
+    return 0;
+}
+
 /* wait_stream (sync == 0) and sync (sync == 1): on the user's thread, so
  * its current device is kept as it was. */
 static int batch_copy_wait(npyload_batch *b, void *stream, int sync)

@@ -196,7 +196,7 @@ int npyload_loader_set_transform(npyload_loader *L, const char *field,
     if (L->started)
         return npyl_loader_fail(L, NPYLOAD_ESTATE, "%s: a transform cannot change after "
                                 "start", field);
-    float *m = NULL, *sd = NULL;
+    float *copies[4] = {NULL, NULL, NULL, NULL}; /* mean, std, hflip_sign, vflip_sign */
     if (t) {
         /* The caller's struct may be older (shorter) or newer than ours:
          * the sized-struct rule of npyload.h. The first layout ends at
@@ -214,36 +214,35 @@ int npyload_loader_set_transform(npyload_loader *L, const char *field,
                                     "sets members this library (%zu bytes, version %s) "
                                     "does not know", field, size, sizeof d,
                                     NPYLOAD_VERSION_STRING);
-        if ((d.n_mean && !d.mean) || (d.n_std && !d.std))
-            return npyl_loader_fail(L, NPYLOAD_EINVAL, "%s: transform %s is NULL with a "
-                                    "count of %zu", field, d.n_mean && !d.mean ? "mean" : "std",
-                                    d.n_mean && !d.mean ? d.n_mean : d.n_std);
-        if (d.n_mean > ((size_t)1 << 24) || d.n_std > ((size_t)1 << 24))
-            return npyl_loader_fail(L, NPYLOAD_EINVAL, "%s: transform mean/std: more than "
-                                    "2^24 values", field);
         char err[512];
         int rc = npyl_transform_check(field, &d, err, sizeof err);
         if (rc)
             return npyl_loader_fail(L, rc, "%s", err);
-        if ((d.n_mean && !(m = malloc(d.n_mean * sizeof *m))) ||
-            (d.n_std && !(sd = malloc(d.n_std * sizeof *sd)))) {
-            free(m);
-            return npyl_loader_fail(L, -ENOMEM, "out of memory");
+        /* The value arrays are the caller's: keep copies (the check above
+         * refused a NULL array with a count, and counts over 2^24). */
+        const float **arr[4] = {&d.mean, &d.std, &d.hflip_sign, &d.vflip_sign};
+        const size_t cnt[4] = {d.n_mean, d.n_std, d.n_hflip_sign, d.n_vflip_sign};
+        for (int k = 0; k < 4; k++) {
+            if (!cnt[k]) {
+                copies[k] = NULL;
+                continue;
+            }
+            if (!(copies[k] = malloc(cnt[k] * sizeof(float)))) {
+                for (int j = 0; j < k; j++)
+                    free(copies[j]);
+                return npyl_loader_fail(L, -ENOMEM, "out of memory");
+            }
+            memcpy(copies[k], *arr[k], cnt[k] * sizeof(float));
+            *arr[k] = copies[k];
         }
-        if (d.n_mean)
-            memcpy(m, d.mean, d.n_mean * sizeof *m);
-        if (d.n_std)
-            memcpy(sd, d.std, d.n_std * sizeof *sd);
-        d.mean = m;
-        d.std = sd;
         f->tdesc = d;
     } else {
         memset(&f->tdesc, 0, sizeof f->tdesc);
     }
-    free(f->tmean);
-    free(f->tstd);
-    f->tmean = m;
-    f->tstd = sd;
+    for (int k = 0; k < 4; k++) {
+        free(f->tvals[k]);
+        f->tvals[k] = copies[k];
+    }
     f->has_transform = t != NULL;
     L->errmsg[0] = 0;
     return 0;

@@ -76,6 +76,7 @@ static void claim_into(npyl_ring *r, npyl_slot *h, int *copy_pending)
     h->gen = r->gen;
     h->seq = seq;
     h->epoch = r->op.epoch;
+    h->seed = r->op.seed;
     h->rows = (size_t)(hi - lo);
     h->err = 0;
     memcpy(h->indices, r->seqbuf + lo, h->rows * sizeof *h->indices);
@@ -163,6 +164,7 @@ npyl_slot *npyl_slots_take_device(npyl_ring *r, npyl_slot *h, int copy_pending,
     d->gen = h->gen;
     d->seq = h->seq;
     d->epoch = h->epoch;
+    d->seed = h->seed;
     d->rows = h->rows;
     memcpy(d->indices, h->indices, h->rows * sizeof *h->indices);
     d->err = h->err;

@@ -63,6 +63,7 @@ typedef struct npyl_slot {
     uint64_t gen;         /* [mu] generation it was filled for */
     int64_t seq;          /* [mu] batch position in the rank's epoch */
     uint64_t epoch;       /* the epoch it belongs to */
+    int64_t seed;         /* and its order's seed (augmentation draws) */
     size_t rows;
     int64_t *indices;     /* slot_rows entries */
     int err;              /* a failed batch carries its error in order */

@@ -140,6 +140,11 @@ static int plan_transforms(npyload_loader *L)
             return npyl_loader_fail(L, rc, "%s", err);
         f->xform = !npyl_transform_is_identity(&f->tplan);
         f->out_row_bytes = f->tplan.out_row_bytes;
+        if (f->tplan.aug && L->opt[NPYLOAD_OPT_DEVICE] >= 0)
+            return npyl_loader_fail(L, NPYLOAD_EUNSUPPORTED, "field '%s': random flips "
+                                    "and crops run in the host workers in this release; "
+                                    "load on the host (no device) and copy, or augment "
+                                    "on the GPU in the training step", f->name);
         if (f->xform && L->opt[NPYLOAD_OPT_DEVICE] >= 0 &&
             (rc = npyl_tdev_plan_check(f->name, &f->tplan, err, sizeof err)))
             return npyl_loader_fail(L, rc, "%s", err);
@@ -451,6 +456,10 @@ static int create_workers(npyload_loader *L, size_t nworkers)
         .raw_bytes = L->raw_bytes,
         .ahead = ahead,
     };
+    for (size_t i = 0; i < L->nfields; i++)
+        if (L->fields[i].xform && L->fields[i].tplan.aug &&
+            L->fields[i].tplan.in_row_bytes > cfg.aug_bytes)
+            cfg.aug_bytes = L->fields[i].tplan.in_row_bytes;
     for (size_t i = 0; i < nworkers; i++)
         if ((rc = npyl_worker_init(&L->workers[i], i, &L->env, &cfg, L->errmsg,
                                    sizeof L->errmsg)))

@@ -32,6 +32,9 @@ int npyl_worker_init(npyl_worker *w, size_t index, const npyl_work_env *env,
         if (!(w->raw[i] = npyl_alloc_aligned(cfg->raw_bytes, NPYL_DIRECT_ALIGN)))
             return npyl_fail(err, errlen, -ENOMEM, "cannot allocate the %" PRIu64 "-byte "
                              "transform buffer of worker %zu", cfg->raw_bytes, index);
+    if (cfg->aug_bytes && !(w->aug = malloc(cfg->aug_bytes)))
+        return npyl_fail(err, errlen, -ENOMEM, "cannot allocate the %" PRIu64 "-byte "
+                         "augmentation row of worker %zu", cfg->aug_bytes, index);
     if (cfg->raw_bytes && dv->device >= 0 &&
         (rc = npyl_cuda_malloc(dv->cuda, &w->draw, cfg->raw_bytes)))
         return npyl_fail(err, errlen, rc, "CUDA device %d: allocating the %" PRIu64
@@ -49,6 +52,8 @@ void npyl_worker_fini(npyl_worker *w)
         return; /* never initialised */
     const npyl_device *dv = w->env->dev;
     npyl_read_ctx_fini(&w->rd);
+    free(w->aug);
+    w->aug = NULL;
     for (int i = 0; i < 2; i++) {
         free(w->dst[i]);
         w->dst[i] = NULL;
@@ -73,7 +78,9 @@ static void fill_arrays(const npyl_work_env *env, npyl_slot *s, int device_slot)
         a->data = s->mem + (device_slot ? f->dev_off : f->host_off);
         a->ndim = f->sndim + 1;
         a->shape[0] = (int64_t)s->rows;
-        memcpy(a->shape + 1, f->sshape, sizeof(int64_t) * (size_t)f->sndim);
+        /* The delivered shape: a crop changes the last two axes. */
+        memcpy(a->shape + 1, f->has_transform ? f->tplan.sshape : f->sshape,
+               sizeof(int64_t) * (size_t)f->sndim);
         a->device = device_slot ? env->dev->device : -1;
         a->nbytes = (size_t)(s->rows * f->out_row_bytes);
         if (f->has_transform) {
@@ -106,7 +113,8 @@ static void transform_host(const npyl_worker *w, const uint8_t *raw, npyl_slot *
             continue;
         if (!t0)
             t0 = npyl_now_ns();
-        npyl_transform_rows(&f->tplan, raw + f->raw_off, h->mem + f->host_off, h->rows);
+        npyl_transform_rows_aug(&f->tplan, raw + f->raw_off, h->mem + f->host_off, h->rows,
+                                h->seed, h->epoch, h->indices, w->aug);
     }
     if (t0)
         atomic_fetch_add(&w->env->st->transform_ns, npyl_now_ns() - t0);

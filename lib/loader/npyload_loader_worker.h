@@ -34,6 +34,7 @@ typedef struct npyl_worker {
                              transformed fields' stored rows (raw_bytes)
                              each; raw[1] only with read-ahead */
     unsigned k;           /* the pair (dst, raw) the next batch takes */
+    uint8_t *aug;         /* host mode with augmentation: one row (aug_bytes) */
     void *draw;           /* device mode with transforms: the same on the
                              device; reused in stream order */
     void *stream;         /* device mode: this worker's copy stream */
@@ -45,6 +46,7 @@ typedef struct npyl_worker_cfg {
     size_t rows;          /* rows a slot holds (at least 1) */
     npyl_zst_sizes zst;
     uint64_t raw_bytes;   /* stored rows of transformed fields, per batch */
+    uint64_t aug_bytes;   /* one augmented row of the widest augmented field */
     int ahead;            /* read-ahead: the next batch's reads in flight
                              while this one decodes (worker threads only) */
 } npyl_worker_cfg;

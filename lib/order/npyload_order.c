@@ -11,23 +11,15 @@
 
 /* ---- generator ---------------------------------------------------------- */
 
-#define NPYL_GOLDEN 0x9E3779B97F4A7C15ull
 
 typedef struct npyl_rng {
     uint64_t s[4];
 } npyl_rng;
 
-static inline uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static inline uint64_t splitmix64(uint64_t *x)
 {
     *x += NPYL_GOLDEN;
-    return mix64(*x);
+    return npyl_mix64(*x);
 }
 
 static inline uint64_t rotl64(uint64_t v, int k)

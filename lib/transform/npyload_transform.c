@@ -22,6 +22,8 @@
 #include <string.h>
 
 #define NPYL_TBLK 2048 /* floats per stage buffer (8 KiB) */
+#define NPYL_AUG_MAX_SIDE (1 << 30) /* pad and the last two axes (the crop
+                                       offset draw needs H + 2P + 1 < 2^32) */
 
 /* ------------------------------------------------------------------------ */
 /* Loads: stored dtype -> float32                                            */
@@ -131,6 +133,50 @@ static int check_values(const char *what, const char *member, const float *v,
     return 0;
 }
 
+/* Signs are +1 or -1, one per channel or one for all. */
+static int check_signs(const char *what, const char *member, const float *v, size_t n,
+                       char *err, size_t errlen)
+{
+    if (n > 0 && !v)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: transform %s is NULL with n_%s = %zu", what, member,
+                         member, n);
+    if (n > ((size_t)1 << 24))
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: transform %s: more than 2^24 values", what, member);
+    for (size_t i = 0; i < n; i++)
+        if (v[i] != 1.0f && v[i] != -1.0f)
+            return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                             "%s: transform %s[%zu] = %g: a sign is +1 or -1", what,
+                             member, i, (double)v[i]);
+    return 0;
+}
+
+/* The augmentation members on their own (the sample shape is checked at
+ * plan time). */
+static int check_aug(const char *what, const npyload_transform *t, char *err,
+                     size_t errlen)
+{
+    const float pr[2] = {t->hflip, t->vflip};
+    for (int k = 0; k < 2; k++)
+        if (!(pr[k] >= 0.0f && pr[k] <= 1.0f)) /* NaN fails too */
+            return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                             "%s: transform %s = %g: a probability in [0, 1]", what,
+                             k ? "vflip" : "hflip", (double)pr[k]);
+    if (t->crop_h < 0 || t->crop_w < 0 || (t->crop_h == 0) != (t->crop_w == 0))
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: transform crop (%" PRId64 ", %" PRId64 "): both sizes "
+                         "positive, or both 0 for none", what, t->crop_h, t->crop_w);
+    if (t->pad < 0 || t->pad > NPYL_AUG_MAX_SIDE)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: transform pad %" PRId64 ": 0 to %d", what, t->pad,
+                         NPYL_AUG_MAX_SIDE);
+    int rc = check_signs(what, "hflip_sign", t->hflip_sign, t->n_hflip_sign, err, errlen);
+    if (!rc)
+        rc = check_signs(what, "vflip_sign", t->vflip_sign, t->n_vflip_sign, err, errlen);
+    return rc;
+}
+
 int npyl_transform_check(const char *what, const npyload_transform *t, char *err,
                          size_t errlen)
 {
@@ -148,6 +194,9 @@ int npyl_transform_check(const char *what, const npyload_transform *t, char *err
                          "%s: transform scale %g: expected a finite, nonzero "
                          "value (1 for no scaling; NPYLOAD_TRANSFORM_INIT sets "
                          "it)", what, (double)t->scale);
+    if (t->n_mean > ((size_t)1 << 24) || t->n_std > ((size_t)1 << 24))
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: transform mean/std: more than 2^24 values", what);
     int rc = check_values(what, "mean", t->mean, t->n_mean, 0, err, errlen);
     if (rc == 0)
         rc = check_values(what, "std", t->std, t->n_std, 1, err, errlen);
@@ -162,6 +211,9 @@ int npyl_transform_check(const char *what, const npyload_transform *t, char *err
                              "needs an output dtype (float32, float16 or "
                              "bfloat16)", what, m);
     }
+    rc = check_aug(what, t, err, errlen);
+    if (rc)
+        return rc;
     if (t->channels_last != 0 && t->channels_last != 1)
         return npyl_fail(err, errlen, NPYLOAD_EINVAL,
                          "%s: transform channels_last must be 0 or 1, got %d",
@@ -201,6 +253,84 @@ static int plan_input(const char *what, const char *descr, int sndim,
         return npyl_fail(err, errlen, NPYLOAD_ETOOBIG,
                          "%s: transform: row bytes overflow", what);
     *elems_out = elems;
+    return 0;
+}
+
+/* Augmentation: probabilities as 24-bit thresholds, the window of the
+ * last two axes, and the delivered shape (oshape) when it asks for any. */
+static int plan_aug(const char *what, const npyload_transform *t, int sndim,
+                    const int64_t *sshape, int64_t *oshape, npyl_tplan *p, char *err,
+                    size_t errlen)
+{
+    p->stored_row_bytes = p->in_row_bytes;
+    p->hflip_t = (uint32_t)ceil((double)t->hflip * 16777216.0);
+    p->vflip_t = (uint32_t)ceil((double)t->vflip * 16777216.0);
+    int geom = t->crop_h > 0 || t->pad > 0;
+    p->aug = p->hflip_t || p->vflip_t || geom;
+    if (!p->aug)
+        return 0;
+    if (geom && sndim < 2)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: transform crop/pad acts on the last two axes; the "
+                         "samples have %d", what, sndim);
+    memcpy(oshape, sshape, sizeof(int64_t) * (size_t)sndim);
+    if (sndim < 2)
+        return 0; /* flips only sign such a sample */
+    int64_t H = sshape[sndim - 2], W = sshape[sndim - 1], P = t->pad;
+    if (H > NPYL_AUG_MAX_SIDE || W > NPYL_AUG_MAX_SIDE)
+        return npyl_fail(err, errlen, NPYLOAD_ETOOBIG,
+                         "%s: transform flip/crop: the last two axes (%" PRId64
+                         ", %" PRId64 ") exceed %d", what, H, W, NPYL_AUG_MAX_SIDE);
+    int64_t h = t->crop_h ? t->crop_h : H + 2 * P, w = t->crop_w ? t->crop_w : W + 2 * P;
+    if (h > H + 2 * P || w > W + 2 * P)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: transform crop (%" PRId64 ", %" PRId64 ") is larger "
+                         "than the padded sample (%" PRId64 ", %" PRId64 ")", what, h, w,
+                         H + 2 * P, W + 2 * P);
+    p->aug_H = H;
+    p->aug_W = W;
+    p->crop_h = h;
+    p->crop_w = w;
+    p->pad = P;
+    p->aug_outer = 1;
+    for (int d = 0; d < sndim - 2; d++)
+        p->aug_outer *= (uint64_t)sshape[d];
+    oshape[sndim - 2] = h;
+    oshape[sndim - 1] = w;
+    return 0;
+}
+
+/* The flip signs, one flag per channel of the delivered sample. Negating
+ * is exact only on a float stored type (a sign-bit flip). */
+static int plan_signs(const char *what, const npyload_transform *t, npyl_tplan *p,
+                      char *err, size_t errlen)
+{
+    const float *v[2] = {t->hflip_sign, t->vflip_sign};
+    const size_t n[2] = {t->n_hflip_sign, t->n_vflip_sign};
+    uint8_t **flags[2] = {&p->hneg, &p->vneg};
+    for (int k = 0; k < 2; k++) {
+        const char *m = k ? "vflip_sign" : "hflip_sign";
+        int any = 0;
+        for (size_t i = 0; i < n[k]; i++)
+            any |= v[k][i] < 0.0f;
+        if (!any || !(k ? p->vflip_t : p->hflip_t))
+            continue; /* nothing to negate, or never flipped */
+        if (n[k] > 1 && n[k] != p->C)
+            return npyl_fail(err, errlen, NPYLOAD_EMISMATCH,
+                             "%s: transform %s has %zu values, the samples have %" PRIu64
+                             " channels (axis 0 of the sample); give 1 or %" PRIu64, what,
+                             m, n[k], p->C, p->C);
+        if (p->in_kind != 'f')
+            return npyl_fail(err, errlen, NPYLOAD_EUNSUPPORTED,
+                             "%s: transform %s negates stored values, which needs a "
+                             "float stored dtype; the field is '%s'", what, m,
+                             p->in_descr);
+        if (!(*flags[k] = calloc(p->C ? p->C : 1, 1)))
+            return npyl_fail(err, errlen, -ENOMEM, "%s: transform: out of memory", what);
+        for (uint64_t c = 0; c < p->C; c++)
+            (*flags[k])[c] = (n[k] == 1 ? v[k][0] : v[k][c]) < 0.0f;
+        p->aug = 1;
+    }
     return 0;
 }
 
@@ -336,6 +466,16 @@ static int plan(const char *what, const npyload_transform *t, const char *descr,
                          "%s: transform plan: bad descr or shape", what);
     uint64_t elems = 0;
     rc = plan_input(what, descr, sndim, sshape, p, &elems, err, errlen);
+    int64_t oshape[NPYLOAD_MAX_DIMS];
+    if (!rc)
+        rc = plan_aug(what, t, sndim, sshape, oshape, p, err, errlen);
+    if (!rc && p->aug) {
+        /* From here on the engine's input is the augmented row. */
+        sshape = oshape;
+        rc = plan_input(what, descr, sndim, sshape, p, &elems, err, errlen);
+    }
+    if (!rc)
+        rc = plan_signs(what, t, p, err, errlen);
     if (!rc)
         rc = plan_arith(what, t, p, err, errlen);
     if (!rc)
@@ -368,12 +508,14 @@ void npyl_transform_plan_free(npyl_tplan *p)
         return;
     free(p->mean);
     free(p->std);
+    free(p->hneg);
+    free(p->vneg);
     memset(p, 0, sizeof *p);
 }
 
 int npyl_transform_is_identity(const npyl_tplan *p)
 {
-    return p->out_dtype == NPYLOAD_DTYPE_KEEP && !p->channels_last;
+    return p->out_dtype == NPYLOAD_DTYPE_KEEP && !p->channels_last && !p->aug;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -546,4 +688,118 @@ void npyl_transform_rows(const npyl_tplan *p, const void *src, void *dst,
         rows_channels_last(p, s, d, rows);
     else
         rows_planar(p, s, d, rows);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Augmentation                                                              */
+/* ------------------------------------------------------------------------ */
+
+void npyl_aug_decide(const npyl_tplan *p, int64_t seed, uint64_t epoch, int64_t index,
+                     npyl_aug *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!p->aug)
+        return;
+    /* npyload.h, "Augmentation": the draws, bit for bit. */
+    uint64_t x = npyl_mix64(npyl_mix64((uint64_t)seed + NPYL_GOLDEN) ^ epoch) ^
+                 (uint64_t)index;
+    uint64_t d1 = npyl_mix64(x + 1 * NPYL_GOLDEN), d2 = npyl_mix64(x + 2 * NPYL_GOLDEN);
+    uint64_t d3 = npyl_mix64(x + 3 * NPYL_GOLDEN), d4 = npyl_mix64(x + 4 * NPYL_GOLDEN);
+    out->hflip = (d1 >> 40) < p->hflip_t;
+    out->vflip = (d2 >> 40) < p->vflip_t;
+    if (p->aug_H) {
+        uint64_t ry = (uint64_t)(p->aug_H + 2 * p->pad - p->crop_h) + 1;
+        uint64_t rx = (uint64_t)(p->aug_W + 2 * p->pad - p->crop_w) + 1;
+        out->top = (int64_t)(((d3 >> 32) * ry) >> 32);
+        out->left = (int64_t)(((d4 >> 32) * rx) >> 32);
+    }
+}
+
+/* Reverses n items of size sz in place. */
+static void reverse_items(unsigned char *a, size_t n, size_t sz)
+{
+    unsigned char t[16];
+    for (size_t i = 0, j = n ? n - 1 : 0; i < j; i++, j--) {
+        memcpy(t, a + i * sz, sz);
+        memcpy(a + i * sz, a + j * sz, sz);
+        memcpy(a + j * sz, t, sz);
+    }
+}
+
+/* Builds the augmented row (the window of the padded sample, flipped) in
+ * the stored dtype: out holds p->in_row_bytes. */
+static void aug_geometry(const npyl_tplan *p, const unsigned char *in, unsigned char *out,
+                         const npyl_aug *a)
+{
+    const size_t sz = p->in_itemsize;
+    if (!p->aug_H) { /* fewer than two axes: nothing moves */
+        memcpy(out, in, p->in_row_bytes);
+        return;
+    }
+    const int64_t H = p->aug_H, W = p->aug_W, h = p->crop_h, w = p->crop_w, P = p->pad;
+    /* The columns of the window inside the stored line: x in [x0, x1). */
+    int64_t c0 = a->left - P; /* stored column of window column 0 */
+    int64_t x0 = c0 < 0 ? -c0 : 0, x1 = W - c0 < w ? W - c0 : w;
+    if (x1 < x0)
+        x1 = x0;
+    const size_t line = (size_t)w * sz;
+    for (uint64_t o = 0; o < p->aug_outer; o++) {
+        const unsigned char *plane = in + o * (uint64_t)H * (uint64_t)W * sz;
+        for (int64_t y = 0; y < h; y++) {
+            unsigned char *dl = out + (o * (uint64_t)h + (uint64_t)y) * line;
+            int64_t u = a->top + (a->vflip ? h - 1 - y : y) - P; /* stored row */
+            if (u < 0 || u >= H || x0 == x1) {
+                memset(dl, 0, line);
+                continue;
+            }
+            memset(dl, 0, (size_t)x0 * sz);
+            memcpy(dl + (size_t)x0 * sz, plane + ((uint64_t)u * (uint64_t)W +
+                                                   (uint64_t)(c0 + x0)) * sz,
+                   (size_t)(x1 - x0) * sz);
+            memset(dl + (size_t)x1 * sz, 0, (size_t)(w - x1) * sz);
+            if (a->hflip)
+                reverse_items(dl, (size_t)w, sz);
+        }
+    }
+}
+
+/* Negates channel c (S items of a float type) of the augmented row where
+ * the sample's flips ask for it: the sign bit, in the stored byte order. */
+static void aug_signs(const npyl_tplan *p, unsigned char *row, const npyl_aug *a)
+{
+    if (!((a->hflip && p->hneg) || (a->vflip && p->vneg)))
+        return;
+    const size_t sz = p->in_itemsize;
+    const size_t sb = p->in_descr[0] == '>' ? 0 : sz - 1; /* the sign's byte */
+    for (uint64_t c = 0; c < p->C; c++) {
+        int neg = (a->hflip && p->hneg && p->hneg[c]) ^ (a->vflip && p->vneg && p->vneg[c]);
+        if (!neg)
+            continue;
+        unsigned char *e = row + c * p->S * sz + sb;
+        for (uint64_t k = 0; k < p->S; k++)
+            e[k * sz] ^= 0x80;
+    }
+}
+
+void npyl_transform_rows_aug(const npyl_tplan *p, const void *src, void *dst, size_t rows,
+                             int64_t seed, uint64_t epoch, const int64_t *indices,
+                             void *scratch)
+{
+    if (!p->aug) {
+        npyl_transform_rows(p, src, dst, rows);
+        return;
+    }
+    /* Stored dtype, channels first: the augmented row is the output row. */
+    const int direct = p->out_dtype == NPYLOAD_DTYPE_KEEP && !p->channels_last;
+    for (size_t r = 0; r < rows; r++) {
+        npyl_aug a;
+        npyl_aug_decide(p, seed, epoch, indices[r], &a);
+        const unsigned char *in = (const unsigned char *)src + r * p->stored_row_bytes;
+        unsigned char *out = (unsigned char *)dst + r * p->out_row_bytes;
+        unsigned char *row = direct ? out : scratch;
+        aug_geometry(p, in, row, &a);
+        aug_signs(p, row, &a);
+        if (!direct)
+            npyl_transform_rows(p, row, out, 1);
+    }
 }

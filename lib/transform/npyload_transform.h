@@ -81,6 +81,19 @@ typedef struct npyl_tplan {
     int per_channel;          /* mean/std differ per channel */
     float mean1, std1;        /* when !per_channel */
     float *mean, *std;        /* C values when per_channel (plan-owned) */
+    /* Augmentation (npyload.h, "Augmentation"): aug is set when the
+     * description asks for a flip or a crop. Then the geometry above
+     * (sshape, C, S, in_row_bytes, strides) is the augmented sample's, in
+     * the stored dtype: the engine's input is a row the augmentation step
+     * built; stored_row_bytes and aug_H/W/outer describe the stored row. */
+    int aug;
+    uint32_t hflip_t, vflip_t;  /* flip when the 24-bit draw is below */
+    int64_t aug_H, aug_W;       /* stored last two axes (0 with < 2 axes) */
+    int64_t crop_h, crop_w, pad;
+    uint64_t aug_outer;         /* product of the stored axes before them */
+    uint64_t stored_row_bytes;
+    uint8_t *hneg, *vneg;       /* C flags (plan-owned): negate channel c
+                                   when flipped; NULL: none */
     /* host engine, chosen at plan time (F16C when the CPU has it) */
     npyl_tload_fn load;
     npyl_tstore_fn store;
@@ -122,6 +135,26 @@ NPYL_HIDDEN int npyl_transform_is_identity(const npyl_tplan *p);
  * must not overlap. Uses a few KiB of stack, no allocation, thread-safe. */
 NPYL_HIDDEN void npyl_transform_rows(const npyl_tplan *p, const void *src,
                                      void *dst, size_t rows);
+
+/* One sample's augmentation decisions (npyload.h documents the draws). */
+typedef struct npyl_aug {
+    int hflip, vflip;
+    int64_t top, left;
+} npyl_aug;
+
+/* The decisions of plan p for sample `index` of `epoch` under `seed`: a pure
+ * function; all zero when p has no augmentation. */
+NPYL_HIDDEN void npyl_aug_decide(const npyl_tplan *p, int64_t seed, uint64_t epoch,
+                                 int64_t index, npyl_aug *out);
+
+/* The host engine with augmentation: `rows` stored rows at src
+ * (stored_row_bytes each), of samples indices[0..rows), become output rows
+ * at dst. scratch holds in_row_bytes (one augmented row; unused when the
+ * plan keeps the stored dtype channels-first). Thread-safe like
+ * npyl_transform_rows; the same as it when !p->aug. */
+NPYL_HIDDEN void npyl_transform_rows_aug(const npyl_tplan *p, const void *src, void *dst,
+                                         size_t rows, int64_t seed, uint64_t epoch,
+                                         const int64_t *indices, void *scratch);
 
 /* The F16C path of the float16 loops: returns 1 when plans choose it here
  * (built in, and CPUID says this CPU and OS support F16C and AVX), else 0.

@@ -39,7 +39,7 @@ Waits for a batch release the GIL and Ctrl-C interrupts them promptly.
 # torch (lazily), so the package imports and runs without it.
 from . import _npyload
 from ._npyload import NpyloadError, inspect, load, order_indices, cuda_available
-from ._batch import Batch, BatchTuple
+from ._batch import Augment, Batch, BatchTuple
 from ._hook import TransformError
 from ._info import build_info
 from ._loader import Loader
@@ -47,7 +47,7 @@ from ._pack import pack
 from ._transform import Transform
 from ._write import write
 
-__all__ = ["Loader", "Batch", "BatchTuple", "Transform", "TransformError", "NpyloadError",
+__all__ = ["Loader", "Batch", "BatchTuple", "Augment", "Transform", "TransformError", "NpyloadError",
            "inspect", "load", "order_indices", "cuda_available", "build_info", "pack", "write",
            "__version__"]
 __version__ = _npyload.__version__

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib as _difflib
 from collections.abc import Mapping as _Mapping
 from typing import TYPE_CHECKING, Any
+from typing import NamedTuple as _NamedTuple
 
 from ._torch import _wait_stream
 
@@ -15,20 +16,51 @@ if TYPE_CHECKING:
     from . import _npyload
 
 
+class Augment(_NamedTuple):
+    """One field's augmentation decisions for each row of a batch (numpy
+    arrays of the batch's length): ``hflip``, ``vflip`` (bool) and the crop
+    window's corner ``top``, ``left`` (int64, in the padded sample; 0
+    without a crop). See :class:`npyload.Transform`."""
+
+    hflip: Any
+    vflip: Any
+    top: Any
+    left: Any
+
+
+def _augment_of(raw, names, aug):
+    """{field: Augment} for the fields in aug, from the library's decisions."""
+    import numpy as np
+    out = {}
+    n = raw.size
+    for i, name in enumerate(names):
+        if name not in aug:
+            continue
+        b = raw.augment_bytes(i)
+        out[name] = Augment(np.frombuffer(b, np.uint8, n, 16 * n).astype(bool),
+                            np.frombuffer(b, np.uint8, n, 17 * n).astype(bool),
+                            np.frombuffer(b, np.int64, n, 0), np.frombuffer(b, np.int64, n, 8 * n))
+    return out
+
+
 class Batch(_Mapping[str, Any]):
     """One batch: a read-only mapping from field name to array or tensor.
 
     Attributes: ``indices`` (global sample index of each row; an int64 numpy
     array or torch tensor, an owned copy), ``epoch``, ``seq`` (the batch's
-    position in this rank's epoch) and ``num_samples`` (rows).
+    position in this rank's epoch), ``num_samples`` (rows) and ``augment``
+    ({field: :class:`Augment`} for the fields whose Transform flips or
+    crops; empty otherwise).
     Without ``copy=True`` the values share memory with a loader slot; the
     slot is given back when the last of them (and this object) is freed.
     """
 
-    __slots__ = ("_data", "indices", "epoch", "seq", "num_samples", "_raw")
+    __slots__ = ("_data", "indices", "epoch", "seq", "num_samples", "_raw", "augment")
 
     def __init__(self, data: dict[str, Any], indices: Any, epoch: int, seq: int,
-                 num_samples: int, raw: _npyload.Batch | None) -> None:
+                 num_samples: int, raw: _npyload.Batch | None,
+                 augment: dict[str, Augment] | None = None) -> None:
+        self.augment = augment if augment is not None else {}
         self._data = data
         self.indices = indices
         self.epoch = epoch
@@ -95,6 +127,7 @@ class BatchTuple(tuple[Any, ...]):
     epoch: int
     seq: int
     num_samples: int
+    augment: dict[str, Augment]
     _raw: _npyload.Batch | None
 
     def wait_stream(self, stream: object = None) -> None:
@@ -128,7 +161,7 @@ def _bfloat16_numpy():
     return ml_dtypes.bfloat16
 
 
-def _wrap_raw(raw, torch, np, copy, as_tuple, bf16=None):
+def _wrap_raw(raw, torch, np, copy, as_tuple, bf16=None, aug=frozenset()):
     """A Batch (or BatchTuple) of torch tensors or numpy arrays viewing raw's slot."""
     names = raw.field_names
     data = {}
@@ -147,6 +180,7 @@ def _wrap_raw(raw, torch, np, copy, as_tuple, bf16=None):
             data[name] = a.copy() if copy else a
         indices = np.frombuffer(raw.indices_bytes(), dtype=np.int64)
     epoch, seq, n = raw.epoch, raw.seq, raw.size
+    augment = _augment_of(raw, names, aug) if aug else {}
     keep = raw
     if copy:
         if raw.live_views == 0:
@@ -156,5 +190,6 @@ def _wrap_raw(raw, torch, np, copy, as_tuple, bf16=None):
         t = BatchTuple(data[name] for name in names)
         t.field_names = tuple(names)
         t.indices, t.epoch, t.seq, t.num_samples, t._raw = indices, epoch, seq, n, keep
+        t.augment = augment
         return t
-    return Batch(data, indices, epoch, seq, n, keep)
+    return Batch(data, indices, epoch, seq, n, keep, augment)

@@ -582,6 +582,10 @@ class Loader(Generic[_B]):
         self._pick_output(output, dev)
         self._specs = specs
         self._transforms = _check_transforms(specs, transforms)
+        # Fields whose batches carry augmentation decisions (batch.augment).
+        self._aug_fields = frozenset(
+            name for name, t in self._transforms
+            if t.hflip or t.vflip or t.crop is not None or t.pad)
         self.transform = transform
         if not prefetch:
             # The library's default memory, asked of it (slots - 1 batches
@@ -756,7 +760,7 @@ class Loader(Generic[_B]):
             stream = self._torch.cuda.current_stream(self.device)
         wrap = _functools.partial(_wrap_raw, torch=self._torch, np=self._np,
                                   copy=self.copy, as_tuple=self.as_tuple,
-                                  bf16=getattr(self, "_bf16", None))
+                                  bf16=getattr(self, "_bf16", None), aug=self._aug_fields)
         self._pipe = _HookPipe(c, wrap, self.transform,
                                _hook_depth(self.prefetch), stream, self._clock)
         return _Iterator(self, self._gen, self._pipe)
@@ -947,8 +951,10 @@ class Loader(Generic[_B]):
             for opt, value in opts.items():
                 c.set(opt, value)
             for name, t in self._transforms:
+                crop = t.crop or (0, 0)
                 c.set_transform(name, _TDTYPES[t.dtype], t.scale, t.mean, t.std,
-                                t.channels_last)
+                                t.channels_last, t.hflip, t.vflip, crop[0], crop[1], t.pad,
+                                t.hflip_sign, t.vflip_sign)
             if state is not None:
                 c.set_state(state)
             elif getattr(self, "_epoch", 0):
@@ -1045,4 +1051,4 @@ class Loader(Generic[_B]):
 
     def _wrap(self, raw):
         return _wrap_raw(raw, self._torch, self._np, self.copy, self.as_tuple,
-                         getattr(self, "_bf16", None))
+                         getattr(self, "_bf16", None), self._aug_fields)

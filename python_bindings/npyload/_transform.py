@@ -1,4 +1,5 @@
-"""Transform: dtype, scale, normalise and channels-last in the loader."""
+"""Transform: dtype, scale, normalise, channels-last and random flips and
+crops in the loader."""
 from __future__ import annotations
 
 import math as _math
@@ -42,20 +43,51 @@ class Transform:
     On a CUDA device the stored dtype crosses PCIe (a uint8 field costs one
     byte per element). bfloat16 batches are torch.bfloat16 tensors, or
     ml_dtypes.bfloat16 numpy arrays (raw uint16 bits without ml_dtypes).
+
+    Random augmentation, in the loader's workers, before the arithmetic:
+    hflip, vflip : probability of reversing the last axis (horizontal) or the
+        one before it (vertical) of a sample with two or more axes.
+    crop : None, an int or (h, w): a random window of the last two axes,
+        taken after ``pad`` zeros (stored zeros) on each side of them; with
+        pad and no crop, the window has the sample's own size.
+    hflip_sign, vflip_sign : None, +-1 or one +-1 per channel: channel c is
+        multiplied by it when the sample is flipped (vector targets such as
+        offsets (du, dv) of a float field; a sample with fewer than two axes
+        is never moved, only signed).
+    The decisions are a pure function of (seed, epoch, global sample index),
+    documented bit for bit in npyload.h ("Augmentation"): the same for any
+    worker count, backend, world size and resume, and shared by every field
+    of a sample (fields with the same probability flip together; fields of
+    the same size get the same crop). ``batch.augment[field]`` holds each
+    row's decisions. Host loaders only in this release (device= refuses it).
+
+    >>> t = Transform("float32", scale=1 / 255, hflip=0.5, crop=(112, 240), pad=4)
+    >>> t.hflip, t.crop, t.pad
+    (0.5, (112, 240), 4)
     """
 
-    __slots__ = ("dtype", "scale", "mean", "std", "channels_last")
+    __slots__ = ("dtype", "scale", "mean", "std", "channels_last", "hflip", "vflip",
+                 "crop", "pad", "hflip_sign", "vflip_sign")
     # The checked values (declared for type checkers).
     dtype: str | None
     scale: float
     mean: tuple[float, ...] | None
     std: tuple[float, ...] | None
     channels_last: bool
+    hflip: float
+    vflip: float
+    crop: tuple[int, int] | None
+    pad: int
+    hflip_sign: tuple[float, ...] | None
+    vflip_sign: tuple[float, ...] | None
 
     def __init__(self, dtype: object = None, scale: float = 1.0,
                  mean: float | Iterable[float] | None = None,
                  std: float | Iterable[float] | None = None,
-                 channels_last: bool = False) -> None:
+                 channels_last: bool = False, *, hflip: float = 0.0, vflip: float = 0.0,
+                 crop: int | tuple[int, int] | None = None, pad: int = 0,
+                 hflip_sign: float | Iterable[float] | None = None,
+                 vflip_sign: float | Iterable[float] | None = None) -> None:
         if dtype is not None:
             # 'float16', np.float16, np.dtype('float16'), torch.float16,
             # ml_dtypes.bfloat16
@@ -85,6 +117,14 @@ class Transform:
         if not isinstance(channels_last, (bool, int)):
             raise TypeError(f"Transform: channels_last must be a bool, got {channels_last!r}")
         self.channels_last = bool(channels_last)
+        self.hflip = self._probability("hflip", hflip)
+        self.vflip = self._probability("vflip", vflip)
+        self.crop = self._crop(crop)
+        if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
+            raise ValueError(f"Transform: pad must be an int >= 0, got {pad!r}")
+        self.pad = pad
+        self.hflip_sign = self._signs("hflip_sign", hflip_sign)
+        self.vflip_sign = self._signs("vflip_sign", vflip_sign)
         if dtype is None:
             what = ("mean" if self.mean is not None else "std" if self.std is not None
                     else "scale" if self.scale != 1.0 else None)
@@ -92,6 +132,31 @@ class Transform:
                 raise ValueError(f"Transform: {what} needs an output dtype ('float32', "
                                  "'float16' or 'bfloat16'); dtype=None keeps the stored "
                                  "one and allows no arithmetic")
+
+    @staticmethod
+    def _probability(what, p):
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+            raise ValueError(f"Transform: {what} is a probability in [0, 1], got {p!r}")
+        return float(p)
+
+    @staticmethod
+    def _crop(crop):
+        if crop is None:
+            return None
+        hw = (crop, crop) if isinstance(crop, int) else tuple(crop) \
+            if isinstance(crop, (tuple, list)) else None
+        if (hw is None or len(hw) != 2 or
+                any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in hw)):
+            raise ValueError(f"Transform: crop must be None, an int or (h, w) of ints > 0, "
+                             f"got {crop!r}")
+        return (int(hw[0]), int(hw[1]))
+
+    @classmethod
+    def _signs(cls, what, v):
+        vals = cls._values(what, v)
+        if vals is not None and any(x not in (1.0, -1.0) for x in vals):
+            raise ValueError(f"Transform: {what} values are +1 or -1, got {v!r}")
+        return vals
 
     @staticmethod
     def _values(what, v):
@@ -109,5 +174,8 @@ class Transform:
         return vals
 
     def __repr__(self) -> str:
+        aug = "".join(f", {k}={getattr(self, k)!r}" for k, off in (
+            ("hflip", 0.0), ("vflip", 0.0), ("crop", None), ("pad", 0),
+            ("hflip_sign", None), ("vflip_sign", None)) if getattr(self, k) != off)
         return (f"Transform(dtype={self.dtype!r}, scale={self.scale!r}, mean={self.mean!r}, "
-                f"std={self.std!r}, channels_last={self.channels_last!r})")
+                f"std={self.std!r}, channels_last={self.channels_last!r}{aug})")

@@ -197,6 +197,30 @@ static PyObject *batch_indices_bytes(NpyloadPy_Batch *self, PyObject *unused)
                                          (Py_ssize_t)(n * sizeof(int64_t)));
 }
 
+/* npyload_batch_augment of field `index`: n int64 tops, n int64 lefts, then
+ * n hflip and n vflip bytes, in one bytearray (the package splits it). */
+static PyObject *batch_augment_bytes(NpyloadPy_Batch *self, PyObject *arg)
+{
+    if (batch_check(self) < 0)
+        return NULL;
+    Py_ssize_t index = PyLong_AsSsize_t(arg);
+    if (index == -1 && PyErr_Occurred())
+        return NULL;
+    size_t n = npyload_batch_size(self->b);
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n * 18));
+    if (!out)
+        return NULL;
+    char *p = PyByteArray_AS_STRING(out);
+    int64_t *top = (int64_t *)(void *)p, *left = top + n; /* bytearray: 8-aligned */
+    uint8_t *hf = (uint8_t *)(left + n), *vf = hf + n;
+    if (index < 0 || npyload_batch_augment(self->b, (size_t)index, hf, vf, top, left)) {
+        Py_DECREF(out);
+        PyErr_Format(PyExc_IndexError, "augment: field index %zd out of range", index);
+        return NULL;
+    }
+    return out;
+}
+
 static PyObject *batch_indices_list(NpyloadPy_Batch *self, PyObject *unused)
 {
     if (batch_check(self) < 0)
@@ -351,6 +375,9 @@ static PyMethodDef batch_methods[] = {
      "indices_view() -> View of the global sample indices (host, int64)."},
     {"indices_bytes", (PyCFunction)batch_indices_bytes, METH_NOARGS,
      "indices_bytes() -> bytearray: a copy of the indices as native int64."},
+    {"augment_bytes", (PyCFunction)batch_augment_bytes, METH_O,
+     "augment_bytes(index): npyload_batch_augment of field index: n int64 tops, "
+     "n int64 lefts, n hflip bytes, n vflip bytes"},
     {"indices_list", (PyCFunction)batch_indices_list, METH_NOARGS,
      "indices_list() -> list[int]: a copy of the indices."},
     {"wait_stream", (PyCFunction)batch_wait_stream, METH_O,

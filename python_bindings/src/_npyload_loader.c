@@ -604,22 +604,32 @@ static int float_list(PyObject *obj, const char *what, float **out, size_t *n)
 
 static PyObject *loader_set_transform(NpyloadPy_Loader *self, PyObject *args)
 {
-    PyObject *name_b = NULL, *mean_obj, *std_obj;
+    PyObject *name_b = NULL, *mean_obj, *std_obj, *hsign_obj = Py_None, *vsign_obj = Py_None;
     int dtype, channels_last;
-    double scale;
-    if (!PyArg_ParseTuple(args, "O&idOOp:set_transform", PyUnicode_FSConverter, &name_b,
-                          &dtype, &scale, &mean_obj, &std_obj, &channels_last))
+    double scale, hflip = 0.0, vflip = 0.0;
+    long long crop_h = 0, crop_w = 0, pad = 0;
+    if (!PyArg_ParseTuple(args, "O&idOOp|ddLLLOO:set_transform", PyUnicode_FSConverter,
+                          &name_b, &dtype, &scale, &mean_obj, &std_obj, &channels_last,
+                          &hflip, &vflip, &crop_h, &crop_w, &pad, &hsign_obj, &vsign_obj))
         return NULL;
     PyObject *ret = NULL;
-    float *mean = NULL, *std = NULL;
+    float *mean = NULL, *std = NULL, *hsign = NULL, *vsign = NULL;
     npyload_transform t = {.dtype = dtype, .scale = (float)scale,
-                           .channels_last = channels_last};
+                           .channels_last = channels_last, .hflip = (float)hflip,
+                           .vflip = (float)vflip, .crop_h = crop_h, .crop_w = crop_w,
+                           .pad = pad};
     if (float_list(mean_obj, "mean must be a sequence of numbers", &mean, &t.n_mean) < 0 ||
         float_list(std_obj, "std must be a sequence of numbers", &std, &t.n_std) < 0 ||
+        float_list(hsign_obj, "hflip_sign must be a sequence of numbers", &hsign,
+                   &t.n_hflip_sign) < 0 ||
+        float_list(vsign_obj, "vflip_sign must be a sequence of numbers", &vsign,
+                   &t.n_vflip_sign) < 0 ||
         loader_enter(self, "set_transform()") < 0)
         goto out;
     t.mean = mean;
     t.std = std;
+    t.hflip_sign = hsign;
+    t.vflip_sign = vsign;
     int rc = npyload_loader_set_transform(self->L, PyBytes_AS_STRING(name_b), &t,
                                           sizeof t);
     ret = rc < 0 ? loader_error(self, rc) : none_ref();
@@ -627,6 +637,8 @@ static PyObject *loader_set_transform(NpyloadPy_Loader *self, PyObject *args)
 out:
     PyMem_Free(mean);
     PyMem_Free(std);
+    PyMem_Free(hsign);
+    PyMem_Free(vsign);
     Py_DECREF(name_b);
     return ret;
 }

@@ -9,7 +9,7 @@ import sys
 import npyload
 
 PKG = pathlib.Path(npyload.__file__).parent
-PUBLIC = {"Loader", "Batch", "BatchTuple", "Transform", "TransformError", "NpyloadError",
+PUBLIC = {"Loader", "Batch", "BatchTuple", "Augment", "Transform", "TransformError", "NpyloadError",
           "inspect", "load", "order_indices", "cuda_available", "build_info", "pack", "write",
           "__version__"}
 

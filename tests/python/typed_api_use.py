@@ -131,8 +131,13 @@ def pack_and_inspect(fields: Mapping[str, list[str]], root: str) -> None:
 def every_loader_argument(fields: Mapping[str, list[str]]) -> None:
     """Loader with every argument, iteration, the Batch mapping, epochs,
     state and stats."""
+    # The augmentation arguments keep x's shape here: a crop of the whole
+    # (unpadded) sample, and a vflip_sign that applies only with vflip > 0.
     t = npyload.Transform(dtype="float32", scale=0.5, mean=[1.0, 2.0], std=4.0,
-                          channels_last=True)
+                          channels_last=True, hflip=0.5, vflip=0.0, crop=(3, 4), pad=0,
+                          hflip_sign=1.0, vflip_sign=[1.0, -1.0])
+    assert_type(t.hflip, float)
+    assert_type(t.crop, Optional[tuple[int, int]])
     assert_type(t.dtype, Optional[str])
     assert_type(t.mean, Optional[tuple[float, ...]])
     assert_type(t.scale, float)
@@ -171,6 +176,9 @@ def every_loader_argument(fields: Mapping[str, list[str]]) -> None:
         assert_type(batch.epoch, int)
         assert_type(batch.seq, int)
         assert_type(batch.num_samples, int)
+        assert_type(batch.augment, dict[str, npyload.Augment])
+        aug = batch.augment["x"]
+        assert len(aug.hflip) == PER_FILE and int(aug.top.max()) == 0
         assert batch.epoch == 1 and batch.num_samples == PER_FILE
         seen += [int(i) for i in batch.indices]
         assert [int(v) for v in batch["y"]] == [int(i) for i in batch.indices]
