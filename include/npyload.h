@@ -423,7 +423,10 @@ typedef struct npyload_transform {
  *   top  = ((d3 >> 32) * (H + 2P - h + 1)) >> 32
  *   left = ((d4 >> 32) * (W + 2P - w + 1)) >> 32
  * npyload_batch_augment() hands out each row's decisions, for labels that
- * are not arrays (keypoints, boxes). */
+ * are not arrays (keypoints, boxes). In device mode an augmented field is
+ * transformed by the host engine in the workers and crosses PCIe in its
+ * output dtype (other transformed fields cross as stored, then run as
+ * kernels). */
 
 /*! NPYLOAD_TRANSFORM_INIT: the identity transform, an initializer:
  * `npyload_transform t = NPYLOAD_TRANSFORM_INIT; t.dtype = ...;` */

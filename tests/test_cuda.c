@@ -822,28 +822,76 @@ Test(cuda_fake, device_transform_without_kernels_or_driver_fails_at_start)
     tu_rmtree(dir);
 }
 
-/* Random flips and crops run in the host workers only: device mode refuses
- * them at start, naming the field, before any kernel is looked for. */
-Test(cuda_fake, device_augmentation_refused_naming_the_field)
+/* Random flips (here: signs on (16,) float32 vectors, flipped with
+ * probability 1/2) run in the host engine in device mode too, and need no
+ * kernel: the rows on the (fake) device equal the host mode's rows of the
+ * same sample indices, byte for byte, with workers and read-ahead. */
+static void aug_rows(const char *glob, int64_t device, float *by_index, int *seen, void *cs)
 {
-    load_fake();
-    char *dir;
-    char *glob = small_field(&dir);
     npyload_loader *L = NULL;
     cr_assert_eq(npyload_loader_create(&L), 0);
     cr_assert_eq(npyload_loader_add_field(L, "x", glob), 0);
     cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 4), 0);
-    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DEVICE, 0), 0, "%s",
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, 2), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SEED, 9), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DEVICE, device), 0, "%s",
                  npyload_loader_errmsg(L));
+    const float sign = -1.0f;
     npyload_transform t = NPYLOAD_TRANSFORM_INIT;
+    t.dtype = NPYLOAD_DTYPE_FLOAT32;
+    t.scale = 0.5f;
     t.hflip = 0.5f;
+    t.hflip_sign = &sign;
+    t.n_hflip_sign = 1;
     cr_assert_eq(npyload_loader_set_transform(L, "x", &t, sizeof t), 0, "%s",
                  npyload_loader_errmsg(L));
-    int rc = npyload_loader_start(L);
-    const char *m = npyload_loader_errmsg(L);
-    cr_assert_eq(rc, NPYLOAD_EUNSUPPORTED, "start returned %d: %s", rc, m);
-    cr_assert(strstr(m, "'x'") && strstr(m, "flips"), "message: %s", m);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_batch *b;
+    int rc;
+    while ((rc = npyload_loader_next(L, &b)) == 0) {
+        size_t n = npyload_batch_size(b);
+        const int64_t *idx = npyload_batch_indices(b);
+        float rows[4 * 16];
+        if (device >= 0) {
+            cr_assert_eq(npyload_batch_wait_stream(b, cs), 0);
+            cr_assert_eq(fake_memcpy_async(rows, npyload_batch_field(b, 0)->data,
+                                           n * 64, 2 /* D2H */, cs), 0);
+            cr_assert_eq(fake_stream_sync(cs), 0);
+        } else {
+            memcpy(rows, npyload_batch_field(b, 0)->data, n * 64);
+        }
+        uint8_t hf[4];
+        cr_assert_eq(npyload_batch_augment(b, 0, hf, NULL, NULL, NULL), 0);
+        for (size_t r = 0; r < n; r++) {
+            memcpy(by_index + idx[r] * 16, rows + r * 16, 64);
+            seen[idx[r]] = 1 + hf[r];
+        }
+        if (device >= 0)
+            npyload_batch_release_stream(b, cs);
+        else
+            npyload_batch_release(b);
+    }
+    cr_assert_eq(rc, NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
     npyload_loader_destroy(L);
+}
+
+Test(cuda_fake, device_augmentation_in_the_host_engine)
+{
+    fake_cudart *f = load_fake();
+    void *cs = consumer_stream(f);
+    char *dir;
+    char *glob = small_field(&dir);
+    float host[13 * 16], dev[13 * 16];
+    int hseen[13] = {0}, dseen[13] = {0}, flipped = 0;
+    aug_rows(glob, -1, host, hseen, NULL);
+    aug_rows(glob, 0, dev, dseen, cs);
+    for (int i = 0; i < 13; i++) {
+        cr_assert(hseen[i] && hseen[i] == dseen[i], "sample %d", i);
+        flipped += hseen[i] == 2;
+    }
+    cr_assert(flipped > 0 && flipped < 13, "%d of 13 flipped at p = 1/2", flipped);
+    cr_assert_arr_eq(host, dev, sizeof host);
     free(glob);
     tu_rmtree(dir);
 }

@@ -187,7 +187,7 @@ void npyl_loader_free_started(npyload_loader *L)
     free_tables(L);
     for (size_t i = 0; i < L->nfields; i++) {
         npyl_transform_plan_free(&L->fields[i].tplan);
-        L->fields[i].xform = 0;
+        L->fields[i].xform = L->fields[i].hxform = L->fields[i].dxform = 0;
     }
     L->raw_bytes = 0;
     L->sync = 0;

@@ -38,16 +38,16 @@ static int queue_copy(const npyl_device *dv, const npyl_field *fields, size_t nf
         rc = npyl_cuda_event_record(dv->cuda, h->ev_start, cc->stream);
     for (size_t fi = 0; fi < nfields && !rc; fi++) {
         const npyl_field *f = &fields[fi];
-        size_t n = (size_t)(h->rows * f->row_bytes);
+        size_t n = (size_t)(h->rows * (f->hxform ? f->out_row_bytes : f->row_bytes));
         /* A transformed field crosses PCIe in its stored dtype into the
          * worker's device raw buffer, and the kernel writes the slot on the
          * same stream, before ev_done below. The raw buffer is reused by
          * this worker's next batch only after it, in stream order. */
-        uint8_t *dst = f->xform ? (uint8_t *)cc->draw + f->raw_off : d->mem + f->dev_off;
+        uint8_t *dst = f->dxform ? (uint8_t *)cc->draw + f->raw_off : d->mem + f->dev_off;
         rc = npyl_cuda_memcpy_h2d_async(dv->cuda, dst, h->mem + f->host_off, n, cc->stream);
         *queued = 1;
         *bytes += n;
-        if (!rc && f->xform && h->rows &&
+        if (!rc && f->dxform && h->rows &&
             (rc = npyl_tdev_run(dv->tdev, &f->tplan, dst, d->mem + f->dev_off, h->rows,
                                 cc->stream, cc->errmsg, NPYL_ERRMSG_LEN)) != 0)
             *kerr = 1;

@@ -51,6 +51,12 @@ typedef struct npyl_field {
     float *tvals[4];      /* its own copies of mean, std, hflip_sign, vflip_sign */
     npyl_tplan tplan;
     int xform;
+    int hxform;           /* xform by the host engine in the worker: host
+                             mode, and augmentation in device mode (stored
+                             rows in the raw buffer, output rows in the
+                             staging slot, which crosses PCIe as output) */
+    int dxform;           /* xform by the kernels after the copy (device
+                             mode without augmentation) */
     uint64_t out_row_bytes; /* bytes per delivered row (row_bytes without) */
     uint64_t raw_off;
 } npyl_field;

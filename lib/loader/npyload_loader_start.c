@@ -47,7 +47,6 @@ static int plan_layout(npyload_loader *L)
 {
     uint64_t B = (uint64_t)L->slot_rows;
     uint64_t h = 0, d = 0, r = 0;
-    int device_mode = L->opt[NPYLOAD_OPT_DEVICE] >= 0; /* open_cuda sets L->dev.device later */
     for (size_t i = 0; i < L->nfields; i++) {
         npyl_field *f = &L->fields[i];
         /* A transformed field: the host slot holds the stored rows in device
@@ -59,9 +58,9 @@ static int plan_layout(npyload_loader *L)
             npyl_mul_u64(B, f->out_row_bytes, &out_bytes))
             return npyl_loader_fail(L, NPYLOAD_ETOOBIG, "field '%s': batch bytes overflow",
                                     f->name);
-        uint64_t hbytes = device_mode ? bytes : out_bytes;
+        uint64_t hbytes = f->hxform ? out_bytes : bytes;
         h = (h + NPYL_DIRECT_ALIGN - 1) / NPYL_DIRECT_ALIGN * NPYL_DIRECT_ALIGN;
-        if (L->opt[NPYLOAD_OPT_DIRECT_IO] && (device_mode || !f->xform))
+        if (L->opt[NPYLOAD_OPT_DIRECT_IO] && !f->hxform)
             h += f->files[0].data_offset % NPYL_DIRECT_ALIGN;
         f->host_off = h;
         d = (d + DEV_ALIGN - 1) / DEV_ALIGN * DEV_ALIGN;
@@ -70,7 +69,7 @@ static int plan_layout(npyload_loader *L)
         if (f->xform) {
             /* Reads land in the raw buffer: give it the O_DIRECT congruence. */
             r = (r + NPYL_DIRECT_ALIGN - 1) / NPYL_DIRECT_ALIGN * NPYL_DIRECT_ALIGN;
-            if (L->opt[NPYLOAD_OPT_DIRECT_IO] && !device_mode)
+            if (L->opt[NPYLOAD_OPT_DIRECT_IO] && f->hxform)
                 r += f->files[0].data_offset % NPYL_DIRECT_ALIGN;
             f->raw_off = r;
             raw_bytes = bytes;
@@ -129,7 +128,7 @@ static int plan_transforms(npyload_loader *L)
 {
     for (size_t i = 0; i < L->nfields; i++) {
         npyl_field *f = &L->fields[i];
-        f->xform = 0;
+        f->xform = f->hxform = f->dxform = 0;
         f->out_row_bytes = f->row_bytes;
         if (!f->has_transform)
             continue;
@@ -139,13 +138,12 @@ static int plan_transforms(npyload_loader *L)
         if (rc)
             return npyl_loader_fail(L, rc, "%s", err);
         f->xform = !npyl_transform_is_identity(&f->tplan);
+        /* Augmentation runs in the host engine in device mode too (the
+         * output rows cross PCIe); other transforms there run as kernels. */
+        f->dxform = f->xform && L->opt[NPYLOAD_OPT_DEVICE] >= 0 && !f->tplan.aug;
+        f->hxform = f->xform && !f->dxform;
         f->out_row_bytes = f->tplan.out_row_bytes;
-        if (f->tplan.aug && L->opt[NPYLOAD_OPT_DEVICE] >= 0)
-            return npyl_loader_fail(L, NPYLOAD_EUNSUPPORTED, "field '%s': random flips "
-                                    "and crops run in the host workers in this release; "
-                                    "load on the host (no device) and copy, or augment "
-                                    "on the GPU in the training step", f->name);
-        if (f->xform && L->opt[NPYLOAD_OPT_DEVICE] >= 0 &&
+        if (f->dxform &&
             (rc = npyl_tdev_plan_check(f->name, &f->tplan, err, sizeof err)))
             return npyl_loader_fail(L, rc, "%s", err);
     }
@@ -159,7 +157,7 @@ static int open_tdev(npyload_loader *L)
 {
     int need = 0;
     for (size_t i = 0; i < L->nfields; i++)
-        need |= L->fields[i].xform;
+        need |= L->fields[i].dxform;
     if (L->dev.device < 0 || !need)
         return 0;
     char err[512] = "";
@@ -456,10 +454,13 @@ static int create_workers(npyload_loader *L, size_t nworkers)
         .raw_bytes = L->raw_bytes,
         .ahead = ahead,
     };
-    for (size_t i = 0; i < L->nfields; i++)
-        if (L->fields[i].xform && L->fields[i].tplan.aug &&
-            L->fields[i].tplan.in_row_bytes > cfg.aug_bytes)
-            cfg.aug_bytes = L->fields[i].tplan.in_row_bytes;
+    for (size_t i = 0; i < L->nfields; i++) {
+        const npyl_field *f = &L->fields[i];
+        cfg.host_raw |= f->hxform;
+        cfg.dev_raw |= f->dxform;
+        if (f->hxform && f->tplan.aug && f->tplan.in_row_bytes > cfg.aug_bytes)
+            cfg.aug_bytes = f->tplan.in_row_bytes;
+    }
     for (size_t i = 0; i < nworkers; i++)
         if ((rc = npyl_worker_init(&L->workers[i], i, &L->env, &cfg, L->errmsg,
                                    sizeof L->errmsg)))

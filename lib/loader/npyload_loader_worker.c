@@ -28,14 +28,14 @@ int npyl_worker_init(npyl_worker *w, size_t index, const npyl_work_env *env,
             return npyl_fail(err, errlen, -ENOMEM, "out of memory");
     /* One batch of the transformed fields' stored rows (two with
      * read-ahead): memory is workers x batch, independent of PREFETCH. */
-    for (int i = 0; i < pairs && cfg->raw_bytes && dv->device < 0; i++)
+    for (int i = 0; i < pairs && cfg->raw_bytes && cfg->host_raw; i++)
         if (!(w->raw[i] = npyl_alloc_aligned(cfg->raw_bytes, NPYL_DIRECT_ALIGN)))
             return npyl_fail(err, errlen, -ENOMEM, "cannot allocate the %" PRIu64 "-byte "
                              "transform buffer of worker %zu", cfg->raw_bytes, index);
     if (cfg->aug_bytes && !(w->aug = malloc(cfg->aug_bytes)))
         return npyl_fail(err, errlen, -ENOMEM, "cannot allocate the %" PRIu64 "-byte "
                          "augmentation row of worker %zu", cfg->aug_bytes, index);
-    if (cfg->raw_bytes && dv->device >= 0 &&
+    if (cfg->raw_bytes && cfg->dev_raw && dv->device >= 0 &&
         (rc = npyl_cuda_malloc(dv->cuda, &w->draw, cfg->raw_bytes)))
         return npyl_fail(err, errlen, rc, "CUDA device %d: allocating the %" PRIu64
                          "-byte transform buffer of worker %zu failed: %s", dv->device,
@@ -109,7 +109,7 @@ static void transform_host(const npyl_worker *w, const uint8_t *raw, npyl_slot *
     uint64_t t0 = 0;
     for (size_t fi = 0; fi < rv->nfields; fi++) {
         const npyl_field *f = &rv->fields[fi];
-        if (!f->xform)
+        if (!f->hxform)
             continue;
         if (!t0)
             t0 = npyl_now_ns();
@@ -182,7 +182,7 @@ static int read_prepare(npyl_worker *w, fill_job *j)
     uint8_t *raw = w->raw[j->k];
     for (size_t fi = 0; fi < rv->nfields; fi++) {
         const npyl_field *f = &rv->fields[fi];
-        w->dst[j->k][fi] = (f->xform && raw) ? raw + f->raw_off : h->mem + f->host_off;
+        w->dst[j->k][fi] = (f->hxform && raw) ? raw + f->raw_off : h->mem + f->host_off;
     }
     return 0;
 }

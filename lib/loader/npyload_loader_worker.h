@@ -47,6 +47,8 @@ typedef struct npyl_worker_cfg {
     npyl_zst_sizes zst;
     uint64_t raw_bytes;   /* stored rows of transformed fields, per batch */
     uint64_t aug_bytes;   /* one augmented row of the widest augmented field */
+    int host_raw, dev_raw; /* raw_bytes on the host (a field with hxform)
+                              and on the device (a field with dxform) */
     int ahead;            /* read-ahead: the next batch's reads in flight
                              while this one decodes (worker threads only) */
 } npyl_worker_cfg;

@@ -59,7 +59,9 @@ class Transform:
     worker count, backend, world size and resume, and shared by every field
     of a sample (fields with the same probability flip together; fields of
     the same size get the same crop). ``batch.augment[field]`` holds each
-    row's decisions. Host loaders only in this release (device= refuses it).
+    row's decisions. With a CUDA device= the workers apply a field's
+    augmentation and transform on the host (its output dtype crosses PCIe);
+    fields without augmentation keep the kernels after the copy.
 
     >>> t = Transform("float32", scale=1 / 255, hflip=0.5, crop=(112, 240), pad=4)
     >>> t.hflip, t.crop, t.pad
