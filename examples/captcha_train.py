@@ -21,7 +21,7 @@ What the loader does for it, in its C workers:
     python examples/captcha_train.py --data DIR --ckpt ck.pt --resume
 
 --stop-after N saves the checkpoint and exits after N steps (to test a
-resume); --log FILE writes one JSON line per step (epoch, step, the batch's
+resume); --steps-log FILE writes one JSON line per step (epoch, step, the batch's
 sample indices, which rows were flipped, the loss) on rank 0.
 """
 from __future__ import annotations
