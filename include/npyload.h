@@ -242,7 +242,12 @@ typedef enum npyload_shuffle {
                        "has the reads of its next batch in flight while it " \
                        "decodes and transforms the current one (a read "    \
                        "thread and a second read buffer per worker; sync "  \
-                       "mode reads no ahead)")
+                       "mode reads no ahead)")                               \
+    XX(DEVICE_KERNELS, 19, "where device transforms get their kernels: 0 "   \
+                           "auto (default): the ahead-of-time fatbin when "  \
+                           "the build has one that runs on the GPU, else "   \
+                           "compiled at start by NVRTC; 1 ahead of time "    \
+                           "only; 2 NVRTC always (see npyload_loader_set_path)")
 
 /*! NPYLOAD_WORKERS_SYNC: NPYLOAD_OPT_NUM_WORKERS value for synchronous
  * reads. No thread is started; npyload_loader_next() reads (and
@@ -406,6 +411,32 @@ typedef struct npyload_transform {
 NPYLOAD_API int npyload_loader_set_transform(npyload_loader *L, const char *field,
                                              const npyload_transform *t,
                                              size_t size);
+
+/*! Paths for npyload_loader_set_path().
+ *  NVRTC        : libnvrtc for device transforms compiled at run time
+ *                 (NPYLOAD_OPT_DEVICE_KERNELS): a file, or a directory
+ *                 holding libnvrtc.so.N. When set it is the only place
+ *                 looked; unset, the library searches the CUDA runtime's
+ *                 directory, the nvidia-cuda-nvrtc wheel beside the library
+ *                 (site-packages/nvidia/cu13/lib, .../cuda_nvrtc/lib), the
+ *                 dynamic loader's path and /usr/local/cuda*\/lib64.
+ *  KERNEL_CACHE : a directory where kernels compiled by NVRTC are kept, one
+ *                 file per kernel source version and GPU architecture, so
+ *                 that later starts (and processes) skip the compile;
+ *                 created when missing. Unset: no cache. (Python's default
+ *                 is ~/.cache/npyload/kernels.) The library reads no
+ *                 environment variable. */
+typedef enum npyload_path_option {
+    NPYLOAD_PATH_NVRTC = 1,
+    NPYLOAD_PATH_KERNEL_CACHE = 2
+} npyload_path_option;
+
+/*! npyload_loader_set_path() : sets (path non-NULL, non-empty) or resets to
+ * the default (NULL or "") the path `which`. The string is copied.
+ * @return : 0, NPYLOAD_EINVAL (unknown `which`, a path of 4096 bytes or
+ *           more), NPYLOAD_ESTATE after start. */
+NPYLOAD_API int npyload_loader_set_path(npyload_loader *L, npyload_path_option which,
+                                        const char *path);
 
 /*! npyload_loader_set() : sets option `opt` (see npyload_option).
  * @return : 0, NPYLOAD_EINVAL for a value out of range (the message names the

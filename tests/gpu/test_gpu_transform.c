@@ -26,7 +26,7 @@ static void setup(void)
     cr_assert_eq(npyl_cuda_malloc(cuda, &probe, 256), 0, "%s", npyl_cuda_errmsg(cuda));
     npyl_cuda_free(cuda, probe);
     cr_assert_eq(npyl_cuda_stream_create(cuda, &stream), 0);
-    cr_assert_eq(npyl_tdev_open(&tdev, cuda, why, sizeof why), 0, "%s", why);
+    cr_assert_eq(npyl_tdev_open(&tdev, cuda, NULL, why, sizeof why), 0, "%s", why);
 }
 
 static void teardown(void)
