@@ -891,6 +891,17 @@ typedef struct npyload_build_info {
     int default_io_backend;       /* what IO_BACKEND AUTO resolves to on this
                                      machine now (URING or PREAD) */
     int default_read_ahead;       /* 1: READ_AHEAD is on by default */
+    /* device transforms compiled at run time (NVRTC) */
+    int transform_nvrtc;          /* 1: the kernels' source is embedded:
+                                     NVRTC compiles it for a GPU that no
+                                     ahead-of-time image covers (or for
+                                     every GPU without a fatbin) */
+    int nvrtc_found;              /* 1: the default search (no
+                                     NPYLOAD_PATH_NVRTC) loads libnvrtc */
+    int nvrtc_version;            /* 13000 for 13.0; 0 when not found */
+    char nvrtc_path[256];         /* the libnvrtc file it found */
+    char nvrtc_why[512];          /* not found: what was tried and what to
+                                     install; "" when found */
 } npyload_build_info;
 
 /*! npyload_get_build_info() : fills `out` with the facts above. `size` is
@@ -899,10 +910,12 @@ typedef struct npyload_build_info {
  * Cost: it probes io_uring (a two-entry ring, torn down) and looks for the
  * CUDA runtime as npyload_cuda_available() does (dlopen of libcudart, which
  * stays mapped, and a device count, which initialises the CUDA driver in
- * this process: call it before fork() only where a CUDA program could).
+ * this process: call it before fork() only where a CUDA program could),
+ * and for NVRTC as device transforms would without NPYLOAD_PATH_NVRTC
+ * (dlopen of libnvrtc, closed again).
  * No current device is set and no context is created.
  * @return : 0, or NPYLOAD_EINVAL (NULL, or a size below the first layout:
- *           version .. default_read_ahead). Thread-safe; no global state. */
+ *           version .. nvrtc_why). Thread-safe; no global state. */
 NPYLOAD_API int npyload_get_build_info(npyload_build_info *out, size_t size);
 
 /*! npyload_build_info_text() : `bi` as the lines a person reads ("npyload

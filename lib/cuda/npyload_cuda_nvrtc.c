@@ -206,10 +206,13 @@ static int try_load(npyl_nvrtc *n, const char *file, char *failed, size_t flen)
         return -1;
     }
     struct link_map *lm = NULL;
+    const char *name = file;
     if (dlinfo(n->lib, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name && lm->l_name[0])
-        snprintf(n->path, sizeof n->path, "%s", lm->l_name);
-    else
-        snprintf(n->path, sizeof n->path, "%s", file);
+        name = lm->l_name;
+    /* "site-packages/nvidia/cu13/lib/..." rather than ".../npyload/../nvidia/..." */
+    char *real = realpath(name, NULL);
+    snprintf(n->path, sizeof n->path, "%s", real ? real : name);
+    free(real);
     int major = 0, minor = 0;
     if (n->version_(&major, &minor) == 0)
         n->version = major * 1000 + minor * 10;
