@@ -180,7 +180,7 @@ static void load_builtins(npyl_nvrtc *n)
         return;
     for (size_t i = 0; i < g.gl_pathc && !n->builtins; i++)
         if (!strstr(g.gl_pathv[i], ".alt."))
-            n->builtins = dlopen(g.gl_pathv[i], RTLD_NOW | RTLD_LOCAL);
+            n->builtins = dlopen(g.gl_pathv[i], RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     globfree(&g);
 }
 
@@ -189,7 +189,11 @@ static void load_builtins(npyl_nvrtc *n)
  * NVRTC. */
 static int try_load(npyl_nvrtc *n, const char *file, char *failed, size_t flen)
 {
-    n->lib = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+    /* RTLD_NODELETE, as for the runtime (npyload_cuda.c): libnvrtc is large
+     * (100 MB) and keeps process-wide state (its own libstdc++'s
+     * allocations among them, which an unmapped library would leave
+     * unreachable); a later open finds it mapped. */
+    n->lib = dlopen(file, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (!n->lib) {
         /* A file that exists but does not load is worth naming. */
         if (strchr(file, '/') && access(file, F_OK) == 0) {
