@@ -234,10 +234,7 @@ static void free_handle(npyl_cuda *c)
     free(c);
 }
 
-/* Appends to a reason being built in why[whylen]. */
-static void why_append(char *why, size_t whylen, const char *fmt, ...)
-    NPYL_PRINTF(3, 4);
-static void why_append(char *why, size_t whylen, const char *fmt, ...)
+void npyl_cuda_why_append(char *why, size_t whylen, const char *fmt, ...)
 {
     if (!why || !whylen)
         return;
@@ -293,7 +290,7 @@ static int probe_runtime(npyl_cuda *c, char *why, size_t whylen)
         return NPYLOAD_ENOCUDA;
     case CU_ERR_INSUFFICIENT_DRIVER:
     case CU_ERR_COMPAT_NOT_SUPPORTED:
-        why_append(why, whylen, "%s%s (runtime %s) needs a newer driver than %s",
+        npyl_cuda_why_append(why, whylen, "%s%s (runtime %s) needs a newer driver than %s",
                    (why && why[0]) ? "; " : "", c->soname, rv, dv);
         return 1;
     case CU_ERR_STUB_LIBRARY:
@@ -395,14 +392,14 @@ static int open_impl(npyl_cuda **out, int device, const char *const *sonames,
          * past, while keeping it mapped costs nothing once it was loaded. */
         c->lib = dlopen(sonames[i], RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
         if (!c->lib) {
-            why_append(tried, sizeof tried, "%s%s", tried[0] ? ", " : "",
+            npyl_cuda_why_append(tried, sizeof tried, "%s%s", tried[0] ? ", " : "",
                        sonames[i]);
             free_handle(c);
             continue;
         }
         const char *missing = NULL;
         if (resolve(c, &missing) != 0) {
-            why_append(tried, sizeof tried, "%s%s (no %s)", tried[0] ? ", " : "",
+            npyl_cuda_why_append(tried, sizeof tried, "%s%s (no %s)", tried[0] ? ", " : "",
                        sonames[i], missing);
             free_handle(c);
             continue;

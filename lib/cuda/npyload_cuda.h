@@ -78,6 +78,11 @@ NPYL_HIDDEN const char *npyl_cuda_soname(const npyl_cuda *c);
  * or its soname when the dynamic loader does not say. */
 NPYL_HIDDEN void npyl_cuda_runtime_path(const npyl_cuda *c, char *buf, size_t len);
 
+/* Appends printf-style text to a reason being built in why[whylen]
+ * (NUL-terminated; a full buffer stays as it is). NULL-safe. */
+NPYL_HIDDEN void npyl_cuda_why_append(char *why, size_t whylen, const char *fmt, ...)
+    NPYL_PRINTF(3, 4);
+
 /* Makes the handle's device current on the calling thread. The current device
  * is per thread in CUDA: open() sets it only on the thread that called open.
  * Every other thread (each worker, a copy thread, the consumer thread of

@@ -3,6 +3,7 @@
  * it looks and why). One dlopen per library, one table filled in one
  * function (resolve), as npyload_cuda.c does for the runtime. */
 #include "npyload_cuda_nvrtc.h"
+#include "npyload_cuda.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -10,7 +11,6 @@
 #include <glob.h>
 #include <inttypes.h>
 #include <link.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,18 +124,6 @@ const npyl_nvrtc_where *npyl_nvrtc_default_where(npyl_nvrtc_places *p,
     return &p->where;
 }
 
-static void append(char *buf, size_t len, const char *fmt, ...) NPYL_PRINTF(3, 4);
-static void append(char *buf, size_t len, const char *fmt, ...)
-{
-    size_t used = strnlen(buf, len);
-    if (used + 1 >= len)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf + used, len - used, fmt, ap);
-    va_end(ap);
-}
-
 static int resolve(npyl_nvrtc *n, const char **missing)
 {
 #define SYM(field, name)                                                       \
@@ -198,13 +186,13 @@ static int try_load(npyl_nvrtc *n, const char *file, char *failed, size_t flen)
         /* A file that exists but does not load is worth naming. */
         if (strchr(file, '/') && access(file, F_OK) == 0) {
             const char *e = dlerror();
-            append(failed, flen, "%s%s", failed[0] ? "; " : "", e ? e : file);
+            npyl_cuda_why_append(failed, flen, "%s%s", failed[0] ? "; " : "", e ? e : file);
         }
         return 1;
     }
     const char *missing = NULL;
     if (resolve(n, &missing) != 0) {
-        append(failed, flen, "%s%s has no %s", failed[0] ? "; " : "", file, missing);
+        npyl_cuda_why_append(failed, flen, "%s%s has no %s", failed[0] ? "; " : "", file, missing);
         dlclose(n->lib);
         n->lib = NULL;
         return -1;
@@ -228,7 +216,7 @@ static int try_load(npyl_nvrtc *n, const char *file, char *failed, size_t flen)
 static int try_dir(npyl_nvrtc *n, const char *dir, char *tried, size_t tlen,
                    char *failed, size_t flen)
 {
-    append(tried, tlen, "%s%s", tried[0] ? ", " : "", dir);
+    npyl_cuda_why_append(tried, tlen, "%s%s", tried[0] ? ", " : "", dir);
     char file[1024];
     for (size_t i = 0; i < NSONAMES; i++) {
         snprintf(file, sizeof file, "%s/%s", dir, SONAMES[i]);
@@ -245,9 +233,9 @@ static int search(npyl_nvrtc *n, const npyl_nvrtc_where *w, char *tried,
     if (w->override) {
         if (stat(w->override, &st) == 0 && S_ISDIR(st.st_mode))
             return try_dir(n, w->override, tried, tlen, failed, flen);
-        append(tried, tlen, "%s", w->override);
+        npyl_cuda_why_append(tried, tlen, "%s", w->override);
         if (access(w->override, F_OK) != 0) {
-            append(failed, flen, "%s%s: %s", failed[0] ? "; " : "", w->override,
+            npyl_cuda_why_append(failed, flen, "%s%s: %s", failed[0] ? "; " : "", w->override,
                    strerror(errno));
             return 1;
         }
@@ -266,7 +254,7 @@ static int search(npyl_nvrtc *n, const npyl_nvrtc_where *w, char *tried,
         }
     if (w->no_system)
         return 1;
-    append(tried, tlen, "%sthe dynamic loader's path", tried[0] ? ", " : "");
+    npyl_cuda_why_append(tried, tlen, "%sthe dynamic loader's path", tried[0] ? ", " : "");
     for (size_t i = 0; i < NSONAMES; i++)
         if (try_load(n, SONAMES[i], failed, flen) == 0)
             return 0;
@@ -276,7 +264,7 @@ static int search(npyl_nvrtc *n, const npyl_nvrtc_where *w, char *tried,
         glob_t g;
         if (glob(TOOLKITS[t], 0, NULL, &g) != 0) {
             if (!strchr(TOOLKITS[t], '*'))
-                append(tried, tlen, ", %s", TOOLKITS[t]);
+                npyl_cuda_why_append(tried, tlen, ", %s", TOOLKITS[t]);
             continue;
         }
         /* glob sorts ascending: newest toolkit first. */
