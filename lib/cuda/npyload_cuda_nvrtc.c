@@ -325,6 +325,7 @@ void npyl_kimage_free(npyl_kimage *k)
 
 /* ---- compile ---- */
 
+#ifdef NPYLOAD_HAVE_TRANSFORM_SOURCE
 /* The architecture NVRTC compiles for: `arch` when it knows it, else (a GPU
  * newer than this NVRTC) the newest it knows, as PTX. 0 when `arch` is
  * older than every one it knows. */
@@ -347,6 +348,7 @@ static int pick_arch(npyl_nvrtc *n, int arch, int *ptx)
         *ptx = 1;
     return best;
 }
+#endif
 
 int npyl_nvrtc_compile(npyl_nvrtc *n, int arch, int ptx, npyl_kimage *out,
                        char *err, size_t errlen)

@@ -100,6 +100,7 @@ void npyl_tdev_close(npyl_tdev *d)
 
 const char *npyl_tdev_source(const npyl_tdev *d) { return d ? d->source : ""; }
 
+#ifdef NPYLOAD_HAVE_TRANSFORM_KERNELS
 /* CUresults after which NVRTC is tried: the fatbin has nothing this GPU (or
  * this driver) can run. */
 #define CU_ERR_INVALID_PTX 218
@@ -110,6 +111,7 @@ static int fatbin_miss(int e)
     return e == CU_ERR_NO_BINARY_FOR_GPU || e == CU_ERR_INVALID_PTX ||
            e == CU_ERR_UNSUPPORTED_PTX_VERSION;
 }
+#endif
 
 /* The compute capability of the current context's device, as 80 for 8.0. */
 static int device_arch(const npyl_cudrv *drv, int *arch, char *err, size_t errlen)
