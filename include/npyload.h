@@ -242,7 +242,12 @@ typedef enum npyload_shuffle {
                        "has the reads of its next batch in flight while it " \
                        "decodes and transforms the current one (a read "    \
                        "thread and a second read buffer per worker; sync "  \
-                       "mode reads no ahead)")
+                       "mode reads no ahead)")                               \
+    XX(DEVICE_KERNELS, 19, "where device transforms get their kernels: 0 "   \
+                           "auto (default): the ahead-of-time fatbin when "  \
+                           "the build has one that runs on the GPU, else "   \
+                           "compiled at start by NVRTC; 1 ahead of time "    \
+                           "only; 2 NVRTC always (see npyload_loader_set_path)")
 
 /*! NPYLOAD_WORKERS_SYNC: NPYLOAD_OPT_NUM_WORKERS value for synchronous
  * reads. No thread is started; npyload_loader_next() reads (and
@@ -450,6 +455,32 @@ typedef struct npyload_transform {
 NPYLOAD_API int npyload_loader_set_transform(npyload_loader *L, const char *field,
                                              const npyload_transform *t,
                                              size_t size);
+
+/*! Paths for npyload_loader_set_path().
+ *  NVRTC        : libnvrtc for device transforms compiled at run time
+ *                 (NPYLOAD_OPT_DEVICE_KERNELS): a file, or a directory
+ *                 holding libnvrtc.so.N. When set it is the only place
+ *                 looked; unset, the library searches the CUDA runtime's
+ *                 directory, the nvidia-cuda-nvrtc wheel beside the library
+ *                 (site-packages/nvidia/cu13/lib, .../cuda_nvrtc/lib), the
+ *                 dynamic loader's path and /usr/local/cuda*\/lib64.
+ *  KERNEL_CACHE : a directory where kernels compiled by NVRTC are kept, one
+ *                 file per kernel source version and GPU architecture, so
+ *                 that later starts (and processes) skip the compile;
+ *                 created when missing. Unset: no cache. (Python's default
+ *                 is ~/.cache/npyload/kernels.) The library reads no
+ *                 environment variable. */
+typedef enum npyload_path_option {
+    NPYLOAD_PATH_NVRTC = 1,
+    NPYLOAD_PATH_KERNEL_CACHE = 2
+} npyload_path_option;
+
+/*! npyload_loader_set_path() : sets (path non-NULL, non-empty) or resets to
+ * the default (NULL or "") the path `which`. The string is copied.
+ * @return : 0, NPYLOAD_EINVAL (unknown `which`, a path of 4096 bytes or
+ *           more), NPYLOAD_ESTATE after start. */
+NPYLOAD_API int npyload_loader_set_path(npyload_loader *L, npyload_path_option which,
+                                        const char *path);
 
 /*! npyload_loader_set() : sets option `opt` (see npyload_option).
  * @return : 0, NPYLOAD_EINVAL for a value out of range (the message names the
@@ -914,6 +945,17 @@ typedef struct npyload_build_info {
     int default_io_backend;       /* what IO_BACKEND AUTO resolves to on this
                                      machine now (URING or PREAD) */
     int default_read_ahead;       /* 1: READ_AHEAD is on by default */
+    /* device transforms compiled at run time (NVRTC) */
+    int transform_nvrtc;          /* 1: the kernels' source is embedded:
+                                     NVRTC compiles it for a GPU that no
+                                     ahead-of-time image covers (or for
+                                     every GPU without a fatbin) */
+    int nvrtc_found;              /* 1: the default search (no
+                                     NPYLOAD_PATH_NVRTC) loads libnvrtc */
+    int nvrtc_version;            /* 13000 for 13.0; 0 when not found */
+    char nvrtc_path[256];         /* the libnvrtc file it found */
+    char nvrtc_why[512];          /* not found: what was tried and what to
+                                     install; "" when found */
 } npyload_build_info;
 
 /*! npyload_get_build_info() : fills `out` with the facts above. `size` is
@@ -922,10 +964,12 @@ typedef struct npyload_build_info {
  * Cost: it probes io_uring (a two-entry ring, torn down) and looks for the
  * CUDA runtime as npyload_cuda_available() does (dlopen of libcudart, which
  * stays mapped, and a device count, which initialises the CUDA driver in
- * this process: call it before fork() only where a CUDA program could).
+ * this process: call it before fork() only where a CUDA program could),
+ * and for NVRTC as device transforms would without NPYLOAD_PATH_NVRTC
+ * (dlopen of libnvrtc, closed again).
  * No current device is set and no context is created.
  * @return : 0, or NPYLOAD_EINVAL (NULL, or a size below the first layout:
- *           version .. default_read_ahead). Thread-safe; no global state. */
+ *           version .. nvrtc_why). Thread-safe; no global state. */
 NPYLOAD_API int npyload_get_build_info(npyload_build_info *out, size_t size);
 
 /*! npyload_build_info_text() : `bi` as the lines a person reads ("npyload

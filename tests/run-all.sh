@@ -40,7 +40,7 @@ PY=${NPYLOAD_PYTHON:-python3}
 if [[ $mode == sanitize ]]; then
   B=build-$arg
   cmake -S . -B "$B" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Debug -DNPYLOAD_SANITIZE="$arg" \
-        -DNPYLOAD_BUILD_TESTS=ON -DNPYLOAD_GPU_TESTS=OFF
+        -DNPYLOAD_BUILD_TESTS=ON -DNPYLOAD_GPU_TESTS=OFF -DNPYLOAD_CUDA_KERNELS=NVRTC
   cmake --build "$B" -j"$JOBS"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
@@ -57,7 +57,7 @@ fi
 if [[ $mode == fuzz ]]; then
   B=build-fuzz
   CC=clang cmake -S . -B "$B" "${GEN[@]}" -DNPYLOAD_FUZZ=ON -DNPYLOAD_BUILD_TESTS=OFF \
-        -DNPYLOAD_BUILD_TOOLS=OFF -DNPYLOAD_GPU_TESTS=OFF
+        -DNPYLOAD_BUILD_TOOLS=OFF -DNPYLOAD_GPU_TESTS=OFF -DNPYLOAD_CUDA_KERNELS=OFF
   cmake --build "$B" -j"$JOBS" --target fuzz_header fuzz_seektable
   # The time is split between the two targets.
   half=$(( (arg + 1) / 2 ))

@@ -17,14 +17,17 @@
 #include <criterion/logging.h>
 
 #include <dlfcn.h>
+#include <glob.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "cuda/npyload_cuda.h"
+#include "cuda/npyload_cuda_nvrtc.h"
 #include "cuda/npyload_cuda_transform.h"
 #include "cuda/npyload_cuda_transform_kparams.h"
 #include "gpu/fake_cuda_driver.h"
@@ -1014,7 +1017,7 @@ Test(cuda_fake, driver_table_absent_says_why)
     npyl_cuda_close(c2);
     /* Its users report the same reason under their own name. */
     npyl_tdev *t = (npyl_tdev *)0x1;
-    cr_assert_eq(npyl_tdev_open(&t, c, again, sizeof again), NPYLOAD_ENOCUDA);
+    cr_assert_eq(npyl_tdev_open(&t, c, NULL, again, sizeof again), NPYLOAD_ENOCUDA);
     cr_assert_null(t);
     if (npyl_tdev_built(NULL, 0))
         cr_assert(strstr(again, "device transforms: ") && strstr(again, why),
@@ -1076,6 +1079,8 @@ Test(cuda_fake, driver_table_filled_once_per_handle)
         {offsetof(npyl_cudrv, module_get_function), "cuModuleGetFunction"},
         {offsetof(npyl_cudrv, launch_kernel), "cuLaunchKernel"},
         {offsetof(npyl_cudrv, get_error_string), "cuGetErrorString"},
+        {offsetof(npyl_cudrv, ctx_get_device), "cuCtxGetDevice"},
+        {offsetof(npyl_cudrv, device_get_attribute), "cuDeviceGetAttribute"},
     };
     for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
         cr_assert_eq(entry((const char *)d1 + entries[i].off),
@@ -1104,10 +1109,12 @@ Test(cuda_fake, driver_table_filled_once_per_handle)
     npyl_cuda_close(c2);
 }
 
+/* The tests of the embedded fatbin need one (NPYLOAD_CUDA_KERNELS=NVRTC
+ * or a build without nvcc has none; the NVRTC tests below cover those). */
 #define SKIP_WITHOUT_KERNELS()                                                 \
     do {                                                                       \
         char why_[512];                                                        \
-        if (!npyl_tdev_built(why_, sizeof why_))                               \
+        if (!npyl_tdev_aot_built(why_, sizeof why_))                           \
             cr_skip_test("%s", why_);                                          \
     } while (0)
 
@@ -1124,7 +1131,7 @@ Test(cuda_fake, device_transform_engine_on_the_driver_table)
     char err[512] = "";
     cr_assert_eq(npyl_cuda_open(&c, 0, err, sizeof err), 0, "%s", err);
     npyl_tdev *t = NULL;
-    cr_assert_eq(npyl_tdev_open(&t, c, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(npyl_tdev_open(&t, c, NULL, err, sizeof err), 0, "%s", err);
     cr_assert_eq(atomic_load(&fd->n_module_load), 1);
     cr_assert_eq(fd->last_image, FAKE_IMAGE_FATBIN, "the embedded kernels are a fatbin");
     cr_assert_eq(atomic_load(&fd->n_get_function), 11 * 3 + 5,
@@ -1183,14 +1190,14 @@ Test(cuda_fake, device_transform_engine_on_the_driver_table)
 
     atomic_store(&fd->fail_module_load, 1);
     t = (npyl_tdev *)0x1;
-    cr_assert_eq(npyl_tdev_open(&t, c, err, sizeof err), NPYLOAD_ECUDA);
+    cr_assert_eq(npyl_tdev_open(&t, c, NULL, err, sizeof err), NPYLOAD_ECUDA);
     cr_assert_null(t);
     cr_assert(strstr(err, "loading the kernels failed") && strstr(err, "injected invalid image"),
               "\"%s\"", err);
     cr_assert_eq(atomic_load(&fd->n_module_unload), 1, "nothing loaded, nothing unloaded");
     atomic_store(&fd->fail_module_load, 0);
     atomic_store(&fd->fail_get_function, 1);
-    cr_assert_eq(npyl_tdev_open(&t, c, err, sizeof err), NPYLOAD_ECUDA);
+    cr_assert_eq(npyl_tdev_open(&t, c, NULL, err, sizeof err), NPYLOAD_ECUDA);
     cr_assert(strstr(err, "kernel npyl_tk_u1_f4 missing") && strstr(err, "symbol not found"),
               "\"%s\"", err);
     cr_assert_eq(atomic_load(&fd->n_module_unload), 2, "the module loaded is unloaded");
@@ -1241,6 +1248,323 @@ Test(cuda_fake, loader_device_transform_launches_through_the_driver_table)
     cr_assert_eq(atomic_load(&fd->n_module_load), 1, "the kernels are loaded once");
     npyload_loader_destroy(L);
     cr_assert_eq(atomic_load(&fd->n_module_unload), 1);
+    free(glob);
+    tu_rmtree(dir);
+}
+
+/* ---- NVRTC: the run-time path of the device kernels ----
+ *
+ * NVRTC comes from the nvidia-cuda-nvrtc wheel (pyproject.toml's test
+ * extra) in the site-packages of the Python scripts/setup-deps.sh installs
+ * into; these tests find it through the product's own search
+ * (npyl_nvrtc_open with those directories as package roots) and skip,
+ * visibly, where it is not installed. */
+
+#ifndef NPYLOAD_TEST_SITE_DIRS
+#define NPYLOAD_TEST_SITE_DIRS ""
+#endif
+#ifndef NPYLOAD_TEST_PTXAS
+#define NPYLOAD_TEST_PTXAS ""
+#endif
+
+/* The wheel's directory, or a visible skip. */
+static void need_nvrtc_wheel(char *dir, size_t len)
+{
+    if (!tu_nvrtc_wheel_dir(NPYLOAD_TEST_SITE_DIRS, dir, len))
+        cr_skip_test("the nvidia-cuda-nvrtc wheel is not installed in the test "
+                     "Python's site-packages (%s): `pip install nvidia-cuda-nvrtc`",
+                     NPYLOAD_TEST_SITE_DIRS);
+}
+
+/* The site-packages directories as package roots, nothing else. */
+typedef struct site_roots {
+    char buf[4096];
+    const char *roots[16];
+    npyl_nvrtc_where w;
+} site_roots;
+
+static const npyl_nvrtc_where *wheel_only_search(site_roots *r)
+{
+    memset(r, 0, sizeof *r);
+    snprintf(r->buf, sizeof r->buf, "%s", NPYLOAD_TEST_SITE_DIRS);
+    char *save = NULL;
+    for (char *t = strtok_r(r->buf, ":", &save); t && r->w.nroots < 16;
+         t = strtok_r(NULL, ":", &save))
+        r->roots[r->w.nroots++] = t;
+    r->w.roots = r->roots;
+    r->w.no_system = 1;
+    return &r->w;
+}
+
+/* Every kernel npyl_tdev_open looks up, by name. */
+static void expect_every_entry(const char *ptx)
+{
+    static const char *const in[] = {"u1", "i1", "u2", "i2", "u4", "i4",
+                                     "u8", "i8", "f2", "f4", "f8"};
+    static const char *const outs[] = {"f4", "f2", "bf"};
+    char name[64];
+    for (size_t i = 0; i < 11; i++)
+        for (size_t o = 0; o < 3; o++) {
+            snprintf(name, sizeof name, ".entry npyl_tk_%s_%s(", in[i], outs[o]);
+            cr_assert_not_null(strstr(ptx, name), "PTX lacks %s", name);
+        }
+    static const int perm[] = {1, 2, 4, 8, 16};
+    for (size_t k = 0; k < 5; k++) {
+        snprintf(name, sizeof name, ".entry npyl_tk_perm%d(", perm[k]);
+        cr_assert_not_null(strstr(ptx, name), "PTX lacks %s", name);
+    }
+}
+
+/* The product's search finds the wheel; the embedded source compiles to PTX
+ * that holds every kernel and that ptxas assembles for sm_80 and sm_90, and
+ * to a cubin for sm_90. */
+Test(nvrtc, wheel_found_and_source_compiles_for_sm80_sm90)
+{
+    char why[2048] = "", wheel[1024];
+    if (!npyl_nvrtc_source_built(why, sizeof why))
+        cr_skip_test("%s", why);
+    need_nvrtc_wheel(wheel, sizeof wheel);
+    site_roots r;
+    npyl_nvrtc *n = NULL;
+    cr_assert_eq(npyl_nvrtc_open(&n, wheel_only_search(&r), why, sizeof why), 0, "%s", why);
+    cr_log_info("NVRTC %d: %s", npyl_nvrtc_version(n), npyl_nvrtc_path(n));
+    cr_assert(strncmp(npyl_nvrtc_path(n), wheel, strlen(wheel)) == 0 ||
+                  strstr(npyl_nvrtc_path(n), "/nvidia/"),
+              "found %s, the wheel is in %s", npyl_nvrtc_path(n), wheel);
+    cr_assert_geq(npyl_nvrtc_version(n), 11020);
+
+    npyl_kimage k;
+    cr_assert_eq(npyl_nvrtc_compile(n, 80, 1, &k, why, sizeof why), 0, "%s", why);
+    cr_assert_eq(k.ptx, 1);
+    cr_assert_eq(k.arch, 80);
+    cr_assert_eq(strlen(k.data), k.len - (((char *)k.data)[k.len - 1] == '\0'),
+                 "PTX is one NUL-terminated text");
+    cr_assert_not_null(strstr(k.data, ".target sm_80"));
+    expect_every_entry(k.data);
+
+    npyl_kimage cub;
+    cr_assert_eq(npyl_nvrtc_compile(n, 90, 0, &cub, why, sizeof why), 0, "%s", why);
+    cr_assert_eq(cub.ptx, 0);
+    cr_assert(cub.len > 1024 && memcmp(cub.data, "\177ELF", 4) == 0, "a cubin is an ELF file");
+    cr_assert_not_null(strstr(cub.from, "sm_90 cubin"), "%s", cub.from);
+    npyl_kimage_free(&cub);
+    npyl_nvrtc_close(n);
+
+    if (!NPYLOAD_TEST_PTXAS[0]) {
+        npyl_kimage_free(&k);
+        cr_skip_test("ptxas not found (CUDA toolkit): NVRTC's PTX compiled and "
+                     "holds every kernel, not assembled");
+    }
+    char *dir = tu_mkdtemp("nvrtc");
+    char ptx[1100], cmd[4096];
+    snprintf(ptx, sizeof ptx, "%s/kernels.ptx", dir);
+    FILE *f = fopen(ptx, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(k.data, 1, strlen(k.data), f), strlen(k.data));
+    fclose(f);
+    npyl_kimage_free(&k);
+    static const char *const archs[] = {"sm_80", "sm_90"};
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "'%s' -arch=%s '%s' -o '%s/%s.cubin'", NPYLOAD_TEST_PTXAS,
+                 archs[i], ptx, dir, archs[i]);
+        int st = system(cmd);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: exit status %d", cmd, st);
+    }
+    tu_rmtree(dir);
+}
+
+/* A missing NVRTC says what to install: an override that names nothing, an
+ * override directory without libnvrtc, and an empty search. */
+Test(nvrtc, missing_nvrtc_names_what_to_install)
+{
+    char why[2048] = "";
+    npyl_nvrtc *n = (npyl_nvrtc *)0x1;
+    npyl_nvrtc_where w = {.override = "/nonexistent/npyload/libnvrtc.so.13"};
+    cr_assert_eq(npyl_nvrtc_open(&n, &w, why, sizeof why), NPYLOAD_ENOCUDA);
+    cr_assert_null(n);
+    cr_log_info("%s", why);
+    cr_assert(strstr(why, "NVRTC (libnvrtc) not found at the path given") &&
+                  strstr(why, "/nonexistent/npyload/libnvrtc.so.13") &&
+                  strstr(why, "No such file") &&
+                  strstr(why, "pip install nvidia-cuda-nvrtc") && strstr(why, "NPYLOAD_NVRTC"),
+              "\"%s\"", why);
+
+    char *dir = tu_mkdtemp("nvrtc");
+    w.override = dir;
+    cr_assert_eq(npyl_nvrtc_open(&n, &w, why, sizeof why), NPYLOAD_ENOCUDA);
+    cr_assert(strstr(why, dir) && strstr(why, "pip install nvidia-cuda-nvrtc"), "\"%s\"", why);
+    /* A file that is not NVRTC is named with the loader's reason. */
+    char bogus[1100];
+    snprintf(bogus, sizeof bogus, "%s/libnvrtc.so.13", dir);
+    FILE *f = fopen(bogus, "w");
+    cr_assert_not_null(f);
+    fputs("not a library", f);
+    fclose(f);
+    cr_assert_eq(npyl_nvrtc_open(&n, &w, why, sizeof why), NPYLOAD_ENOCUDA);
+    cr_assert(strstr(why, bogus) && strstr(why, "pip install"), "\"%s\"", why);
+
+    npyl_nvrtc_where none = {.no_system = 1};
+    cr_assert_eq(npyl_nvrtc_open(&n, &none, why, sizeof why), NPYLOAD_ENOCUDA);
+    cr_assert(strstr(why, "NVRTC (libnvrtc) not found: tried") &&
+                  strstr(why, "pip install nvidia-cuda-nvrtc") && strstr(why, "CUDA toolkit"),
+              "\"%s\"", why);
+    npyl_kimage k;
+    cr_assert_eq(npyl_nvrtc_kernels(&none, dir, 0, 80, &k, why, sizeof why), NPYLOAD_ENOCUDA);
+    cr_assert_null(k.data);
+    tu_rmtree(dir);
+}
+
+/* The product's places: the runtime's directory, the site-packages above a
+ * runtime from a wheel, and the one above this code's file. */
+Test(nvrtc, default_search_follows_the_runtime_and_the_library)
+{
+    npyl_nvrtc_places p;
+    const npyl_nvrtc_where *w =
+        npyl_nvrtc_default_where(&p, "", "/venv/site/nvidia/cu13/lib/libcudart.so.13");
+    cr_assert_null(w->override, "an empty override means none");
+    cr_assert_eq(w->ndirs, 1);
+    cr_assert_str_eq(w->dirs[0], "/venv/site/nvidia/cu13/lib");
+    /* (and the root above this code's file when that is a shared object:
+     * the main program has no name of its own for dladdr) */
+    cr_assert_geq(w->nroots, 1);
+    cr_assert_str_eq(w->roots[0], "/venv/site/nvidia/cu13/lib/../../..");
+    cr_assert_eq(w->no_system, 0);
+    w = npyl_nvrtc_default_where(&p, "/x/libnvrtc.so.12", "/usr/local/cuda/lib64/libcudart.so.13");
+    cr_assert_str_eq(w->override, "/x/libnvrtc.so.12");
+    cr_assert_str_eq(w->dirs[0], "/usr/local/cuda/lib64");
+    cr_assert_leq(w->nroots, 1, "no wheel above a toolkit's runtime");
+    for (size_t i = 0; i < w->nroots; i++)
+        cr_assert(strstr(w->roots[i], "/..") && !strstr(w->roots[i], "cuda/lib64"), "%s",
+                  w->roots[i]);
+}
+
+static size_t count_cached(const char *dir, const char *suffix)
+{
+    char pat[1100];
+    snprintf(pat, sizeof pat, "%s/npyload-transform-*-%s", dir, suffix);
+    glob_t g;
+    size_t n = glob(pat, 0, NULL, &g) == 0 ? g.gl_pathc : 0;
+    if (n)
+        globfree(&g);
+    return n;
+}
+
+/* The engine on the fake driver with NVRTC: a cubin for the device's
+ * architecture is what it loads; the cache keeps it, and a later open
+ * (even with NVRTC gone) uses it; another architecture compiles again; a
+ * fatbin that does not cover the GPU falls back to NVRTC. */
+Test(cuda_fake, device_transform_engine_compiles_with_nvrtc_and_caches)
+{
+    char err[2048] = "", wheel[1024];
+    if (!npyl_nvrtc_source_built(err, sizeof err))
+        cr_skip_test("%s", err);
+    need_nvrtc_wheel(wheel, sizeof wheel);
+    load_fake();
+    fake_cuda_driver *fd = load_fake_driver();
+    npyl_cuda *c = NULL;
+    cr_assert_eq(npyl_cuda_open(&c, 0, err, sizeof err), 0, "%s", err);
+    char *cache = tu_mkdtemp("kcache");
+    char sub[1100];
+    snprintf(sub, sizeof sub, "%s/made/by/open", cache);
+    npyl_tdev_cfg cfg = {.mode = NPYL_TDEV_NVRTC, .nvrtc = wheel, .cache_dir = sub};
+    npyl_tdev *t = NULL;
+    cr_assert_eq(npyl_tdev_open(&t, c, &cfg, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(fd->last_image, FAKE_IMAGE_CUBIN, "NVRTC made a cubin for the device");
+    cr_assert(strstr(npyl_tdev_source(t), "NVRTC") && strstr(npyl_tdev_source(t), "sm_80 cubin"),
+              "%s", npyl_tdev_source(t));
+    cr_assert_eq(atomic_load(&fd->n_get_function), 11 * 3 + 5);
+    npyl_tdev_close(t);
+    cr_assert_eq(count_cached(sub, "sm_80.cubin"), 1);
+
+    cfg.nvrtc = "/nonexistent/libnvrtc.so.13"; /* the cache needs no NVRTC */
+    cr_assert_eq(npyl_tdev_open(&t, c, &cfg, err, sizeof err), 0, "%s", err);
+    cr_assert(strncmp(npyl_tdev_source(t), "cache ", 6) == 0, "%s", npyl_tdev_source(t));
+    cr_assert_eq(fd->last_image, FAKE_IMAGE_CUBIN);
+    npyl_tdev_close(t);
+
+    atomic_store(&fd->cc_major, 9); /* another GPU: not in the cache */
+    cr_assert_eq(npyl_tdev_open(&t, c, &cfg, err, sizeof err), NPYLOAD_ENOCUDA);
+    cr_assert(strstr(err, "device transforms: NVRTC (libnvrtc) not found") &&
+                  strstr(err, "pip install nvidia-cuda-nvrtc"), "\"%s\"", err);
+    cfg.nvrtc = wheel;
+    cr_assert_eq(npyl_tdev_open(&t, c, &cfg, err, sizeof err), 0, "%s", err);
+    cr_assert_not_null(strstr(npyl_tdev_source(t), "sm_90 cubin"), "%s", npyl_tdev_source(t));
+    npyl_tdev_close(t);
+    cr_assert_eq(count_cached(sub, "sm_90.cubin"), 1);
+
+    /* A fatbin the driver has no image in for this GPU: NVRTC takes over
+     * in AUTO, and AOT says why it cannot. */
+    if (npyl_tdev_aot_built(NULL, 0)) {
+        atomic_store(&fd->fatbin_no_binary, 1);
+        cfg.mode = NPYL_TDEV_AUTO;
+        cfg.cache_dir = NULL;
+        cr_assert_eq(npyl_tdev_open(&t, c, &cfg, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(fd->last_image, FAKE_IMAGE_CUBIN);
+        npyl_tdev_close(t);
+        cfg.nvrtc = "/nonexistent/libnvrtc.so.13";
+        cr_assert_eq(npyl_tdev_open(&t, c, &cfg, err, sizeof err), NPYLOAD_ENOCUDA);
+        cr_assert(strstr(err, "the embedded fatbin") && strstr(err, "no kernel image") &&
+                      strstr(err, "pip install nvidia-cuda-nvrtc"), "\"%s\"", err);
+        cfg.mode = NPYL_TDEV_AOT;
+        cr_assert_eq(npyl_tdev_open(&t, c, &cfg, err, sizeof err), NPYLOAD_ECUDA);
+        cr_assert(strstr(err, "loading the kernels failed"), "\"%s\"", err);
+    }
+    npyl_cuda_close(c);
+    tu_rmtree(cache);
+}
+
+/* The loader passes its options through: DEVICE_KERNELS = 2 compiles with
+ * the NVRTC of NPYLOAD_PATH_NVRTC into NPYLOAD_PATH_KERNEL_CACHE; paths
+ * are refused after start and for an unknown name. */
+Test(cuda_fake, loader_device_kernels_nvrtc_through_its_paths)
+{
+    char wheel[1024], why[256];
+    if (!npyl_nvrtc_source_built(why, sizeof why))
+        cr_skip_test("%s", why);
+    need_nvrtc_wheel(wheel, sizeof wheel);
+    load_fake();
+    fake_cuda_driver *fd = load_fake_driver();
+    char *dir;
+    char *glob = small_field(&dir);
+    char cache[1100];
+    snprintf(cache, sizeof cache, "%s/kernels", dir);
+    npyload_loader *L = NULL;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "x", glob), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 4), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DEVICE, 0), 0, "%s",
+                 npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DEVICE_KERNELS, 3), NPYLOAD_EINVAL);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DEVICE_KERNELS, 2), 0);
+    cr_assert_eq(npyload_loader_set_path(L, (npyload_path_option)7, "x"), NPYLOAD_EINVAL);
+    cr_assert_eq(npyload_loader_set_path(L, NPYLOAD_PATH_NVRTC, "/nonexistent"), 0);
+    cr_assert_eq(npyload_loader_set_path(L, NPYLOAD_PATH_NVRTC, wheel), 0);
+    cr_assert_eq(npyload_loader_set_path(L, NPYLOAD_PATH_KERNEL_CACHE, cache), 0);
+    npyload_transform t = {.dtype = NPYLOAD_DTYPE_FLOAT16, .scale = 0.5f};
+    cr_assert_eq(npyload_loader_set_transform(L, "x", &t, sizeof t), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(fd->last_image, FAKE_IMAGE_CUBIN);
+    cr_assert_eq(count_cached(cache, "sm_80.cubin"), 1);
+    cr_assert_eq(npyload_loader_set_path(L, NPYLOAD_PATH_NVRTC, NULL), NPYLOAD_ESTATE);
+    npyload_batch *b;
+    cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_str_eq(fd->last_kernel, "npyl_tk_f4_f2");
+    npyload_batch_release(b);
+    npyload_loader_destroy(L);
+
+    /* Without NVRTC and without a cache: start fails naming what to install. */
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "x", glob), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 4), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DEVICE, 0), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DEVICE_KERNELS, 2), 0);
+    cr_assert_eq(npyload_loader_set_path(L, NPYLOAD_PATH_NVRTC, "/nonexistent/libnvrtc.so"), 0);
+    cr_assert_eq(npyload_loader_set_transform(L, "x", &t, sizeof t), 0);
+    cr_assert_eq(npyload_loader_start(L), NPYLOAD_ENOCUDA);
+    cr_assert(strstr(npyload_loader_errmsg(L), "loading the transform kernels failed") &&
+                  strstr(npyload_loader_errmsg(L), "pip install nvidia-cuda-nvrtc"),
+              "%s", npyload_loader_errmsg(L));
+    npyload_loader_destroy(L);
     free(glob);
     tu_rmtree(dir);
 }

@@ -1581,8 +1581,32 @@ Test(loader, build_info_cpu_and_zstd)
     if (bi.transform_kernels)
         cr_assert(strstr(bi.transform_kernel_archs, "sm_") && !bi.transform_kernels_why[0]);
     else
-        cr_assert(!bi.transform_kernel_archs[0] && strstr(bi.transform_kernels_why, "nvcc"),
+        cr_assert(!bi.transform_kernel_archs[0] &&
+                      (strstr(bi.transform_kernels_why, "nvcc") ||
+                       strstr(bi.transform_kernels_why, "NPYLOAD_CUDA_KERNELS=OFF")),
                   "%s", bi.transform_kernels_why);
+    /* NVRTC: found with a path and a version, or what to install. */
+    if (bi.nvrtc_found)
+        cr_assert(bi.transform_nvrtc && strstr(bi.nvrtc_path, "libnvrtc") &&
+                      bi.nvrtc_version >= 11020 && !bi.nvrtc_why[0],
+                  "%s %d %s", bi.nvrtc_path, bi.nvrtc_version, bi.nvrtc_why);
+    else if (bi.transform_nvrtc)
+        cr_assert(!bi.nvrtc_path[0] && !bi.nvrtc_version &&
+                      strstr(bi.nvrtc_why, "pip install nvidia-cuda-nvrtc"), "%s", bi.nvrtc_why);
+    {
+        char text[4096];
+        npyload_build_info_text(&bi, text, sizeof text);
+        const char *line = strstr(text, "\ndevice transforms: ");
+        cr_assert_not_null(line, "%s", text);
+        if (bi.nvrtc_found)
+            cr_assert(strstr(line, bi.nvrtc_path) && strstr(line, "NVRTC"), "%s", line);
+        if (!bi.transform_kernels && !bi.nvrtc_found)
+            cr_assert(strncmp(line, "\ndevice transforms: unavailable: ",
+                              strlen("\ndevice transforms: unavailable: ")) == 0, "%s", line);
+        if (bi.transform_kernels)
+            cr_assert(strncmp(line, "\ndevice transforms: ahead of time",
+                              strlen("\ndevice transforms: ahead of time")) == 0, "%s", line);
+    }
     /* CUDA: devices only with a runtime; a reason exactly when none. */
     cr_assert(bi.cuda_runtime_found || bi.cuda_devices == 0);
     cr_assert_eq(bi.cuda_devices > 0, bi.cuda_why[0] == '\0', "%d devices, why '%s'",

@@ -146,3 +146,28 @@ int tu_count_fds(void)
     closedir(d);
     return n;
 }
+
+int tu_nvrtc_wheel_dir(const char *sites, char *out, size_t len)
+{
+    static const char *const sub[] = {"nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib"};
+    const char *p = sites ? sites : "";
+    while (*p) {
+        size_t n = strcspn(p, ":");
+        for (size_t k = 0; n && k < sizeof sub / sizeof sub[0]; k++) {
+            char dir[1024], file[1100];
+            snprintf(dir, sizeof dir, "%.*s/%s", (int)n, p, sub[k]);
+            static const char *const names[] = {"libnvrtc.so.13", "libnvrtc.so.12"};
+            for (size_t i = 0; i < 2; i++) {
+                snprintf(file, sizeof file, "%s/%s", dir, names[i]);
+                if (access(file, F_OK) == 0) {
+                    snprintf(out, len, "%s", dir);
+                    return 1;
+                }
+            }
+        }
+        p += n;
+        if (*p == ':')
+            p++;
+    }
+    return 0;
+}

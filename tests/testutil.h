@@ -49,6 +49,12 @@ int tu_count_fds(void);
 /* Reads a whole file into a malloc'd buffer; *n its size. NULL on error. */
 void *tu_read_file(const char *path, size_t *n);
 
+/* The directory of the nvidia-cuda-nvrtc wheel's libnvrtc
+ * (SITE/nvidia/cu13/lib or SITE/nvidia/cuda_nvrtc/lib) under the first of
+ * the colon-separated site-packages directories `sites` that has it,
+ * written to out. Returns 1, or 0 when none has it. */
+int tu_nvrtc_wheel_dir(const char *sites, char *out, size_t len);
+
 /* For the stress drivers, which run without Criterion (it cannot run under
  * ThreadSanitizer): when cond is false, prints "FAIL file:line: message" to
  * stderr, counts it in `fails` and returns from the calling void function. */

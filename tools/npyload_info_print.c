@@ -60,9 +60,16 @@ void ni_build_info_json(FILE *f, const npyload_build_info *bi)
     nj_printf(f,
               "\n    \"default_num_workers\": %lld,\n    \"default_prefetch\": %lld,"
               "\n    \"default_queue_depth\": %lld,\n    \"default_shuffle_window\": %lld,"
-              "\n    \"default_io_backend\": %s,\n    \"default_read_ahead\": %c\n  }",
+              "\n    \"default_io_backend\": %s,\n    \"default_read_ahead\": %c,",
               (long long)bi->default_num_workers, (long long)bi->default_prefetch,
               (long long)bi->default_queue_depth, (long long)bi->default_shuffle_window,
               npyload_backend_name((npyload_io_backend)bi->default_io_backend),
               bi->default_read_ahead);
+    char nv[16];
+    cuda_version(nv, sizeof nv, bi->nvrtc_version);
+    nj_printf(f,
+              "\n    \"transform_nvrtc\": %c,\n    \"nvrtc_found\": %c,"
+              "\n    \"nvrtc_version\": %s,\n    \"nvrtc_path\": %s,"
+              "\n    \"nvrtc_why\": %s\n  }",
+              bi->transform_nvrtc, bi->nvrtc_found, nv, bi->nvrtc_path, bi->nvrtc_why);
 }

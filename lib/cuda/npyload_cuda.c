@@ -234,10 +234,7 @@ static void free_handle(npyl_cuda *c)
     free(c);
 }
 
-/* Appends to a reason being built in why[whylen]. */
-static void why_append(char *why, size_t whylen, const char *fmt, ...)
-    NPYL_PRINTF(3, 4);
-static void why_append(char *why, size_t whylen, const char *fmt, ...)
+void npyl_cuda_why_append(char *why, size_t whylen, const char *fmt, ...)
 {
     if (!why || !whylen)
         return;
@@ -293,7 +290,7 @@ static int probe_runtime(npyl_cuda *c, char *why, size_t whylen)
         return NPYLOAD_ENOCUDA;
     case CU_ERR_INSUFFICIENT_DRIVER:
     case CU_ERR_COMPAT_NOT_SUPPORTED:
-        why_append(why, whylen, "%s%s (runtime %s) needs a newer driver than %s",
+        npyl_cuda_why_append(why, whylen, "%s%s (runtime %s) needs a newer driver than %s",
                    (why && why[0]) ? "; " : "", c->soname, rv, dv);
         return 1;
     case CU_ERR_STUB_LIBRARY:
@@ -314,6 +311,15 @@ static int probe_runtime(npyl_cuda *c, char *why, size_t whylen)
  * device 3 from a fresh thread would otherwise leave a context on it, or, on
  * restoring, one on device 0 -- the classic "every rank holds memory on
  * GPU 0"). */
+void npyl_cuda_runtime_path(const npyl_cuda *c, char *buf, size_t len)
+{
+    struct link_map *lm = NULL;
+    if (c && dlinfo(c->lib, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name && lm->l_name[0])
+        snprintf(buf, len, "%s", lm->l_name);
+    else
+        snprintf(buf, len, "%s", c ? c->soname : "");
+}
+
 /* Records what the runtime `c` (loaded, resolved, probed) is. */
 static void note_facts(const npyl_cuda *c, npyl_cuda_facts *f)
 {
@@ -322,11 +328,7 @@ static void note_facts(const npyl_cuda *c, npyl_cuda_facts *f)
     f->runtime_version = c->runtime_version;
     f->driver_version = c->driver_version;
     snprintf(f->soname, sizeof f->soname, "%s", c->soname);
-    struct link_map *lm = NULL;
-    if (dlinfo(c->lib, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name && lm->l_name[0])
-        snprintf(f->path, sizeof f->path, "%s", lm->l_name);
-    else
-        snprintf(f->path, sizeof f->path, "%s", c->soname);
+    npyl_cuda_runtime_path(c, f->path, sizeof f->path);
 }
 
 /* facts (may be NULL) gets the last runtime that loaded and was probed. */
@@ -390,14 +392,14 @@ static int open_impl(npyl_cuda **out, int device, const char *const *sonames,
          * past, while keeping it mapped costs nothing once it was loaded. */
         c->lib = dlopen(sonames[i], RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
         if (!c->lib) {
-            why_append(tried, sizeof tried, "%s%s", tried[0] ? ", " : "",
+            npyl_cuda_why_append(tried, sizeof tried, "%s%s", tried[0] ? ", " : "",
                        sonames[i]);
             free_handle(c);
             continue;
         }
         const char *missing = NULL;
         if (resolve(c, &missing) != 0) {
-            why_append(tried, sizeof tried, "%s%s (no %s)", tried[0] ? ", " : "",
+            npyl_cuda_why_append(tried, sizeof tried, "%s%s (no %s)", tried[0] ? ", " : "",
                        sonames[i], missing);
             free_handle(c);
             continue;
@@ -515,6 +517,8 @@ static int load_driver(npyl_cuda *c, char *why, size_t whylen)
     DRV_SYM(module_get_function, "cuModuleGetFunction");
     DRV_SYM(launch_kernel, "cuLaunchKernel");
     DRV_SYM(get_error_string, "cuGetErrorString");
+    DRV_SYM(ctx_get_device, "cuCtxGetDevice");
+    DRV_SYM(device_get_attribute, "cuDeviceGetAttribute");
 #undef DRV_SYM
     return 0;
 }

@@ -74,6 +74,14 @@ NPYL_HIDDEN int npyl_cuda_errmsg_copy(npyl_cuda *c, char *buf, size_t len);
 NPYL_HIDDEN int npyl_cuda_device(const npyl_cuda *c);
 /* The soname that loaded, e.g. "libcudart.so.12" (for logs and stats). */
 NPYL_HIDDEN const char *npyl_cuda_soname(const npyl_cuda *c);
+/* The file the runtime was loaded from ("/usr/local/cuda/lib64/libcudart.so.13"),
+ * or its soname when the dynamic loader does not say. */
+NPYL_HIDDEN void npyl_cuda_runtime_path(const npyl_cuda *c, char *buf, size_t len);
+
+/* Appends printf-style text to a reason being built in why[whylen]
+ * (NUL-terminated; a full buffer stays as it is). NULL-safe. */
+NPYL_HIDDEN void npyl_cuda_why_append(char *why, size_t whylen, const char *fmt, ...)
+    NPYL_PRINTF(3, 4);
 
 /* Makes the handle's device current on the calling thread. The current device
  * is per thread in CUDA: open() sets it only on the thread that called open.
@@ -142,6 +150,11 @@ typedef int (*npyl_cu_launch_kernel_fn)(void *function, unsigned grid_x,
                                         void *stream, void **params,
                                         void **extra);
 typedef int (*npyl_cu_get_error_string_fn)(int result, const char **str);
+typedef int (*npyl_cu_ctx_get_device_fn)(int *device);
+typedef int (*npyl_cu_device_get_attribute_fn)(int *value, int attribute, int device);
+/* CUdevice_attribute values used. */
+#define NPYL_CU_CC_MAJOR 75 /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR */
+#define NPYL_CU_CC_MINOR 76 /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR */
 
 /* Every driver entry point npyload uses, all present once loaded. */
 typedef struct npyl_cudrv {
@@ -150,6 +163,8 @@ typedef struct npyl_cudrv {
     npyl_cu_module_get_function_fn module_get_function;   /* cuModuleGetFunction */
     npyl_cu_launch_kernel_fn launch_kernel;               /* cuLaunchKernel */
     npyl_cu_get_error_string_fn get_error_string;         /* cuGetErrorString */
+    npyl_cu_ctx_get_device_fn ctx_get_device;             /* cuCtxGetDevice */
+    npyl_cu_device_get_attribute_fn device_get_attribute; /* cuDeviceGetAttribute */
 } npyl_cudrv;
 
 /* The driver table of handle `c`. The first call loads libcuda.so.1 and

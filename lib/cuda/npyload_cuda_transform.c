@@ -1,11 +1,11 @@
-/* The device transform engine's host side: loads the embedded kernels
- * (npyload_cuda_transform_kernels.cu, built by nvcc into a fatbin at build
- * time) into the current CUDA context through the handle's driver table
+/* The device transform engine's host side: gets the kernels
+ * (npyload_cuda_transform_kernels.cu) as the fatbin nvcc built, or as an
+ * image NVRTC compiles at run time (npyload_cuda_nvrtc.c), loads either
+ * into the current CUDA context through the handle's driver table
  * (npyl_cuda_driver), and launches them. The runtime's streams are valid
- * CUstreams on the primary context that the runtime makes current. Without
- * nvcc at build time there is no fatbin, and npyl_tdev_built() /
- * npyl_tdev_plan_check() say so. */
+ * CUstreams on the primary context that the runtime makes current. */
 #include "npyload_cuda_transform.h"
+#include "npyload_cuda_nvrtc.h"
 #include "npyload_cuda_transform_kparams.h"
 
 #include <errno.h>
@@ -22,20 +22,25 @@ _Static_assert(NPYL_TK_MAXC == NPYL_TDEV_MAX_CHANNELS,
                "kernel parameter and plan limits agree");
 _Static_assert(sizeof(npyl_tk_params) < 4096, "kernel parameter limit");
 
-#define NO_KERNELS_MSG                                                         \
-    "device transforms need the kernels built with the CUDA toolkit (nvcc was " \
-    "not found when libnpyload was built; host transforms work)"
+#define NO_FATBIN_MSG                                                          \
+    "no ahead-of-time kernels in this build (nvcc was not found when "         \
+    "libnpyload was built, or NPYLOAD_CUDA_KERNELS=NVRTC)"
 
-int npyl_tdev_built(char *why, size_t whylen)
+int npyl_tdev_aot_built(char *why, size_t whylen)
 {
 #ifdef NPYLOAD_HAVE_TRANSFORM_KERNELS
     (void)why;
     (void)whylen;
     return 1;
 #else
-    npyl_fail(why, whylen, NPYLOAD_ENOCUDA, "%s", NO_KERNELS_MSG);
+    npyl_fail(why, whylen, NPYLOAD_ENOCUDA, "%s", NO_FATBIN_MSG);
     return 0;
 #endif
+}
+
+int npyl_tdev_built(char *why, size_t whylen)
+{
+    return npyl_tdev_aot_built(NULL, 0) || npyl_nvrtc_source_built(why, whylen);
 }
 
 const char *npyl_tdev_archs(void)
@@ -52,9 +57,10 @@ int npyl_tdev_plan_check(const char *what, const npyl_tplan *p, char *err,
 {
     if (!what)
         what = "field";
-    if (!npyl_tdev_built(NULL, 0))
-        return npyl_fail(err, errlen, NPYLOAD_ENOCUDA, "%s: %s", what,
-                         NO_KERNELS_MSG);
+    char why[256];
+    if (!npyl_tdev_built(why, sizeof why))
+        return npyl_fail(err, errlen, NPYLOAD_ENOCUDA, "%s: device transforms: %s",
+                         what, why);
     if (p->C * p->S >= ((uint64_t)1 << 32))
         return npyl_fail(err, errlen, NPYLOAD_EUNSUPPORTED,
                          "%s: device transform: samples of %" PRIu64
@@ -80,6 +86,7 @@ struct npyl_tdev {
     void *module;
     void *conv[NIN][NOUT];
     void *perm[NPERM];
+    char source[384];      /* npyl_tdev_source */
 };
 
 void npyl_tdev_close(npyl_tdev *d)
@@ -91,17 +98,88 @@ void npyl_tdev_close(npyl_tdev *d)
     free(d);
 }
 
-int npyl_tdev_open(npyl_tdev **out, npyl_cuda *cuda, char *err, size_t errlen)
+const char *npyl_tdev_source(const npyl_tdev *d) { return d ? d->source : ""; }
+
+#ifdef NPYLOAD_HAVE_TRANSFORM_KERNELS
+/* CUresults after which NVRTC is tried: the fatbin has nothing this GPU (or
+ * this driver) can run. */
+#define CU_ERR_INVALID_PTX 218
+#define CU_ERR_UNSUPPORTED_PTX_VERSION 222
+#define CU_ERR_NO_BINARY_FOR_GPU 209
+static int fatbin_miss(int e)
+{
+    return e == CU_ERR_NO_BINARY_FOR_GPU || e == CU_ERR_INVALID_PTX ||
+           e == CU_ERR_UNSUPPORTED_PTX_VERSION;
+}
+#endif
+
+/* The compute capability of the current context's device, as 80 for 8.0. */
+static int device_arch(const npyl_cudrv *drv, int *arch, char *err, size_t errlen)
+{
+    int dev = 0, major = 0, minor = 0, e;
+    if ((e = drv->ctx_get_device(&dev)) != 0 ||
+        (e = drv->device_get_attribute(&major, NPYL_CU_CC_MAJOR, dev)) != 0 ||
+        (e = drv->device_get_attribute(&minor, NPYL_CU_CC_MINOR, dev)) != 0)
+        return npyl_fail(err, errlen, NPYLOAD_ECUDA,
+                         "device transforms: the GPU's compute capability: %s "
+                         "(CUresult %d)", npyl_cudrv_strerror(drv, e), e);
+    *arch = major * 10 + minor;
+    return 0;
+}
+
+/* Loads the run-time image: NVRTC's (or the cache's) for the GPU. A cached
+ * image the driver refuses is compiled again and replaced. */
+static int load_nvrtc(npyl_tdev *d, npyl_cuda *cuda, const npyl_tdev_cfg *cfg,
+                      const char *aot_why, char *err, size_t errlen)
+{
+    int arch = 0;
+    int rc = device_arch(d->drv, &arch, err, errlen);
+    if (rc)
+        return rc;
+    char cudart[512];
+    npyl_cuda_runtime_path(cuda, cudart, sizeof cudart);
+    npyl_nvrtc_places places;
+    const npyl_nvrtc_where *w = npyl_nvrtc_default_where(&places, cfg->nvrtc, cudart);
+    char why[1536];
+    for (int skip_cache = 0; skip_cache <= 1; skip_cache++) {
+        npyl_kimage k;
+        rc = npyl_nvrtc_kernels(w, cfg->cache_dir, skip_cache, arch, &k, why, sizeof why);
+        if (rc)
+            return npyl_fail(err, errlen, rc, "device transforms: %s%s%s", aot_why,
+                             aot_why[0] ? "; " : "", why);
+        int e = d->drv->module_load_data(&d->module, k.data);
+        int cached = k.cached;
+        snprintf(d->source, sizeof d->source, "%s", k.from);
+        npyl_kimage_free(&k);
+        if (e == 0)
+            return 0;
+        d->module = NULL;
+        if (!cached)
+            return npyl_fail(err, errlen, NPYLOAD_ECUDA,
+                             "device transforms: loading the kernels compiled by "
+                             "%s failed: %s (CUresult %d)", d->source,
+                             npyl_cudrv_strerror(d->drv, e), e);
+    }
+    return NPYLOAD_ECUDA; /* not reached: the second pass never reads the cache */
+}
+
+int npyl_tdev_open(npyl_tdev **out, npyl_cuda *cuda, const npyl_tdev_cfg *cfg,
+                   char *err, size_t errlen)
 {
     if (!out || !cuda)
         return npyl_fail(err, errlen, NPYLOAD_EINVAL, "npyl_tdev_open: %s is NULL",
                          out ? "cuda" : "out");
     *out = NULL;
-#ifndef NPYLOAD_HAVE_TRANSFORM_KERNELS
-    return npyl_fail(err, errlen, NPYLOAD_ENOCUDA, "%s", NO_KERNELS_MSG);
-#else
+    static const npyl_tdev_cfg defaults = {NPYL_TDEV_AUTO, NULL, NULL};
+    if (!cfg)
+        cfg = &defaults;
+    char why[512];
+    if (!npyl_tdev_built(why, sizeof why))
+        return npyl_fail(err, errlen, NPYLOAD_ENOCUDA, "device transforms: %s", why);
+    if (cfg->mode == NPYL_TDEV_AOT && !npyl_tdev_aot_built(why, sizeof why))
+        return npyl_fail(err, errlen, NPYLOAD_ENOCUDA,
+                         "device transforms: ahead-of-time kernels asked for: %s", why);
     const npyl_cudrv *drv = NULL;
-    char why[256];
     int rc = npyl_cuda_driver(cuda, &drv, why, sizeof why);
     if (rc)
         return npyl_fail(err, errlen, rc, "device transforms: %s", why);
@@ -109,15 +187,32 @@ int npyl_tdev_open(npyl_tdev **out, npyl_cuda *cuda, char *err, size_t errlen)
     if (!d)
         return npyl_fail(err, errlen, -ENOMEM, "device transforms: out of memory");
     d->drv = drv;
-    int e = drv->module_load_data(&d->module, npyl_tk_fatbin);
-    if (e != 0) {
-        d->module = NULL;
-        rc = npyl_fail(err, errlen, NPYLOAD_ECUDA,
-                       "device transforms: loading the kernels failed: %s "
-                       "(CUresult %d; no current context, or a GPU that this "
-                       "build's fatbin does not cover)", npyl_cudrv_strerror(drv, e), e);
-        goto fail;
+    int e = -1;
+    char aot_why[256] = "";
+#ifdef NPYLOAD_HAVE_TRANSFORM_KERNELS
+    if (cfg->mode != NPYL_TDEV_NVRTC) {
+        e = drv->module_load_data(&d->module, npyl_tk_fatbin);
+        if (e == 0) {
+            snprintf(d->source, sizeof d->source, "ahead of time (embedded fatbin: %s)",
+                     npyl_tdev_archs());
+        } else {
+            d->module = NULL;
+            if (cfg->mode == NPYL_TDEV_AOT || !fatbin_miss(e)) {
+                rc = npyl_fail(err, errlen, NPYLOAD_ECUDA,
+                               "device transforms: loading the kernels failed: %s "
+                               "(CUresult %d; no current context, or a GPU that this "
+                               "build's fatbin does not cover)",
+                               npyl_cudrv_strerror(drv, e), e);
+                goto fail;
+            }
+            snprintf(aot_why, sizeof aot_why, "the embedded fatbin (%s) does not run "
+                     "on this GPU: %s (CUresult %d)", npyl_tdev_archs(),
+                     npyl_cudrv_strerror(drv, e), e);
+        }
     }
+#endif
+    if (e != 0 && (rc = load_nvrtc(d, cuda, cfg, aot_why, err, errlen)) != 0)
+        goto fail;
     static const char *const IN_CODES[NIN] = {"u1", "i1", "u2", "i2", "u4", "i4",
                                               "u8", "i8", "f2", "f4", "f8"};
     static const char *const OUT_CODES[NOUT] = {"f4", "f2", "bf"};
@@ -142,7 +237,6 @@ nofunc:
 fail:
     npyl_tdev_close(d);
     return rc;
-#endif
 }
 
 static int in_index(const npyl_tplan *p)

@@ -1,9 +1,13 @@
 /* The device transform engine: the host engine's math (lib/transform) run
- * on the GPU after the copy, by kernels that nvcc compiled at build time
- * (npyload_cuda_transform_kernels.cu, embedded as a fatbin) and that are
- * loaded and launched through the handle's driver table (npyl_cuda_driver).
- * It runs the plans of lib/transform (npyl_tplan); lib/transform itself
- * knows nothing of CUDA. Without nvcc at build time there is no fatbin, and
+ * on the GPU after the copy, by the kernels of
+ * npyload_cuda_transform_kernels.cu: compiled ahead of time by nvcc and
+ * embedded as a fatbin (NPYLOAD_CUDA_KERNELS AUTO/AOT with nvcc), or
+ * compiled at run time from the embedded source by NVRTC
+ * (npyload_cuda_nvrtc.h) when the build has no fatbin or the fatbin does
+ * not cover the GPU. Either image is loaded by npyl_tdev_open and launched
+ * through the handle's driver table (npyl_cuda_driver). It runs the plans
+ * of lib/transform (npyl_tplan); lib/transform itself knows nothing of
+ * CUDA. Built with NPYLOAD_CUDA_KERNELS=OFF there are no kernels, and
  * npyl_tdev_built() / npyl_tdev_plan_check() say so. */
 #ifndef NPYLOAD_CUDA_TRANSFORM_H
 #define NPYLOAD_CUDA_TRANSFORM_H
@@ -20,8 +24,12 @@
 
 typedef struct npyl_tdev npyl_tdev;
 
-/* 1 if this build embeds the kernels (nvcc was found), else 0 and why. */
+/* 1 if this build has device kernels (a fatbin, or the source for NVRTC),
+ * else 0 and why. */
 NPYL_HIDDEN int npyl_tdev_built(char *why, size_t whylen);
+/* 1 if this build embeds kernels compiled ahead of time (a fatbin), else 0
+ * and why ("nvcc was not found when libnpyload was built ..."). */
+NPYL_HIDDEN int npyl_tdev_aot_built(char *why, size_t whylen);
 /* The architectures of the embedded fatbin: "sm_80 sm_90 compute_75"
  * (SASS for each sm_, PTX for each compute_, which the driver compiles for
  * any other GPU); "" without kernels. */
@@ -34,14 +42,34 @@ NPYL_HIDDEN const char *npyl_tdev_archs(void);
 NPYL_HIDDEN int npyl_tdev_plan_check(const char *what, const npyl_tplan *p,
                                      char *err, size_t errlen);
 
+/* Where the kernels come from (npyl_tdev_cfg.mode). */
+enum {
+    NPYL_TDEV_AUTO = 0,  /* the fatbin when it loads on the GPU, else NVRTC */
+    NPYL_TDEV_AOT = 1,   /* the fatbin only */
+    NPYL_TDEV_NVRTC = 2, /* NVRTC even when the build has a fatbin */
+};
+typedef struct npyl_tdev_cfg {
+    int mode;              /* NPYL_TDEV_* */
+    const char *nvrtc;     /* libnvrtc file or directory; NULL: the search
+                              of npyl_nvrtc_default_where */
+    const char *cache_dir; /* where NVRTC's images are kept; NULL: none */
+} npyl_tdev_cfg;
+
 /* Loads the kernels into the CUDA context current on the calling thread (the
  * runtime's primary context of `cuda`'s device, made current by
  * npyl_cuda_enter), through `cuda`'s driver table, which this loads on first
- * need. `cuda` must outlive the engine. Returns 0, NPYLOAD_ENOCUDA (no
- * kernels in this build, no driver library) or NPYLOAD_ECUDA with the reason
- * in err. */
-NPYL_HIDDEN int npyl_tdev_open(npyl_tdev **out, npyl_cuda *cuda, char *err,
-                               size_t errlen);
+ * need: the embedded fatbin, or (cfg's mode, a fatbin that does not cover
+ * the GPU: CUDA_ERROR_NO_BINARY_FOR_GPU, an unsupported PTX version) an
+ * image NVRTC compiles for the GPU's architecture, from cfg's cache when it
+ * is there. cfg may be NULL (AUTO, the default search, no cache). `cuda`
+ * must outlive the engine. Returns 0, NPYLOAD_ENOCUDA (no kernels in this
+ * build, no driver library, no NVRTC: the message names what to install)
+ * or NPYLOAD_ECUDA with the reason in err. */
+NPYL_HIDDEN int npyl_tdev_open(npyl_tdev **out, npyl_cuda *cuda,
+                               const npyl_tdev_cfg *cfg, char *err, size_t errlen);
+/* Where the loaded kernels came from: "ahead of time (embedded fatbin)",
+ * "NVRTC 13.0 (/path/libnvrtc.so.13), sm_90 cubin", "cache /path/...". */
+NPYL_HIDDEN const char *npyl_tdev_source(const npyl_tdev *d);
 /* Queues the transform of `rows` samples from device memory dsrc (stored
  * layout) to ddst (output layout) on `stream` (a cudaStream_t of the same
  * context). Thread-safe. Returns 0, or NPYLOAD_ECUDA with err set. */

@@ -15,9 +15,13 @@
 // Grid: y walks the rows, x the C*S elements of a row in output order; with
 // channels-last an output element (s, c) reads input (c, s), so a warp reads
 // C short runs and writes one coalesced run.
+#ifdef __CUDACC_RTC__
+#include "npyload_cuda_transform_rtc.h" // NVRTC: no CUDA headers at run time
+#else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#endif
 
 #include "npyload_cuda_transform_kparams.h"
 

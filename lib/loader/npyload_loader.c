@@ -224,6 +224,8 @@ static void loader_free(npyload_loader *L)
     npyl_skip_log_fini(&L->skip);
     pthread_cond_destroy(&L->ctl_cv);
     pthread_mutex_destroy(&L->ctl);
+    for (int i = 0; i < NPYL_NUM_PATHS; i++)
+        free(L->paths[i]);
     free(L);
 }
 

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <zstd.h>
 
+#include "../cuda/npyload_cuda_nvrtc.h"
 #include "npyload_loader_internal.h"
 
 int npyload_get_build_info(npyload_build_info *dst, size_t size)
@@ -26,7 +27,7 @@ int npyload_get_build_info(npyload_build_info *dst, size_t size)
         return NPYLOAD_EINVAL;
     /* The first published layout is the whole struct as it is now; check
      * the size before doing any of the (slow) probes. */
-    const size_t min = NPYL_SIZE_THROUGH(npyload_build_info, default_read_ahead);
+    const size_t min = NPYL_SIZE_THROUGH(npyload_build_info, nvrtc_why);
     if (size < min)
         return NPYLOAD_EINVAL;
 
@@ -54,12 +55,30 @@ int npyload_get_build_info(npyload_build_info *dst, size_t size)
     snprintf(bi.cuda_runtime_path, sizeof bi.cuda_runtime_path, "%s", cf.path);
     snprintf(bi.cuda_why, sizeof bi.cuda_why, "%s", cf.why);
 
-    bi.transform_kernels = npyl_tdev_built(bi.transform_kernels_why,
-                                           sizeof bi.transform_kernels_why);
+    bi.transform_kernels = npyl_tdev_aot_built(bi.transform_kernels_why,
+                                               sizeof bi.transform_kernels_why);
     if (bi.transform_kernels)
         bi.transform_kernels_why[0] = '\0';
     snprintf(bi.transform_kernel_archs, sizeof bi.transform_kernel_archs, "%s",
              npyl_tdev_archs());
+
+    /* NVRTC as start would find it without an override, next to the
+     * runtime the search above found. */
+    bi.transform_nvrtc = npyl_nvrtc_source_built(NULL, 0);
+    if (bi.transform_nvrtc) {
+        npyl_nvrtc_places places;
+        npyl_nvrtc *nv = NULL;
+        if (npyl_nvrtc_open(&nv, npyl_nvrtc_default_where(&places, NULL, cf.path),
+                            bi.nvrtc_why, sizeof bi.nvrtc_why) == 0) {
+            bi.nvrtc_found = 1;
+            bi.nvrtc_version = npyl_nvrtc_version(nv);
+            snprintf(bi.nvrtc_path, sizeof bi.nvrtc_path, "%s", npyl_nvrtc_path(nv));
+            bi.nvrtc_why[0] = '\0';
+            npyl_nvrtc_close(nv);
+        }
+    } else {
+        npyl_nvrtc_source_built(bi.transform_kernels_why, sizeof bi.transform_kernels_why);
+    }
 
     bi.f16c_used = npyl_transform_f16c(&bi.f16c_compiled);
 
@@ -125,9 +144,25 @@ size_t npyload_build_info_text(const npyload_build_info *bi, char *buf, size_t l
         put(buf, len, &at, "CUDA devices:      %d (driver %s)\n", bi->cuda_devices, dv);
     else
         put(buf, len, &at, "CUDA devices:      none: %s\n", bi->cuda_why);
-    if (bi->transform_kernels)
+    char nv[16];
+    cuda_version(nv, sizeof nv, bi->nvrtc_version);
+    if (bi->transform_kernels && bi->transform_nvrtc && bi->nvrtc_found)
+        put(buf, len, &at, "device transforms: ahead of time (embedded fatbin: %s); other "
+            "GPUs: NVRTC %s at run time (%s)\n", bi->transform_kernel_archs, nv,
+            bi->nvrtc_path);
+    else if (bi->transform_kernels && bi->transform_nvrtc)
+        put(buf, len, &at, "device transforms: ahead of time (embedded fatbin: %s); other "
+            "GPUs: NVRTC not found (pip install nvidia-cuda-nvrtc)\n",
+            bi->transform_kernel_archs);
+    else if (bi->transform_kernels)
         put(buf, len, &at, "device transforms: ahead of time (embedded fatbin: %s)\n",
             bi->transform_kernel_archs);
+    else if (bi->transform_nvrtc && bi->nvrtc_found)
+        put(buf, len, &at, "device transforms: NVRTC %s at run time (%s); no ahead-of-time "
+            "kernels: %s\n", nv, bi->nvrtc_path, bi->transform_kernels_why);
+    else if (bi->transform_nvrtc)
+        put(buf, len, &at, "device transforms: unavailable: %s, and %s\n",
+            bi->transform_kernels_why, bi->nvrtc_why);
     else
         put(buf, len, &at, "device transforms: unavailable: %s\n", bi->transform_kernels_why);
     if (!bi->f16c_compiled)

@@ -64,6 +64,10 @@
 enum { NPYL_NUM_OPTS = 1 NPYLOAD_OPTION_MAP(NPYL_XX_COUNT) };
 #undef NPYL_XX_COUNT
 
+/* npyload_loader_set_path: one past the largest npyload_path_option, and
+ * the longest path (with its NUL). */
+enum { NPYL_NUM_PATHS = NPYLOAD_PATH_KERNEL_CACHE + 1, NPYL_PATH_OPT_MAX = 4096 };
+
 struct npyload_loader {
     /* The creating process. In any other (a fork() child) the threads that
      * the locks and the io contexts belong to do not exist and mu may be
@@ -80,6 +84,7 @@ struct npyload_loader {
 
     /* Setup: options and fields. */
     int64_t opt[NPYL_NUM_OPTS];
+    char *paths[NPYL_NUM_PATHS]; /* npyload_loader_set_path: NULL = default */
     int state_pending;        /* set_state called before start */
     npyload_state pending;
     uint64_t epoch;           /* the first epoch (set_epoch before start) */

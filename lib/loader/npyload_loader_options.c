@@ -87,6 +87,9 @@ static int range_of(int opt, opt_range *r)
     case NPYLOAD_OPT_READ_AHEAD:
         *r = (opt_range){-1, 1, "-1 off, 0 (default) or 1 on"};
         return 0;
+    case NPYLOAD_OPT_DEVICE_KERNELS:
+        *r = (opt_range){0, 2, "0 auto, 1 ahead of time, 2 NVRTC"};
+        return 0;
     case NPYLOAD_OPT_MAX_ERRORS:
         *r = (opt_range){0, INT64_MAX, ">= 0 samples (0 = no limit)"};
         return 0;
@@ -146,6 +149,34 @@ int npyload_loader_set(npyload_loader *L, npyload_option opt, int64_t v)
                                     " requested but unusable: %s", v, why);
     }
     L->opt[opt] = v;
+    L->errmsg[0] = 0;
+    return 0;
+}
+
+int npyload_loader_set_path(npyload_loader *L, npyload_path_option which,
+                            const char *path)
+{
+    if (!L)
+        return NPYLOAD_EINVAL;
+    int frc = npyl_loader_forked(L);
+    if (frc)
+        return frc;
+    if (which != NPYLOAD_PATH_NVRTC && which != NPYLOAD_PATH_KERNEL_CACHE)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "unknown path option %d", (int)which);
+    const char *name = which == NPYLOAD_PATH_NVRTC ? "NVRTC" : "KERNEL_CACHE";
+    if (L->started)
+        return npyl_loader_fail(L, NPYLOAD_ESTATE, "path %s cannot change after start",
+                                name);
+    char *copy = NULL;
+    if (path && path[0]) {
+        if (strnlen(path, NPYL_PATH_OPT_MAX) >= NPYL_PATH_OPT_MAX)
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "path %s: longer than %d bytes",
+                                    name, NPYL_PATH_OPT_MAX - 1);
+        if (!(copy = strdup(path)))
+            return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    }
+    free(L->paths[which]);
+    L->paths[which] = copy;
     L->errmsg[0] = 0;
     return 0;
 }

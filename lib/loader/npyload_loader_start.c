@@ -160,12 +160,15 @@ static int open_tdev(npyload_loader *L)
         need |= L->fields[i].dxform;
     if (L->dev.device < 0 || !need)
         return 0;
-    char err[512] = "";
+    char err[2048] = "";
     int prev = -1, rc = npyl_cuda_enter(L->dev.cuda, &prev);
     if (rc)
         return npyl_loader_fail(L, rc, "CUDA device %d: %s", L->dev.device,
                                 npyl_cuda_errmsg(L->dev.cuda));
-    rc = npyl_tdev_open(&L->dev.tdev, L->dev.cuda, err, sizeof err);
+    const npyl_tdev_cfg cfg = {.mode = (int)L->opt[NPYLOAD_OPT_DEVICE_KERNELS],
+                               .nvrtc = L->paths[NPYLOAD_PATH_NVRTC],
+                               .cache_dir = L->paths[NPYLOAD_PATH_KERNEL_CACHE]};
+    rc = npyl_tdev_open(&L->dev.tdev, L->dev.cuda, &cfg, err, sizeof err);
     npyl_cuda_leave(L->dev.cuda, prev);
     if (rc)
         return npyl_loader_fail(L, rc, "CUDA device %d: loading the transform kernels "

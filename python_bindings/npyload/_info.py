@@ -38,8 +38,11 @@ def build_info() -> BuildInfo:
     ``cuda_runtime_found``, ``cuda_runtime_path``, ``cuda_runtime_soname``,
     ``cuda_runtime_version``, ``cuda_driver_version`` ("12.4", "" when
     unknown), ``cuda_devices``, ``cuda_why`` (why CUDA is not usable);
-    device transform kernels: ``transform_kernels``,
-    ``transform_kernel_archs``, ``transform_kernels_why``; CPU:
+    device transform kernels: ``transform_kernels`` (compiled ahead of
+    time), ``transform_kernel_archs``, ``transform_kernels_why``,
+    ``transform_nvrtc`` (the source is embedded for NVRTC), ``nvrtc_found``,
+    ``nvrtc_version``, ``nvrtc_path``, ``nvrtc_why`` (where the default
+    search finds NVRTC, or what to install); CPU:
     ``f16c_compiled``, ``f16c_used``; what the options' defaults are here:
     ``default_num_workers``, ``default_prefetch`` (the C library's batch
     slots for that many workers; Python's ``prefetch`` is one less),

@@ -21,6 +21,7 @@ from ._options import _IO
 from ._transform import _TDTYPES
 from ._batch import _bfloat16_numpy
 from ._options import _dist_rank_world
+from ._options import _kernel_paths
 from ._options import _env_int
 from ._hook import _hook_depth
 from ._options import _int_arg
@@ -950,6 +951,9 @@ class Loader(Generic[_B]):
                     c.add_field_files(name, paths)
             for opt, value in opts.items():
                 c.set(opt, value)
+            if opts[_npyload.OPT_DEVICE] >= 0 and self._transforms:
+                for which, path in _kernel_paths():
+                    c.set_path(which, path)
             for name, t in self._transforms:
                 crop = t.crop or (0, 0)
                 c.set_transform(name, _TDTYPES[t.dtype], t.scale, t.mean, t.std,

@@ -141,6 +141,11 @@ class BuildInfo(TypedDict):
     default_shuffle_window: int
     default_io_backend: str
     default_read_ahead: bool
+    transform_nvrtc: bool
+    nvrtc_found: bool
+    nvrtc_version: str
+    nvrtc_path: str
+    nvrtc_why: str
     # Added by npyload.build_info() (not the extension's build_info):
     python: NotRequired[str]
     numpy: NotRequired[str]
@@ -263,6 +268,7 @@ class Loader:
     def add_field(self, name: _Path, glob: _Path, /) -> None: ...
     def add_field_files(self, name: _Path, paths: Sequence[_Path], /) -> None: ...
     def set(self, option: int, value: int, /) -> None: ...
+    def set_path(self, which: int, path: str, /) -> None: ...
     def set_transform(
         self,
         field: _Path,
@@ -313,7 +319,10 @@ OPT_ALIGN: int
 OPT_ON_ERROR: int
 OPT_MAX_ERRORS: int
 OPT_READ_AHEAD: int
+OPT_DEVICE_KERNELS: int
 
+PATH_NVRTC: int
+PATH_KERNEL_CACHE: int
 IO_AUTO: int
 IO_URING: int
 IO_PREAD: int

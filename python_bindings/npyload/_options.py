@@ -112,3 +112,19 @@ def _parse_shuffle(shuffle):
     if isinstance(shuffle, str) and shuffle.lower() in _SHUFFLE:
         return _SHUFFLE[shuffle.lower()]
     raise ValueError(f"shuffle must be True, False, 'full', 'local' or 'none', got {shuffle!r}")
+
+
+def _kernel_paths():
+    """Where device transforms find NVRTC and keep what it compiles, as
+    npyload_loader_set_path() pairs: the library reads no environment, so
+    the Python layer passes NPYLOAD_NVRTC (a libnvrtc file or its
+    directory; unset: the library's own search) and NPYLOAD_KERNEL_CACHE
+    (a directory; unset: $XDG_CACHE_HOME/npyload/kernels, else
+    ~/.cache/npyload/kernels; empty: no cache) through."""
+    cache = _os.environ.get("NPYLOAD_KERNEL_CACHE")
+    if cache is None:
+        base = _os.environ.get("XDG_CACHE_HOME") or _os.path.join(
+            _os.path.expanduser("~"), ".cache")
+        cache = _os.path.join(base, "npyload", "kernels")
+    return [(_npyload.PATH_NVRTC, _os.environ.get("NPYLOAD_NVRTC", "")),
+            (_npyload.PATH_KERNEL_CACHE, cache)]

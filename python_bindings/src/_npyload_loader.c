@@ -643,6 +643,23 @@ out:
     return ret;
 }
 
+static PyObject *loader_set_path(NpyloadPy_Loader *self, PyObject *args)
+{
+    int which;
+    PyObject *path_b = NULL;
+    if (!PyArg_ParseTuple(args, "iO&:set_path", &which, PyUnicode_FSConverter, &path_b))
+        return NULL;
+    PyObject *ret = NULL;
+    if (loader_enter(self, "set_path()") == 0) {
+        int rc = npyload_loader_set_path(self->L, (npyload_path_option)which,
+                                         PyBytes_AS_STRING(path_b));
+        ret = rc < 0 ? loader_error(self, rc) : none_ref();
+        loader_leave(self);
+    }
+    Py_DECREF(path_b);
+    return ret;
+}
+
 PyDoc_STRVAR(option_ranges_doc,
 "option_ranges() -> {option: (lo, hi, default)}\n\n"
 "For every option of npyload_loader_set(): the smallest and the largest\n"
@@ -691,6 +708,9 @@ static PyMethodDef loader_methods[] = {
      "set_transform(field, dtype, scale, mean, std, channels_last): "
      "npyload_loader_set_transform (before start); dtype 0 keep, 1 float32, "
      "2 float16, 3 bfloat16; mean/std None or sequences of numbers."},
+    {"set_path", (PyCFunction)loader_set_path, METH_VARARGS,
+     "set_path(which, path): npyload_loader_set_path (before start); which "
+     "PATH_NVRTC or PATH_KERNEL_CACHE, '' for the default."},
     {"get", (PyCFunction)loader_get, METH_VARARGS,
      "get(option) -> int: the option's effective value."},
     {"start", (PyCFunction)loader_start, METH_NOARGS,

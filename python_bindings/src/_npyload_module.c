@@ -424,7 +424,7 @@ static PyObject *mod_build_info(PyObject *self, PyObject *noargs)
         return npyloadpy_raise(rc, "npyload_get_build_info failed");
     return Py_BuildValue(
         "{s:N,s:O,s:O,s:N,s:N,s:N,s:N,s:O,s:i,s:N,s:N,s:N,s:N,s:N,s:O,s:N,s:N,"
-        "s:O,s:O,s:L,s:L,s:L,s:L,s:s,s:O}",
+        "s:O,s:O,s:L,s:L,s:L,s:L,s:s,s:O,s:O,s:O,s:N,s:N,s:N}",
         "version", npyloadpy_str(bi.version),
         "uring_compiled", bi.uring_compiled ? Py_True : Py_False,
         "uring_usable", bi.uring_usable ? Py_True : Py_False,
@@ -449,7 +449,12 @@ static PyObject *mod_build_info(PyObject *self, PyObject *noargs)
         "default_queue_depth", (long long)bi.default_queue_depth,
         "default_shuffle_window", (long long)bi.default_shuffle_window,
         "default_io_backend", npyload_backend_name((npyload_io_backend)bi.default_io_backend),
-        "default_read_ahead", bi.default_read_ahead ? Py_True : Py_False);
+        "default_read_ahead", bi.default_read_ahead ? Py_True : Py_False,
+        "transform_nvrtc", bi.transform_nvrtc ? Py_True : Py_False,
+        "nvrtc_found", bi.nvrtc_found ? Py_True : Py_False,
+        "nvrtc_version", cuda_version_str(bi.nvrtc_version),
+        "nvrtc_path", npyloadpy_str(bi.nvrtc_path),
+        "nvrtc_why", npyloadpy_str(bi.nvrtc_why));
 }
 
 static PyObject *mod_build_info_text(PyObject *self, PyObject *noargs)
@@ -699,6 +704,8 @@ PyMODINIT_FUNC PyInit__npyload(void)
 #define NPYLOAD_XX_OPT(name, value, doc) ADD("OPT_" #name, NPYLOAD_OPT_##name);
     NPYLOAD_OPTION_MAP(NPYLOAD_XX_OPT)
 #undef NPYLOAD_XX_OPT
+    ADD("PATH_NVRTC", NPYLOAD_PATH_NVRTC);
+    ADD("PATH_KERNEL_CACHE", NPYLOAD_PATH_KERNEL_CACHE);
     ADD("IO_AUTO", NPYLOAD_IO_AUTO);
     ADD("IO_URING", NPYLOAD_IO_URING);
     ADD("IO_PREAD", NPYLOAD_IO_PREAD);

@@ -116,7 +116,8 @@ B="$REPO/build-device-check"
 GEN=(); command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
 step configure 180 cmake -S "$REPO" -B "$B" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DNPYLOAD_GPU_TESTS=ON -DNPYLOAD_BUILD_TESTS=ON -DNPYLOAD_BUILD_TOOLS=ON
-step build 300 cmake --build "$B" -j"$NCPU" --target test_gpu test_cuda npyload-bench npyload-gen
+step build 300 cmake --build "$B" -j"$NCPU" --target test_gpu test_cuda test_gpu_transform \
+  npyload-bench npyload-gen
 if [[ ! -x $B/tools/npyload-bench || ! -x $B/tests/test_gpu ]]; then
   say "build failed: see $OUT/logs/build.log"
   "$PY" "$HERE/device_check_report.py" report "$OUT"
@@ -136,6 +137,10 @@ SMALL=("images=$DATA/images/train/train_000[01].npy"
 # ---- 2. tests ----
 step test_gpu 180 "$B/tests/test_gpu" --jobs=1 --verbose
 step test_cuda 120 "$B/tests/test_cuda" --jobs=1 --verbose
+# Device transforms against the host, on the fatbin and on NVRTC's kernels.
+step test_gpu_transform 120 "$B/tests/test_gpu_transform" --jobs=1 --verbose
+step test_gpu_transform_nvrtc 180 env NPYLOAD_TEST_DEVICE_KERNELS=nvrtc \
+  "$B/tests/test_gpu_transform" --jobs=1 --verbose
 
 # ---- 3. H2D ratio (and NVML) ----
 W=$(( NCPU >= 16 ? 8 : (NCPU >= 4 ? NCPU / 2 : 1) ))

@@ -44,7 +44,11 @@ static int image_kind(const void *image)
         return FAKE_IMAGE_OTHER;
     if (memcmp(image, fatbin_magic, sizeof fatbin_magic) == 0)
         return FAKE_IMAGE_FATBIN;
-    if (strncmp(image, ".version", 8) == 0)
+    if (memcmp(image, "\177ELF", 4) == 0)
+        return FAKE_IMAGE_CUBIN;
+    /* nvcc's and NVRTC's PTX: comments, then .version */
+    if (strncmp(image, ".version", 8) == 0 ||
+        (strncmp(image, "//", 2) == 0 && strstr(image, "\n.version")))
         return FAKE_IMAGE_PTX;
     return FAKE_IMAGE_OTHER;
 }
@@ -57,6 +61,8 @@ int cuModuleLoadData(void **module, const void *image)
     pthread_mutex_unlock(&g_drv.mu);
     if (atomic_load(&g_drv.fail_module_load))
         return FAKE_CU_INVALID_IMAGE;
+    if (atomic_load(&g_drv.fatbin_no_binary) && image_kind(image) == FAKE_IMAGE_FATBIN)
+        return FAKE_CU_NO_BINARY_FOR_GPU;
     fake_module *m = calloc(1, sizeof *m);
     if (!m)
         return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
@@ -125,9 +131,34 @@ int cuLaunchKernel(void *function, unsigned gx, unsigned gy, unsigned gz,
     return 0;
 }
 
+int cuCtxGetDevice(int *device)
+{
+    *device = 0;
+    return 0;
+}
+
+int cuDeviceGetAttribute(int *value, int attribute, int device)
+{
+    if (device != 0)
+        return FAKE_CU_INVALID_VALUE;
+    int major = atomic_load(&g_drv.cc_major), minor = atomic_load(&g_drv.cc_minor);
+    if (!major)
+        major = 8, minor = 0;
+    if (attribute == 75) /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR */
+        *value = major;
+    else if (attribute == 76)
+        *value = minor;
+    else
+        return FAKE_CU_INVALID_VALUE;
+    return 0;
+}
+
 int cuGetErrorString(int result, const char **str)
 {
     switch (result) {
+    case FAKE_CU_NO_BINARY_FOR_GPU:
+        *str = "fake driver: no kernel image is available for execution on the device";
+        return 0;
     case FAKE_CU_INVALID_VALUE:
         *str = "fake driver: invalid argument";
         return 0;

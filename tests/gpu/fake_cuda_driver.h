@@ -9,12 +9,13 @@
 #include <stdatomic.h>
 
 /* What cuModuleLoadData was given. */
-enum { FAKE_IMAGE_OTHER = 0, FAKE_IMAGE_FATBIN = 1, FAKE_IMAGE_PTX = 2 };
+enum { FAKE_IMAGE_OTHER = 0, FAKE_IMAGE_FATBIN = 1, FAKE_IMAGE_PTX = 2, FAKE_IMAGE_CUBIN = 3 };
 
 /* The CUresults the fake returns. */
 #define FAKE_CU_INVALID_VALUE 1
 #define FAKE_CU_INVALID_IMAGE 200
 #define FAKE_CU_NOT_FOUND 500
+#define FAKE_CU_NO_BINARY_FOR_GPU 209
 #define FAKE_CU_LAUNCH_FAILED 719
 
 typedef struct fake_cuda_driver {
@@ -23,6 +24,11 @@ typedef struct fake_cuda_driver {
     /* switches: nonzero makes the call fail (INVALID_IMAGE, NOT_FOUND,
      * LAUNCH_FAILED) */
     atomic_int fail_module_load, fail_get_function, fail_launch;
+    /* nonzero: cuModuleLoadData refuses a fatbin with NO_BINARY_FOR_GPU (a
+     * GPU the fatbin does not cover); other images load */
+    atomic_int fatbin_no_binary;
+    /* the compute capability cuDeviceGetAttribute reports (0: 8.0) */
+    atomic_int cc_major, cc_minor;
     /* the last module image and launch, under mu */
     pthread_mutex_t mu;
     int last_image;            /* FAKE_IMAGE_* */

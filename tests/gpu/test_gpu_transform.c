@@ -1,8 +1,9 @@
 /* Device transforms (lib/cuda, kernels in npyload_cuda_transform_kernels.cu)
  * against the host engine: bit for bit, NaN payloads aside (both NaN).
- * Needs the kernels (nvcc at build time) and a CUDA device; skips visibly
- * otherwise. Plain C: the library loads CUDA itself. */
+ * Needs the kernels (a fatbin, or NVRTC at run time) and a CUDA device;
+ * skips visibly otherwise. Plain C: the library loads CUDA itself. */
 #include <criterion/criterion.h>
+#include <criterion/logging.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +27,16 @@ static void setup(void)
     cr_assert_eq(npyl_cuda_malloc(cuda, &probe, 256), 0, "%s", npyl_cuda_errmsg(cuda));
     npyl_cuda_free(cuda, probe);
     cr_assert_eq(npyl_cuda_stream_create(cuda, &stream), 0);
-    cr_assert_eq(npyl_tdev_open(&tdev, cuda, why, sizeof why), 0, "%s", why);
+    /* NPYLOAD_TEST_DEVICE_KERNELS=nvrtc (ctest's test_gpu_transform_nvrtc):
+     * the same checks on the kernels NVRTC compiles at run time, with the
+     * libnvrtc of NPYLOAD_NVRTC when set (else the library's search). */
+    const char *mode = getenv("NPYLOAD_TEST_DEVICE_KERNELS");
+    const char *nvrtc = getenv("NPYLOAD_NVRTC");
+    npyl_tdev_cfg cfg = {.mode = mode && strcmp(mode, "nvrtc") == 0 ? NPYL_TDEV_NVRTC
+                                                                    : NPYL_TDEV_AUTO,
+                         .nvrtc = nvrtc && nvrtc[0] ? nvrtc : NULL};
+    cr_assert_eq(npyl_tdev_open(&tdev, cuda, &cfg, why, sizeof why), 0, "%s", why);
+    cr_log_info("kernels: %s", npyl_tdev_source(tdev));
 }
 
 static void teardown(void)

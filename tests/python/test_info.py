@@ -198,20 +198,39 @@ def test_cuda_runtime_agrees_with_the_dynamic_loader(info, text):
 
 
 def test_device_kernels_follow_the_wheels_build_options(info, text):
-    """pip builds with pyproject.toml's NPYLOAD_GPU_TESTS (nvcc is looked for
-    only when it is not OFF): OFF means no kernels, and the reason says so."""
+    """pip builds with pyproject.toml's NPYLOAD_CUDA_KERNELS: AUTO embeds a
+    fatbin when nvcc is found and the source for NVRTC always, so the
+    wheel has device kernels whether or not nvcc was there; the line says
+    which, and where NVRTC is (or what to install)."""
     pyproject = (REPO / "pyproject.toml").read_text()
-    m = re.search(r'^NPYLOAD_GPU_TESTS\s*=\s*"(\w+)"', pyproject, re.M)
+    m = re.search(r'^NPYLOAD_CUDA_KERNELS\s*=\s*"(\w+)"', pyproject, re.M)
+    mode = m.group(1) if m else "AUTO"
     line = _line(text, "device transforms")
+    assert info["transform_nvrtc"] is (mode != "OFF")
+    if info["nvrtc_found"]:
+        assert info["nvrtc_why"] == "" and "libnvrtc" in info["nvrtc_path"]
+        assert re.fullmatch(r"\d+\.\d+", info["nvrtc_version"])
+        nv = f"NVRTC {info['nvrtc_version']} at run time ({info['nvrtc_path']})"
+    else:
+        assert info["nvrtc_path"] == "" and info["nvrtc_version"] == ""
+        if info["transform_nvrtc"]:
+            assert "pip install nvidia-cuda-nvrtc" in info["nvrtc_why"]
     if info["transform_kernels"]:
         assert info["transform_kernels_why"] == ""
         assert re.fullmatch(r"(sm_\d+ )+compute_\d+", info["transform_kernel_archs"])
-        assert line == f"ahead of time (embedded fatbin: {info['transform_kernel_archs']})"
+        aot = f"ahead of time (embedded fatbin: {info['transform_kernel_archs']})"
+        if info["nvrtc_found"]:
+            assert line == f"{aot}; other GPUs: {nv}"
+        else:
+            assert line == f"{aot}; other GPUs: NVRTC not found (pip install nvidia-cuda-nvrtc)"
     else:
         assert info["transform_kernel_archs"] == ""
-        assert "nvcc" in info["transform_kernels_why"]
-        assert line == f"unavailable: {info['transform_kernels_why']}"
-    if m and m.group(1) == "OFF":
+        assert "nvcc" in info["transform_kernels_why"] or mode == "OFF"
+        if info["nvrtc_found"]:
+            assert line == f"{nv}; no ahead-of-time kernels: {info['transform_kernels_why']}"
+        else:
+            assert line.startswith(f"unavailable: {info['transform_kernels_why']}")
+    if mode == "NVRTC":
         assert info["transform_kernels"] is False
 
 
@@ -323,6 +342,7 @@ def test_bench_prints_the_same_block_first_and_puts_it_in_its_json(info, text, t
     import json
     doc = json.loads(out_json.read_text())
     skip = ("python", "numpy", "torch", "transform_kernels", "transform_kernels_why",
-            "transform_kernel_archs")
+            "transform_kernel_archs", "transform_nvrtc", "nvrtc_found", "nvrtc_version",
+            "nvrtc_path", "nvrtc_why")
     want = {k: v for k, v in info.items() if k not in skip}
     assert {k: v for k, v in doc["build_info"].items() if k not in skip} == want
