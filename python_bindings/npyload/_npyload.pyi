@@ -143,7 +143,7 @@ class BuildInfo(TypedDict):
     default_read_ahead: bool
     # Added by npyload.build_info() (not the extension's build_info):
     python: NotRequired[str]
-    numpy: NotRequired[str]
+    numpy: NotRequired[str | None]
     torch: NotRequired[str | None]
 
 # ---- the exception ----
