@@ -87,7 +87,8 @@ def venv(wheels, tmp_path_factory):
     where = Path(np.__file__).parent.parent
     only = d / "numpy-only"
     only.mkdir()
-    for f in [where / "numpy", *where.glob("numpy.libs"), *where.glob("numpy-*.dist-info")]:
+    for f in [where / "numpy", *where.glob("numpy.libs"), *where.glob("numpy-*.dist-info"),
+              *where.glob("numpy-*.egg-info")]:  # Debian's python3-numpy
         (only / f.name).symlink_to(f)
     (site / "numpy-only.pth").write_text(f"{only}\n")
     return py, site
