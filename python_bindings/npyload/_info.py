@@ -9,8 +9,6 @@ import platform as _platform
 import sys as _sys
 from typing import TYPE_CHECKING
 
-import numpy as _np
-
 from . import _npyload
 
 if TYPE_CHECKING:
@@ -59,7 +57,7 @@ def build_info() -> BuildInfo:
 
 
 def _python_facts() -> dict[str, str | None]:
-    return {"python": _platform.python_version(), "numpy": _np.__version__,
+    return {"python": _platform.python_version(), "numpy": _dist_version("numpy"),
             "torch": _dist_version("torch")}
 
 
@@ -72,5 +70,5 @@ def format_info() -> str:
             + f"system:            {_platform.system()} {_platform.release()} "
               f"{_platform.machine()}\n"
             + f"Python:            {p['python']} ({_sys.executable})\n"
-            + f"numpy:             {p['numpy']}\n"
+            + f"numpy:             {p['numpy'] or 'not installed'}\n"
             + f"torch:             {p['torch'] or 'not installed'}\n")

@@ -148,7 +148,7 @@ class BuildInfo(TypedDict):
     nvrtc_why: str
     # Added by npyload.build_info() (not the extension's build_info):
     python: NotRequired[str]
-    numpy: NotRequired[str]
+    numpy: NotRequired[str | None]
     torch: NotRequired[str | None]
 
 # ---- the exception ----
