@@ -148,6 +148,7 @@ def key(v):
 out = []
 for req in sys.argv[1:]:
     name, op, want = re.match(r"([A-Za-z0-9_.-]+)\s*(==|>=)?\s*(\S*)", req).groups()
+    want = want.split(",")[0]  # ">=13,<14": the lower bound is what is checked
     have = None
     for n in (name, name.replace("-", "_")):
         try:
