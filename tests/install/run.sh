@@ -6,6 +6,7 @@
 #   find_package(npyload), npyload::npyload_static   -> no libnpyload.so
 #   pkg-config --cflags --libs npyload (+ -Wl,-rpath) -> needs libnpyload.so
 #   pkg-config --static --cflags --libs npyload-static -> no libnpyload.so
+#   the same, the consumer compiled as C++ (the header's extern "C")
 #
 #   bash tests/install/run.sh BUILD_DIR     (a configured and built tree)
 set -euo pipefail
@@ -24,6 +25,8 @@ cc tests/install/consumer.c $(pkg-config --cflags --libs npyload) \
    -Wl,-rpath,"$(pkg-config --variable=libdir npyload)" -o "$C/consumer_pc"
 cc tests/install/consumer.c $(pkg-config --static --cflags --libs npyload-static) \
    -o "$C/consumer_pc_static"
+c++ -x c++ -std=c++17 -Wall -Wextra -Werror tests/install/consumer.c -x none \
+   $(pkg-config --static --cflags --libs npyload-static) -o "$C/consumer_cxx_static"
 
 G=tests/golden/dt_f4_le.npy
 fail=0
@@ -54,4 +57,5 @@ check consumer_shared shared
 check consumer_static static
 check consumer_pc shared
 check consumer_pc_static static
+check consumer_cxx_static static
 exit $fail
