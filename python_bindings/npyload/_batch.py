@@ -23,6 +23,19 @@ class Batch(_Mapping[str, Any]):
     position in this rank's epoch) and ``num_samples`` (rows).
     Without ``copy=True`` the values share memory with a loader slot; the
     slot is given back when the last of them (and this object) is freed.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> import npyload
+    >>> d = tempfile.mkdtemp()
+    >>> np.save(os.path.join(d, "y_0.npy"), np.arange(10))
+    >>> loader = npyload.Loader({"y": os.path.join(d, "y_0.npy")}, batch_size=4,
+    ...                         output="numpy")
+    >>> batch = next(iter(loader))
+    >>> list(batch.keys()), batch["y"].tolist(), batch.indices.tolist(), batch.epoch, batch.seq
+    (['y'], [0, 1, 2, 3], [0, 1, 2, 3], 0, 0)
     """
 
     __slots__ = ("_data", "indices", "epoch", "seq", "num_samples", "_raw")
@@ -87,7 +100,20 @@ class BatchTuple(tuple[Any, ...]):
     """One batch with ``as_tuple=True``: a tuple of the fields' arrays or
     tensors in the order the fields were given, so ``images, labels = batch``
     works. Carries the same ``indices``, ``epoch``, ``seq``, ``num_samples``
-    and ``wait_stream()`` as :class:`Batch`, and ``field_names``."""
+    and ``wait_stream()`` as :class:`Batch`, and ``field_names``.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> import npyload
+    >>> d = tempfile.mkdtemp()
+    >>> np.save(os.path.join(d, "y_0.npy"), np.arange(10))
+    >>> loader = npyload.Loader({"y": os.path.join(d, "y_0.npy")}, batch_size=4,
+    ...                         as_tuple=True, output="numpy")
+    >>> [y.tolist() for (y,) in loader]
+    [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    """
 
     # Set by _wrap_raw on each instance (declared for type checkers).
     field_names: tuple[str, ...]

@@ -13,7 +13,25 @@ class TransformError(RuntimeError):
     """Raised from iteration when the ``transform=`` hook failed on a batch.
 
     ``seq`` and ``epoch`` name the batch; the exception the hook raised is
-    chained as ``__cause__``. The batches before it were delivered."""
+    chained as ``__cause__``. The batches before it were delivered.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> import npyload
+    >>> d = tempfile.mkdtemp()
+    >>> np.save(os.path.join(d, "y_0.npy"), np.arange(10))
+    >>> def hook(batch):
+    ...     raise ValueError("bad batch")
+    >>> loader = npyload.Loader({"y": os.path.join(d, "y_0.npy")}, batch_size=4,
+    ...                         transform=hook, output="numpy")
+    >>> try:
+    ...     next(iter(loader))
+    ... except npyload.TransformError as e:
+    ...     print(e.seq, e.epoch, repr(e.__cause__))
+    0 0 ValueError('bad batch')
+    """
 
     def __init__(self, message: str, seq: int, epoch: int) -> None:
         super().__init__(message)

@@ -49,7 +49,17 @@ def build_info() -> BuildInfo:
 
     It probes io_uring and looks for the CUDA runtime the way
     ``cuda_available()`` does: counting devices initialises the CUDA driver
-    in this process."""
+    in this process.
+
+    Examples
+    --------
+    >>> import npyload
+    >>> info = npyload.build_info()
+    >>> info["version"] == npyload.__version__
+    True
+    >>> isinstance(info["uring_compiled"], bool), isinstance(info["cuda_devices"], int)
+    (True, True)
+    """
     info = _npyload.build_info()
     info.update(_python_facts())
     return info

@@ -476,6 +476,29 @@ class Loader(Generic[_B]):
     of it): batch_size 1 .. 2**31, num_workers 0 .. 256, prefetch 1 .. 1023
     (1 .. 1022 with ``transform=``), world_size 1 .. 2**24, window 1 ..
     2**31, seed an int64, max_errors 1 .. 2**63-1, rank below world_size.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> import npyload
+    >>> d = tempfile.mkdtemp()
+    >>> for i in range(2):  # two files per field, 6 samples each
+    ...     np.save(os.path.join(d, f"x_{i}.npy"), np.ones((6, 2, 3), np.float32) * i)
+    ...     np.save(os.path.join(d, f"y_{i}.npy"), np.arange(6 * i, 6 * i + 6))
+    >>> loader = npyload.Loader({"x": os.path.join(d, "x_*.npy"),
+    ...                          "y": os.path.join(d, "y_*.npy")},
+    ...                         batch_size=4, shuffle=True, seed=0, num_workers=2,
+    ...                         output="numpy")
+    >>> len(loader), loader.num_samples
+    (3, 12)
+    >>> for epoch in range(2):
+    ...     loader.set_epoch(epoch)
+    ...     for batch in loader:
+    ...         assert (batch["y"] == batch.indices).all()  # y holds the sample index
+    >>> [batch["x"].shape for batch in loader]
+    [(4, 2, 3), (4, 2, 3), (4, 2, 3)]
+    >>> loader.close()
     """
 
     # Set by __init__ (declared for type checkers).

@@ -30,6 +30,8 @@ class Transform:
     roundings, no FMA), c the channel (axis 1 of the batch, axis 0 of a
     sample), then rounded to nearest even into ``dtype``.
 
+    Parameters
+    ----------
     dtype : 'float32', 'float16', 'bfloat16' (numpy/torch dtypes accepted),
         or None to keep the stored dtype (only without arithmetic).
     scale : float, applied first; finite and nonzero (ValueError otherwise).
@@ -42,6 +44,20 @@ class Transform:
     On a CUDA device the stored dtype crosses PCIe (a uint8 field costs one
     byte per element). bfloat16 batches are torch.bfloat16 tensors, or
     ml_dtypes.bfloat16 numpy arrays (raw uint16 bits without ml_dtypes).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> import npyload
+    >>> d = tempfile.mkdtemp()
+    >>> np.save(os.path.join(d, "img.npy"), np.full((4, 3, 2, 2), 255, np.uint8))
+    >>> t = npyload.Transform(dtype="float16", scale=1 / 255, mean=0.5, std=0.5)
+    >>> loader = npyload.Loader({"img": os.path.join(d, "img.npy")}, batch_size=4,
+    ...                         transforms={"img": t}, output="numpy")
+    >>> img = next(iter(loader))["img"]
+    >>> img.dtype, img.shape, float(img.min()), float(img.max())
+    (dtype('float16'), (4, 3, 2, 2), 1.0, 1.0)
     """
 
     __slots__ = ("dtype", "scale", "mean", "std", "channels_last")

@@ -209,39 +209,63 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
     mapping ``npyload.Loader`` takes (field -> the list of its files, in
     order).
 
-    - ``source``: a dict of arrays (field -> array, one sample per row), a
-      map-style Dataset (``__len__`` and ``__getitem__`` returning a dict of
-      arrays or tensors), or an iterable of such dicts. Field names, dtypes
-      and shapes come from sample 0; every sample is checked against them (a
-      mismatch raises ValueError naming the sample index, the field and both
-      shapes).
-    - ``samples_per_file``: samples per file (the last file may be shorter).
-    - ``layout``: a path template (or a mapping field -> template) relative
-      to ``out`` with ``{field}``, ``{split}`` and ``{id}`` (the file
-      number, e.g. ``{id:04d}``); default ``"{field}/{split}_{id:04d}.npy"``.
-      The reference layout is ``{"images": "images/{split}/{split}_{id:04d}.npy",
-      "heatmaps": "labels/{split}/{split}_{id:04d}_heatmaps.npy", ...}``.
-    - ``num_workers``: threads producing samples (map-style sources) and
-      writing files; None: the cores. Files are written in sample order; at
-      most ``num_workers`` + 1 files per field are in memory. An iterable is
-      consumed by one thread (its order is its own), files are written by
-      the others.
-    - ``pack``: each finished file is packed (``npyload.pack``, the C packer
-      of ``npyload-pack``) and the ``.npy`` removed; ``narrow``: packed with
-      lossless narrowing where the data allow (at most 256 distinct values,
-      see ``npyload.pack``), plainly where they do not (implies ``pack``).
-    - ``overwrite``: False (default) keeps the files a previous run of the
-      same call finished (checked by size and header) and writes the rest:
-      an interrupted write (Ctrl-C, kill, crash) resumes with the same call
-      and gives the same bytes as an uninterrupted one. A different call
-      over the same ``out`` (other fields, shapes, layout...) raises
-      ValueError unless ``overwrite=True``, which rewrites every file.
-    - ``progress``: a progress line on stderr when it is a terminal.
+    Parameters
+    ----------
+    source
+        A dict of arrays (field -> array, one sample per row), a
+        map-style Dataset (``__len__`` and ``__getitem__`` returning a dict of
+        arrays or tensors), or an iterable of such dicts. Field names, dtypes
+        and shapes come from sample 0; every sample is checked against them (a
+        mismatch raises ValueError naming the sample index, the field and both
+        shapes).
+    samples_per_file
+        Samples per file (the last file may be shorter).
+    layout
+        A path template (or a mapping field -> template) relative
+        to ``out`` with ``{field}``, ``{split}`` and ``{id}`` (the file
+        number, e.g. ``{id:04d}``); default ``"{field}/{split}_{id:04d}.npy"``.
+        The reference layout is ``{"images": "images/{split}/{split}_{id:04d}.npy",
+        "heatmaps": "labels/{split}/{split}_{id:04d}_heatmaps.npy", ...}``.
+    split
+        The ``{split}`` of the layout (default ``"train"``).
+    num_workers
+        Threads producing samples (map-style sources) and
+        writing files; None: the cores. Files are written in sample order; at
+        most ``num_workers`` + 1 files per field are in memory. An iterable is
+        consumed by one thread (its order is its own), files are written by
+        the others.
+    pack, narrow
+        ``pack``: each finished file is packed (``npyload.pack``, the C packer
+        of ``npyload-pack``) and the ``.npy`` removed; ``narrow``: packed with
+        lossless narrowing where the data allow (at most 256 distinct values,
+        see ``npyload.pack``), plainly where they do not (implies ``pack``).
+    overwrite
+        False (default) keeps the files a previous run of the
+        same call finished (checked by size and header) and writes the rest:
+        an interrupted write (Ctrl-C, kill, crash) resumes with the same call
+        and gives the same bytes as an uninterrupted one. A different call
+        over the same ``out`` (other fields, shapes, layout...) raises
+        ValueError unless ``overwrite=True``, which rewrites every file.
+    progress
+        A progress line on stderr when it is a terminal.
 
     Every file goes through a temporary name that is fsynced and renamed
     (npyload-pack's durability rules), so a file under its final name is
     always complete. Writing the same source twice gives identical bytes
     (``np.save``'s, byte for byte).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> import npyload
+    >>> out = tempfile.mkdtemp()
+    >>> fields = npyload.write({"x": np.zeros((100, 3), np.float32), "y": np.arange(100)},
+    ...                        out, samples_per_file=64, progress=False)
+    >>> {k: [os.path.relpath(p, out) for p in v] for k, v in fields.items()}
+    {'x': ['x/train_0000.npy', 'x/train_0001.npy'], 'y': ['y/train_0000.npy', 'y/train_0001.npy']}
+    >>> len(npyload.Loader(fields, batch_size=10))
+    10
     """
     np = _np()
     out = _os.fspath(out)
