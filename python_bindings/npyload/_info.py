@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.metadata as _metadata
 import platform as _platform
 import sys as _sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as _np
 
@@ -61,11 +61,18 @@ def build_info() -> BuildInfo:
     (True, True)
     """
     info = _npyload.build_info()
-    info.update(_python_facts())
+    p = _python_facts()
+    info["python"], info["numpy"], info["torch"] = p["python"], p["numpy"], p["torch"]
     return info
 
 
-def _python_facts() -> dict[str, str | None]:
+class _PythonFacts(TypedDict):
+    python: str
+    numpy: str
+    torch: str | None
+
+
+def _python_facts() -> _PythonFacts:
     return {"python": _platform.python_version(), "numpy": _np.__version__,
             "torch": _dist_version("torch")}
 

@@ -94,13 +94,13 @@ def pack(paths: _Path | Iterable[_Path], level: int = 3, frame_size: int | None 
     """
     if isinstance(paths, (str, bytes, _os.PathLike)):
         paths = [paths]
-    paths = [_os.fsdecode(_os.fspath(p)) for p in paths]
-    if not paths:
+    files = [_os.fsdecode(_os.fspath(p)) for p in paths]
+    if not files:
         raise ValueError("pack: no input file")
     if out is not None:
-        if len(paths) != 1:
+        if len(files) != 1:
             raise ValueError(f"pack: out names one output: give exactly one "
-                             f"input (got {len(paths)})")
+                             f"input (got {len(files)})")
         out = _os.fsdecode(_os.fspath(out))
     # The ranges of npyload_pack_file, checked here so that a bad value is a
     # ValueError naming it before any file is touched.
@@ -117,7 +117,7 @@ def pack(paths: _Path | Iterable[_Path], level: int = 3, frame_size: int | None 
         raise ValueError(f"pack: threads={threads} out of range (0 .. "
                          f"{_PACK_MAX_THREADS}; None or 0 = all cores)")
     results = []
-    for p in paths:
+    for p in files:
         r = _npyload.pack_file(p, out, level, frame_size or 0, threads or 0,
                                bool(force), bool(checksum), bool(narrow), bool(store))
         if remove:
