@@ -133,7 +133,7 @@ class BatchTuple(tuple[Any, ...]):
                 f"rows={self.num_samples} ({fields})>")
 
 
-def _missing_field(key, data):
+def _missing_field(key: object, data: _Mapping[str, Any]) -> str:
     """The message of a batch's KeyError: the key, the fields there are and,
     for a near miss (``"image"`` for ``"images"``), the likely one."""
     names = list(data)
@@ -146,18 +146,19 @@ def _missing_field(key, data):
     return msg
 
 
-def _bfloat16_numpy():
+def _bfloat16_numpy() -> Any:
     try:
-        import ml_dtypes
+        import ml_dtypes  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         return None
     return ml_dtypes.bfloat16
 
 
-def _wrap_raw(raw, torch, np, copy, as_tuple, bf16=None):
+def _wrap_raw(raw: _npyload.Batch, torch: Any, np: Any, copy: bool, as_tuple: bool,
+              bf16: Any = None) -> Batch | BatchTuple:
     """A Batch (or BatchTuple) of torch tensors or numpy arrays viewing raw's slot."""
     names = raw.field_names
-    data = {}
+    data: dict[str, Any] = {}
     if torch is not None:
         for i, name in enumerate(names):
             t = torch.from_dlpack(raw.field(i))
@@ -173,7 +174,7 @@ def _wrap_raw(raw, torch, np, copy, as_tuple, bf16=None):
             data[name] = a.copy() if copy else a
         indices = np.frombuffer(raw.indices_bytes(), dtype=np.int64)
     epoch, seq, n = raw.epoch, raw.seq, raw.size
-    keep = raw
+    keep: _npyload.Batch | None = raw
     if copy:
         if raw.live_views == 0:
             raw.release()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math as _math
 import struct as _struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -13,13 +13,14 @@ if TYPE_CHECKING:
 _TDTYPES = {None: 0, "float32": 1, "float16": 2, "bfloat16": 3}
 
 
-def _float32(x):
+def _float32(x: float) -> float:
     """x rounded to float32 (inf beyond its range)."""
     try:
         x = float(x)
     except OverflowError:  # an int beyond the double range
         return _math.inf if x > 0 else -_math.inf
-    return _struct.unpack("f", _struct.pack("f", x))[0]
+    r: float = _struct.unpack("f", _struct.pack("f", x))[0]
+    return r
 
 
 class Transform:
@@ -110,7 +111,7 @@ class Transform:
                                  "one and allows no arithmetic")
 
     @staticmethod
-    def _values(what, v):
+    def _values(what: str, v: Any) -> tuple[float, ...] | None:
         if v is None:
             return None
         if isinstance(v, (int, float)) and not isinstance(v, bool):
