@@ -261,15 +261,7 @@ def test_readme_migration_example_runs_as_written(tmp_path, monkeypatch):
     code = _readme_block("# After: npyload")
     assert 'torch.cuda.is_available()' in code, "the device= line works with and without a GPU"
     # The captcha layout of the example, tiny: 3 files of 64 samples per field.
-    rng = np.random.default_rng(0)
-    shapes = {"images": (2, 8, 16), "heatmaps": (2, 4, 8), "offsets": (4, 4, 8)}
-    for name, shape in shapes.items():
-        d = tmp_path / "data" / ("images" if name == "images" else "labels") / "train"
-        d.mkdir(parents=True, exist_ok=True)
-        for i in range(3):
-            suffix = "" if name == "images" else f"_{name}"
-            np.save(d / f"train_{i:04d}{suffix}.npy",
-                    rng.standard_normal((64,) + shape).astype(np.float32))
+    _readme_fixture(tmp_path)
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.chdir(tmp_path)
