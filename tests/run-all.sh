@@ -87,20 +87,9 @@ if [[ -x "$B/tests/test_gpu" ]]; then
   "$B/tests/test_gpu" --verbose 2>&1 | grep -E "SKIP|PASS|FAIL|Synthesis" | head -20 || true
 fi
 
-# The install as users get it: cmake --install, then a downstream project
-# through find_package and through pkg-config.
-I="$PWD/$B/_install"
-rm -rf "$I" "$B/_consumer"
-cmake --install "$B" --prefix "$I" >/dev/null
-cmake -S tests/install -B "$B/_consumer" "${GEN[@]}" -DCMAKE_PREFIX_PATH="$I" >/dev/null
-cmake --build "$B/_consumer" >/dev/null
-G=tests/golden/dt_f4_le.npy
-LD_LIBRARY_PATH="$I/lib" "$B/_consumer/consumer_shared" "$G"
-"$B/_consumer/consumer_static" "$G"
-cc tests/install/consumer.c $(PKG_CONFIG_PATH="$I/lib/pkgconfig" pkg-config --cflags --libs npyload) \
-   -o "$B/_consumer/consumer_pc"
-LD_LIBRARY_PATH="$I/lib" "$B/_consumer/consumer_pc" "$G"
-echo "install: find_package (shared, static) and pkg-config consumers OK"
+# The install as users get it: cmake --install, then downstream programs
+# through find_package and pkg-config, shared and static (tests/install/run.sh).
+bash tests/install/run.sh "$B"
 
 # Without build isolation when scikit-build-core is already here (offline,
 # fast); otherwise pip fetches it into an isolated build environment.

@@ -1,6 +1,8 @@
 """npyload: stream NPY arrays into reused pinned buffers and onto the GPU.
 
-A drop-in for ``torch.utils.data.DataLoader`` over pre-batched ``.npy`` files::
+A drop-in for a ``torch.utils.data.DataLoader`` whose Dataset returns rows
+(or whole pre-batched files) of ``.npy`` arrays, stacked or concatenated into
+batches (README, "Drop-in for DataLoader", says exactly which pattern)::
 
     import npyload
     loader = npyload.Loader({"images": "data/images/train/*.npy",

@@ -28,7 +28,8 @@ class Augment(_NamedTuple):
     left: Any
 
 
-def _augment_of(raw, names, aug):
+def _augment_of(raw: _npyload.Batch, names: tuple[str, ...],
+                aug: frozenset[str]) -> dict[str, Augment]:
     """{field: Augment} for the fields in aug, from the library's decisions."""
     import numpy as np
     out = {}
@@ -53,6 +54,19 @@ class Batch(_Mapping[str, Any]):
     crops; empty otherwise).
     Without ``copy=True`` the values share memory with a loader slot; the
     slot is given back when the last of them (and this object) is freed.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> import npyload
+    >>> d = tempfile.mkdtemp()
+    >>> np.save(os.path.join(d, "y_0.npy"), np.arange(10))
+    >>> loader = npyload.Loader({"y": os.path.join(d, "y_0.npy")}, batch_size=4,
+    ...                         output="numpy")
+    >>> batch = next(iter(loader))
+    >>> list(batch.keys()), batch["y"].tolist(), batch.indices.tolist(), batch.epoch, batch.seq
+    (['y'], [0, 1, 2, 3], [0, 1, 2, 3], 0, 0)
     """
 
     __slots__ = ("_data", "indices", "epoch", "seq", "num_samples", "_raw", "augment")
@@ -119,7 +133,20 @@ class BatchTuple(tuple[Any, ...]):
     """One batch with ``as_tuple=True``: a tuple of the fields' arrays or
     tensors in the order the fields were given, so ``images, labels = batch``
     works. Carries the same ``indices``, ``epoch``, ``seq``, ``num_samples``
-    and ``wait_stream()`` as :class:`Batch`, and ``field_names``."""
+    and ``wait_stream()`` as :class:`Batch`, and ``field_names``.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> import npyload
+    >>> d = tempfile.mkdtemp()
+    >>> np.save(os.path.join(d, "y_0.npy"), np.arange(10))
+    >>> loader = npyload.Loader({"y": os.path.join(d, "y_0.npy")}, batch_size=4,
+    ...                         as_tuple=True, output="numpy")
+    >>> [y.tolist() for (y,) in loader]
+    [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    """
 
     # Set by _wrap_raw on each instance (declared for type checkers).
     field_names: tuple[str, ...]
@@ -140,7 +167,7 @@ class BatchTuple(tuple[Any, ...]):
                 f"rows={self.num_samples} ({fields})>")
 
 
-def _missing_field(key, data):
+def _missing_field(key: object, data: _Mapping[str, Any]) -> str:
     """The message of a batch's KeyError: the key, the fields there are and,
     for a near miss (``"image"`` for ``"images"``), the likely one."""
     names = list(data)
@@ -153,18 +180,19 @@ def _missing_field(key, data):
     return msg
 
 
-def _bfloat16_numpy():
+def _bfloat16_numpy() -> Any:
     try:
-        import ml_dtypes
+        import ml_dtypes  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         return None
     return ml_dtypes.bfloat16
 
 
-def _wrap_raw(raw, torch, np, copy, as_tuple, bf16=None, aug=frozenset()):
+def _wrap_raw(raw: _npyload.Batch, torch: Any, np: Any, copy: bool, as_tuple: bool,
+              bf16: Any = None, aug: frozenset[str] = frozenset()) -> Batch | BatchTuple:
     """A Batch (or BatchTuple) of torch tensors or numpy arrays viewing raw's slot."""
     names = raw.field_names
-    data = {}
+    data: dict[str, Any] = {}
     if torch is not None:
         for i, name in enumerate(names):
             t = torch.from_dlpack(raw.field(i))
@@ -181,7 +209,7 @@ def _wrap_raw(raw, torch, np, copy, as_tuple, bf16=None, aug=frozenset()):
         indices = np.frombuffer(raw.indices_bytes(), dtype=np.int64)
     epoch, seq, n = raw.epoch, raw.seq, raw.size
     augment = _augment_of(raw, names, aug) if aug else {}
-    keep = raw
+    keep: _npyload.Batch | None = raw
     if copy:
         if raw.live_views == 0:
             raw.release()

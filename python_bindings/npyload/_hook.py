@@ -6,6 +6,7 @@ import sys as _sys
 import queue as _queue
 import threading as _threading
 import time as _time
+from typing import Any, Callable
 
 
 
@@ -13,7 +14,25 @@ class TransformError(RuntimeError):
     """Raised from iteration when the ``transform=`` hook failed on a batch.
 
     ``seq`` and ``epoch`` name the batch; the exception the hook raised is
-    chained as ``__cause__``. The batches before it were delivered."""
+    chained as ``__cause__``. The batches before it were delivered.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> import npyload
+    >>> d = tempfile.mkdtemp()
+    >>> np.save(os.path.join(d, "y_0.npy"), np.arange(10))
+    >>> def hook(batch):
+    ...     raise ValueError("bad batch")
+    >>> loader = npyload.Loader({"y": os.path.join(d, "y_0.npy")}, batch_size=4,
+    ...                         transform=hook, output="numpy")
+    >>> try:
+    ...     next(iter(loader))
+    ... except npyload.TransformError as e:
+    ...     print(e.seq, e.epoch, repr(e.__cause__))
+    0 0 ValueError('bad batch')
+    """
 
     def __init__(self, message: str, seq: int, epoch: int) -> None:
         super().__init__(message)
@@ -31,17 +50,17 @@ class _LoopClock:
     Loader; += under the GIL."""
     __slots__ = ("hook_ns", "wait_ns", "step_ns", "last")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.hook_ns = self.wait_ns = self.step_ns = self.last = 0
 
-    def waited(self, t0, t1):
+    def waited(self, t0: int, t1: int) -> None:
         if self.last:
             self.step_ns += t0 - self.last
         self.wait_ns += t1 - t0
         self.last = t1
 
 
-def _hook_depth(prefetch):
+def _hook_depth(prefetch: int) -> int:
     """Results queued by the transform= thread: with the one fn works on,
     `prefetch` batches ahead of the loop (at least one queued)."""
     return max(1, prefetch - 1)
@@ -60,19 +79,20 @@ class _HookPipe:
     consumer's stats() may overlap a waiting next() (the C object allows
     it)."""
 
-    def __init__(self, c, wrap, fn, depth, stream, clock):
+    def __init__(self, c: Any, wrap: Callable[[Any], Any], fn: Callable[[Any], Any],
+                 depth: int, stream: Any, clock: _LoopClock) -> None:
         self._c = c
         self._clock = clock
         self._wrap = wrap
         self._fn = fn
         self._stream = stream
-        self._q = _queue.Queue(depth)
+        self._q: _queue.Queue[tuple[Any, Any, Any]] = _queue.Queue(depth)
         self._stop = _threading.Event()
         self._thread = _threading.Thread(target=self._run, name="npyload-transform",
                                          daemon=True)
         self._thread.start()
 
-    def _run(self):
+    def _run(self) -> None:
         try:
             if self._stream is not None:
                 with _sys.modules["torch"].cuda.stream(self._stream):
@@ -82,7 +102,7 @@ class _HookPipe:
         except BaseException as e:  # a read error: delivered in order, as is
             self._put((e, None, None))
 
-    def _loop(self):
+    def _loop(self) -> None:
         c, fn, stop = self._c, self._fn, self._stop
         while not stop.is_set():
             raw = c.next()
@@ -111,17 +131,17 @@ class _HookPipe:
             del out
 
     @staticmethod
-    def _failed(e, seq, epoch):
+    def _failed(e: BaseException, seq: int, epoch: int) -> TransformError:
         err = TransformError(f"npyload: transform failed on batch seq={seq} of epoch "
                              f"{epoch}: {type(e).__name__}: {e}", seq, epoch)
         err.__cause__ = e
         return err
 
-    def _put(self, item):
+    def _put(self, item: tuple[Any, Any, Any]) -> None:
         if not self._stop.is_set():
             self._q.put(item)
 
-    def get(self):
+    def get(self) -> tuple[Any, Any, Any]:
         while True:
             try:
                 return self._q.get(timeout=0.1)
@@ -129,14 +149,14 @@ class _HookPipe:
                 if not self._thread.is_alive() and self._q.empty():
                     raise RuntimeError("npyload: the transform thread was stopped") from None
 
-    def _drain(self):
+    def _drain(self) -> None:
         try:
             while True:
                 self._q.get_nowait()
         except _queue.Empty:
             pass
 
-    def stop(self):
+    def stop(self) -> None:
         """Stops the thread and drops what it queued (their slots go back).
         Waits for a running fn or next() to return; idempotent."""
         self._stop.set()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.metadata as _metadata
 import platform as _platform
 import sys as _sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from . import _npyload
 
@@ -50,13 +50,30 @@ def build_info() -> BuildInfo:
 
     It probes io_uring and looks for the CUDA runtime the way
     ``cuda_available()`` does: counting devices initialises the CUDA driver
-    in this process."""
+    in this process.
+
+    Examples
+    --------
+    >>> import npyload
+    >>> info = npyload.build_info()
+    >>> info["version"] == npyload.__version__
+    True
+    >>> isinstance(info["uring_compiled"], bool), isinstance(info["cuda_devices"], int)
+    (True, True)
+    """
     info = _npyload.build_info()
-    info.update(_python_facts())
+    p = _python_facts()
+    info["python"], info["numpy"], info["torch"] = p["python"], p["numpy"], p["torch"]
     return info
 
 
-def _python_facts() -> dict[str, str | None]:
+class _PythonFacts(TypedDict):
+    python: str
+    numpy: str | None
+    torch: str | None
+
+
+def _python_facts() -> _PythonFacts:
     return {"python": _platform.python_version(), "numpy": _dist_version("numpy"),
             "torch": _dist_version("torch")}
 

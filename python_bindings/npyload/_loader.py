@@ -7,7 +7,7 @@ import threading as _threading
 import time as _time
 import warnings as _warnings
 from collections.abc import Mapping as _Mapping
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 from . import _npyload
 from ._npyload import cuda_available
@@ -79,11 +79,11 @@ class _InUse:
 
     __slots__ = ("_mu", "call")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._mu = _threading.Lock()  # held for a few bytecodes only
-        self.call = None
+        self.call: str | None = None
 
-    def __call__(self, call):
+    def __call__(self, call: str) -> _InUse:
         with self._mu:
             busy = self.call
             if busy is None:
@@ -94,21 +94,21 @@ class _InUse:
                            "loader must not overlap, only stats() and len() may run during "
                            "a next()")
 
-    def __enter__(self):
+    def __enter__(self) -> _InUse:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.call = None
 
 
-def _field_specs(fields):
+def _field_specs(fields: object) -> list[tuple[str, str | None, list[str] | None]]:
     """[(name, glob or None, paths or None)] from Loader's `fields`."""
     if not isinstance(fields, _Mapping) or len(fields) == 0:
         raise TypeError("fields must be a non-empty mapping from field name "
                         "to a glob string or a list of paths"
                         if not isinstance(fields, _Mapping) else
                         "fields must be a non-empty mapping (got an empty one)")
-    specs = []
+    specs: list[tuple[str, str | None, list[str] | None]] = []
     for name, spec in fields.items():
         if not isinstance(name, str) or not name:
             raise TypeError(f"field names must be non-empty strings, got {name!r}")
@@ -129,7 +129,9 @@ def _field_specs(fields):
     return specs
 
 
-def _check_counts(batch_size, seed, num_workers, prefetch, window, max_errors, transform):
+def _check_counts(batch_size: int, seed: int, num_workers: int | None, prefetch: int | None,
+                  window: int, max_errors: int | None,
+                  transform: object) -> tuple[int, int, int, int | None, int, int]:
     """The numeric arguments, in Loader's units, against the library's
     limits: num_workers=0 is the library's WORKERS_SYNC, prefetch counts the
     batches ahead of the one the loop holds (slots - 1, or slots - 2 with
@@ -159,8 +161,10 @@ def _check_counts(batch_size, seed, num_workers, prefetch, window, max_errors, t
     return batch_size, seed, num_workers, prefetch, window, max_errors
 
 
-def _check_choices(shuffle, drop_last, direct_io, read_ahead, io, device, output,
-                   pin_memory, align, on_error, transform):
+def _check_choices(shuffle: object, drop_last: object, direct_io: object, read_ahead: object,
+                   io: object, device: object, output: object, pin_memory: object,
+                   align: object, on_error: object,
+                   transform: object) -> tuple[int, int, bool | None]:
     """The other arguments; returns (shuffle mode, device index, pin_memory)."""
     if align not in ("names", "none"):
         raise ValueError(f"align must be 'names' or 'none', got {align!r}")
@@ -195,7 +199,7 @@ def _check_choices(shuffle, drop_last, direct_io, read_ahead, io, device, output
     return shuffle_mode, dev, pin_memory
 
 
-def _resolve_ranks(rank, world_size):
+def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """rank and world_size: given, else torch.distributed's, else the
     RANK / WORLD_SIZE environment, else 0 of 1."""
     dist = _dist_rank_world()
@@ -212,7 +216,8 @@ def _resolve_ranks(rank, world_size):
     return rank, world_size
 
 
-def _check_transforms(specs, transforms):
+def _check_transforms(specs: list[tuple[str, str | None, list[str] | None]],
+                      transforms: object) -> list[tuple[str, Transform]]:
     """[(field, Transform)] from Loader's `transforms` mapping."""
     if transforms is None:
         return []
@@ -232,7 +237,7 @@ def _check_transforms(specs, transforms):
     return out
 
 
-def _slots_for(prefetch, transform):
+def _slots_for(prefetch: int, transform: object) -> int:
     """The library's PREFETCH (batch slots) for `prefetch` batches ahead.
     With transform=, the loop body may hold two batches for a moment (the
     previous one and the one just taken from the queue, before the `for`
@@ -243,7 +248,7 @@ def _slots_for(prefetch, transform):
     return _hook_depth(prefetch) + 3
 
 
-def _epoch_batches(n, world_size, batch_size, drop_last):
+def _epoch_batches(n: int, world_size: int, batch_size: int, drop_last: bool) -> int:
     """Batches per rank of a full epoch: DistributedSampler's split, then
     DataLoader's batching (the C library's npyl_order_num_batches)."""
     per_rank = n // world_size if drop_last else -(-n // world_size)
@@ -253,15 +258,16 @@ def _epoch_batches(n, world_size, batch_size, drop_last):
 class _Iterator:
     __slots__ = ("_loader", "_gen", "_pipe")
 
-    def __init__(self, loader, gen, pipe=None):
+    def __init__(self, loader: Loader[Any] | None, gen: int,
+                 pipe: _HookPipe | None = None) -> None:
         self._loader = loader
         self._gen = gen
         self._pipe = pipe
 
-    def __iter__(self):
+    def __iter__(self) -> _Iterator:
         return self
 
-    def _finish(self, ld, eof):
+    def _finish(self, ld: Loader[Any], eof: bool) -> None:
         self._loader = None
         if eof:
             if ld._gen == self._gen:
@@ -273,14 +279,14 @@ class _Iterator:
                 ld._pipe = None
             self._pipe = None
 
-    def __next__(self):
+    def __next__(self) -> Any:
         ld = self._loader
         if ld is None:
             raise StopIteration
         with ld._in_use("next()"):
             return self._next(ld)
 
-    def _next(self, ld):
+    def _next(self, ld: Loader[Any]) -> Any:
         if ld._gen != self._gen:
             self._finish(ld, False)
             raise RuntimeError("npyload: this iterator was superseded by a newer "
@@ -310,10 +316,10 @@ class _Iterator:
             raise StopIteration
         return ld._wrap(raw)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._loader) if self._loader is not None else 0
 
-    def __del__(self):
+    def __del__(self) -> None:
         # `break` out of a loop frees the iterator: stop the hook thread so
         # it neither runs on nor holds slots.
         pipe = self._pipe
@@ -477,6 +483,29 @@ class Loader(Generic[_B]):
     of it): batch_size 1 .. 2**31, num_workers 0 .. 256, prefetch 1 .. 1023
     (1 .. 1022 with ``transform=``), world_size 1 .. 2**24, window 1 ..
     2**31, seed an int64, max_errors 1 .. 2**63-1, rank below world_size.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> import npyload
+    >>> d = tempfile.mkdtemp()
+    >>> for i in range(2):  # two files per field, 6 samples each
+    ...     np.save(os.path.join(d, f"x_{i}.npy"), np.ones((6, 2, 3), np.float32) * i)
+    ...     np.save(os.path.join(d, f"y_{i}.npy"), np.arange(6 * i, 6 * i + 6))
+    >>> loader = npyload.Loader({"x": os.path.join(d, "x_*.npy"),
+    ...                          "y": os.path.join(d, "y_*.npy")},
+    ...                         batch_size=4, shuffle=True, seed=0, num_workers=2,
+    ...                         output="numpy")
+    >>> len(loader), loader.num_samples
+    (3, 12)
+    >>> for epoch in range(2):
+    ...     loader.set_epoch(epoch)
+    ...     for batch in loader:
+    ...         assert (batch["y"] == batch.indices).all()  # y holds the sample index
+    >>> [batch["x"].shape for batch in loader]
+    [(4, 2, 3), (4, 2, 3), (4, 2, 3)]
+    >>> loader.close()
     """
 
     # Set by __init__ (declared for type checkers).
@@ -569,9 +598,9 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
                  read_ahead: bool = True) -> None:
-        self._c = None          # the started C loader: None until the first iter()
+        self._c: Any = None     # the started C loader: None until the first iter()
         self._closed = False
-        self._pipe = None
+        self._pipe: _HookPipe | None = None
         self._in_use = _InUse()
         specs = _field_specs(fields)
         batch_size, seed, num_workers, prefetch, window, max_errors = _check_counts(
@@ -592,7 +621,7 @@ class Loader(Generic[_B]):
             # The library's default memory, asked of it (slots - 1 batches
             # ahead of the one the loop holds).
             prefetch = max(1, _npyload.default_prefetch(num_workers or -1) - 1)
-        self._opts = {
+        self._opts: dict[int, int] = {
             _npyload.OPT_BATCH_SIZE: batch_size,
             _npyload.OPT_NUM_WORKERS: num_workers if num_workers else -1,  # -1: sync
             _npyload.OPT_PREFETCH: _slots_for(prefetch, transform),
@@ -636,17 +665,17 @@ class Loader(Generic[_B]):
         self._epoch = 0
         self._next = _START
         self._keep_epoch = False  # after load_state_dict: set_epoch(saved) keeps it
-        self._pending = None      # a loaded state, before the loader started
+        self._pending: dict[str, Any] | None = None  # a loaded state, before the loader started
         self._loop_ended = False  # the current loop ran to its end (StopIteration)
         self._gen = 0
-        self._resume_len = None   # batches left at the loaded position
-        self._len_override = None  # batches of a resumed epoch (load_state_dict)
+        self._resume_len: int | None = None  # batches left at the loaded position
+        self._len_override: int | None = None  # batches of a resumed epoch (load_state_dict)
         self._hook_state = None  # with transform=: the state the consumer is at
         self._clock = _LoopClock()  # with transform=: hook, loop wait and step
 
-    def _pick_output(self, output, dev):
+    def _pick_output(self, output: str, dev: int) -> None:
         """torch when it is importable (or asked for), else numpy."""
-        torch = None
+        torch: Any = None
         if output in ("auto", "torch"):
             torch = _torch_or_none()
             if torch is None and output == "torch":
@@ -659,7 +688,7 @@ class Loader(Generic[_B]):
                 import numpy
             except ImportError:
                 raise ImportError("npyload.Loader needs numpy or torch to yield arrays") from None
-            self._np = numpy
+            self._np: Any = numpy
             self._bf16 = _bfloat16_numpy()
         else:
             self._np = None
@@ -695,7 +724,8 @@ class Loader(Generic[_B]):
         the first iter(), the one the constructor's check chose. May be read
         from any thread, also while a loop waits for a batch."""
         c = self._live()
-        return c.backend if c is not None else self._checked_backend
+        backend: str = c.backend if c is not None else self._checked_backend
+        return backend
 
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch the next ``for`` loop runs (its order is a pure
@@ -709,7 +739,7 @@ class Loader(Generic[_B]):
         with self._in_use("set_epoch()"):
             self._set_epoch(epoch)
 
-    def _set_epoch(self, epoch):
+    def _set_epoch(self, epoch: int) -> None:
         c = self._live()
         if self._keep_epoch and epoch == self._epoch:
             # The trainer's epoch loop names the saved epoch: go on from the
@@ -734,7 +764,7 @@ class Loader(Generic[_B]):
         with self._in_use("iter()"):
             return self._iter()
 
-    def _iter(self):
+    def _iter(self) -> Iterator[_B]:
         self._live()
         self._stop_pipe()
         nxt = self._next
@@ -791,7 +821,7 @@ class Loader(Generic[_B]):
                 else:
                     out = self._position_of(None)
         out["loop_ended"] = int(self._loop_ended)
-        return out
+        return cast("LoaderState", out)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes from ``state_dict()`` of a loader over the same data with
@@ -811,7 +841,7 @@ class Loader(Generic[_B]):
         with self._in_use("load_state_dict()"):
             self._load_state_dict(state)
 
-    def _load_state_dict(self, state):
+    def _load_state_dict(self, state: Mapping[str, Any]) -> None:
         c = self._live()
         adopt = {_npyload.OPT_SEED: "seed", _npyload.OPT_SHUFFLE: "shuffle",
                  _npyload.OPT_DROP_LAST: "drop_last"}
@@ -841,7 +871,8 @@ class Loader(Generic[_B]):
             self._opts[o] = int(state[k])
         self.seed = int(state["seed"])
         self.drop_last = bool(int(state["drop_last"]))
-        self.shuffle = {0: False, 1: True, 2: "local"}.get(int(state["shuffle"]), self.shuffle)
+        names: dict[int, bool | str] = {0: False, 1: True, 2: "local"}
+        self.shuffle = names.get(int(state["shuffle"]), self.shuffle)
         self._epoch = int(state["epoch"])
         self._next = _ADVANCE if ended else _RESUME
         self._keep_epoch = True
@@ -893,14 +924,16 @@ class Loader(Generic[_B]):
                 scratch.close()
             st["backend"] = self._checked_backend
             st["device"] = self.device
-            st.update(hook_ns=0, loop_wait_ns=0, loop_step_ns=0)
+            st["hook_ns"] = st["loop_wait_ns"] = st["loop_step_ns"] = 0
             return st
         if self.transform is None:
-            st = c.stats()
-            st.update(hook_ns=0, loop_wait_ns=st["wait_ns"], loop_step_ns=st["step_ns"])
+            st = cast("LoaderStats", c.stats())
+            st["hook_ns"] = 0
+            st["loop_wait_ns"], st["loop_step_ns"] = st["wait_ns"], st["step_ns"]
             return st
-        st = c.stats(hook_ns=k.hook_ns, loop_wait_ns=k.wait_ns, loop_step_ns=k.step_ns)
-        st.update(hook_ns=k.hook_ns, loop_wait_ns=k.wait_ns, loop_step_ns=k.step_ns)
+        st = cast("LoaderStats", c.stats(hook_ns=k.hook_ns, loop_wait_ns=k.wait_ns,
+                                         loop_step_ns=k.step_ns))
+        st["hook_ns"], st["loop_wait_ns"], st["loop_step_ns"] = k.hook_ns, k.wait_ns, k.step_ns
         return st
 
     def close(self) -> None:
@@ -934,7 +967,8 @@ class Loader(Generic[_B]):
 
     # ---- internals ----
 
-    def _build(self, state=None, opts=None):
+    def _build(self, state: Mapping[str, Any] | None = None,
+               opts: dict[int, int] | None = None) -> Any:
         """A started C loader for the stored fields and `opts` (default: the
         loader's), positioned at `state` when given (restored before start,
         so the state's seed, shuffle and drop_last are adopted), else at the
@@ -946,6 +980,7 @@ class Loader(Generic[_B]):
         try:
             for name, glob, paths in self._specs:
                 if paths is None:
+                    assert glob is not None  # _field_specs gives one of the two
                     c.add_field(name, glob)
                 else:
                     c.add_field_files(name, paths)
@@ -969,7 +1004,7 @@ class Loader(Generic[_B]):
             raise
         return c
 
-    def _check_start(self):
+    def _check_start(self) -> None:
         """The constructor's check: starts the fields and options as the
         first iter() will, but with one row per slot, one slot, no worker
         thread and no read-ahead, so that every error of a start (paths,
@@ -982,13 +1017,13 @@ class Loader(Generic[_B]):
         c = self._build(opts=opts)
         try:
             self.field_names = c.field_names
-            self._n = c.num_samples()
+            self._n: int = c.num_samples()
             self._checked_backend = c.backend
             self._state_version = int(c.get_state()["version"])
         finally:
             c.close()
 
-    def _started(self):
+    def _started(self) -> Any:
         """The started C loader; the first call starts it, at the position
         state_dict() reports (a loaded state, else the start of the epoch)."""
         c = self._c
@@ -997,7 +1032,7 @@ class Loader(Generic[_B]):
             self._pending = None
         return c
 
-    def _check_state(self, state):
+    def _check_state(self, state: Mapping[str, Any]) -> dict[str, int]:
         """Before start: raises for `state` what set_state and start would,
         and returns the position get_state() will report once started."""
         scratch = _npyload.Loader()  # no fields: only the state's checks
@@ -1014,7 +1049,7 @@ class Loader(Generic[_B]):
             raise err
         return self._position_of(state)
 
-    def _position_of(self, state):
+    def _position_of(self, state: Mapping[str, Any] | None) -> dict[str, int]:
         """What get_state() of the started loader reports: at the start of
         epoch self._epoch (state None), or right after set_state(state) (the
         library's rule, npyl_state_check: at the saved world size the saved
@@ -1040,19 +1075,19 @@ class Loader(Generic[_B]):
                    base=base)
         return out
 
-    def _stop_pipe(self):
+    def _stop_pipe(self) -> None:
         pipe = self._pipe
         if pipe is not None:
             self._pipe = None
             pipe.stop()
 
-    def _live(self):
+    def _live(self) -> Any:
         """The started C loader, or None before the first iter(); raises
         once closed."""
         if self._closed:
             raise ValueError("npyload loader is closed")
         return self._c
 
-    def _wrap(self, raw):
+    def _wrap(self, raw: _npyload.Batch) -> Any:
         return _wrap_raw(raw, self._torch, self._np, self.copy, self.as_tuple,
                          getattr(self, "_bf16", None), self._aug_fields)

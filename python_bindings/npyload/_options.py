@@ -2,6 +2,7 @@
 C library reports (npyload_option_range), and torchrun's environment."""
 import os as _os
 import sys as _sys
+from typing import Literal, overload
 
 from . import _npyload
 
@@ -15,25 +16,35 @@ _SHUFFLE = {"none": _npyload.SHUFFLE_NONE, "full": _npyload.SHUFFLE_FULL,
             "local": _npyload.SHUFFLE_LOCAL}
 
 
-def _int_arg(name, value, minimum=None, allow_none=False, maximum=None, what=""):
+@overload
+def _int_arg(name: str, value: object, minimum: int | None = None,
+             allow_none: Literal[False] = False, maximum: int | None = None,
+             what: str = "") -> int: ...
+@overload
+def _int_arg(name: str, value: object, minimum: int | None = None,
+             allow_none: bool = False, maximum: int | None = None,
+             what: str = "") -> int | None: ...
+def _int_arg(name: str, value: object, minimum: int | None = None,
+             allow_none: bool = False, maximum: int | None = None,
+             what: str = "") -> int | None:
     """value as an int, or ValueError "NAME = VALUE out of range: LO .. HI
     (WHAT)" naming the caller's argument in the caller's units."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name} must be an int, got {value!r}")
-    value = value.__index__()
-    if ((minimum is not None and value < minimum) or
-            (maximum is not None and value > maximum)):
+    ivalue: int = value.__index__()
+    if ((minimum is not None and ivalue < minimum) or
+            (maximum is not None and ivalue > maximum)):
         lo = "" if minimum is None else _int_text(minimum)
         hi = "" if maximum is None else _int_text(maximum)
         span = f"{lo} .. {hi}" if lo and hi else f">= {lo}" if lo else f"<= {hi}"
-        raise ValueError(f"{name} = {value} out of range: {span}"
+        raise ValueError(f"{name} = {ivalue} out of range: {span}"
                          + (f" ({what})" if what else ""))
-    return value
+    return ivalue
 
 
-def _int_text(v):
+def _int_text(v: int) -> str:
     return {_INT64_MAX: "2**63-1", -_INT64_MAX - 1: "-2**63"}.get(v, str(v))
 
 
@@ -48,11 +59,11 @@ _EPOCH_MAX = _INT64_MAX  # the binding passes epochs as int64
 _OPT_RANGES = _npyload.Loader.option_ranges()
 
 
-def _opt_max(opt):
+def _opt_max(opt: int) -> int:
     return _OPT_RANGES[opt][1]
 
 
-def _env_int(var):
+def _env_int(var: str) -> int | None:
     v = _os.environ.get(var)
     if v is None or v.strip() == "":
         return None
@@ -62,7 +73,7 @@ def _env_int(var):
         raise ValueError(f"environment variable {var}={v!r} is not an int") from None
 
 
-def _dist_rank_world():
+def _dist_rank_world() -> tuple[int, int] | None:
     """(rank, world_size) from an initialised torch.distributed, else None."""
     dist = _sys.modules.get("torch.distributed")
     try:
@@ -73,7 +84,7 @@ def _dist_rank_world():
     return None
 
 
-def _parse_device(device):
+def _parse_device(device: object) -> int:
     """-1 for host memory, k for CUDA device k."""
     if device is None:
         return -1
@@ -98,7 +109,7 @@ def _parse_device(device):
     raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N' (N a device index), got {device!r}")
 
 
-def _device_index(k):
+def _device_index(k: int) -> int:
     lo, hi = _OPT_RANGES[_npyload.OPT_DEVICE][:2]
     if not lo <= k <= hi:
         raise ValueError(f"device = {k} out of range: -1 (cpu) or a CUDA device index "
@@ -106,7 +117,7 @@ def _device_index(k):
     return k
 
 
-def _parse_shuffle(shuffle):
+def _parse_shuffle(shuffle: object) -> int:
     if isinstance(shuffle, bool):
         return _npyload.SHUFFLE_FULL if shuffle else _npyload.SHUFFLE_NONE
     if isinstance(shuffle, str) and shuffle.lower() in _SHUFFLE:

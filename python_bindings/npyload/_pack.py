@@ -28,28 +28,40 @@ def pack(paths: _Path | Iterable[_Path], level: int = 3, frame_size: int | None 
          out: _Path | None = None, checksum: bool = True,
          narrow: bool = False, store: bool = False) -> list[PackResult]:
     """Compresses NPY files into seekable ``FILE.npy.zst`` shards, with the
-    same C code as ``npyload-pack`` (``npyload_pack_file``) and its options:
+    same C code as ``npyload-pack`` (``npyload_pack_file``) and its options.
 
-    - ``paths``: one path or a list of paths of ``.npy`` files;
-    - ``level``: zstd level (``-l``; negative levels are faster);
-    - ``frame_size``: target decompressed bytes per frame (``--frame-size``):
-      each frame holds the fewest whole samples reaching it (None: 128 KiB);
-    - ``threads``: compression threads (``-T``; None or 0: all cores);
-    - ``force``: replace existing outputs (``-f``); without it an existing
-      output raises NpyloadError (``code == -errno.EEXIST``);
-    - ``remove``: delete each input once it is packed (``--rm``);
-    - ``out``: the output path (``-o``), with exactly one input;
-    - ``checksum``: frame checksums (False is ``--no-check``).
-    - ``narrow``: lossless narrowing (``--narrow``): a file whose values (2,
-      4 or 8 bytes each) are at most 256 distinct bit patterns is stored as
-      one-byte codes plus the table of values; the loader delivers the
-      original values bit for bit. A file with more distinct values, or of
-      another dtype, raises NpyloadError naming it. ``zstd -d`` of such a
-      file gives a .npy of the uint8 codes (README, "Narrowing").
-    - ``store`` (with ``narrow``; ``--store``): the codes without
-      compression, as ``FILE.narrow.npy``: a plain .npy of the uint8 codes
-      (``np.load`` gives the codes) followed by a trailer holding the value
-      table; the loader delivers the values and reads cost no decode.
+    Parameters
+    ----------
+    paths
+        One path or a list of paths of ``.npy`` files;
+    level
+        Zstd level (``-l``; negative levels are faster);
+    frame_size
+        Target decompressed bytes per frame (``--frame-size``):
+        each frame holds the fewest whole samples reaching it (None: 128 KiB);
+    threads
+        Compression threads (``-T``; None or 0: all cores);
+    force
+        Replace existing outputs (``-f``); without it an existing
+        output raises NpyloadError (``code == -errno.EEXIST``);
+    remove
+        Delete each input once it is packed (``--rm``);
+    out
+        The output path (``-o``), with exactly one input;
+    checksum
+        Frame checksums (False is ``--no-check``).
+    narrow
+        Lossless narrowing (``--narrow``): a file whose values (2,
+        4 or 8 bytes each) are at most 256 distinct bit patterns is stored as
+        one-byte codes plus the table of values; the loader delivers the
+        original values bit for bit. A file with more distinct values, or of
+        another dtype, raises NpyloadError naming it. ``zstd -d`` of such a
+        file gives a .npy of the uint8 codes (README, "Narrowing").
+    store
+        (with ``narrow``; ``--store``): the codes without
+        compression, as ``FILE.narrow.npy``: a plain .npy of the uint8 codes
+        (``np.load`` gives the codes) followed by a trailer holding the value
+        table; the loader delivers the values and reads cost no decode.
 
     Each output is written as a nameless temporary file in its directory,
     synced to disk, and only then linked under its name (the directory
@@ -66,16 +78,29 @@ def pack(paths: _Path | Iterable[_Path], level: int = 3, frame_size: int | None 
     ``samples_per_frame``, ``seconds``, ``out``, ``narrow_values`` (the codes
     of a narrowed file, else 0). ``zstd -d`` restores each ``.npy`` byte for
     byte (a narrowed one: the .npy of its codes).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> import npyload
+    >>> p = os.path.join(tempfile.mkdtemp(), "a.npy")
+    >>> np.save(p, np.arange(64 * 128, dtype=np.float32).reshape(64, 128))
+    >>> [(r["out"] == p + ".zst", r["frames"]) for r in npyload.pack(p)]
+    [(True, 2)]
+    >>> loader = npyload.Loader({"a": p + ".zst"}, batch_size=64, output="numpy")
+    >>> np.array_equal(next(iter(loader))["a"], np.load(p))
+    True
     """
     if isinstance(paths, (str, bytes, _os.PathLike)):
         paths = [paths]
-    paths = [_os.fsdecode(_os.fspath(p)) for p in paths]
-    if not paths:
+    files = [_os.fsdecode(_os.fspath(p)) for p in paths]
+    if not files:
         raise ValueError("pack: no input file")
     if out is not None:
-        if len(paths) != 1:
+        if len(files) != 1:
             raise ValueError(f"pack: out names one output: give exactly one "
-                             f"input (got {len(paths)})")
+                             f"input (got {len(files)})")
         out = _os.fsdecode(_os.fspath(out))
     # The ranges of npyload_pack_file, checked here so that a bad value is a
     # ValueError naming it before any file is touched.
@@ -92,7 +117,7 @@ def pack(paths: _Path | Iterable[_Path], level: int = 3, frame_size: int | None 
         raise ValueError(f"pack: threads={threads} out of range (0 .. "
                          f"{_PACK_MAX_THREADS}; None or 0 = all cores)")
     results = []
-    for p in paths:
+    for p in files:
         r = _npyload.pack_file(p, out, level, frame_size or 0, threads or 0,
                                bool(force), bool(checksum), bool(narrow), bool(store))
         if remove:

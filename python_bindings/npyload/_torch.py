@@ -1,10 +1,12 @@
 """torch interop: the only module that imports torch (lazily), so the rest of
 the package imports and runs without it."""
 import sys as _sys
+from typing import Any
 
 
 
-def _torch_or_none():
+def _torch_or_none() -> Any:
+    """The torch module, or None when it is not installed."""
     try:
         import torch
     except ImportError:
@@ -16,10 +18,10 @@ def _torch_or_none():
 # stream a device batch's slot is released on when the batch was handed to
 # several streams. torch's pool streams live as long as the process, as the
 # C library requires of a release stream.
-_side_streams = {}
+_side_streams: dict[int, Any] = {}
 
 
-def _join_streams(device, handles):
+def _join_streams(device: int, handles: list[int]) -> int:
     """Called by the extension when a device batch that was handed to several
     CUDA streams (``handles``: cudaStream_t as ints, 0 = legacy default) is
     released. Makes a side stream wait for an event recorded now on each of
@@ -37,10 +39,11 @@ def _join_streams(device, handles):
             ev = torch.cuda.Event()
             ev.record(s)
             side.wait_event(ev)
-        return side.cuda_stream
+        stream: int = side.cuda_stream
+        return stream
 
 
-def _wait_stream(raw, stream):
+def _wait_stream(raw: Any, stream: object) -> None:
     if raw is None:
         return
     if stream is not None and hasattr(stream, "cuda_stream"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math as _math
 import struct as _struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -14,13 +14,14 @@ if TYPE_CHECKING:
 _TDTYPES = {None: 0, "float32": 1, "float16": 2, "bfloat16": 3}
 
 
-def _float32(x):
+def _float32(x: float) -> float:
     """x rounded to float32 (inf beyond its range)."""
     try:
         x = float(x)
     except OverflowError:  # an int beyond the double range
         return _math.inf if x > 0 else -_math.inf
-    return _struct.unpack("f", _struct.pack("f", x))[0]
+    r: float = _struct.unpack("f", _struct.pack("f", x))[0]
+    return r
 
 
 class Transform:
@@ -31,6 +32,8 @@ class Transform:
     roundings, no FMA), c the channel (axis 1 of the batch, axis 0 of a
     sample), then rounded to nearest even into ``dtype``.
 
+    Parameters
+    ----------
     dtype : 'float32', 'float16', 'bfloat16' (numpy/torch dtypes accepted),
         or None to keep the stored dtype (only without arithmetic).
     scale : float, applied first; finite and nonzero (ValueError otherwise).
@@ -66,6 +69,20 @@ class Transform:
     >>> t = Transform("float32", scale=1 / 255, hflip=0.5, crop=(112, 240), pad=4)
     >>> t.hflip, t.crop, t.pad
     (0.5, (112, 240), 4)
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> import npyload
+    >>> d = tempfile.mkdtemp()
+    >>> np.save(os.path.join(d, "img.npy"), np.full((4, 3, 2, 2), 255, np.uint8))
+    >>> t = npyload.Transform(dtype="float16", scale=1 / 255, mean=0.5, std=0.5)
+    >>> loader = npyload.Loader({"img": os.path.join(d, "img.npy")}, batch_size=4,
+    ...                         transforms={"img": t}, output="numpy")
+    >>> img = next(iter(loader))["img"]
+    >>> img.dtype, img.shape, float(img.min()), float(img.max())
+    (dtype('float16'), (4, 3, 2, 2), 1.0, 1.0)
     """
 
     __slots__ = ("dtype", "scale", "mean", "std", "channels_last", "hflip", "vflip",
@@ -136,13 +153,13 @@ class Transform:
                                  "one and allows no arithmetic")
 
     @staticmethod
-    def _probability(what, p):
+    def _probability(what: str, p: Any) -> float:
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
             raise ValueError(f"Transform: {what} is a probability in [0, 1], got {p!r}")
         return float(p)
 
     @staticmethod
-    def _crop(crop):
+    def _crop(crop: Any) -> tuple[int, int] | None:
         if crop is None:
             return None
         hw = (crop, crop) if isinstance(crop, int) else tuple(crop) \
@@ -154,14 +171,14 @@ class Transform:
         return (int(hw[0]), int(hw[1]))
 
     @classmethod
-    def _signs(cls, what, v):
+    def _signs(cls, what: str, v: Any) -> tuple[float, ...] | None:
         vals = cls._values(what, v)
         if vals is not None and any(x not in (1.0, -1.0) for x in vals):
             raise ValueError(f"Transform: {what} values are +1 or -1, got {v!r}")
         return vals
 
     @staticmethod
-    def _values(what, v):
+    def _values(what: str, v: Any) -> tuple[float, ...] | None:
         if v is None:
             return None
         if isinstance(v, (int, float)) and not isinstance(v, bool):

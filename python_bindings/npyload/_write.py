@@ -19,7 +19,8 @@ from ._pack import pack as _pack
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
-    from typing import Protocol, Union
+    from concurrent.futures import Future
+    from typing import Callable, Protocol, Union
 
     class _Dataset(Protocol):
         """A map-style dataset (torch.utils.data.Dataset's protocol): samples
@@ -28,17 +29,20 @@ if TYPE_CHECKING:
         def __getitem__(self, index: int, /) -> Mapping[str, Any]: ...
 
     _SampleSource = Union[Mapping[str, Any], _Dataset, Iterable[Mapping[str, Any]]]
+    _Store = Callable[[int, list[dict[str, Any]]], None]
+    _Finished = Callable[[int, int], bool]
+    _Note = Callable[[int], None]
 
 _DEFAULT_LAYOUT = "{field}/{split}_{id:04d}.npy"
 _STATE = ".npyload-write-{split}.json"   # the call's fingerprint, beside the files
 
 
-def _np():
+def _np() -> Any:
     import numpy
     return numpy
 
 
-def _as_array(v, where):
+def _as_array(v: Any, where: str) -> Any:
     """A sample's value as a numpy array: numpy arrays, torch tensors (through
     .numpy(), on the CPU), scalars and nested lists."""
     np = _np()
@@ -55,8 +59,9 @@ class _Source:
     """Samples by index (map-style: a Dataset or a dict of arrays) or in order
     (an iterable of dicts). `n` is None when the length is unknown."""
 
-    def __init__(self, source):
-        self.kind = None
+    def __init__(self, source: Any) -> None:
+        self.kind: str | None = None
+        self.n: int | None
         if isinstance(source, _Mapping):
             lens = {k: len(v) for k, v in source.items()}
             if not lens:
@@ -74,13 +79,13 @@ class _Source:
                             "Dataset (__len__ and __getitem__) or an iterable of dicts, "
                             f"got {type(source).__name__}")
 
-    def get(self, i):
+    def get(self, i: int) -> Any:
         if self.kind == "arrays":
             return {k: v[i] for k, v in self.arrays.items()}
         return self.ds[i]
 
 
-def _sample_dict(s, i):
+def _sample_dict(s: Any, i: int) -> dict[str, Any]:
     if not isinstance(s, _Mapping):
         raise TypeError(f"write: sample {i} is a {type(s).__name__}, expected a dict "
                         "of field name -> array")
@@ -91,14 +96,14 @@ class _Spec:
     """Field names, dtypes and shapes, from the first sample; every other
     sample is checked against them."""
 
-    def __init__(self, first):
+    def __init__(self, first: dict[str, Any]) -> None:
         self.fields = list(first)
         if not self.fields:
             raise ValueError("write: sample 0 has no fields")
         self.dtype = {k: v.dtype for k, v in first.items()}
         self.shape = {k: v.shape for k, v in first.items()}
 
-    def check(self, s, i):
+    def check(self, s: dict[str, Any], i: int) -> None:
         if list(s) != self.fields:
             raise ValueError(f"write: sample {i} has fields {list(s)}, sample 0 had "
                              f"{self.fields}")
@@ -109,7 +114,7 @@ class _Spec:
                                  f"{self.shape[k]}")
 
 
-def _template(layout, field):
+def _template(layout: str | Mapping[str, str] | None, field: str) -> str:
     t = (layout or {}).get(field, _DEFAULT_LAYOUT) if isinstance(layout, _Mapping) \
         else (layout or _DEFAULT_LAYOUT)
     if "{id" not in t:
@@ -118,7 +123,7 @@ def _template(layout, field):
     return t
 
 
-def _npy_bytes(arr):
+def _npy_bytes(arr: Any) -> bytes:
     """The bytes np.save writes for arr (np.save is the reference)."""
     import io
     b = io.BytesIO()
@@ -126,7 +131,7 @@ def _npy_bytes(arr):
     return b.getvalue()
 
 
-def _fsync_dir(d):
+def _fsync_dir(d: str) -> None:
     fd = _os.open(d, _os.O_RDONLY | _os.O_DIRECTORY)
     try:
         _os.fsync(fd)
@@ -134,7 +139,7 @@ def _fsync_dir(d):
         _os.close(fd)
 
 
-def _write_atomic(path, data):
+def _write_atomic(path: str, data: bytes) -> None:
     """data to path through a temporary name in its directory: written,
     fsynced, renamed, the directory fsynced (npyload-pack's rules): a killed
     write never leaves a partial file under the final name."""
@@ -150,7 +155,8 @@ def _write_atomic(path, data):
     _fsync_dir(d)
 
 
-def _finished(path, packed, dtype, shape, rows):
+def _finished(path: str, packed: bool, dtype: Any, shape: tuple[int, ...],
+              rows: int) -> bool:
     """Whether a finished file for these rows is already at path (or, packed,
     at path + '.zst'): size and header agree (the resume check)."""
     np = _np()
@@ -166,18 +172,18 @@ def _finished(path, packed, dtype, shape, rows):
     if tuple(h["shape"]) != want or np.dtype(descr) != dtype:
         return False
     if not packed:
-        return _os.path.getsize(p) == h["data_offset"] + rows * dtype.itemsize * \
-            int(np.prod(shape, dtype=np.int64))
+        return bool(_os.path.getsize(p) == h["data_offset"] + rows * dtype.itemsize *
+                    int(np.prod(shape, dtype=np.int64)))
     return True
 
 
 class _Progress:
-    def __init__(self, total, enabled):
+    def __init__(self, total: int | None, enabled: bool) -> None:
         self.total, self.done, self.t0 = total, 0, _time.monotonic()
         self.on = enabled and _sys.stderr.isatty()
         self.last = 0.0
 
-    def add(self, n, final=False):
+    def add(self, n: int, final: bool = False) -> None:
         self.done += n
         now = _time.monotonic()
         if not self.on or (now - self.last < 0.2 and not final):
@@ -193,7 +199,8 @@ class _Progress:
         _sys.stderr.flush()
 
 
-def _fingerprint(spec, spf, templates, split, n, pack, narrow):
+def _fingerprint(spec: _Spec, spf: int, templates: dict[str, str], split: str,
+                 n: int | None, pack: bool, narrow: bool) -> str:
     d = {"fields": spec.fields, "dtype": {k: spec.dtype[k].str for k in spec.fields},
          "shape": {k: list(spec.shape[k]) for k in spec.fields}, "samples_per_file": spf,
          "layout": templates, "split": split, "samples": n,
@@ -209,39 +216,63 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
     mapping ``npyload.Loader`` takes (field -> the list of its files, in
     order).
 
-    - ``source``: a dict of arrays (field -> array, one sample per row), a
-      map-style Dataset (``__len__`` and ``__getitem__`` returning a dict of
-      arrays or tensors), or an iterable of such dicts. Field names, dtypes
-      and shapes come from sample 0; every sample is checked against them (a
-      mismatch raises ValueError naming the sample index, the field and both
-      shapes).
-    - ``samples_per_file``: samples per file (the last file may be shorter).
-    - ``layout``: a path template (or a mapping field -> template) relative
-      to ``out`` with ``{field}``, ``{split}`` and ``{id}`` (the file
-      number, e.g. ``{id:04d}``); default ``"{field}/{split}_{id:04d}.npy"``.
-      The reference layout is ``{"images": "images/{split}/{split}_{id:04d}.npy",
-      "heatmaps": "labels/{split}/{split}_{id:04d}_heatmaps.npy", ...}``.
-    - ``num_workers``: threads producing samples (map-style sources) and
-      writing files; None: the cores. Files are written in sample order; at
-      most ``num_workers`` + 1 files per field are in memory. An iterable is
-      consumed by one thread (its order is its own), files are written by
-      the others.
-    - ``pack``: each finished file is packed (``npyload.pack``, the C packer
-      of ``npyload-pack``) and the ``.npy`` removed; ``narrow``: packed with
-      lossless narrowing where the data allow (at most 256 distinct values,
-      see ``npyload.pack``), plainly where they do not (implies ``pack``).
-    - ``overwrite``: False (default) keeps the files a previous run of the
-      same call finished (checked by size and header) and writes the rest:
-      an interrupted write (Ctrl-C, kill, crash) resumes with the same call
-      and gives the same bytes as an uninterrupted one. A different call
-      over the same ``out`` (other fields, shapes, layout...) raises
-      ValueError unless ``overwrite=True``, which rewrites every file.
-    - ``progress``: a progress line on stderr when it is a terminal.
+    Parameters
+    ----------
+    source
+        A dict of arrays (field -> array, one sample per row), a
+        map-style Dataset (``__len__`` and ``__getitem__`` returning a dict of
+        arrays or tensors), or an iterable of such dicts. Field names, dtypes
+        and shapes come from sample 0; every sample is checked against them (a
+        mismatch raises ValueError naming the sample index, the field and both
+        shapes).
+    samples_per_file
+        Samples per file (the last file may be shorter).
+    layout
+        A path template (or a mapping field -> template) relative
+        to ``out`` with ``{field}``, ``{split}`` and ``{id}`` (the file
+        number, e.g. ``{id:04d}``); default ``"{field}/{split}_{id:04d}.npy"``.
+        The reference layout is ``{"images": "images/{split}/{split}_{id:04d}.npy",
+        "heatmaps": "labels/{split}/{split}_{id:04d}_heatmaps.npy", ...}``.
+    split
+        The ``{split}`` of the layout (default ``"train"``).
+    num_workers
+        Threads producing samples (map-style sources) and
+        writing files; None: the cores. Files are written in sample order; at
+        most ``num_workers`` + 1 files per field are in memory. An iterable is
+        consumed by one thread (its order is its own), files are written by
+        the others.
+    pack, narrow
+        ``pack``: each finished file is packed (``npyload.pack``, the C packer
+        of ``npyload-pack``) and the ``.npy`` removed; ``narrow``: packed with
+        lossless narrowing where the data allow (at most 256 distinct values,
+        see ``npyload.pack``), plainly where they do not (implies ``pack``).
+    overwrite
+        False (default) keeps the files a previous run of the
+        same call finished (checked by size and header) and writes the rest:
+        an interrupted write (Ctrl-C, kill, crash) resumes with the same call
+        and gives the same bytes as an uninterrupted one. A different call
+        over the same ``out`` (other fields, shapes, layout...) raises
+        ValueError unless ``overwrite=True``, which rewrites every file.
+    progress
+        A progress line on stderr when it is a terminal.
 
     Every file goes through a temporary name that is fsynced and renamed
     (npyload-pack's durability rules), so a file under its final name is
     always complete. Writing the same source twice gives identical bytes
     (``np.save``'s, byte for byte).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> import npyload
+    >>> out = tempfile.mkdtemp()
+    >>> fields = npyload.write({"x": np.zeros((100, 3), np.float32), "y": np.arange(100)},
+    ...                        out, samples_per_file=64, progress=False)
+    >>> {k: [os.path.relpath(p, out) for p in v] for k, v in fields.items()}
+    {'x': ['x/train_0000.npy', 'x/train_0001.npy'], 'y': ['y/train_0000.npy', 'y/train_0001.npy']}
+    >>> len(npyload.Loader(fields, batch_size=10))
+    10
     """
     np = _np()
     out = _os.fspath(out)
@@ -259,7 +290,7 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
     spec = _Spec(first)
     templates = {k: _template(layout, k) for k in spec.fields}
 
-    def paths_of(field, fid):
+    def paths_of(field: str, fid: int) -> str:
         return _os.path.join(out, templates[field].format(field=field, split=split, id=fid))
 
     names = {paths_of(k, 0) for k in spec.fields}
@@ -276,9 +307,9 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
     _write_atomic(state, fp.encode())
 
     bar = _Progress(src.n, progress)
-    files = {k: [] for k in spec.fields}
+    files: dict[str, list[str]] = {k: [] for k in spec.fields}
 
-    def store(fid, rows):
+    def store(fid: int, rows: list[dict[str, Any]]) -> None:
         """Writes file fid of every field from rows (a list of sample dicts)."""
         for k in spec.fields:
             p = paths_of(k, fid)
@@ -289,12 +320,12 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
             if pack:
                 _pack_one(p, narrow)
 
-    def finished(fid, rows):
+    def finished(fid: int, rows: int) -> bool:
         return not overwrite and all(
             _finished(paths_of(k, fid), pack, spec.dtype[k], spec.shape[k], rows)
             for k in spec.fields)
 
-    def note(fid):
+    def note(fid: int) -> None:
         for k in spec.fields:
             files[k].append(paths_of(k, fid) + (".zst" if pack else ""))
 
@@ -304,26 +335,31 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
         else:
             _write_indexed(src, first, spec, spf, pool, nw, store, finished, note, bar)
     bar.add(0, final=True)
-    _tidy(files, pack)
+    _tidy(files, pack, state)
     return files
 
 
-def _tidy(files, pack):
-    """Leftovers of an interrupted run: temporary files of ours, and .npy
-    files whose packed twin is finished."""
+def _tidy(files: dict[str, list[str]], pack: bool, state: str) -> None:
+    """Leftovers of an interrupted run: temporary files of ours (of the data
+    files and of the call's fingerprint file `state`), and .npy files whose
+    packed twin is finished."""
     import glob as _glob
+
+    def remove_temps(final: str) -> None:
+        d, base = _os.path.split(final)
+        for t in _glob.glob(_os.path.join(_glob.escape(d or "."),
+                                          "." + _glob.escape(base) + ".tmp-*")):
+            _os.unlink(t)
+    remove_temps(state)
     for paths in files.values():
         for p in paths:
             npy = p[:-4] if pack else p
-            d, base = _os.path.split(npy)
-            for t in _glob.glob(_os.path.join(_glob.escape(d or "."),
-                                              "." + _glob.escape(base) + ".tmp-*")):
-                _os.unlink(t)
+            remove_temps(npy)
             if pack and _os.path.exists(npy) and _os.path.exists(p):
                 _os.unlink(npy)
 
 
-def _pack_one(path, narrow):
+def _pack_one(path: str, narrow: bool) -> None:
     if narrow:
         try:
             _pack(path, narrow=True, force=True, remove=True)
@@ -334,18 +370,21 @@ def _pack_one(path, narrow):
     _pack(path, force=True, remove=True)
 
 
-def _write_indexed(src, first, spec, spf, pool, nw, store, finished, note, bar):
+def _write_indexed(src: _Source, first: dict[str, Any], spec: _Spec, spf: int, pool: _Pool,
+                   nw: int, store: _Store, finished: _Finished, note: _Note,
+                   bar: _Progress) -> None:
     """Map-style sources: file fid holds samples [fid*spf, ...); samples are
     produced by the pool, files written in order, at most nw in flight."""
     n = src.n
+    assert n is not None
     nfiles = (n + spf - 1) // spf
 
-    def produce(i):
+    def produce(i: int) -> dict[str, Any]:
         s = first if i == 0 else _sample_dict(src.get(i), i)
         spec.check(s, i)
         return s
 
-    def one(fid):
+    def one(fid: int) -> int:
         lo, hi = fid * spf, min(n, (fid + 1) * spf)
         if finished(fid, hi - lo):
             return hi - lo
@@ -353,7 +392,7 @@ def _write_indexed(src, first, spec, spf, pool, nw, store, finished, note, bar):
         store(fid, rows)
         return hi - lo
 
-    pending = []
+    pending: list[Future[int]] = []
     for fid in range(nfiles):
         pending.append(pool.submit(one, fid))
         note(fid)
@@ -363,19 +402,26 @@ def _write_indexed(src, first, spec, spf, pool, nw, store, finished, note, bar):
         bar.add(f.result())
 
 
-def _write_stream(src, first, spec, spf, pool, nw, store, finished, note, bar):
+def _write_stream(src: _Source, first: dict[str, Any], spec: _Spec, spf: int, pool: _Pool,
+                  nw: int, store: _Store, finished: _Finished, note: _Note,
+                  bar: _Progress) -> None:
     """Iterables: one thread (this one) consumes the source in order; full
     files are handed to the pool (at most nw in flight). A file finished by
     an earlier run is skipped after its samples are consumed (the iterable
     must give the same samples again: resume needs a deterministic source)."""
-    rows, fid, i, pending = [first], 0, 1, []
+    rows, fid, i = [first], 0, 1
+    pending: list[Future[int]] = []
 
-    def flush(rows, fid):
+    def flush(rows: list[dict[str, Any]], fid: int) -> Future[int]:
         note(fid)
         k = len(rows)
         if finished(fid, k):
             return pool.submit(lambda: k)
-        return pool.submit(lambda: (store(fid, rows), k)[1])
+
+        def write_file() -> int:
+            store(fid, rows)
+            return k
+        return pool.submit(write_file)
 
     for s in src.it:
         s = _sample_dict(s, i)

@@ -4,6 +4,8 @@ import argparse
 import importlib
 import os
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 from ._write import write
 
@@ -16,7 +18,8 @@ class ImageFolder:
     torchvision ImageFolder convention: label = the subfolder's index in
     sorted order). Decoded and resized with Pillow (bilinear)."""
 
-    def __init__(self, root, size, dtype="uint8", mode="RGB"):
+    def __init__(self, root: str, size: tuple[int, int], dtype: str = "uint8",
+                 mode: str = "RGB") -> None:
         import numpy as np
         from PIL import Image  # Pillow: maintained, libjpeg-turbo/libpng/libwebp behind it
         self._np, self._Image = np, Image
@@ -27,21 +30,21 @@ class ImageFolder:
         if not self.paths:
             raise ValueError(f"npyload-write: no images ({', '.join(_IMAGE_EXT)}) under {root}")
         classes = sorted({os.path.relpath(os.path.dirname(p), root) for p in self.paths})
-        self.labels = None
+        self.labels: list[int] | None = None
         if classes != ["."]:
             index = {c: i for i, c in enumerate(classes)}
             self.labels = [index[os.path.relpath(os.path.dirname(p), root)] for p in self.paths]
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.paths)
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int) -> dict[str, Any]:
         np = self._np
         h, w = self.size
-        with self._Image.open(self.paths[i]) as im:
-            im = im.convert(self.mode)
+        with self._Image.open(self.paths[i]) as f:
+            im = f.convert(self.mode)
             if im.size != (w, h):
-                im = im.resize((w, h), self._Image.BILINEAR)
+                im = im.resize((w, h), self._Image.Resampling.BILINEAR)
             a = np.asarray(im)
         a = a[None] if a.ndim == 2 else a.transpose(2, 0, 1)  # (C, H, W)
         a = np.ascontiguousarray(a)
@@ -53,7 +56,7 @@ class ImageFolder:
         return s
 
 
-def _size(s):
+def _size(s: str) -> tuple[int, int]:
     try:
         h, w = (int(x) for x in s.split(","))
         if h > 0 and w > 0:
@@ -63,7 +66,7 @@ def _size(s):
     raise argparse.ArgumentTypeError(f"--size wants H,W (two positive integers), got {s!r}")
 
 
-def _layout(items):
+def _layout(items: list[str] | None) -> dict[str, str] | None:
     out = {}
     for it in items or []:
         field, sep, tmpl = it.partition("=")
@@ -73,7 +76,7 @@ def _layout(items):
     return out or None
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="npyload-write",
         description="Write NPY shards that npyload.Loader reads, from a folder of images "
@@ -105,7 +108,7 @@ def main(argv=None):
     if a.images:
         if not a.size:
             ap.error("--images needs --size H,W")
-        source = ImageFolder(a.images, a.size, a.dtype, a.mode)
+        source: Any = ImageFolder(a.images, a.size, a.dtype, a.mode)
     else:
         mod, sep, fn = a.source.partition(":")
         if not sep:
