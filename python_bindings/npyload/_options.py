@@ -125,7 +125,7 @@ def _parse_shuffle(shuffle: object) -> int:
     raise ValueError(f"shuffle must be True, False, 'full', 'local' or 'none', got {shuffle!r}")
 
 
-def _kernel_paths():
+def _kernel_paths() -> list[tuple[int, str]]:
     """Where device transforms find NVRTC and keep what it compiles, as
     npyload_loader_set_path() pairs: the library reads no environment, so
     the Python layer passes NPYLOAD_NVRTC (a libnvrtc file or its
