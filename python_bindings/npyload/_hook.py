@@ -1,13 +1,15 @@
 """The per-batch ``transform=`` hook: a background pipeline that runs fn on
-each batch, in order, at most ``prefetch`` batches ahead; TransformError."""
+each batch on ``transform_workers`` threads, delivered in order, at most
+``prefetch`` batches ahead; the per-batch generator; TransformError."""
 from __future__ import annotations
 
 import sys as _sys
-import queue as _queue
 import threading as _threading
 import time as _time
 from typing import Any, Callable
 
+from ._batch import Batch as _Batch
+from ._options import _int_arg
 
 
 class TransformError(RuntimeError):
@@ -42,16 +44,103 @@ class TransformError(RuntimeError):
 
 _EOF = object()
 
+# Threads of one loader's hook, at most (threads, not processes: fn's torch
+# ops release the GIL; beyond a few per core nothing is gained).
+_HOOK_WORKERS_MAX = 256
+
+
+def _check_hook_workers(transform_workers: Any, transform: Any) -> int:
+    """Loader's ``transform_workers``: an int 1 .. 256, above 1 only with a
+    ``transform=`` to run."""
+    n = _int_arg("transform_workers", transform_workers, 1, maximum=_HOOK_WORKERS_MAX,
+                 what="threads running the transform= hook")
+    if n > 1 and transform is None:
+        raise ValueError(f"transform_workers = {n} needs transform= (a per-batch "
+                         "function for the threads to run)")
+    return n
+
+
+def _hook_prefetch(default: int, workers: int) -> int:
+    """Loader's prefetch when none is given: the library's default, raised
+    so that every hook thread can hold a batch with one result queued."""
+    return default if workers == 1 else max(default, workers + 1)
+
+
+def hook_rng(seed: int, epoch: int, seq: int, rank: int = 0) -> Any:
+    """The ``numpy.random.Generator`` a ``transform=`` hook finds as
+    ``batch.rng``: PCG64 seeded by numpy's SeedSequence from the four 64-bit
+    words (seed mod 2**64, epoch, rank, seq), each as two little-endian
+    32-bit words (fixed width, so no two tuples share a seed):
+
+        words = numpy.array([seed % 2**64, epoch, rank, seq], dtype="<u8").view("<u4")
+        numpy.random.Generator(numpy.random.PCG64(numpy.random.SeedSequence(words)))
+
+    A pure function of the loader's seed, the batch's epoch and seq, and the
+    rank: the same draws for any transform_workers, num_workers, backend or
+    resume at the same world size."""
+    import numpy as np
+    words = np.array([seed % (1 << 64), epoch, rank, seq], dtype="<u8").view("<u4")
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
+
+
+def _rng_key(seed: int, rank: int) -> tuple[int, int] | None:
+    """_HookPipe's rng argument: (seed, rank) for batch.rng, or None where
+    numpy is not importable (a torch-only install: batch.rng is None)."""
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        return None
+    return (seed, rank)
+
+
+def _batch_slots() -> tuple[str, ...]:
+    """The members of a Batch (its __slots__ up the MRO), which _with_rng
+    copies: whatever Batch holds, without naming it here."""
+    names: list[str] = []
+    for cls in _Batch.__mro__:
+        for s in getattr(cls, "__slots__", ()):
+            if s not in names and s != "__weakref__":
+                names.append(s)
+    return tuple(names)
+
+
+class _HookBatch(_Batch):
+    """The Batch fn receives: a Batch with ``rng`` (see hook_rng). (A
+    BatchTuple takes the attribute on its instance dict.)"""
+    __slots__ = ("rng",)
+    _copied = _batch_slots()
+
+
+def _with_rng(batch: Any, rng: Any) -> Any:
+    """batch with ``rng`` set: for a Batch, a _HookBatch holding the same
+    members (the original is dropped by the caller, so the slot has one
+    owner again); a BatchTuple is given the attribute."""
+    if isinstance(batch, _Batch) and "rng" not in _HookBatch._copied:
+        out = _HookBatch.__new__(_HookBatch)
+        for name in _HookBatch._copied:
+            try:
+                value = getattr(batch, name)
+            except AttributeError:
+                continue
+            object.__setattr__(out, name, value)
+        batch = out
+    batch.rng = rng
+    return batch
+
 
 class _LoopClock:
     """Where a loop with a ``transform=`` hook spends its time (ns): in fn on
-    the hook thread (hook), waiting for the hook's results (wait), and
-    between them (step, the training step as the loop ran it). One per
-    Loader; += under the GIL."""
-    __slots__ = ("hook_ns", "wait_ns", "step_ns", "last")
+    the hook threads (hook, summed over the threads), waiting for the hook's
+    results (wait), and between them (step, the training step as the loop
+    ran it). One per Loader; wait and step are written by the loop, hook
+    under the pipe's lock. ``workers``: the hook's threads, which the
+    verdict's share of hook time is divided by (the hook limits the loop
+    when its threads are busy, not when their sum passes half the time)."""
+    __slots__ = ("hook_ns", "wait_ns", "step_ns", "last", "workers")
 
-    def __init__(self) -> None:
+    def __init__(self, workers: int = 1) -> None:
         self.hook_ns = self.wait_ns = self.step_ns = self.last = 0
+        self.workers = workers
 
     def waited(self, t0: int, t1: int) -> None:
         if self.last:
@@ -59,38 +148,57 @@ class _LoopClock:
         self.wait_ns += t1 - t0
         self.last = t1
 
+    def verdict_hook_ns(self) -> int:
+        """hook_ns per hook thread: what npyload_stats_verdict's "hook >=
+        50 % of the time" rule compares."""
+        return self.hook_ns // self.workers
+
 
 def _hook_depth(prefetch: int) -> int:
-    """Results queued by the transform= thread: with the one fn works on,
+    """Results queued by the transform= threads: with the one fn works on,
     `prefetch` batches ahead of the loop (at least one queued)."""
     return max(1, prefetch - 1)
 
 
 class _HookPipe:
-    """The ``transform=`` thread of one iteration: takes batches from the C
-    loader in order, calls fn on each, and queues (error, result, state) with
-    the C loader's state after that batch, so the consumer's state_dict()
-    counts what it received. Holds no reference to the Loader or the
-    iterator, so freeing the iterator (a `break`) can stop it.
+    """The ``transform=`` threads of one iteration. Each takes the next batch
+    from the C loader (one at a time, under _next_lock, numbering it k in the
+    C loader's order), calls fn on it, and files (error, result, state) under
+    k, with the C loader's state after that batch so that the consumer's
+    state_dict() counts what it received; get() hands them out in k order.
+    A thread takes a batch only with a permit: at most depth + 1 batches are
+    taken and not yet handed out (queued, in fn, or being read), whatever
+    the number of threads, so the slots stay bounded as with one thread.
+    Holds no reference to the Loader or the iterator, so freeing the
+    iterator (a `break`) can stop it.
 
-    While it runs, this thread is the only caller of the C loader's next()
-    and get_state(): the Loader stops it (stop()) before any call of its own
-    that would overlap (set_epoch, load_state_dict, close, iter), and the
-    consumer's stats() may overlap a waiting next() (the C object allows
-    it)."""
+    While it runs, its threads are the only callers of the C loader's next()
+    and get_state(), one at a time: the Loader stops it (stop()) before any
+    call of its own that would overlap (set_epoch, load_state_dict, close,
+    iter), and the consumer's stats() may overlap a waiting next() (the C
+    object allows it)."""
 
     def __init__(self, c: Any, wrap: Callable[[Any], Any], fn: Callable[[Any], Any],
-                 depth: int, stream: Any, clock: _LoopClock) -> None:
+                 depth: int, stream: Any, clock: _LoopClock, workers: int = 1,
+                 rng: tuple[int, int] | None = None) -> None:
         self._c = c
         self._clock = clock
         self._wrap = wrap
         self._fn = fn
         self._stream = stream
-        self._q: _queue.Queue[tuple[Any, Any, Any]] = _queue.Queue(depth)
-        self._stop = _threading.Event()
-        self._thread = _threading.Thread(target=self._run, name="npyload-transform",
-                                         daemon=True)
-        self._thread.start()
+        self._rng = rng          # (seed, rank) for batch.rng; None: batch.rng is None
+        self._cv = _threading.Condition()
+        self._next_lock = _threading.Lock()
+        self._permits = depth + 1  # batches that may be taken, not handed out
+        self._taken = 0          # k of the next batch taken from the C loader
+        self._given = 0          # k of the next result get() hands out
+        self._done: dict[int, tuple[Any, Any, Any]] = {}  # k -> (error, result, state)
+        self._end = False        # EOF or an error filed: take no more batches
+        self._stop = False
+        self._threads = [_threading.Thread(target=self._run, name="npyload-transform",
+                                           daemon=True) for _ in range(workers)]
+        for t in self._threads:
+            t.start()
 
     def _run(self) -> None:
         try:
@@ -99,19 +207,48 @@ class _HookPipe:
                     self._loop()
             else:
                 self._loop()
-        except BaseException as e:  # a read error: delivered in order, as is
-            self._put((e, None, None))
+        except BaseException as e:  # (entering the stream failed): in order, as is
+            with self._next_lock:
+                k = self._taken
+                self._taken = k + 1
+                self._file(k, (e, None, None), end=True)
+
+    def _take(self) -> bool:
+        """Waits for a permit; False once stopped or ended."""
+        with self._cv:
+            while not self._permits and not (self._stop or self._end):
+                self._cv.wait()
+            if self._stop or self._end:
+                return False
+            self._permits -= 1
+            return True
 
     def _loop(self) -> None:
-        c, fn, stop = self._c, self._fn, self._stop
-        while not stop.is_set():
-            raw = c.next()
-            state = None if raw is None else c.get_state()
-            if raw is None:
-                self._put((_EOF, None, None))
-                return
+        c, fn = self._c, self._fn
+        while self._take():
+            with self._next_lock:
+                if self._stop or self._end:
+                    return
+                k = self._taken
+                self._taken = k + 1
+                try:
+                    raw = c.next()
+                    state = None if raw is None else c.get_state()
+                except BaseException as e:  # a read error: delivered in order, as is
+                    self._file(k, (e, None, None), end=True)
+                    return
+                if raw is None:
+                    self._file(k, (_EOF, None, None), end=True)
+                    return
+            if self._stop:
+                return  # raw's slot is given back with this frame
             seq, epoch = raw.seq, raw.epoch
-            batch = self._wrap(raw)
+            try:
+                batch = self._batch(raw, seq, epoch)
+            except BaseException as e:
+                del raw
+                self._file(k, (e, None, None), end=True)
+                return
             del raw
             t0 = _time.perf_counter_ns()
             try:
@@ -122,13 +259,17 @@ class _HookPipe:
                 # error lives: freed with it, by reference counting, as long
                 # as no cycle holds the error; see _Iterator.__next__).
                 del batch
-                self._put((self._failed(e, seq, epoch), None, None))
+                self._file(k, (self._failed(e, seq, epoch), None, None), end=True)
                 return
             del batch
-            self._clock.hook_ns += _time.perf_counter_ns() - t0
-            # The put blocks while the queue is full; stop() drains it.
-            self._put((None, out, state))
+            self._file(k, (None, out, state), _time.perf_counter_ns() - t0)
             del out
+
+    def _batch(self, raw: Any, seq: int, epoch: int) -> Any:
+        """What fn is given: the wrapped batch with ``rng`` (None without numpy)."""
+        key = self._rng
+        rng = None if key is None else hook_rng(key[0], epoch, seq, key[1])
+        return _with_rng(self._wrap(raw), rng)
 
     @staticmethod
     def _failed(e: BaseException, seq: int, epoch: int) -> TransformError:
@@ -137,33 +278,44 @@ class _HookPipe:
         err.__cause__ = e
         return err
 
-    def _put(self, item: tuple[Any, Any, Any]) -> None:
-        if not self._stop.is_set():
-            self._q.put(item)
+    def _file(self, k: int, item: tuple[Any, Any, Any], hook_ns: int = 0,
+              end: bool = False) -> None:
+        with self._cv:
+            self._clock.hook_ns += hook_ns
+            if end:
+                self._end = True
+            if not self._stop:
+                self._done[k] = item
+            self._cv.notify_all()
 
     def get(self) -> tuple[Any, Any, Any]:
-        while True:
-            try:
-                return self._q.get(timeout=0.1)
-            except _queue.Empty:
-                if not self._thread.is_alive() and self._q.empty():
-                    raise RuntimeError("npyload: the transform thread was stopped") from None
-
-    def _drain(self) -> None:
-        try:
+        """The next result in order: (error or _EOF or None, result, state)."""
+        with self._cv:
             while True:
-                self._q.get_nowait()
-        except _queue.Empty:
-            pass
+                item = self._done.pop(self._given, None)
+                if item is not None:
+                    self._given += 1
+                    self._permits += 1
+                    self._cv.notify_all()
+                    return item
+                if not any(t.is_alive() for t in self._threads):
+                    raise RuntimeError("npyload: the transform thread was stopped")
+                self._cv.wait(0.1)
 
     def stop(self) -> None:
-        """Stops the thread and drops what it queued (their slots go back).
-        Waits for a running fn or next() to return; idempotent."""
-        self._stop.set()
-        t = self._thread
-        if t is _threading.current_thread() or _sys.is_finalizing():
-            return  # (at exit the daemon thread may never run again)
-        while t.is_alive():
-            self._drain()  # unblocks a put
-            t.join(0.05)
-        self._drain()
+        """Stops the threads and drops what they filed (their slots go back).
+        Waits for running fn or next() calls to return (not when called on
+        one of the threads, whose siblings then stop on their own);
+        idempotent."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        me = _threading.current_thread()
+        if me in self._threads or _sys.is_finalizing():
+            return  # (at exit the daemon threads may never run again)
+        for t in self._threads:
+            t.join()
+        with self._cv:
+            done, self._done = self._done, {}
+        done.clear()  # outside the lock: freeing a batch gives its slot back
+

@@ -16,6 +16,9 @@ from ._hook import _EOF
 from ._options import _EPOCH_MAX
 from ._hook import _HookPipe
 from ._hook import _LoopClock
+from ._hook import _check_hook_workers
+from ._hook import _hook_prefetch
+from ._hook import _rng_key
 from ._options import _INT64_MAX
 from ._options import _IO
 from ._transform import _TDTYPES
@@ -413,6 +416,9 @@ class Loader(Generic[_B]):
         A per-batch hook: ``fn(batch)`` runs on a background thread while the
         loop body works on earlier batches, and what it returns is what the
         loop gets, in order. See "Per-batch hook" below.
+    transform_workers : int >= 1
+        Threads running ``fn`` (default 1); above 1 only with ``transform=``.
+        See "Per-batch hook" below.
 
     Per-batch hook (``transform=fn``): one thread per loader calls ``fn`` on
     each batch (a ``Batch`` or ``BatchTuple``) and queues the result; at most
@@ -431,6 +437,36 @@ class Loader(Generic[_B]):
     ``state_dict()`` counts the batches the loop received, not those the
     thread prepared ahead. With a CUDA device, ``fn`` runs with the CUDA
     stream current when ``iter(loader)`` was called.
+
+    ``transform_workers=N`` runs ``fn`` on N threads (threads, not
+    processes: it pays where ``fn`` releases the GIL, as torch ops and most
+    numpy ops on whole arrays do; pure-Python code runs one thread at a
+    time). Results still come out in order, and the bound is the same: at
+    most ``prefetch`` batches (2 for prefetch=1) taken from the loader and
+    not yet received by the loop, whether being read, in ``fn`` or done and
+    waiting for an earlier one, so the slots stay ``prefetch + 2`` and at
+    most ``prefetch`` threads are busy at once (with ``prefetch=None`` the
+    default is raised to at least ``N + 1``). An exception, ``break`` and
+    the calls above behave as with one thread: the batches before a failed
+    one are delivered, then its TransformError; stopping waits for every
+    running ``fn`` call. ``stats()["hook_ns"]`` is the time in ``fn``
+    summed over the threads; the verdict's "hook" rule (``fn`` busy at
+    least half the time) is judged on ``hook_ns / N``, the time per thread.
+
+    Randomness that is exact on resume: the batch ``fn`` receives has
+    ``rng``, a ``numpy.random.Generator`` (None without numpy) that depends
+    only on the loader's seed, the batch's ``epoch`` and ``seq`` and the
+    rank, so the same batch gets the same draws for any
+    ``transform_workers``, ``num_workers``, backend, and after
+    ``load_state_dict`` at the same world size. Bit for bit::
+
+        words = numpy.array([seed % 2**64, epoch, rank, seq], dtype="<u8").view("<u4")
+        rng = numpy.random.Generator(numpy.random.PCG64(numpy.random.SeedSequence(words)))
+
+    (each value as two little-endian 32-bit words, so no two tuples share
+    an entropy pool; the rank is in so that ranks do not repeat each
+    other's draws). ``fn``'s one argument is unchanged: a ``Batch`` (a
+    subclass carrying ``rng``) or a ``BatchTuple`` with the attribute.
 
     Epochs: every ``iter(loader)`` that is not the first since the
     construction, ``set_epoch()`` or ``load_state_dict()`` advances the epoch
@@ -524,6 +560,7 @@ class Loader(Generic[_B]):
     as_tuple: bool
     field_names: tuple[str, ...]
     transform: Callable[[Any], Any] | None
+    transform_workers: int
 
     # The type of a batch follows as_tuple and transform: Loader[Batch],
     # Loader[BatchTuple], or Loader[R] for a transform= returning R.
@@ -538,7 +575,7 @@ class Loader(Generic[_B]):
                  max_errors: int | None = None,
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: Literal[False] = False, transform: None = None,
-                 read_ahead: bool = True) -> None: ...
+                 read_ahead: bool = True, transform_workers: int = 1) -> None: ...
     @overload
     def __init__(self: Loader[BatchTuple], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -550,7 +587,7 @@ class Loader(Generic[_B]):
                  max_errors: int | None = None,
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: Literal[True] = ..., transform: None = None,
-                 read_ahead: bool = True) -> None: ...
+                 read_ahead: bool = True, transform_workers: int = 1) -> None: ...
     @overload
     def __init__(self: Loader[_T], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -562,7 +599,7 @@ class Loader(Generic[_B]):
                  max_errors: int | None = None,
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: Literal[False] = False, transform: Callable[[Batch], _T] = ...,
-                 read_ahead: bool = True) -> None: ...
+                 read_ahead: bool = True, transform_workers: int = 1) -> None: ...
     @overload
     def __init__(self: Loader[_T], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -574,7 +611,7 @@ class Loader(Generic[_B]):
                  max_errors: int | None = None,
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: Literal[True] = ..., transform: Callable[[BatchTuple], _T] = ...,
-                 read_ahead: bool = True) -> None: ...
+                 read_ahead: bool = True, transform_workers: int = 1) -> None: ...
     @overload
     def __init__(self: Loader[Any], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -586,7 +623,7 @@ class Loader(Generic[_B]):
                  max_errors: int | None = None,
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
-                 read_ahead: bool = True) -> None: ...
+                 read_ahead: bool = True, transform_workers: int = 1) -> None: ...
     def __init__(self, fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
@@ -597,7 +634,7 @@ class Loader(Generic[_B]):
                  max_errors: int | None = None,
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
-                 read_ahead: bool = True) -> None:
+                 read_ahead: bool = True, transform_workers: int = 1) -> None:
         self._c: Any = None     # the started C loader: None until the first iter()
         self._closed = False
         self._pipe: _HookPipe | None = None
@@ -608,6 +645,7 @@ class Loader(Generic[_B]):
         shuffle_mode, dev, pin_memory = _check_choices(
             shuffle, drop_last, direct_io, read_ahead, io, device, output, pin_memory,
             align, on_error, transform)
+        transform_workers = _check_hook_workers(transform_workers, transform)
         rank, world_size = _resolve_ranks(rank, world_size)
         self._pick_output(output, dev)
         self._specs = specs
@@ -617,10 +655,12 @@ class Loader(Generic[_B]):
             name for name, t in self._transforms
             if t.hflip or t.vflip or t.crop is not None or t.pad)
         self.transform = transform
+        self.transform_workers = transform_workers
         if not prefetch:
             # The library's default memory, asked of it (slots - 1 batches
             # ahead of the one the loop holds).
-            prefetch = max(1, _npyload.default_prefetch(num_workers or -1) - 1)
+            prefetch = _hook_prefetch(max(1, _npyload.default_prefetch(num_workers or -1) - 1),
+                                      transform_workers)
         self._opts: dict[int, int] = {
             _npyload.OPT_BATCH_SIZE: batch_size,
             _npyload.OPT_NUM_WORKERS: num_workers if num_workers else -1,  # -1: sync
@@ -671,7 +711,7 @@ class Loader(Generic[_B]):
         self._resume_len: int | None = None  # batches left at the loaded position
         self._len_override: int | None = None  # batches of a resumed epoch (load_state_dict)
         self._hook_state = None  # with transform=: the state the consumer is at
-        self._clock = _LoopClock()  # with transform=: hook, loop wait and step
+        self._clock = _LoopClock(transform_workers)  # with transform=: hook, loop wait, step
 
     def _pick_output(self, output: str, dev: int) -> None:
         """torch when it is importable (or asked for), else numpy."""
@@ -792,8 +832,9 @@ class Loader(Generic[_B]):
         wrap = _functools.partial(_wrap_raw, torch=self._torch, np=self._np,
                                   copy=self.copy, as_tuple=self.as_tuple,
                                   bf16=getattr(self, "_bf16", None), aug=self._aug_fields)
-        self._pipe = _HookPipe(c, wrap, self.transform,
-                               _hook_depth(self.prefetch), stream, self._clock)
+        self._pipe = _HookPipe(c, wrap, self.transform, _hook_depth(self.prefetch), stream,
+                               self._clock, self.transform_workers,
+                               _rng_key(self.seed, self.rank))
         return _Iterator(self, self._gen, self._pipe)
 
     def state_dict(self) -> LoaderState:
@@ -931,7 +972,7 @@ class Loader(Generic[_B]):
             st["hook_ns"] = 0
             st["loop_wait_ns"], st["loop_step_ns"] = st["wait_ns"], st["step_ns"]
             return st
-        st = cast("LoaderStats", c.stats(hook_ns=k.hook_ns, loop_wait_ns=k.wait_ns,
+        st = cast("LoaderStats", c.stats(hook_ns=k.verdict_hook_ns(), loop_wait_ns=k.wait_ns,
                                          loop_step_ns=k.step_ns))
         st["hook_ns"], st["loop_wait_ns"], st["loop_step_ns"] = k.hook_ns, k.wait_ns, k.step_ns
         return st

@@ -186,12 +186,23 @@ def test_read_error_arrives_as_npyload_error_in_order(tmp_path):
     d.mkdir()
     for i in range(3):
         np.save(d / f"x_{i:04d}.npy", np.arange(i * 8, i * 8 + 8, dtype=np.float32).reshape(8, 1))
+    # Batch 4 must be read after the truncate: fn (which returns a copy,
+    # giving the slot back) waits for it, so until then the hook holds batch
+    # 0 and the 3 other slots hold batches 1..3; read_ahead=False: a worker
+    # reads a batch only into a slot (read-ahead could read batch 4 early).
+    truncated = threading.Event()
+
+    def fn(b):
+        assert truncated.wait(HANG)
+        return to_numpy(b["x"])
+
     L = npyload.Loader({"x": str(d / "x_*.npy")}, batch_size=4, num_workers=1, prefetch=1,
-                       io="pread", output="numpy", transform=lambda b: to_numpy(b["x"]))
+                       io="pread", output="numpy", transform=fn, read_ahead=False)
     off = npyload.inspect(str(d / "x_0002.npy"))["data_offset"]
     import os
     it = iter(L)  # started (the loader starts at its first iter()), then the file shrinks
     os.truncate(d / "x_0002.npy", off + 4)       # batch 4 (rows 16..19) fails
+    truncated.set()
     got = []
     with pytest.raises(npyload.NpyloadError, match="x_0002.npy"):
         for x in it:
@@ -225,10 +236,12 @@ def test_break_stops_the_thread_and_gives_every_slot_back(dataset):
     assert isinstance(torch.zeros(1), torch.Tensor)
 
 
+@pytest.mark.parametrize("workers", [1, 3])
 @pytest.mark.parametrize("how", ["close", "del", "set_epoch", "load_state_dict", "new_iter"])
-def test_stopping_mid_epoch_does_not_hang(dataset, how):
+def test_stopping_mid_epoch_does_not_hang(dataset, how, workers):
     globs, _ = dataset
-    L = make(globs, transform=lambda b: b, prefetch=2, batch_size=1)
+    L = make(globs, transform=lambda b: b, prefetch=2, batch_size=1,
+             transform_workers=workers)
     saved = make(globs, batch_size=1).state_dict()
     it = iter(L)
     next(it)

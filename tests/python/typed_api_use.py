@@ -151,7 +151,7 @@ def every_loader_argument(fields: Mapping[str, list[str]]) -> None:
         prefetch=2, device="cpu", rank=0, world_size=1, io="pread", output="numpy",
         copy=False, window=2, direct_io=False, pin_memory=False, align="names",
         on_error="skip", max_errors=None, transforms={"x": t}, as_tuple=False,
-        transform=None, read_ahead=True)
+        transform=None, read_ahead=True, transform_workers=1)
     assert_type(loader, npyload.Loader[npyload.Batch])
     assert_type(len(loader), int)
     assert_type(loader.num_samples, int)
@@ -230,8 +230,9 @@ def tuples_and_hooks(fields: Mapping[str, list[str]]) -> None:
     def rows(b: npyload.Batch) -> tuple[int, float]:
         return b.num_samples, float(b["x"].sum())
 
-    hooked = npyload.Loader(fields, 6, output="numpy", transform=rows)
+    hooked = npyload.Loader(fields, 6, output="numpy", transform=rows, transform_workers=2)
     assert_type(hooked, npyload.Loader[tuple[int, float]])
+    assert_type(hooked.transform_workers, int)
     total = 0
     for n, _ in hooked:
         total += n
