@@ -34,8 +34,9 @@ int npyload_stats_verdict(const npyload_stats *s, uint64_t hook_ns, char *buf, s
     double hook = share(hook_ns, elapsed);
     if (hook >= NPYLOAD_VERDICT_HOOK) {
         snprintf(buf, len, "bottleneck: the hook (the transform= function ran %.0f%% of the "
-                 "time on its one thread while the loop waited %.0f%%): move its work into "
-                 "a Transform (in the workers or on the GPU), or run it on more threads",
+                 "time (per hook thread) while the loop waited %.0f%%): move its work into "
+                 "a Transform (in the workers or on the GPU), or run it on more threads "
+                 "(transform_workers=)",
                  100 * hook, 100 * waited);
         return 0;
     }
