@@ -135,33 +135,40 @@ def main() -> None:
                         "epoch": epoch, "step": step, "mid_epoch": mid}, a.ckpt)
 
     log = open(a.steps_log, "a") if a.steps_log and rank == 0 else None
-    for epoch in range(start_epoch, a.epochs):
-        if not (mid_epoch and epoch == start_epoch):
-            loader.set_epoch(epoch)   # a resumed epoch continues where it stopped
-        for b in loader:
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                hm_logit, off = model(b["images"])
-            loss = loss_fn(hm_logit, off, b["heatmaps"], b["offsets"])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            opt.step()
-            step += 1
-            if log:
-                log.write(json.dumps({
-                    "epoch": epoch, "step": step,
-                    "indices": [int(i) for i in b.indices],
-                    "hflip": [bool(f) for f in b.augment["images"].hflip],
-                    "loss": float(loss)}) + "\n")
-                log.flush()
-            if a.stop_after is not None and step >= a.stop_after:
-                save(epoch, True)
-                return
-        save(epoch + 1, False)
-        if rank == 0:
-            print(f"epoch {epoch}: step {step}, loss {float(loss):.4f}")
-    if distributed:
-        dist.destroy_process_group()
-
+    try:
+        for epoch in range(start_epoch, a.epochs):
+            if not (mid_epoch and epoch == start_epoch):
+                loader.set_epoch(epoch)   # a resumed epoch continues where it stopped
+            for b in loader:
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                    hm_logit, off = model(b["images"])
+                loss = loss_fn(hm_logit, off, b["heatmaps"], b["offsets"])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()  # type: ignore[no-untyped-call]
+                opt.step()
+                step += 1
+                if log:
+                    log.write(json.dumps({
+                        "epoch": epoch, "step": step,
+                        "indices": [int(i) for i in b.indices],
+                        "hflip": [bool(f) for f in b.augment["images"].hflip],
+                        "loss": loss.item()}) + "\n")
+                    log.flush()
+                if a.stop_after is not None and step >= a.stop_after:
+                    save(epoch, True)
+                    return
+            save(epoch + 1, False)
+            if rank == 0:
+                print(f"epoch {epoch}: step {step}, loss {loss.item():.4f}")
+    finally:
+        # Stop the loader's threads, then leave the process group together
+        # (a rank exiting while another still talks to it can abort gloo).
+        loader.close()
+        if log:
+            log.close()
+        if distributed:
+            dist.barrier()
+            dist.destroy_process_group()
 
 if __name__ == "__main__":
     main()
