@@ -51,7 +51,8 @@ class Batch(_Mapping[str, Any]):
     array or torch tensor, an owned copy), ``epoch``, ``seq`` (the batch's
     position in this rank's epoch), ``num_samples`` (rows) and ``augment``
     ({field: :class:`Augment`} for the fields whose Transform flips or
-    crops; empty otherwise).
+    crops; empty otherwise) and ``rng`` (inside a ``transform=`` hook, the
+    batch's numpy Generator, see ``Loader``; None elsewhere).
     Without ``copy=True`` the values share memory with a loader slot; the
     slot is given back when the last of them (and this object) is freed.
 
@@ -69,12 +70,14 @@ class Batch(_Mapping[str, Any]):
     (['y'], [0, 1, 2, 3], [0, 1, 2, 3], 0, 0)
     """
 
-    __slots__ = ("_data", "indices", "epoch", "seq", "num_samples", "_raw", "augment")
+    __slots__ = ("_data", "indices", "epoch", "seq", "num_samples", "_raw", "augment",
+                 "rng")
 
     def __init__(self, data: dict[str, Any], indices: Any, epoch: int, seq: int,
                  num_samples: int, raw: _npyload.Batch | None,
                  augment: dict[str, Augment] | None = None) -> None:
         self.augment = augment if augment is not None else {}
+        self.rng: Any = None
         self._data = data
         self.indices = indices
         self.epoch = epoch
@@ -155,6 +158,7 @@ class BatchTuple(tuple[Any, ...]):
     seq: int
     num_samples: int
     augment: dict[str, Augment]
+    rng: Any
     _raw: _npyload.Batch | None
 
     def wait_stream(self, stream: object = None) -> None:
@@ -219,5 +223,6 @@ def _wrap_raw(raw: _npyload.Batch, torch: Any, np: Any, copy: bool, as_tuple: bo
         t.field_names = tuple(names)
         t.indices, t.epoch, t.seq, t.num_samples, t._raw = indices, epoch, seq, n, keep
         t.augment = augment
+        t.rng = None
         return t
     return Batch(data, indices, epoch, seq, n, keep, augment)

@@ -8,7 +8,6 @@ import threading as _threading
 import time as _time
 from typing import Any, Callable
 
-from ._batch import Batch as _Batch
 from ._options import _int_arg
 
 
@@ -93,37 +92,9 @@ def _rng_key(seed: int, rank: int) -> tuple[int, int] | None:
     return (seed, rank)
 
 
-def _batch_slots() -> tuple[str, ...]:
-    """The members of a Batch (its __slots__ up the MRO), which _with_rng
-    copies: whatever Batch holds, without naming it here."""
-    names: list[str] = []
-    for cls in _Batch.__mro__:
-        for s in getattr(cls, "__slots__", ()):
-            if s not in names and s != "__weakref__":
-                names.append(s)
-    return tuple(names)
-
-
-class _HookBatch(_Batch):
-    """The Batch fn receives: a Batch with ``rng`` (see hook_rng). (A
-    BatchTuple takes the attribute on its instance dict.)"""
-    __slots__ = ("rng",)
-    _copied = _batch_slots()
-
-
 def _with_rng(batch: Any, rng: Any) -> Any:
-    """batch with ``rng`` set: for a Batch, a _HookBatch holding the same
-    members (the original is dropped by the caller, so the slot has one
-    owner again); a BatchTuple is given the attribute."""
-    if isinstance(batch, _Batch) and "rng" not in _HookBatch._copied:
-        out = _HookBatch.__new__(_HookBatch)
-        for name in _HookBatch._copied:
-            try:
-                value = getattr(batch, name)
-            except AttributeError:
-                continue
-            object.__setattr__(out, name, value)
-        batch = out
+    """batch (a Batch or a BatchTuple, or whatever the wrap gave) with its
+    ``rng`` member set."""
     batch.rng = rng
     return batch
 
