@@ -49,10 +49,12 @@ static int plan_layout(npyload_loader *L)
     uint64_t h = 0, d = 0, r = 0;
     for (size_t i = 0; i < L->nfields; i++) {
         npyl_field *f = &L->fields[i];
-        /* A transformed field: the host slot holds the stored rows in device
-         * mode (they cross PCIe as stored) and the output rows in host mode;
-         * the device slot always holds the output; the stored rows of a
-         * host transform land in the worker's raw buffer first. */
+        /* A transformed field: the host slot holds the stored rows when the
+         * kernels convert it after the copy (dxform: they cross PCIe as
+         * stored) and the output rows when the host engine does (hxform:
+         * host mode, and augmentation in device mode), whose stored rows
+         * land in the worker's raw buffer first; the device slot always
+         * holds the output. */
         uint64_t bytes, out_bytes, raw_bytes = 0;
         if (npyl_mul_u64(B, f->row_bytes, &bytes) ||
             npyl_mul_u64(B, f->out_row_bytes, &out_bytes))
