@@ -944,9 +944,11 @@ class Loader(Generic[_B]):
         consumer, the hook, the disk, decode, host transforms, the H2D copy
         or CPU copies) and what to do, by the rules documented at
         npyload_stats_verdict in npyload.h. With ``transform=fn`` also
-        hook_ns (time in fn) and loop_wait_ns / loop_step_ns, the wait and
-        step of the loop you run (wait_ns is then the hook thread's), which
-        the verdict judges; without a hook hook_ns is 0 and loop_wait_ns /
+        hook_ns (time in fn, summed over the hook threads), transform_workers
+        (those threads: the verdict judges hook_ns / transform_workers) and
+        loop_wait_ns / loop_step_ns, the wait and step of the loop you run
+        (wait_ns is then the hook thread's), which the verdict judges;
+        without a hook hook_ns and transform_workers are 0 and loop_wait_ns /
         loop_step_ns equal wait_ns / step_ns.
 
         Before the first iter() nothing has started: every counter is 0,
@@ -966,15 +968,17 @@ class Loader(Generic[_B]):
             st["backend"] = self._checked_backend
             st["device"] = self.device
             st["hook_ns"] = st["loop_wait_ns"] = st["loop_step_ns"] = 0
+            st["transform_workers"] = 0 if self.transform is None else self.transform_workers
             return st
         if self.transform is None:
             st = cast("LoaderStats", c.stats())
-            st["hook_ns"] = 0
+            st["hook_ns"] = st["transform_workers"] = 0
             st["loop_wait_ns"], st["loop_step_ns"] = st["wait_ns"], st["step_ns"]
             return st
         st = cast("LoaderStats", c.stats(hook_ns=k.verdict_hook_ns(), loop_wait_ns=k.wait_ns,
                                          loop_step_ns=k.step_ns))
         st["hook_ns"], st["loop_wait_ns"], st["loop_step_ns"] = k.hook_ns, k.wait_ns, k.step_ns
+        st["transform_workers"] = self.transform_workers
         return st
 
     def close(self) -> None:

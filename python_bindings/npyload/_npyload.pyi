@@ -73,6 +73,7 @@ class LoaderStats(TypedDict):
     verdict: str
     # Added by npyload.Loader.stats() (not the extension's Loader):
     hook_ns: NotRequired[int]
+    transform_workers: NotRequired[int]
     loop_wait_ns: NotRequired[int]
     loop_step_ns: NotRequired[int]
 

@@ -217,6 +217,21 @@ def test_hook_ns_is_the_summed_time_in_fn(dataset):
     assert st["hook_ns"] >= inside[0] >= len(L) * 2_000_000
     # The verdict judges the time per thread (see _LoopClock).
     assert L._clock.verdict_hook_ns() == st["hook_ns"] // 4
+    assert st["transform_workers"] == 4
+
+
+def test_stats_name_the_hook_threads(dataset):
+    globs, _ = dataset
+    hooked = make(globs, transform=lambda b: b, transform_workers=3)
+    plain = make(globs)
+    # Before the first iter() (nothing started) and after an epoch.
+    assert hooked.stats()["transform_workers"] == 3
+    assert plain.stats()["transform_workers"] == 0
+    for L in (hooked, plain):
+        for _ in L:
+            pass
+    assert hooked.stats()["transform_workers"] == 3
+    assert plain.stats()["transform_workers"] == 0
 
 
 def test_default_prefetch_covers_the_threads(dataset):

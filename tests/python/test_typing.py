@@ -188,7 +188,7 @@ def test_stub_dicts_match_what_the_functions_return(tmp_path):
         next(iter(ld))
         _check_dict(ld.state_dict(), spec["LoaderState"], allow=("loop_ended",))
         _check_dict(ld._live().get_state(), spec["LoaderState"])  # the extension's
-        loop = ("hook_ns", "loop_wait_ns", "loop_step_ns")
+        loop = ("hook_ns", "transform_workers", "loop_wait_ns", "loop_step_ns")
         _check_dict(ld.stats(), spec["LoaderStats"], allow=loop)
         _check_dict(ld._c.stats(), spec["LoaderStats"])  # the extension's: without them
 
