@@ -49,6 +49,16 @@ static fake_cuda_driver g_drv = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 fake_cuda_driver *fake_cuda_driver_control(void) { return &g_drv; }
 
+/* FAKE_CUDA_RUN_KERNELS=1 (test scaffolding may read the environment):
+ * run_kernels from the start, for a program that does not know the fake,
+ * such as tests/gpu/test_gpu_transform with both fakes in LD_PRELOAD. */
+__attribute__((constructor)) static void run_kernels_from_env(void)
+{
+    const char *e = getenv("FAKE_CUDA_RUN_KERNELS");
+    if (e && e[0] == '1')
+        atomic_store(&g_drv.run_kernels, 1);
+}
+
 #define COUNT(name) atomic_fetch_add(&g_drv.name, 1)
 
 typedef struct fake_function {
