@@ -1051,7 +1051,9 @@ typedef struct npyload_pack_options {
                             patterns is stored as one-byte codes plus the
                             table of values (NaN payloads, -0.0 and
                             denormals kept bit for bit); npyload delivers
-                            the original values. More distinct values, or
+                            the original values (device mode: the codes
+                            cross PCIe, a kernel expands them, fused with
+                            the field's transform). More distinct values, or
                             another dtype: refused, NPYLOAD_EUNSUPPORTED
                             naming the file. `zstd -d` of such a file gives
                             a valid .npy of the uint8 codes ('|u1', the same

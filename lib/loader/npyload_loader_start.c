@@ -1,8 +1,11 @@
 /* npyload_loader_start() in named steps: resolve the counts, load the
- * fields, resolve the backend, plan the slot layout and the order, open
- * CUDA, allocate the slots, create the workers' io contexts within the
- * descriptor budget, begin the first epoch, spawn the workers. On failure
- * the loader returns to its pre-start state. */
+ * fields, plan the transforms (and where each runs), resolve the backend,
+ * open CUDA and load the kernels (a field that can fall back to the host
+ * does so when they do not load), plan the slot layout and the order,
+ * allocate the slots, copy narrowed value tables to the device, create the
+ * workers' io contexts within the descriptor budget, begin the first
+ * epoch, spawn the workers. On failure the loader returns to its pre-start
+ * state. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -253,8 +256,10 @@ static int kernels_missing(npyload_loader *L, int rc, const char *err)
         f->xform = f->hxform;
         f->dxform = f->dnarrow = f->drows = 0;
         f->stage_row_bytes = f->row_bytes;
-        snprintf(f->engine, sizeof f->engine, "host engine: the device kernels did not "
-                 "load: %.600s", err);
+        snprintf(f->engine, sizeof f->engine, "%s: the device kernels did not load: %.600s",
+                 f->hxform ? "host engine"
+                           : "none: the stored rows are delivered; narrowed codes expanded "
+                             "on the host", err);
     }
     return 0;
 }
