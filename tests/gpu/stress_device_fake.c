@@ -186,10 +186,13 @@ static void destroy_with_batches_held(void)
 static void run_with_kernels(const char *driver)
 {
     void *d = dlopen(driver, RTLD_NOW | RTLD_LOCAL);
-    fake_cuda_driver *(*ctl)(void) = d ? (fake_cuda_driver * (*)(void)) dlsym(d, "fake_cuda_driver_control") : NULL;
-    int (*cpu)(void) = d ? (int (*)(void))dlsym(d, "fake_cuda_driver_cpu_kernels") : NULL;
+    fake_cuda_driver_control_fn ctl =
+        d ? (fake_cuda_driver_control_fn)dlsym(d, "fake_cuda_driver_control") : NULL;
+    fake_cuda_driver_cpu_kernels_fn cpu =
+        d ? (fake_cuda_driver_cpu_kernels_fn)dlsym(d, "fake_cuda_driver_cpu_kernels") : NULL;
     if (!ctl || !cpu || !cpu()) {
-        printf("no kernels on the CPU here (%s): the flip runs skipped\n", d ? "no C++" : dlerror());
+        printf("no kernels on the CPU here (%s): the flip runs skipped\n",
+               d ? "built without C++" : dlerror());
         return;
     }
     atomic_store(&ctl()->run_kernels, 1);
