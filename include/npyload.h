@@ -428,10 +428,15 @@ typedef struct npyload_transform {
  *   top  = ((d3 >> 32) * (H + 2P - h + 1)) >> 32
  *   left = ((d4 >> 32) * (W + 2P - w + 1)) >> 32
  * npyload_batch_augment() hands out each row's decisions, for labels that
- * are not arrays (keypoints, boxes). In device mode an augmented field is
- * transformed by the host engine in the workers and crosses PCIe in its
- * output dtype (other transformed fields cross as stored, then run as
- * kernels). */
+ * are not arrays (keypoints, boxes). In device mode an augmented field
+ * crosses PCIe in its stored dtype, with a 16-byte record per row (the
+ * row's decisions, computed on the host by the same function), and one
+ * kernel after the copy does the pad, crop window, flips, signs and the
+ * transform, bit for bit as the host engine (NaN payloads aside, as for
+ * every device transform). Where the kernels cannot (flip signs for more
+ * than 128 channels, items of an odd size, kernels that did not load) the
+ * field runs in the host engine and crosses in its output dtype;
+ * npyload_loader_field_engine() says which and why. */
 
 /*! NPYLOAD_TRANSFORM_INIT: the identity transform, an initializer:
  * `npyload_transform t = NPYLOAD_TRANSFORM_INIT; t.dtype = ...;` */
@@ -607,6 +612,26 @@ NPYLOAD_API const char *npyload_backend_name(npyload_io_backend b);
 NPYLOAD_API size_t npyload_loader_num_fields(const npyload_loader *L);
 NPYLOAD_API const char *npyload_loader_field_name(const npyload_loader *L,
                                                   size_t i);
+
+/*! npyload_loader_field_engine() :
+ * After start: where field i's transform (npyload_loader_set_transform) and
+ * the expansion of its narrowed codes (npyload-pack --narrow) run.
+ * NPYLOAD_ENGINE_NONE: nothing runs, the stored rows are delivered;
+ * NPYLOAD_ENGINE_HOST: in the workers (in device mode the output crosses
+ * PCIe); NPYLOAD_ENGINE_DEVICE: kernels after the copy (the stored dtype,
+ * or one-byte codes, cross PCIe). In device mode a field runs on the host
+ * only where the kernels cannot (an augmentation past their limits, a field
+ * mixing narrowed and plain files, kernels that did not load); `why` (may
+ * be NULL) receives the reason in words. Any thread.
+ * @return : an npyload_engine value, NPYLOAD_EINVAL (NULL or an index out
+ *           of range) or NPYLOAD_ESTATE (before start). */
+typedef enum npyload_engine {
+    NPYLOAD_ENGINE_NONE = 0,
+    NPYLOAD_ENGINE_HOST = 1,
+    NPYLOAD_ENGINE_DEVICE = 2,
+} npyload_engine;
+NPYLOAD_API int npyload_loader_field_engine(const npyload_loader *L, size_t i, char *why,
+                                            size_t whylen);
 
 /* ---- Batches ---- */
 
@@ -1026,7 +1051,9 @@ typedef struct npyload_pack_options {
                             patterns is stored as one-byte codes plus the
                             table of values (NaN payloads, -0.0 and
                             denormals kept bit for bit); npyload delivers
-                            the original values. More distinct values, or
+                            the original values (device mode: the codes
+                            cross PCIe, a kernel expands them, fused with
+                            the field's transform). More distinct values, or
                             another dtype: refused, NPYLOAD_EUNSUPPORTED
                             naming the file. `zstd -d` of such a file gives
                             a valid .npy of the uint8 codes ('|u1', the same

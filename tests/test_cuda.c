@@ -826,9 +826,12 @@ Test(cuda_fake, device_transform_without_kernels_or_driver_fails_at_start)
 }
 
 /* Random flips (here: signs on (16,) float32 vectors, flipped with
- * probability 1/2) run in the host engine in device mode too, and need no
- * kernel: the rows on the (fake) device equal the host mode's rows of the
- * same sample indices, byte for byte, with workers and read-ahead. */
+ * probability 1/2) run as kernels in device mode; where the kernels do not
+ * load (here: the fake runtime, no driver API) the field falls back to the
+ * host engine, says so (npyload_loader_field_engine), and the rows on the
+ * (fake) device equal the host mode's rows of the same sample indices,
+ * byte for byte, with workers and read-ahead. (test_cuda_kernels runs the
+ * kernels themselves on the CPU.) */
 static void aug_rows(const char *glob, int64_t device, float *by_index, int *seen, void *cs)
 {
     npyload_loader *L = NULL;
@@ -850,6 +853,15 @@ static void aug_rows(const char *glob, int64_t device, float *by_index, int *see
     cr_assert_eq(npyload_loader_set_transform(L, "x", &t, sizeof t), 0, "%s",
                  npyload_loader_errmsg(L));
     cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    char why[1024];
+    int eng = npyload_loader_field_engine(L, 0, why, sizeof why);
+    cr_log_info("device %lld: %s", (long long)device, why);
+    cr_assert_eq(eng, NPYLOAD_ENGINE_HOST, "%d: %s", eng, why);
+    /* no driver API here, or (NPYLOAD_CUDA_KERNELS=OFF) no kernels built */
+    cr_assert(device < 0 ? strstr(why, "host mode") != NULL
+                         : (strstr(why, "did not load") && strstr(why, "libcuda")) ||
+                               strstr(why, "NPYLOAD_CUDA_KERNELS=OFF"),
+              "%s", why);
     npyload_batch *b;
     int rc;
     while ((rc = npyload_loader_next(L, &b)) == 0) {
@@ -879,7 +891,7 @@ static void aug_rows(const char *glob, int64_t device, float *by_index, int *see
     npyload_loader_destroy(L);
 }
 
-Test(cuda_fake, device_augmentation_in_the_host_engine)
+Test(cuda_fake, device_augmentation_falls_back_to_the_host_engine)
 {
     fake_cudart *f = load_fake();
     void *cs = consumer_stream(f);
@@ -1134,8 +1146,9 @@ Test(cuda_fake, device_transform_engine_on_the_driver_table)
     cr_assert_eq(npyl_tdev_open(&t, c, NULL, err, sizeof err), 0, "%s", err);
     cr_assert_eq(atomic_load(&fd->n_module_load), 1);
     cr_assert_eq(fd->last_image, FAKE_IMAGE_FATBIN, "the embedded kernels are a fatbin");
-    cr_assert_eq(atomic_load(&fd->n_get_function), 11 * 3 + 5,
-                 "11 input x 3 output conversions and 5 permutations");
+    cr_assert_eq(atomic_load(&fd->n_get_function), 2 * (11 * 3 + 5),
+                 "11 input x 3 output conversions and 5 permutations, as stored "
+                 "(npyl_tk_*) and through the rows' records (npyl_tkx_*)");
 
     const int64_t shp[] = {3, 5, 7};
     const float mean[3] = {0.5f, 1.0f, 2.0f}, std[3] = {0.25f, 2.0f, 4.0f};
@@ -1296,22 +1309,26 @@ static const npyl_nvrtc_where *wheel_only_search(site_roots *r)
     return &r->w;
 }
 
-/* Every kernel npyl_tdev_open looks up, by name. */
+/* Every kernel npyl_tdev_open looks up, by name: both families (as stored,
+ * and through the rows' records: augmentation, narrowed codes). */
 static void expect_every_entry(const char *ptx)
 {
     static const char *const in[] = {"u1", "i1", "u2", "i2", "u4", "i4",
                                      "u8", "i8", "f2", "f4", "f8"};
     static const char *const outs[] = {"f4", "f2", "bf"};
+    static const char *const fam[] = {"npyl_tk", "npyl_tkx"}, *const move[] = {"perm", "keep"};
     char name[64];
-    for (size_t i = 0; i < 11; i++)
-        for (size_t o = 0; o < 3; o++) {
-            snprintf(name, sizeof name, ".entry npyl_tk_%s_%s(", in[i], outs[o]);
+    for (size_t x = 0; x < 2; x++) {
+        for (size_t i = 0; i < 11; i++)
+            for (size_t o = 0; o < 3; o++) {
+                snprintf(name, sizeof name, ".entry %s_%s_%s(", fam[x], in[i], outs[o]);
+                cr_assert_not_null(strstr(ptx, name), "PTX lacks %s", name);
+            }
+        static const int perm[] = {1, 2, 4, 8, 16};
+        for (size_t k = 0; k < 5; k++) {
+            snprintf(name, sizeof name, ".entry %s_%s%d(", fam[x], move[x], perm[k]);
             cr_assert_not_null(strstr(ptx, name), "PTX lacks %s", name);
         }
-    static const int perm[] = {1, 2, 4, 8, 16};
-    for (size_t k = 0; k < 5; k++) {
-        snprintf(name, sizeof name, ".entry npyl_tk_perm%d(", perm[k]);
-        cr_assert_not_null(strstr(ptx, name), "PTX lacks %s", name);
     }
 }
 
@@ -1472,7 +1489,7 @@ Test(cuda_fake, device_transform_engine_compiles_with_nvrtc_and_caches)
     cr_assert_eq(fd->last_image, FAKE_IMAGE_CUBIN, "NVRTC made a cubin for the device");
     cr_assert(strstr(npyl_tdev_source(t), "NVRTC") && strstr(npyl_tdev_source(t), "sm_80 cubin"),
               "%s", npyl_tdev_source(t));
-    cr_assert_eq(atomic_load(&fd->n_get_function), 11 * 3 + 5);
+    cr_assert_eq(atomic_load(&fd->n_get_function), 2 * (11 * 3 + 5));
     npyl_tdev_close(t);
     cr_assert_eq(count_cached(sub, "sm_80.cubin"), 1);
 

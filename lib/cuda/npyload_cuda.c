@@ -595,6 +595,12 @@ int npyl_cuda_free(npyl_cuda *c, void *p)
     return 0;
 }
 
+int npyl_cuda_init_context(npyl_cuda *c)
+{
+    CU_CALL(c, c->free_(NULL), "cudaFree(NULL) (creating the device's primary context)");
+    return 0;
+}
+
 /* ---- streams and events ---- */
 
 int npyl_cuda_stream_create(npyl_cuda *c, void **s)

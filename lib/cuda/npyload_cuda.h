@@ -105,6 +105,10 @@ NPYL_HIDDEN int npyl_cuda_host_alloc(npyl_cuda *c, void **p, size_t n);
 NPYL_HIDDEN int npyl_cuda_host_free(npyl_cuda *c, void *p);
 NPYL_HIDDEN int npyl_cuda_malloc(npyl_cuda *c, void **p, size_t n);
 NPYL_HIDDEN int npyl_cuda_free(npyl_cuda *c, void *p);
+/* Makes the current device's primary context exist now (cudaFree(NULL)):
+ * the runtime creates it lazily, and the driver API (the transform
+ * kernels' module) needs it current. Returns 0 or NPYLOAD_ECUDA. */
+NPYL_HIDDEN int npyl_cuda_init_context(npyl_cuda *c);
 /* Non-blocking stream (cudaStreamNonBlocking). */
 NPYL_HIDDEN int npyl_cuda_stream_create(npyl_cuda *c, void **s);
 NPYL_HIDDEN int npyl_cuda_stream_destroy(npyl_cuda *c, void *s);

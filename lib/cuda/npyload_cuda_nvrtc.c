@@ -512,7 +512,9 @@ static void cache_write(const char *dir, const char *file, const npyl_kimage *k)
     if (make_dirs(dir) != 0)
         return;
     char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.XXXXXX", file);
+    int n = snprintf(tmp, sizeof tmp, "%s.XXXXXX", file);
+    if (n < 0 || (size_t)n >= sizeof tmp)
+        return; /* a name too long to hold the template: no cache */
     int fd = mkstemp(tmp);
     if (fd < 0)
         return;

@@ -17,6 +17,7 @@
 #include "../common/npyload_common.h"
 #include "../transform/npyload_transform.h"
 #include "npyload_cuda.h"
+#include "npyload_cuda_transform_kparams.h"
 
 /* Device transforms take mean/std as kernel parameters: at most this many
  * channels when the values differ per channel. */
@@ -36,9 +37,12 @@ NPYL_HIDDEN int npyl_tdev_aot_built(char *why, size_t whylen);
 NPYL_HIDDEN const char *npyl_tdev_archs(void);
 
 /* Checks that plan `p` can run on the device: kernels built, channel count
- * within NPYL_TDEV_MAX_CHANNELS when per channel. Returns 0, NPYLOAD_ENOCUDA
- * ("device transforms need the kernels built with the CUDA toolkit ...") or
- * NPYLOAD_EUNSUPPORTED, message naming `what`. No CUDA call. */
+ * within NPYL_TDEV_MAX_CHANNELS when per channel (mean/std, flip signs),
+ * an item size the kernels move when they move stored items (keep with
+ * channels-last or augmentation: 1, 2, 4, 8 or 16 bytes). Returns 0,
+ * NPYLOAD_ENOCUDA ("device transforms need the kernels built with the CUDA
+ * toolkit ...") or NPYLOAD_EUNSUPPORTED, message naming `what` and saying
+ * that the host engine has no such limit. No CUDA call. */
 NPYL_HIDDEN int npyl_tdev_plan_check(const char *what, const npyl_tplan *p,
                                      char *err, size_t errlen);
 
@@ -72,10 +76,42 @@ NPYL_HIDDEN int npyl_tdev_open(npyl_tdev **out, npyl_cuda *cuda,
 NPYL_HIDDEN const char *npyl_tdev_source(const npyl_tdev *d);
 /* Queues the transform of `rows` samples from device memory dsrc (stored
  * layout) to ddst (output layout) on `stream` (a cudaStream_t of the same
- * context). Thread-safe. Returns 0, or NPYLOAD_ECUDA with err set. */
+ * context). Thread-safe. Returns 0, or NPYLOAD_ECUDA with err set. A plan
+ * with augmentation needs npyl_tdev_run_x (NPYLOAD_EINVAL here). */
 NPYL_HIDDEN int npyl_tdev_run(npyl_tdev *d, const npyl_tplan *p,
                               const void *dsrc, void *ddst, size_t rows,
                               void *stream, char *err, size_t errlen);
+
+/* What a batch of an augmented or narrowed field adds (npyl_tdev_run_x):
+ * per-row records (the row's augmentation decisions and value table) and,
+ * narrowed, the value tables, both in device memory of the context. */
+typedef npyl_tk_row npyl_tdev_row;
+typedef struct npyl_tdev_extra {
+    const npyl_tdev_row *rows; /* `rows` records */
+    const void *tables;        /* narrowed: NPYL_TDEV_TABLE values of
+                                  itemsize bytes per table, the field's
+                                  values (the plan's input dtype); NULL:
+                                  dsrc holds the values */
+} npyl_tdev_extra;
+#define NPYL_TDEV_TABLE NPYL_TK_TABLE
+
+/* Row record of sample `index`: plan p's augmentation decisions
+ * (npyl_aug_decide: the host engine's function, so both engines make the
+ * same ones) and value table `table`. */
+NPYL_HIDDEN void npyl_tdev_row_fill(const npyl_tplan *p, int64_t seed, uint64_t epoch,
+                                    int64_t index, uint32_t table, npyl_tdev_row *out);
+/* Like npyl_tdev_run, through the npyl_tkx_* kernels: each output element
+ * is found through its row's record (crop window, flips, signs of
+ * npyload.h's "Augmentation") and, with x->tables, dsrc holds one-byte
+ * codes (the plan's stored elements, in_row_bytes / in_itemsize per row)
+ * whose values are the row's table's entries, copied exactly. Then the
+ * plan's dtype, arithmetic and layout as in npyl_tdev_run, fused in one
+ * kernel. A plan that keeps the dtype runs too (the expansion alone, or the
+ * augmentation of stored items). Returns 0, NPYLOAD_EINVAL (x or its rows
+ * missing), NPYLOAD_EUNSUPPORTED or NPYLOAD_ECUDA with err set. */
+NPYL_HIDDEN int npyl_tdev_run_x(npyl_tdev *d, const npyl_tplan *p, const npyl_tdev_extra *x,
+                                const void *dsrc, void *ddst, size_t rows, void *stream,
+                                char *err, size_t errlen);
 /* Unloads the module (its context must still be alive). NULL-safe. */
 NPYL_HIDDEN void npyl_tdev_close(npyl_tdev *d);
 

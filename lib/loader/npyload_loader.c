@@ -179,6 +179,11 @@ void npyl_loader_free_started(npyload_loader *L)
     L->ring.nh = L->ring.nd = 0;
     npyl_tdev_close(L->dev.tdev); /* its context is still alive here */
     L->dev.tdev = NULL;
+    for (size_t i = 0; i < L->nfields; i++) {
+        if (L->fields[i].dtables)
+            npyl_cuda_free(L->dev.cuda, L->fields[i].dtables);
+        L->fields[i].dtables = NULL;
+    }
     if (entered)
         npyl_cuda_leave(L->dev.cuda, prev);
     npyl_cuda_close(L->dev.cuda);
@@ -186,8 +191,10 @@ void npyl_loader_free_started(npyload_loader *L)
     L->dev.pinned = 0;
     free_tables(L);
     for (size_t i = 0; i < L->nfields; i++) {
-        npyl_transform_plan_free(&L->fields[i].tplan);
-        L->fields[i].xform = L->fields[i].hxform = L->fields[i].dxform = 0;
+        npyl_field *f = &L->fields[i];
+        npyl_transform_plan_free(&f->tplan);
+        f->xform = f->hxform = f->dxform = f->dnarrow = f->drows = 0;
+        f->engine[0] = 0;
     }
     L->raw_bytes = 0;
     L->sync = 0;
@@ -285,6 +292,21 @@ int64_t npyload_loader_num_samples(const npyload_loader *L)
     if (npyl_in_child(L))
         return NPYLOAD_EFORKED;
     return L->started ? L->n : NPYLOAD_ESTATE;
+}
+
+int npyload_loader_field_engine(const npyload_loader *L, size_t i, char *why, size_t whylen)
+{
+    if (!L || i >= L->nfields)
+        return NPYLOAD_EINVAL;
+    if (npyl_in_child(L))
+        return NPYLOAD_EFORKED;
+    if (!L->started)
+        return NPYLOAD_ESTATE;
+    const npyl_field *f = &L->fields[i];
+    if (why && whylen)
+        snprintf(why, whylen, "%s", f->engine);
+    return f->dxform ? NPYLOAD_ENGINE_DEVICE : f->hxform ? NPYLOAD_ENGINE_HOST
+                                                        : NPYLOAD_ENGINE_NONE;
 }
 
 const char *npyload_loader_errmsg(const npyload_loader *L)

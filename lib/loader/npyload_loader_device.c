@@ -7,6 +7,60 @@
 
 #include "npyload_loader_device.h"
 
+/* The index in f->files of the file holding global sample s. */
+static uint32_t file_index(const npyl_field *f, int64_t s)
+{
+    size_t lo = 0, hi = f->npaths;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (f->files[mid].first <= s)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return (uint32_t)lo;
+}
+
+/* The per-row records of field f (drows) for h's rows as read (ON_ERROR
+ * skip may have dropped some), written into h beside the rows: each row's
+ * augmentation decisions, computed here once by the host engine's own
+ * function, and its file's value table. h is the worker's: its previous
+ * copy was waited for before the read. */
+static const npyl_tdev_row *stage_records(const npyl_field *f, npyl_slot *h)
+{
+    npyl_tdev_row *rec = (npyl_tdev_row *)(h->mem + f->rec_host_off);
+    for (size_t r = 0; r < h->rows; r++)
+        npyl_tdev_row_fill(&f->tplan, h->seed, h->epoch, h->indices[r],
+                           f->dnarrow ? file_index(f, h->indices[r]) : 0, &rec[r]);
+    return rec;
+}
+
+/* Queues field f's kernel from the device raw buffer (the rows at dst, and
+ * its records copied there first) into d, on the worker's stream. */
+static int queue_kernel(const npyl_device *dv, const npyl_field *f, const npyl_copy_ctx *cc,
+                        npyl_slot *h, npyl_slot *d, const uint8_t *dst, uint64_t *bytes,
+                        int *kerr)
+{
+    int rc;
+    if (!f->drows) {
+        rc = npyl_tdev_run(dv->tdev, &f->tplan, dst, d->mem + f->dev_off, h->rows,
+                           cc->stream, cc->errmsg, NPYL_ERRMSG_LEN);
+        *kerr = rc != 0;
+        return rc;
+    }
+    size_t n = h->rows * sizeof(npyl_tdev_row);
+    npyl_tdev_row *drec = (npyl_tdev_row *)((uint8_t *)cc->draw + f->rec_raw_off);
+    rc = npyl_cuda_memcpy_h2d_async(dv->cuda, drec, stage_records(f, h), n, cc->stream);
+    if (rc)
+        return rc;
+    *bytes += n;
+    const npyl_tdev_extra x = {.rows = drec, .tables = f->dnarrow ? f->dtables : NULL};
+    rc = npyl_tdev_run_x(dv->tdev, &f->tplan, &x, dst, d->mem + f->dev_off, h->rows,
+                         cc->stream, cc->errmsg, NPYL_ERRMSG_LEN);
+    *kerr = rc != 0;
+    return rc;
+}
+
 /* Queues the copy (and kernels) of every field, then the two ev_done
  * records. Returns 0 or the failure; *queued: some copy may be in flight;
  * *kerr: the failure is a kernel's (message in cc->errmsg). */
@@ -38,19 +92,18 @@ static int queue_copy(const npyl_device *dv, const npyl_field *fields, size_t nf
         rc = npyl_cuda_event_record(dv->cuda, h->ev_start, cc->stream);
     for (size_t fi = 0; fi < nfields && !rc; fi++) {
         const npyl_field *f = &fields[fi];
-        size_t n = (size_t)(h->rows * (f->hxform ? f->out_row_bytes : f->row_bytes));
-        /* A transformed field crosses PCIe in its stored dtype into the
-         * worker's device raw buffer, and the kernel writes the slot on the
-         * same stream, before ev_done below. The raw buffer is reused by
-         * this worker's next batch only after it, in stream order. */
+        size_t n = (size_t)(h->rows * (f->hxform ? f->out_row_bytes : f->stage_row_bytes));
+        /* A transformed field crosses PCIe in its stored dtype (a narrowed
+         * one as its codes) into the worker's device raw buffer, and the
+         * kernel writes the slot on the same stream, before ev_done below.
+         * The raw buffer is reused by this worker's next batch only after
+         * it, in stream order. */
         uint8_t *dst = f->dxform ? (uint8_t *)cc->draw + f->raw_off : d->mem + f->dev_off;
         rc = npyl_cuda_memcpy_h2d_async(dv->cuda, dst, h->mem + f->host_off, n, cc->stream);
         *queued = 1;
         *bytes += n;
-        if (!rc && f->dxform && h->rows &&
-            (rc = npyl_tdev_run(dv->tdev, &f->tplan, dst, d->mem + f->dev_off, h->rows,
-                                cc->stream, cc->errmsg, NPYL_ERRMSG_LEN)) != 0)
-            *kerr = 1;
+        if (!rc && f->dxform && h->rows)
+            rc = queue_kernel(dv, f, cc, h, d, dst, bytes, kerr);
     }
     if (!rc)
         rc = npyl_cuda_event_record(dv->cuda, d->ev_done, cc->stream);

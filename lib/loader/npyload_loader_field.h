@@ -49,16 +49,38 @@ typedef struct npyl_field {
     int has_transform;
     npyload_transform tdesc;
     float *tvals[4];      /* its own copies of mean, std, hflip_sign, vflip_sign */
-    npyl_tplan tplan;
-    int xform;
+    npyl_tplan tplan;     /* with has_transform, or the identity plan of a
+                             field whose codes the device expands */
+    int xform;            /* hxform or dxform */
     int hxform;           /* xform by the host engine in the worker: host
-                             mode, and augmentation in device mode (stored
-                             rows in the raw buffer, output rows in the
-                             staging slot, which crosses PCIe as output) */
-    int dxform;           /* xform by the kernels after the copy (device
-                             mode without augmentation) */
+                             mode, and in device mode a transform the
+                             kernels cannot run but the host can (an
+                             augmentation past their limits, or kernels
+                             that did not load): stored rows in the raw
+                             buffer, output rows in the staging slot,
+                             which crosses PCIe as output */
+    int dxform;           /* xform by the kernels after the copy: the
+                             stored rows (or codes) cross PCIe into the
+                             worker's device raw buffer */
+    int dnarrow;          /* dxform of a field whose files are all narrowed:
+                             the reader delivers the one-byte codes (checked
+                             against the tables) and the kernel expands them
+                             through dtables, fused with the transform */
+    int drows;            /* dxform with per-row records (augmentation or
+                             dnarrow): rows x npyl_tdev_row at rec_host_off
+                             in the staging slot and rec_raw_off in the
+                             device raw buffer, written by the copying
+                             worker and copied with the rows */
+    void *dtables;        /* dnarrow: one table per file (npaths x
+                             NPYL_TDEV_TABLE values) on the device; owned,
+                             freed with the slots */
+    char engine[768];     /* where the transform / expansion runs and why
+                             (npyload_loader_field_engine) */
+    uint64_t stage_row_bytes; /* bytes per row the reader writes: row_bytes,
+                                 or with dnarrow the codes (one per value) */
     uint64_t out_row_bytes; /* bytes per delivered row (row_bytes without) */
     uint64_t raw_off;
+    uint64_t rec_host_off, rec_raw_off;
 } npyl_field;
 
 /* The loader's counters (npyload_loader_get_stats), added to without a

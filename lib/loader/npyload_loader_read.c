@@ -63,7 +63,9 @@ static const npyl_ffile *find_file(const npyl_field *f, int64_t s)
 /* Request q: `rows` consecutive samples of field f from global sample s on,
  * all in file ff, landing at dst. A stored narrowed file's rows are codes,
  * one byte per value: they land at the end of the rows' place (*rff = ff)
- * and are expanded in place after the read (expand_raw). */
+ * and are expanded in place after the read (expand_raw), or, when the
+ * device expands them (f->dnarrow: the rows' place holds codes), only
+ * checked. */
 static void raw_req(npyl_io_req *q, const npyl_ffile **rff, const npyl_field *f,
                     const npyl_ffile *ff, int64_t s, uint64_t rows, uint8_t *dst)
 {
@@ -71,12 +73,35 @@ static void raw_req(npyl_io_req *q, const npyl_ffile **rff, const npyl_field *f,
     q->file = ff->io_index;
     q->offset = ff->data_offset + (uint64_t)(s - ff->first) * rb;
     q->len = rows * rb;
-    q->dst = dst + rows * (f->row_bytes - rb);
+    q->dst = dst + rows * (f->stage_row_bytes - rb);
     *rff = ff->nx ? ff : NULL;
 }
 
+/* A narrowed file's n codes, read or decoded to `codes`, become what the
+ * slot holds at dst: their values (dst may be codes' place, expanded front
+ * to back), or with keep (the device expands them) the codes themselves.
+ * -1 when a code is not in the table. */
+static int put_codes(const npyl_zst_narrow *x, int keep, const uint8_t *codes, size_t n,
+                     uint8_t *dst)
+{
+    if (!keep)
+        return npyl_zst_narrow_expand(x, codes, n, dst);
+    if (dst != codes)
+        memmove(dst, codes, n);
+    return npyl_zst_narrow_check(x, dst, n);
+}
+
+/* The field file ff belongs to. */
+static const npyl_field *field_of(const npyl_read_view *v, const npyl_ffile *ff)
+{
+    for (size_t fi = 0; fi < v->nfields; fi++)
+        if (ff >= v->fields[fi].files && ff < v->fields[fi].files + v->fields[fi].npaths)
+            return &v->fields[fi];
+    return NULL; /* not reached: every request's file is a field's */
+}
+
 /* The codes of the stored narrowed files among the n raw requests (read)
- * become their values, in place. */
+ * become their values, in place (or stay, checked: dnarrow). */
 static int expand_raw(const npyl_read_view *v, npyl_read_ctx *c, const npyl_io_req *reqs,
                       const npyl_ffile *const *rff, size_t n)
 {
@@ -85,15 +110,14 @@ static int expand_raw(const npyl_read_view *v, npyl_read_ctx *c, const npyl_io_r
         if (!ff)
             continue;
         const npyl_zst_narrow *x = ff->nx;
-        uint8_t *to = reqs[i].dst + reqs[i].len - reqs[i].len * x->itemsize;
-        if (npyl_zst_narrow_expand(x, reqs[i].dst, (size_t)reqs[i].len, to) == 0)
+        const npyl_field *f = field_of(v, ff);
+        const int keep = f && f->dnarrow;
+        uint8_t *to = keep ? reqs[i].dst : reqs[i].dst + reqs[i].len - reqs[i].len * x->itemsize;
+        if (put_codes(x, keep, reqs[i].dst, (size_t)reqs[i].len, to) == 0)
             continue;
-        const char *path = "?";
-        for (size_t fi = 0; fi < v->nfields; fi++)
-            if (ff >= v->fields[fi].files && ff < v->fields[fi].files + v->fields[fi].npaths)
-                path = v->fields[fi].paths[ff - v->fields[fi].files];
         snprintf(c->errmsg, sizeof c->errmsg, "%s: a code is not in the file's table of "
-                 "%" PRIu32 " values (a damaged file)", path, x->count);
+                 "%" PRIu32 " values (a damaged file)", f ? f->paths[ff - f->files] : "?",
+                 x->count);
         return NPYLOAD_EFORMAT;
     }
     return 0;
@@ -130,7 +154,8 @@ static size_t plan_reads(const npyl_read_view *v, const int64_t *indices, size_t
             while (r + run < rows && indices[r + run] == first + (int64_t)run &&
                    first + (int64_t)run < ff->first + ff->count)
                 run++;
-            raw_req(&reqs[n], &rff[n], f, ff, first, run, base + (uint64_t)r * f->row_bytes);
+            raw_req(&reqs[n], &rff[n], f, ff, first, run,
+                    base + (uint64_t)r * f->stage_row_bytes);
             n++;
             r += run;
         }
@@ -189,6 +214,7 @@ typedef struct row_sink {
     uint64_t first, rb;   /* rb: stored bytes per row (narrowed: codes) */
     uint8_t *dst; /* the field's rows in the slot */
     const npyl_zst_narrow *narrow; /* narrowed: codes become values */
+    int keep;             /* narrowed, dnarrow: the codes stay (checked) */
     uint64_t orb;         /* bytes per row in the slot */
     int bad;              /* a code outside the value table */
 } row_sink;
@@ -197,17 +223,18 @@ static void copy_rows(void *arg, uint64_t pos, const unsigned char *p, size_t n)
 {
     row_sink *rs = arg;
     uint64_t end = pos + n;
+    /* bytes in the slot per stored byte: a value per code when expanding */
+    const uint64_t w = rs->narrow && !rs->keep ? rs->narrow->itemsize : 1;
     for (size_t j = rs->next; j < rs->k; j++) {
         uint64_t a = (rs->z[j].local - rs->first) * rs->rb, b = a + rs->rb;
         if (a >= end)
             break;
         uint64_t lo = a > pos ? a : pos, hi = b < end ? b : end;
+        uint8_t *to = rs->dst + rs->z[j].row * rs->orb + (lo - a) * w;
         if (lo < hi && rs->narrow)
-            rs->bad |= npyl_zst_narrow_expand(rs->narrow, p + (lo - pos), hi - lo,
-                                              rs->dst + rs->z[j].row * rs->orb +
-                                                  (lo - a) * rs->narrow->itemsize);
+            rs->bad |= put_codes(rs->narrow, rs->keep, p + (lo - pos), hi - lo, to);
         else if (lo < hi)
-            memcpy(rs->dst + rs->z[j].row * rs->rb + (lo - a), p + (lo - pos), hi - lo);
+            memcpy(to, p + (lo - pos), hi - lo);
     }
     /* Rows that end inside this chunk are complete (they start in order, so
      * they end in order). */
@@ -233,7 +260,7 @@ static int decode_group(const npyl_read_view *v, npyl_read_ctx *c, const npyl_zr
     const npyl_field *f = &v->fields[z->field];
     const npyl_zst_index *x = z->ff->zst;
     const char *name = v->io_files[z->file].path;
-    uint64_t first, count, rb = f->row_bytes, srb = x->row_bytes; /* srb: stored */
+    uint64_t first, count, rb = f->stage_row_bytes, srb = x->row_bytes; /* srb: stored */
     npyl_zst_frame_rows(x, z->frame, &first, &count);
     int direct = k == count;
     for (size_t j = 0; direct && j < k; j++)
@@ -251,13 +278,14 @@ static int decode_group(const npyl_read_view *v, npyl_read_ctx *c, const npyl_zr
         rc = npyl_zst_decode_frame(x, z->frame, c->dctx, src, codes, (size_t)(count * srb),
                                    name, c->errmsg, sizeof c->errmsg);
         if (rc == 0 && x->narrow &&
-            npyl_zst_narrow_expand(x->narrow, codes, (size_t)(count * srb), at) != 0)
+            put_codes(x->narrow, f->dnarrow, codes, (size_t)(count * srb), at) != 0)
             rc = bad_code(c, name, z);
         for (size_t j = 1; rc == 0 && !direct && j < k; j++)
             memcpy(dst[z->field] + z[j].row * rb, at, rb);
     } else {
         row_sink sink = {.z = z, .k = k, .next = 0, .first = first, .rb = srb,
-                         .dst = dst[z->field], .narrow = x->narrow, .orb = rb};
+                         .dst = dst[z->field], .narrow = x->narrow, .keep = f->dnarrow,
+                         .orb = rb};
         rc = npyl_zst_stream_frame(x, z->frame, c->dctx, src, c->zdst, c->zdst_cap,
                                    NPYLOAD_ZST_MAX_WINDOW_LOG, copy_rows, &sink, name,
                                    c->errmsg, sizeof c->errmsg);
@@ -397,7 +425,8 @@ static int read_row(const npyl_read_view *v, npyl_read_ctx *c, int64_t s, size_t
         const npyl_ffile *ff = find_file(f, s);
         if (ff->zst)
             continue;
-        raw_req(&b->reqs[n], &b->rff[n], f, ff, s, 1, dst[fi] + (uint64_t)at * f->row_bytes);
+        raw_req(&b->reqs[n], &b->rff[n], f, ff, s, 1,
+                dst[fi] + (uint64_t)at * f->stage_row_bytes);
         n++;
     }
     int rc = n ? npyl_io_read(c->io, b->reqs, n, &bad, bytes, c->errmsg, sizeof c->errmsg) : 0;

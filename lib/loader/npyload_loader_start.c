@@ -1,8 +1,11 @@
 /* npyload_loader_start() in named steps: resolve the counts, load the
- * fields, resolve the backend, plan the slot layout and the order, open
- * CUDA, allocate the slots, create the workers' io contexts within the
- * descriptor budget, begin the first epoch, spawn the workers. On failure
- * the loader returns to its pre-start state. */
+ * fields, plan the transforms (and where each runs), resolve the backend,
+ * open CUDA and load the kernels (a field that can fall back to the host
+ * does so when they do not load), plan the slot layout and the order,
+ * allocate the slots, copy narrowed value tables to the device, create the
+ * workers' io contexts within the descriptor budget, begin the first
+ * epoch, spawn the workers. On failure the loader returns to its pre-start
+ * state. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -49,15 +52,17 @@ static int plan_layout(npyload_loader *L)
     uint64_t h = 0, d = 0, r = 0;
     for (size_t i = 0; i < L->nfields; i++) {
         npyl_field *f = &L->fields[i];
-        /* A transformed field: the host slot holds the stored rows when the
-         * kernels convert it after the copy (dxform: they cross PCIe as
-         * stored) and the output rows when the host engine does (hxform:
-         * host mode, and augmentation in device mode), whose stored rows
-         * land in the worker's raw buffer first; the device slot always
-         * holds the output. */
-        uint64_t bytes, out_bytes, raw_bytes = 0;
-        if (npyl_mul_u64(B, f->row_bytes, &bytes) ||
-            npyl_mul_u64(B, f->out_row_bytes, &out_bytes))
+        /* A transformed field: the host slot holds what the reader wrote
+         * (the stored rows, or a narrowed field's codes) when the kernels
+         * convert it after the copy (dxform: it crosses PCIe as read) and
+         * the output rows when the host engine does (hxform), whose stored
+         * rows land in the worker's raw buffer first; the device slot
+         * always holds the output. Per-row records (drows) follow the rows
+         * in the staging slot and in the device raw buffer. */
+        uint64_t bytes, out_bytes, raw_bytes = 0, recs = 0;
+        if (npyl_mul_u64(B, f->stage_row_bytes, &bytes) ||
+            npyl_mul_u64(B, f->out_row_bytes, &out_bytes) ||
+            npyl_mul_u64(B, f->drows ? sizeof(npyl_tdev_row) : 0, &recs))
             return npyl_loader_fail(L, NPYLOAD_ETOOBIG, "field '%s': batch bytes overflow",
                                     f->name);
         uint64_t hbytes = f->hxform ? out_bytes : bytes;
@@ -79,6 +84,12 @@ static int plan_layout(npyload_loader *L)
         if (npyl_add_u64(h, hbytes, &h) || npyl_add_u64(d, out_bytes, &d) ||
             npyl_add_u64(r, raw_bytes, &r))
             return npyl_loader_fail(L, NPYLOAD_ETOOBIG, "batch bytes overflow");
+        if (recs) {
+            f->rec_host_off = h = (h + 15) / 16 * 16;
+            f->rec_raw_off = r = (r + 15) / 16 * 16;
+            if (npyl_add_u64(h, recs, &h) || npyl_add_u64(r, recs, &r))
+                return npyl_loader_fail(L, NPYLOAD_ETOOBIG, "batch bytes overflow");
+        }
     }
     L->host_slot_bytes = (h + NPYL_DIRECT_ALIGN - 1) / NPYL_DIRECT_ALIGN * NPYL_DIRECT_ALIGN;
     L->dev_slot_bytes = d;
@@ -123,38 +134,140 @@ static int plan_rows(npyload_loader *L)
     return 0;
 }
 
+/* How many of f's files are narrowed (one-byte codes and a value table). */
+static size_t narrowed_files(const npyl_field *f)
+{
+    size_t n = 0;
+    for (size_t k = 0; k < f->npaths; k++)
+        n += f->files[k].nx || (f->files[k].zst && f->files[k].zst->narrow);
+    return n;
+}
+
+/* Device mode: whether a narrowed field's codes cross PCIe and a kernel
+ * expands them (dnarrow), or the reader expands them on the host; writes
+ * the reason for the host into why (or leaves it empty). */
+static void plan_codes(npyl_field *f, size_t narrowed, char *why, size_t whylen)
+{
+    char err[512];
+    if (f->hxform)
+        snprintf(why, whylen, "its transform runs in the host engine");
+    else if (narrowed < f->npaths)
+        snprintf(why, whylen, "%zu of its %zu files are narrowed (a field that mixes "
+                 "narrowed and plain files is expanded on the host; pack them all "
+                 "with --narrow)", narrowed, f->npaths);
+    else if (npyl_tdev_plan_check(f->name, &f->tplan, err, sizeof err) != 0)
+        snprintf(why, whylen, "%.300s", err);
+    if (why[0])
+        return;
+    f->dnarrow = f->dxform = 1;
+    f->stage_row_bytes = f->row_bytes / f->itemsize;
+}
+
+/* f->engine: where it runs, what crosses PCIe, and why the host when the
+ * device was asked for (npyload_loader_field_engine). */
+static void describe_engine(npyl_field *f, int device, const char *why, const char *codes)
+{
+    char *e = f->engine;
+    size_t n = sizeof f->engine;
+    if (f->dxform && f->dnarrow)
+        snprintf(e, n, "device: kernels after the copy expand the one-byte codes (PCIe "
+                 "carries the codes, not '%s')%s", f->descr,
+                 f->tplan.aug ? " and augment" : "");
+    else if (f->dxform)
+        snprintf(e, n, "device: kernels after the copy (PCIe carries the stored '%s')%s%.300s",
+                 f->descr, codes[0] ? "; narrowed codes expanded on the host: " : "", codes);
+    else if (f->hxform)
+        snprintf(e, n, "host engine%s%.300s%s%.300s", device ? ": " : " (host mode)", why,
+                 codes[0] ? "; narrowed codes expanded on the host: " : "", codes);
+    else
+        snprintf(e, n, "none: the stored rows are delivered%s%.300s",
+                 codes[0] ? "; narrowed codes expanded on the host: " : "", codes);
+}
+
+/* Where field f's transform and the expansion of its narrowed codes run.
+ * Host mode: the host engine. Device mode: a transform without
+ * augmentation runs as kernels after the copy, or start fails (the kernels
+ * missing, a per-channel limit); an augmentation, or narrowed codes, run
+ * there when the kernels can take them and fall back to the host engine
+ * (the reader's expansion) otherwise, with the reason in f->engine. */
+static int plan_field(npyload_loader *L, npyl_field *f)
+{
+    const int device = L->opt[NPYLOAD_OPT_DEVICE] >= 0;
+    const size_t narrowed = device ? narrowed_files(f) : 0;
+    snprintf(f->engine, sizeof f->engine, "none: the stored rows are delivered");
+    if (!f->has_transform && !narrowed)
+        return 0;
+    char err[512], why[384] = "";
+    const npyload_transform identity = NPYLOAD_TRANSFORM_INIT;
+    int rc = npyl_transform_plan(f->name, f->has_transform ? &f->tdesc : &identity, f->descr,
+                                 f->sndim, f->sshape, &f->tplan, err, sizeof err);
+    if (rc)
+        return npyl_loader_fail(L, rc, "%s", err);
+    f->out_row_bytes = f->tplan.out_row_bytes;
+    const int xf = !npyl_transform_is_identity(&f->tplan);
+    rc = xf && device ? npyl_tdev_plan_check(f->name, &f->tplan, err, sizeof err) : 0;
+    if (rc && !f->tplan.aug)
+        return npyl_loader_fail(L, rc, "%s", err);
+    f->dxform = xf && device && !rc;
+    f->hxform = xf && !f->dxform;
+    if (rc)
+        snprintf(why, sizeof why, "%.300s", err);
+    char codes[384] = "";
+    if (narrowed)
+        plan_codes(f, narrowed, codes, sizeof codes);
+    f->drows = f->dxform && (f->tplan.aug || f->dnarrow);
+    f->xform = f->hxform || f->dxform;
+    describe_engine(f, device, why, codes);
+    return 0;
+}
+
 /* Step: each field's transform planned against its dtype and sample shape
- * (a field without one delivers its stored rows: out_row_bytes = row_bytes).
- * Device mode also needs the kernels (checked here, loaded in open_cuda). */
+ * (a field without one delivers its stored rows: out_row_bytes = row_bytes),
+ * and where it runs (plan_field). The kernels are loaded in open_tdev. */
 static int plan_transforms(npyload_loader *L)
 {
     for (size_t i = 0; i < L->nfields; i++) {
         npyl_field *f = &L->fields[i];
-        f->xform = f->hxform = f->dxform = 0;
-        f->out_row_bytes = f->row_bytes;
-        if (!f->has_transform)
-            continue;
-        char err[512];
-        int rc = npyl_transform_plan(f->name, &f->tdesc, f->descr, f->sndim, f->sshape,
-                                     &f->tplan, err, sizeof err);
+        f->xform = f->hxform = f->dxform = f->dnarrow = f->drows = 0;
+        f->out_row_bytes = f->stage_row_bytes = f->row_bytes;
+        int rc = plan_field(L, f);
         if (rc)
-            return npyl_loader_fail(L, rc, "%s", err);
-        f->xform = !npyl_transform_is_identity(&f->tplan);
-        /* Augmentation runs in the host engine in device mode too (the
-         * output rows cross PCIe); other transforms there run as kernels. */
-        f->dxform = f->xform && L->opt[NPYLOAD_OPT_DEVICE] >= 0 && !f->tplan.aug;
-        f->hxform = f->xform && !f->dxform;
-        f->out_row_bytes = f->tplan.out_row_bytes;
-        if (f->dxform &&
-            (rc = npyl_tdev_plan_check(f->name, &f->tplan, err, sizeof err)))
-            return npyl_loader_fail(L, rc, "%s", err);
+            return rc;
+    }
+    return 0;
+}
+
+/* The kernels did not load (err): a field that can run on the host goes
+ * there (an augmentation, narrowed codes), with the reason; a transform
+ * that only the kernels run fails start, as before. */
+static int kernels_missing(npyload_loader *L, int rc, const char *err)
+{
+    for (size_t i = 0; i < L->nfields; i++) {
+        const npyl_field *f = &L->fields[i];
+        if (f->dxform && !f->tplan.aug && !npyl_transform_is_identity(&f->tplan))
+            return npyl_loader_fail(L, rc, "CUDA device %d: loading the transform kernels "
+                                    "failed: %s", L->dev.device, err);
+    }
+    for (size_t i = 0; i < L->nfields; i++) {
+        npyl_field *f = &L->fields[i];
+        if (!f->dxform)
+            continue;
+        f->hxform = !npyl_transform_is_identity(&f->tplan);
+        f->xform = f->hxform;
+        f->dxform = f->dnarrow = f->drows = 0;
+        f->stage_row_bytes = f->row_bytes;
+        snprintf(f->engine, sizeof f->engine, "%s: the device kernels did not load: %.600s",
+                 f->hxform ? "host engine"
+                           : "none: the stored rows are delivered; narrowed codes expanded "
+                             "on the host", err);
     }
     return 0;
 }
 
 /* Device mode with transforms: loads the kernels into the loader's device
- * context. After alloc_slots: the runtime creates the primary context
- * lazily, and the device slots' cudaMalloc has made it exist. */
+ * context (made to exist first: the runtime creates it lazily), before the
+ * layout, so that a field that can run on the host goes there when they do
+ * not load (kernels_missing). */
 static int open_tdev(npyload_loader *L)
 {
     int need = 0;
@@ -170,12 +283,60 @@ static int open_tdev(npyload_loader *L)
     const npyl_tdev_cfg cfg = {.mode = (int)L->opt[NPYLOAD_OPT_DEVICE_KERNELS],
                                .nvrtc = L->paths[NPYLOAD_PATH_NVRTC],
                                .cache_dir = L->paths[NPYLOAD_PATH_KERNEL_CACHE]};
-    rc = npyl_tdev_open(&L->dev.tdev, L->dev.cuda, &cfg, err, sizeof err);
-    npyl_cuda_leave(L->dev.cuda, prev);
+    rc = npyl_cuda_init_context(L->dev.cuda);
     if (rc)
-        return npyl_loader_fail(L, rc, "CUDA device %d: loading the transform kernels "
-                                "failed: %s", L->dev.device, err);
+        snprintf(err, sizeof err, "%s", npyl_cuda_errmsg(L->dev.cuda));
+    else
+        rc = npyl_tdev_open(&L->dev.tdev, L->dev.cuda, &cfg, err, sizeof err);
+    npyl_cuda_leave(L->dev.cuda, prev);
+    return rc ? kernels_missing(L, rc, err) : 0;
+}
+
+/* A narrowed field's value tables, one per file in file order (the rows'
+ * records name them), NPYL_TDEV_TABLE entries each (unused ones zero), in
+ * device memory for the loader's life; written once here. */
+static int upload_tables(npyload_loader *L, npyl_field *f)
+{
+    size_t tb = NPYL_TDEV_TABLE * f->itemsize, n = f->npaths * tb;
+    unsigned char *t = calloc(n ? n : 1, 1);
+    if (!t)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    for (size_t k = 0; k < f->npaths; k++) {
+        const npyl_ffile *ff = &f->files[k];
+        const npyl_zst_narrow *x = ff->nx ? ff->nx : ff->zst->narrow;
+        memcpy(t + k * tb, x->values, (size_t)x->count * x->itemsize);
+    }
+    void *s = NULL;
+    int rc = npyl_cuda_malloc(L->dev.cuda, &f->dtables, n);
+    if (!rc && !(rc = npyl_cuda_stream_create(L->dev.cuda, &s)) &&
+        !(rc = npyl_cuda_memcpy_h2d_async(L->dev.cuda, f->dtables, t, n, s)))
+        rc = npyl_cuda_stream_sync(L->dev.cuda, s);
+    if (s)
+        npyl_cuda_stream_destroy(L->dev.cuda, s);
+    free(t);
+    if (rc)
+        return npyl_loader_fail(L, rc, "field '%s': CUDA device %d: copying the %zu value "
+                                "tables of its narrowed files failed: %s", f->name,
+                                L->dev.device, f->npaths, npyl_cuda_errmsg(L->dev.cuda));
     return 0;
+}
+
+/* Step: the value tables of every field whose codes the device expands. */
+static int upload_all_tables(npyload_loader *L)
+{
+    int prev = -1, rc = 0, entered = 0;
+    for (size_t i = 0; i < L->nfields && !rc; i++) {
+        if (!L->fields[i].dnarrow)
+            continue;
+        if (!entered && (rc = npyl_cuda_enter(L->dev.cuda, &prev)) != 0)
+            return npyl_loader_fail(L, rc, "CUDA device %d: %s", L->dev.device,
+                                    npyl_cuda_errmsg(L->dev.cuda));
+        entered = 1;
+        rc = upload_tables(L, &L->fields[i]);
+    }
+    if (entered)
+        npyl_cuda_leave(L->dev.cuda, prev);
+    return rc;
 }
 
 static int init_slot(npyload_loader *L, npyl_slot *s, int device_slot)
@@ -515,9 +676,9 @@ static int start_ctl(npyload_loader *L)
     if ((rc = resolve_counts(L, &nworkers, &prefetch)))
         return rc;
     if ((rc = npyl_load_fields(L)) || (rc = need_batch_size(L)) || (rc = plan_transforms(L)) || (rc = plan_rows(L)) ||
-        (rc = resolve_backend(L)) || (rc = plan_layout(L)) ||
-        (rc = plan_order(L)) || (rc = open_cuda(L)) ||
-        (rc = alloc_slots(L, nworkers, prefetch)) || (rc = open_tdev(L)) ||
+        (rc = resolve_backend(L)) || (rc = open_cuda(L)) || (rc = open_tdev(L)) ||
+        (rc = plan_layout(L)) || (rc = plan_order(L)) ||
+        (rc = alloc_slots(L, nworkers, prefetch)) || (rc = upload_all_tables(L)) ||
         (rc = fill_read_view(L)) || (rc = create_workers(L, nworkers)) || (rc = begin_first_epoch(L)))
         goto fail;
     L->started = 1;

@@ -134,6 +134,10 @@ NPYL_HIDDEN int npyl_zst_store_probe(int fd, const char *name, uint64_t file_byt
  * table (the values written for it are unspecified). */
 NPYL_HIDDEN int npyl_zst_narrow_expand(const npyl_zst_narrow *x, const unsigned char *codes,
                                        size_t n, void *dst);
+/* -1 when one of the n codes is not in the table, else 0 (codes that are
+ * expanded elsewhere: the device's kernels). */
+NPYL_HIDDEN int npyl_zst_narrow_check(const npyl_zst_narrow *x, const unsigned char *codes,
+                                      size_t n);
 
 typedef struct npyl_zst_index {
     npyload_header hdr;

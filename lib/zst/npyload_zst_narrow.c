@@ -256,3 +256,13 @@ int npyl_zst_narrow_expand(const npyl_zst_narrow *x, const unsigned char *codes,
     }
     return bad ? -1 : 0;
 }
+
+int npyl_zst_narrow_check(const npyl_zst_narrow *x, const unsigned char *codes, size_t n)
+{
+    if (x->count >= NPYL_ZST_NARROW_MAX)
+        return 0; /* every byte is a code */
+    unsigned char top = 0;
+    for (size_t i = 0; i < n; i++)
+        top = codes[i] > top ? codes[i] : top;
+    return n && top >= x->count ? -1 : 0;
+}

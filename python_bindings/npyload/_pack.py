@@ -54,9 +54,10 @@ def pack(paths: _Path | Iterable[_Path], level: int = 3, frame_size: int | None 
         Lossless narrowing (``--narrow``): a file whose values (2,
         4 or 8 bytes each) are at most 256 distinct bit patterns is stored as
         one-byte codes plus the table of values; the loader delivers the
-        original values bit for bit. A file with more distinct values, or of
-        another dtype, raises NpyloadError naming it. ``zstd -d`` of such a
-        file gives a .npy of the uint8 codes (README, "Narrowing").
+        original values bit for bit (with a CUDA device=, the codes cross
+        PCIe and a kernel expands them). A file with more distinct values,
+        or of another dtype, raises NpyloadError naming it. ``zstd -d`` of
+        such a file gives a .npy of the uint8 codes (README, "Narrowing").
     store
         (with ``narrow``; ``--store``): the codes without
         compression, as ``FILE.narrow.npy``: a plain .npy of the uint8 codes

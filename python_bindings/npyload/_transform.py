@@ -62,9 +62,11 @@ class Transform:
     worker count, backend, world size and resume, and shared by every field
     of a sample (fields with the same probability flip together; fields of
     the same size get the same crop). ``batch.augment[field]`` holds each
-    row's decisions. With a CUDA device= the workers apply a field's
-    augmentation and transform on the host (its output dtype crosses PCIe);
-    fields without augmentation keep the kernels after the copy.
+    row's decisions. With a CUDA device= the stored dtype crosses PCIe
+    (and a 16-byte record of each row's decisions) and one kernel after the
+    copy pads, crops, flips, signs and converts, bit for bit as the workers
+    would (NaN payloads aside); past the kernels' limits (flip signs for
+    more than 128 channels) the workers do it and their output crosses.
 
     >>> t = Transform("float32", scale=1 / 255, hflip=0.5, crop=(112, 240), pad=4)
     >>> t.hflip, t.crop, t.pad

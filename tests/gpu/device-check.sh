@@ -13,7 +13,9 @@
 #      in the same run), with NVML samples;
 #   4. the stall with a GPU busy step longer than the copy
 #      (npyload-bench --device cuda:0 --compute-ms X, X from step 3);
-#   5. the Python package with CUDA torch (tests/gpu/test_gpu_python.py);
+#   5. the Python package with CUDA torch (tests/gpu/test_gpu_python.py), and
+#      the bytes that cross PCIe per batch on the captcha data with kernels
+#      after the copy: augmentation and narrowed codes (tests/gpu/h2d_bytes.py);
 #   6. torch DataLoader (pin_memory=True, .to(device, non_blocking=True))
 #      against npyload on the same files (bench/gpu_torch_compare.py).
 # Writes OUTDIR/report.json and OUTDIR/report.md (figures, verdicts against
@@ -41,7 +43,7 @@ fi
 mkdir -p "$OUT/logs" || exit 2
 OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python3}
-HELPERS=("$HERE/device_check_report.py" "$HERE/test_gpu_python.py"
+HELPERS=("$HERE/device_check_report.py" "$HERE/test_gpu_python.py" "$HERE/h2d_bytes.py"
          "$REPO/bench/gpu_torch_compare.py" "$REPO/bench/torch_compare.py")
 
 say() { printf 'device-check: %s\n' "$*"; }
@@ -137,7 +139,9 @@ SMALL=("images=$DATA/images/train/train_000[01].npy"
 # ---- 2. tests ----
 step test_gpu 180 "$B/tests/test_gpu" --jobs=1 --verbose
 step test_cuda 120 "$B/tests/test_cuda" --jobs=1 --verbose
-# Device transforms against the host, on the fatbin and on NVRTC's kernels.
+# Device transforms against the host, on the fatbin and on NVRTC's kernels:
+# conversions, augmentation (pad, crop, flips, signs) and narrowed codes,
+# kernels and the loader (with the H2D bytes of each case in the log).
 step test_gpu_transform 120 "$B/tests/test_gpu_transform" --jobs=1 --verbose
 step test_gpu_transform_nvrtc 180 env NPYLOAD_TEST_DEVICE_KERNELS=nvrtc \
   "$B/tests/test_gpu_transform" --jobs=1 --verbose
@@ -181,6 +185,10 @@ else
 fi
 step py_tests 180 "${PYENV[@]}" "$PYX" -m pytest -v -p no:cacheprovider \
   --junitxml="$OUT/pytest.xml" "$HERE/test_gpu_python.py"
+# Bytes on PCIe per batch with kernels after the copy, captcha images:
+# augmented (stored float32 + records) and narrowed (one-byte codes).
+step h2d_bytes 120 "${PYENV[@]}" "$PYX" "$HERE/h2d_bytes.py" --data "$DATA" \
+  --out "$OUT/narrowed" --json "$OUT/h2d_bytes.json"
 
 # ---- 6. torch DataLoader (pin_memory + non_blocking) vs npyload ----
 step torch_compare 150 "${PYENV[@]}" "$PYX" "$REPO/bench/gpu_torch_compare.py" --data "$DATA" \

@@ -115,17 +115,31 @@ def report(out):
         else:
             check(s, False, "not run", "exit 0")
 
-    for t in ("test_gpu", "test_cuda"):
+    gpu_only = ("test_gpu", "test_gpu_transform", "test_gpu_transform_nvrtc")
+    for t in ("test_gpu", "test_cuda", "test_gpu_transform", "test_gpu_transform_nvrtc"):
         if t not in steps:
             continue
         cs = criterion_summary(log(out, t))
         ok = steps[t]["rc"] == 0 and cs is not None and cs["failing"] == 0 and \
             cs["crashing"] == 0 and cs["passing"] > 0
         # On a GPU machine the GPU tests must run, not skip.
-        if t == "test_gpu" and cs and cs["skipped"]:
+        if t in gpu_only and cs and cs["skipped"]:
             ok = False
         check(t, ok, cs or f"exit {steps[t]['rc']}",
-              "all pass, none skipped" if t == "test_gpu" else "all pass")
+              "all pass, none skipped" if t in gpu_only else "all pass")
+
+    hb = load_json(out / "h2d_bytes.json")
+    if "h2d_bytes" in steps or hb:
+        cases = (hb or {}).get("cases", [])
+        figures_h2d_bytes = [{k: c.get(k) for k in ("name", "h2d_bytes_per_batch",
+                                                   "host_engine_bytes_per_batch",
+                                                   "equal_to_host", "ok")} for c in cases]
+        detail = "; ".join(f"{c['name']}: {c['h2d_bytes_per_batch']} B/batch "
+                           f"(host engine {c['host_engine_bytes_per_batch']})" for c in cases)
+        check("h2d_bytes", bool(hb and hb.get("ok")) and steps.get("h2d_bytes", {}).get("rc") == 0,
+              f"{sum(bool(c.get('ok')) for c in cases)}/{len(cases)} cases",
+              "device = host values; stored/code bytes + 16 B/row on PCIe",
+              detail or (hb or {}).get("why", "h2d_bytes.json missing"))
 
     if "sanitizer_missing" in steps:
         check("compute-sanitizer", False, "not found", "0 errors")
@@ -141,6 +155,8 @@ def report(out):
 
     h2d = load_json(out / "bench_h2d.json")
     figures = {}
+    if hb:
+        figures["h2d_bytes"] = figures_h2d_bytes
     if h2d:
         pinned = ceiling(h2d, "h2d_pinned")
         host = ceiling(h2d, "pread_copy")

@@ -6,18 +6,41 @@
  * its SONAME) instead of searching for the real one. Criterion forks every
  * test, so the fake never leaks into another test's process.
  *
- * Semantics: modules and functions are host allocations; a launch runs
- * nothing, it records the kernel's name, the grid, the block, the stream and
- * a copy of its parameter (fake_cuda_driver.h). Failures are injected
- * through the struct returned by fake_cuda_driver_control().
+ * Semantics: modules and functions are host allocations; a launch records
+ * the kernel's name, the grid, the block, the stream and a copy of its
+ * parameter (fake_cuda_driver.h), and runs nothing unless run_kernels is
+ * set: then a transform kernel (npyl_tk*) runs on the CPU (kernels_cpu.cpp:
+ * the .cu compiled for the host), queued on the fake runtime's stream in
+ * order with its copies, so the loader's device path delivers real output
+ * on a machine without a GPU. Failures are injected through the struct
+ * returned by fake_cuda_driver_control().
  *
  * Test scaffolding: process-wide state is fine here, not in lib/. */
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../../lib/cuda/npyload_cuda_transform_kparams.h"
 #include "fake_cuda_driver.h"
+#include "fake_cudart.h"
+#include "kernels_cpu.h"
+
+#ifdef FAKE_NO_CPU_KERNELS /* built without a C++ compiler */
+npyl_kcpu_fn npyl_kcpu_find(const char *name)
+{
+    (void)name;
+    return NULL;
+}
+void npyl_kcpu_launch(npyl_kcpu_fn fn, const unsigned grid[3], const unsigned block[3],
+                      const void *params)
+{
+    (void)fn, (void)grid, (void)block, (void)params;
+}
+#endif
+
+/* 1 when this fake can run the transform kernels on the CPU. */
+int fake_cuda_driver_cpu_kernels(void) { return npyl_kcpu_find("npyl_tk_u1_f4") != NULL; }
 
 _Static_assert(sizeof(npyl_tk_params) <= sizeof(((fake_cuda_driver *)0)->last_params),
                "the fake keeps a whole kernel parameter");
@@ -26,11 +49,22 @@ static fake_cuda_driver g_drv = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 fake_cuda_driver *fake_cuda_driver_control(void) { return &g_drv; }
 
+/* FAKE_CUDA_RUN_KERNELS=1 (test scaffolding may read the environment):
+ * run_kernels from the start, for a program that does not know the fake,
+ * such as tests/gpu/test_gpu_transform with both fakes in LD_PRELOAD. */
+__attribute__((constructor)) static void run_kernels_from_env(void)
+{
+    const char *e = getenv("FAKE_CUDA_RUN_KERNELS");
+    if (e && e[0] == '1')
+        atomic_store(&g_drv.run_kernels, 1);
+}
+
 #define COUNT(name) atomic_fetch_add(&g_drv.name, 1)
 
 typedef struct fake_function {
     struct fake_function *next;
     char name[64];
+    npyl_kcpu_fn cpu;     /* the kernel on the CPU (a transform kernel) */
 } fake_function;
 
 typedef struct fake_module {
@@ -97,9 +131,47 @@ int cuModuleGetFunction(void **function, void *module, const char *name)
     if (!f)
         return 2;
     strcpy(f->name, name);
+    f->cpu = npyl_kcpu_find(name);
     f->next = m->functions;
     m->functions = f;
     *function = f;
+    return 0;
+}
+
+/* A launch to run on the CPU when the fake runtime reaches it. */
+typedef struct cpu_job {
+    npyl_kcpu_fn fn;
+    unsigned grid[3], block[3];
+    npyl_tk_params params; /* copied at launch, as the driver does */
+} cpu_job;
+
+static void run_job(void *arg)
+{
+    cpu_job *j = arg;
+    npyl_kcpu_launch(j->fn, j->grid, j->block, &j->params);
+    atomic_fetch_add(&g_drv.n_ran, 1);
+    free(j);
+}
+
+static int run_on_stream(const fake_function *f, unsigned gx, unsigned gy, unsigned gz,
+                         unsigned bx, unsigned by, unsigned bz, void *stream,
+                         const void *params)
+{
+    /* The fake runtime this process loaded (by its SONAME), for its queue. */
+    void *rt = dlopen("libcudart.so.13", RTLD_NOW | RTLD_NOLOAD);
+    fake_cudart_enqueue_host_fn enq =
+        rt ? (fake_cudart_enqueue_host_fn)dlsym(rt, "fake_cudart_enqueue_host") : NULL;
+    if (rt)
+        dlclose(rt);
+    cpu_job *j = enq ? calloc(1, sizeof *j) : NULL;
+    if (!j)
+        return FAKE_CU_INVALID_VALUE; /* run_kernels needs the fake runtime */
+    *j = (cpu_job){.fn = f->cpu, .grid = {gx, gy, gz}, .block = {bx, by, bz}};
+    memcpy(&j->params, params, sizeof j->params);
+    if (enq(stream, run_job, j) != 0) {
+        free(j);
+        return FAKE_CU_INVALID_VALUE;
+    }
     return 0;
 }
 
@@ -115,7 +187,7 @@ int cuLaunchKernel(void *function, unsigned gx, unsigned gy, unsigned gz,
         return FAKE_CU_INVALID_VALUE;
     if (atomic_load(&g_drv.fail_launch))
         return FAKE_CU_LAUNCH_FAILED;
-    size_t n = strncmp(f->name, "npyl_tk_", 8) == 0 ? sizeof(npyl_tk_params)
+    size_t n = strncmp(f->name, "npyl_tk", 7) == 0 ? sizeof(npyl_tk_params)
                                                    : sizeof(uint64_t);
     pthread_mutex_lock(&g_drv.mu);
     strcpy(g_drv.last_kernel, f->name);
@@ -128,6 +200,8 @@ int cuLaunchKernel(void *function, unsigned gx, unsigned gy, unsigned gz,
     g_drv.last_stream = stream;
     memcpy(g_drv.last_params, params[0], n);
     pthread_mutex_unlock(&g_drv.mu);
+    if (atomic_load(&g_drv.run_kernels) && f->cpu)
+        return run_on_stream(f, gx, gy, gz, bx, by, bz, stream, params[0]);
     return 0;
 }
 

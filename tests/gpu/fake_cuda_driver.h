@@ -27,6 +27,10 @@ typedef struct fake_cuda_driver {
     /* nonzero: cuModuleLoadData refuses a fatbin with NO_BINARY_FOR_GPU (a
      * GPU the fatbin does not cover); other images load */
     atomic_int fatbin_no_binary;
+    /* nonzero: a transform kernel's launch runs it on the CPU
+     * (kernels_cpu.cpp), queued on the fake runtime's stream; n_ran counts
+     * the kernels that ran */
+    atomic_int run_kernels, n_ran;
     /* the compute capability cuDeviceGetAttribute reports (0: 8.0) */
     atomic_int cc_major, cc_minor;
     /* the last module image and launch, under mu */
@@ -42,5 +46,8 @@ typedef struct fake_cuda_driver {
 
 typedef fake_cuda_driver *(*fake_cuda_driver_control_fn)(void);
 fake_cuda_driver *fake_cuda_driver_control(void);
+/* 1 when the fake was built with the kernels on the CPU (a C++ compiler). */
+typedef int (*fake_cuda_driver_cpu_kernels_fn)(void);
+int fake_cuda_driver_cpu_kernels(void);
 
 #endif

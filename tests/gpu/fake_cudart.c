@@ -92,11 +92,13 @@ int cudaFree(void *p)
  * buffer before its copy's event was waited on shows up as wrong bytes on
  * the device. With `immediate` set, everything runs at once instead. One
  * mutex guards every queue; ops run with it held. */
-enum { OP_COPY, OP_RECORD, OP_WAIT };
+enum { OP_COPY, OP_RECORD, OP_WAIT, OP_HOST };
 struct fake_event;
 typedef struct fake_op {
     int kind;
     unsigned long long seq;
+    void (*fn)(void *);           /* HOST: fn(arg), e.g. a kernel the fake */
+    void *arg;                    /* driver runs on the CPU */
     void *dst;
     const void *src;
     size_t n;
@@ -138,6 +140,9 @@ static void run_op(fake_op *op)
         break;
     case OP_WAIT:
         run_until(op->wait_s, op->wait_seq);
+        break;
+    case OP_HOST:
+        op->fn(op->arg);
         break;
     }
 }
@@ -326,6 +331,23 @@ int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *s)
     op->dst = dst;
     op->src = src;
     op->n = n;
+    pthread_mutex_lock(&g_mu);
+    enqueue(S(s), op);
+    pthread_mutex_unlock(&g_mu);
+    return 0;
+}
+
+/* Not CUDA: queues fn(arg) on stream s like any other operation (the fake
+ * driver's kernels run on the CPU this way, in stream order with the
+ * copies). g_mu is held while fn runs. */
+int fake_cudart_enqueue_host(void *s, void (*fn)(void *), void *arg)
+{
+    fake_op *op = calloc(1, sizeof *op);
+    if (!op)
+        return 2;
+    op->kind = OP_HOST;
+    op->fn = fn;
+    op->arg = arg;
     pthread_mutex_lock(&g_mu);
     enqueue(S(s), op);
     pthread_mutex_unlock(&g_mu);

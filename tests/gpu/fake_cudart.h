@@ -22,6 +22,9 @@ typedef struct fake_cudart {
 } fake_cudart;
 
 typedef fake_cudart *(*fake_cudart_control_fn)(void);
+/* Queues fn(arg) on stream s in order with its copies, records and waits
+ * (the fake driver's kernels on the CPU). */
+typedef int (*fake_cudart_enqueue_host_fn)(void *s, void (*fn)(void *), void *arg);
 fake_cudart *fake_cudart_control(void);
 
 #endif

@@ -10,13 +10,22 @@
  * abandoned mid-flight, destroy with batches held and released from another
  * thread. Prints "N passed, N failed"; exits non-zero on any failure.
  *
- * Usage: stress_device_fake PATH_TO_FAKE_LIBCUDART */
+ * With the fake driver too (second argument), the same runs again with a
+ * random flip that negates the vectors (hflip with hflip_sign -1): the
+ * workers stage each row's record beside the rows, and the kernel runs on
+ * the CPU in stream order (tests/gpu/kernels_cpu.cpp), in whichever thread
+ * waits, so TSan sees the records' writes against the copies' reads. A
+ * build without a fatbin compiles the kernels with NVRTC from NPYLOAD_NVRTC
+ * (else the field falls back to the host engine, said in the output).
+ *
+ * Usage: stress_device_fake PATH_TO_FAKE_LIBCUDART [PATH_TO_FAKE_LIBCUDA] */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/fake_cuda_driver.h"
 #include "gpu/fake_cudart.h"
 #include "npyload.h"
 #include "testutil.h"
@@ -34,19 +43,41 @@ static const int64_t SIZES[] = {9, 3, 17, 1, 22, 12};
 #define ROW 48 /* bytes per sample: (12,) float32 */
 static char *dir, glob[512];
 
+static int flip_mode; /* the runs with a flip that negates (kernels) */
+static char cache[600];
+
 typedef struct read_back {
     uint8_t *bytes;
     int64_t idx[8];
+    uint8_t hf[8];        /* flip_mode: the rows' hflip decisions */
     size_t rows;
 } read_back;
 
-static int rows_ok(const uint8_t *p, const int64_t *idx, size_t rows)
+/* The file's bytes, each float's sign flipped in the rows hf says. */
+static int rows_ok(const uint8_t *p, const int64_t *idx, const uint8_t *hf, size_t rows)
 {
     for (size_t r = 0; r < rows; r++)
         for (size_t i = 0; i < ROW; i++)
-            if (p[r * ROW + i] != tu_byte(1, (uint64_t)idx[r], i))
+            if (p[r * ROW + i] != (tu_byte(1, (uint64_t)idx[r], i) ^
+                                   (hf && hf[r] && i % 4 == 3 ? 0x80 : 0)))
                 return 0;
     return 1;
+}
+
+static void set_flip(npyload_loader *L)
+{
+    static const float minus = -1.0f;
+    npyload_transform t = NPYLOAD_TRANSFORM_INIT;
+    t.hflip = 0.5f;
+    t.hflip_sign = &minus;
+    t.n_hflip_sign = 1;
+    const char *nvrtc = getenv("NPYLOAD_NVRTC");
+    if ((nvrtc && nvrtc[0] && npyload_loader_set_path(L, NPYLOAD_PATH_NVRTC, nvrtc)) ||
+        npyload_loader_set_path(L, NPYLOAD_PATH_KERNEL_CACHE, cache) ||
+        npyload_loader_set_transform(L, "x", &t, sizeof t)) {
+        fprintf(stderr, "setup failed: %s\n", npyload_loader_errmsg(L));
+        exit(2);
+    }
 }
 
 static npyload_loader *make(int workers, int prefetch, int64_t batch)
@@ -57,8 +88,14 @@ static npyload_loader *make(int workers, int prefetch, int64_t batch)
         npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, prefetch) ||
         npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, batch) ||
         npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1) ||
-        npyload_loader_set(L, NPYLOAD_OPT_DEVICE, 0) || npyload_loader_start(L)) {
+        npyload_loader_set(L, NPYLOAD_OPT_DEVICE, 0)) {
         fprintf(stderr, "setup failed: %s\n", npyload_loader_errmsg(L));
+        exit(2);
+    }
+    if (flip_mode)
+        set_flip(L);
+    if (npyload_loader_start(L)) {
+        fprintf(stderr, "start failed: %s\n", npyload_loader_errmsg(L));
         exit(2);
     }
     return L;
@@ -83,6 +120,7 @@ static void consumer_never_waits(int workers, int prefetch, int64_t batch)
             r->rows = npyload_batch_size(b);
             r->bytes = malloc(r->rows * ROW);
             memcpy(r->idx, npyload_batch_indices(b), r->rows * sizeof *r->idx);
+            CHECK(npyload_batch_augment(b, 0, r->hf, NULL, NULL, NULL) == 0, "augment");
             CHECK(npyload_batch_wait_stream(b, cs) == 0, "wait_stream");
             CHECK(memcpy_async(r->bytes, npyload_batch_field(b, 0)->data, r->rows * ROW, 2,
                                cs) == 0, "d2h");
@@ -94,7 +132,7 @@ static void consumer_never_waits(int workers, int prefetch, int64_t batch)
     }
     CHECK(stream_sync(cs) == 0, "sync");
     for (size_t k = 0; k < nr; k++) {
-        CHECK(rows_ok(rb[k].bytes, rb[k].idx, rb[k].rows),
+        CHECK(rows_ok(rb[k].bytes, rb[k].idx, flip_mode ? rb[k].hf : NULL, rb[k].rows),
               "read %zu (w=%d p=%d): bytes differ: overwritten before the stream read them",
               k, workers, prefetch);
         free(rb[k].bytes);
@@ -129,8 +167,10 @@ static void destroy_with_batches_held(void)
     npyload_batch *b;
     while (j.n < 3 && npyload_loader_next(L, &b) == 0) {
         npyload_batch_sync(b);
+        uint8_t hf[8];
+        CHECK(npyload_batch_augment(b, 0, hf, NULL, NULL, NULL) == 0, "augment");
         CHECK(rows_ok(npyload_batch_field(b, 0)->data, npyload_batch_indices(b),
-                      npyload_batch_size(b)), "bytes differ");
+                      flip_mode ? hf : NULL, npyload_batch_size(b)), "bytes differ");
         j.b[j.n++] = b;
     }
     CHECK(j.n == 3, "three batches");
@@ -142,10 +182,37 @@ static void destroy_with_batches_held(void)
     passes++;
 }
 
+/* The runs again with the flip, its kernel on the CPU (the fake driver). */
+static void run_with_kernels(const char *driver)
+{
+    void *d = dlopen(driver, RTLD_NOW | RTLD_LOCAL);
+    fake_cuda_driver_control_fn ctl =
+        d ? (fake_cuda_driver_control_fn)dlsym(d, "fake_cuda_driver_control") : NULL;
+    fake_cuda_driver_cpu_kernels_fn cpu =
+        d ? (fake_cuda_driver_cpu_kernels_fn)dlsym(d, "fake_cuda_driver_cpu_kernels") : NULL;
+    if (!ctl || !cpu || !cpu()) {
+        printf("no kernels on the CPU here (%s): the flip runs skipped\n",
+               d ? "built without C++" : dlerror());
+        return;
+    }
+    atomic_store(&ctl()->run_kernels, 1);
+    snprintf(cache, sizeof cache, "%s/kcache", dir);
+    flip_mode = 1;
+    npyload_loader *L = make(2, 2, 4);
+    char why[1024];
+    npyload_loader_field_engine(L, 0, why, sizeof why);
+    printf("flip runs: %s\n", why);
+    npyload_loader_destroy(L);
+    consumer_never_waits(1, 2, 4);
+    consumer_never_waits(6, 3, 7);
+    destroy_with_batches_held();
+    CHECK(atomic_load(&ctl()->n_ran) > 0 || !strstr(why, "device"), "no kernel ran");
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s PATH_TO_FAKE_LIBCUDART\n", argv[0]);
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: %s PATH_TO_FAKE_LIBCUDART [PATH_TO_FAKE_LIBCUDA]\n", argv[0]);
         return 2;
     }
     /* Loaded first: lib/cuda prefers a runtime the process already has. */
@@ -174,6 +241,8 @@ int main(int argc, char **argv)
     consumer_never_waits(3, 4, 3);
     consumer_never_waits(6, 3, 7);
     destroy_with_batches_held();
+    if (argc == 3)
+        run_with_kernels(argv[2]);
     tu_rmtree(dir);
     printf("%d passed, %d failed\n", passes, failures);
     return failures ? 1 : 0;

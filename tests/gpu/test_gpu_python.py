@@ -159,3 +159,86 @@ def test_device_transforms_equal_host_transforms(data, dtype, channels_last):
             assert torch.equal(y.cpu().contiguous().view(ib), x.contiguous().view(ib))
         # one epoch of the stored float32 crossed PCIe
         assert dev.stats()["h2d_bytes"] == sum(ROWS) * 4 * 2 * 64 * 128
+
+
+@pytest.fixture(scope="module")
+def gray(tmp_path_factory):
+    """uint8 images (2, 32, 48) in two files, and float32 images of 256
+    gray levels (NaN, -0.0, a denormal and infinities among them) packed
+    narrowed: .npy.zst and the stored form."""
+    d = tmp_path_factory.mktemp("gpu_py_aug")
+    rng = np.random.default_rng(23)
+    u8 = [rng.integers(0, 256, (n, 2, 32, 48), dtype=np.uint8) for n in (40, 27)]
+    for k, a in enumerate(u8):
+        np.save(d / f"u8_{k}.npy", a)
+    levels = (np.arange(256, dtype=np.float32) / 255).view(np.uint32)
+    levels[:6] = [0x7FC00001, 0xFFC00123, 0x80000000, 0x00000001, 0x7F800000, 0xFF800000]
+    vals = []
+    for k, n in enumerate((40, 27)):
+        v = levels[rng.integers(0, 256, (n, 2, 32, 48))].view(np.float32)
+        np.save(d / f"f4_{k}.npy", v)
+        vals.append(v)
+    npyload.pack([str(d / "f4_0.npy")], narrow=True, threads=1)
+    npyload.pack([str(d / "f4_1.npy")], narrow=True, store=True, threads=1)
+    narrowed = sorted(str(p) for p in d.glob("f4_*") if p.name != "f4_0.npy"
+                      and p.name != "f4_1.npy")
+    return str(d / "u8_*.npy"), narrowed, np.concatenate(vals)
+
+
+def _bits(t):
+    t = t.cpu().contiguous()
+    return t.view({4: torch.int32, 2: torch.int16, 1: torch.uint8}[t.element_size()])
+
+
+def _same(y, x):
+    """Bit for bit, except that a NaN may come out with another payload
+    (the device may write its canonical NaN, as documented)."""
+    y, x = y.cpu().contiguous(), x.cpu().contiguous()
+    nan = torch.isnan(x.float())
+    assert torch.equal(torch.isnan(y.float()), nan)
+    assert torch.equal(_bits(y)[~nan], _bits(x)[~nan])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_device_augmentation_equals_host(gray, dtype):
+    """Transform(hflip=..., crop=..., pad=...) on the GPU: the stored uint8
+    crosses PCIe (plus a 16-byte record per row) and the kernel's output
+    equals the host engine's bit for bit, the decisions (batch.augment)
+    the same."""
+    u8, _, _ = gray
+    t = npyload.Transform(dtype, scale=1 / 255, mean=(0.5, 0.25), std=(0.2, 0.3),
+                          channels_last=True, hflip=0.5, vflip=0.25, crop=(24, 40), pad=3)
+    kw = dict(batch_size=16, shuffle=True, seed=3, num_workers=2, transforms={"images": t})
+    g = {"images": u8}
+    with npyload.Loader(g, device="cpu", **kw) as host, \
+            npyload.Loader(g, device="cuda:0", **kw) as dev:
+        n = 0
+        for bh, bd in zip(host, dev):
+            x, y = bh["images"], bd["images"]
+            assert y.device.type == "cuda" and tuple(y.shape) == tuple(x.shape)
+            _same(y, x)
+            np.testing.assert_array_equal(bd.augment["images"].hflip, bh.augment["images"].hflip)
+            n += len(bh.indices)
+        assert n == 67
+        assert dev.stats()["h2d_bytes"] == 67 * (2 * 32 * 48 + 16)
+
+
+@pytest.mark.parametrize("transform", [None, "float16"])
+def test_device_expands_narrowed_codes(gray, transform):
+    """Narrowed files on the GPU: one byte per value crosses PCIe (plus a
+    record per row) and the kernel expands each file's table: values bit
+    for bit numpy's (NaN payloads, -0.0, denormals), fused with a
+    transform when there is one."""
+    _, narrowed, ref = gray
+    kw = dict(batch_size=16, shuffle=True, seed=4, num_workers=2)
+    if transform:
+        kw["transforms"] = {"x": npyload.Transform(transform, scale=2.0, hflip=0.5)}
+    with npyload.Loader({"x": narrowed}, device="cpu", **kw) as host, \
+            npyload.Loader({"x": narrowed}, device="cuda:0", **kw) as dev:
+        for bh, bd in zip(host, dev):
+            y = bd["x"]
+            _same(y, bh["x"])
+            if not transform:
+                want = ref[np.asarray(bh.indices)].view(np.uint32)
+                np.testing.assert_array_equal(_bits(y).numpy().view(np.uint32), want)
+        assert dev.stats()["h2d_bytes"] == 67 * (2 * 32 * 48 + 16)
