@@ -565,7 +565,7 @@ static int describe(npyl_xfer *x, int code, char *err, size_t errlen)
 {
     char shown[512];
     npyl_remote_display(x->url, shown, sizeof shown);
-    char range[64] = "";
+    char range[64] = " (a listing page)";
     if (!x->mem_mode)
         snprintf(range, sizeof range, " bytes %" PRIu64 "-%" PRIu64, x->a, x->b - 1);
     double secs = (double)(npyl_now_ns() - x->first_ns) / 1e9;
