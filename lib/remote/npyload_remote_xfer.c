@@ -350,11 +350,14 @@ static size_t on_body_fill(char *p, size_t size, size_t nmemb, void *arg)
 {
     xcb *c = arg;
     npyl_xfer *x = c->x;
-    uint64_t o = x->base + x->pos;
     size_t rc = on_body(p, size, nmemb, x);
-    if (x->fill && !x->fail && (x->status == 200 || x->status == 206)) {
+    if (x->fill && !x->fail && !x->mem_mode && x->hdr_done &&
+        (x->status == 200 || x->status == 206)) {
+        /* on_body placed the chunk (x->base is known from its first one)
+         * and counted it: it ends at base + pos. */
         size_t n = size * nmemb;
-        uint64_t end = o + n, lo = o > x->a ? o : x->a, hi = end < x->b ? end : x->b;
+        uint64_t end = x->base + x->pos, o = end - n;
+        uint64_t lo = o > x->a ? o : x->a, hi = end < x->b ? end : x->b;
         if (lo < hi)
             fill_write(c->r, x->fill, lo, (const unsigned char *)p + (lo - o), hi);
     }

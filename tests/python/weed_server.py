@@ -110,7 +110,8 @@ class WeedServer:
                 "-filer", f"-filer.port={self.filer}",
                 "-s3", f"-s3.port={self.s3}", f"-s3.port.iceberg={self.iceberg}",
                 f"-s3.config={self.config}", "-s3.port.lance=0", "-volume.max=8",
-                "-master.volumeSizeLimitMB=256", "-metricsPort=0"]
+                "-master.volumeSizeLimitMB=256", "-master.electionTimeout=1s",
+                "-metricsPort=0"]
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout
@@ -143,7 +144,7 @@ class WeedServer:
             self.proc.wait(timeout=30)
         self.proc = None
 
-    def stop(self, timeout=10.0):
+    def stop(self, timeout=3.0):
         if self.proc and self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
@@ -158,9 +159,21 @@ class WeedServer:
     # ---- objects, through the filer -------------------------------------
 
     def _filer(self, method, path, data=None, timeout=60):
-        req = urllib.request.Request(self.filer_url + path, data=data, method=method)
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.read()
+        # Right after start the filer answers before a volume server has
+        # registered (HTTP 500): retried, for a bounded time.
+        deadline = time.monotonic() + timeout
+        while True:
+            req = urllib.request.Request(self.filer_url + path, data=data, method=method)
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    return r.read()
+            except urllib.error.HTTPError as e:
+                if e.code < 500 or time.monotonic() > deadline:
+                    raise
+            except urllib.error.URLError:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
 
     def make_bucket(self, bucket):
         self._filer("POST", f"/buckets/{bucket}/")
@@ -189,9 +202,16 @@ class WeedServer:
 
 class ThrottleProxy:
     """127.0.0.1:port -> upstream, each direction delayed by rtt/2 and paced
-    to `rate` bytes per second (a token bucket per connection direction)."""
+    to `rate` bytes per second (per connection direction). Faults: the
+    first `slow_down` connections are answered "503 SlowDown" (S3's
+    throttling reply) and closed, the next `reset` ones are closed at once
+    without an answer (a connection reset); `accepted` counts connections."""
 
-    def __init__(self, upstream_port, rate=125e6, rtt=0.010, chunk=16384):
+    def __init__(self, upstream_port, rate=125e6, rtt=0.010, chunk=16384, slow_down=0,
+                 reset=0):
+        self.slow_down = slow_down
+        self.reset = reset
+        self.accepted = 0
         self.upstream = ("127.0.0.1", upstream_port)
         self.rate = float(rate)
         self.delay = rtt / 2
@@ -216,6 +236,16 @@ class ThrottleProxy:
                 c, _ = self.sock.accept()
             except OSError:
                 return
+            self.accepted += 1
+            if self.slow_down > 0:
+                self.slow_down -= 1
+                threading.Thread(target=self._answer_503, args=(c,), daemon=True).start()
+                continue
+            if self.reset > 0:
+                self.reset -= 1
+                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+                c.close()  # RST
+                continue
             try:
                 u = socket.create_connection(self.upstream, timeout=10)
             except OSError:
@@ -225,6 +255,21 @@ class ThrottleProxy:
             self.conns += [c, u]
             for a, b in ((c, u), (u, c)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _answer_503(c):
+        body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+                b'<Message>Please reduce your request rate.</Message></Error>')
+        try:
+            c.settimeout(5)
+            c.recv(65536)
+            c.sendall(b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+                      b"Connection: close\r\nContent-Length: " + str(len(body)).encode() +
+                      b"\r\n\r\n" + body)
+        except OSError:
+            pass
+        finally:
+            c.close()
 
     def _pump(self, src, dst):
         # Bytes read at t leave at t + delay, no faster than the rate.
@@ -241,11 +286,13 @@ class ThrottleProxy:
                     if not q:
                         break
                     due, data = q.pop(0)
+                # Leaves when its last byte would have crossed the link.
+                t_free = max(due, t_free) + len(data) / self.rate
                 now = time.monotonic()
-                start = max(due, t_free)
-                if start > now:
-                    time.sleep(start - now)
-                t_free = max(time.monotonic(), start) + len(data) / self.rate
+                if t_free > now:
+                    time.sleep(min(t_free - now, 3600))
+                if self.closed:
+                    break
                 try:
                     dst.sendall(data)
                 except OSError:
