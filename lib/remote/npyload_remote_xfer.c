@@ -662,6 +662,8 @@ int npyl_xfer_run(npyl_remote *r, npyl_xpool *p, npyl_xfer *x, size_t n, size_t 
             tmo = wake <= now ? 0 : (long)((wake - now) / 1000000 + 1);
         if (tmo > 1000)
             tmo = 1000;
+        if (next < n && p->nfree > 0)
+            continue; /* handles came free: start the next transfers now */
         if (running > 0 || tmo > 0)
             curl_multi_poll(p->multi, NULL, 0, (int)tmo, NULL);
     }
