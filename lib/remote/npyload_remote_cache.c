@@ -16,7 +16,8 @@
  * (which also corrects the record), and removes the least recently used
  * blocks (oldest mtime: a hit refreshes it, at most every 10 s) until the
  * total is at most 90 % of the bound with the new block. flock is per open
- * file description, so this process's threads take a mutex first. */
+ * file description, so this process's threads take a mutex first. Opening
+ * the cache runs one pass too (a crash's leftovers, the record's drift). */
 #include "npyload_remote_impl.h"
 
 #include <dirent.h>
@@ -42,6 +43,9 @@ struct npyl_cache {
     pthread_mutex_t mu;       /* this process's threads, around the flock */
     _Atomic uint64_t tmp_seq;
 };
+
+static uint64_t evict(npyl_cache *c, uint64_t incoming, uint64_t target, uint64_t *evicted);
+static void write_record(npyl_cache *c, uint64_t total);
 
 static int mkdirs(const char *dir)
 {
@@ -93,6 +97,14 @@ int npyl_cache_open(npyl_cache **out, const char *dir, uint64_t bound, uint64_t 
     c->bound = bound;
     c->block = block;
     pthread_mutex_init(&c->mu, NULL);
+    /* A pass at open: temporary files of writers that died (a crash) go,
+     * the size record is recomputed from the directory, and a bound lower
+     * than the last user's is enforced now. */
+    while (flock(c->lockfd, LOCK_EX) != 0 && errno == EINTR)
+        ;
+    uint64_t evicted = 0;
+    write_record(c, evict(c, 0, bound, &evicted));
+    flock(c->lockfd, LOCK_UN);
     *out = c;
     return 0;
 }

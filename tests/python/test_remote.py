@@ -238,6 +238,47 @@ def test_two_processes_share_a_cache(server, data, tmp_path):
     assert not [p for p in os.listdir(tmp_path / "shared") if p.startswith(".tmp")]
 
 
+CRASHER = r"""
+import json, sys, npyload
+globs, remote = json.loads(sys.argv[1])
+x = npyload.Loader(globs, batch_size=2, shuffle=True, seed=8, output="numpy", remote=remote)
+for i, b in enumerate(x):
+    if i == 3:
+        print("running", flush=True)
+        sys.stdin.read()  # killed here, fills in flight
+"""
+
+
+def test_cache_survives_a_crash(server, data, tmp_path):
+    """A writer killed (SIGKILL) mid-epoch, and a temporary file of a dead
+    writer: the next process serves correct bytes, removes the leftovers,
+    and the cache stays within its bound."""
+    ref = data[3]
+    cache = tmp_path / "crash"
+    bound = 40 * 4096
+    remote = server.remote(cache_dir=str(cache), cache_block=4096, cache_bytes=bound)
+    p = subprocess.Popen([sys.executable, "-c", CRASHER, json.dumps([s3_globs("raw"), remote])],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "running"
+    finally:
+        p.kill()
+        p.wait(timeout=30)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    orphan = cache / f".tmp-{dead}-0-0123456789ab.7"
+    orphan.write_bytes(b"half a block")
+    x = npyload.Loader(s3_globs("raw"), batch_size=5, shuffle=True, seed=1, output="numpy",
+                       remote=remote)
+    for e in range(2):
+        check_epoch(x, ref, e)
+    x.close()
+    assert not orphan.exists()
+    assert not [q for q in os.listdir(cache) if q.startswith(".tmp")]
+    assert sum(q.stat().st_size for q in cache.iterdir()
+               if q.name != "npyload-cache.lock") <= bound
+
+
 # ---- faults --------------------------------------------------------------
 
 
