@@ -224,9 +224,9 @@ int main(int argc, char **argv)
                a, b);
         if (jf)
             fprintf(jf, "%s{\"concurrency\": %d, \"threads\": %d, \"inflight\": %d, "
-                        "\"requests_per_s\": %.1f, \"mb_per_s\": %.2f, \"p50_ms\": %.3f, "
-                        "\"p99_ms\": %.3f}", k ? ", " : "", t * f, t, f, (double)reqs / dt,
-                    mbps[k], p50, p99);
+                        "\"requests_per_s\": %.1f, \"mb_per_s\": %.2f, \"p50_ms\": %s, "
+                        "\"p99_ms\": %s}", k ? ", " : "", t * f, t, f, (double)reqs / dt,
+                    mbps[k], nl ? a : "null", nl ? b : "null");
         free(lat);
         free(js);
         free(th);

@@ -176,7 +176,11 @@ class WeedServer:
             time.sleep(0.2)
 
     def make_bucket(self, bucket):
-        self._filer("POST", f"/buckets/{bucket}/")
+        try:
+            self._filer("POST", f"/buckets/{bucket}/")
+        except urllib.error.HTTPError as e:
+            if e.code != 409:  # 409: it exists (a data directory reused)
+                raise
 
     def put(self, bucket, key, data):
         """Writes (or replaces) an object."""
@@ -201,8 +205,9 @@ class WeedServer:
 
 
 class ThrottleProxy:
-    """127.0.0.1:port -> upstream, each direction delayed by rtt/2 and paced
-    to `rate` bytes per second (per connection direction). Faults: the
+    """127.0.0.1:port -> upstream, a link: each direction delayed by rtt/2
+    and paced to `rate` bytes per second, shared by every connection (bytes
+    leave one after the other, as on one wire). Faults: the
     first `slow_down` connections are answered "503 SlowDown" (S3's
     throttling reply) and closed, the next `reset` ones are closed at once
     without an answer (a connection reset); `accepted` counts connections."""
@@ -223,6 +228,8 @@ class ThrottleProxy:
         self.port = self.sock.getsockname()[1]
         self.closed = False
         self.conns = []
+        self.link_lock = threading.Lock()
+        self.link_free = {"up": 0.0, "down": 0.0}  # when each direction is free
         self.thread = threading.Thread(target=self._accept, daemon=True)
         self.thread.start()
 
@@ -253,8 +260,8 @@ class ThrottleProxy:
                 continue
             u.settimeout(None)
             self.conns += [c, u]
-            for a, b in ((c, u), (u, c)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            for a, b, way in ((c, u, "up"), (u, c, "down")):
+                threading.Thread(target=self._pump, args=(a, b, way), daemon=True).start()
 
     @staticmethod
     def _answer_503(c):
@@ -271,14 +278,13 @@ class ThrottleProxy:
         finally:
             c.close()
 
-    def _pump(self, src, dst):
+    def _pump(self, src, dst, way):
         # Bytes read at t leave at t + delay, no faster than the rate.
         q = []  # (due, data)
         lock = threading.Condition()
         done = [False]
 
         def writer():
-            t_free = time.monotonic()
             while True:
                 with lock:
                     while not q and not done[0]:
@@ -286,8 +292,11 @@ class ThrottleProxy:
                     if not q:
                         break
                     due, data = q.pop(0)
-                # Leaves when its last byte would have crossed the link.
-                t_free = max(due, t_free) + len(data) / self.rate
+                # Leaves when its last byte would have crossed the link,
+                # after every byte queued before it on the link.
+                with self.link_lock:
+                    t_free = max(due, self.link_free[way]) + len(data) / self.rate
+                    self.link_free[way] = t_free
                 now = time.monotonic()
                 if t_free > now:
                     time.sleep(min(t_free - now, 3600))
