@@ -70,7 +70,8 @@ extern "C" {
     XX(NOURING, -10011, "io_uring is not usable here")                        \
     XX(CHANGED, -10012, "file changed after the loader started")            \
     XX(HELD, -10013, "all batch slots are held by the caller")                \
-    XX(FORKED, -10014, "loader used in a child process after fork()")
+    XX(FORKED, -10014, "loader used in a child process after fork()")         \
+    XX(REMOTE, -10015, "remote storage request failed")
 
 typedef enum npyload_error {
 #define NPYLOAD_XX_ENUM(name, code, msg) NPYLOAD_E##name = (code),
@@ -487,6 +488,80 @@ typedef enum npyload_path_option {
 NPYLOAD_API int npyload_loader_set_path(npyload_loader *L, npyload_path_option which,
                                         const char *path);
 
+/*! Remote shards (0.3): `s3://bucket/prefix/train_*.npy.zst` and
+ * `https://host/path/file.npy` wherever a path is accepted. An s3:// glob
+ * is expanded with ListObjectsV2 (every page; sorted by strcmp like local
+ * globs; `*` does not cross '/'); http(s):// URLs are given as explicit
+ * lists. At start one small ranged GET per object reads its header (and a
+ * second its seek table, for .npy.zst), learning its size and ETag; then
+ * the workers fetch exactly the byte ranges a batch needs (adjacent ranges
+ * coalesced, up to max_inflight requests in flight per worker and per
+ * read-ahead thread) into the same slots, with the same order, resume,
+ * skip and transform semantics as local files.
+ * Integrity: every response is checked against the range asked
+ * (Content-Range, byte count), the size and the ETag seen at start (sent
+ * as If-Match): an object that changed fails with NPYLOAD_ECHANGED naming
+ * the URL; frames against their checksums as locally. Transient failures
+ * (connection refused or reset, timeouts, HTTP 5xx, 429 and 503 "slow
+ * down") are retried `retries` times with exponential backoff (from
+ * retry_base_ms, doubling, capped at 5 s, half of each delay random);
+ * permanent ones (403 -EACCES, 404 -ENOENT, ...) fail at once. Every wait
+ * is bounded by timeout_ms per attempt.
+ * The cache (cache_dir): fetched data is kept in blocks of cache_block
+ * bytes (files named by a hash of URL, ETag and size), written to a
+ * temporary file, synced and renamed, so ranks of a node may share one
+ * directory and a crash leaves no partial block; later reads of a block
+ * come from the file. The least recently used blocks are removed so that
+ * the directory stays within cache_bytes. Objects without an ETag are not
+ * cached.
+ * The library reads no environment variable (no AWS_*, no http_proxy):
+ * Python builds this struct from its arguments or the AWS environment.
+ * All members zero is the default: AWS's endpoint for us-east-1, unsigned
+ * requests, no cache. */
+typedef enum npyload_remote_style {
+    NPYLOAD_REMOTE_AUTO = 0,    /* path-style with a custom endpoint,
+                                   virtual-hosted on AWS */
+    NPYLOAD_REMOTE_PATH = 1,    /* ENDPOINT/BUCKET/KEY */
+    NPYLOAD_REMOTE_VIRTUAL = 2  /* BUCKET.HOST/KEY */
+} npyload_remote_style;
+
+typedef struct npyload_remote {
+    const char *endpoint;       /* "http://127.0.0.1:8333"; NULL: AWS,
+                                   https://s3.REGION.amazonaws.com */
+    const char *region;         /* signing region; NULL: "us-east-1" */
+    const char *access_key;     /* NULL: requests are not signed */
+    const char *secret_key;     /* with access_key; copied, wiped on
+                                   destroy, never in any message */
+    const char *session_token;  /* temporary credentials; NULL: none */
+    int path_style;             /* npyload_remote_style */
+    int retries;                /* after a transient failure; 0: 8; -1: none */
+    int64_t timeout_ms;         /* one attempt, whole; 0: 60000 */
+    int64_t connect_timeout_ms; /* 0: 10000 */
+    int max_inflight;           /* requests in flight per reading thread;
+                                   0: 8 */
+    const char *cache_dir;      /* NULL: no cache */
+    int64_t cache_bytes;        /* the cache's bound; 0: 10 GiB */
+    int64_t cache_block;        /* bytes per cache block (4 KiB .. 1 GiB);
+                                   0: 4 MiB */
+    const char *ca_file;        /* PEM file of trusted CAs; NULL: the system's */
+    const char *proxy;          /* a proxy URL; NULL: none */
+    int64_t list_max_keys;      /* keys per listing page (1 .. 1000); 0: 1000 */
+    int64_t retry_base_ms;      /* the first backoff; 0: 100 */
+} npyload_remote;
+
+/*! npyload_loader_set_remote() : the configuration of s3:// and https://
+ * paths, before the fields that use it are added (an s3:// glob is listed
+ * by add_field). `size` is sizeof(npyload_remote) as the caller was
+ * compiled (see Conventions). Strings are copied. http(s):// URLs work
+ * without it (unsigned, defaults); s3:// paths need it.
+ * @return : 0; NPYLOAD_EINVAL naming a bad or missing member (a secret_key
+ *           without access_key, an endpoint that is not http(s)://, ...);
+ *           NPYLOAD_EUNSUPPORTED when the library was built without
+ *           libcurl; NPYLOAD_ESTATE after start or after a remote field
+ *           was added. */
+NPYLOAD_API int npyload_loader_set_remote(npyload_loader *L, const npyload_remote *cfg,
+                                          size_t size);
+
 /*! npyload_loader_set() : sets option `opt` (see npyload_option).
  * @return : 0, NPYLOAD_EINVAL for a value out of range (the message names the
  *           option and the accepted range), NPYLOAD_ESTATE after start,
@@ -845,6 +920,19 @@ typedef struct npyload_stats {
                                    the page cache is a copy on the CPU and
                                    adds ~0 (with zstd, decode time inside
                                    the read is on the CPU too) */
+    /* Remote shards (s3://, https://; 0.3): */
+    uint64_t remote_bytes;      /* body bytes received from servers (the
+                                   probe at start included) */
+    uint64_t remote_requests;   /* HTTP requests made (retries included) */
+    uint64_t remote_retries;    /* requests repeated after a transient
+                                   failure */
+    uint64_t remote_wait_ns;    /* time reading threads waited for
+                                   transfers, summed */
+    uint64_t cache_hits;        /* cache blocks read from cache_dir */
+    uint64_t cache_misses;      /* cache blocks fetched from the server */
+    uint64_t cache_read_bytes;  /* bytes served from cache_dir */
+    uint64_t cache_write_bytes; /* bytes written into cache_dir */
+    uint64_t cache_evictions;   /* blocks removed to stay within cache_bytes */
 } npyload_stats;
 
 /*! npyload_stats_verdict() : one line naming where the time of `s` went
@@ -981,6 +1069,10 @@ typedef struct npyload_build_info {
     char nvrtc_path[256];         /* the libnvrtc file it found */
     char nvrtc_why[512];          /* not found: what was tried and what to
                                      install; "" when found */
+    /* remote shards (s3://, https://) */
+    int remote_compiled;          /* 1: built with libcurl and expat */
+    char remote_version[160];     /* "libcurl 7.88.1 (OpenSSL/3.0.19), expat",
+                                     or without: what to install */
 } npyload_build_info;
 
 /*! npyload_get_build_info() : fills `out` with the facts above. `size` is

@@ -70,6 +70,8 @@ void ni_build_info_json(FILE *f, const npyload_build_info *bi)
     nj_printf(f,
               "\n    \"transform_nvrtc\": %c,\n    \"nvrtc_found\": %c,"
               "\n    \"nvrtc_version\": %s,\n    \"nvrtc_path\": %s,"
-              "\n    \"nvrtc_why\": %s\n  }",
+              "\n    \"nvrtc_why\": %s,",
               bi->transform_nvrtc, bi->nvrtc_found, nv, bi->nvrtc_path, bi->nvrtc_why);
+    nj_printf(f, "\n    \"remote_compiled\": %c,\n    \"remote_version\": %s\n  }",
+              bi->remote_compiled, bi->remote_version);
 }

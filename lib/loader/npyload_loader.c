@@ -153,6 +153,8 @@ static void free_tables(npyload_loader *L)
     free(L->io_files);
     L->io_files = NULL;
     L->nio_files = 0;
+    free(L->robjs);
+    L->robjs = NULL;
 }
 
 /* The workers' io contexts, buffers and events (threads already joined). */
@@ -215,6 +217,10 @@ static void shed_held(npyload_loader *L)
     if (entered)
         npyl_cuda_leave(L->dev.cuda, prev);
     free_tables(L);
+    /* The workers are gone: nothing reads remotely any more; the secret is
+     * wiped now, not at the last release. */
+    npyl_remote_destroy(L->remote);
+    L->remote = NULL;
 }
 
 static void loader_free(npyload_loader *L)
@@ -227,6 +233,7 @@ static void loader_free(npyload_loader *L)
         npyl_free_paths(L->fields[i].paths, L->fields[i].npaths);
     }
     free(L->fields);
+    npyl_remote_destroy(L->remote);
     npyl_slots_fini(&L->ring);
     npyl_skip_log_fini(&L->skip);
     pthread_cond_destroy(&L->ctl_cv);
@@ -382,6 +389,19 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *dst,
     out->gather_bytes = c.gather_bytes;
     out->gather_requests = c.gather_reqs;
     out->read_requests = c.read_reqs;
+    if (L->remote) {
+        npyl_remote_counters k = {0};
+        npyl_remote_counters_add(L->remote, &k);
+        out->remote_bytes = k.bytes;
+        out->remote_requests = k.requests;
+        out->remote_retries = k.retries;
+        out->remote_wait_ns = k.wait_ns;
+        out->cache_hits = k.cache_hits;
+        out->cache_misses = k.cache_misses;
+        out->cache_read_bytes = k.cache_read_bytes;
+        out->cache_write_bytes = k.cache_write_bytes;
+        out->cache_evictions = k.cache_evictions;
+    }
     /* The first published layout ends at transform_ns (npyload.h). */
     return npyl_sized_out(dst, size, out, sizeof *out,
                           NPYL_SIZE_THROUGH(npyload_stats, transform_ns));

@@ -57,6 +57,21 @@ static int push_field(npyload_loader *L, const char *name, char **paths, size_t 
     return 0;
 }
 
+/* A remote path in field `name`: it must be readable with the loader's
+ * configuration (an s3:// path needs set_remote); an http(s):// path
+ * without one gets a client with the defaults. */
+static int use_remote(npyload_loader *L, const char *name, const char *url)
+{
+    char err[NPYL_ERRMSG_LEN - 128];
+    int rc = npyl_remote_check_url(L->remote, L->remote_set, url, err, sizeof err);
+    if (rc == 0 && !L->remote)
+        rc = npyl_remote_create(&L->remote, NULL, err, sizeof err);
+    if (rc)
+        return npyl_loader_fail(L, rc, "field '%s': %s", name, err);
+    L->remote_used = 1;
+    return 0;
+}
+
 int npyload_loader_add_field(npyload_loader *L, const char *name, const char *glob)
 {
     if (!L)
@@ -68,7 +83,13 @@ int npyload_loader_add_field(npyload_loader *L, const char *name, const char *gl
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "field '%s': empty glob", name);
     char **paths, err[NPYL_ERRMSG_LEN - 128];
     size_t n;
-    rc = npyl_glob_sorted(glob, &paths, &n, err, sizeof err);
+    if (npyl_remote_is_url(glob)) {
+        if ((rc = use_remote(L, name, glob)))
+            return rc;
+        rc = npyl_remote_glob(L->remote, glob, &paths, &n, err, sizeof err);
+    } else {
+        rc = npyl_glob_sorted(glob, &paths, &n, err, sizeof err);
+    }
     if (rc)
         return npyl_loader_fail(L, rc, "field '%s': %s", name, err);
     return push_field(L, name, paths, n);
@@ -84,6 +105,9 @@ int npyload_loader_add_field_files(npyload_loader *L, const char *name,
         return rc;
     if (!paths || n == 0)
         return npyl_loader_fail(L, NPYLOAD_ENOFILES, "field '%s': empty list of files", name);
+    for (size_t i = 0; i < n; i++)
+        if (paths[i] && npyl_remote_is_url(paths[i]) && (rc = use_remote(L, name, paths[i])))
+            return rc;
     char **copy = calloc(n, sizeof *copy);
     if (!copy)
         return npyl_loader_fail(L, -ENOMEM, "out of memory adding field '%s'", name);
@@ -156,7 +180,8 @@ static int read_npy_header(int fd, const char *path, npyload_header *h, npyl_zst
     uint64_t end = h->data_offset + h->data_bytes;
     if (rc || fd < 0 || strcmp(h->descr, "|u1") != 0 || h->file_bytes <= end)
         return rc;
-    rc = npyl_zst_store_probe(fd, path, h->file_bytes, end, nx, err, errlen);
+    rc = npyl_zst_store_probe(npyl_zst_read_fd, &fd, path, h->file_bytes, end, nx, err,
+                              errlen);
     if (rc == 0 && *nx)
         deliver_values(h, *nx);
     return rc;
@@ -201,22 +226,181 @@ static int read_any_header(const char *path, npyload_header *h, npyl_zst_index *
     return 0;
 }
 
+/* ---- remote files: the probe's bytes, then ranged GETs for the rest ---- */
+
+typedef struct rsrc {
+    npyl_remote *r;
+    const npyl_remote_probe *p;
+    npyl_remote_obj o;
+} rsrc;
+
+/* npyl_zst_read_fn over a probed object: its head and tail bytes, else a
+ * ranged GET. */
+static int rsrc_read(void *ctx, void *buf, size_t n, uint64_t off)
+{
+    const rsrc *s = ctx;
+    const npyl_remote_probe *p = s->p;
+    if (off > p->size || n > p->size - off)
+        return -EIO;
+    if (off + n <= p->head_len) {
+        memcpy(buf, p->head + off, n);
+        return 0;
+    }
+    if (p->tail && off >= p->size - p->tail_len) {
+        memcpy(buf, p->tail + (off - (p->size - p->tail_len)), n);
+        return 0;
+    }
+    return npyl_remote_get(s->r, &s->o, off, n, buf, NULL, 0);
+}
+
+/* The probe's parse of a .npy header from the head bytes (fetching more
+ * when the header is longer). */
+static int parse_remote_npy(rsrc *s, const char *url, npyload_header *h, char *err,
+                            size_t errlen)
+{
+    const npyl_remote_probe *p = s->p;
+    int rc = npyload_parse_header(p->head, p->head_len, p->size, url, h, err, errlen);
+    if (rc == NPYLOAD_ETRUNCATED && h->header_len && h->data_offset > p->head_len &&
+        h->data_offset <= p->size) {
+        size_t need = (size_t)h->data_offset;
+        unsigned char *big = malloc(need);
+        if (!big)
+            return npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", url);
+        rc = npyl_remote_get(s->r, &s->o, 0, need, big, err, errlen);
+        if (rc == 0)
+            rc = npyload_parse_header(big, need, p->size, url, h, err, errlen);
+        free(big);
+    }
+    return rc;
+}
+
+/* Which probed objects need their tail: a .npy.zst (the seek table) and
+ * a '|u1' .npy with bytes after its data (a narrowed store's trailer). */
+static int want_tail(const npyl_remote_probe *p)
+{
+    if (p->head_len >= 4 && npyl_zst_is_zstd(p->head))
+        return 1;
+    npyload_header h;
+    if (npyload_parse_header(p->head, p->head_len, p->size, NULL, &h, NULL, 0) != 0)
+        return 0;
+    return strcmp(h.descr, "|u1") == 0 && p->size > h.data_offset + h.data_bytes;
+}
+
+/* read_any_header for a probed remote object. */
+static int read_remote_header(npyl_remote *r, const npyl_remote_probe *p, npyload_header *h,
+                              npyl_zst_index **zst, npyl_zst_narrow **nx, char *err,
+                              size_t errlen)
+{
+    *zst = NULL;
+    *nx = NULL;
+    rsrc s = {r, p, {p->url, p->size, ""}};
+    snprintf(s.o.etag, sizeof s.o.etag, "%s", p->etag);
+    if (p->head_len < 4 || !npyl_zst_is_zstd(p->head)) {
+        int rc = parse_remote_npy(&s, p->url, h, err, errlen);
+        uint64_t end = h->data_offset + h->data_bytes;
+        if (rc || strcmp(h->descr, "|u1") != 0 || h->file_bytes <= end)
+            return rc;
+        rc = npyl_zst_store_probe(rsrc_read, &s, p->url, h->file_bytes, end, nx, err, errlen);
+        if (rc == 0 && *nx)
+            deliver_values(h, *nx);
+        return rc;
+    }
+    npyl_zst_index *x = calloc(1, sizeof *x);
+    if (!x)
+        return npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", p->url);
+    int rc = npyl_zst_index_read(rsrc_read, &s, p->size, p->url, x, err, errlen);
+    if (rc) {
+        free(x);
+        return rc;
+    }
+    *h = x->hdr;
+    if (x->narrow)
+        deliver_values(h, x->narrow);
+    *zst = x;
+    return 0;
+}
+
+/* Probes the remote files of field f (several requests in flight): an
+ * array of f->npaths entries, url NULL for local files. */
+static int probe_field(npyload_loader *L, npyl_field *f, npyl_remote_probe **out)
+{
+    *out = NULL;
+    size_t nr = 0;
+    for (size_t k = 0; k < f->npaths; k++)
+        nr += npyl_remote_is_url(f->paths[k]);
+    if (nr == 0)
+        return 0;
+    npyl_remote_probe *all = calloc(f->npaths, sizeof *all), *rp = calloc(nr, sizeof *rp);
+    size_t *at = calloc(nr, sizeof *at);
+    if (!all || !rp || !at) {
+        free(all);
+        free(rp);
+        free(at);
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    }
+    for (size_t k = 0, j = 0; k < f->npaths; k++)
+        if (npyl_remote_is_url(f->paths[k])) {
+            rp[j].url = f->paths[k];
+            at[j++] = k;
+        }
+    char err[NPYL_ERRMSG_LEN - 128];
+    size_t bad = 0;
+    int rc = npyl_remote_probe_all(L->remote, rp, nr, want_tail, &bad, err, sizeof err);
+    for (size_t j = 0; j < nr; j++)
+        all[at[j]] = rp[j];
+    free(rp);
+    free(at);
+    if (rc) {
+        for (size_t k = 0; k < f->npaths; k++)
+            npyl_remote_probe_free(&all[k]);
+        free(all);
+        return npyl_loader_fail(L, rc, "field '%s': %s", f->name, err);
+    }
+    *out = all;
+    return 0;
+}
+
+static void probes_free(npyl_remote_probe *p, size_t n)
+{
+    for (size_t k = 0; p && k < n; k++)
+        npyl_remote_probe_free(&p[k]);
+    free(p);
+}
+
+static int load_files(npyload_loader *L, npyl_field *f, const npyl_remote_probe *probes,
+                      size_t *io_next, int64_t *samples);
+
 /* Reads the headers of field f's files, checks they agree, and records the
  * files in the io table. *io_next is the next free io_files index; *samples
  * receives the field's total. */
 static int load_field(npyload_loader *L, npyl_field *f, size_t *io_next, int64_t *samples)
 {
-    char err[NPYL_ERRMSG_LEN];
     f->files = calloc(f->npaths, sizeof *f->files);
     if (!f->files)
         return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    npyl_remote_probe *probes = NULL;
+    int prc = probe_field(L, f, &probes);
+    if (prc)
+        return prc;
+    int rc = load_files(L, f, probes, io_next, samples);
+    probes_free(probes, f->npaths);
+    return rc;
+}
+
+/* load_field's loop over the files, with the remote ones probed. */
+static int load_files(npyload_loader *L, npyl_field *f, const npyl_remote_probe *probes,
+                      size_t *io_next, int64_t *samples)
+{
+    char err[NPYL_ERRMSG_LEN];
     int64_t total = 0;
     for (size_t k = 0; k < f->npaths; k++) {
         const char *path = f->paths[k];
+        const npyl_remote_probe *rp = probes && probes[k].url ? &probes[k] : NULL;
         npyload_header h;
         npyl_zst_index *zst = NULL;
         npyl_zst_narrow *nx = NULL;
-        int rc = read_any_header(path, &h, &zst, &nx, err, sizeof err);
+        int rc = rp ? read_remote_header(L->remote, rp, &h, &zst, &nx, err, sizeof err)
+                    : read_any_header(path, &h, &zst, &nx, err, sizeof err);
         if (rc)
             return npyl_loader_fail(L, rc, "field '%s': %s", f->name, err);
         f->files[k].zst = zst; /* freed with the file table from here on */
@@ -269,10 +453,17 @@ static int load_field(npyload_loader *L, npyl_field *f, size_t *io_next, int64_t
             }
         }
         npyl_file_info *fi = &L->io_files[*io_next];
-        rc = npyl_io_stat(path, fi);
-        if (rc)
+        if (rp) {
+            /* Never opened by lib/io: read through lib/remote. */
+            *fi = (npyl_file_info){.path = path, .size = rp->size};
+            npyl_remote_obj *o = &L->robjs[*io_next];
+            o->url = path;
+            o->size = rp->size;
+            snprintf(o->etag, sizeof o->etag, "%s", rp->etag);
+        } else if ((rc = npyl_io_stat(path, fi))) {
             return npyl_loader_fail(L, rc, "field '%s': %s: %s", f->name, path,
                                     npyload_strerror(rc));
+        }
         fi->path = path;
         f->files[k].io_index = (uint32_t)*io_next;
         f->files[k].first = total;
@@ -339,6 +530,17 @@ static int check_packed_twins(npyload_loader *L, const npyl_field *f)
         if (!stem) {
             rc = npyl_loader_fail(L, -ENOMEM, "out of memory");
             break;
+        }
+        if (npyl_remote_is_url(zp)) {
+            /* Remote: the same URL without ".zst" in the field. */
+            for (size_t j = 0; j < f->npaths && rc == 0; j++)
+                if (strcmp(f->paths[j], stem) == 0)
+                    rc = npyl_loader_fail(L, NPYLOAD_EINVAL,
+                                          "field '%s' holds both %s and %s: the same samples "
+                                          "unpacked and packed, so every one would be "
+                                          "delivered twice; keep one form",
+                                          f->name, f->paths[j], zp);
+            continue;
         }
         struct stat st;
         if (stat(stem, &st) != 0)
@@ -436,6 +638,13 @@ int npyl_load_fields(npyload_loader *L)
     L->io_files = calloc(nfiles, sizeof *L->io_files);
     if (!L->io_files)
         return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    for (size_t i = 0; i < L->nfields && !L->robjs; i++)
+        for (size_t k = 0; k < L->fields[i].npaths; k++)
+            if (npyl_remote_is_url(L->fields[i].paths[k])) {
+                if (!(L->robjs = calloc(nfiles, sizeof *L->robjs)))
+                    return npyl_loader_fail(L, -ENOMEM, "out of memory");
+                break;
+            }
     size_t io_next = 0;
     int64_t n0 = 0, n = 0;
     for (size_t i = 0; i < L->nfields; i++) {

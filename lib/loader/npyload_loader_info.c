@@ -81,6 +81,7 @@ int npyload_get_build_info(npyload_build_info *dst, size_t size)
     }
 
     bi.f16c_used = npyl_transform_f16c(&bi.f16c_compiled);
+    bi.remote_compiled = npyl_remote_built(bi.remote_version, sizeof bi.remote_version);
 
     bi.default_num_workers = DEFAULT_WORKERS;
     bi.default_prefetch = npyload_default_prefetch(0);
@@ -165,6 +166,8 @@ size_t npyload_build_info_text(const npyload_build_info *bi, char *buf, size_t l
             bi->transform_kernels_why, bi->nvrtc_why);
     else
         put(buf, len, &at, "device transforms: unavailable: %s\n", bi->transform_kernels_why);
+    put(buf, len, &at, "remote shards:     %s%s\n",
+        bi->remote_compiled ? "s3:// and https:// with " : "", bi->remote_version);
     if (!bi->f16c_compiled)
         put(buf, len, &at, "CPU features:      F16C not compiled in (portable float16 "
             "conversion)\n");

@@ -42,6 +42,7 @@
 #include "../cuda/npyload_cuda_transform.h"
 #include "../io/npyload_io.h"
 #include "../order/npyload_order.h"
+#include "../remote/npyload_remote.h"
 #include "../zst/npyload_zst.h"
 #include "../transform/npyload_transform.h"
 #include "npyload_loader_device.h"
@@ -90,6 +91,12 @@ struct npyload_loader {
     uint64_t epoch;           /* the first epoch (set_epoch before start) */
     npyl_field *fields;
     size_t nfields, cap_fields;
+    /* Remote paths: the client (set_remote, or made with the defaults by
+     * the first http(s):// field), whether set_remote configured it, and
+     * whether a remote field was added (then set_remote is refused). Freed
+     * (its secret wiped) by destroy. */
+    npyl_remote *remote;
+    int remote_set, remote_used;
 
     /* Known after start (setup fills them; freed by free_started): */
     int started;
@@ -97,6 +104,8 @@ struct npyload_loader {
     unsigned queue_depth;     /* resolved QUEUE_DEPTH */
     npyl_file_info *io_files; /* every file of every field */
     size_t nio_files;
+    npyl_remote_obj *robjs;   /* per io file: its remote object (url NULL:
+                                 local); NULL when no file is remote */
     int64_t n;                /* samples per field */
     int64_t slot_rows;        /* rows a slot holds: min(BATCH_SIZE, the
                                  most samples a rank gets per epoch) */

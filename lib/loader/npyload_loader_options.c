@@ -181,6 +181,42 @@ int npyload_loader_set_path(npyload_loader *L, npyload_path_option which,
     return 0;
 }
 
+int npyload_loader_set_remote(npyload_loader *L, const npyload_remote *cfg, size_t size)
+{
+    if (!L)
+        return NPYLOAD_EINVAL;
+    int frc = npyl_loader_forked(L);
+    if (frc)
+        return frc;
+    if (L->started)
+        return npyl_loader_fail(L, NPYLOAD_ESTATE, "the remote configuration cannot change "
+                                "after start");
+    if (L->remote_used)
+        return npyl_loader_fail(L, NPYLOAD_ESTATE, "the remote configuration must be set "
+                                "before the fields with remote paths are added");
+    npyload_remote mine;
+    if (cfg) {
+        int rc = npyl_sized_in(&mine, sizeof mine, cfg, size,
+                               NPYL_SIZE_THROUGH(npyload_remote, retry_base_ms));
+        if (rc)
+            return npyl_loader_fail(L, rc, rc == NPYLOAD_EINVAL
+                                    ? "npyload_loader_set_remote: size %zu is below the "
+                                      "first layout of npyload_remote"
+                                    : "npyload_loader_set_remote: a member this library "
+                                      "does not know is set (size %zu)", size);
+    }
+    npyl_remote *r = NULL;
+    char err[NPYL_ERRMSG_LEN - 64];
+    int rc = npyl_remote_create(&r, cfg ? &mine : NULL, err, sizeof err);
+    if (rc)
+        return npyl_loader_fail(L, rc, "%s", err);
+    npyl_remote_destroy(L->remote);
+    L->remote = r;
+    L->remote_set = 1;
+    L->errmsg[0] = 0;
+    return 0;
+}
+
 int npyload_loader_get(const npyload_loader *L, npyload_option opt, int64_t *value)
 {
     if (!L || !value || !opt_name(opt))

@@ -60,6 +60,64 @@ static const npyl_ffile *find_file(const npyl_field *f, int64_t s)
     return &f->files[lo];
 }
 
+/* Reads a round's n requests: those of local files through io (lib/io),
+ * those of remote objects through rm (lib/remote), with npyl_io_read's
+ * contract for the whole (*bad indexes reqs). */
+static int read_reqs(const npyl_read_view *v, npyl_io *io, npyl_remote_ctx *rm,
+                     npyl_rsplit *sp, const npyl_io_req *reqs, size_t n, size_t *bad,
+                     uint64_t *got, char *err, size_t errlen)
+{
+    if (!v->robjs)
+        return npyl_io_read(io, reqs, n, bad, got, err, errlen);
+    if (n > sp->cap) {
+        size_t cap = n * 2;
+        npyl_io_req *loc = realloc(sp->loc, cap * sizeof *loc);
+        if (loc)
+            sp->loc = loc;
+        size_t *li = realloc(sp->loc_idx, cap * sizeof *li);
+        if (li)
+            sp->loc_idx = li;
+        npyl_remote_req *rem = realloc(sp->rem, cap * sizeof *rem);
+        if (rem)
+            sp->rem = rem;
+        size_t *ri = realloc(sp->rem_idx, cap * sizeof *ri);
+        if (ri)
+            sp->rem_idx = ri;
+        if (!loc || !li || !rem || !ri)
+            return npyl_fail(err, errlen, -ENOMEM, "out of memory");
+        sp->cap = cap;
+    }
+    size_t nl = 0, nr = 0, b = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (v->robjs[reqs[i].file].url) {
+            sp->rem[nr] = (npyl_remote_req){reqs[i].file, reqs[i].offset, reqs[i].len,
+                                            reqs[i].dst};
+            sp->rem_idx[nr++] = i;
+        } else {
+            sp->loc[nl] = reqs[i];
+            sp->loc_idx[nl++] = i;
+        }
+    }
+    int rc = nl ? npyl_io_read(io, sp->loc, nl, &b, got, err, errlen) : 0;
+    if (rc) {
+        *bad = sp->loc_idx[b];
+        return rc;
+    }
+    rc = nr ? npyl_remote_read(rm, sp->rem, nr, &b, got, err, errlen) : 0;
+    if (rc)
+        *bad = sp->rem_idx[b];
+    return rc;
+}
+
+static void rsplit_fini(npyl_rsplit *sp)
+{
+    free(sp->loc);
+    free(sp->loc_idx);
+    free(sp->rem);
+    free(sp->rem_idx);
+    memset(sp, 0, sizeof *sp);
+}
+
 /* Request q: `rows` consecutive samples of field f from global sample s on,
  * all in file ff, landing at dst. A stored narrowed file's rows are codes,
  * one byte per value: they land at the end of the rows' place (*rff = ff)
@@ -393,8 +451,8 @@ static int read_rounds(const npyl_read_view *v, npyl_read_ctx *c, npyl_read_buf 
         plan_round(v, b);
         size_t bad = 0;
         uint64_t got = 0;
-        int rc = npyl_io_read(c->io, b->reqs, b->nreq, &bad, &got, c->errmsg,
-                              sizeof c->errmsg);
+        int rc = read_reqs(v, c->io, c->rm, &c->split, b->reqs, b->nreq, &bad, &got,
+                           c->errmsg, sizeof c->errmsg);
         rc = finish_round(v, c, b, rc, bad, got, dst, bytes, zs);
         if (rc)
             return rc;
@@ -429,7 +487,9 @@ static int read_row(const npyl_read_view *v, npyl_read_ctx *c, int64_t s, size_t
                 dst[fi] + (uint64_t)at * f->stage_row_bytes);
         n++;
     }
-    int rc = n ? npyl_io_read(c->io, b->reqs, n, &bad, bytes, c->errmsg, sizeof c->errmsg) : 0;
+    int rc = n ? read_reqs(v, c->io, c->rm, &c->split, b->reqs, n, &bad, bytes, c->errmsg,
+                           sizeof c->errmsg)
+               : 0;
     if (rc == 0)
         rc = expand_raw(v, c, b->reqs, b->rff, n);
     for (size_t fi = 0; rc == 0 && fi < v->nfields; fi++) {
@@ -444,7 +504,8 @@ static int read_row(const npyl_read_view *v, npyl_read_ctx *c, int64_t s, size_t
         uint64_t coff = ff->zst->coff[z.frame], csz = ff->zst->coff[z.frame + 1] - coff;
         uint64_t p = place(v, 0, coff);
         npyl_io_req q = {.file = z.file, .offset = coff, .len = csz, .dst = b->zsrc + p};
-        rc = npyl_io_read(c->io, &q, 1, &bad, &got, c->errmsg, sizeof c->errmsg);
+        rc = read_reqs(v, c->io, c->rm, &c->split, &q, 1, &bad, &got, c->errmsg,
+                       sizeof c->errmsg);
         if (rc) {
             name_frame(c, &z);
             break;
@@ -544,6 +605,9 @@ struct npyl_ahead {
     int started, quit;    /* [mu] quit */
     int state;            /* [mu] AHEAD_* */
     npyl_io *io;          /* the thread's own context */
+    npyl_remote_ctx *rm;  /* and its remote one (NULL: no remote file) */
+    npyl_rsplit split;
+    const npyl_read_view *v;
     _Atomic uint64_t cpu_ns; /* the thread's CPU time, per round */
     _Atomic uint64_t blocked_ns; /* its off-CPU time in the rounds */
     const npyl_io_req *reqs; /* [mu] the queued round */
@@ -568,7 +632,8 @@ static void *ahead_main(void *arg)
         pthread_mutex_unlock(&a->mu);
         uint64_t got = 0, cpu = npyl_thread_cpu_ns();
         npyl_span span = npyl_span_begin();
-        int rc = npyl_io_read(a->io, reqs, n, &bad, &got, a->errmsg, sizeof a->errmsg);
+        int rc = read_reqs(a->v, a->io, a->rm, &a->split, reqs, n, &bad, &got, a->errmsg,
+                           sizeof a->errmsg);
         atomic_fetch_add(&a->blocked_ns, npyl_blocked_since(span));
         npyl_count_cpu(&a->cpu_ns, &cpu);
         pthread_mutex_lock(&a->mu);
@@ -582,7 +647,8 @@ static void *ahead_main(void *arg)
     return NULL;
 }
 
-static int ahead_start(npyl_read_ctx *c, const npyl_io_config *cfg, char *err, size_t errlen)
+static int ahead_start(npyl_read_ctx *c, const npyl_read_view *v, const npyl_io_config *cfg,
+                       char *err, size_t errlen)
 {
     struct npyl_ahead *a = calloc(1, sizeof *a);
     if (!a)
@@ -590,7 +656,10 @@ static int ahead_start(npyl_read_ctx *c, const npyl_io_config *cfg, char *err, s
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
     c->ahead = a;
+    a->v = v;
     int rc = npyl_io_create(&a->io, cfg, err, errlen);
+    if (rc == 0 && v->robjs)
+        rc = npyl_remote_ctx_create(&a->rm, v->remote, v->robjs, cfg->nfiles, err, errlen);
     if (rc)
         return rc;
     rc = pthread_create(&a->thread, NULL, ahead_main, a);
@@ -613,6 +682,8 @@ static void ahead_stop(struct npyl_ahead *a)
         pthread_join(a->thread, NULL);
     }
     npyl_io_destroy(a->io);
+    npyl_remote_ctx_destroy(a->rm);
+    rsplit_fini(&a->split);
     pthread_mutex_destroy(&a->mu);
     pthread_cond_destroy(&a->cv);
     free(a);
@@ -629,8 +700,8 @@ void npyl_read_begin(const npyl_read_view *v, npyl_read_ctx *c, const int64_t *i
          * scheduling delay when every core is busy decoding. */
         b->bad = 0;
         b->got = 0;
-        b->rc = npyl_io_read(c->io, b->reqs, b->nreq, &b->bad, &b->got, c->errmsg,
-                             sizeof c->errmsg);
+        b->rc = read_reqs(v, c->io, c->rm, &c->split, b->reqs, b->nreq, &b->bad, &b->got,
+                          c->errmsg, sizeof c->errmsg);
         c->cur ^= 1;
         c->read_here = 1;
         return;
@@ -722,6 +793,8 @@ int npyl_read_ctx_init(npyl_read_ctx *c, const npyl_read_view *v, const npyl_io_
                        size_t errlen)
 {
     int rc = npyl_io_create(&c->io, cfg, err, errlen);
+    if (rc == 0 && v->robjs)
+        rc = npyl_remote_ctx_create(&c->rm, v->remote, v->robjs, cfg->nfiles, err, errlen);
     if (rc)
         return rc;
     /* Rows a batch can hold here (min(BATCH_SIZE, the rank's share)), as
@@ -745,7 +818,7 @@ int npyl_read_ctx_init(npyl_read_ctx *c, const npyl_read_view *v, const npyl_io_
             return npyl_fail(err, errlen, -ENOMEM, "out of memory for the .npy.zst "
                              "decoder (%zu bytes per worker)", c->zdst_cap);
     }
-    return ahead ? ahead_start(c, cfg, err, errlen) : 0;
+    return ahead ? ahead_start(c, v, cfg, err, errlen) : 0;
 }
 
 void npyl_read_ctx_fini(npyl_read_ctx *c)
@@ -754,6 +827,9 @@ void npyl_read_ctx_fini(npyl_read_ctx *c)
     c->ahead = NULL;
     npyl_io_destroy(c->io);
     c->io = NULL;
+    npyl_remote_ctx_destroy(c->rm);
+    c->rm = NULL;
+    rsplit_fini(&c->split);
     buf_fini(&c->buf[0]);
     buf_fini(&c->buf[1]);
     npyl_zst_dctx_free(c->dctx);

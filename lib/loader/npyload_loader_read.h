@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 
+#include "../remote/npyload_remote.h"
 #include "npyload_loader_field.h"
 
 /* The last failure behind a skipped sample (npyload_loader_last_skip_error),
@@ -28,6 +29,10 @@ typedef struct npyl_read_view {
     const npyl_field *fields;
     size_t nfields;
     const npyl_file_info *io_files;
+    /* Remote files (s3://, https://): per io file its object (url NULL:
+     * a local file), and the client; both NULL when no file is remote. */
+    const npyl_remote_obj *robjs;
+    npyl_remote *remote;
     int direct_io;        /* DIRECT_IO: frames placed for O_DIRECT */
     int skip_errors;      /* ON_ERROR == skip */
     int64_t max_errors;   /* MAX_ERRORS (0: no limit) */
@@ -58,12 +63,24 @@ typedef struct npyl_read_buf {
 
 struct npyl_ahead;        /* the read-ahead thread (npyload_loader_read.c) */
 
+/* A round's requests split by where they go: local files (lib/io) and
+ * remote objects (lib/remote), with each one's index in the round. */
+typedef struct npyl_rsplit {
+    npyl_io_req *loc;
+    size_t *loc_idx;
+    npyl_remote_req *rem;
+    size_t *rem_idx;
+    size_t cap;
+} npyl_rsplit;
+
 /* One worker's reading state: its io context (descriptors, ring), its two
  * batch buffers, the .npy.zst decoder and window, the read-ahead thread
  * with its own io context when read-ahead is on, and the message of its
  * last failure. */
 typedef struct npyl_read_ctx {
     npyl_io *io;
+    npyl_remote_ctx *rm;  /* remote files: this thread's HTTP context */
+    npyl_rsplit split;
     npyl_read_buf buf[2];
     unsigned cur;         /* the buffer npyl_read_batch / _end use */
     ZSTD_DCtx *dctx;      /* reused for every frame */
@@ -82,7 +99,8 @@ typedef struct npyl_zst_sizes {
     uint32_t max_csize, max_multi_dsize;
 } npyl_zst_sizes;
 
-/* Creates c's io context from cfg and its buffers for batches of up to
+/* Creates c's io context from cfg (and its remote context when v has
+ * remote files) and its buffers for batches of up to
  * `rows` rows; ahead: also the read-ahead thread, with an io context of its
  * own (same cfg) and the second set of buffers. Returns 0, or the error
  * with the message in err (the io layer's own message for an io failure,

@@ -577,6 +577,8 @@ static int fill_read_view(npyload_loader *L)
         .fields = L->fields,
         .nfields = L->nfields,
         .io_files = L->io_files,
+        .robjs = L->robjs,
+        .remote = L->robjs ? L->remote : NULL,
         .direct_io = (int)L->opt[NPYLOAD_OPT_DIRECT_IO],
         .skip_errors = L->opt[NPYLOAD_OPT_ON_ERROR] == 1,
         .max_errors = L->opt[NPYLOAD_OPT_MAX_ERRORS],

@@ -123,12 +123,13 @@ NPYL_HIDDEN int npyl_zst_narrow_parse(const unsigned char *p, size_t n, const ch
 /* The trailer (frame, length, tag) of s's table, malloc'd into *out. */
 NPYL_HIDDEN int npyl_zst_store_trailer(const npyl_zst_narrow_scan *s, const char *descr,
                                        unsigned char **out, size_t *out_len);
-/* A '|u1' .npy whose data ends at data_end in a file of file_bytes: when
+/* A '|u1' .npy whose data ends at data_end in a file of file_bytes (read
+ * through rd): when
  * it ends with the stored form's trailer, *out gets its table (malloc'd);
  * else 0 and *out NULL. NPYLOAD_EFORMAT for a damaged trailer or table. */
-NPYL_HIDDEN int npyl_zst_store_probe(int fd, const char *name, uint64_t file_bytes,
-                                     uint64_t data_end, npyl_zst_narrow **out, char *err,
-                                     size_t errlen);
+NPYL_HIDDEN int npyl_zst_store_probe(npyl_zst_read_fn rd, void *ctx, const char *name,
+                                     uint64_t file_bytes, uint64_t data_end,
+                                     npyl_zst_narrow **out, char *err, size_t errlen);
 /* dst[i] = the value of codes[i], for n codes; dst may hold the codes in
  * its last n bytes (expanded in place). -1 when a code is not in the
  * table (the values written for it are unspecified). */

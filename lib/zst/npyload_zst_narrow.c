@@ -159,13 +159,13 @@ int npyl_zst_store_trailer(const npyl_zst_narrow_scan *s, const char *descr,
     return 0;
 }
 
-int npyl_zst_store_probe(int fd, const char *name, uint64_t file_bytes, uint64_t data_end,
-                         npyl_zst_narrow **out, char *err, size_t errlen)
+int npyl_zst_store_probe(npyl_zst_read_fn rd, void *ctx, const char *name, uint64_t file_bytes,
+                         uint64_t data_end, npyl_zst_narrow **out, char *err, size_t errlen)
 {
     *out = NULL;
     unsigned char tail[NPYL_ZST_STORE_TAIL_BYTES];
     if (file_bytes < data_end + NPYL_ZST_STORE_TAIL_BYTES ||
-        pread(fd, tail, sizeof tail, (off_t)(file_bytes - sizeof tail)) != (ssize_t)sizeof tail ||
+        rd(ctx, tail, sizeof tail, file_bytes - sizeof tail) != 0 ||
         memcmp(tail + 4, NPYL_ZST_STORE_TAG, 8) != 0)
         return 0; /* not a stored narrowed file: bytes after the data, as before */
     uint32_t n = rd32(tail);
@@ -176,7 +176,7 @@ int npyl_zst_store_probe(int fd, const char *name, uint64_t file_bytes, uint64_t
                          "end the %" PRIu64 " bytes after the codes (a damaged file)", name, n,
                          file_bytes - data_end);
     unsigned char p[NPYL_ZST_NARROW_FRAME_MAX];
-    if (pread(fd, p, n, (off_t)data_end) != (ssize_t)n)
+    if (rd(ctx, p, n, data_end) != 0)
         return npyl_fail(err, errlen, NPYLOAD_ETRUNCATED, "%s: cannot read the value table "
                          "(%" PRIu32 " bytes at byte %" PRIu64 ")", name, n, data_end);
     return npyl_zst_narrow_parse(p, n, name, out, err, errlen);

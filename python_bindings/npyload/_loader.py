@@ -34,6 +34,7 @@ from ._options import _parse_device
 from ._options import _parse_shuffle
 from ._torch import _torch_or_none
 from ._batch import _wrap_raw
+from . import _remote
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -419,6 +420,26 @@ class Loader(Generic[_B]):
     transform_workers : int >= 1
         Threads running ``fn`` (default 1); above 1 only with ``transform=``.
         See "Per-batch hook" below.
+    remote : mapping or None
+        For ``s3://bucket/prefix/*.npy[.zst]`` globs and lists, and
+        ``https://`` lists: ``endpoint``, ``region``, ``access_key``,
+        ``secret_key``, ``session_token``, ``profile``, ``path_style``
+        ('auto', 'path', 'virtual'), ``anonymous`` (unsigned requests),
+        ``cache_dir``, ``cache_bytes``, ``cache_block``, ``timeout`` and
+        ``connect_timeout`` (seconds per request attempt), ``retries``,
+        ``retry_base`` (seconds), ``max_inflight`` (requests in flight per
+        reading thread), ``ca_file``, ``proxy``. What it leaves out comes
+        from the AWS environment (``AWS_ENDPOINT_URL_S3`` /
+        ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
+        ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION`` /
+        ``AWS_DEFAULT_REGION``, ``AWS_PROFILE``) and ``~/.aws/config`` and
+        ``credentials``, as boto3 reads them. Batches, order, resume,
+        transforms and errors are those of local files; reads are ranged
+        GETs retried on transient failures, an object that changed since
+        start raises naming its URL. With ``cache_dir``, fetched blocks are
+        kept on local disk (at most ``cache_bytes``, default 10 GiB) and
+        later epochs read them from there; ranks of a node may share it.
+        Secrets never appear in messages, ``stats()`` or ``state_dict()``.
 
     Per-batch hook (``transform=fn``): one thread per loader calls ``fn`` on
     each batch (a ``Batch`` or ``BatchTuple``) and queues the result; at most
@@ -575,7 +596,8 @@ class Loader(Generic[_B]):
                  max_errors: int | None = None,
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: Literal[False] = False, transform: None = None,
-                 read_ahead: bool = True, transform_workers: int = 1) -> None: ...
+                 read_ahead: bool = True, transform_workers: int = 1,
+                 remote: Mapping[str, Any] | None = None) -> None: ...
     @overload
     def __init__(self: Loader[BatchTuple], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -587,7 +609,8 @@ class Loader(Generic[_B]):
                  max_errors: int | None = None,
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: Literal[True] = ..., transform: None = None,
-                 read_ahead: bool = True, transform_workers: int = 1) -> None: ...
+                 read_ahead: bool = True, transform_workers: int = 1,
+                 remote: Mapping[str, Any] | None = None) -> None: ...
     @overload
     def __init__(self: Loader[_T], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -599,7 +622,8 @@ class Loader(Generic[_B]):
                  max_errors: int | None = None,
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: Literal[False] = False, transform: Callable[[Batch], _T] = ...,
-                 read_ahead: bool = True, transform_workers: int = 1) -> None: ...
+                 read_ahead: bool = True, transform_workers: int = 1,
+                 remote: Mapping[str, Any] | None = None) -> None: ...
     @overload
     def __init__(self: Loader[_T], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -611,7 +635,8 @@ class Loader(Generic[_B]):
                  max_errors: int | None = None,
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: Literal[True] = ..., transform: Callable[[BatchTuple], _T] = ...,
-                 read_ahead: bool = True, transform_workers: int = 1) -> None: ...
+                 read_ahead: bool = True, transform_workers: int = 1,
+                 remote: Mapping[str, Any] | None = None) -> None: ...
     @overload
     def __init__(self: Loader[Any], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -623,7 +648,8 @@ class Loader(Generic[_B]):
                  max_errors: int | None = None,
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
-                 read_ahead: bool = True, transform_workers: int = 1) -> None: ...
+                 read_ahead: bool = True, transform_workers: int = 1,
+                 remote: Mapping[str, Any] | None = None) -> None: ...
     def __init__(self, fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
@@ -634,12 +660,15 @@ class Loader(Generic[_B]):
                  max_errors: int | None = None,
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
-                 read_ahead: bool = True, transform_workers: int = 1) -> None:
+                 read_ahead: bool = True, transform_workers: int = 1,
+                 remote: Mapping[str, Any] | None = None) -> None:
         self._c: Any = None     # the started C loader: None until the first iter()
         self._closed = False
         self._pipe: _HookPipe | None = None
         self._in_use = _InUse()
         specs = _field_specs(fields)
+        self._remote = _remote.build(
+            remote, [p for _, g, ps in specs for p in ([g] if g is not None else ps or [])])
         batch_size, seed, num_workers, prefetch, window, max_errors = _check_counts(
             batch_size, seed, num_workers, prefetch, window, max_errors, transform)
         shuffle_mode, dev, pin_memory = _check_choices(
@@ -1023,6 +1052,8 @@ class Loader(Generic[_B]):
         if opts[_npyload.OPT_DEVICE] >= 0:
             c._set_stream_joiner(_join_streams)
         try:
+            if self._remote is not None:
+                c.set_remote(self._remote)
             for name, glob, paths in self._specs:
                 if paths is None:
                     assert glob is not None  # _field_specs gives one of the two

@@ -71,6 +71,15 @@ class LoaderStats(TypedDict):
     num_workers: int
     read_blocked_ns: int
     verdict: str
+    remote_bytes: int
+    remote_requests: int
+    remote_retries: int
+    remote_wait_ns: int
+    cache_hits: int
+    cache_misses: int
+    cache_read_bytes: int
+    cache_write_bytes: int
+    cache_evictions: int
     # Added by npyload.Loader.stats() (not the extension's Loader):
     hook_ns: NotRequired[int]
     transform_workers: NotRequired[int]
@@ -147,6 +156,8 @@ class BuildInfo(TypedDict):
     nvrtc_version: str
     nvrtc_path: str
     nvrtc_why: str
+    remote_compiled: bool
+    remote_version: str
     # Added by npyload.build_info() (not the extension's build_info):
     python: NotRequired[str]
     numpy: NotRequired[str | None]
@@ -288,6 +299,7 @@ class Loader:
         /,
     ) -> None: ...
     def get(self, option: int, /) -> int: ...
+    def set_remote(self, config: Mapping[str, str | int | None], /) -> None: ...
     def start(self) -> None: ...
     def set_epoch(self, epoch: int, /) -> None: ...
     def next(self) -> Batch | None: ...
@@ -350,3 +362,4 @@ ENOURING: int
 ECHANGED: int
 EHELD: int
 EFORKED: int
+EREMOTE: int

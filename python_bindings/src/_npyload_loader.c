@@ -492,7 +492,7 @@ static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *args, PyObject *
     PyObject *last_s = npyloadpy_str(last);
     if (!last_s)
         return NULL;
-    return Py_BuildValue(
+    PyObject *d = Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:s,s:O,s:O,s:i,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N,s:K,s:K,s:K,s:K,s:K,s:K,"
         "s:K,s:K,s:K,s:K,s:K,s:s}",
         "bytes_read", (unsigned long long)s.bytes_read,
@@ -527,6 +527,25 @@ static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *args, PyObject *
         "num_workers", (unsigned long long)s.num_workers,
         "read_blocked_ns", (unsigned long long)s.read_blocked_ns,
         "verdict", verdict);
+    const struct {
+        const char *name;
+        uint64_t v;
+    } more[] = {{"remote_bytes", s.remote_bytes},
+                {"remote_requests", s.remote_requests},
+                {"remote_retries", s.remote_retries},
+                {"remote_wait_ns", s.remote_wait_ns},
+                {"cache_hits", s.cache_hits},
+                {"cache_misses", s.cache_misses},
+                {"cache_read_bytes", s.cache_read_bytes},
+                {"cache_write_bytes", s.cache_write_bytes},
+                {"cache_evictions", s.cache_evictions}};
+    for (size_t i = 0; d && i < sizeof more / sizeof more[0]; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)more[i].v);
+        if (!v || PyDict_SetItemString(d, more[i].name, v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    return d;
 }
 
 static PyObject *loader_set_stream_joiner(NpyloadPy_Loader *self, PyObject *fn)
@@ -660,6 +679,80 @@ static PyObject *loader_set_path(NpyloadPy_Loader *self, PyObject *args)
     return ret;
 }
 
+/* set_remote({name: value}): the npyload_remote members by their C names
+ * (npyload._remote builds the mapping: arguments, the AWS environment and
+ * ~/.aws, units converted). Strings are str or None, numbers int. The
+ * secret crosses as a bytes copy that is wiped after the call. */
+static PyObject *loader_set_remote(NpyloadPy_Loader *self, PyObject *d)
+{
+    if (!PyDict_Check(d)) {
+        PyErr_SetString(PyExc_TypeError, "set_remote expects a dict");
+        return NULL;
+    }
+    static const char *strs[] = {"endpoint", "region", "access_key", "secret_key",
+                                 "session_token", "cache_dir", "ca_file", "proxy"};
+    static const char *ints[] = {"path_style", "retries", "timeout_ms", "connect_timeout_ms",
+                                 "max_inflight", "cache_bytes", "cache_block",
+                                 "list_max_keys", "retry_base_ms"};
+    PyObject *b[8] = {NULL};
+    const char *sv[8] = {NULL};
+    long long iv[9] = {0};
+    PyObject *ret = NULL, *key, *val;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(d, &pos, &key, &val)) {
+        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+        size_t i;
+        if (!k) {
+            PyErr_SetString(PyExc_TypeError, "set_remote: keys must be str");
+            goto out;
+        }
+        for (i = 0; i < 8 && strcmp(k, strs[i]) != 0; i++)
+            ;
+        if (i < 8) {
+            if (val == Py_None)
+                continue;
+            if (!PyUnicode_FSConverter(val, &b[i]))
+                goto out;
+            sv[i] = PyBytes_AS_STRING(b[i]);
+            continue;
+        }
+        for (i = 0; i < 9 && strcmp(k, ints[i]) != 0; i++)
+            ;
+        if (i == 9) {
+            PyErr_Format(PyExc_TypeError, "set_remote: unknown member %R", key);
+            goto out;
+        }
+        if (val == Py_None)
+            continue;
+        iv[i] = PyLong_AsLongLong(val);
+        if (iv[i] == -1 && PyErr_Occurred())
+            goto out;
+        if (iv[i] < INT32_MIN || (i != 2 && i != 3 && i != 5 && i != 6 && i != 7 && i != 8 &&
+                                  iv[i] > INT32_MAX)) {
+            PyErr_Format(PyExc_ValueError, "set_remote: %s out of range", ints[i]);
+            goto out;
+        }
+    }
+    npyload_remote r = {
+        .endpoint = sv[0], .region = sv[1], .access_key = sv[2], .secret_key = sv[3],
+        .session_token = sv[4], .cache_dir = sv[5], .ca_file = sv[6], .proxy = sv[7],
+        .path_style = (int)iv[0], .retries = (int)iv[1], .timeout_ms = iv[2],
+        .connect_timeout_ms = iv[3], .max_inflight = (int)iv[4], .cache_bytes = iv[5],
+        .cache_block = iv[6], .list_max_keys = iv[7], .retry_base_ms = iv[8]};
+    if (loader_enter(self, "set_remote()") == 0) {
+        int rc = npyload_loader_set_remote(self->L, &r, sizeof r);
+        ret = rc < 0 ? loader_error(self, rc) : none_ref();
+        loader_leave(self);
+    }
+out:
+    for (int i = 0; i < 8; i++) {
+        if (b[i] && (i == 3 || i == 4)) /* the secret and the token */
+            memset(PyBytes_AS_STRING(b[i]), 0, (size_t)PyBytes_GET_SIZE(b[i]));
+        Py_XDECREF(b[i]);
+    }
+    return ret;
+}
+
 PyDoc_STRVAR(option_ranges_doc,
 "option_ranges() -> {option: (lo, hi, default)}\n\n"
 "For every option of npyload_loader_set(): the smallest and the largest\n"
@@ -708,6 +801,8 @@ static PyMethodDef loader_methods[] = {
      "set_transform(field, dtype, scale, mean, std, channels_last): "
      "npyload_loader_set_transform (before start); dtype 0 keep, 1 float32, "
      "2 float16, 3 bfloat16; mean/std None or sequences of numbers."},
+    {"set_remote", (PyCFunction)loader_set_remote, METH_O,
+     "set_remote(config: dict) -> None: npyload_loader_set_remote()"},
     {"set_path", (PyCFunction)loader_set_path, METH_VARARGS,
      "set_path(which, path): npyload_loader_set_path (before start); which "
      "PATH_NVRTC or PATH_KERNEL_CACHE, '' for the default."},

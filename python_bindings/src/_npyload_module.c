@@ -424,7 +424,7 @@ static PyObject *mod_build_info(PyObject *self, PyObject *noargs)
         return npyloadpy_raise(rc, "npyload_get_build_info failed");
     return Py_BuildValue(
         "{s:N,s:O,s:O,s:N,s:N,s:N,s:N,s:O,s:i,s:N,s:N,s:N,s:N,s:N,s:O,s:N,s:N,"
-        "s:O,s:O,s:L,s:L,s:L,s:L,s:s,s:O,s:O,s:O,s:N,s:N,s:N}",
+        "s:O,s:O,s:L,s:L,s:L,s:L,s:s,s:O,s:O,s:O,s:N,s:N,s:N,s:O,s:N}",
         "version", npyloadpy_str(bi.version),
         "uring_compiled", bi.uring_compiled ? Py_True : Py_False,
         "uring_usable", bi.uring_usable ? Py_True : Py_False,
@@ -454,7 +454,9 @@ static PyObject *mod_build_info(PyObject *self, PyObject *noargs)
         "nvrtc_found", bi.nvrtc_found ? Py_True : Py_False,
         "nvrtc_version", cuda_version_str(bi.nvrtc_version),
         "nvrtc_path", npyloadpy_str(bi.nvrtc_path),
-        "nvrtc_why", npyloadpy_str(bi.nvrtc_why));
+        "nvrtc_why", npyloadpy_str(bi.nvrtc_why),
+        "remote_compiled", bi.remote_compiled ? Py_True : Py_False,
+        "remote_version", npyloadpy_str(bi.remote_version));
 }
 
 static PyObject *mod_build_info_text(PyObject *self, PyObject *noargs)

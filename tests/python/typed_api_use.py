@@ -151,7 +151,7 @@ def every_loader_argument(fields: Mapping[str, list[str]]) -> None:
         prefetch=2, device="cpu", rank=0, world_size=1, io="pread", output="numpy",
         copy=False, window=2, direct_io=False, pin_memory=False, align="names",
         on_error="skip", max_errors=None, transforms={"x": t}, as_tuple=False,
-        transform=None, read_ahead=True, transform_workers=1)
+        transform=None, read_ahead=True, transform_workers=1, remote=None)
     assert_type(loader, npyload.Loader[npyload.Batch])
     assert_type(len(loader), int)
     assert_type(loader.num_samples, int)
@@ -195,6 +195,8 @@ def every_loader_argument(fields: Mapping[str, list[str]]) -> None:
     assert_type(s["bytes_read"], int)
     assert_type(s["backend"], str)
     assert_type(s["pinned"], bool)
+    assert_type(s["remote_requests"], int)
+    assert s["remote_requests"] == 0 and s["cache_hits"] == 0
     assert s["batches_delivered"] >= 1 and s["backend"] == "pread" and s["samples_skipped"] == 0
 
     # Resume in a second loader (a dict from a checkpoint, like torch.load's).

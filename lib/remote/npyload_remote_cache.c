@@ -1,0 +1,342 @@
+/* The block cache in cache_dir: an object version (URL, ETag, size) is cut
+ * into blocks of cache_block bytes, each a plain file named
+ * KEY.BLOCK, where KEY is a 128-bit FNV-1a hash of the URL, the ETag, the
+ * size and the block size. A block enters the cache only whole: it is
+ * written to a temporary file (".tmp-PID-..."), synced, then renamed to its
+ * name, so a reader (another thread, another rank of the node, a later
+ * run) sees a complete block or none, and a crash leaves at most a
+ * temporary file, removed by the next eviction pass once its writer is
+ * dead. An object whose ETag changed has another KEY: a stale block is
+ * never looked up, and ages out.
+ *
+ * The bound: the cache's total size is kept in a record (npyload-cache.lock,
+ * 16 bytes: a tag and the total) updated under flock(LOCK_EX) around each
+ * rename, by every process that shares the directory. When a new block
+ * would pass the bound, the pass under the same lock lists the directory
+ * (which also corrects the record), and removes the least recently used
+ * blocks (oldest mtime: a hit refreshes it, at most every 10 s) until the
+ * total is at most 90 % of the bound with the new block. flock is per open
+ * file description, so this process's threads take a mutex first. Opening
+ * the cache runs one pass too (a crash's leftovers, the record's drift). */
+#include "npyload_remote_impl.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LOCK_NAME "npyload-cache.lock"
+#define RECORD_TAG "NPYLCAC1"
+
+struct npyl_cache {
+    char *dir;
+    uint64_t bound, block;
+    int lockfd;
+    pthread_mutex_t mu;       /* this process's threads, around the flock */
+    _Atomic uint64_t tmp_seq;
+};
+
+static uint64_t evict(npyl_cache *c, uint64_t incoming, uint64_t target, uint64_t *evicted);
+static void write_record(npyl_cache *c, uint64_t total);
+
+static int mkdirs(const char *dir)
+{
+    char buf[4096];
+    if (strlen(dir) >= sizeof buf)
+        return -ENAMETOOLONG;
+    strcpy(buf, dir);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+                return -errno;
+            *p = '/';
+        }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+        return -errno;
+    return 0;
+}
+
+int npyl_cache_open(npyl_cache **out, const char *dir, uint64_t bound, uint64_t block,
+                    char *err, size_t errlen)
+{
+    *out = NULL;
+    if (block < 4096 || block > (1ull << 30))
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL, "remote configuration: cache_block "
+                         "must be 4 KiB .. 1 GiB (%" PRIu64 " given)", block);
+    if (strlen(dir) > 3000)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL, "remote configuration: cache_dir is "
+                         "too long");
+    int rc = mkdirs(dir);
+    if (rc)
+        return npyl_fail(err, errlen, rc, "remote cache %s: cannot create it: %s", dir,
+                         npyload_strerror(rc));
+    npyl_cache *c = calloc(1, sizeof *c);
+    if (!c || !(c->dir = strdup(dir))) {
+        free(c);
+        return npyl_fail(err, errlen, -ENOMEM, "out of memory");
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/" LOCK_NAME, dir);
+    c->lockfd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (c->lockfd < 0) {
+        rc = -errno;
+        free(c->dir);
+        free(c);
+        return npyl_fail(err, errlen, rc, "remote cache %s: cannot open %s: %s", dir, path,
+                         npyload_strerror(rc));
+    }
+    c->bound = bound;
+    c->block = block;
+    pthread_mutex_init(&c->mu, NULL);
+    /* A pass at open: temporary files of writers that died (a crash) go,
+     * the size record is recomputed from the directory, and a bound lower
+     * than the last user's is enforced now. */
+    while (flock(c->lockfd, LOCK_EX) != 0 && errno == EINTR)
+        ;
+    uint64_t evicted = 0;
+    write_record(c, evict(c, 0, bound, &evicted));
+    flock(c->lockfd, LOCK_UN);
+    *out = c;
+    return 0;
+}
+
+void npyl_cache_close(npyl_cache *c)
+{
+    if (!c)
+        return;
+    close(c->lockfd);
+    pthread_mutex_destroy(&c->mu);
+    free(c->dir);
+    free(c);
+}
+
+uint64_t npyl_cache_block(const npyl_cache *c) { return c->block; }
+
+/* ---- keys ---------------------------------------------------------------------- */
+
+typedef unsigned __int128 u128;
+
+static u128 fnv(u128 h, const void *p, size_t n)
+{
+    const u128 prime = ((u128)0x0000000001000000ull << 64) | 0x000000000000013Bull;
+    const unsigned char *s = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= s[i];
+        h *= prime;
+    }
+    return h;
+}
+
+void npyl_cache_key(const npyl_cache *c, const char *url, const char *etag, uint64_t size,
+                    char key[33])
+{
+    u128 h = ((u128)0x6c62272e07bb0142ull << 64) | 0x62b821756295c58dull;
+    h = fnv(h, url, strlen(url) + 1);
+    h = fnv(h, etag, strlen(etag) + 1);
+    h = fnv(h, &size, sizeof size);
+    h = fnv(h, &c->block, sizeof c->block);
+    snprintf(key, 33, "%016" PRIx64 "%016" PRIx64, (uint64_t)(h >> 64), (uint64_t)h);
+}
+
+static void block_path(const npyl_cache *c, const char *key, uint64_t k, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/%s.%" PRIu64, c->dir, key, k);
+}
+
+/* ---- lookups ---------------------------------------------------------------------- */
+
+int npyl_cache_lookup(npyl_cache *c, const char *key, uint64_t k, uint64_t len)
+{
+    char path[4096];
+    block_path(c, key, k, path, sizeof path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != len) {
+        /* Not what a complete block of this version is: never served. */
+        close(fd);
+        return -1;
+    }
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    if (now.tv_sec - st.st_mtim.tv_sec > 10)
+        (void)futimens(fd, NULL); /* LRU age; an error only ages it */
+    return fd;
+}
+
+/* ---- fills ------------------------------------------------------------------------- */
+
+int npyl_cache_tmp(npyl_cache *c, const char *key, uint64_t k, char tmp[64])
+{
+    uint64_t seq = atomic_fetch_add(&c->tmp_seq, 1);
+    snprintf(tmp, 64, ".tmp-%ld-%" PRIu64 "-%.12s.%" PRIu64, (long)getpid(), seq, key, k);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", c->dir, tmp);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    return fd < 0 ? -errno : fd;
+}
+
+void npyl_cache_discard(npyl_cache *c, const char *tmp)
+{
+    if (!tmp || !tmp[0])
+        return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", c->dir, tmp);
+    unlink(path);
+}
+
+static int read_record(npyl_cache *c, uint64_t *total)
+{
+    unsigned char b[16];
+    if (pread(c->lockfd, b, sizeof b, 0) != (ssize_t)sizeof b || memcmp(b, RECORD_TAG, 8) != 0)
+        return -1;
+    memcpy(total, b + 8, 8);
+    return 0;
+}
+
+static void write_record(npyl_cache *c, uint64_t total)
+{
+    unsigned char b[16];
+    memcpy(b, RECORD_TAG, 8);
+    memcpy(b + 8, &total, 8);
+    (void)!pwrite(c->lockfd, b, sizeof b, 0);
+}
+
+typedef struct entry {
+    int64_t mtime_ns;
+    uint64_t size;
+    char name[64];
+} entry;
+
+static int by_age(const void *pa, const void *pb)
+{
+    const entry *a = pa, *b = pb;
+    if (a->mtime_ns != b->mtime_ns)
+        return a->mtime_ns < b->mtime_ns ? -1 : 1;
+    return strcmp(a->name, b->name);
+}
+
+/* A block file's name: 32 hex digits, '.', digits. */
+static int is_block(const char *n)
+{
+    for (int i = 0; i < 32; i++)
+        if (!((n[i] >= '0' && n[i] <= '9') || (n[i] >= 'a' && n[i] <= 'f')))
+            return 0;
+    if (n[32] != '.' || !n[33])
+        return 0;
+    for (const char *p = n + 33; *p; p++)
+        if (*p < '0' || *p > '9')
+            return 0;
+    return 1;
+}
+
+/* A temporary file whose writer is gone (its pid does not exist). */
+static int orphan_tmp(const char *n)
+{
+    if (strncmp(n, ".tmp-", 5) != 0)
+        return 0;
+    long pid = strtol(n + 5, NULL, 10);
+    return pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+/* Under the lock: lists the cache, removes orphaned temporary files and,
+ * oldest first, blocks until total + incoming <= target. Returns the
+ * total left; *evicted counts the blocks removed. */
+static uint64_t evict(npyl_cache *c, uint64_t incoming, uint64_t target, uint64_t *evicted)
+{
+    DIR *d = opendir(c->dir);
+    if (!d)
+        return 0;
+    entry *v = NULL;
+    size_t n = 0, cap = 0;
+    uint64_t total = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const char *name = de->d_name;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", c->dir, name);
+        if (orphan_tmp(name)) {
+            unlink(path);
+            continue;
+        }
+        if (strlen(name) >= sizeof v->name || !is_block(name))
+            continue;
+        struct stat st;
+        if (stat(path, &st) != 0)
+            continue;
+        if (n == cap) {
+            size_t nc = cap ? 2 * cap : 256;
+            entry *w = realloc(v, nc * sizeof *v);
+            if (!w)
+                break;
+            v = w;
+            cap = nc;
+        }
+        v[n].mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+        v[n].size = (uint64_t)st.st_size;
+        snprintf(v[n].name, sizeof v[n].name, "%s", name);
+        total += v[n].size;
+        n++;
+    }
+    closedir(d);
+    if (v)
+        qsort(v, n, sizeof *v, by_age);
+    for (size_t i = 0; i < n && total + incoming > target; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", c->dir, v[i].name);
+        if (unlink(path) == 0) {
+            total -= v[i].size;
+            (*evicted)++;
+        }
+    }
+    free(v);
+    return total;
+}
+
+int npyl_cache_commit(npyl_cache *c, const char *tmp, const char *key, uint64_t k,
+                      uint64_t len, uint64_t *evicted)
+{
+    *evicted = 0;
+    char from[4096], to[4096];
+    snprintf(from, sizeof from, "%s/%s", c->dir, tmp);
+    block_path(c, key, k, to, sizeof to);
+    if (len > c->bound) {
+        unlink(from);
+        return -1;
+    }
+    pthread_mutex_lock(&c->mu);
+    while (flock(c->lockfd, LOCK_EX) != 0 && errno == EINTR)
+        ;
+    int rc = 0;
+    struct stat st;
+    if (stat(to, &st) == 0) {
+        /* Another thread or rank fetched it meanwhile: the same bytes. */
+        unlink(from);
+        rc = -1;
+    } else {
+        uint64_t total;
+        if (read_record(c, &total) != 0 || total + len > c->bound)
+            total = evict(c, len, c->bound - c->bound / 10 > len ? c->bound - c->bound / 10
+                                                                  : len, evicted);
+        if (total + len > c->bound || rename(from, to) != 0) {
+            unlink(from);
+            rc = -1;
+        } else {
+            total += len;
+        }
+        write_record(c, total);
+    }
+    flock(c->lockfd, LOCK_UN);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}

@@ -1,0 +1,280 @@
+/* Globs over S3 listings: "s3://bucket/prefix/train_*.npy.zst" lists the
+ * keys under the pattern's literal prefix with ListObjectsV2 (page after
+ * page through continuation tokens; with delimiter '/' when the wildcards
+ * cannot cross a '/'), keeps those that fnmatch the pattern as glob(3)
+ * would (FNM_PATHNAME | FNM_PERIOD), and sorts them by strcmp, as local
+ * globs are. The XML is parsed by expat; so are the bodies of S3 errors. */
+#include "npyload_remote_impl.h"
+
+#include <errno.h>
+#include <expat.h>
+#include <fnmatch.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the XML of a listing, and of an error ---------------------------------- */
+
+typedef struct xml_state {
+    int depth;
+    char path[4][32];         /* element names at depths 1..4 */
+    char text[4096];          /* the text of the element open now */
+    size_t tlen;
+    /* a listing */
+    char **keys;
+    size_t nkeys, cap;
+    int truncated;
+    char token[1024];
+    int oom;
+    /* an error */
+    char code[96], message[200];
+} xml_state;
+
+static void on_start(void *ud, const XML_Char *name, const XML_Char **atts)
+{
+    xml_state *s = ud;
+    (void)atts;
+    s->depth++;
+    if (s->depth <= 4)
+        snprintf(s->path[s->depth - 1], sizeof s->path[0], "%s", name);
+    s->tlen = 0;
+    s->text[0] = 0;
+}
+
+static void on_text(void *ud, const XML_Char *t, int len)
+{
+    xml_state *s = ud;
+    size_t n = (size_t)len;
+    if (s->tlen + n >= sizeof s->text)
+        n = sizeof s->text - 1 - s->tlen;
+    memcpy(s->text + s->tlen, t, n);
+    s->tlen += n;
+    s->text[s->tlen] = 0;
+}
+
+static void on_end(void *ud, const XML_Char *name)
+{
+    xml_state *s = ud;
+    if (s->depth == 3 && strcmp(s->path[1], "Contents") == 0 && strcmp(name, "Key") == 0) {
+        if (s->nkeys == s->cap) {
+            size_t cap = s->cap ? 2 * s->cap : 256;
+            char **k = realloc(s->keys, cap * sizeof *k);
+            if (!k) {
+                s->oom = 1;
+                goto out;
+            }
+            s->keys = k;
+            s->cap = cap;
+        }
+        if (!(s->keys[s->nkeys] = strdup(s->text)))
+            s->oom = 1;
+        else
+            s->nkeys++;
+    } else if (s->depth == 2 && strcmp(name, "IsTruncated") == 0) {
+        s->truncated = strcmp(s->text, "true") == 0;
+    } else if (s->depth == 2 && strcmp(name, "NextContinuationToken") == 0) {
+        snprintf(s->token, sizeof s->token, "%.1023s", s->text);
+    } else if (s->depth == 2 && strcmp(s->path[0], "Error") == 0 && strcmp(name, "Code") == 0) {
+        snprintf(s->code, sizeof s->code, "%.95s", s->text);
+    } else if (s->depth == 2 && strcmp(s->path[0], "Error") == 0 &&
+               strcmp(name, "Message") == 0) {
+        snprintf(s->message, sizeof s->message, "%.199s", s->text);
+    }
+out:
+    s->depth--;
+    s->tlen = 0;
+    s->text[0] = 0;
+}
+
+/* Parses body into s. Returns 0, or -1 for XML that does not parse. */
+static int parse_xml(xml_state *s, const char *body, size_t len)
+{
+    XML_Parser p = XML_ParserCreate(NULL);
+    if (!p)
+        return -1;
+    XML_SetUserData(p, s);
+    XML_SetElementHandler(p, on_start, on_end);
+    XML_SetCharacterDataHandler(p, on_text);
+    int ok = XML_Parse(p, body, (int)len, 1) == XML_STATUS_OK;
+    XML_ParserFree(p);
+    return ok ? 0 : -1;
+}
+
+void npyl_remote_xml_error(const char *body, size_t len, char *buf, size_t buflen)
+{
+    buf[0] = 0;
+    if (!body || len == 0 || len > INT32_MAX)
+        return;
+    xml_state *s = calloc(1, sizeof *s);
+    if (!s)
+        return;
+    if (parse_xml(s, body, len) == 0 && s->code[0])
+        snprintf(buf, buflen, "%s%s%s", s->code, s->message[0] ? ": " : "", s->message);
+    free(s);
+}
+
+/* ---- globs ---------------------------------------------------------------------- */
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Appends "&name=value" (value encoded) to q. */
+static int add_param(char *q, size_t cap, size_t *len, const char *name, const char *value)
+{
+    size_t k = *len;
+    int w = snprintf(q + k, cap - k, "%s%s=", k ? "&" : "", name);
+    if (w < 0 || (size_t)w >= cap - k)
+        return -1;
+    k += (size_t)w;
+    if (npyl_remote_encode(q, cap, &k, value, 0) != 0)
+        return -1;
+    *len = k;
+    return 0;
+}
+
+int npyl_remote_glob(npyl_remote *r, const char *pattern, char ***paths, size_t *n, char *err,
+                     size_t errlen)
+{
+    *paths = NULL;
+    *n = 0;
+    npyl_rurl u;
+    int rc = npyl_rurl_parse(pattern, &u, err, errlen);
+    if (rc)
+        return rc;
+    if (u.kind != 's')
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "%s: an http(s):// URL cannot be listed: give the files as a list",
+                         pattern);
+    size_t lit = strcspn(u.key, "*?[");
+    if (u.key[lit] == 0) {
+        /* No wildcard: the object itself, as glob(3) returns a plain path
+         * (whether it exists is found out at start). */
+        char **one = calloc(1, sizeof *one);
+        if (!one || !(one[0] = strdup(pattern))) {
+            free(one);
+            return npyl_fail(err, errlen, -ENOMEM, "out of memory");
+        }
+        *paths = one;
+        *n = 1;
+        return 0;
+    }
+    /* The literal part up to its last '/', and whether the wildcards stay
+     * inside one path segment (then a delimiter spares the deeper keys). */
+    char prefix[1024];
+    size_t plen = lit;
+    if (plen >= sizeof prefix)
+        return npyl_fail(err, errlen, NPYLOAD_ETOOBIG, "%s: the prefix is too long", pattern);
+    memcpy(prefix, u.key, plen);
+    prefix[plen] = 0;
+    int one_level = strchr(u.key + lit, '/') == NULL;
+    const char *kpat = u.key;
+    xml_state *s = calloc(1, sizeof *s);
+    if (!s)
+        return npyl_fail(err, errlen, -ENOMEM, "out of memory");
+    char bucket_url[300];
+    snprintf(bucket_url, sizeof bucket_url, "s3://%s/", u.bucket);
+    char *base = npyl_remote_request_url(r, bucket_url, NULL);
+    size_t listed = 0, pages = 0;
+    char **out = NULL;
+    size_t nout = 0, cap = 0;
+    if (!base) {
+        free(s);
+        return npyl_fail(err, errlen, -ENOMEM, "out of memory");
+    }
+    for (;;) {
+        /* SigV4 signs the query in canonical form: names sorted, values
+         * encoded. */
+        char q[2048], maxk[24];
+        size_t qlen = 0;
+        q[0] = 0;
+        snprintf(maxk, sizeof maxk, "%ld", r->list_max_keys);
+        int bad = (s->token[0] && add_param(q, sizeof q, &qlen, "continuation-token", s->token)) ||
+                  (one_level && add_param(q, sizeof q, &qlen, "delimiter", "/")) ||
+                  add_param(q, sizeof q, &qlen, "list-type", "2") ||
+                  add_param(q, sizeof q, &qlen, "max-keys", maxk) ||
+                  add_param(q, sizeof q, &qlen, "prefix", prefix);
+        if (bad) {
+            rc = npyl_fail(err, errlen, NPYLOAD_ETOOBIG, "%s: listing query too long", pattern);
+            break;
+        }
+        size_t ulen = strlen(base) + qlen + 2;
+        char *url = malloc(ulen);
+        if (!url) {
+            rc = npyl_fail(err, errlen, -ENOMEM, "out of memory");
+            break;
+        }
+        snprintf(url, ulen, "%s?%s", base, q);
+        char *body = NULL;
+        size_t blen = 0;
+        rc = npyl_xfer_get_body(r, pattern, url, &body, &blen, err, errlen);
+        free(url);
+        if (rc)
+            break;
+        s->nkeys = 0;
+        s->truncated = 0;
+        s->token[0] = 0;
+        int prc = blen > INT32_MAX ? -1 : parse_xml(s, body, blen);
+        free(body);
+        if (prc || s->oom) {
+            rc = npyl_fail(err, errlen, s->oom ? -ENOMEM : NPYLOAD_EREMOTE,
+                           "%s: page %zu of the listing %s", pattern, pages + 1,
+                           s->oom ? "does not fit in memory" : "is not ListObjectsV2 XML");
+            break;
+        }
+        pages++;
+        for (size_t i = 0; i < s->nkeys; i++) {
+            const char *key = s->keys[i];
+            listed++;
+            size_t kl = strlen(key);
+            if (kl && key[kl - 1] != '/' && fnmatch(kpat, key, FNM_PATHNAME | FNM_PERIOD) == 0) {
+                if (nout == cap) {
+                    size_t nc = cap ? 2 * cap : 64;
+                    char **o = realloc(out, nc * sizeof *o);
+                    if (!o) {
+                        rc = npyl_fail(err, errlen, -ENOMEM, "out of memory");
+                        break;
+                    }
+                    out = o;
+                    cap = nc;
+                }
+                size_t len = strlen(u.bucket) + kl + 7;
+                if (!(out[nout] = malloc(len))) {
+                    rc = npyl_fail(err, errlen, -ENOMEM, "out of memory");
+                    break;
+                }
+                snprintf(out[nout++], len, "s3://%s/%s", u.bucket, key);
+            }
+            free(s->keys[i]);
+            s->keys[i] = NULL;
+        }
+        for (size_t i = 0; i < s->nkeys; i++)
+            free(s->keys[i]);
+        s->nkeys = 0;
+        if (rc)
+            break;
+        if (!s->truncated)
+            break;
+        if (!s->token[0]) {
+            rc = npyl_fail(err, errlen, NPYLOAD_EREMOTE, "%s: a truncated listing page "
+                           "without a NextContinuationToken", pattern);
+            break;
+        }
+    }
+    free(s->keys);
+    free(s);
+    free(base);
+    if (rc == 0 && nout == 0)
+        rc = npyl_fail(err, errlen, NPYLOAD_ENOFILES,
+                       "%s: no objects match (%zu keys listed under prefix '%s')", pattern,
+                       listed, prefix);
+    if (rc) {
+        npyl_free_paths(out, nout);
+        return rc;
+    }
+    qsort(out, nout, sizeof *out, cmp_str);
+    *paths = out;
+    *n = nout;
+    return 0;
+}

@@ -1,0 +1,174 @@
+/* Concurrency stress of remote shards, without Criterion (the TSan build
+ * runs it: ctest -R '^stress_'): http:// lists served by the tests' own
+ * server (tests/tu_http.c), several loaders at once, each with workers
+ * and read-ahead threads (a curl multi handle each), sharing one block
+ * cache directory with a small bound (concurrent fills, renames and
+ * evictions), injected 503s and closed connections (retries), set_epoch
+ * while transfers are in flight, destroy mid-epoch. Every delivered byte
+ * is checked against tu_byte(). Prints "N passed, N failed". */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "npyload.h"
+#include "testutil.h"
+#include "tu_http.h"
+
+static int failures, passes;
+#define CHECK(cond, ...) TU_STRESS_CHECK(failures, cond, __VA_ARGS__)
+
+static const int64_t SIZES[] = {9, 3, 17, 1, 22, 12};
+#define NF (sizeof SIZES / sizeof SIZES[0])
+#define N 64
+static const int64_t SHAPE[] = {5, 3};
+static char *dir, *cache;
+static char *urls_a[NF], *urls_b[NF];
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static int batch_ok(npyload_batch *b)
+{
+    const int64_t *idx = npyload_batch_indices(b);
+    const uint8_t *a = npyload_batch_field(b, 0)->data, *c = npyload_batch_field(b, 1)->data;
+    for (size_t r = 0; r < npyload_batch_size(b); r++) {
+        for (size_t i = 0; i < 60; i++)
+            if (a[r * 60 + i] != tu_byte(1, (uint64_t)idx[r], i))
+                return 0;
+        for (size_t i = 0; i < 15; i++)
+            if (c[r * 15 + i] != tu_byte(2, (uint64_t)idx[r], i))
+                return 0;
+    }
+    return 1;
+}
+
+static npyload_loader *make(int workers, int prefetch, int64_t batch, int cached)
+{
+    npyload_loader *L;
+    npyload_remote r;
+    memset(&r, 0, sizeof r);
+    r.retry_base_ms = 1;
+    r.retries = 20;
+    r.timeout_ms = 20000;
+    r.max_inflight = 3;
+    if (cached) {
+        r.cache_dir = cache;
+        r.cache_block = 4096;
+        r.cache_bytes = 3 * 4096; /* evictions all the time */
+    }
+    if (npyload_loader_create(&L) || npyload_loader_set_remote(L, &r, sizeof r) ||
+        npyload_loader_add_field_files(L, "a", (const char *const *)urls_a, NF) ||
+        npyload_loader_add_field_files(L, "b", (const char *const *)urls_b, NF) ||
+        npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, workers) ||
+        npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, prefetch) ||
+        npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, batch) ||
+        npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1) || npyload_loader_start(L)) {
+        fprintf(stderr, "setup failed: %s\n", npyload_loader_errmsg(L));
+        exit(2);
+    }
+    return L;
+}
+
+static void epochs_run(int cached)
+{
+    npyload_loader *L = make(3, 4, 5, cached);
+    for (uint64_t e = 0; e < 3; e++) {
+        CHECK(npyload_loader_set_epoch(L, e) == 0, "set_epoch");
+        npyload_batch *b;
+        int rc, nb = 0;
+        while ((rc = npyload_loader_next(L, &b)) == 0) {
+            CHECK(batch_ok(b), "bytes differ (epoch %llu)", (unsigned long long)e);
+            npyload_batch_release(b);
+            nb++;
+        }
+        CHECK(rc == NPYLOAD_EOF, "next: %s", npyload_loader_errmsg(L));
+        CHECK(nb == npyload_loader_num_batches(L), "batches %d", nb);
+    }
+    npyload_stats st;
+    npyload_loader_get_stats(L, &st, sizeof st);
+    CHECK(st.remote_requests > 0, "no request counted");
+    npyload_loader_destroy(L);
+}
+
+static void *epochs(void *arg)
+{
+    epochs_run((int)(intptr_t)arg);
+    return NULL;
+}
+
+static void concurrent_loaders_shared_cache(tu_http *h)
+{
+    pthread_t t[3];
+    tu_http_faults(h, 4, 3);
+    for (int i = 0; i < 3; i++)
+        pthread_create(&t[i], NULL, epochs, (void *)(intptr_t)(i != 2));
+    for (int i = 0; i < 3; i++)
+        pthread_join(t[i], NULL);
+    passes++;
+}
+
+static void set_epoch_and_destroy_in_flight(void)
+{
+    for (int round = 0; round < 6; round++) {
+        npyload_loader *L = make(2, 6, 1, round & 1);
+        npyload_batch *b;
+        for (uint64_t e = 0; e < 4; e++) {
+            CHECK(npyload_loader_set_epoch(L, e) == 0, "set_epoch");
+            for (uint64_t k = 0; k < (e + (uint64_t)round) % 3; k++) {
+                CHECK(npyload_loader_next(L, &b) == 0, "next: %s", npyload_loader_errmsg(L));
+                CHECK(batch_ok(b), "bytes differ");
+                npyload_batch_release(b);
+            }
+        }
+        CHECK(npyload_loader_next(L, &b) == 0, "next");
+        npyload_loader_destroy(L); /* a batch held, transfers in flight */
+        npyload_batch_release(b);
+    }
+    passes++;
+}
+
+int main(void)
+{
+    dir = tu_mkdtemp("stress_remote");
+    cache = tu_path(dir, "cache");
+    const int64_t sh2[] = {15};
+    if (tu_write_field(dir, "a", 1, "<f4", 4, 2, SHAPE, SIZES, NF, 64) ||
+        tu_write_field(dir, "b", 2, "|u1", 1, 1, sh2, SIZES, NF, 16)) {
+        fprintf(stderr, "cannot write the dataset\n");
+        return 2;
+    }
+    tu_http *h;
+    if (tu_http_start(&h, dir) != 0) {
+        fprintf(stderr, "cannot start the HTTP server\n");
+        return 2;
+    }
+    for (size_t k = 0; k < NF; k++) {
+        char u[512];
+        snprintf(u, sizeof u, "http://127.0.0.1:%d/a_%04zu.npy", tu_http_port(h), k);
+        urls_a[k] = strdup(u);
+        snprintf(u, sizeof u, "http://127.0.0.1:%d/b_%04zu.npy", tu_http_port(h), k);
+        urls_b[k] = strdup(u);
+    }
+    uint64_t t0 = now_ns();
+    concurrent_loaders_shared_cache(h);
+    uint64_t t1 = now_ns();
+    set_epoch_and_destroy_in_flight();
+    fprintf(stderr, "shared cache %.2f s, set_epoch/destroy %.2f s, %llu requests\n",
+            (double)(t1 - t0) / 1e9, (double)(now_ns() - t1) / 1e9,
+            (unsigned long long)tu_http_requests(h));
+    tu_http_stop(h);
+    for (size_t k = 0; k < NF; k++) {
+        free(urls_a[k]);
+        free(urls_b[k]);
+    }
+    free(cache);
+    tu_rmtree(dir);
+    printf("%d passed, %d failed\n", passes, failures);
+    return failures ? 1 : 0;
+}
