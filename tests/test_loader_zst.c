@@ -1154,3 +1154,55 @@ Test(loader_zst, a_value_table_whose_dtype_contradicts_its_values_is_refused)
     npyload_loader_destroy(L);
     tu_rmtree(dir);
 }
+
+/* Files of no values narrowed (0 samples, and samples of a zero-length
+ * axis): --narrow --store divided by the zero row size (SIGFPE; UBSan
+ * "division by zero"), and --narrow wrote a table of 0 values that every
+ * reader then refused as inconsistent. Both forms pack, an empty file
+ * loads beside a non-empty narrowed one, and the values are delivered. */
+Test(loader_zst, narrowing_a_file_of_no_values)
+{
+    char *dir = tu_mkdtemp("loader_zst_narrow_empty");
+    const int64_t empty[3] = {0, 3, 4}, zero_axis[3] = {5, 0, 4}, full[3] = {2, 3, 4};
+    float v[24];
+    for (int i = 0; i < 24; i++)
+        v[i] = (float)(i % 5) - 2.0f;
+    char e[600], z[600], f[600];
+    snprintf(e, sizeof e, "%s/a_empty.npy", dir);
+    snprintf(z, sizeof z, "%s/c_zero_axis.npy", dir);
+    snprintf(f, sizeof f, "%s/b_full.npy", dir);
+    cr_assert_geq(tu_write_npy(e, "<f4", 0, 3, empty, v, 0, 64), 0);
+    cr_assert_geq(tu_write_npy(z, "<f4", 0, 3, zero_axis, v, 0, 64), 0);
+    cr_assert_geq(tu_write_npy(f, "<f4", 0, 3, full, v, sizeof v, 64), 0);
+    for (int store = 0; store <= 1; store++) {
+        npyload_pack_options o = {.threads = 1, .narrow = 1, .store = store};
+        char out[3][700], err[512] = "";
+        const char *in[3] = {e, z, f};
+        for (int k = 0; k < 3; k++) {
+            snprintf(out[k], sizeof out[k], "%s.%s", in[k], store ? "narrow.npy" : "zst");
+            npyload_pack_result r;
+            int rc = npyload_pack_file(in[k], out[k], &o, sizeof o, &r, sizeof r, err,
+                                       sizeof err);
+            cr_assert_eq(rc, 0, "store %d, %s: %d: %s", store, in[k], rc, err);
+            cr_assert_geq(r.narrow_values, 1);
+        }
+        /* the empty file and the full one, one field */
+        npyload_loader *L;
+        cr_assert_eq(npyload_loader_create(&L), 0);
+        cr_assert_eq(npyload_loader_add_field_files(L, "x", (const char *[]){out[0], out[2]},
+                                                    2), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 2), 0);
+        cr_assert_eq(npyload_loader_start(L), 0, "store %d: %s", store,
+                     npyload_loader_errmsg(L));
+        npyload_batch *b;
+        cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+        const npyload_array *a = npyload_batch_field(b, 0);
+        cr_assert_str_eq(a->descr, "<f4");
+        cr_assert_eq(a->nbytes, sizeof v);
+        cr_assert_eq(memcmp(a->data, v, sizeof v), 0, "the values, not the codes");
+        npyload_batch_release(b);
+        cr_assert_eq(npyload_loader_next(L, &b), NPYLOAD_EOF);
+        npyload_loader_destroy(L);
+    }
+    tu_rmtree(dir);
+}
