@@ -297,7 +297,7 @@ typedef enum npyload_option {
  *  - next() / next_timeout(): one thread at a time; once start has
  *    returned, may overlap set_epoch, set_state, the queries and releases.
  *  - Queries (get_state, get_stats, num_batches, num_samples,
- *    last_skip_error) and batch calls (accessors, wait_stream, sync,
+ *    last_skip_error, field_engine) and batch calls (accessors, wait_stream, sync,
  *    release, release_stream, release_checked): may overlap each other and
  *    everything above after start. get_state() reports the position of the
  *    last control call or next() that completed.

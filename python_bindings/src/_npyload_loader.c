@@ -370,6 +370,34 @@ static PyObject *loader_num_samples(NpyloadPy_Loader *self, PyObject *unused)
     return res;
 }
 
+/* field_engines(): npyload_loader_field_engine for every field, as
+ * {name: (engine, why)}; a shared call like stats() (what it reads is fixed
+ * at start). */
+static PyObject *loader_field_engines(NpyloadPy_Loader *self, PyObject *unused)
+{
+    static const char *const names[] = {"none", "host", "device"};
+    if (loader_share(self, "field_engines()") < 0)
+        return NULL;
+    size_t n = npyload_loader_num_fields(self->L);
+    PyObject *d = PyDict_New();
+    for (size_t i = 0; d && i < n; i++) {
+        char why[1024] = "";
+        int e = npyload_loader_field_engine(self->L, i, why, sizeof why);
+        if (e < 0 || e > NPYLOAD_ENGINE_DEVICE) {
+            Py_CLEAR(d);
+            npyloadpy_raise(e < 0 ? e : NPYLOAD_EINVAL,
+                            e == NPYLOAD_ESTATE ? "field_engines() before start()" : NULL);
+            break;
+        }
+        const char *name = npyload_loader_field_name(self->L, i);
+        PyObject *v = Py_BuildValue("(ss)", names[e], why);
+        if (!v || PyDict_SetItemString(d, name ? name : "", v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    return d;
+}
+
 static PyObject *loader_get_state(NpyloadPy_Loader *self, PyObject *unused)
 {
     npyload_state st;
@@ -722,6 +750,10 @@ static PyMethodDef loader_methods[] = {
      "num_batches() -> int: batches per epoch for this rank."},
     {"num_samples", (PyCFunction)loader_num_samples, METH_NOARGS,
      "num_samples() -> int: N, the samples in every field."},
+    {"field_engines", (PyCFunction)loader_field_engines, METH_NOARGS,
+     "field_engines() -> dict: after start, {field: (engine, why)}: where its "
+     "transform and narrowed codes run ('none', 'host' or 'device', "
+     "npyload_loader_field_engine) and why in words."},
     {"get_state", (PyCFunction)loader_get_state, METH_NOARGS,
      "get_state() -> dict: position after the last batch handed out."},
     {"set_state", (PyCFunction)loader_set_state, METH_O,
