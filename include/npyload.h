@@ -523,7 +523,8 @@ NPYLOAD_API int npyload_loader_get(const npyload_loader *L, npyload_option opt,
                                    int64_t *value);
 
 /*! NPYLOAD_MAX_SAMPLE_BYTES: the largest sample (one row of a field, as
- * stored and as delivered after its transform) a loader accepts: 4 GiB.
+ * stored, as delivered after its transform and, augmented by the host
+ * engine, as augmented in its stored dtype) a loader accepts: 4 GiB.
  * Slots are sized in samples, so a header's per-sample shape alone (a file
  * of shape (0, 2^32) holds 0 bytes) would otherwise decide how much start
  * reserves; 4 GiB is far above any sample a training step uses (the
