@@ -623,7 +623,8 @@ NPYLOAD_API const char *npyload_loader_field_name(const npyload_loader *L,
  * or one-byte codes, cross PCIe). In device mode a field runs on the host
  * only where the kernels cannot (an augmentation past their limits, a field
  * mixing narrowed and plain files, kernels that did not load); `why` (may
- * be NULL) receives the reason in words. Any thread.
+ * be NULL) receives the reason in words, truncated to whylen (768 bytes
+ * always suffice). Any thread (a query: see "Threads").
  * @return : an npyload_engine value, NPYLOAD_EINVAL (NULL or an index out
  *           of range) or NPYLOAD_ESTATE (before start). */
 typedef enum npyload_engine {
