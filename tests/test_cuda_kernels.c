@@ -133,7 +133,7 @@ static void fake_run(void *ctx, const npyl_tplan *p, const npyl_tdev_row *rec, s
 static const xc_runner cpu = {fake_run, NULL};
 
 Test(cuda_kernels, augmentation_matches_the_host_engine, .init = engine_setup,
-     .fini = engine_teardown, .timeout = 300)
+     .fini = engine_teardown)
 {
     cr_assert_gt(xc_augmentations(&cpu), 2000);
 }
@@ -332,7 +332,7 @@ static void host_vs_device(const char *const *paths, size_t n, const npyload_tra
  * PCIe carries the stored bytes plus a 16-byte record per row, one kernel
  * per batch does pad, window, flips and the normalisation, and the output
  * equals host mode's byte for byte. */
-Test(cuda_kernels, loader_augments_on_the_device, .timeout = 120)
+Test(cuda_kernels, loader_augments_on_the_device)
 {
     load_fakes();
     char *dir = tu_mkdtemp("kaug");
@@ -377,7 +377,7 @@ Test(cuda_kernels, loader_augments_on_the_device, .timeout = 120)
 
 /* Float vectors with flip signs kept in their stored dtype (the offsets
  * label of the captcha layout: negated when flipped), and float16 out. */
-Test(cuda_kernels, loader_signs_on_the_device, .timeout = 120)
+Test(cuda_kernels, loader_signs_on_the_device)
 {
     load_fakes();
     char *dir = tu_mkdtemp("ksign");
@@ -408,7 +408,7 @@ Test(cuda_kernels, loader_signs_on_the_device, .timeout = 120)
 
 /* Flip signs for more channels than the kernels take: the host engine,
  * and the reason. */
-Test(cuda_kernels, loader_past_the_kernels_limits_uses_the_host_engine, .timeout = 120)
+Test(cuda_kernels, loader_past_the_kernels_limits_uses_the_host_engine)
 {
     load_fakes();
     char *dir = tu_mkdtemp("kwide");
@@ -484,7 +484,7 @@ static void narrowed_file(const char *dir, int k, int mode, char *out, size_t le
  * table): PCIe carries one byte per value plus a record per row, the
  * kernel expands through the right table, and the values equal host
  * mode's (which expands on the host) bit for bit; fused with a transform. */
-Test(cuda_kernels, loader_expands_narrowed_codes_on_the_device, .timeout = 120)
+Test(cuda_kernels, loader_expands_narrowed_codes_on_the_device)
 {
     load_fakes();
     char *dir = tu_mkdtemp("knarrow");
@@ -517,7 +517,7 @@ Test(cuda_kernels, loader_expands_narrowed_codes_on_the_device, .timeout = 120)
 
 /* Narrowed and plain files in one field: expanded on the host (said so),
  * the full values cross, the values still equal. */
-Test(cuda_kernels, loader_mixed_narrowed_and_plain_expands_on_the_host, .timeout = 120)
+Test(cuda_kernels, loader_mixed_narrowed_and_plain_expands_on_the_host)
 {
     load_fakes();
     char *dir = tu_mkdtemp("kmixed");
@@ -537,7 +537,7 @@ Test(cuda_kernels, loader_mixed_narrowed_and_plain_expands_on_the_host, .timeout
 
 /* A damaged code (past its table) in a stored narrowed file: the batch
  * fails naming the file; never wrong bytes as success. */
-Test(cuda_kernels, loader_refuses_a_code_outside_the_table_on_the_device, .timeout = 120)
+Test(cuda_kernels, loader_refuses_a_code_outside_the_table_on_the_device)
 {
     load_fakes();
     char *dir = tu_mkdtemp("kbad");
@@ -601,7 +601,7 @@ typedef struct odd_case {
     int engine;    /* the one expected in device mode */
 } odd_case;
 
-Test(cuda_kernels, loader_odd_samples_match_host_mode, .timeout = 300)
+Test(cuda_kernels, loader_odd_samples_match_host_mode)
 {
     load_fakes();
     static const odd_case cases[] = {
@@ -811,7 +811,7 @@ static void two_same(const two_out *a, const two_out *b, const char *what)
 /* Ranks, drop_last, a tiny last batch, a batch larger than a rank's share:
  * both fields' records (two record areas in one staging slot) give device
  * mode exactly host mode's rows, epoch after epoch. */
-Test(cuda_kernels, loader_two_record_fields_across_order_options, .timeout = 300)
+Test(cuda_kernels, loader_two_record_fields_across_order_options)
 {
     load_fakes();
     two_fields w;
@@ -848,7 +848,7 @@ Test(cuda_kernels, loader_two_record_fields_across_order_options, .timeout = 300
  * (other workers, other prefetch) set_state: the rest of the epoch equals
  * the uninterrupted run's and host mode's; set_epoch mid-epoch abandons
  * the position and the next epoch is whole. */
-Test(cuda_kernels, loader_device_resume_and_set_epoch_mid_epoch, .timeout = 300)
+Test(cuda_kernels, loader_device_resume_and_set_epoch_mid_epoch)
 {
     load_fakes();
     two_fields w;
@@ -921,7 +921,7 @@ static npyload_loader *skip_loader(const two_fields *w, int64_t device, int64_t 
     return M;
 }
 
-Test(cuda_kernels, loader_device_skip_over_damaged_narrowed_files, .timeout = 300)
+Test(cuda_kernels, loader_device_skip_over_damaged_narrowed_files)
 {
     load_fakes();
     two_fields w;
@@ -985,7 +985,7 @@ Test(cuda_kernels, loader_device_skip_over_damaged_narrowed_files, .timeout = 30
  * records and the narrowed tables) and workers busy: the held batches stay
  * right, read after destroy, and their release frees the rest (ASan sees
  * any table or record buffer freed while a kernel still reads it). */
-Test(cuda_kernels, loader_device_destroy_with_record_batches_held, .timeout = 300)
+Test(cuda_kernels, loader_device_destroy_with_record_batches_held)
 {
     load_fakes();
     two_fields w;
@@ -1033,7 +1033,7 @@ Test(cuda_kernels, loader_device_destroy_with_record_batches_held, .timeout = 30
 /* A batch of more rows than a grid has blocks in y (65535): the kernels
  * walk the rows grid-stride, records and narrowed codes included, and
  * every row equals host mode's. */
-Test(cuda_kernels, loader_batches_past_the_grid_limit, .timeout = 300)
+Test(cuda_kernels, loader_batches_past_the_grid_limit)
 {
     load_fakes();
     char *dir = tu_mkdtemp("kbig");

@@ -389,10 +389,15 @@ static PyObject *loader_field_engines(NpyloadPy_Loader *self, PyObject *unused)
                             e == NPYLOAD_ESTATE ? "field_engines() before start()" : NULL);
             break;
         }
-        const char *name = npyload_loader_field_name(self->L, i);
-        PyObject *v = Py_BuildValue("(ss)", names[e], why);
-        if (!v || PyDict_SetItemString(d, name ? name : "", v) < 0)
+        /* Names and reasons as every string of the library: file-system
+         * decoding (a field name or a path may carry any bytes). */
+        PyObject *k = npyloadpy_str(npyload_loader_field_name(self->L, i));
+        PyObject *w = npyloadpy_str(why);
+        PyObject *v = k && w ? Py_BuildValue("(sO)", names[e], w) : NULL;
+        if (!v || PyDict_SetItem(d, k, v) < 0)
             Py_CLEAR(d);
+        Py_XDECREF(k);
+        Py_XDECREF(w);
         Py_XDECREF(v);
     }
     return d;
