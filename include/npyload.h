@@ -298,7 +298,7 @@ typedef enum npyload_option {
  *  - next() / next_timeout(): one thread at a time; once start has
  *    returned, may overlap set_epoch, set_state, the queries and releases.
  *  - Queries (get_state, get_stats, num_batches, num_samples,
- *    last_skip_error) and batch calls (accessors, wait_stream, sync,
+ *    last_skip_error, field_engine) and batch calls (accessors, wait_stream, sync,
  *    release, release_stream, release_checked): may overlap each other and
  *    everything above after start. get_state() reports the position of the
  *    last control call or next() that completed.
@@ -598,7 +598,8 @@ NPYLOAD_API int npyload_loader_get(const npyload_loader *L, npyload_option opt,
                                    int64_t *value);
 
 /*! NPYLOAD_MAX_SAMPLE_BYTES: the largest sample (one row of a field, as
- * stored and as delivered after its transform) a loader accepts: 4 GiB.
+ * stored, as delivered after its transform and, augmented by the host
+ * engine, as augmented in its stored dtype) a loader accepts: 4 GiB.
  * Slots are sized in samples, so a header's per-sample shape alone (a file
  * of shape (0, 2^32) holds 0 bytes) would otherwise decide how much start
  * reserves; 4 GiB is far above any sample a training step uses (the
@@ -697,7 +698,8 @@ NPYLOAD_API const char *npyload_loader_field_name(const npyload_loader *L,
  * or one-byte codes, cross PCIe). In device mode a field runs on the host
  * only where the kernels cannot (an augmentation past their limits, a field
  * mixing narrowed and plain files, kernels that did not load); `why` (may
- * be NULL) receives the reason in words. Any thread.
+ * be NULL) receives the reason in words, truncated to whylen (768 bytes
+ * always suffice). Any thread (a query: see "Threads").
  * @return : an npyload_engine value, NPYLOAD_EINVAL (NULL or an index out
  *           of range) or NPYLOAD_ESTATE (before start). */
 typedef enum npyload_engine {

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cuda/npyload_cuda.h"
 #include "cuda/npyload_cuda_transform.h"
@@ -132,7 +133,7 @@ static void fake_run(void *ctx, const npyl_tplan *p, const npyl_tdev_row *rec, s
 static const xc_runner cpu = {fake_run, NULL};
 
 Test(cuda_kernels, augmentation_matches_the_host_engine, .init = engine_setup,
-     .fini = engine_teardown, .timeout = 300)
+     .fini = engine_teardown)
 {
     cr_assert_gt(xc_augmentations(&cpu), 2000);
 }
@@ -331,7 +332,7 @@ static void host_vs_device(const char *const *paths, size_t n, const npyload_tra
  * PCIe carries the stored bytes plus a 16-byte record per row, one kernel
  * per batch does pad, window, flips and the normalisation, and the output
  * equals host mode's byte for byte. */
-Test(cuda_kernels, loader_augments_on_the_device, .timeout = 120)
+Test(cuda_kernels, loader_augments_on_the_device)
 {
     load_fakes();
     char *dir = tu_mkdtemp("kaug");
@@ -376,7 +377,7 @@ Test(cuda_kernels, loader_augments_on_the_device, .timeout = 120)
 
 /* Float vectors with flip signs kept in their stored dtype (the offsets
  * label of the captcha layout: negated when flipped), and float16 out. */
-Test(cuda_kernels, loader_signs_on_the_device, .timeout = 120)
+Test(cuda_kernels, loader_signs_on_the_device)
 {
     load_fakes();
     char *dir = tu_mkdtemp("ksign");
@@ -407,7 +408,7 @@ Test(cuda_kernels, loader_signs_on_the_device, .timeout = 120)
 
 /* Flip signs for more channels than the kernels take: the host engine,
  * and the reason. */
-Test(cuda_kernels, loader_past_the_kernels_limits_uses_the_host_engine, .timeout = 120)
+Test(cuda_kernels, loader_past_the_kernels_limits_uses_the_host_engine)
 {
     load_fakes();
     char *dir = tu_mkdtemp("kwide");
@@ -483,7 +484,7 @@ static void narrowed_file(const char *dir, int k, int mode, char *out, size_t le
  * table): PCIe carries one byte per value plus a record per row, the
  * kernel expands through the right table, and the values equal host
  * mode's (which expands on the host) bit for bit; fused with a transform. */
-Test(cuda_kernels, loader_expands_narrowed_codes_on_the_device, .timeout = 120)
+Test(cuda_kernels, loader_expands_narrowed_codes_on_the_device)
 {
     load_fakes();
     char *dir = tu_mkdtemp("knarrow");
@@ -516,7 +517,7 @@ Test(cuda_kernels, loader_expands_narrowed_codes_on_the_device, .timeout = 120)
 
 /* Narrowed and plain files in one field: expanded on the host (said so),
  * the full values cross, the values still equal. */
-Test(cuda_kernels, loader_mixed_narrowed_and_plain_expands_on_the_host, .timeout = 120)
+Test(cuda_kernels, loader_mixed_narrowed_and_plain_expands_on_the_host)
 {
     load_fakes();
     char *dir = tu_mkdtemp("kmixed");
@@ -536,7 +537,7 @@ Test(cuda_kernels, loader_mixed_narrowed_and_plain_expands_on_the_host, .timeout
 
 /* A damaged code (past its table) in a stored narrowed file: the batch
  * fails naming the file; never wrong bytes as success. */
-Test(cuda_kernels, loader_refuses_a_code_outside_the_table_on_the_device, .timeout = 120)
+Test(cuda_kernels, loader_refuses_a_code_outside_the_table_on_the_device)
 {
     load_fakes();
     char *dir = tu_mkdtemp("kbad");
@@ -583,5 +584,517 @@ Test(cuda_kernels, loader_refuses_a_code_outside_the_table_on_the_device, .timeo
     }
     cr_assert_eq(failed, 1, "the batch holding sample 5 failed");
     npyload_loader_destroy(L);
+    tu_rmtree(dir);
+}
+
+/* ---- hostile shapes, dtypes and sizes: device mode equals host mode ---- */
+
+typedef struct odd_case {
+    const char *descr;
+    size_t itemsize;
+    int sndim;
+    int64_t sshape[3];
+    float hflip, vflip;
+    int64_t crop_h, crop_w, pad;
+    int sign;      /* a -1 flip sign for every channel */
+    int dtype;
+    int engine;    /* the one expected in device mode */
+} odd_case;
+
+Test(cuda_kernels, loader_odd_samples_match_host_mode)
+{
+    load_fakes();
+    static const odd_case cases[] = {
+        /* 0-d samples (a file of shape (N,)): flips only sign them */
+        {"<f4", 4, 0, {0}, 0.5f, 0.5f, 0, 0, 0, 1, 0, NPYLOAD_ENGINE_DEVICE},
+        /* 1-d samples: a sign per element (axis 0 is the channel) */
+        {">f8", 8, 1, {5}, 0.5f, 0, 0, 0, 0, 1, NPYLOAD_DTYPE_FLOAT16, NPYLOAD_ENGINE_DEVICE},
+        /* 16-byte items (complex128), flipped and cropped in the stored dtype */
+        {"<c16", 16, 3, {2, 4, 5}, 0.5f, 0.5f, 3, 4, 1, 0, 0, NPYLOAD_ENGINE_DEVICE},
+        /* 8-byte integers converted, a window in a large pad */
+        {">u8", 8, 3, {2, 3, 4}, 0.5f, 0.5f, 5, 6, 40, 0, NPYLOAD_DTYPE_FLOAT32,
+         NPYLOAD_ENGINE_DEVICE},
+        /* the crop is the whole padded sample */
+        {"<i4", 4, 2, {3, 4}, 1, 1, 5, 6, 1, 0, NPYLOAD_DTYPE_BFLOAT16, NPYLOAD_ENGINE_DEVICE},
+        /* booleans moved as bytes */
+        {"|b1", 1, 2, {3, 4}, 0.5f, 0.5f, 2, 2, 1, 0, 0, NPYLOAD_ENGINE_DEVICE},
+        /* float16 with signs, 2-d: axis 0 is cropped too */
+        {"<f2", 2, 2, {6, 4}, 0.5f, 0.5f, 4, 3, 0, 1, 0, NPYLOAD_ENGINE_DEVICE},
+    };
+    char *dir = tu_mkdtemp("kodd");
+    static const float minus[1] = {-1.0f};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const odd_case *c = &cases[i];
+        char prefix[16];
+        snprintf(prefix, sizeof prefix, "o%zu", i);
+        const int64_t counts[2] = {11, LN - 11};
+        cr_assert_eq(tu_write_field(dir, prefix, (uint32_t)i + 40, c->descr, c->itemsize,
+                                    c->sndim, c->sshape, counts, 2, 64), 0);
+        char n0[32], n1[32];
+        snprintf(n0, sizeof n0, "%s_0000.npy", prefix);
+        snprintf(n1, sizeof n1, "%s_0001.npy", prefix);
+        char *p0 = tu_path(dir, n0), *p1 = tu_path(dir, n1);
+        const char *paths[2] = {p0, p1};
+        npyload_transform t = NPYLOAD_TRANSFORM_INIT;
+        t.dtype = c->dtype;
+        t.hflip = c->hflip;
+        t.vflip = c->vflip;
+        t.crop_h = c->crop_h;
+        t.crop_w = c->crop_w;
+        t.pad = c->pad;
+        if (c->sign) {
+            t.hflip_sign = t.vflip_sign = minus;
+            t.n_hflip_sign = t.n_vflip_sign = 1;
+        }
+        npyload_stats st;
+        int eng;
+        char why[1024];
+        cr_log_info("case %zu: %s", i, c->descr);
+        host_vs_device(paths, 2, &t, 2, &st, &eng, why, sizeof why);
+        cr_assert_eq(eng, c->engine, "case %zu (%s): %s", i, c->descr, why);
+        free(p0);
+        free(p1);
+    }
+    tu_rmtree(dir);
+}
+
+/* ---- two fields with records, order options, resume ---- */
+
+typedef struct ord_cfg {
+    int64_t batch, world, rank, drop_last, workers, prefetch;
+} ord_cfg;
+
+/* The captcha shape shrunk to two fields that both carry records: an
+ * augmented float image ("img", crop, pad, flips with signs, float16 out,
+ * channels-last) and a narrowed label ("lab", the same flips and window,
+ * expanded on the device). */
+typedef struct two_fields {
+    char *dir;
+    char img[2][600], lab[2][640];
+    npyload_transform ti, tl;
+} two_fields;
+
+static const float TWO_SIGNS[3] = {-1.0f, 1.0f, -1.0f};
+
+static void two_fields_make(two_fields *w, const char *tag)
+{
+    w->dir = tu_mkdtemp(tag);
+    const int64_t ishape[3] = {3, 9, 11}, counts[2] = {17, 40 - 17};
+    cr_assert_eq(tu_write_field(w->dir, "img", 9, "<f4", 4, 3, ishape, counts, 2, 64), 0);
+    for (int k = 0; k < 2; k++) {
+        snprintf(w->img[k], sizeof w->img[k], "%s/img_%04d.npy", w->dir, k);
+        /* labels: 3 x 9 x 11 float32 over 200 values, narrowed (file 0 as
+         * .npy.zst, file 1 stored) */
+        size_t n = (size_t)counts[k] * 3 * 9 * 11;
+        float *v = malloc(n * sizeof *v);
+        for (size_t i = 0; i < n; i++)
+            v[i] = (float)((i * 31 + (size_t)k * 7) % 200) * 0.25f - 3.0f;
+        char p[600];
+        snprintf(p, sizeof p, "%s/lab_%04d.npy", w->dir, k);
+        const int64_t shape[4] = {counts[k], 3, 9, 11};
+        cr_assert_geq(tu_write_npy(p, "<f4", 0, 4, shape, v, n * sizeof *v, 64), 0);
+        free(v);
+        npyload_pack_options o = {.frame_size = 900, .threads = 1, .narrow = 1, .store = k};
+        char err[512];
+        snprintf(w->lab[k], sizeof w->lab[k], "%s/lab_%04d.%s", w->dir, k,
+                 k ? "narrow.npy" : "npy.zst");
+        cr_assert_eq(npyload_pack_file(p, w->lab[k], &o, sizeof o, NULL, 0, err, sizeof err), 0,
+                     "%s", err);
+    }
+    npyload_transform t = NPYLOAD_TRANSFORM_INIT;
+    t.hflip = 0.5f;
+    t.vflip = 0.5f;
+    t.crop_h = 7;
+    t.crop_w = 8;
+    t.pad = 2;
+    t.hflip_sign = TWO_SIGNS;
+    t.n_hflip_sign = 3;
+    w->tl = t;
+    t.dtype = NPYLOAD_DTYPE_FLOAT16;
+    t.channels_last = 1;
+    w->ti = t;
+}
+
+static npyload_loader *two_loader(const two_fields *w, int64_t device, const ord_cfg *c)
+{
+    npyload_loader *L = NULL;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    const char *ip[2] = {w->img[0], w->img[1]}, *lp[2] = {w->lab[0], w->lab[1]};
+    cr_assert_eq(npyload_loader_add_field_files(L, "img", ip, 2), 0);
+    cr_assert_eq(npyload_loader_add_field_files(L, "lab", lp, 2), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_ALIGN, 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, c->batch), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, c->workers), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, c->prefetch), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, NPYLOAD_SHUFFLE_FULL), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SEED, 5), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_WORLD_SIZE, c->world), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_RANK, c->rank), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DROP_LAST, c->drop_last), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DEVICE, device), 0);
+    if (wheel[0])
+        cr_assert_eq(npyload_loader_set_path(L, NPYLOAD_PATH_NVRTC, wheel), 0);
+    cr_assert_eq(npyload_loader_set_transform(L, "img", &w->ti, sizeof w->ti), 0, "%s",
+                 npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_set_transform(L, "lab", &w->tl, sizeof w->tl), 0, "%s",
+                 npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    if (device >= 0) {
+        char why[1024];
+        for (size_t f = 0; f < 2; f++)
+            cr_assert_eq(npyload_loader_field_engine(L, f, why, sizeof why),
+                         NPYLOAD_ENGINE_DEVICE, "field %zu: %s", f, why);
+    }
+    return L;
+}
+
+/* What a run delivered: every batch's indices and both fields' bytes. */
+typedef struct two_out {
+    unsigned char *bytes;
+    size_t n;
+    int64_t *idx;
+    size_t nidx;
+    size_t batches;
+} two_out;
+
+static void two_out_free(two_out *o)
+{
+    free(o->bytes);
+    free(o->idx);
+    memset(o, 0, sizeof *o);
+}
+
+/* Up to `max` batches (SIZE_MAX: to the epoch's end) of L into o. */
+static void two_take(npyload_loader *L, int device, size_t max, two_out *o)
+{
+    void *cs = NULL;
+    if (device >= 0)
+        cr_assert_eq(rt_stream_create(&cs, 1), 0);
+    npyload_batch *b;
+    int rc = 0;
+    for (size_t k = 0; k < max && (rc = npyload_loader_next(L, &b)) == 0; k++) {
+        if (device >= 0) {
+            cr_assert_eq(npyload_batch_wait_stream(b, cs), 0);
+            cr_assert_eq(rt_stream_sync(cs), 0);
+        }
+        size_t rows = npyload_batch_size(b);
+        o->idx = realloc(o->idx, (o->nidx + rows) * sizeof *o->idx);
+        memcpy(o->idx + o->nidx, npyload_batch_indices(b), rows * sizeof *o->idx);
+        o->nidx += rows;
+        for (size_t f = 0; f < 2; f++) {
+            const npyload_array *a = npyload_batch_field(b, f);
+            cr_assert_eq((size_t)a->shape[0], rows);
+            o->bytes = realloc(o->bytes, o->n + a->nbytes);
+            memcpy(o->bytes + o->n, a->data, a->nbytes);
+            o->n += a->nbytes;
+        }
+        o->batches++;
+        if (device >= 0)
+            npyload_batch_release_stream(b, cs);
+        else
+            npyload_batch_release(b);
+    }
+    if (max == SIZE_MAX)
+        cr_assert_eq(rc, NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
+}
+
+static void two_same(const two_out *a, const two_out *b, const char *what)
+{
+    cr_assert_eq(a->batches, b->batches, "%s: batches", what);
+    cr_assert_eq(a->nidx, b->nidx, "%s: rows", what);
+    cr_assert_eq(memcmp(a->idx, b->idx, a->nidx * sizeof *a->idx), 0, "%s: indices", what);
+    cr_assert_eq(a->n, b->n, "%s: bytes", what);
+    /* float16 and float32 outputs of finite inputs: byte for byte */
+    cr_assert_eq(memcmp(a->bytes, b->bytes, a->n), 0, "%s: the fields' bytes", what);
+}
+
+/* Ranks, drop_last, a tiny last batch, a batch larger than a rank's share:
+ * both fields' records (two record areas in one staging slot) give device
+ * mode exactly host mode's rows, epoch after epoch. */
+Test(cuda_kernels, loader_two_record_fields_across_order_options)
+{
+    load_fakes();
+    two_fields w;
+    two_fields_make(&w, "ktwo");
+    static const ord_cfg cfgs[] = {
+        {6, 1, 0, 0, 2, 3},  /* 40 = 6 x 6 + 4: a short last batch */
+        {3, 3, 2, 0, 3, 2},  /* 14 a rank (padded), last batch of 2 */
+        {3, 3, 1, 1, 1, 4},  /* drop_last */
+        {64, 2, 1, 0, 2, 2}, /* one batch of a rank's 20 */
+        {13, 1, 0, 1, NPYLOAD_WORKERS_SYNC, 2},
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof *cfgs; i++) {
+        two_out h = {0}, d = {0};
+        npyload_loader *H = two_loader(&w, -1, &cfgs[i]);
+        npyload_loader *D = two_loader(&w, 0, &cfgs[i]);
+        for (uint64_t e = 0; e < 2; e++) {
+            cr_assert_eq(npyload_loader_set_epoch(H, e * 3 + 1), 0);
+            cr_assert_eq(npyload_loader_set_epoch(D, e * 3 + 1), 0);
+            two_take(H, -1, SIZE_MAX, &h);
+            two_take(D, 0, SIZE_MAX, &d);
+        }
+        char what[64];
+        snprintf(what, sizeof what, "config %zu", i);
+        two_same(&h, &d, what);
+        npyload_loader_destroy(H);
+        npyload_loader_destroy(D);
+        two_out_free(&h);
+        two_out_free(&d);
+    }
+    tu_rmtree(w.dir);
+}
+
+/* Resume mid-epoch in device mode: get_state after 3 batches, a new loader
+ * (other workers, other prefetch) set_state: the rest of the epoch equals
+ * the uninterrupted run's and host mode's; set_epoch mid-epoch abandons
+ * the position and the next epoch is whole. */
+Test(cuda_kernels, loader_device_resume_and_set_epoch_mid_epoch)
+{
+    load_fakes();
+    two_fields w;
+    two_fields_make(&w, "kres");
+    const ord_cfg a = {4, 2, 1, 0, 2, 3}, b = {4, 2, 1, 0, 3, 5};
+    two_out whole = {0}, host = {0}, part = {0};
+    npyload_loader *U = two_loader(&w, 0, &a);
+    cr_assert_eq(npyload_loader_set_epoch(U, 7), 0);
+    two_take(U, 0, SIZE_MAX, &whole);
+    npyload_loader_destroy(U);
+    npyload_loader *H = two_loader(&w, -1, &b);
+    cr_assert_eq(npyload_loader_set_epoch(H, 7), 0);
+    two_take(H, -1, SIZE_MAX, &host);
+    npyload_loader_destroy(H);
+    two_same(&host, &whole, "host vs device, uninterrupted");
+
+    npyload_loader *P = two_loader(&w, 0, &a);
+    cr_assert_eq(npyload_loader_set_epoch(P, 7), 0);
+    two_take(P, 0, 3, &part);
+    npyload_state st;
+    cr_assert_eq(npyload_loader_get_state(P, &st), 0);
+    cr_assert_eq(st.consumed, 12);
+    /* set_epoch mid-epoch with batches in flight, then the epoch again */
+    cr_assert_eq(npyload_loader_set_epoch(P, 8), 0);
+    npyload_batch *held;
+    cr_assert_eq(npyload_loader_next(P, &held), 0);
+    cr_assert_eq(npyload_loader_set_epoch(P, 7), 0);
+    npyload_batch_release(held);
+    two_out again = {0};
+    two_take(P, 0, SIZE_MAX, &again);
+    two_same(&whole, &again, "set_epoch mid-epoch, then the epoch again");
+    npyload_loader_destroy(P);
+
+    npyload_loader *R = two_loader(&w, 0, &b);
+    cr_assert_eq(npyload_loader_set_state(R, &st), 0, "%s", npyload_loader_errmsg(R));
+    two_take(R, 0, SIZE_MAX, &part);
+    npyload_loader_destroy(R);
+    two_same(&whole, &part, "resumed");
+    two_out_free(&whole);
+    two_out_free(&host);
+    two_out_free(&part);
+    two_out_free(&again);
+    tu_rmtree(w.dir);
+}
+
+/* ON_ERROR skip in device mode over damaged narrowed files: a code past
+ * the table in one sample of the stored file, a damaged frame of the
+ * .npy.zst (4 samples), and then the stored file cut short after start.
+ * Device mode skips exactly the samples host mode skips, and the rows it
+ * keeps carry the same values (their records follow the compacted rows). */
+static npyload_loader *skip_loader(const two_fields *w, int64_t device, int64_t workers)
+{
+    npyload_loader *M = NULL;
+    cr_assert_eq(npyload_loader_create(&M), 0);
+    const char *ip[2] = {w->img[0], w->img[1]}, *lp[2] = {w->lab[0], w->lab[1]};
+    cr_assert_eq(npyload_loader_add_field_files(M, "img", ip, 2), 0);
+    cr_assert_eq(npyload_loader_add_field_files(M, "lab", lp, 2), 0);
+    cr_assert_eq(npyload_loader_set(M, NPYLOAD_OPT_ALIGN, 1), 0);
+    cr_assert_eq(npyload_loader_set(M, NPYLOAD_OPT_BATCH_SIZE, 5), 0);
+    cr_assert_eq(npyload_loader_set(M, NPYLOAD_OPT_NUM_WORKERS, workers), 0);
+    cr_assert_eq(npyload_loader_set(M, NPYLOAD_OPT_SHUFFLE, NPYLOAD_SHUFFLE_FULL), 0);
+    cr_assert_eq(npyload_loader_set(M, NPYLOAD_OPT_SEED, 11), 0);
+    cr_assert_eq(npyload_loader_set(M, NPYLOAD_OPT_ON_ERROR, 1), 0);
+    cr_assert_eq(npyload_loader_set(M, NPYLOAD_OPT_DEVICE, device), 0);
+    if (wheel[0])
+        cr_assert_eq(npyload_loader_set_path(M, NPYLOAD_PATH_NVRTC, wheel), 0);
+    cr_assert_eq(npyload_loader_set_transform(M, "img", &w->ti, sizeof w->ti), 0);
+    cr_assert_eq(npyload_loader_set_transform(M, "lab", &w->tl, sizeof w->tl), 0);
+    cr_assert_eq(npyload_loader_start(M), 0, "%s", npyload_loader_errmsg(M));
+    return M;
+}
+
+Test(cuda_kernels, loader_device_skip_over_damaged_narrowed_files)
+{
+    load_fakes();
+    two_fields w;
+    two_fields_make(&w, "kskip");
+    char err[512];
+    /* lab file 1 (stored, 23 samples of 297 codes): sample 4's first code
+     * past the table */
+    npyload_header hd;
+    cr_assert_eq(npyload_read_header(w.lab[1], &hd, err, sizeof err), 0, "%s", err);
+    FILE *fp = fopen(w.lab[1], "r+b");
+    cr_assert_not_null(fp);
+    fseek(fp, (long)hd.data_offset + 4 * 297, SEEK_SET);
+    fputc(250, fp);
+    fclose(fp);
+    /* lab file 0 (.npy.zst, 4 samples a frame): a byte in frame 2 */
+    npyload_zst_file *z;
+    cr_assert_eq(npyload_zst_file_open(w.lab[0], &z, err, sizeof err), 0, "%s", err);
+    uint64_t off, csz, dsz;
+    cr_assert_eq(npyload_zst_file_frame(z, 2, &off, &csz, &dsz), 0);
+    npyload_zst_file_close(z);
+    fp = fopen(w.lab[0], "r+b");
+    cr_assert_not_null(fp);
+    fseek(fp, (long)(off + csz / 2), SEEK_SET);
+    int byte = fgetc(fp);
+    fseek(fp, (long)(off + csz / 2), SEEK_SET);
+    fputc(byte ^ 0x5a, fp);
+    fclose(fp);
+    for (int phase = 0; phase < 2; phase++) {
+        npyload_loader *L[2];
+        two_out o[2] = {{0}, {0}};
+        for (int k = 0; k < 2; k++)
+            L[k] = skip_loader(&w, k ? 0 : -1, phase ? 3 : 1);
+        if (phase == 1) /* after start: the stored file loses its last 3 samples */
+            cr_assert_eq(truncate(w.lab[1], (off_t)(hd.data_offset + 20 * 297)), 0);
+        for (int k = 0; k < 2; k++) {
+            if (phase == 1)
+                cr_assert_eq(npyload_loader_set_epoch(L[k], 2), 0);
+            two_take(L[k], k ? 0 : -1, SIZE_MAX, &o[k]);
+        }
+        npyload_stats sh, sd;
+        npyload_loader_get_stats(L[0], &sh, sizeof sh);
+        npyload_loader_get_stats(L[1], &sd, sizeof sd);
+        cr_log_info("phase %d: skipped host %llu device %llu, rows %zu", phase,
+                    (unsigned long long)sh.samples_skipped,
+                    (unsigned long long)sd.samples_skipped, o[1].nidx);
+        if (phase == 0) {
+            cr_assert_eq(sh.samples_skipped, 5, "sample 17+4 and frame 2's 4 samples");
+            cr_assert_eq(sd.samples_skipped, sh.samples_skipped);
+            cr_assert_eq(o[1].nidx, 40 - 5);
+        }
+        two_same(&o[0], &o[1], "skip: host vs device");
+        for (int k = 0; k < 2; k++) {
+            npyload_loader_destroy(L[k]);
+            two_out_free(&o[k]);
+        }
+    }
+    tu_rmtree(w.dir);
+}
+
+/* destroy mid-epoch with device batches held (their kernels read the
+ * records and the narrowed tables) and workers busy: the held batches stay
+ * right, read after destroy, and their release frees the rest (ASan sees
+ * any table or record buffer freed while a kernel still reads it). */
+Test(cuda_kernels, loader_device_destroy_with_record_batches_held)
+{
+    load_fakes();
+    two_fields w;
+    two_fields_make(&w, "kheld");
+    const ord_cfg c = {4, 1, 0, 0, 3, 6};
+    two_out want = {0};
+    npyload_loader *H = two_loader(&w, -1, &c);
+    two_take(H, -1, 3, &want);
+    npyload_loader_destroy(H);
+    for (int wait_first = 0; wait_first < 2; wait_first++) {
+        npyload_loader *D = two_loader(&w, 0, &c);
+        npyload_batch *b[3];
+        void *cs = NULL;
+        cr_assert_eq(rt_stream_create(&cs, 1), 0);
+        for (int k = 0; k < 3; k++) {
+            cr_assert_eq(npyload_loader_next(D, &b[k]), 0, "%s", npyload_loader_errmsg(D));
+            if (wait_first)
+                cr_assert_eq(npyload_batch_wait_stream(b[k], cs), 0);
+        }
+        npyload_loader_destroy(D);
+        two_out got = {0};
+        for (int k = 0; k < 3; k++) {
+            cr_assert_eq(npyload_batch_wait_stream(b[k], cs), 0);
+            cr_assert_eq(rt_stream_sync(cs), 0);
+            size_t rows = npyload_batch_size(b[k]);
+            got.idx = realloc(got.idx, (got.nidx + rows) * sizeof *got.idx);
+            memcpy(got.idx + got.nidx, npyload_batch_indices(b[k]), rows * sizeof *got.idx);
+            got.nidx += rows;
+            for (size_t f = 0; f < 2; f++) {
+                const npyload_array *a = npyload_batch_field(b[k], f);
+                got.bytes = realloc(got.bytes, got.n + a->nbytes);
+                memcpy(got.bytes + got.n, a->data, a->nbytes);
+                got.n += a->nbytes;
+            }
+            got.batches++;
+            npyload_batch_release_stream(b[k], cs);
+        }
+        two_same(&want, &got, "batches held across destroy");
+        two_out_free(&got);
+    }
+    two_out_free(&want);
+    tu_rmtree(w.dir);
+}
+
+/* A batch of more rows than a grid has blocks in y (65535): the kernels
+ * walk the rows grid-stride, records and narrowed codes included, and
+ * every row equals host mode's. */
+Test(cuda_kernels, loader_batches_past_the_grid_limit)
+{
+    load_fakes();
+    char *dir = tu_mkdtemp("kbig");
+    enum { BIG = 70001 };
+    const int64_t sshape[2] = {2, 3}, counts[1] = {BIG};
+    cr_assert_eq(tu_write_field(dir, "b", 12, "<f4", 4, 2, sshape, counts, 1, 64), 0);
+    char *p0 = tu_path(dir, "b_0000.npy");
+    static const float minus[1] = {-1.0f};
+    npyload_transform t = NPYLOAD_TRANSFORM_INIT;
+    t.hflip = 0.5f;
+    t.vflip = 0.5f;
+    t.hflip_sign = minus;
+    t.n_hflip_sign = 1;
+    t.pad = 1;
+    t.crop_h = 2;
+    t.crop_w = 2;
+    for (int device = -1; device <= 0; device++) {
+        npyload_loader *L = NULL;
+        cr_assert_eq(npyload_loader_create(&L), 0);
+        cr_assert_eq(npyload_loader_add_field_files(L, "b", (const char *[]){p0}, 1), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, BIG - 1), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, 1), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, 1), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SEED, 3), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, NPYLOAD_SHUFFLE_FULL), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_DEVICE, device), 0);
+        if (wheel[0])
+            cr_assert_eq(npyload_loader_set_path(L, NPYLOAD_PATH_NVRTC, wheel), 0);
+        cr_assert_eq(npyload_loader_set_transform(L, "b", &t, sizeof t), 0);
+        cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+        static two_out o[2];
+        two_out *out = &o[device + 1];
+        memset(out, 0, sizeof *out);
+        void *cs = NULL;
+        if (device >= 0)
+            cr_assert_eq(rt_stream_create(&cs, 1), 0);
+        npyload_batch *b;
+        int rc;
+        while ((rc = npyload_loader_next(L, &b)) == 0) {
+            if (device >= 0) {
+                cr_assert_eq(npyload_batch_wait_stream(b, cs), 0);
+                cr_assert_eq(rt_stream_sync(cs), 0);
+            }
+            const npyload_array *a = npyload_batch_field(b, 0);
+            out->bytes = realloc(out->bytes, out->n + a->nbytes);
+            memcpy(out->bytes + out->n, a->data, a->nbytes);
+            out->n += a->nbytes;
+            out->batches++;
+            npyload_batch_release(b);
+        }
+        cr_assert_eq(rc, NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
+        npyload_loader_destroy(L);
+        if (device == 0) {
+            cr_assert_eq(o[1].batches, 2);
+            cr_assert_eq(o[1].n, (size_t)BIG * 2 * 2 * 4, "2 x 2 windows of float32");
+            npyl_tplan p = {.out_dtype = NPYLOAD_DTYPE_KEEP, .out_itemsize = 4};
+            xc_same(&p, o[0].bytes, o[1].bytes, o[0].n, "70000-row batches");
+            two_out_free(&o[0]);
+            two_out_free(&o[1]);
+        }
+    }
+    free(p0);
     tu_rmtree(dir);
 }

@@ -1291,6 +1291,46 @@ Test(loader, sample_above_the_bound_refused_naming_field_file_size)
     tu_rmtree(dir);
 }
 
+/* A pad that keeps the delivered sample under the bound (bfloat16) while
+ * the augmented sample the host engine builds first, in the stored dtype
+ * (float64, 4x the bytes), is far above it: that row was allocated per
+ * worker at start (12.8 GB each here, for a field of no samples) with no
+ * check. Refused at start like any sample above the bound, naming the
+ * field and the augmentation. */
+Test(loader, augmented_row_above_the_bound_refused)
+{
+    char *dir = tu_mkdtemp("hugeaug");
+    char *p = tu_path(dir, "pad.npy");
+    int64_t shape[4] = {0, 1, 4, 4};
+    cr_assert_gt(tu_write_npy(p, "<f8", 0, 4, shape, NULL, 0, 64), 0);
+    npyload_transform t = NPYLOAD_TRANSFORM_INIT;
+    t.dtype = NPYLOAD_DTYPE_BFLOAT16;
+    t.pad = 20000; /* 40004 x 40004: 3.2 GB as bfloat16, 12.8 GB as float64 */
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field_files(L, "x", (const char *[]){p}, 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, NPYLOAD_WORKERS_SYNC), 0);
+    cr_assert_eq(npyload_loader_set_transform(L, "x", &t, sizeof t), 0);
+    int rc = npyload_loader_start(L);
+    const char *m = npyload_loader_errmsg(L);
+    cr_assert_eq(rc, NPYLOAD_ETOOBIG, "%d: %s", rc, m);
+    cr_assert(strstr(m, "field 'x'") && strstr(m, p) && strstr(m, "augment") &&
+                  strstr(m, "12802560128 bytes") && strstr(m, "NPYLOAD_MAX_SAMPLE_BYTES"),
+              "%s", m);
+    npyload_loader_destroy(L);
+    /* the same pad kept as float64 is refused as a delivered sample */
+    t.dtype = NPYLOAD_DTYPE_KEEP;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field_files(L, "x", (const char *[]){p}, 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 1), 0);
+    cr_assert_eq(npyload_loader_set_transform(L, "x", &t, sizeof t), 0);
+    cr_assert_eq(npyload_loader_start(L), NPYLOAD_ETOOBIG, "%s", npyload_loader_errmsg(L));
+    npyload_loader_destroy(L);
+    free(p);
+    tu_rmtree(dir);
+}
+
 /* 3 samples of 64 KiB, BATCH_SIZE 1024: slots of 3 rows (2 for rank 0 of
  * 2), not 1024; the batch is whole and right. */
 Test(loader, slots_sized_for_the_rows_a_rank_gets)

@@ -1079,3 +1079,130 @@ Test(loader_zst, a_damaged_value_table_is_refused_at_start)
     free(v);
     tu_rmtree(dir);
 }
+
+/* A stored narrowed file (--narrow --store) whose trailer's table names a
+ * dtype that its values' size contradicts, or no dtype at all: a hostile
+ * or damaged file whose table still carries a valid zstd checksum. The
+ * loader took the descr and the item size from the table as they were, so
+ * a '<f8' table of 4-byte values made rows of 4 bytes a value read as 8
+ * (the host transform read past its buffer; the device tables were indexed
+ * in 8-byte steps over 4-byte tables). Refused at start, naming the file. */
+static void lying_table(const char *dir, const char *descr, unsigned w, char *out, size_t len)
+{
+    uint8_t codes[400 * 6];
+    for (size_t i = 0; i < sizeof codes; i++)
+        codes[i] = (uint8_t)(i % 3);
+    snprintf(out, len, "%s/lie_%s_%u.narrow.npy", dir, descr[0] ? descr + 1 : "empty", w);
+    const int64_t shape[3] = {400, 2, 3};
+    cr_assert_geq(tu_write_npy(out, "|u1", 0, 3, shape, codes, sizeof codes, 64), 0);
+    npyl_zst_narrow_scan s;
+    npyl_zst_narrow_begin(&s, w);
+    uint64_t vals[3] = {0x3ff0000000000000ull, 0x4000000000000000ull, 0xbff0000000000000ull};
+    unsigned char raw[3 * 8];
+    for (int k = 0; k < 3; k++)
+        memcpy(raw + k * w, (unsigned char *)&vals[k] + 8 - w, w);
+    npyl_zst_narrow_add(&s, raw, 3 * (size_t)w);
+    unsigned char *t = NULL;
+    size_t tn = 0;
+    cr_assert_eq(npyl_zst_store_trailer(&s, descr, &t, &tn), 0);
+    FILE *fp = fopen(out, "ab");
+    cr_assert_not_null(fp);
+    cr_assert_eq(fwrite(t, 1, tn, fp), tn);
+    fclose(fp);
+    free(t);
+}
+
+Test(loader_zst, a_value_table_whose_dtype_contradicts_its_values_is_refused)
+{
+    char *dir = tu_mkdtemp("loader_zst_lie");
+    static const struct {
+        const char *descr;
+        unsigned w;
+    } lies[] = {{"<f8", 4}, {"<f4", 8}, {"<f2", 4}, {"|u1", 2}, {"", 4},
+                {"zz9", 4}, {"<f4 ", 4}, {"<c4", 4}, {"<M8", 8}};
+    for (size_t i = 0; i < sizeof lies / sizeof lies[0]; i++) {
+        char p[700];
+        lying_table(dir, lies[i].descr, lies[i].w, p, sizeof p);
+        npyload_loader *L;
+        cr_assert_eq(npyload_loader_create(&L), 0);
+        cr_assert_eq(npyload_loader_add_field_files(L, "x", (const char *[]){p}, 1), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 400), 0);
+        npyload_transform tr = NPYLOAD_TRANSFORM_INIT;
+        tr.dtype = NPYLOAD_DTYPE_FLOAT32;
+        cr_assert_eq(npyload_loader_set_transform(L, "x", &tr, sizeof tr), 0);
+        int rc = npyload_loader_start(L);
+        const char *m = npyload_loader_errmsg(L);
+        cr_assert_eq(rc, NPYLOAD_EFORMAT, "'%s' x %u bytes: %d: %s", lies[i].descr, lies[i].w,
+                     rc, m);
+        cr_assert(strstr(m, p) && strstr(m, "value table"), "%s", m);
+        npyload_loader_destroy(L);
+    }
+    /* the honest table of the same shape loads and delivers its values */
+    char p[700];
+    lying_table(dir, "<f4", 4, p, sizeof p);
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field_files(L, "x", (const char *[]){p}, 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 4), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_batch *b;
+    cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+    const npyload_array *a = npyload_batch_field(b, 0);
+    cr_assert_str_eq(a->descr, "<f4");
+    cr_assert_eq(a->nbytes, 4 * 6 * 4, "4 rows of 6 float32");
+    npyload_batch_release(b);
+    npyload_loader_destroy(L);
+    tu_rmtree(dir);
+}
+
+/* Files of no values narrowed (0 samples, and samples of a zero-length
+ * axis): --narrow --store divided by the zero row size (SIGFPE; UBSan
+ * "division by zero"), and --narrow wrote a table of 0 values that every
+ * reader then refused as inconsistent. Both forms pack, an empty file
+ * loads beside a non-empty narrowed one, and the values are delivered. */
+Test(loader_zst, narrowing_a_file_of_no_values)
+{
+    char *dir = tu_mkdtemp("loader_zst_narrow_empty");
+    const int64_t empty[3] = {0, 3, 4}, zero_axis[3] = {5, 0, 4}, full[3] = {2, 3, 4};
+    float v[24];
+    for (int i = 0; i < 24; i++)
+        v[i] = (float)(i % 5) - 2.0f;
+    char e[600], z[600], f[600];
+    snprintf(e, sizeof e, "%s/a_empty.npy", dir);
+    snprintf(z, sizeof z, "%s/c_zero_axis.npy", dir);
+    snprintf(f, sizeof f, "%s/b_full.npy", dir);
+    cr_assert_geq(tu_write_npy(e, "<f4", 0, 3, empty, v, 0, 64), 0);
+    cr_assert_geq(tu_write_npy(z, "<f4", 0, 3, zero_axis, v, 0, 64), 0);
+    cr_assert_geq(tu_write_npy(f, "<f4", 0, 3, full, v, sizeof v, 64), 0);
+    for (int store = 0; store <= 1; store++) {
+        npyload_pack_options o = {.threads = 1, .narrow = 1, .store = store};
+        char out[3][700], err[512] = "";
+        const char *in[3] = {e, z, f};
+        for (int k = 0; k < 3; k++) {
+            snprintf(out[k], sizeof out[k], "%s.%s", in[k], store ? "narrow.npy" : "zst");
+            npyload_pack_result r;
+            int rc = npyload_pack_file(in[k], out[k], &o, sizeof o, &r, sizeof r, err,
+                                       sizeof err);
+            cr_assert_eq(rc, 0, "store %d, %s: %d: %s", store, in[k], rc, err);
+            cr_assert_geq(r.narrow_values, 1);
+        }
+        /* the empty file and the full one, one field */
+        npyload_loader *L;
+        cr_assert_eq(npyload_loader_create(&L), 0);
+        cr_assert_eq(npyload_loader_add_field_files(L, "x", (const char *[]){out[0], out[2]},
+                                                    2), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 2), 0);
+        cr_assert_eq(npyload_loader_start(L), 0, "store %d: %s", store,
+                     npyload_loader_errmsg(L));
+        npyload_batch *b;
+        cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+        const npyload_array *a = npyload_batch_field(b, 0);
+        cr_assert_str_eq(a->descr, "<f4");
+        cr_assert_eq(a->nbytes, sizeof v);
+        cr_assert_eq(memcmp(a->data, v, sizeof v), 0, "the values, not the codes");
+        npyload_batch_release(b);
+        cr_assert_eq(npyload_loader_next(L, &b), NPYLOAD_EOF);
+        npyload_loader_destroy(L);
+    }
+    tu_rmtree(dir);
+}

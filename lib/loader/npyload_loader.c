@@ -301,6 +301,9 @@ int64_t npyload_loader_num_samples(const npyload_loader *L)
     return L->started ? L->n : NPYLOAD_ESTATE;
 }
 
+_Static_assert(sizeof(((npyl_field *)0)->engine) <= 768,
+               "npyload.h: 768 bytes always hold field_engine's why");
+
 int npyload_loader_field_engine(const npyload_loader *L, size_t i, char *why, size_t whylen)
 {
     if (!L || i >= L->nfields)

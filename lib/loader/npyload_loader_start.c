@@ -108,7 +108,12 @@ static int plan_rows(npyload_loader *L)
     for (size_t i = 0; i < L->nfields; i++) {
         const npyl_field *f = &L->fields[i];
         uint64_t stored = f->row_bytes, out = f->out_row_bytes;
-        if (stored <= NPYLOAD_MAX_SAMPLE_BYTES && out <= NPYLOAD_MAX_SAMPLE_BYTES)
+        /* The host engine builds an augmented row in the stored dtype
+         * before converting it (a worker's scratch, allocated at start
+         * whatever the sample count): up to 4x the delivered bytes. */
+        uint64_t aug = f->hxform && f->tplan.aug ? f->tplan.in_row_bytes : 0;
+        if (stored <= NPYLOAD_MAX_SAMPLE_BYTES && out <= NPYLOAD_MAX_SAMPLE_BYTES &&
+            aug <= NPYLOAD_MAX_SAMPLE_BYTES)
             continue;
         char shape[256];
         int at = snprintf(shape, sizeof shape, "(");
@@ -121,6 +126,14 @@ static int plan_rows(npyload_loader *L)
                                     "%s and dtype %s is %" PRIu64 " bytes, above "
                                     "NPYLOAD_MAX_SAMPLE_BYTES (%" PRIu64 " bytes, 4 GiB)",
                                     f->name, f->paths[0], shape, f->descr, stored,
+                                    (uint64_t)NPYLOAD_MAX_SAMPLE_BYTES);
+        if (out <= NPYLOAD_MAX_SAMPLE_BYTES)
+            return npyl_loader_fail(L, NPYLOAD_ETOOBIG, "field '%s': %s: a sample of shape "
+                                    "%s is %" PRIu64 " bytes once augmented in its stored "
+                                    "dtype %s (the host engine's row before the conversion "
+                                    "to %s), above NPYLOAD_MAX_SAMPLE_BYTES (%" PRIu64
+                                    " bytes, 4 GiB)", f->name, f->paths[0], shape, aug,
+                                    f->descr, f->tplan.out_descr,
                                     (uint64_t)NPYLOAD_MAX_SAMPLE_BYTES);
         return npyl_loader_fail(L, NPYLOAD_ETOOBIG, "field '%s': %s: a sample of shape %s "
                                 "is %" PRIu64 " bytes after its transform (%s), above "

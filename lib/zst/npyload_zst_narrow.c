@@ -210,6 +210,18 @@ int npyl_zst_narrow_parse(const unsigned char *p, size_t n, const char *name,
                          "%s: the value table of this narrowed file is inconsistent "
                          "(%" PRIu32 " values of %" PRIu32 " bytes in %zu bytes)",
                          name, count, w, r);
+    /* The descr becomes the field's dtype and w its item size: they must
+     * agree (what plan_narrow packs: a byte order, a kind of "fiuc" and the
+     * size in one digit), or rows of w bytes a value would be read as
+     * another size. The checksum only says the table is as written. */
+    const char *d = (const char *)t;
+    if (strnlen(d, 16) != 3 || !strchr("<>=", d[0]) || !d[0] || !strchr("fiuc", d[1]) ||
+        !d[1] || (unsigned)(d[2] - '0') != w || (d[1] == 'c' && w != 8))
+        return npyl_fail(err, errlen, NPYLOAD_EFORMAT,
+                         "%s: the value table of this narrowed file is inconsistent "
+                         "(dtype '%.15s' for values of %" PRIu32 " bytes; expected a "
+                         "number of %" PRIu32 " bytes such as '<f%" PRIu32 "')",
+                         name, d, w, w, w);
     npyl_zst_narrow *x = calloc(1, sizeof *x);
     if (!x)
         return npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", name);

@@ -605,6 +605,13 @@ static int plan_narrow(pack_job *j)
                        j->in, NPYL_ZST_NARROW_MAX, h->descr);
     else
         j->w = w;
+    /* A file of no values (0 samples, or a zero-length axis): a table of
+     * one value that no code names, since a table holds 1 to 256 values
+     * (npyl_zst_narrow_parse) and narrow_values 0 means "not narrowed". */
+    if (!rc && j->scan->count == 0) {
+        static const unsigned char zero[8] = {0};
+        npyl_zst_narrow_add(j->scan, zero, w);
+    }
 out:
     if (fd >= 0)
         close(fd);
@@ -930,11 +937,12 @@ static int pack_progress(const pack_job *j, uint64_t done)
 /* Step 4, stored: the codes of chunks of rows, written as they are. */
 static int pack_store_chunks(pack_job *j)
 {
-    uint64_t k = CHUNK_MAX_BYTES / (j->rb * j->w);
+    /* rb is 0 for samples of no values: nothing to write, one row a chunk */
+    uint64_t k = j->rb ? CHUNK_MAX_BYTES / (j->rb * j->w) : 1;
     if (k == 0)
         k = 1;
-    j->ibuf = malloc((size_t)(k * j->rb));
-    j->nbuf = malloc((size_t)(k * j->rb * j->w));
+    j->ibuf = malloc((size_t)(k * j->rb) + 1);
+    j->nbuf = malloc((size_t)(k * j->rb * j->w) + 1);
     if (!j->ibuf || !j->nbuf)
         return npyl_fail(j->err, j->errlen, -ENOMEM, "%s: out of memory", j->in);
     int rc = 0;

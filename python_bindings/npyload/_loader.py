@@ -796,6 +796,22 @@ class Loader(Generic[_B]):
         backend: str = c.backend if c is not None else self._checked_backend
         return backend
 
+    def field_engines(self) -> dict[str, tuple[str, str]]:
+        """Where each field's transform and the expansion of its narrowed
+        codes run, as ``{field: (engine, why)}``: engine ``'none'`` (the
+        stored rows are delivered), ``'host'`` (the host engine in the
+        workers; on a GPU the output crosses PCIe) or ``'device'`` (kernels
+        after the copy: the stored dtype, or one-byte codes, cross PCIe), and
+        why in words, including why a field asked for the device runs on
+        the host (npyload_loader_field_engine). Known from the constructor
+        on: its check started the same fields, transforms and device. May be
+        called from any thread, also while a loop waits for a batch."""
+        c = self._live()
+        if c is None:
+            return dict(self._checked_engines)
+        engines: dict[str, tuple[str, str]] = c.field_engines()
+        return engines
+
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch the next ``for`` loop runs (its order is a pure
         function of (seed, epoch)); it wins over the advance a new iter()
@@ -1095,6 +1111,7 @@ class Loader(Generic[_B]):
             self.field_names = c.field_names
             self._n: int = c.num_samples()
             self._checked_backend = c.backend
+            self._checked_engines: dict[str, tuple[str, str]] = c.field_engines()
             self._state_version = int(c.get_state()["version"])
         finally:
             c.close()

@@ -370,6 +370,39 @@ static PyObject *loader_num_samples(NpyloadPy_Loader *self, PyObject *unused)
     return res;
 }
 
+/* field_engines(): npyload_loader_field_engine for every field, as
+ * {name: (engine, why)}; a shared call like stats() (what it reads is fixed
+ * at start). */
+static PyObject *loader_field_engines(NpyloadPy_Loader *self, PyObject *unused)
+{
+    static const char *const names[] = {"none", "host", "device"};
+    if (loader_share(self, "field_engines()") < 0)
+        return NULL;
+    size_t n = npyload_loader_num_fields(self->L);
+    PyObject *d = PyDict_New();
+    for (size_t i = 0; d && i < n; i++) {
+        char why[1024] = "";
+        int e = npyload_loader_field_engine(self->L, i, why, sizeof why);
+        if (e < 0 || e > NPYLOAD_ENGINE_DEVICE) {
+            Py_CLEAR(d);
+            npyloadpy_raise(e < 0 ? e : NPYLOAD_EINVAL,
+                            e == NPYLOAD_ESTATE ? "field_engines() before start()" : NULL);
+            break;
+        }
+        /* Names and reasons as every string of the library: file-system
+         * decoding (a field name or a path may carry any bytes). */
+        PyObject *k = npyloadpy_str(npyload_loader_field_name(self->L, i));
+        PyObject *w = npyloadpy_str(why);
+        PyObject *v = k && w ? Py_BuildValue("(sO)", names[e], w) : NULL;
+        if (!v || PyDict_SetItem(d, k, v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(k);
+        Py_XDECREF(w);
+        Py_XDECREF(v);
+    }
+    return d;
+}
+
 static PyObject *loader_get_state(NpyloadPy_Loader *self, PyObject *unused)
 {
     npyload_state st;
@@ -817,6 +850,10 @@ static PyMethodDef loader_methods[] = {
      "num_batches() -> int: batches per epoch for this rank."},
     {"num_samples", (PyCFunction)loader_num_samples, METH_NOARGS,
      "num_samples() -> int: N, the samples in every field."},
+    {"field_engines", (PyCFunction)loader_field_engines, METH_NOARGS,
+     "field_engines() -> dict: after start, {field: (engine, why)}: where its "
+     "transform and narrowed codes run ('none', 'host' or 'device', "
+     "npyload_loader_field_engine) and why in words."},
     {"get_state", (PyCFunction)loader_get_state, METH_NOARGS,
      "get_state() -> dict: position after the last batch handed out."},
     {"set_state", (PyCFunction)loader_set_state, METH_O,

@@ -7,7 +7,8 @@
 # generates captcha data, then runs, within about 8 minutes:
 #   1. test_gpu and test_cuda (Criterion);
 #   2. compute-sanitizer memcheck, racecheck and synccheck on test_gpu and on a
-#      short device-mode npyload-bench run;
+#      short device-mode npyload-bench run, memcheck on the loader's
+#      augmentation and narrowed-code kernels (test_gpu_transform);
 #   3. the H2D ratio: npyload-bench --device cuda:0 (the loader's delivered
 #      GB/s against pinned cudaMemcpyAsync of the same batch bytes, measured
 #      in the same run), with NVML samples;
@@ -37,7 +38,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 OUT=${1:-}
 if [[ -z $OUT || $OUT == -h || $OUT == --help ]]; then
-  sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,34p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
   [[ -z $OUT ]] && exit 2 || exit 0
 fi
 mkdir -p "$OUT/logs" || exit 2
@@ -79,7 +80,7 @@ STEPS="$OUT/steps.tsv"
 # step NAME TIMEOUT_S CMD...: runs CMD with a time limit, logs to logs/NAME.log,
 # records "NAME rc seconds" in steps.tsv.
 BUDGET=${NPYLOAD_DEVICE_CHECK_BUDGET_S:-470}
-SAN_LEFT=6   # sanitizer runs still to come
+SAN_LEFT=7   # sanitizer runs still to come
 # share MAX: sets SHARE, a sanitizer run's limit: its share of the time
 # left, at most MAX.
 share() {
@@ -213,6 +214,16 @@ if [[ -n $CS ]]; then
     step "sanitizer_${tool}_bench" "$SHARE" "$CS" --tool "$tool" "${extra[@]}" --error-exitcode 1 \
       "$B/tools/npyload-bench" "${SMALL[@]}" --device cuda:0 --workers 2 --prefetch 2 \
       --batches 3 --compute-ms 2 --quiet
+    # The npyl_tkx_* kernels read per-row records and narrowed value tables
+    # through device pointers that neither test_gpu nor the bench uses: an
+    # out-of-bounds index there shows only under memcheck (they use no
+    # shared memory or barriers, so racecheck and synccheck add nothing).
+    if [[ $tool == memcheck ]]; then
+      share 90
+      step sanitizer_memcheck_transform "$SHARE" "$CS" --tool memcheck --error-exitcode 1 \
+        --target-processes all "$B/tests/test_gpu_transform" --jobs=1 \
+        --filter='gpu_transform/loader_device_@(augments_like_host|expands_narrowed_like_host)'
+    fi
   done
 else
   printf 'sanitizer_missing\t127\t0\n' >> "$STEPS"

@@ -144,7 +144,7 @@ def report(out):
     if "sanitizer_missing" in steps:
         check("compute-sanitizer", False, "not found", "0 errors")
     for tool in ("memcheck", "racecheck", "synccheck"):
-        for what in ("test_gpu", "bench"):
+        for what in ("test_gpu", "bench", "transform"):
             n = f"sanitizer_{tool}_{what}"
             if n not in steps:
                 continue

@@ -17,6 +17,11 @@
  * waits, so TSan sees the records' writes against the copies' reads. A
  * build without a fatbin compiles the kernels with NVRTC from NPYLOAD_NVRTC
  * (else the field falls back to the host engine, said in the output).
+ * Then once more over narrowed files (npyload-pack --narrow, .npy.zst and
+ * the stored form): the codes cross, the kernels expand them through the
+ * value tables uploaded at start, so TSan also sees the tables' upload and
+ * their reads by kernels run in other threads, up to destroy with batches
+ * held.
  *
  * Usage: stress_device_fake PATH_TO_FAKE_LIBCUDART [PATH_TO_FAKE_LIBCUDA] */
 #include <dlfcn.h>
@@ -44,7 +49,16 @@ static const int64_t SIZES[] = {9, 3, 17, 1, 22, 12};
 static char *dir, glob[512];
 
 static int flip_mode; /* the runs with a flip that negates (kernels) */
+static int narrow_mode; /* ... over narrowed files */
 static char cache[600];
+static char narrowed[NF][600];
+
+/* Element j of sample s in the narrowed files: 200 distinct float32 values
+ * (0.0 among them, negated to -0.0). */
+static float nval(int64_t s, size_t j)
+{
+    return (float)((s * 7 + (int64_t)j) % 200) - 50.0f;
+}
 
 typedef struct read_back {
     uint8_t *bytes;
@@ -57,11 +71,47 @@ typedef struct read_back {
 static int rows_ok(const uint8_t *p, const int64_t *idx, const uint8_t *hf, size_t rows)
 {
     for (size_t r = 0; r < rows; r++)
-        for (size_t i = 0; i < ROW; i++)
-            if (p[r * ROW + i] != (tu_byte(1, (uint64_t)idx[r], i) ^
-                                   (hf && hf[r] && i % 4 == 3 ? 0x80 : 0)))
+        for (size_t i = 0; i < ROW; i++) {
+            uint8_t want = tu_byte(1, (uint64_t)idx[r], i);
+            if (narrow_mode) {
+                float v = nval(idx[r], i / 4);
+                memcpy(&want, (const uint8_t *)&v + i % 4, 1);
+            }
+            if (p[r * ROW + i] != (want ^ (hf && hf[r] && i % 4 == 3 ? 0x80 : 0)))
                 return 0;
+        }
     return 1;
+}
+
+/* dir/n_K.npy of nval's values, packed narrowed: even K as .npy.zst, odd
+ * K in the stored form. */
+static int write_narrowed(void)
+{
+    int64_t first = 0;
+    for (size_t k = 0; k < NF; k++) {
+        size_t n = (size_t)SIZES[k] * (ROW / 4);
+        float *v = malloc(n * sizeof *v);
+        if (!v)
+            return -1;
+        for (size_t i = 0; i < n; i++)
+            v[i] = nval(first + (int64_t)(i / (ROW / 4)), i % (ROW / 4));
+        char p[560];
+        snprintf(p, sizeof p, "%s/n_%zu.npy", dir, k);
+        const int64_t shape[2] = {SIZES[k], ROW / 4};
+        long w = tu_write_npy(p, "<f4", 0, 2, shape, v, n * sizeof *v, 64);
+        free(v);
+        npyload_pack_options o = {.frame_size = 100, .threads = 1, .narrow = 1,
+                                  .store = (int)(k % 2)};
+        char err[512];
+        snprintf(narrowed[k], sizeof narrowed[k], "%s/n_%zu.%s", dir, k,
+                 k % 2 ? "narrow.npy" : "npy.zst");
+        if (w < 0 || npyload_pack_file(p, narrowed[k], &o, sizeof o, NULL, 0, err, sizeof err)) {
+            fprintf(stderr, "narrowed file %zu: %s\n", k, w < 0 ? "write failed" : err);
+            return -1;
+        }
+        first += SIZES[k];
+    }
+    return 0;
 }
 
 static void set_flip(npyload_loader *L)
@@ -83,7 +133,12 @@ static void set_flip(npyload_loader *L)
 static npyload_loader *make(int workers, int prefetch, int64_t batch)
 {
     npyload_loader *L;
-    if (npyload_loader_create(&L) || npyload_loader_add_field(L, "x", glob) ||
+    const char *nfiles[NF];
+    for (size_t k = 0; k < NF; k++)
+        nfiles[k] = narrowed[k];
+    if (npyload_loader_create(&L) ||
+        (narrow_mode ? npyload_loader_add_field_files(L, "x", nfiles, NF)
+                     : npyload_loader_add_field(L, "x", glob)) ||
         npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, workers) ||
         npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, prefetch) ||
         npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, batch) ||
@@ -207,6 +262,18 @@ static void run_with_kernels(const char *driver)
     consumer_never_waits(6, 3, 7);
     destroy_with_batches_held();
     CHECK(atomic_load(&ctl()->n_ran) > 0 || !strstr(why, "device"), "no kernel ran");
+    if (write_narrowed())
+        exit(2);
+    narrow_mode = 1;
+    L = make(2, 2, 4);
+    npyload_loader_field_engine(L, 0, why, sizeof why);
+    printf("narrowed runs: %s\n", why);
+    npyload_loader_destroy(L);
+    int ran = atomic_load(&ctl()->n_ran);
+    consumer_never_waits(1, 2, 4);
+    consumer_never_waits(6, 3, 7);
+    destroy_with_batches_held();
+    CHECK(atomic_load(&ctl()->n_ran) > ran || !strstr(why, "device"), "no kernel ran");
 }
 
 int main(int argc, char **argv)

@@ -221,6 +221,8 @@ def test_device_augmentation_equals_host(gray, dtype):
             n += len(bh.indices)
         assert n == 67
         assert dev.stats()["h2d_bytes"] == 67 * (2 * 32 * 48 + 16)
+        assert dev.field_engines()["images"][0] == "device", dev.field_engines()
+        assert host.field_engines()["images"][0] == "host"
 
 
 @pytest.mark.parametrize("transform", [None, "float16"])
@@ -242,3 +244,5 @@ def test_device_expands_narrowed_codes(gray, transform):
                 want = ref[np.asarray(bh.indices)].view(np.uint32)
                 np.testing.assert_array_equal(_bits(y).numpy().view(np.uint32), want)
         assert dev.stats()["h2d_bytes"] == 67 * (2 * 32 * 48 + 16)
+        engine, why = dev.field_engines()["x"]
+        assert engine == "device" and "codes" in why, why

@@ -284,6 +284,24 @@ def test_bad_fields_are_refused_naming_the_field(data, field, t, msg):
     assert field in str(e.value)
 
 
+def test_field_engines_say_where_each_field_runs(data):
+    """Loader.field_engines() (npyload_loader_field_engine): host mode runs
+    an augmentation in the host engine, an untouched field runs nothing;
+    the same before the first iter() (the constructor's check) and after,
+    with the reason in words; closed: refused."""
+    globs, _ = data
+    L = make({k: globs[k] for k in ("img", "lab")}, transforms={"img": TRANSFORMS["img"]})
+    before = L.field_engines()
+    assert list(before) == ["img", "lab"]
+    assert before["img"][0] == "host" and "host mode" in before["img"][1], before
+    assert before["lab"] == ("none", "none: the stored rows are delivered")
+    next(iter(L))
+    assert L.field_engines() == before
+    L.close()
+    with pytest.raises(ValueError, match="closed"):
+        L.field_engines()
+
+
 def test_repr_names_the_augmentation():
     r = repr(TRANSFORMS["off"])
     assert "hflip=0.5" in r and "hflip_sign=(-1.0, 1.0)" in r

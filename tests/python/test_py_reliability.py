@@ -43,8 +43,10 @@ def test_surrogate_str_paths_and_field_name(latin1_dir):
     loader = npyload.Loader({name: os.path.join(sd, "part_*.npy")}, batch_size=6,
                             output="numpy")
     assert loader.field_names == (name,)
+    assert list(loader.field_engines()) == [name]  # before the first iter()
     b = next(iter(loader))
     np.testing.assert_array_equal(b[name], a)
+    assert list(loader.field_engines()) == [name]  # the started loader's
     del b
     loader.close()
 

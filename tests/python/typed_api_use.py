@@ -157,6 +157,8 @@ def every_loader_argument(fields: Mapping[str, list[str]]) -> None:
     assert_type(loader.num_samples, int)
     assert_type(loader.field_names, tuple[str, ...])
     assert_type(loader.backend, str)
+    assert_type(loader.field_engines(), dict[str, tuple[str, str]])
+    assert loader.field_engines()["x"][0] == "host" and loader.field_engines()["y"][0] == "none"
     assert len(loader) == N // PER_FILE and loader.num_samples == N
     assert loader.field_names == ("x", "y") and loader.batch_size == PER_FILE
 
