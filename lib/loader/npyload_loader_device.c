@@ -7,20 +7,6 @@
 
 #include "npyload_loader_device.h"
 
-/* The index in f->files of the file holding global sample s. */
-static uint32_t file_index(const npyl_field *f, int64_t s)
-{
-    size_t lo = 0, hi = f->npaths;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (f->files[mid].first <= s)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return (uint32_t)lo;
-}
-
 /* The per-row records of field f (drows) for h's rows as read (ON_ERROR
  * skip may have dropped some), written into h beside the rows: each row's
  * augmentation decisions, computed here once by the host engine's own
@@ -31,7 +17,7 @@ static const npyl_tdev_row *stage_records(const npyl_field *f, npyl_slot *h)
     npyl_tdev_row *rec = (npyl_tdev_row *)(h->mem + f->rec_host_off);
     for (size_t r = 0; r < h->rows; r++)
         npyl_tdev_row_fill(&f->tplan, h->seed, h->epoch, h->indices[r],
-                           f->dnarrow ? file_index(f, h->indices[r]) : 0, &rec[r]);
+                           f->dnarrow ? (uint32_t)npyl_field_file_of(f, h->indices[r]) : 0, &rec[r]);
     return rec;
 }
 

@@ -1,5 +1,6 @@
 /* lib/loader's bottom layer: what a field is (its files, row layout and
- * transform) and the loader's counters. Types only, no functions: the
+ * transform) and the loader's counters. Types, and the one lookup of them
+ * that more than one part needs (which file holds a sample): the
  * batch reader, the slots, the device copy and the worker all read these,
  * and none of them owns them (setup fills them at start, lifetime frees
  * them). See README.md in this folder for the layering. */
@@ -83,11 +84,30 @@ typedef struct npyl_field {
     uint64_t rec_host_off, rec_raw_off;
 } npyl_field;
 
+/* The index in f->files of the file holding global sample s (files are in
+ * sample order; s < the field's total). */
+static inline size_t npyl_field_file_of(const npyl_field *f, int64_t s)
+{
+    size_t lo = 0, hi = f->npaths;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (f->files[mid].first <= s)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* The loader's counters (npyload_loader_get_stats), added to without a
  * lock by whichever part did the work. */
 typedef struct npyl_stats {
     _Atomic uint64_t bytes, batches, samples, wait_ns, io_ns, h2d_bytes, h2d_ns;
-    _Atomic uint64_t skipped, errors;          /* ON_ERROR skip */
+    _Atomic uint64_t skipped, errors;          /* ON_ERROR skip: rows the
+                                                  readers dropped (MAX_ERRORS
+                                                  judges them), failed reads */
+    _Atomic uint64_t skipped_out;              /* rows missing from batches
+                                                  handed out (samples_skipped) */
     _Atomic uint64_t zcbytes, zdbytes, zdecode_ns; /* .npy.zst */
     _Atomic uint64_t transform_ns;             /* host transforms */
     _Atomic uint64_t ahead, read_wait_ns;      /* read-ahead */

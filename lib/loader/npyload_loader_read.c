@@ -49,15 +49,7 @@ typedef struct zstats {
 /* The file of field f holding global sample s (binary search). */
 static const npyl_ffile *find_file(const npyl_field *f, int64_t s)
 {
-    size_t lo = 0, hi = f->npaths;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (f->files[mid].first <= s)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return &f->files[lo];
+    return &f->files[npyl_field_file_of(f, s)];
 }
 
 /* Reads a round's n requests: those of local files through io (lib/io),
