@@ -876,7 +876,10 @@ typedef struct npyload_stats {
     uint64_t uring_fallbacks;   /* workers whose io_uring_enter was refused
                                    at run time and that read with pread
                                    since (backend stays NPYLOAD_IO_URING) */
-    uint64_t samples_skipped;   /* ON_ERROR skip: samples dropped */
+    uint64_t samples_skipped;   /* ON_ERROR skip: samples missing from
+                                   the batches handed out (rows of a batch
+                                   read ahead and dropped by set_epoch or
+                                   set_state do not count) */
     uint64_t errors;            /* ON_ERROR skip: failed batch reads seen
                                    (those a retry fixed included) */
     uint64_t gather_bytes;      /* bytes copied from a mapping of the file:

@@ -354,7 +354,7 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *dst,
     npyload_stats st, *out = &st;
     memset(out, 0, sizeof *out);
     out->bytes_read = atomic_load(&L->st.bytes);
-    out->samples_skipped = atomic_load(&L->st.skipped);
+    out->samples_skipped = atomic_load(&L->st.skipped_out);
     out->errors = atomic_load(&L->st.errors);
     out->compressed_bytes_read = atomic_load(&L->st.zcbytes);
     out->decompressed_bytes = atomic_load(&L->st.zdbytes);

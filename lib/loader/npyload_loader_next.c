@@ -50,6 +50,9 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
         atomic_fetch_add(&L->refs, 1); /* dropped by the batch's release */
         atomic_fetch_add(&L->st.batches, 1);
         atomic_fetch_add(&L->st.samples, rows);
+        /* Rows the reader dropped count when their batch is delivered: a
+         * batch read ahead and dropped by set_epoch was never missing any. */
+        atomic_fetch_add(&L->st.skipped_out, (*out)->slot->planned - rows);
     }
     npyl_slots_leave_next(&L->ring);
     return rc;

@@ -77,7 +77,7 @@ static void claim_into(npyl_ring *r, npyl_slot *h, int *copy_pending)
     h->seq = seq;
     h->epoch = r->op.epoch;
     h->seed = r->op.seed;
-    h->rows = (size_t)(hi - lo);
+    h->rows = h->planned = (size_t)(hi - lo);
     h->err = 0;
     memcpy(h->indices, r->seqbuf + lo, h->rows * sizeof *h->indices);
     *copy_pending = h->copy_pending;
@@ -166,6 +166,7 @@ npyl_slot *npyl_slots_take_device(npyl_ring *r, npyl_slot *h, int copy_pending,
     d->epoch = h->epoch;
     d->seed = h->seed;
     d->rows = h->rows;
+    d->planned = h->planned;
     memcpy(d->indices, h->indices, h->rows * sizeof *h->indices);
     d->err = h->err;
     if (h->err)

@@ -64,7 +64,8 @@ typedef struct npyl_slot {
     int64_t seq;          /* [mu] batch position in the rank's epoch */
     uint64_t epoch;       /* the epoch it belongs to */
     int64_t seed;         /* and its order's seed (augmentation draws) */
-    size_t rows;
+    size_t rows;          /* the rows it holds (ON_ERROR skip drops some) */
+    size_t planned;       /* the rows its batch was claimed with */
     int64_t *indices;     /* slot_rows entries */
     int err;              /* a failed batch carries its error in order */
     char *errmsg;         /* NPYL_ERRMSG_LEN, only when err != 0 */
