@@ -877,9 +877,10 @@ typedef struct npyload_stats {
                                    at run time and that read with pread
                                    since (backend stays NPYLOAD_IO_URING) */
     uint64_t samples_skipped;   /* ON_ERROR skip: samples missing from
-                                   the batches handed out (rows of a batch
-                                   read ahead and dropped by set_epoch or
-                                   set_state do not count) */
+                                   the batches handed out, the one that
+                                   failed at MAX_ERRORS included (rows of
+                                   a batch read ahead and dropped by
+                                   set_epoch or set_state do not count) */
     uint64_t errors;            /* ON_ERROR skip: failed batch reads seen
                                    (those a retry fixed included) */
     uint64_t gather_bytes;      /* bytes copied from a mapping of the file:

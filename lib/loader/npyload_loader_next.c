@@ -33,12 +33,13 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
         deadline.tv_nsec = (long)(ns % 1000000000u);
     }
     npyl_slots_enter_next(&L->ring); /* destroy waits for it to leave */
-    size_t rows = 0;
+    size_t rows = 0, dropped = 0;
     int rc, try = 1;
     /* A synchronous loader reads on this thread when nothing is ready, and
      * asks again; when nothing can be read now either, it fails. */
     while ((rc = npyl_slots_take_ready(&L->ring, timeout_ns >= 0 ? &deadline : NULL, L->sync,
-                                       try, out, &rows, L->errmsg, sizeof L->errmsg)) ==
+                                       try, out, &rows, &dropped, L->errmsg,
+                                       sizeof L->errmsg)) ==
            NPYL_TAKE_AGAIN)
         try = npyl_worker_step(&L->workers[0]);
     /* The counters and the batch's reference before leaving: once next()
@@ -50,10 +51,11 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
         atomic_fetch_add(&L->refs, 1); /* dropped by the batch's release */
         atomic_fetch_add(&L->st.batches, 1);
         atomic_fetch_add(&L->st.samples, rows);
-        /* Rows the reader dropped count when their batch is delivered: a
-         * batch read ahead and dropped by set_epoch was never missing any. */
-        atomic_fetch_add(&L->st.skipped_out, (*out)->slot->planned - rows);
     }
+    /* Rows the reader dropped count when their batch is handed out, as data
+     * or as the error MAX_ERRORS made of it: a batch read ahead and dropped
+     * by set_epoch was never missing any. */
+    atomic_fetch_add(&L->st.skipped_out, dropped);
     npyl_slots_leave_next(&L->ring);
     return rc;
 }

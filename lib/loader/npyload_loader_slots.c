@@ -248,8 +248,9 @@ static int cannot_wait(npyl_ring *r, int sync, char *errmsg, size_t errlen)
  * carries an error, the error (in order, as an error, never as data), the
  * ring failed and the slot FREE. Called with mu held. */
 static int hand_out(npyl_ring *r, npyl_slot *s, npyload_batch **out, size_t *rows,
-                    char *errmsg, size_t errlen)
+                    size_t *dropped, char *errmsg, size_t errlen)
 {
+    *dropped = s->planned - s->rows;
     if (s->err) {
         /* next_seq stays: the position saved by get_state excludes the
          * failed batch, so a resume retries it. */
@@ -274,9 +275,11 @@ static int hand_out(npyl_ring *r, npyl_slot *s, npyload_batch **out, size_t *row
 }
 
 int npyl_slots_take_ready(npyl_ring *r, const struct timespec *deadline, int sync, int try,
-                          npyload_batch **out, size_t *rows, char *errmsg, size_t errlen)
+                          npyload_batch **out, size_t *rows, size_t *dropped, char *errmsg,
+                          size_t errlen)
 {
     int rc = 0;
+    *dropped = 0;
     npyl_slot *s = NULL;
     pthread_mutex_lock(&r->mu);
     for (;;) {
@@ -316,7 +319,7 @@ int npyl_slots_take_ready(npyl_ring *r, const struct timespec *deadline, int syn
         }
     }
     if (s)
-        rc = hand_out(r, s, out, rows, errmsg, errlen);
+        rc = hand_out(r, s, out, rows, dropped, errmsg, errlen);
     pthread_mutex_unlock(&r->mu);
     return rc;
 }

@@ -166,15 +166,16 @@ NPYL_HIDDEN void npyl_slots_enter_next(npyl_ring *r);
 NPYL_HIDDEN void npyl_slots_leave_next(npyl_ring *r);
 /* Hands out batch next_seq: HELD under a fresh handle, in *out, with
  * *rows. A failed batch returns its error and message (errmsg) instead and
- * marks the ring failed. Else: NPYLOAD_ESTATE when stopping (no message)
+ * marks the ring failed. Either way *dropped is the rows the batch lost to
+ * ON_ERROR skip (0 when nothing was handed out). Else: NPYLOAD_ESTATE when stopping (no message)
  * or failed earlier, NPYLOAD_ECUDA when a release poisoned a slot,
  * NPYLOAD_EOF, NPYLOAD_EHELD when every slot is held, -ETIMEDOUT at the
  * deadline (NULL: none). sync: nobody else fills slots: try == 1 returns
  * NPYL_TAKE_AGAIN rather than fail, so the caller may read one itself
  * (npyl_worker_step) and ask again; try == 0 then fails with ESTATE. */
 NPYL_HIDDEN int npyl_slots_take_ready(npyl_ring *r, const struct timespec *deadline, int sync,
-                                      int try, npyload_batch **out, size_t *rows, char *errmsg,
-                                      size_t errlen);
+                                      int try, npyload_batch **out, size_t *rows,
+                                      size_t *dropped, char *errmsg, size_t errlen);
 /* A release: takes b out of its slot's owner tag. 0 when b was held;
  * NPYLOAD_ESTATE when it was not (released already, or its slot handed out
  * again since): then nothing may change. */
