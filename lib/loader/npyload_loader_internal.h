@@ -158,6 +158,24 @@ NPYL_HIDDEN int npyl_loader_auto_backend(char *why, size_t whylen);
  * them and fills the io file table and L->n. */
 NPYL_HIDDEN int npyl_load_fields(npyload_loader *L);
 
+/* npyload_loader_remote.c: a probed remote object as a reader (its head
+ * and tail bytes from the probe, the rest by ranged GETs checked against
+ * the probe's ETag), shared by start and npyload_remote_inspect. */
+typedef struct npyl_rsrc {
+    npyl_remote *r;
+    const npyl_remote_probe *p;
+    npyl_remote_obj o;
+} npyl_rsrc;
+NPYL_HIDDEN void npyl_rsrc_init(npyl_rsrc *s, npyl_remote *r, const npyl_remote_probe *p);
+/* npyl_zst_read_fn over a npyl_rsrc. */
+NPYL_HIDDEN int npyl_rsrc_read(void *ctx, void *buf, size_t n, uint64_t off);
+/* The NPY header of a probed .npy (more bytes fetched when it is longer
+ * than the head). */
+NPYL_HIDDEN int npyl_rsrc_npy_header(npyl_rsrc *s, npyload_header *h, char *err, size_t errlen);
+/* npyl_remote_want_tail for start: a .npy.zst (the seek table) and a
+ * '|u1' .npy with bytes after its data (a narrowed store's trailer). */
+NPYL_HIDDEN int npyl_rsrc_want_tail(const npyl_remote_probe *p);
+
 /* npyload_loader_state.c: checks every field of a saved state against the
  * loader (n = its sample count, or -1 before start) and yields the order
  * parameters it selects (into *op) and the batch to resume at. */

@@ -172,7 +172,8 @@ class NpyloadError(RuntimeError):
 
 # ---- functions ----
 
-def inspect(path: _Path, verify: bool = False) -> HeaderInfo: ...
+def inspect(path: _Path, verify: bool = False,
+            remote: dict[str, str | int | None] | None = None) -> HeaderInfo: ...
 def load(path: _Path, mmap: bool = True) -> npt.NDArray[Any]: ...
 def order_indices(
     n: int,

@@ -497,3 +497,121 @@ def test_aws_environment_and_files(monkeypatch, tmp_path):
     c = _remote.build(None, ["s3://b/k"], env=env)
     assert c["access_key"] == "OTHERKEY" and c["region"] == "us-west-1"
     assert _remote.build(None, ["/local/x.npy"], env=env) is None
+
+
+# ---- inspect: npyload.inspect() and npyload-inspect on remote paths ------
+
+def _env_for(server, monkeypatch=None):
+    """The AWS environment that points at the server (for the CLI)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ENDPOINT_URL=server.endpoint, AWS_ACCESS_KEY_ID=server.access_key,
+               AWS_SECRET_ACCESS_KEY=server.secret_key, AWS_REGION="us-east-1")
+    return env
+
+
+@pytest.mark.parametrize("kind", ["raw", "zst"])
+def test_inspect_remote_equals_local(server, data, kind):
+    """npyload.inspect() of s3:// and http:// objects gives the local
+    file's facts, key for key (the seek table's for .npy.zst)."""
+    import glob as _g
+    _, globs, zglobs, _ = data
+    ext = ".npy" if kind == "raw" else ".npy.zst"
+    for name, g in (globs if kind == "raw" else zglobs).items():
+        for p in sorted(_g.glob(g)):
+            local = npyload.inspect(p)
+            key = f"{kind}/{name}/{os.path.basename(p)}"
+            assert key.endswith(ext)
+            assert npyload.inspect(f"s3://{BUCKET}/{key}", remote=server.remote()) == local
+            assert npyload.inspect(f"{server.filer_url}/buckets/{BUCKET}/{key}") == local
+    if kind == "zst":
+        p = sorted(_g.glob(zglobs["images"]))[0]
+        url = f"s3://{BUCKET}/zst/images/{os.path.basename(p)}"
+        assert npyload.inspect(url, verify=True, remote=server.remote()) == \
+            npyload.inspect(p, verify=True)
+    with pytest.raises(npyload.NpyloadError, match=f"s3://{BUCKET}/raw/nope.npy.*404"):
+        npyload.inspect(f"s3://{BUCKET}/raw/nope.npy", remote=server.remote())
+
+
+def test_inspect_cli_remote_globs_equal_local(server, data):
+    """npyload-inspect --json on s3:// patterns (listed) and an http:// URL,
+    configured by the AWS environment: the records equal the local files'
+    but for the name; a missing object is an error naming it (exit 1); the
+    secret never shows."""
+    import glob as _g
+    from conftest import built_tool
+    exe = built_tool("npyload-inspect")
+    _, globs, zglobs, _ = data
+    local = sorted(_g.glob(globs["images"])) + sorted(_g.glob(zglobs["labels"]))
+    pats = [f"s3://{BUCKET}/raw/images/images_*.npy", f"s3://{BUCKET}/zst/labels/label*.npy.zst"]
+    env = _env_for(server)
+    out = subprocess.run([exe, "--json"] + local, capture_output=True, text=True, timeout=60)
+    rem = subprocess.run([exe, "--json"] + pats, capture_output=True, text=True, timeout=60,
+                         env=env)
+    assert out.returncode == 0 and rem.returncode == 0, rem.stderr
+    a = [json.loads(x) for x in out.stdout.splitlines()]
+    b = [json.loads(x) for x in rem.stdout.splitlines()]
+    assert len(a) == len(b) == len(local)
+    for x, y, p in zip(a, b, local):
+        assert y.pop("file").endswith("/" + os.path.basename(p))
+        x.pop("file")
+        assert x == y
+    url = f"{server.filer_url}/buckets/{BUCKET}/raw/mask/{os.path.basename(local[0]).replace('images', 'mask')}"
+    one = subprocess.run([exe, "--json", url], capture_output=True, text=True, timeout=60, env=env)
+    assert one.returncode == 0, one.stderr
+    assert json.loads(one.stdout)["shape"][0] == npyload.inspect(url)["shape"][0]
+    bad = subprocess.run([exe, f"s3://{BUCKET}/raw/nope.npy", f"s3://{BUCKET}/nomatch_*.npy"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert bad.returncode == 1
+    assert f"s3://{BUCKET}/raw/nope.npy" in bad.stderr and "404" in bad.stderr
+    assert f"s3://{BUCKET}/nomatch_*.npy" in bad.stderr and "no objects match" in bad.stderr
+    for r in (rem, one, bad):
+        assert server.secret_key not in r.stdout + r.stderr
+
+
+def test_cli_remote_configuration_matches_python(tmp_path, monkeypatch):
+    """The tools' configuration from the environment and ~/.aws
+    (npyload-inspect --remote-config) follows the Python package's
+    precedence (_remote.build) in every case below."""
+    from conftest import built_tool
+    from npyload import _remote
+    exe = built_tool("npyload-inspect")
+    aws = tmp_path / ".aws"
+    aws.mkdir()
+    (aws / "credentials").write_text("[default]\naws_access_key_id = FILEKEY\n"
+                                     "aws_secret_access_key = FILESECRET\n"
+                                     "[other]\naws_access_key_id = OTHERKEY\n"
+                                     "aws_secret_access_key = OTHERSECRET\n"
+                                     "aws_session_token = OTHERTOKEN\n")
+    (aws / "config").write_text("[default]\nregion = eu-west-3\n"
+                                "[profile other]\nregion = ap-south-1\n"
+                                "endpoint_url = http://other:9000\n"
+                                "ca_bundle = /other/ca.pem\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    base["HOME"] = str(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))  # _remote finds ~ through os.environ
+    cases = [{},
+             {"AWS_ACCESS_KEY_ID": "ENVKEY", "AWS_SECRET_ACCESS_KEY": "ENVSECRET",
+              "AWS_ENDPOINT_URL": "http://env:1", "AWS_ENDPOINT_URL_S3": "http://envs3:2",
+              "AWS_DEFAULT_REGION": "us-west-1"},
+             {"AWS_PROFILE": "other"},
+             {"AWS_PROFILE": "other", "AWS_REGION": "r9", "AWS_DEFAULT_REGION": "r8",
+              "AWS_ENDPOINT_URL": "http://env:1", "AWS_CA_BUNDLE": "/env/ca.pem"},
+             {"AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_REGION": "r1"}]
+    for extra in cases:
+        env = dict(base, **extra)
+        c = _remote.build(None, ["https://h/k"], env=env)
+        r = subprocess.run([exe, "--remote-config"], capture_output=True, text=True, env=env,
+                           timeout=30)
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout)
+        want = {k: c[k] for k in ("endpoint", "region", "access_key", "ca_file")}
+        want["secret_key"] = "(set)" if c["secret_key"] else None
+        want["session_token"] = "(set)" if c["session_token"] else None
+        assert got == want, extra
+        assert "SECRET" not in r.stdout and "TOKEN" not in r.stdout
+    env = dict(base, AWS_PROFILE="nope")
+    r = subprocess.run([exe, "--remote-config"], capture_output=True, text=True, env=env,
+                       timeout=30)
+    assert r.returncode == 1 and "profile 'nope'" in r.stderr
+    with pytest.raises(ValueError, match="profile 'nope'"):
+        _remote.build(None, ["https://h/k"], env=env)
