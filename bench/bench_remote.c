@@ -29,13 +29,9 @@
 static void print_point(const npyload_rget_point *p, void *arg)
 {
     (void)arg;
-    char a[16] = "-", b[16] = "-";
-    if (p->p50_ms >= 0) {
-        snprintf(a, sizeof a, "%.2f", p->p50_ms);
-        snprintf(b, sizeof b, "%.2f", p->p99_ms);
-    }
-    printf("%6d %8d %9d %10.0f %9.1f %9s %9s\n", p->concurrency, p->threads, p->inflight,
-           p->requests_per_s, p->mb_per_s, a, b);
+    char row[128];
+    npyload_rget_row(p, row, sizeof row);
+    printf("%s\n", row);
     fflush(stdout);
 }
 
@@ -80,8 +76,7 @@ int main(int argc, char **argv)
     }
     printf("%zu objects; ranged GETs of %zu bytes at random offsets, %.1f s each\n", nurls,
            bytes, seconds);
-    printf("%6s %8s %9s %10s %9s %9s %9s\n", "conc", "threads", "inflight", "req/s", "MB/s",
-           "p50 ms", "p99 ms");
+    printf("%s\n", npyload_rget_header());
     npyload_rget_result res;
     int rc = npyload_rget_measure(&env.cfg, urls, nurls, bytes, seconds, conc, nconc, tmax,
                                   print_point, NULL, &res, err, sizeof err);

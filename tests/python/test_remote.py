@@ -14,6 +14,7 @@ retry that succeeds or an error naming the URL, within a bounded time; and
 that the secret never shows.
 """
 import json
+from pathlib import Path
 import os
 import subprocess
 import sys
@@ -615,3 +616,37 @@ def test_cli_remote_configuration_matches_python(tmp_path, monkeypatch):
     assert r.returncode == 1 and "profile 'nope'" in r.stderr
     with pytest.raises(ValueError, match="profile 'nope'"):
         _remote.build(None, ["https://h/k"], env=env)
+
+
+def test_bench_on_remote_fields(server, tmp_path):
+    """npyload-bench on s3:// fields, configured by the AWS environment:
+    the store's ranged-GET sweep is the reference ceiling, the JSON
+    (bench/schema.json) has the sweep, its recommendation and each run's
+    remote counters, and the secret appears nowhere."""
+    import jsonschema
+    from conftest import built_tool
+    exe = built_tool("npyload-bench")
+    out = tmp_path / "b.json"
+    r = subprocess.run([exe, f"images=s3://{BUCKET}/raw/images/images_*.npy",
+                        f"labels=s3://{BUCKET}/zst/labels/labels_*.npy.zst",
+                        "--batch-size", "8", "--workers", "1,2", "--prefetch", "2",
+                        "--seconds", "0.2", "--shuffle", "--no-repeat", "--json", str(out)],
+                       capture_output=True, text=True, timeout=240, env=_env_for(server))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    schema = json.loads((Path(__file__).resolve().parents[2] / "bench" / "schema.json")
+                        .read_text())
+    jsonschema.Draft202012Validator(schema).validate(doc)
+    rem = doc["remote"]
+    assert rem["measured"] and len(rem["points"]) == 6
+    assert rem["objects"] == sum(f["files"] for f in doc["config"]["fields"])
+    assert rem["recommended_workers"] >= 1 and rem["recommended_max_inflight"] >= 1
+    assert doc["config"]["ceiling_reference"] == "remote_get"
+    assert any(c["name"] == "remote_get" and c["measured"] for c in doc["ceilings"])
+    assert doc["compression"] is None
+    for run in doc["runs"]:
+        assert run["ok"], run["error"]
+        assert run["remote"]["requests"] > 0 and run["remote"]["bytes"] > 0
+    assert "remote: ranged GETs" in r.stdout and "max_inflight" in r.stdout
+    for text in (r.stdout, r.stderr, out.read_text()):
+        assert server.secret_key not in text

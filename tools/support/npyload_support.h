@@ -115,6 +115,11 @@ typedef struct npyload_rget_result {
     uint64_t requests, retries; /* HTTP requests of the whole sweep (the
                                    probe included) */
 } npyload_rget_result;
+/*! npyload_rget_row() : one point as a table row "conc threads inflight
+ * req/s MB/s p50 p99" (npyload_rget_header() the header), as npyload-bench
+ * and bench_remote print them. */
+void npyload_rget_row(const npyload_rget_point *p, char *buf, size_t len);
+const char *npyload_rget_header(void);
 /*! npyload_rget_measure() : probes the n objects (size, ETag), then
  * measures each concurrency of conc[0 .. nconc) (at most
  * NPYLOAD_RGET_MAX_POINTS) with at most tmax threads. `each` (may be NULL)

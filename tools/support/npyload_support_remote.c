@@ -154,6 +154,22 @@ static int measure_point(npyl_remote *r, const npyl_remote_obj *objs, size_t n, 
     return rc;
 }
 
+const char *npyload_rget_header(void)
+{
+    return "  conc  threads  inflight      req/s      MB/s    p50 ms    p99 ms";
+}
+
+void npyload_rget_row(const npyload_rget_point *p, char *buf, size_t len)
+{
+    char a[16] = "-", b[16] = "-";
+    if (p->p50_ms >= 0) {
+        snprintf(a, sizeof a, "%.2f", p->p50_ms);
+        snprintf(b, sizeof b, "%.2f", p->p99_ms);
+    }
+    snprintf(buf, len, "%6d %8d %9d %10.0f %9.1f %9s %9s", p->concurrency, p->threads,
+             p->inflight, p->requests_per_s, p->mb_per_s, a, b);
+}
+
 int npyload_rget_measure(const npyload_remote *cfg_in, const char *const *urls, size_t n,
                          size_t bytes, double seconds, const int *conc, int nconc, int tmax,
                          void (*each)(const npyload_rget_point *p, void *arg), void *arg,
