@@ -254,6 +254,56 @@ Test(remote, cache_serves_the_second_epoch)
     site_down(&s);
 }
 
+/* Concurrent misses of one block in one process wait for the one fetch:
+ * on a cold cached epoch with many reading threads (4 workers, each with
+ * its read-ahead thread, one-sample batches, shuffled), every block is
+ * fetched once: the blocks missed are at most the blocks there are, and
+ * the bytes the server sent at most the objects' bytes plus start's
+ * probe (each object here fits in one probe and one block). */
+Test(remote, concurrent_misses_of_a_block_fetch_it_once)
+{
+    site s;
+    site_up(&s, 0);
+    char *cache = tu_path(s.dir, "cache");
+    npyload_remote r;
+    memset(&r, 0, sizeof r);
+    r.cache_dir = cache;
+    r.cache_block = 1 << 20; /* one block per object */
+    uint64_t objects = 0;
+    for (size_t k = 0; k < NF; k++) {
+        npyload_header h;
+        cr_assert_eq(npyload_read_header(s.local[k], &h, NULL, 0), 0);
+        objects += h.file_bytes;
+        cr_assert_leq(h.file_bytes, 4096, "an object fits in the probe's head");
+    }
+    for (int round = 0; round < 3; round++) {
+        char sub[64];
+        snprintf(sub, sizeof sub, "cache%d", round);
+        char *dir = tu_path(s.dir, sub);
+        r.cache_dir = dir;
+        npyload_loader *a = loader(s.local, NULL, 1), *b = loader(s.url, &r, 4);
+        npyload_loader_set(b, NPYLOAD_OPT_BATCH_SIZE, 1);
+        npyload_loader_set(a, NPYLOAD_OPT_BATCH_SIZE, 1);
+        npyload_loader_set(b, NPYLOAD_OPT_PREFETCH, 16);
+        cr_assert_eq(npyload_loader_start(a), 0);
+        cr_assert_eq(npyload_loader_start(b), 0, "%s", npyload_loader_errmsg(b));
+        same_epoch(a, b, (uint64_t)round);
+        npyload_stats st;
+        npyload_loader_get_stats(b, &st, sizeof st);
+        cr_assert_leq(st.cache_misses, NF, "%llu blocks fetched for %zu blocks",
+                      (unsigned long long)st.cache_misses, NF);
+        cr_assert_leq(st.remote_bytes, 2 * objects, "%llu bytes received for %llu + %llu",
+                      (unsigned long long)st.remote_bytes, (unsigned long long)objects,
+                      (unsigned long long)objects);
+        cr_assert_eq(st.cache_write_bytes, objects);
+        npyload_loader_destroy(a);
+        npyload_loader_destroy(b);
+        free(dir);
+    }
+    free(cache);
+    site_down(&s);
+}
+
 Test(remote, slow_down_and_closed_connections_are_retried)
 {
     site s;

@@ -36,12 +36,26 @@
 #define LOCK_NAME "npyload-cache.lock"
 #define RECORD_TAG "NPYLCAC1"
 
+/* A block being fetched by a thread of this process. Guarded by
+ * npyl_cache.fl_mu; freed by the last of the owner and the waiters. */
+struct npyl_inflight {
+    npyl_inflight *next;
+    char key[33];
+    uint64_t k;
+    int done, rc;
+    int refs;                 /* the owner until release, + one per waiter */
+    char msg[512];
+};
+
 struct npyl_cache {
     char *dir;
     uint64_t bound, block;
     int lockfd;
     pthread_mutex_t mu;       /* this process's threads, around the flock */
     _Atomic uint64_t tmp_seq;
+    pthread_mutex_t fl_mu;    /* the in-flight list (a leaf lock) */
+    pthread_cond_t fl_cv;     /* a fetch is over */
+    npyl_inflight *fl;
 };
 
 static uint64_t evict(npyl_cache *c, uint64_t incoming, uint64_t target, uint64_t *evicted);
@@ -97,6 +111,12 @@ int npyl_cache_open(npyl_cache **out, const char *dir, uint64_t bound, uint64_t 
     c->bound = bound;
     c->block = block;
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->fl_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->fl_cv, &ca);
+    pthread_condattr_destroy(&ca);
     /* A pass at open: temporary files of writers that died (a crash) go,
      * the size record is recomputed from the directory, and a bound lower
      * than the last user's is enforced now. */
@@ -115,8 +135,85 @@ void npyl_cache_close(npyl_cache *c)
         return;
     close(c->lockfd);
     pthread_mutex_destroy(&c->mu);
+    /* Every reader is gone (the client outlives its contexts): no claim
+     * is left. */
+    pthread_mutex_destroy(&c->fl_mu);
+    pthread_cond_destroy(&c->fl_cv);
     free(c->dir);
     free(c);
+}
+
+/* ---- in-flight blocks ------------------------------------------------------------ */
+
+npyl_inflight *npyl_cache_claim(npyl_cache *c, const char *key, uint64_t k, int *claim)
+{
+    pthread_mutex_lock(&c->fl_mu);
+    npyl_inflight *t = c->fl;
+    while (t && !(t->k == k && !t->done && strcmp(t->key, key) == 0))
+        t = t->next;
+    if (t) {
+        t->refs++;
+        *claim = NPYL_CLAIM_WAIT;
+    } else if ((t = calloc(1, sizeof *t))) {
+        snprintf(t->key, sizeof t->key, "%s", key);
+        t->k = k;
+        t->refs = 1;
+        t->next = c->fl;
+        c->fl = t;
+        *claim = NPYL_CLAIM_OWN;
+    } else {
+        *claim = NPYL_CLAIM_OWN; /* out of memory: fetch it, unregistered */
+    }
+    pthread_mutex_unlock(&c->fl_mu);
+    return t;
+}
+
+/* Under fl_mu: drops one reference; the last unlinks and frees. */
+static void inflight_unref(npyl_cache *c, npyl_inflight *t)
+{
+    if (--t->refs > 0)
+        return;
+    for (npyl_inflight **p = &c->fl; *p; p = &(*p)->next)
+        if (*p == t) {
+            *p = t->next;
+            break;
+        }
+    free(t);
+}
+
+void npyl_cache_release(npyl_cache *c, npyl_inflight *t, int rc, const char *msg)
+{
+    if (!t)
+        return;
+    pthread_mutex_lock(&c->fl_mu);
+    t->done = 1;
+    t->rc = rc;
+    snprintf(t->msg, sizeof t->msg, "%s", rc && msg ? msg : "");
+    inflight_unref(c, t);
+    pthread_cond_broadcast(&c->fl_cv);
+    pthread_mutex_unlock(&c->fl_mu);
+}
+
+int npyl_cache_wait(npyl_cache *c, npyl_inflight *t, long timeout_ms, char *err, size_t errlen)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&c->fl_mu);
+    int rc = 0;
+    while (!t->done && rc == 0)
+        rc = pthread_cond_timedwait(&c->fl_cv, &c->fl_mu, &dl);
+    int out = t->done ? t->rc : 1;
+    if (t->done && t->rc && err && errlen)
+        snprintf(err, errlen, "%s", t->msg);
+    inflight_unref(c, t);
+    pthread_mutex_unlock(&c->fl_mu);
+    return out;
 }
 
 uint64_t npyl_cache_block(const npyl_cache *c) { return c->block; }
