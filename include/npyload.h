@@ -625,6 +625,20 @@ NPYLOAD_API int npyload_loader_get(const npyload_loader *L, npyload_option opt,
  * @return : 0 or an error (details in npyload_loader_errmsg). */
 NPYLOAD_API int npyload_loader_start(npyload_loader *L);
 
+/*! npyload_loader_stop() (0.3) : returns a started loader to the state
+ * before start (workers joined, slots and buffers freed), keeping what
+ * start read of the fields: the headers, .npy.zst seek tables and remote
+ * objects' sizes and ETags. Options may then be set again and the next
+ * start does not read a header or probe a remote object again (a remote
+ * object changed since fails its reads with NPYLOAD_ECHANGED, a local
+ * file its identity check). Adding a field, set_remote or a new ALIGN
+ * drops what was kept. Python's Loader checks its arguments with a small
+ * start in the constructor, stops it, and starts it for real at the first
+ * iteration: remote objects are probed once.
+ * @return : 0; NPYLOAD_ESTATE when not started or a batch is still held;
+ *           NPYLOAD_EFORKED in a child. */
+NPYLOAD_API int npyload_loader_stop(npyload_loader *L);
+
 /*! npyload_loader_set_epoch() :
  * Selects the epoch whose order the loader produces. Before start it sets the
  * first epoch; after start it abandons what is left of the current epoch

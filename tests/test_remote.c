@@ -304,6 +304,40 @@ Test(remote, concurrent_misses_of_a_block_fetch_it_once)
     site_down(&s);
 }
 
+/* npyload_loader_stop keeps what start read: the next start (other
+ * options) asks the server nothing; a held batch refuses the stop; a field
+ * added after it is read at the next start. */
+Test(remote, stop_then_start_probes_nothing_again)
+{
+    site s;
+    site_up(&s, 1);
+    npyload_loader *a = loader(s.local, NULL, 2), *b = loader(s.url, NULL, -1);
+    cr_assert_eq(npyload_loader_stop(b), NPYLOAD_ESTATE, "not started");
+    cr_assert_eq(npyload_loader_start(b), 0, "%s", npyload_loader_errmsg(b));
+    int64_t n = npyload_loader_num_samples(b);
+    npyload_batch *x;
+    cr_assert_eq(npyload_loader_next(b, &x), 0);
+    cr_assert_eq(npyload_loader_stop(b), NPYLOAD_ESTATE, "a batch is held");
+    cr_assert(strstr(npyload_loader_errmsg(b), "held"), "%s", npyload_loader_errmsg(b));
+    npyload_batch_release(x);
+    cr_assert_eq(npyload_loader_stop(b), 0, "%s", npyload_loader_errmsg(b));
+    uint64_t before = tu_http_requests(s.h);
+    cr_assert_eq(npyload_loader_set(b, NPYLOAD_OPT_NUM_WORKERS, 3), 0);
+    cr_assert_eq(npyload_loader_start(b), 0, "%s", npyload_loader_errmsg(b));
+    cr_assert_eq(tu_http_requests(s.h), before, "the second start asked the server");
+    cr_assert_eq(npyload_loader_num_samples(b), n);
+    cr_assert_eq(npyload_loader_start(a), 0);
+    same_epoch(a, b, 0);
+    cr_assert_eq(npyload_loader_stop(b), 0);
+    cr_assert_eq(npyload_loader_add_field_files(b, "y", (const char *const *)s.url, NF), 0);
+    before = tu_http_requests(s.h);
+    cr_assert_eq(npyload_loader_start(b), 0, "%s", npyload_loader_errmsg(b));
+    cr_assert_gt(tu_http_requests(s.h), before, "a new field is read at start");
+    npyload_loader_destroy(a);
+    npyload_loader_destroy(b);
+    site_down(&s);
+}
+
 Test(remote, slow_down_and_closed_connections_are_retried)
 {
     site s;

@@ -33,6 +33,7 @@ static int check_new_field(npyload_loader *L, const char *name)
 /* Takes ownership of paths (an npyl_glob_sorted-style array). */
 static int push_field(npyload_loader *L, const char *name, char **paths, size_t n)
 {
+    npyl_loader_drop_loaded_fields(L); /* a stopped loader's: another field now */
     if (L->nfields == L->cap_fields) {
         size_t cap = L->cap_fields ? 2 * L->cap_fields : 4;
         npyl_field *f = realloc(L->fields, cap * sizeof *f);

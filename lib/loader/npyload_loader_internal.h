@@ -104,6 +104,10 @@ struct npyload_loader {
     unsigned queue_depth;     /* resolved QUEUE_DEPTH */
     npyl_file_info *io_files; /* every file of every field */
     size_t nio_files;
+    int fields_loaded;        /* the headers (and remote probes) of start are
+                                 kept across npyload_loader_stop: the next
+                                 start reuses them; adding a field, set_remote
+                                 or ALIGN drop them */
     npyl_remote_obj *robjs;   /* per io file: its remote object (url NULL:
                                  local); NULL when no file is remote */
     int64_t n;                /* samples per field */
@@ -185,6 +189,10 @@ NPYL_HIDDEN int npyl_state_check(npyload_loader *L, const npyload_state *st, int
 /* npyload_loader.c: frees what start allocated (the loader returns to its
  * pre-start state). */
 NPYL_HIDDEN void npyl_loader_free_started(npyload_loader *L);
+/* The same, keeping what start read of the fields (npyload_loader_stop). */
+NPYL_HIDDEN void npyl_loader_free_started_keep_fields(npyload_loader *L);
+/* Drops the fields kept by npyload_loader_stop (unstarted loader). */
+NPYL_HIDDEN void npyl_loader_drop_loaded_fields(npyload_loader *L);
 /* npyload_loader.c: drops a reference (destroy's, or a released batch's);
  * the last one frees the loader. */
 NPYL_HIDDEN void npyl_loader_unref(npyload_loader *L);

@@ -285,6 +285,28 @@ static PyObject *loader_start(NpyloadPy_Loader *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* stop(): npyload_loader_stop, keeping what start read of the fields, so
+ * that options can be set again and the next start probes nothing again. */
+static PyObject *loader_stop(NpyloadPy_Loader *self, PyObject *unused)
+{
+    if (loader_enter(self, "stop()") < 0)
+        return NULL;
+    int rc;
+    npyload_loader *L = self->L;
+    Py_BEGIN_ALLOW_THREADS
+    rc = npyload_loader_stop(L);
+    Py_END_ALLOW_THREADS
+    PyObject *ret = NULL;
+    if (rc < 0) {
+        loader_error(self, rc);
+    } else {
+        self->started = 0;
+        ret = none_ref();
+    }
+    loader_leave(self);
+    return ret;
+}
+
 static PyObject *loader_set_epoch(NpyloadPy_Loader *self, PyObject *arg)
 {
     int64_t e;
@@ -834,6 +856,8 @@ static PyMethodDef loader_methods[] = {
      "get(option) -> int: the option's effective value."},
     {"start", (PyCFunction)loader_start, METH_NOARGS,
      "start(): read headers, validate fields, start the workers."},
+    {"stop", (PyCFunction)loader_stop, METH_NOARGS,
+     "stop(): back to before start, keeping the headers and remote probes read."},
     {"set_epoch", (PyCFunction)loader_set_epoch, METH_O,
      "set_epoch(e): (re)start epoch e from its first batch."},
     {"next", (PyCFunction)loader_next, METH_NOARGS, next_doc},

@@ -650,3 +650,130 @@ def test_bench_on_remote_fields(server, tmp_path):
     assert "remote: ranged GETs" in r.stdout and "max_inflight" in r.stdout
     for text in (r.stdout, r.stderr, out.read_text()):
         assert server.secret_key not in text
+
+
+# ---- one probe per object; TLS --------------------------------------------
+
+@pytest.mark.parametrize("kind", ["raw", "zst"])
+def test_start_probes_each_object_once(data, kind):
+    """Loader() checks its fields with a small start and the first iter()
+    starts for real: each remote object's head (bytes 0-4095, start's
+    probe) is asked for once in all, as the server counts (the tests' own
+    file server over http://), and the epoch equals numpy's reading."""
+    from weed_server import FileServer
+    import glob as _g
+    root, globs, zglobs, ref = data
+    src = globs if kind == "raw" else zglobs
+    with FileServer(root) as fs:
+        fields = {n: [fs.url(os.path.relpath(p, root)) for p in sorted(_g.glob(g))]
+                  for n, g in src.items()}
+        x = npyload.Loader(fields, batch_size=5, shuffle=True, seed=2, output="numpy",
+                           num_workers=2)
+        heads = lambda: sorted(p for p, a, b in fs.ranges if a == 0 and b == 4095)  # noqa: E731
+        objs = sorted("/" + os.path.relpath(p, root) for g in src.values()
+                      for p in _g.glob(g))
+        assert heads() == objs, "the constructor probes each object once"
+        seen = check_epoch(x, ref)
+        assert sorted(seen) == list(range(len(ref["images"])))
+        assert heads() == objs, "the first iteration probed again"
+        x.close()
+
+
+def _make_ca_and_cert(d, ca_cn="npyload test CA"):
+    """A CA and a server certificate for 127.0.0.1 signed by it, made here
+    (cryptography when importable, else the openssl command); returns
+    (ca.pem, cert.pem, key.pem) or None when neither is available."""
+    import shutil
+    ca, cert, key = (str(d / n) for n in ("ca.pem", "cert.pem", "key.pem"))
+    try:
+        import datetime
+        import ipaddress
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+    except ImportError:
+        if not shutil.which("openssl"):
+            return None
+        run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True,  # noqa: E731
+                                        timeout=60)
+        run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", str(d / "ca.key"), "-out", ca, "-days", "2", "-subj", f"/CN={ca_cn}")
+        run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", key, "-out", str(d / "s.csr"), "-subj", "/CN=127.0.0.1")
+        (d / "ext").write_text("subjectAltName=IP:127.0.0.1\n")
+        run("x509", "-req", "-in", str(d / "s.csr"), "-CA", ca, "-CAkey", str(d / "ca.key"),
+            "-CAcreateserial", "-out", cert, "-days", "2", "-extfile", str(d / "ext"))
+        return ca, cert, key
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ca_cn)])
+    ca_cert = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+               .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5))
+               .not_valid_after(now + datetime.timedelta(days=2))
+               .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+               .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True,
+                                            crl_sign=True, content_commitment=False,
+                                            key_encipherment=False, data_encipherment=False,
+                                            key_agreement=False, encipher_only=False,
+                                            decipher_only=False), critical=True)
+               .sign(ca_key, hashes.SHA256()))
+    k = ec.generate_private_key(ec.SECP256R1())
+    c = (x509.CertificateBuilder()
+         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+         .issuer_name(ca_name).public_key(k.public_key())
+         .serial_number(x509.random_serial_number())
+         .not_valid_before(now - datetime.timedelta(minutes=5))
+         .not_valid_after(now + datetime.timedelta(days=2))
+         .add_extension(x509.SubjectAlternativeName([x509.IPAddress(
+             ipaddress.ip_address("127.0.0.1"))]), critical=False)
+         .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    (d / "ca.pem").write_bytes(ca_cert.public_bytes(pem))
+    (d / "cert.pem").write_bytes(c.public_bytes(pem))
+    (d / "key.pem").write_bytes(k.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                                serialization.NoEncryption()))
+    return ca, cert, key
+
+
+def test_https_with_the_tests_own_ca(data, tmp_path):
+    """https:// shards from the tests' own HTTPS server (a CA made here,
+    given as ca_file) equal numpy's reading of the local files, and
+    inspect() agrees; with a CA that did not sign the server's certificate
+    the loader fails at once with an error naming the URL and the
+    certificate problem (not a hang, not a retry loop)."""
+    import glob as _g
+    import ssl
+    from weed_server import FileServer
+    made = _make_ca_and_cert(tmp_path)
+    if made is None:
+        pytest.skip("neither the cryptography package nor the openssl command is here: "
+                    "no certificate can be made for the HTTPS test")
+    ca, cert, key = made
+    other = tmp_path / "other"
+    other.mkdir()
+    other_ca = _make_ca_and_cert(other, "another CA")[0]
+    root, globs, zglobs, ref = data
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    with FileServer(root, tls=ctx) as fs:
+        for src in (globs, zglobs):
+            fields = {n: [fs.url(os.path.relpath(p, root)) for p in sorted(_g.glob(g))]
+                      for n, g in src.items()}
+            assert fields["images"][0].startswith("https://127.0.0.1:")
+            x = npyload.Loader(fields, batch_size=6, shuffle=True, seed=4, output="numpy",
+                               remote={"ca_file": ca})
+            seen = check_epoch(x, ref)
+            assert sorted(seen) == list(range(len(ref["images"])))
+            x.close()
+            one = fields["labels"][0]
+            local = os.path.join(root, one.split("/", 3)[3])
+            assert npyload.inspect(one, remote={"ca_file": ca}) == npyload.inspect(local)
+        t0 = time.monotonic()
+        with pytest.raises(npyload.NpyloadError) as e:
+            npyload.Loader(fields, batch_size=6, remote={"ca_file": other_ca, "timeout": 10})
+        msg = str(e.value)
+        assert time.monotonic() - t0 < 10, msg
+        assert "https://127.0.0.1:" in msg and "certificate" in msg.lower(), msg
+        assert "1 attempt" in msg, msg
