@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -337,6 +340,51 @@ Test(remote, stop_then_start_probes_nothing_again)
     npyload_loader_destroy(b);
     site_down(&s);
 }
+
+#ifdef NPYLOAD_HAVE_REMOTE
+/* A crash's temporary file is told by its writer's flock, not its PID: an
+ * old unlocked one goes at the next eviction pass even when its PID is
+ * alive (here: ours, as after PID reuse); one whose writer holds it stays,
+ * and so does a fresh one (its writer may not have locked it yet). */
+static char *old_tmp(const char *dir, const char *name, int age_s)
+{
+    char *p = tu_path(dir, name);
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, "partial", 7), 7);
+    close(fd);
+    struct timespec t[2];
+    clock_gettime(CLOCK_REALTIME, &t[0]);
+    t[0].tv_sec -= age_s;
+    t[1] = t[0];
+    cr_assert_eq(utimensat(AT_FDCWD, p, t, 0), 0);
+    return p;
+}
+
+Test(remote, orphaned_temporary_files_are_told_by_their_lock)
+{
+    char *dir = tu_mkdtemp("orphans");
+    char a[64], b[64], c[64];
+    snprintf(a, sizeof a, ".tmp-%ld-1-0123456789ab.0", (long)getpid());
+    snprintf(b, sizeof b, ".tmp-%ld-2-0123456789ab.1", (long)getpid());
+    snprintf(c, sizeof c, ".tmp-%ld-3-0123456789ab.2", (long)getpid());
+    char *pa = old_tmp(dir, a, 3600), *pb = old_tmp(dir, b, 3600), *pc = old_tmp(dir, c, 0);
+    int held = open(pb, O_RDONLY);
+    cr_assert_eq(flock(held, LOCK_EX | LOCK_NB), 0);
+    npyl_cache *cache;
+    char err[256];
+    cr_assert_eq(npyl_cache_open(&cache, dir, 1 << 20, 4096, err, sizeof err), 0, "%s", err);
+    cr_assert_neq(access(pa, F_OK), 0, "an unlocked old temporary file is an orphan");
+    cr_assert_eq(access(pb, F_OK), 0, "a locked one has a writer");
+    cr_assert_eq(access(pc, F_OK), 0, "a fresh one may not be locked yet");
+    npyl_cache_close(cache);
+    close(held);
+    free(pa);
+    free(pb);
+    free(pc);
+    tu_rmtree(dir);
+}
+#endif
 
 Test(remote, slow_down_and_closed_connections_are_retried)
 {

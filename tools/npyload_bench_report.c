@@ -275,7 +275,7 @@ void nb_print_setup(FILE *f, const nb_config *c, const nb_machine *m, uint64_t t
     fprintf(f, "  batch %d = %.2f MiB; dataset %.2f GiB; %s; %s\n", c->batch_size,
             c->batch_bytes / 1048576.0, total_bytes / 1073741824.0,
             c->shuffle == 1 ? "full shuffle" : c->shuffle == 2 ? "local shuffle" : "in order",
-            c->cold ? "cold cache" : "page cache");
+            c->remote ? "remote, no cache_dir" : c->cold ? "cold cache" : "page cache");
 }
 
 void nb_print_ceilings(FILE *f, const nb_ceiling *ce, size_t n, const char *ref)

@@ -6,7 +6,9 @@
  * name, so a reader (another thread, another rank of the node, a later
  * run) sees a complete block or none, and a crash leaves at most a
  * temporary file, removed by the next eviction pass once its writer is
- * dead. An object whose ETag changed has another KEY: a stale block is
+ * gone: the writer holds an flock on it while it writes (an flock dies
+ * with its process, whatever PID comes next), so a temporary file that
+ * nobody holds and that is older than NPYL_TMP_ORPHAN_S is an orphan. An object whose ETag changed has another KEY: a stale block is
  * never looked up, and ages out.
  *
  * The bound: the cache's total size is kept in a record (npyload-cache.lock,
@@ -24,7 +26,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,9 @@
 #include <unistd.h>
 
 #define LOCK_NAME "npyload-cache.lock"
+/* An unlocked temporary file this old is an orphan (the age covers the
+ * moment between its creation and its writer's flock). */
+#define NPYL_TMP_ORPHAN_S 30
 #define RECORD_TAG "NPYLCAC1"
 
 /* A block being fetched by a thread of this process. Guarded by
@@ -280,7 +284,12 @@ int npyl_cache_tmp(npyl_cache *c, const char *key, uint64_t k, char tmp[64])
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", c->dir, tmp);
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    return fd < 0 ? -errno : fd;
+    if (fd < 0)
+        return -errno;
+    /* Held until the writer closes it (renamed or discarded): how an
+     * eviction pass tells a live writer's file from a crash's. */
+    (void)flock(fd, LOCK_EX | LOCK_NB);
+    return fd;
 }
 
 void npyl_cache_discard(npyl_cache *c, const char *tmp)
@@ -337,13 +346,22 @@ static int is_block(const char *n)
     return 1;
 }
 
-/* A temporary file whose writer is gone (its pid does not exist). */
-static int orphan_tmp(const char *n)
+/* A temporary file whose writer is gone: nobody holds its flock, and it
+ * is older than NPYL_TMP_ORPHAN_S. */
+static int orphan_tmp(const char *path, const char *n)
 {
     if (strncmp(n, ".tmp-", 5) != 0)
         return 0;
-    long pid = strtol(n + 5, NULL, 10);
-    return pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return 0;
+    struct stat st;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    int orphan = fstat(fd, &st) == 0 && now.tv_sec - st.st_mtim.tv_sec > NPYL_TMP_ORPHAN_S &&
+                 flock(fd, LOCK_EX | LOCK_NB) == 0;
+    close(fd); /* drops the lock if taken */
+    return orphan;
 }
 
 /* Under the lock: lists the cache, removes orphaned temporary files and,
@@ -362,7 +380,7 @@ static uint64_t evict(npyl_cache *c, uint64_t incoming, uint64_t target, uint64_
         const char *name = de->d_name;
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", c->dir, name);
-        if (orphan_tmp(name)) {
+        if (orphan_tmp(path, name)) {
             unlink(path);
             continue;
         }
