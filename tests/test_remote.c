@@ -342,10 +342,11 @@ Test(remote, stop_then_start_probes_nothing_again)
 }
 
 #ifdef NPYLOAD_HAVE_REMOTE
-/* A crash's temporary file is told by its writer's flock, not its PID: an
- * old unlocked one goes at the next eviction pass even when its PID is
- * alive (here: ours, as after PID reuse); one whose writer holds it stays,
- * and so does a fresh one (its writer may not have locked it yet). */
+/* A crash's temporary file is told by its writer's flock, not only its
+ * PID: an old unlocked one goes at the next eviction pass even when its
+ * PID is alive (here: ours, as after PID reuse); one whose writer holds it
+ * stays, and so does a fresh one of a live PID (its writer may not have
+ * locked it yet). (A fresh one of a dead PID goes: test_remote.py.) */
 static char *old_tmp(const char *dir, const char *name, int age_s)
 {
     char *p = tu_path(dir, name);

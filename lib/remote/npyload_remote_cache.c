@@ -8,7 +8,8 @@
  * temporary file, removed by the next eviction pass once its writer is
  * gone: the writer holds an flock on it while it writes (an flock dies
  * with its process, whatever PID comes next), so a temporary file that
- * nobody holds and that is older than NPYL_TMP_ORPHAN_S is an orphan. An object whose ETag changed has another KEY: a stale block is
+ * nobody holds is an orphan once its PID (in its name) is gone or it is
+ * older than NPYL_TMP_ORPHAN_S (a PID reused, or another PID namespace). An object whose ETag changed has another KEY: a stale block is
  * never looked up, and ages out.
  *
  * The bound: the cache's total size is kept in a record (npyload-cache.lock,
@@ -26,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -346,8 +348,9 @@ static int is_block(const char *n)
     return 1;
 }
 
-/* A temporary file whose writer is gone: nobody holds its flock, and it
- * is older than NPYL_TMP_ORPHAN_S. */
+/* A temporary file whose writer is gone: nobody holds its flock, and its
+ * PID does not exist or it is older than NPYL_TMP_ORPHAN_S (the age, and
+ * the PID, cover the moment between its creation and its writer's flock). */
 static int orphan_tmp(const char *path, const char *n)
 {
     if (strncmp(n, ".tmp-", 5) != 0)
@@ -358,7 +361,10 @@ static int orphan_tmp(const char *path, const char *n)
     struct stat st;
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    int orphan = fstat(fd, &st) == 0 && now.tv_sec - st.st_mtim.tv_sec > NPYL_TMP_ORPHAN_S &&
+    long pid = strtol(n + 5, NULL, 10);
+    int gone = pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+    int orphan = fstat(fd, &st) == 0 &&
+                 (gone || now.tv_sec - st.st_mtim.tv_sec > NPYL_TMP_ORPHAN_S) &&
                  flock(fd, LOCK_EX | LOCK_NB) == 0;
     close(fd); /* drops the lock if taken */
     return orphan;
