@@ -626,6 +626,20 @@ NPYLOAD_API int npyload_loader_get(const npyload_loader *L, npyload_option opt,
  * @return : 0 or an error (details in npyload_loader_errmsg). */
 NPYLOAD_API int npyload_loader_start(npyload_loader *L);
 
+/*! npyload_loader_stop() (0.3) : returns a started loader to the state
+ * before start (workers joined, slots and buffers freed), keeping what
+ * start read of the fields: the headers, .npy.zst seek tables and remote
+ * objects' sizes and ETags. Options may then be set again and the next
+ * start does not read a header or probe a remote object again (a remote
+ * object changed since fails its reads with NPYLOAD_ECHANGED, a local
+ * file its identity check). Adding a field, set_remote or a new ALIGN
+ * drops what was kept. Python's Loader checks its arguments with a small
+ * start in the constructor, stops it, and starts it for real at the first
+ * iteration: remote objects are probed once.
+ * @return : 0; NPYLOAD_ESTATE when not started or a batch is still held;
+ *           NPYLOAD_EFORKED in a child. */
+NPYLOAD_API int npyload_loader_stop(npyload_loader *L);
+
 /*! npyload_loader_set_epoch() :
  * Selects the epoch whose order the loader produces. Before start it sets the
  * first epoch; after start it abandons what is left of the current epoch
@@ -1343,6 +1357,61 @@ NPYLOAD_API int npyload_zst_file_decode(const npyload_zst_file *z, uint32_t f,
  *           (several threads may verify one file). */
 NPYLOAD_API int npyload_zst_file_verify(const npyload_zst_file *z, uint32_t *bad_frame,
                                         char *err, size_t errlen);
+
+/*! Remote objects outside a loader (0.3): what npyload-inspect,
+ * npyload-bench and npyload.inspect() read of s3:// and http(s):// paths.
+ * A client holds one configuration (the same npyload_remote, the same
+ * rules as npyload_loader_set_remote). The library still reads no environment variable: the
+ * tools build the configuration from the AWS environment themselves.
+ * A client may be used by one thread at a time. */
+typedef struct npyload_remote_client npyload_remote_client;
+
+/*! npyload_remote_client_create() : a client for `cfg` (`size` is
+ * sizeof(npyload_remote) as the caller was compiled; cfg NULL: every
+ * default, unsigned requests, enough for http(s):// URLs).
+ * @return : 0 and *out; NPYLOAD_EINVAL naming a bad member;
+ *           NPYLOAD_EUNSUPPORTED in a build without libcurl; -ENOMEM.
+ *           `err` (may be NULL) never holds a secret. */
+NPYLOAD_API int npyload_remote_client_create(npyload_remote_client **out,
+                                             const npyload_remote *cfg, size_t size,
+                                             char *err, size_t errlen);
+
+/*! npyload_remote_client_destroy() : frees it (the secret wiped). NULL-safe. */
+NPYLOAD_API void npyload_remote_client_destroy(npyload_remote_client *c);
+
+/*! npyload_is_remote() : 1 for an s3://, http:// or https:// path (any
+ * case of the scheme), else 0. */
+NPYLOAD_API int npyload_is_remote(const char *path);
+
+/*! npyload_remote_glob() : expands an s3:// pattern as add_field does
+ * (ListObjectsV2, every page; `*` does not cross '/'; sorted by strcmp)
+ * into *paths (*n of them; npyload_paths_free them). A path without a
+ * wildcard is returned as is, unlisted; an http(s):// URL too (HTTP has no
+ * listing). @return : 0, NPYLOAD_ENOFILES when nothing matches, or an
+ * error naming the pattern (credentials, bucket, server). */
+NPYLOAD_API int npyload_remote_glob(npyload_remote_client *c, const char *pattern,
+                                    char ***paths, size_t *n, char *err, size_t errlen);
+
+/*! npyload_paths_free() : frees what npyload_remote_glob returned. */
+NPYLOAD_API void npyload_paths_free(char **paths, size_t n);
+
+/*! npyload_remote_inspect() : the facts of one remote object, read with
+ * ranged GETs as the loader's start reads them: the first 4 KiB (size,
+ * ETag, the NPY header; more when the header is longer) and, for a
+ * .npy.zst (told by its first bytes), the last 16 KiB (the seek table;
+ * more when it is longer) and frame 0. A .npy gives *hdr (file_bytes: the
+ * object's size) and *zst = NULL; a .npy.zst gives *zst (facts as
+ * npyload_zst_file_open gives them for the local file;
+ * npyload_zst_file_verify on it reads every frame with ranged GETs, each
+ * checked against the ETag seen here; close it before the client is
+ * destroyed) and *hdr = its facts' hdr.
+ * @return : 0; the parse errors of npyload_read_header /
+ *           npyload_zst_file_open; -ENOENT (404), -EACCES (403),
+ *           -ECONNREFUSED, -ETIMEDOUT, NPYLOAD_EREMOTE... with "URL: what
+ *           happened" in `err`. */
+NPYLOAD_API int npyload_remote_inspect(npyload_remote_client *c, const char *url,
+                                       npyload_header *hdr, npyload_zst_file **zst,
+                                       char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

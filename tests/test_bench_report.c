@@ -494,7 +494,8 @@ Test(bench_zst, json_object_and_null)
     nb_recommend(runs, 1, 0, &rec);
     nb_report rep = {.config = &c, .machine = &m, .runs = runs, .nruns = 1, .rec = &rec};
     char *text = write_json(&rep);
-    cr_assert(strstr(text, "\"compression\": null,\n  \"warnings\""), "%s", text);
+    cr_assert(strstr(text, "\"compression\": null,\n  \"remote\": null,\n  \"warnings\""), "%s",
+              text);
     free(text);
 
     nb_zst_report z = zst_estimate(8, 2.097152, -1, 5000);
@@ -646,4 +647,30 @@ Test(bench_next_steps, follows_the_verdict)
     snprintf(rec.verdict, sizeof rec.verdict, "bottleneck: CPU copies (...)");
     nb_next_steps(&cfg, &rec, &r, NULL, 2, s, sizeof s);
     cr_assert(strstr(s, "--workers up to 2"), "%s", s);
+}
+
+/* Remote fields: the sweep, its recommendation, a point without latency
+ * (null) and each run's remote counters. */
+Test(bench_remote, json_block)
+{
+    nb_config c = test_config();
+    nb_machine m = {.cores_online = 2, .cores_allowed = 2};
+    nb_run runs[1] = {mk(1, 1, "auto", 1.0, 100, 1)};
+    runs[0].timed.remote_bytes = 12345;
+    runs[0].timed.remote_requests = 7;
+    nb_recommendation rec;
+    nb_recommend(runs, 1, 0, &rec);
+    nb_remote_report x = {.measured = 1, .objects = 3, .object_bytes = 999,
+                          .bytes_per_request = 65536, .seconds = 0.5, .npoints = 2,
+                          .points = {{1, 1, 1, 10, 0.6, 2.5, 9}, {8, 4, 2, 50, 3.2, -1, -1}},
+                          .best_mb_per_s = 3.2, .concurrency = 8, .workers = 2,
+                          .max_inflight = 2, .requests = 40, .retries = 1};
+    nb_report rep = {.config = &c, .machine = &m, .runs = runs, .nruns = 1, .rec = &rec,
+                     .remote = &x};
+    char *text = write_json(&rep);
+    cr_assert(strstr(text, "\"remote\": {\"bytes\": 12345, \"requests\": 7, "), "%s", text);
+    cr_assert(strstr(text, "\"p50_ms\": null, \"p99_ms\": null}"), "%s", text);
+    cr_assert(strstr(text, "\"recommended_workers\": 2, \"recommended_max_inflight\": 2"), "%s",
+              text);
+    free(text);
 }

@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -253,6 +256,136 @@ Test(remote, cache_serves_the_second_epoch)
     free(cache);
     site_down(&s);
 }
+
+/* Concurrent misses of one block in one process wait for the one fetch:
+ * on a cold cached epoch with many reading threads (4 workers, each with
+ * its read-ahead thread, one-sample batches, shuffled), every block is
+ * fetched once: the blocks missed are at most the blocks there are, and
+ * the bytes the server sent at most the objects' bytes plus start's
+ * probe (each object here fits in one probe and one block). */
+Test(remote, concurrent_misses_of_a_block_fetch_it_once)
+{
+    site s;
+    site_up(&s, 0);
+    char *cache = tu_path(s.dir, "cache");
+    npyload_remote r;
+    memset(&r, 0, sizeof r);
+    r.cache_dir = cache;
+    r.cache_block = 1 << 20; /* one block per object */
+    uint64_t objects = 0;
+    for (size_t k = 0; k < NF; k++) {
+        npyload_header h;
+        cr_assert_eq(npyload_read_header(s.local[k], &h, NULL, 0), 0);
+        objects += h.file_bytes;
+        cr_assert_leq(h.file_bytes, 4096, "an object fits in the probe's head");
+    }
+    for (int round = 0; round < 3; round++) {
+        char sub[64];
+        snprintf(sub, sizeof sub, "cache%d", round);
+        char *dir = tu_path(s.dir, sub);
+        r.cache_dir = dir;
+        npyload_loader *a = loader(s.local, NULL, 1), *b = loader(s.url, &r, 4);
+        npyload_loader_set(b, NPYLOAD_OPT_BATCH_SIZE, 1);
+        npyload_loader_set(a, NPYLOAD_OPT_BATCH_SIZE, 1);
+        npyload_loader_set(b, NPYLOAD_OPT_PREFETCH, 16);
+        cr_assert_eq(npyload_loader_start(a), 0);
+        cr_assert_eq(npyload_loader_start(b), 0, "%s", npyload_loader_errmsg(b));
+        same_epoch(a, b, (uint64_t)round);
+        npyload_stats st;
+        npyload_loader_get_stats(b, &st, sizeof st);
+        cr_assert_leq(st.cache_misses, NF, "%llu blocks fetched for %zu blocks",
+                      (unsigned long long)st.cache_misses, NF);
+        cr_assert_leq(st.remote_bytes, 2 * objects, "%llu bytes received for %llu + %llu",
+                      (unsigned long long)st.remote_bytes, (unsigned long long)objects,
+                      (unsigned long long)objects);
+        cr_assert_eq(st.cache_write_bytes, objects);
+        npyload_loader_destroy(a);
+        npyload_loader_destroy(b);
+        free(dir);
+    }
+    free(cache);
+    site_down(&s);
+}
+
+/* npyload_loader_stop keeps what start read: the next start (other
+ * options) asks the server nothing; a held batch refuses the stop; a field
+ * added after it is read at the next start. */
+Test(remote, stop_then_start_probes_nothing_again)
+{
+    site s;
+    site_up(&s, 1);
+    npyload_loader *a = loader(s.local, NULL, 2), *b = loader(s.url, NULL, -1);
+    cr_assert_eq(npyload_loader_stop(b), NPYLOAD_ESTATE, "not started");
+    cr_assert_eq(npyload_loader_start(b), 0, "%s", npyload_loader_errmsg(b));
+    int64_t n = npyload_loader_num_samples(b);
+    npyload_batch *x;
+    cr_assert_eq(npyload_loader_next(b, &x), 0);
+    cr_assert_eq(npyload_loader_stop(b), NPYLOAD_ESTATE, "a batch is held");
+    cr_assert(strstr(npyload_loader_errmsg(b), "held"), "%s", npyload_loader_errmsg(b));
+    npyload_batch_release(x);
+    cr_assert_eq(npyload_loader_stop(b), 0, "%s", npyload_loader_errmsg(b));
+    uint64_t before = tu_http_requests(s.h);
+    cr_assert_eq(npyload_loader_set(b, NPYLOAD_OPT_NUM_WORKERS, 3), 0);
+    cr_assert_eq(npyload_loader_start(b), 0, "%s", npyload_loader_errmsg(b));
+    cr_assert_eq(tu_http_requests(s.h), before, "the second start asked the server");
+    cr_assert_eq(npyload_loader_num_samples(b), n);
+    cr_assert_eq(npyload_loader_start(a), 0);
+    same_epoch(a, b, 0);
+    cr_assert_eq(npyload_loader_stop(b), 0);
+    cr_assert_eq(npyload_loader_add_field_files(b, "y", (const char *const *)s.url, NF), 0);
+    before = tu_http_requests(s.h);
+    cr_assert_eq(npyload_loader_start(b), 0, "%s", npyload_loader_errmsg(b));
+    cr_assert_gt(tu_http_requests(s.h), before, "a new field is read at start");
+    npyload_loader_destroy(a);
+    npyload_loader_destroy(b);
+    site_down(&s);
+}
+
+#ifdef NPYLOAD_HAVE_REMOTE
+/* A crash's temporary file is told by its writer's flock, not only its
+ * PID: an old unlocked one goes at the next eviction pass even when its
+ * PID is alive (here: ours, as after PID reuse); one whose writer holds it
+ * stays, and so does a fresh one of a live PID (its writer may not have
+ * locked it yet). (A fresh one of a dead PID goes: test_remote.py.) */
+static char *old_tmp(const char *dir, const char *name, int age_s)
+{
+    char *p = tu_path(dir, name);
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, "partial", 7), 7);
+    close(fd);
+    struct timespec t[2];
+    clock_gettime(CLOCK_REALTIME, &t[0]);
+    t[0].tv_sec -= age_s;
+    t[1] = t[0];
+    cr_assert_eq(utimensat(AT_FDCWD, p, t, 0), 0);
+    return p;
+}
+
+Test(remote, orphaned_temporary_files_are_told_by_their_lock)
+{
+    char *dir = tu_mkdtemp("orphans");
+    char a[64], b[64], c[64];
+    snprintf(a, sizeof a, ".tmp-%ld-1-0123456789ab.0", (long)getpid());
+    snprintf(b, sizeof b, ".tmp-%ld-2-0123456789ab.1", (long)getpid());
+    snprintf(c, sizeof c, ".tmp-%ld-3-0123456789ab.2", (long)getpid());
+    char *pa = old_tmp(dir, a, 3600), *pb = old_tmp(dir, b, 3600), *pc = old_tmp(dir, c, 0);
+    int held = open(pb, O_RDONLY);
+    cr_assert_eq(flock(held, LOCK_EX | LOCK_NB), 0);
+    npyl_cache *cache;
+    char err[256];
+    cr_assert_eq(npyl_cache_open(&cache, dir, 1 << 20, 4096, err, sizeof err), 0, "%s", err);
+    cr_assert_neq(access(pa, F_OK), 0, "an unlocked old temporary file is an orphan");
+    cr_assert_eq(access(pb, F_OK), 0, "a locked one has a writer");
+    cr_assert_eq(access(pc, F_OK), 0, "a fresh one may not be locked yet");
+    npyl_cache_close(cache);
+    close(held);
+    free(pa);
+    free(pb);
+    free(pc);
+    tu_rmtree(dir);
+}
+#endif
 
 Test(remote, slow_down_and_closed_connections_are_retried)
 {

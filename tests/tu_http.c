@@ -35,12 +35,14 @@ struct tu_http {
     pthread_mutex_t mu;
     pthread_t threads[MAX_CONNS];
     int fds[MAX_CONNS];
+    _Atomic int ended[MAX_CONNS]; /* the slot's thread is done: reusable */
     int nthreads;
 };
 
 typedef struct conn {
     tu_http *h;
     int fd;
+    int slot;
 } conn;
 
 static int send_all(int fd, const void *p, size_t n)
@@ -191,6 +193,7 @@ static void *conn_main(void *arg)
     }
 out:
     shutdown(c.fd, SHUT_RDWR);
+    atomic_store(&c.h->ended[c.slot], 1);
     return NULL;
 }
 
@@ -208,7 +211,20 @@ static void *accept_main(void *arg)
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         pthread_mutex_lock(&h->mu);
         conn *c = malloc(sizeof *c);
-        if (!c || h->nthreads == MAX_CONNS) {
+        /* A slot: a new one, or one whose connection ended (its thread
+         * joined and its socket closed), so that a long test is not cut
+         * off after MAX_CONNS connections. */
+        int slot = h->nthreads < MAX_CONNS ? h->nthreads : -1;
+        for (int i = 0; slot < 0 && i < h->nthreads; i++) {
+            int e = atomic_load(&h->ended[i]);
+            if (e == 1) {
+                pthread_join(h->threads[i], NULL);
+                close(h->fds[i]);
+            }
+            if (e)
+                slot = i;
+        }
+        if (!c || slot < 0) {
             pthread_mutex_unlock(&h->mu);
             free(c);
             close(fd);
@@ -216,12 +232,19 @@ static void *accept_main(void *arg)
         }
         c->h = h;
         c->fd = fd;
-        h->fds[h->nthreads] = fd;
-        if (pthread_create(&h->threads[h->nthreads], NULL, conn_main, c) == 0)
-            h->nthreads++;
-        else {
+        c->slot = slot;
+        h->fds[slot] = fd;
+        atomic_store(&h->ended[slot], 0);
+        if (pthread_create(&h->threads[slot], NULL, conn_main, c) == 0) {
+            if (slot == h->nthreads)
+                h->nthreads++;
+        } else {
             free(c);
             close(fd);
+            if (slot < h->nthreads) { /* a reused slot: keep it reusable */
+                h->fds[slot] = -1;
+                atomic_store(&h->ended[slot], 2);
+            }
         }
         pthread_mutex_unlock(&h->mu);
     }
@@ -273,8 +296,10 @@ void tu_http_stop(tu_http *h)
     atomic_store(&h->stop, 1);
     pthread_join(h->acceptor, NULL);
     for (int i = 0; i < h->nthreads; i++) {
-        pthread_join(h->threads[i], NULL);
-        close(h->fds[i]);
+        if (atomic_load(&h->ended[i]) != 2)
+            pthread_join(h->threads[i], NULL);
+        if (h->fds[i] >= 0)
+            close(h->fds[i]);
     }
     close(h->lfd);
     pthread_mutex_destroy(&h->mu);

@@ -32,6 +32,7 @@
 #include "npyload_args.h"
 #include "npyload_bench_measure.h"
 #include "npyload_info_print.h"
+#include "npyload_remote_env.h"
 
 #include <errno.h>
 #include <math.h>
@@ -110,7 +111,16 @@ static const char usage[] =
     "  --plot FILE.svg      heatmap over the grid, as SVG (a FILE.png name\n"
     "                       writes FILE.svg beside it and says so; for a PNG:\n"
     "                       rsvg-convert -o FILE.png FILE.svg)\n"
-    "  --quiet              only the recommendation line\n";
+    "  --quiet              only the recommendation line\n"
+    "\n"
+    "Remote fields (name=s3://BUCKET/PATTERN, or an http(s):// URL) are read\n"
+    "with the loader's ranged GETs, configured like npyload-inspect from\n"
+    "AWS_ENDPOINT_URL[_S3], AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,\n"
+    "AWS_SESSION_TOKEN, AWS_PROFILE, AWS_CA_BUNDLE and ~/.aws. The store's\n"
+    "ranged-GET throughput and latency at several concurrencies replace the\n"
+    "local ceilings (remote_get), its best concurrency recommends workers and\n"
+    "requests in flight (used by the grid), and the JSON gets the remote\n"
+    "counters per run; the page cache and the compression estimate are skipped.\n";
 
 typedef struct opts {
     int workers[NB_MAX_GRID], nworkers;
@@ -491,7 +501,7 @@ static uint64_t setup_data(nb_ctx *ctx, nb_config *cfg)
     ctx->nfields = cfg->nfields;
     for (int k = 0; k < cfg->nfields; k++) {
         const nb_data *d = &ctx->data[k];
-        if (nb_load_field(&cfg->fields[k], &ctx->data[k]) != 0)
+        if (nb_load_field(ctx, &cfg->fields[k], &ctx->data[k]) != 0)
             exit(2);
         sample_bytes += d->sample_bytes;
         total_bytes += d->sample_bytes * (uint64_t)d->nsamples;
@@ -552,13 +562,132 @@ static void setup_device(nb_ctx *ctx, nb_config *cfg)
 /* The ceilings, first, in the same run. .npy.zst fields: no pread_copy (it
  * reads sample offsets of raw files); zst_decode on `cores`, and cold
  * zst_cold (npyload_bench_zst.c). @return : the reference GB/s (0: none). */
+/* remote_get's table row as it is measured. */
+static void print_rget_point(const npyload_rget_point *p, void *arg)
+{
+    if (*(const int *)arg)
+        return; /* quiet */
+    char row[128];
+    npyload_rget_row(p, row, sizeof row);
+    printf("    %s\n", row);
+    fflush(stdout);
+}
+
+/* Remote fields: the store's ranged GETs of the size the loader asks
+ * (one sample shuffled, a batch's rows coalesced in order; 64 KiB ..
+ * 16 MiB) at random offsets of every remote file, at concurrencies 1 ..
+ * 32 with up to two reading threads per worker, as the remote_get
+ * ceiling; the grid's loaders then keep the recommended requests in
+ * flight. */
+static void measure_remote(nb_ctx *ctx, nb_config *cfg, npyload_remote *rcfg, int max_workers,
+                           double secs, nb_remote_report *rr, nb_ceiling *out)
+{
+    memset(rr, 0, sizeof *rr);
+    snprintf(out->name, sizeof out->name, "remote_get");
+    size_t n = 0;
+    uint64_t bytes = 0;
+    for (int k = 0; k < ctx->nfields; k++)
+        if (ctx->data[k].nfiles && ctx->data[k].files[0].fd < 0) {
+            n += ctx->data[k].nfiles;
+            if (ctx->data[k].sample_bytes > bytes)
+                bytes = ctx->data[k].sample_bytes;
+        }
+    if (!cfg->shuffle)
+        bytes *= (uint64_t)cfg->batch_size;
+    bytes = bytes < (64u << 10) ? (64u << 10) : bytes > (16u << 20) ? (16u << 20) : bytes;
+    const char **urls = calloc(n ? n : 1, sizeof *urls);
+    size_t u = 0;
+    for (int k = 0; urls && k < ctx->nfields; k++)
+        for (size_t i = 0; i < ctx->data[k].nfiles; i++)
+            if (ctx->data[k].files[i].fd < 0)
+                urls[u++] = ctx->data[k].files[i].path;
+    static const int conc[] = {1, 2, 4, 8, 16, 32};
+    int tmax = 2 * (max_workers > 2 ? max_workers : 2);
+    if (!ctx->quiet) {
+        printf("  remote_get: ranged GETs of %llu bytes at random offsets of %zu objects, "
+               "%.2g s per concurrency:\n    %s\n",
+               (unsigned long long)bytes, n, secs, npyload_rget_header());
+        fflush(stdout);
+    }
+    npyload_rget_result res;
+    char err[512];
+    uint64_t t0 = nb_now_ns();
+    int rc = urls ? npyload_rget_measure(rcfg, urls, n, (size_t)bytes, secs, conc,
+                                         (int)(sizeof conc / sizeof conc[0]), tmax,
+                                         print_rget_point, &ctx->quiet, &res, err, sizeof err)
+                  : -1;
+    free(urls);
+    out->seconds = (double)(nb_now_ns() - t0) / 1e9;
+    rr->seconds = secs;
+    if (rc != 0) {
+        snprintf(out->note, sizeof out->note, "failed: %.230s", urls ? err : "out of memory");
+        snprintf(rr->note, sizeof rr->note, "%s", out->note);
+        nb_warn(ctx, "remote_get: %s", out->note);
+        return;
+    }
+    rr->measured = 1;
+    rr->objects = res.objects;
+    rr->object_bytes = res.object_bytes;
+    rr->bytes_per_request = res.bytes_per_request;
+    rr->npoints = res.npoints < NB_REMOTE_POINTS ? res.npoints : NB_REMOTE_POINTS;
+    for (int i = 0; i < rr->npoints; i++) {
+        const npyload_rget_point *p = &res.points[i];
+        rr->points[i] = (nb_remote_point){p->concurrency, p->threads, p->inflight,
+                                          p->requests_per_s, p->mb_per_s, p->p50_ms,
+                                          p->p99_ms};
+    }
+    rr->best_mb_per_s = res.best_mb_per_s;
+    rr->concurrency = res.concurrency;
+    rr->workers = res.workers;
+    rr->max_inflight = res.max_inflight;
+    rr->requests = res.requests;
+    rr->retries = res.retries;
+    snprintf(rr->note, sizeof rr->note,
+             "the smallest concurrency within 10%% of the best throughput, as reading threads "
+             "x requests in flight; a worker reads on two threads (itself and read-ahead)");
+    out->measured = 1;
+    out->gbps = res.best_mb_per_s / 1e3;
+    out->threads = res.points[res.pick].threads;
+    out->bytes = (uint64_t)(res.best_mb_per_s * 1e6 * secs);
+    snprintf(out->note, sizeof out->note,
+             "the store's best ranged-GET throughput (wire bytes; %d in flight); the grid's "
+             "loaders keep max_inflight=%d", res.points[res.pick].concurrency,
+             res.max_inflight);
+    rcfg->max_inflight = res.max_inflight;
+}
+
 static double measure_ceilings(nb_ctx *ctx, nb_config *cfg, int max_workers, int cores,
-                               nb_zst_report *zst, nb_ceiling *ce, size_t *nceil)
+                               nb_zst_report *zst, nb_ceiling *ce, size_t *nceil,
+                               npyload_remote *rcfg, nb_remote_report *rr)
 {
     double secs = cfg->seconds > 0 ? cfg->seconds : 1.0;
     secs = secs > 3 ? 3 : secs;
     double ref = 0;
     *nceil = 0;
+    if (ctx->remote) {
+        /* The page cache, O_DIRECT and the frames' decode read local files:
+         * the store's own ranged GETs are the reference instead. */
+        nb_ceiling *c = &ce[(*nceil)++];
+        snprintf(c->name, sizeof c->name, "pread_copy");
+        snprintf(c->note, sizeof c->note, "skipped: remote fields (no page cache to copy "
+                 "from; remote_get is their ceiling)");
+        if (cfg->cold) {
+            c = &ce[(*nceil)++];
+            snprintf(c->name, sizeof c->name, "odirect_uring");
+            snprintf(c->note, sizeof c->note, "skipped: remote fields (every run reads "
+                     "from the store: no cache_dir)");
+        }
+        measure_remote(ctx, cfg, rcfg, max_workers, secs > 2 ? 2 : secs, rr,
+                       &ce[(*nceil)++]);
+        if (cfg->device >= 0)
+            nb_ceiling_h2d(cfg, &ce[(*nceil)++]);
+        for (size_t i = 0; i < *nceil; i++)
+            if (ce[i].measured && (ref <= 0 || ce[i].gbps < ref)) {
+                ref = ce[i].gbps;
+                snprintf(cfg->ceiling_ref, sizeof cfg->ceiling_ref, "%.31s", ce[i].name);
+            }
+        return ref;
+    }
     int packed = nb_zst_any(ctx);
     if (!packed) {
         nb_ceiling_copy(ctx, cfg, max_workers, secs, &ce[(*nceil)++]);
@@ -738,6 +867,14 @@ static int report(const nb_ctx *ctx, const nb_report *rep, const opts *o, int no
     }
     if (!ctx->quiet && rep->zst)
         printf("%s\n", rep->zst->verdict);
+    const nb_remote_report *rr = rep->remote;
+    if (rr && rr->measured)
+        printf("remote: ranged GETs of %llu bytes reach %.1f MB/s from %d in flight: "
+               "num_workers=%d, remote max_inflight=%d (python: remote={..., "
+               "\"max_inflight\": %d}; C: npyload_remote.max_inflight = %d)\n",
+               (unsigned long long)rr->bytes_per_request,
+               rr->points[0].mb_per_s > 0 ? rr->best_mb_per_s : 0.0, rr->concurrency,
+               rr->workers, rr->max_inflight, rr->max_inflight, rr->max_inflight);
     if (!ctx->quiet && rep->rec->next_steps[0])
         printf("what to do next: %s\n", rep->rec->next_steps);
     fflush(stdout);
@@ -765,6 +902,27 @@ int main(int argc, char **argv)
     nb_machine mach;
     machine_info(&mach);
     ni_build_info(ctx.quiet ? NULL : stdout, &mach.build_info); /* first: for bug reports */
+    /* Remote fields: the configuration from the AWS environment (never
+     * printed) and a client for their listings and headers. */
+    static tool_remote renv;
+    int any_s3 = 0;
+    for (int k = 0; k < cfg.nfields; k++) {
+        ctx.remote |= npyload_is_remote(cfg.fields[k].glob);
+        any_s3 |= strncasecmp(cfg.fields[k].glob, "s3://", 5) == 0;
+    }
+    if (ctx.remote) {
+        char err[1024];
+        if (tool_remote_from_env(&renv, any_s3, err, sizeof err) != 0 ||
+            npyload_remote_client_create(&ctx.rclient, &renv.cfg, sizeof renv.cfg, err,
+                                         sizeof err) != 0) {
+            fprintf(stderr, "npyload-bench: %s\n", err);
+            return 2;
+        }
+        cfg.remote = &renv.cfg;
+        add_note(&cfg, "remote fields: read with ranged GETs without a cache_dir (every run "
+                 "from the store); the local ceilings, the page cache and the compression "
+                 "estimate are skipped. ");
+    }
     uint64_t total_bytes = setup_data(&ctx, &cfg);
     int max_workers = 0;
     for (int i = 0; i < o.nworkers; i++)
@@ -788,19 +946,20 @@ int main(int argc, char **argv)
         nb_warn(&ctx, "the dataset (%.1f GiB) does not fit in the page cache (%.1f GiB "
                 "available): 'hot' numbers are partly disk-bound; try --cold",
                 total_bytes / 1073741824.0, avail);
-    else if (!cfg.cold)
+    else if (!cfg.cold && !ctx.remote)
         nb_warm_all(&ctx);
 
     nb_ceiling ceilings[6];
     size_t nceil;
     static nb_zst_report zst;
+    static nb_remote_report rrep;
     memset(ceilings, 0, sizeof ceilings);
     if (!ctx.quiet) {
         printf("ceilings:\n");
         fflush(stdout);
     }
     double ref = measure_ceilings(&ctx, &cfg, max_workers, mach.cores_allowed, &zst, ceilings,
-                                  &nceil);
+                                  &nceil, &renv.cfg, &rrep);
     if (!ctx.quiet) {
         nb_print_ceilings(stdout, ceilings, nceil, cfg.ceiling_ref);
         fflush(stdout);
@@ -819,10 +978,12 @@ int main(int argc, char **argv)
     for (size_t i = nruns; i < nruns + more; i++)
         nok += runs[i].ok;
     nruns += more;
-    nb_zst_after_grid(&ctx, &cfg, mach.cores_allowed, ceilings, nceil, runs, nruns,
-                      total_bytes, &zst);
-    if (!ctx.quiet)
-        nb_print_compression(stdout, &zst);
+    if (!ctx.remote) {
+        nb_zst_after_grid(&ctx, &cfg, mach.cores_allowed, ceilings, nceil, runs, nruns,
+                          total_bytes, &zst);
+        if (!ctx.quiet)
+            nb_print_compression(stdout, &zst);
+    }
     nb_recommendation rec;
     if (nb_recommend(runs, nruns, cfg.compute_ms, &rec) >= 0) {
         repeat_close(&ctx, &cfg, &o, ref, runs, nruns, &rec);
@@ -833,9 +994,12 @@ int main(int argc, char **argv)
     }
     nb_report rep = {.config = &cfg, .machine = &mach, .ceilings = ceilings,
                      .nceilings = nceil, .runs = runs, .nruns = nruns, .rec = &rec,
-                     .warnings = ctx.warnings, .zst = &zst};
+                     .warnings = ctx.warnings, .zst = ctx.remote ? NULL : &zst,
+                     .remote = ctx.remote ? &rrep : NULL};
     int status = report(&ctx, &rep, &o, nok);
     npyload_nvml_close(ctx.nvml);
+    npyload_remote_client_destroy(ctx.rclient);
+    tool_remote_free(&renv);
     free(runs);
     return status;
 }

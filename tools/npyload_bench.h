@@ -152,8 +152,33 @@ typedef struct nb_config {
     int64_t num_samples;
     uint64_t batch_bytes;      /* batch_size x bytes per sample, all fields */
     char ceiling_ref[32];      /* the ceiling runs are compared with ("" none) */
-    char note[512];            /* notes about the measurement (cuda compute, ...) */
+    char note[768];            /* notes about the measurement (cuda compute, ...) */
+    /* Remote fields (s3://, http(s)://): the configuration every loader of
+     * the grid gets (from the AWS environment; never written out, it holds
+     * the secret); NULL when every field is local. */
+    const npyload_remote *remote;
 } nb_config;
+
+/* Remote fields: the store's ranged-GET sweep (tools/support's
+ * npyload_rget_measure) and the workers and requests in flight it
+ * recommends. */
+#define NB_REMOTE_POINTS 16
+typedef struct nb_remote_point {
+    int concurrency, threads, inflight;
+    double requests_per_s, mb_per_s;
+    double p50_ms, p99_ms;     /* < 0: not measured (inflight > 1) */
+} nb_remote_point;
+typedef struct nb_remote_report {
+    int measured;              /* 0: the sweep failed (note says why) */
+    uint64_t objects, object_bytes, bytes_per_request;
+    double seconds;            /* per point */
+    int npoints;
+    nb_remote_point points[NB_REMOTE_POINTS];
+    double best_mb_per_s;
+    int concurrency, workers, max_inflight; /* the recommendation */
+    uint64_t requests, retries; /* of the sweep */
+    char note[256];
+} nb_remote_report;
 
 /* Compression (npyload_bench_zst.c measures, npyload_bench_zst_report.c
  * reports): for .npy.zst fields the decode ceiling of the cores; for raw
@@ -202,6 +227,7 @@ typedef struct nb_report {
     const nb_recommendation *rec;
     const char *warnings;      /* newline-separated, may be NULL */
     const nb_zst_report *zst;  /* NULL: "compression": null */
+    const nb_remote_report *remote; /* NULL: "remote": null (local fields) */
 } nb_report;
 
 /* ---- npyload_bench_recommend.c ---- */

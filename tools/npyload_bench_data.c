@@ -41,15 +41,21 @@ void nb_warn(nb_ctx *ctx, const char *fmt, ...)
         snprintf(ctx->warnings + l, sizeof ctx->warnings - l, "%s\n", buf);
 }
 
-/* The NPY header of a .npy.zst (validated as the loader does) and its
- * compressed size. @return : 0, or an error with "PATH: problem". */
-static int zst_read_header(const char *path, npyload_header *h, uint64_t *zbytes,
-                           char *err, size_t errlen)
+/* The NPY header of a .npy.zst (validated as the loader does; a remote
+ * one read with ranged GETs) and its compressed size. @return : 0, or an
+ * error with "PATH: problem". */
+static int zst_read_header(npyload_remote_client *rc_, const char *path, npyload_header *h,
+                           uint64_t *zbytes, char *err, size_t errlen)
 {
     npyload_zst_file *z = NULL;
-    int rc = npyload_zst_file_open(path, &z, err, errlen);
+    int rc = rc_ ? npyload_remote_inspect(rc_, path, h, &z, err, errlen)
+                 : npyload_zst_file_open(path, &z, err, errlen);
     if (rc != 0)
         return rc;
+    if (!z) { /* remote: a .npy after all */
+        *zbytes = 0;
+        return 0;
+    }
     const npyload_zst_facts *f = npyload_zst_file_facts(z);
     *h = f->hdr;
     if (f->narrow_values) { /* the values the loader delivers, not the codes */
@@ -85,8 +91,18 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-int nb_load_field(nb_field_info *fi, nb_data *bf)
+/* The field's paths, sorted (*paths, *n: npyload_paths_free them): glob(3),
+ * or a remote listing (an s3:// pattern; an http(s):// URL is itself).
+ * @return : 0, or -1 after saying why. */
+static int field_paths(nb_ctx *ctx, const nb_field_info *fi, char ***paths, size_t *n)
 {
+    if (npyload_is_remote(fi->glob)) {
+        char err[1024];
+        if (npyload_remote_glob(ctx->rclient, fi->glob, paths, n, err, sizeof err) == 0)
+            return 0;
+        fprintf(stderr, "npyload-bench: field '%s': %s\n", fi->name, err);
+        return -1;
+    }
     glob_t g;
     int rc = glob(fi->glob, 0, NULL, &g);
     if (rc != 0 || g.gl_pathc == 0) {
@@ -97,11 +113,35 @@ int nb_load_field(nb_field_info *fi, nb_data *bf)
         return -1;
     }
     qsort(g.gl_pathv, g.gl_pathc, sizeof(char *), cmp_str);
-    bf->nfiles = g.gl_pathc;
+    /* In the remote listing's form, so that one free serves both. */
+    size_t want = g.gl_pathc, k = 0;
+    char **v = malloc(want * sizeof *v);
+    while (v && k < want && (v[k] = strdup(g.gl_pathv[k])))
+        k++;
+    globfree(&g);
+    if (!v || k < want) {
+        npyload_paths_free(v, k);
+        perror("npyload-bench");
+        return -1;
+    }
+    *paths = v;
+    *n = k;
+    return 0;
+}
+
+int nb_load_field(nb_ctx *ctx, nb_field_info *fi, nb_data *bf)
+{
+    char **pathv;
+    size_t npaths;
+    int rc;
+    if (field_paths(ctx, fi, &pathv, &npaths) != 0)
+        return -1;
+    npyload_remote_client *rcl = npyload_is_remote(fi->glob) ? ctx->rclient : NULL;
+    bf->nfiles = npaths;
     bf->files = calloc(bf->nfiles, sizeof *bf->files);
     if (!bf->files) {
         perror("npyload-bench");
-        globfree(&g);
+        npyload_paths_free(pathv, npaths);
         return -1;
     }
     int64_t first = 0;
@@ -110,17 +150,17 @@ int nb_load_field(nb_field_info *fi, nb_data *bf)
         npyload_header h;
         char err[512];
         uint64_t zbytes = 0; /* a .npy.zst: its compressed size */
-        if (npyload_zst_probe(g.gl_pathv[i]) == 1)
-            rc = zst_read_header(g.gl_pathv[i], &h, &zbytes, err, sizeof err);
+        if (rcl || npyload_zst_probe(pathv[i]) == 1)
+            rc = zst_read_header(rcl, pathv[i], &h, &zbytes, err, sizeof err);
         else
-            rc = npyload_read_header(g.gl_pathv[i], &h, err, sizeof err);
+            rc = npyload_read_header(pathv[i], &h, err, sizeof err);
         if (rc != 0) {
             fprintf(stderr, "npyload-bench: %s\n", err[0] ? err : npyload_strerror(rc));
             goto fail;
         }
         if (h.ndim < 1 || h.shape[0] < 1) {
             fprintf(stderr, "npyload-bench: %s: no sample axis (shape has %d dims)\n",
-                    g.gl_pathv[i], h.ndim);
+                    pathv[i], h.ndim);
             goto fail;
         }
         uint64_t sb = h.data_bytes / (uint64_t)h.shape[0];
@@ -133,13 +173,13 @@ int nb_load_field(nb_field_info *fi, nb_data *bf)
         } else if (sb != bf->sample_bytes) {
             fprintf(stderr,
                     "npyload-bench: %s: %llu bytes per sample, %s has %llu\n",
-                    g.gl_pathv[i], (unsigned long long)sb, bf->files[0].path,
+                    pathv[i], (unsigned long long)sb, bf->files[0].path,
                     (unsigned long long)bf->sample_bytes);
             goto fail;
         }
-        f->path = strdup(g.gl_pathv[i]);
-        f->fd = open(f->path, O_RDONLY | O_CLOEXEC);
-        if (f->fd < 0) {
+        f->path = strdup(pathv[i]);
+        f->fd = rcl ? -1 : open(f->path, O_RDONLY | O_CLOEXEC);
+        if (f->fd < 0 && !rcl) {
             fprintf(stderr, "npyload-bench: %s: %s\n", f->path, strerror(errno));
             goto fail;
         }
@@ -159,10 +199,10 @@ int nb_load_field(nb_field_info *fi, nb_data *bf)
     fi->nfiles = bf->nfiles;
     fi->nsamples = first;
     fi->sample_bytes = bf->sample_bytes;
-    globfree(&g);
+    npyload_paths_free(pathv, npaths);
     return 0;
 fail:
-    globfree(&g);
+    npyload_paths_free(pathv, npaths);
     return -1;
 }
 
@@ -193,6 +233,8 @@ void nb_evict_all(nb_ctx *ctx, int verbose_warn)
         size_t stride = bf->nfiles > 8 ? bf->nfiles / 8 : 1;
         for (size_t i = 0; i < bf->nfiles; i++) {
             int fd = bf->files[i].fd;
+            if (fd < 0)
+                continue; /* remote */
             fdatasync(fd);
             posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
             if (i % stride != 0 || bf->files[i].file_bytes == 0)
@@ -235,6 +277,8 @@ void nb_warm_all(const nb_ctx *ctx)
     for (int k = 0; k < ctx->nfields; k++)
         for (size_t i = 0; i < ctx->data[k].nfiles; i++) {
             int fd = ctx->data[k].files[i].fd;
+            if (fd < 0)
+                continue; /* remote */
             off_t off = 0;
             ssize_t r;
             while ((r = pread(fd, buf, n, off)) > 0)

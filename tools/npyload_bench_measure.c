@@ -168,6 +168,10 @@ static npyload_loader *run_loader(const nb_config *cfg, int workers, int prefetc
     npyload_loader *L = NULL;
     int rc = npyload_loader_create(&L);
     const char *stage = "create";
+    if (rc == 0 && cfg->remote) {
+        stage = "set_remote";
+        rc = npyload_loader_set_remote(L, cfg->remote, sizeof *cfg->remote);
+    }
     for (int k = 0; rc == 0 && k < cfg->nfields; k++) {
         stage = "add_field";
         rc = npyload_loader_add_field(L, cfg->fields[k].name, cfg->fields[k].glob);
@@ -268,6 +272,10 @@ static const size_t TIMED_COUNTERS[] = {
     offsetof(npyload_stats, decode_ns),         offsetof(npyload_stats, transform_ns),
     offsetof(npyload_stats, read_wait_ns),      offsetof(npyload_stats, read_ahead_batches),
     offsetof(npyload_stats, worker_cpu_ns),     offsetof(npyload_stats, read_blocked_ns),
+    offsetof(npyload_stats, remote_bytes),      offsetof(npyload_stats, remote_requests),
+    offsetof(npyload_stats, remote_retries),    offsetof(npyload_stats, remote_wait_ns),
+    offsetof(npyload_stats, cache_hits),        offsetof(npyload_stats, cache_misses),
+    offsetof(npyload_stats, cache_read_bytes),  offsetof(npyload_stats, cache_write_bytes),
 };
 #define NB_COUNTER(s, off) (*(uint64_t *)(void *)((char *)(s) + (off)))
 

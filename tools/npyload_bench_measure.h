@@ -58,6 +58,12 @@ typedef struct nb_ctx {
     npyload_nvml *nvml;    /* NULL: no GPU monitoring */
     nb_progress prog;
     char warnings[8192];   /* newline-separated, for the JSON */
+    /* Remote fields: the client their headers are read with (NULL: every
+     * field local), and whether any field is remote (then the local
+     * ceilings, the page cache and the compression estimate are skipped;
+     * remote files have fd -1). */
+    npyload_remote_client *rclient;
+    int remote;
 } nb_ctx;
 
 /* ---- npyload_bench_data.c ---- */
@@ -68,7 +74,7 @@ void nb_warn(nb_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2,
 
 /* Globs and reads the headers of one field. @return : 0, or -1 with the
  * reason on stderr. */
-int nb_load_field(nb_field_info *fi, nb_data *d);
+int nb_load_field(nb_ctx *ctx, nb_field_info *fi, nb_data *d);
 /* The file holding global sample s. */
 const nb_file *nb_sample_file(const nb_data *d, int64_t s);
 /* --cold: drops every file from the page cache; warns (once, when `check`)

@@ -131,6 +131,15 @@ static void nb_json_run(FILE *f, const nb_run *r)
     nb_json_time(f, &r->timed);
     nj_printf(f, ", \"repeats\": %d, \"spread\": %g", r->repeats > 0 ? r->repeats : 1,
               r->spread);
+    const npyload_stats *t = &r->timed;
+    nj_printf(f,
+              ",\n      \"remote\": {\"bytes\": %llu, \"requests\": %llu, \"retries\": %llu, "
+              "\"wait_ns\": %llu, \"cache_hits\": %llu, \"cache_misses\": %llu, "
+              "\"cache_read_bytes\": %llu, \"cache_write_bytes\": %llu}",
+              (unsigned long long)t->remote_bytes, (unsigned long long)t->remote_requests,
+              (unsigned long long)t->remote_retries, (unsigned long long)t->remote_wait_ns,
+              (unsigned long long)t->cache_hits, (unsigned long long)t->cache_misses,
+              (unsigned long long)t->cache_read_bytes, (unsigned long long)t->cache_write_bytes);
     fputs(",\n      \"gpu\": ", f);
     if (r->gpu_samples > 0)
         nj_printf(f,
@@ -160,6 +169,40 @@ static void nb_json_recommendation(FILE *f, const nb_recommendation *rec, double
               rec->samples_per_s, rec->frac_of_best, rec->stall_pct, rec->slot_mib,
               rec->criterion, line, rec->verdict, rec->close[0] ? rec->close : NULL,
               rec->next_steps);
+}
+
+/* Remote fields: the ranged-GET sweep and its recommendation. */
+static void nb_json_remote(FILE *f, const nb_remote_report *x)
+{
+    if (!x) {
+        fputs(",\n  \"remote\": null", f);
+        return;
+    }
+    nj_printf(f,
+              ",\n  \"remote\": {\n    \"measured\": %c, \"objects\": %llu, \"object_bytes\": "
+              "%llu, \"bytes_per_request\": %llu, \"seconds\": %g,\n    \"points\": [",
+              x->measured, (unsigned long long)x->objects, (unsigned long long)x->object_bytes,
+              (unsigned long long)x->bytes_per_request, x->seconds);
+    for (int i = 0; i < x->npoints; i++) {
+        const nb_remote_point *p = &x->points[i];
+        fputs(i ? ",\n      " : "\n      ", f);
+        nj_printf(f,
+                  "{\"concurrency\": %d, \"threads\": %d, \"inflight\": %d, "
+                  "\"requests_per_s\": %g, \"mb_per_s\": %g, \"p50_ms\": %g, \"p99_ms\": %g}",
+                  p->concurrency, p->threads, p->inflight, p->requests_per_s, p->mb_per_s,
+                  p->p50_ms >= 0 ? p->p50_ms : NAN, p->p99_ms >= 0 ? p->p99_ms : NAN);
+    }
+    fputs(x->npoints ? "\n    ],\n    " : "],\n    ", f);
+    if (x->measured)
+        nj_printf(f,
+                  "\"best_mb_per_s\": %g, \"recommended_concurrency\": %d, "
+                  "\"recommended_workers\": %d, \"recommended_max_inflight\": %d,\n    ",
+                  x->best_mb_per_s, x->concurrency, x->workers, x->max_inflight);
+    else
+        fputs("\"best_mb_per_s\": null, \"recommended_concurrency\": null, "
+              "\"recommended_workers\": null, \"recommended_max_inflight\": null,\n    ", f);
+    nj_printf(f, "\"requests\": %llu, \"retries\": %llu, \"note\": %s\n  }",
+              (unsigned long long)x->requests, (unsigned long long)x->retries, x->note);
 }
 
 /* The newline-separated warnings as an array of strings. */
@@ -196,6 +239,7 @@ int nb_write_json(FILE *f, const nb_report *rep)
     fputs(rep->nruns ? "\n  ]" : "]", f);
     nb_json_recommendation(f, rep->rec, rep->config->compute_ms);
     nb_json_compression(f, rep->zst);
+    nb_json_remote(f, rep->remote);
     nb_json_warnings(f, rep->warnings);
     return ferror(f) ? -1 : 0;
 }
@@ -231,7 +275,7 @@ void nb_print_setup(FILE *f, const nb_config *c, const nb_machine *m, uint64_t t
     fprintf(f, "  batch %d = %.2f MiB; dataset %.2f GiB; %s; %s\n", c->batch_size,
             c->batch_bytes / 1048576.0, total_bytes / 1073741824.0,
             c->shuffle == 1 ? "full shuffle" : c->shuffle == 2 ? "local shuffle" : "in order",
-            c->cold ? "cold cache" : "page cache");
+            c->remote ? "remote, no cache_dir" : c->cold ? "cold cache" : "page cache");
 }
 
 void nb_print_ceilings(FILE *f, const nb_ceiling *ce, size_t n, const char *ref)

@@ -24,35 +24,54 @@
  * program reading the JSON Lines sees every file; the remaining files are
  * still reported and the exit status is 1 at the end.
  *
+ * Remote paths (s3://bucket/key, http(s)://host/path) are inspected with
+ * ranged GETs as the loader's start reads them (npyload_remote_inspect:
+ * the first 4 KiB, and the seek table and frame 0 of a .npy.zst), with the
+ * same facts and keys as the local file's; an s3:// pattern with wildcards
+ * is listed (ListObjectsV2) and each object inspected in order. The
+ * configuration comes from the AWS environment and ~/.aws
+ * (npyload_remote_env.c, the Python package's precedence); --verify reads
+ * every frame of a remote .npy.zst with ranged GETs.
+ *
  * Exit status: 0 all files read, 1 at least one file failed, 2 usage error.
  *
- * Uses include/npyload.h (the .npy.zst file API included), libc and the
- * tools' JSON writer (npyload_json.c).
+ * Uses include/npyload.h (the .npy.zst file API and the remote client
+ * included), libc, the tools' JSON writer (npyload_json.c) and their remote
+ * configuration (npyload_remote_env.c).
  */
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "npyload.h"
 #include "npyload_json.h"
+#include "npyload_remote_env.h"
 
 #define PROG "npyload-inspect"
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: " PROG " [--json] [--verify] FILE...\n"
+            "usage: " PROG " [--json] [--verify] FILE|URL...\n"
             "\n"
             "Prints the header facts of each NPY file: version, descr, shape,\n"
             "fortran_order, data_offset, data_bytes and file_bytes. A .npy.zst\n"
             "(npyload-pack) shows the facts of the .npy inside, plus\n"
             "compressed_bytes, ratio, frames and samples_per_frame.\n"
+            "s3://BUCKET/KEY (a pattern with * ? [ is listed) and http(s):// URLs\n"
+            "are read with ranged GETs; s3:// takes its endpoint, region and\n"
+            "credentials from AWS_ENDPOINT_URL[_S3], AWS_REGION, AWS_ACCESS_KEY_ID,\n"
+            "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_PROFILE, AWS_CA_BUNDLE\n"
+            "and ~/.aws/{config,credentials}, as the Python package does.\n"
             "\n"
             "  --json     one JSON object per file (JSON Lines); a malformed\n"
             "             file gives {\"file\": ..., \"error\": ...}\n"
             "  --verify   decode every frame of each .npy.zst and check sizes and\n"
             "             checksums (reads the whole file); the first bad frame\n"
             "             is the file's error (index, byte offset, problem)\n"
+            "  --remote-config  print the remote configuration the AWS environment\n"
+            "             and ~/.aws give (JSON; secrets shown as \"(set)\") and exit\n"
             "  --help     this text\n"
             "  --version  the npyload version\n"
             "  --         end of options (for file names starting with '-')\n"
@@ -125,8 +144,10 @@ static void print_json(const char *path, const npyload_header *h,
     fputs("}\n", stdout);
 }
 
-/* Returns 0 if `path` was reported, 1 if it failed. */
-static int inspect_one(const char *path, int json, int verify)
+/* Returns 0 if `path` was reported, 1 if it failed. `rc` (when not 0):
+ * the failure that came before reading (a remote listing). */
+static int inspect_one(npyload_remote_client *client, const char *path, int json, int verify,
+                       int rc, const char *why)
 {
     npyload_header h;
     char err[1024] = "";
@@ -134,8 +155,16 @@ static int inspect_one(const char *path, int json, int verify)
     npyload_zst_file *zf = NULL;
     uint32_t bad = UINT32_MAX;
     uint64_t bad_off = 0, cs, ds;
-    int rc = npyload_zst_probe(path);
-    if (rc == 1) {
+    if (rc) {
+        snprintf(err, sizeof err, "%s", why);
+    } else if (npyload_is_remote(path)) {
+        rc = npyload_remote_inspect(client, path, &h, &zf, err, sizeof err);
+        if (rc == 0 && zf && verify) {
+            rc = npyload_zst_file_verify(zf, &bad, err, sizeof err);
+            if (bad != UINT32_MAX)
+                npyload_zst_file_frame(zf, bad, &bad_off, &cs, &ds);
+        }
+    } else if ((rc = npyload_zst_probe(path)) == 1) {
         rc = npyload_zst_file_open(path, &zf, err, sizeof err);
         if (rc == 0 && verify) {
             rc = npyload_zst_file_verify(zf, &bad, err, sizeof err);
@@ -186,11 +215,32 @@ static int inspect_one(const char *path, int json, int verify)
     return 1;
 }
 
+/* --remote-config: what npyload_remote_env.c resolved, for a user who
+ * wonders which endpoint or profile was taken (and for the tests that
+ * hold it to the Python package's precedence). Secrets are never shown. */
+static int show_remote_config(void)
+{
+    tool_remote t;
+    char err[1024];
+    if (tool_remote_from_env(&t, 0, err, sizeof err) != 0) {
+        fprintf(stderr, PROG ": %s\n", err);
+        return 1;
+    }
+    const npyload_remote *c = &t.cfg;
+    nj_printf(stdout, "{\"endpoint\": %s, \"region\": %s, \"access_key\": %s, ",
+              c->endpoint, c->region, c->access_key);
+    nj_printf(stdout, "\"secret_key\": %s, \"session_token\": %s, \"ca_file\": %s}\n",
+              c->secret_key ? "(set)" : NULL, c->session_token ? "(set)" : NULL, c->ca_file);
+    tool_remote_free(&t);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
         {"json", no_argument, NULL, 'j'},
         {"verify", no_argument, NULL, 'v'},
+        {"remote-config", no_argument, NULL, 'r'},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
@@ -207,6 +257,8 @@ int main(int argc, char **argv)
         case 'v':
             verify = 1;
             break;
+        case 'r':
+            return show_remote_config();
         case 'h':
             usage(stdout);
             return 0;
@@ -225,9 +277,33 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    /* One client for every remote path (none when all are local). */
+    npyload_remote_client *client = NULL;
+    char err[1024];
+    if (tool_remote_client((const char *const *)argv + optind, (size_t)(argc - optind), &client,
+                           err, sizeof err) != 0) {
+        fprintf(stderr, PROG ": %s\n", err);
+        return 1;
+    }
     int failed = 0;
-    for (int i = optind; i < argc; i++)
-        failed |= inspect_one(argv[i], json, verify);
+    for (int i = optind; i < argc; i++) {
+        const char *a = argv[i];
+        if (!npyload_is_remote(a) || strncasecmp(a, "s3://", 5) != 0 || !strpbrk(a, "*?[")) {
+            failed |= inspect_one(client, a, json, verify, 0, NULL);
+            continue;
+        }
+        char **paths = NULL;
+        size_t n = 0;
+        int rc = npyload_remote_glob(client, a, &paths, &n, err, sizeof err);
+        if (rc) {
+            failed |= inspect_one(client, a, json, verify, rc, err);
+            continue;
+        }
+        for (size_t k = 0; k < n; k++)
+            failed |= inspect_one(client, paths[k], json, verify, 0, NULL);
+        npyload_paths_free(paths, n);
+    }
+    npyload_remote_client_destroy(client);
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, PROG ": error writing to stdout\n");
         return 1;

@@ -134,13 +134,24 @@ static void free_slots(npyload_loader *L, int keep_held)
 
 /* Frees the per-start tables that neither a held batch nor its release
  * reads: the epoch's order and the file tables. */
-static void free_tables(npyload_loader *L)
+static void free_field_tables(npyload_loader *L);
+
+static void free_tables(npyload_loader *L, int keep_fields)
 {
     free((void *)L->ring.op.file_sizes);
     L->ring.op.file_sizes = NULL;
     free(L->ring.seqbuf);
     free(L->ring.seqspare);
     L->ring.seqbuf = L->ring.seqspare = NULL;
+    if (!keep_fields)
+        free_field_tables(L);
+}
+
+/* What start read of the fields: files (headers, .npy.zst indexes, value
+ * tables), the io file table and the remote objects. */
+static void free_field_tables(npyload_loader *L)
+{
+    L->fields_loaded = 0;
     for (size_t i = 0; i < L->nfields; i++) {
         for (size_t k = 0; L->fields[i].files && k < L->fields[i].npaths; k++) {
             npyl_zst_index_free(L->fields[i].files[k].zst);
@@ -168,7 +179,19 @@ static void free_workers(npyload_loader *L)
 }
 
 /* Frees what start allocated; the loader returns to its pre-start state. */
-void npyl_loader_free_started(npyload_loader *L)
+void npyl_loader_drop_loaded_fields(npyload_loader *L)
+{
+    if (L->fields_loaded && !L->started)
+        free_field_tables(L);
+}
+
+static void free_started(npyload_loader *L, int keep_fields);
+
+void npyl_loader_free_started(npyload_loader *L) { free_started(L, 0); }
+
+void npyl_loader_free_started_keep_fields(npyload_loader *L) { free_started(L, 1); }
+
+static void free_started(npyload_loader *L, int keep_fields)
 {
     /* May run on any user thread (destroy, the last release): switch to the
      * loader's device for the frees and back. */
@@ -191,7 +214,7 @@ void npyl_loader_free_started(npyload_loader *L)
     npyl_cuda_close(L->dev.cuda);
     L->dev.cuda = NULL;
     L->dev.pinned = 0;
-    free_tables(L);
+    free_tables(L, keep_fields);
     for (size_t i = 0; i < L->nfields; i++) {
         npyl_field *f = &L->fields[i];
         npyl_transform_plan_free(&f->tplan);
@@ -216,7 +239,7 @@ static void shed_held(npyload_loader *L)
     free_slots(L, 1);
     if (entered)
         npyl_cuda_leave(L->dev.cuda, prev);
-    free_tables(L);
+    free_tables(L, 0);
     /* The workers are gone: nothing reads remotely any more; the secret is
      * wiped now, not at the last release. */
     npyl_remote_destroy(L->remote);

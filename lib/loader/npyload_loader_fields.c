@@ -33,6 +33,7 @@ static int check_new_field(npyload_loader *L, const char *name)
 /* Takes ownership of paths (an npyl_glob_sorted-style array). */
 static int push_field(npyload_loader *L, const char *name, char **paths, size_t n)
 {
+    npyl_loader_drop_loaded_fields(L); /* a stopped loader's: another field now */
     if (L->nfields == L->cap_fields) {
         size_t cap = L->cap_fields ? 2 * L->cap_fields : 4;
         npyl_field *f = realloc(L->fields, cap * sizeof *f);
@@ -226,65 +227,7 @@ static int read_any_header(const char *path, npyload_header *h, npyl_zst_index *
     return 0;
 }
 
-/* ---- remote files: the probe's bytes, then ranged GETs for the rest ---- */
-
-typedef struct rsrc {
-    npyl_remote *r;
-    const npyl_remote_probe *p;
-    npyl_remote_obj o;
-} rsrc;
-
-/* npyl_zst_read_fn over a probed object: its head and tail bytes, else a
- * ranged GET. */
-static int rsrc_read(void *ctx, void *buf, size_t n, uint64_t off)
-{
-    const rsrc *s = ctx;
-    const npyl_remote_probe *p = s->p;
-    if (off > p->size || n > p->size - off)
-        return -EIO;
-    if (off + n <= p->head_len) {
-        memcpy(buf, p->head + off, n);
-        return 0;
-    }
-    if (p->tail && off >= p->size - p->tail_len) {
-        memcpy(buf, p->tail + (off - (p->size - p->tail_len)), n);
-        return 0;
-    }
-    return npyl_remote_get(s->r, &s->o, off, n, buf, NULL, 0);
-}
-
-/* The probe's parse of a .npy header from the head bytes (fetching more
- * when the header is longer). */
-static int parse_remote_npy(rsrc *s, const char *url, npyload_header *h, char *err,
-                            size_t errlen)
-{
-    const npyl_remote_probe *p = s->p;
-    int rc = npyload_parse_header(p->head, p->head_len, p->size, url, h, err, errlen);
-    if (rc == NPYLOAD_ETRUNCATED && h->header_len && h->data_offset > p->head_len &&
-        h->data_offset <= p->size) {
-        size_t need = (size_t)h->data_offset;
-        unsigned char *big = malloc(need);
-        if (!big)
-            return npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", url);
-        rc = npyl_remote_get(s->r, &s->o, 0, need, big, err, errlen);
-        if (rc == 0)
-            rc = npyload_parse_header(big, need, p->size, url, h, err, errlen);
-        free(big);
-    }
-    return rc;
-}
-
-/* Which probed objects need their tail: a .npy.zst (the seek table) and
- * a '|u1' .npy with bytes after its data (a narrowed store's trailer). */
-static int want_tail(const npyl_remote_probe *p)
-{
-    if (p->head_len >= 4 && npyl_zst_is_zstd(p->head))
-        return 1;
-    npyload_header h;
-    if (npyload_parse_header(p->head, p->head_len, p->size, NULL, &h, NULL, 0) != 0)
-        return 0;
-    return strcmp(h.descr, "|u1") == 0 && p->size > h.data_offset + h.data_bytes;
-}
+/* ---- remote files: the probe's bytes (npyload_loader_remote.c) ---- */
 
 /* read_any_header for a probed remote object. */
 static int read_remote_header(npyl_remote *r, const npyl_remote_probe *p, npyload_header *h,
@@ -293,14 +236,14 @@ static int read_remote_header(npyl_remote *r, const npyl_remote_probe *p, npyloa
 {
     *zst = NULL;
     *nx = NULL;
-    rsrc s = {r, p, {p->url, p->size, ""}};
-    snprintf(s.o.etag, sizeof s.o.etag, "%s", p->etag);
+    npyl_rsrc s;
+    npyl_rsrc_init(&s, r, p);
     if (p->head_len < 4 || !npyl_zst_is_zstd(p->head)) {
-        int rc = parse_remote_npy(&s, p->url, h, err, errlen);
+        int rc = npyl_rsrc_npy_header(&s, h, err, errlen);
         uint64_t end = h->data_offset + h->data_bytes;
         if (rc || strcmp(h->descr, "|u1") != 0 || h->file_bytes <= end)
             return rc;
-        rc = npyl_zst_store_probe(rsrc_read, &s, p->url, h->file_bytes, end, nx, err, errlen);
+        rc = npyl_zst_store_probe(npyl_rsrc_read, &s, p->url, h->file_bytes, end, nx, err, errlen);
         if (rc == 0 && *nx)
             deliver_values(h, *nx);
         return rc;
@@ -308,7 +251,7 @@ static int read_remote_header(npyl_remote *r, const npyl_remote_probe *p, npyloa
     npyl_zst_index *x = calloc(1, sizeof *x);
     if (!x)
         return npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", p->url);
-    int rc = npyl_zst_index_read(rsrc_read, &s, p->size, p->url, x, err, errlen);
+    int rc = npyl_zst_index_read(npyl_rsrc_read, &s, p->size, p->url, x, err, errlen);
     if (rc) {
         free(x);
         return rc;
@@ -345,7 +288,7 @@ static int probe_field(npyload_loader *L, npyl_field *f, npyl_remote_probe **out
         }
     char err[NPYL_ERRMSG_LEN - 128];
     size_t bad = 0;
-    int rc = npyl_remote_probe_all(L->remote, rp, nr, want_tail, &bad, err, sizeof err);
+    int rc = npyl_remote_probe_all(L->remote, rp, nr, npyl_rsrc_want_tail, &bad, err, sizeof err);
     for (size_t j = 0; j < nr; j++)
         all[at[j]] = rp[j];
     free(rp);

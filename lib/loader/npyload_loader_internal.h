@@ -104,6 +104,10 @@ struct npyload_loader {
     unsigned queue_depth;     /* resolved QUEUE_DEPTH */
     npyl_file_info *io_files; /* every file of every field */
     size_t nio_files;
+    int fields_loaded;        /* the headers (and remote probes) of start are
+                                 kept across npyload_loader_stop: the next
+                                 start reuses them; adding a field, set_remote
+                                 or ALIGN drop them */
     npyl_remote_obj *robjs;   /* per io file: its remote object (url NULL:
                                  local); NULL when no file is remote */
     int64_t n;                /* samples per field */
@@ -158,6 +162,24 @@ NPYL_HIDDEN int npyl_loader_auto_backend(char *why, size_t whylen);
  * them and fills the io file table and L->n. */
 NPYL_HIDDEN int npyl_load_fields(npyload_loader *L);
 
+/* npyload_loader_remote.c: a probed remote object as a reader (its head
+ * and tail bytes from the probe, the rest by ranged GETs checked against
+ * the probe's ETag), shared by start and npyload_remote_inspect. */
+typedef struct npyl_rsrc {
+    npyl_remote *r;
+    const npyl_remote_probe *p;
+    npyl_remote_obj o;
+} npyl_rsrc;
+NPYL_HIDDEN void npyl_rsrc_init(npyl_rsrc *s, npyl_remote *r, const npyl_remote_probe *p);
+/* npyl_zst_read_fn over a npyl_rsrc. */
+NPYL_HIDDEN int npyl_rsrc_read(void *ctx, void *buf, size_t n, uint64_t off);
+/* The NPY header of a probed .npy (more bytes fetched when it is longer
+ * than the head). */
+NPYL_HIDDEN int npyl_rsrc_npy_header(npyl_rsrc *s, npyload_header *h, char *err, size_t errlen);
+/* npyl_remote_want_tail for start: a .npy.zst (the seek table) and a
+ * '|u1' .npy with bytes after its data (a narrowed store's trailer). */
+NPYL_HIDDEN int npyl_rsrc_want_tail(const npyl_remote_probe *p);
+
 /* npyload_loader_state.c: checks every field of a saved state against the
  * loader (n = its sample count, or -1 before start) and yields the order
  * parameters it selects (into *op) and the batch to resume at. */
@@ -167,6 +189,10 @@ NPYL_HIDDEN int npyl_state_check(npyload_loader *L, const npyload_state *st, int
 /* npyload_loader.c: frees what start allocated (the loader returns to its
  * pre-start state). */
 NPYL_HIDDEN void npyl_loader_free_started(npyload_loader *L);
+/* The same, keeping what start read of the fields (npyload_loader_stop). */
+NPYL_HIDDEN void npyl_loader_free_started_keep_fields(npyload_loader *L);
+/* Drops the fields kept by npyload_loader_stop (unstarted loader). */
+NPYL_HIDDEN void npyl_loader_drop_loaded_fields(npyload_loader *L);
 /* npyload_loader.c: drops a reference (destroy's, or a released batch's);
  * the last one frees the loader. */
 NPYL_HIDDEN void npyl_loader_unref(npyload_loader *L);

@@ -148,6 +148,8 @@ int npyload_loader_set(npyload_loader *L, npyload_option opt, int64_t v)
             return npyl_loader_fail(L, NPYLOAD_ENOCUDA, "CUDA device %" PRId64
                                     " requested but unusable: %s", v, why);
     }
+    if (opt == NPYLOAD_OPT_ALIGN && v != L->opt[opt])
+        npyl_loader_drop_loaded_fields(L); /* start checks the pairing again */
     L->opt[opt] = v;
     L->errmsg[0] = 0;
     return 0;
@@ -210,6 +212,7 @@ int npyload_loader_set_remote(npyload_loader *L, const npyload_remote *cfg, size
     int rc = npyl_remote_create(&r, cfg ? &mine : NULL, err, sizeof err);
     if (rc)
         return npyl_loader_fail(L, rc, "%s", err);
+    npyl_loader_drop_loaded_fields(L); /* probed with the other client */
     npyl_remote_destroy(L->remote);
     L->remote = r;
     L->remote_set = 1;

@@ -690,7 +690,7 @@ static int start_ctl(npyload_loader *L)
     size_t nworkers = 0, prefetch = 0;
     if ((rc = resolve_counts(L, &nworkers, &prefetch)))
         return rc;
-    if ((rc = npyl_load_fields(L)) || (rc = need_batch_size(L)) || (rc = plan_transforms(L)) || (rc = plan_rows(L)) ||
+    if ((!L->fields_loaded && (rc = npyl_load_fields(L))) || (rc = need_batch_size(L)) || (rc = plan_transforms(L)) || (rc = plan_rows(L)) ||
         (rc = resolve_backend(L)) || (rc = open_cuda(L)) || (rc = open_tdev(L)) ||
         (rc = plan_layout(L)) || (rc = plan_order(L)) ||
         (rc = alloc_slots(L, nworkers, prefetch)) || (rc = upload_all_tables(L)) ||
@@ -703,6 +703,7 @@ static int start_ctl(npyload_loader *L)
         L->started = 0;
         goto fail;
     }
+    L->fields_loaded = 1;
     L->errmsg[0] = 0;
     return 0;
 fail:
@@ -711,5 +712,32 @@ fail:
     npyl_workers_stop(L->workers, L->nworkers, &L->env);
     L->ring.stopping = 0; /* no thread left: the ring is the caller's again */
     npyl_loader_free_started(L); /* fields and options stay; errmsg too */
+    return rc;
+}
+
+int npyload_loader_stop(npyload_loader *L)
+{
+    if (!L)
+        return NPYLOAD_EINVAL;
+    int rc = npyl_loader_forked(L);
+    if (rc || (rc = npyl_ctl_enter(L)))
+        return rc;
+    size_t held = atomic_load(&L->refs) - 1;
+    if (!L->started) {
+        rc = npyl_loader_fail(L, NPYLOAD_ESTATE, "stop: the loader is not started");
+    } else if (held) {
+        rc = npyl_loader_fail(L, NPYLOAD_ESTATE,
+                              "stop: %zu batch%s still held: release %s first", held,
+                              held == 1 ? " is" : "es are", held == 1 ? "it" : "them");
+    } else {
+        /* As a failed start leaves it, but with the fields as start read
+         * them: the next start does not read the headers or probe the
+         * remote objects again. */
+        npyl_workers_stop(L->workers, L->nworkers, &L->env);
+        L->ring.stopping = 0;
+        npyl_loader_free_started_keep_fields(L);
+        L->errmsg[0] = 0;
+    }
+    npyl_ctl_leave(L);
     return rc;
 }

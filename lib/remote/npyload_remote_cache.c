@@ -6,7 +6,10 @@
  * name, so a reader (another thread, another rank of the node, a later
  * run) sees a complete block or none, and a crash leaves at most a
  * temporary file, removed by the next eviction pass once its writer is
- * dead. An object whose ETag changed has another KEY: a stale block is
+ * gone: the writer holds an flock on it while it writes (an flock dies
+ * with its process, whatever PID comes next), so a temporary file that
+ * nobody holds is an orphan once its PID (in its name) is gone or it is
+ * older than NPYL_TMP_ORPHAN_S (a PID reused, or another PID namespace). An object whose ETag changed has another KEY: a stale block is
  * never looked up, and ages out.
  *
  * The bound: the cache's total size is kept in a record (npyload-cache.lock,
@@ -34,7 +37,21 @@
 #include <unistd.h>
 
 #define LOCK_NAME "npyload-cache.lock"
+/* An unlocked temporary file this old is an orphan (the age covers the
+ * moment between its creation and its writer's flock). */
+#define NPYL_TMP_ORPHAN_S 30
 #define RECORD_TAG "NPYLCAC1"
+
+/* A block being fetched by a thread of this process. Guarded by
+ * npyl_cache.fl_mu; freed by the last of the owner and the waiters. */
+struct npyl_inflight {
+    npyl_inflight *next;
+    char key[33];
+    uint64_t k;
+    int done, rc;
+    int refs;                 /* the owner until release, + one per waiter */
+    char msg[512];
+};
 
 struct npyl_cache {
     char *dir;
@@ -42,6 +59,9 @@ struct npyl_cache {
     int lockfd;
     pthread_mutex_t mu;       /* this process's threads, around the flock */
     _Atomic uint64_t tmp_seq;
+    pthread_mutex_t fl_mu;    /* the in-flight list (a leaf lock) */
+    pthread_cond_t fl_cv;     /* a fetch is over */
+    npyl_inflight *fl;
 };
 
 static uint64_t evict(npyl_cache *c, uint64_t incoming, uint64_t target, uint64_t *evicted);
@@ -97,6 +117,12 @@ int npyl_cache_open(npyl_cache **out, const char *dir, uint64_t bound, uint64_t 
     c->bound = bound;
     c->block = block;
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->fl_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->fl_cv, &ca);
+    pthread_condattr_destroy(&ca);
     /* A pass at open: temporary files of writers that died (a crash) go,
      * the size record is recomputed from the directory, and a bound lower
      * than the last user's is enforced now. */
@@ -115,8 +141,85 @@ void npyl_cache_close(npyl_cache *c)
         return;
     close(c->lockfd);
     pthread_mutex_destroy(&c->mu);
+    /* Every reader is gone (the client outlives its contexts): no claim
+     * is left. */
+    pthread_mutex_destroy(&c->fl_mu);
+    pthread_cond_destroy(&c->fl_cv);
     free(c->dir);
     free(c);
+}
+
+/* ---- in-flight blocks ------------------------------------------------------------ */
+
+npyl_inflight *npyl_cache_claim(npyl_cache *c, const char *key, uint64_t k, int *claim)
+{
+    pthread_mutex_lock(&c->fl_mu);
+    npyl_inflight *t = c->fl;
+    while (t && !(t->k == k && !t->done && strcmp(t->key, key) == 0))
+        t = t->next;
+    if (t) {
+        t->refs++;
+        *claim = NPYL_CLAIM_WAIT;
+    } else if ((t = calloc(1, sizeof *t))) {
+        snprintf(t->key, sizeof t->key, "%s", key);
+        t->k = k;
+        t->refs = 1;
+        t->next = c->fl;
+        c->fl = t;
+        *claim = NPYL_CLAIM_OWN;
+    } else {
+        *claim = NPYL_CLAIM_OWN; /* out of memory: fetch it, unregistered */
+    }
+    pthread_mutex_unlock(&c->fl_mu);
+    return t;
+}
+
+/* Under fl_mu: drops one reference; the last unlinks and frees. */
+static void inflight_unref(npyl_cache *c, npyl_inflight *t)
+{
+    if (--t->refs > 0)
+        return;
+    for (npyl_inflight **p = &c->fl; *p; p = &(*p)->next)
+        if (*p == t) {
+            *p = t->next;
+            break;
+        }
+    free(t);
+}
+
+void npyl_cache_release(npyl_cache *c, npyl_inflight *t, int rc, const char *msg)
+{
+    if (!t)
+        return;
+    pthread_mutex_lock(&c->fl_mu);
+    t->done = 1;
+    t->rc = rc;
+    snprintf(t->msg, sizeof t->msg, "%s", rc && msg ? msg : "");
+    inflight_unref(c, t);
+    pthread_cond_broadcast(&c->fl_cv);
+    pthread_mutex_unlock(&c->fl_mu);
+}
+
+int npyl_cache_wait(npyl_cache *c, npyl_inflight *t, long timeout_ms, char *err, size_t errlen)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&c->fl_mu);
+    int rc = 0;
+    while (!t->done && rc == 0)
+        rc = pthread_cond_timedwait(&c->fl_cv, &c->fl_mu, &dl);
+    int out = t->done ? t->rc : 1;
+    if (t->done && t->rc && err && errlen)
+        snprintf(err, errlen, "%s", t->msg);
+    inflight_unref(c, t);
+    pthread_mutex_unlock(&c->fl_mu);
+    return out;
 }
 
 uint64_t npyl_cache_block(const npyl_cache *c) { return c->block; }
@@ -183,7 +286,12 @@ int npyl_cache_tmp(npyl_cache *c, const char *key, uint64_t k, char tmp[64])
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", c->dir, tmp);
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    return fd < 0 ? -errno : fd;
+    if (fd < 0)
+        return -errno;
+    /* Held until the writer closes it (renamed or discarded): how an
+     * eviction pass tells a live writer's file from a crash's. */
+    (void)flock(fd, LOCK_EX | LOCK_NB);
+    return fd;
 }
 
 void npyl_cache_discard(npyl_cache *c, const char *tmp)
@@ -240,13 +348,26 @@ static int is_block(const char *n)
     return 1;
 }
 
-/* A temporary file whose writer is gone (its pid does not exist). */
-static int orphan_tmp(const char *n)
+/* A temporary file whose writer is gone: nobody holds its flock, and its
+ * PID does not exist or it is older than NPYL_TMP_ORPHAN_S (the age, and
+ * the PID, cover the moment between its creation and its writer's flock). */
+static int orphan_tmp(const char *path, const char *n)
 {
     if (strncmp(n, ".tmp-", 5) != 0)
         return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return 0;
+    struct stat st;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
     long pid = strtol(n + 5, NULL, 10);
-    return pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+    int gone = pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+    int orphan = fstat(fd, &st) == 0 &&
+                 (gone || now.tv_sec - st.st_mtim.tv_sec > NPYL_TMP_ORPHAN_S) &&
+                 flock(fd, LOCK_EX | LOCK_NB) == 0;
+    close(fd); /* drops the lock if taken */
+    return orphan;
 }
 
 /* Under the lock: lists the cache, removes orphaned temporary files and,
@@ -265,7 +386,7 @@ static uint64_t evict(npyl_cache *c, uint64_t incoming, uint64_t target, uint64_
         const char *name = de->d_name;
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", c->dir, name);
-        if (orphan_tmp(name)) {
+        if (orphan_tmp(path, name)) {
             unlink(path);
             continue;
         }

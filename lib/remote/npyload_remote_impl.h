@@ -110,6 +110,8 @@ typedef struct npyl_fill {
     int fd;
     int broken;               /* a write failed: nothing of it is kept */
     char (*tmp)[64];          /* per block: its temporary file, "" if none */
+    struct npyl_inflight **tk; /* per block: this thread's claim (may be
+                                  NULL), released by the reader */
 } npyl_fill;
 
 enum { NPYL_X_WAIT = 0, NPYL_X_ACTIVE, NPYL_X_DONE };
@@ -207,5 +209,26 @@ NPYL_HIDDEN int npyl_cache_commit(npyl_cache *c, const char *tmp, const char *ke
                                   uint64_t k, uint64_t len, uint64_t *evicted);
 /* Drops a temporary file (a failed or retried transfer). */
 NPYL_HIDDEN void npyl_cache_discard(npyl_cache *c, const char *tmp);
+
+/* In-flight blocks of this process: concurrent misses of one block wait
+ * for the one fetch instead of fetching it again (other processes sharing
+ * the directory still may; the rename keeps that safe). A thread that
+ * misses block k of `key` claims it: *claim says whether it fetches it
+ * (NPYL_CLAIM_OWN: release it when the fetch is over, committed or not)
+ * or another thread of this process is fetching it (NPYL_CLAIM_WAIT: wait
+ * for it, then look it up). The returned ticket is for release / wait.
+ * A thread never waits while it owns unreleased claims, so no cycle. */
+typedef struct npyl_inflight npyl_inflight;
+enum { NPYL_CLAIM_OWN = 1, NPYL_CLAIM_WAIT = 2 };
+NPYL_HIDDEN npyl_inflight *npyl_cache_claim(npyl_cache *c, const char *key, uint64_t k,
+                                            int *claim);
+/* The owner's fetch is over: rc 0 (committed, or not kept: the waiter
+ * looks it up and fetches it itself when absent) or its failure, with
+ * msg (the message naming the URL) handed to the waiters. */
+NPYL_HIDDEN void npyl_cache_release(npyl_cache *c, npyl_inflight *t, int rc, const char *msg);
+/* Waits at most timeout_ms for the owner; returns its rc (msg copied to
+ * err), or 1 when the wait timed out (then fetch it). Frees the ticket. */
+NPYL_HIDDEN int npyl_cache_wait(npyl_cache *c, npyl_inflight *t, long timeout_ms, char *err,
+                                size_t errlen);
 
 #endif

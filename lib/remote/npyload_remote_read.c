@@ -31,7 +31,19 @@ struct npyl_remote_ctx {
     size_t fcap;
     char (*tmps)[64];
     size_t tcap;
+    npyl_inflight **tks;      /* per fill block (as tmps): its claim */
+    size_t kcap;
+    struct rwait *waits;      /* blocks another thread is fetching */
+    size_t wcap;
 };
+
+/* A block another thread of this process is fetching: its pieces
+ * [p0, p1) of c->pieces wait for that fetch (npyl_cache_wait). */
+typedef struct rwait {
+    npyl_inflight *t;
+    size_t p0, p1;
+    uint64_t k, blen;
+} rwait;
 
 int npyl_remote_ctx_create(npyl_remote_ctx **out, npyl_remote *r, const npyl_remote_obj *objs,
                            size_t nobjs, char *err, size_t errlen)
@@ -66,6 +78,8 @@ void npyl_remote_ctx_destroy(npyl_remote_ctx *c)
     free(c->xf);
     free(c->fills);
     free(c->tmps);
+    free(c->tks);
+    free(c->waits);
     free(c);
 }
 
@@ -124,6 +138,57 @@ static int read_cached(int fd, const npyl_piece *p, size_t n, uint64_t k, uint64
     return 0;
 }
 
+/* The blocks other threads were fetching (c->waits[0 .. nw)): each waited
+ * for (bounded by what their fetch may take), then read from the cache; a
+ * fetch that failed fails these reads with its error; a block the fetch
+ * did not keep (or a wait that timed out) is fetched here. rc: the
+ * reader's failure so far (then only the claims are dropped). */
+static int wait_others(npyl_remote_ctx *c, size_t nw, int rc, size_t *bad, char *err,
+                       size_t errlen)
+{
+    npyl_remote *r = c->r;
+    npyl_cache *cache = r->cache;
+    long bound = r->timeout_ms * (r->retries + 1) + (long)NPYL_REMOTE_RETRY_CAP_MS * r->retries;
+    size_t nx = 0;
+    for (size_t w = 0; w < nw; w++) {
+        rwait *q = &c->waits[w];
+        char why[512] = "";
+        int got = npyl_cache_wait(cache, q->t, rc ? 0 : bound, why, sizeof why);
+        if (rc)
+            continue;
+        npyl_piece *p = &c->pieces[q->p0];
+        if (got < 0) {
+            *bad = p->req;
+            rc = npyl_fail(err, errlen, got, "%s", why);
+            continue;
+        }
+        int fd = got == 0 ? npyl_cache_lookup(cache, c->keys[p->obj], q->k, q->blen) : -1;
+        if (fd >= 0) {
+            int rrc = read_cached(fd, p, q->p1 - q->p0, q->k, npyl_cache_block(cache));
+            close(fd);
+            if (rrc == 0) {
+                uint64_t n = 0;
+                for (size_t t = q->p0; t < q->p1; t++)
+                    n += c->pieces[t].len;
+                atomic_fetch_add_explicit(&r->cache_hits, 1, memory_order_relaxed);
+                atomic_fetch_add_explicit(&r->cache_read_bytes, n, memory_order_relaxed);
+                continue;
+            }
+        }
+        /* Not in the cache after all: fetch the block's pieces here. */
+        atomic_fetch_add_explicit(&r->cache_misses, 1, memory_order_relaxed);
+        npyl_xfer *x = new_xfer(c, &nx, &c->objs[p->obj]);
+        x->a = q->k * npyl_cache_block(cache);
+        x->b = x->a + q->blen;
+        x->pieces = p;
+        x->npieces = q->p1 - q->p0;
+    }
+    size_t xbad = 0;
+    if (rc == 0 && nx && (rc = npyl_xfer_run(r, &c->pool, c->xf, nx, &xbad, err, errlen)))
+        *bad = c->xf[xbad].pieces[0].req;
+    return rc;
+}
+
 int npyl_remote_read(npyl_remote_ctx *c, const npyl_remote_req *reqs, size_t n, size_t *bad,
                      uint64_t *bytes_read, char *err, size_t errlen)
 {
@@ -172,9 +237,11 @@ int npyl_remote_read(npyl_remote_ctx *c, const npyl_remote_req *reqs, size_t n, 
     /* Transfers: at most one per piece. */
     if (grow((void **)&c->xf, &c->xcap, np ? np : 1, sizeof *c->xf) ||
         (cache && (grow((void **)&c->fills, &c->fcap, np ? np : 1, sizeof *c->fills) ||
-                   grow((void **)&c->tmps, &c->tcap, np ? np : 1, sizeof *c->tmps))))
+                   grow((void **)&c->tmps, &c->tcap, np ? np : 1, sizeof *c->tmps) ||
+                   grow((void **)&c->tks, &c->kcap, np ? np : 1, sizeof *c->tks))))
         return npyl_fail(err, errlen, -ENOMEM, "out of memory");
-    size_t nx = 0, ntmp = 0;
+    size_t nx = 0, ntmp = 0, nw = 0;
+    int rc = 0;
     for (size_t i = 0; i < np;) {
         npyl_piece *p = &c->pieces[i];
         const npyl_remote_obj *o = &c->objs[p->obj];
@@ -198,6 +265,21 @@ int npyl_remote_read(npyl_remote_ctx *c, const npyl_remote_req *reqs, size_t n, 
                     continue;
                 }
             }
+            /* A miss: fetch it, unless another thread of this process is
+             * fetching it already (then wait for that one below). */
+            int claim;
+            npyl_inflight *tk = npyl_cache_claim(cache, c->keys[p->obj], k, &claim);
+            if (claim == NPYL_CLAIM_WAIT) {
+                if (grow((void **)&c->waits, &c->wcap, nw + 1, sizeof *c->waits)) {
+                    npyl_cache_release(cache, tk, 0, NULL); /* drop our reference */
+                    rc = npyl_fail(err, errlen, -ENOMEM, "out of memory");
+                    break;
+                }
+                c->waits[nw++] = (rwait){tk, i, j, k, blen};
+                i = j;
+                continue;
+            }
+            c->tks[ntmp] = tk;
             atomic_fetch_add_explicit(&r->cache_misses, 1, memory_order_relaxed);
             npyl_xfer *x = nx ? &c->xf[nx - 1] : NULL;
             if (x && x->fill && x->pieces[0].obj == p->obj && x->fill->k1 == k &&
@@ -219,6 +301,7 @@ int npyl_remote_read(npyl_remote_ctx *c, const npyl_remote_req *reqs, size_t n, 
                 f->k0 = k;
                 f->k1 = k + 1;
                 f->fd = -1;
+                f->tk = &c->tks[ntmp];
                 f->tmp = &c->tmps[ntmp++];
                 x->fill = f;
             }
@@ -247,17 +330,25 @@ int npyl_remote_read(npyl_remote_ctx *c, const npyl_remote_req *reqs, size_t n, 
     }
     for (size_t t = 0; t < ntmp; t++)
         c->tmps[t][0] = 0;
-    if (nx == 0) {
-        if (bytes_read)
-            *bytes_read += want;
-        return 0;
-    }
     size_t xbad = 0;
-    int rc = npyl_xfer_run(r, &c->pool, c->xf, nx, &xbad, err, errlen);
-    if (rc) {
+    if (rc == 0 && nx)
+        rc = npyl_xfer_run(r, &c->pool, c->xf, nx, &xbad, err, errlen);
+    if (rc && nx && rc != -ENOMEM)
         *bad = c->xf[xbad].pieces[0].req;
-        return rc;
+    /* Our claims, before any wait (no thread waits holding a claim): a
+     * fetch that failed hands its error to the threads waiting for it; a
+     * block not fetched because another transfer failed is left to them. */
+    for (size_t t = 0; t < nx; t++) {
+        npyl_fill *f = c->xf[t].fill;
+        for (uint64_t k = 0; f && k < f->k1 - f->k0; k++) {
+            int failed = rc && t == xbad && c->xf[t].state != NPYL_X_DONE;
+            npyl_cache_release(cache, f->tk[k], failed ? rc : 0, failed ? err : NULL);
+        }
     }
+    if (nw)
+        rc = wait_others(c, nw, rc, bad, err, errlen);
+    if (rc)
+        return rc;
     if (bytes_read)
         *bytes_read += want;
     return 0;

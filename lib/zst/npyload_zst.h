@@ -185,6 +185,17 @@ NPYL_HIDDEN int npyl_zst_index_open(int fd, const char *name,
                                     npyl_zst_index *out, char *err,
                                     size_t errlen);
 
+/* npyl_zst_file_over() :
+ * An npyload_zst_file (the public file API) over an index read through a
+ * reader rather than from a local file (a remote object): `x` is moved
+ * into it (left empty), and npyload_zst_file_verify reads the frames
+ * through rd(ctx, ...) (which checks that the object did not change).
+ * ctx is freed with free_ctx (may be NULL) when the file is closed, or
+ * here on failure. Returns 0 or -ENOMEM. */
+NPYL_HIDDEN int npyl_zst_file_over(npyl_zst_index *x, const char *name, npyl_zst_read_fn rd,
+                                   void *ctx, void (*free_ctx)(void *),
+                                   npyload_zst_file **out);
+
 /* Frees the arrays of an index (not the struct); NULL-safe, idempotent. */
 NPYL_HIDDEN void npyl_zst_index_free(npyl_zst_index *x);
 

@@ -23,7 +23,56 @@ struct npyload_zst_file {
     dev_t dev;
     ino_t ino;
     struct timespec mtime;
+    /* Not a local file (npyl_zst_file_over): verify reads through rd. */
+    npyl_zst_read_fn rd;
+    void *rd_ctx;
+    void (*rd_free)(void *);
 };
+
+static void fill_facts(npyload_zst_file *z)
+{
+    npyload_zst_facts *f = &z->facts;
+    f->hdr = z->x.hdr;
+    f->compressed_bytes = z->x.file_size;
+    f->table_bytes = z->x.table_bytes;
+    f->frames = z->x.nframes;
+    f->checksums = z->x.checksums;
+    f->max_frame_bytes = z->x.max_dsize;
+    f->max_frame_compressed = z->x.max_csize;
+    if (z->x.narrow) {
+        f->narrow_values = z->x.narrow->count;
+        f->value_itemsize = z->x.narrow->itemsize;
+        memcpy(f->value_descr, z->x.narrow->descr, sizeof f->value_descr);
+    }
+    if (z->x.nframes > 1 && z->x.row_bytes > 0) {
+        uint64_t first;
+        npyl_zst_frame_rows(&z->x, 1, &first, &f->samples_per_frame);
+    }
+}
+
+int npyl_zst_file_over(npyl_zst_index *x, const char *name, npyl_zst_read_fn rd, void *ctx,
+                       void (*free_ctx)(void *), npyload_zst_file **out)
+{
+    *out = NULL;
+    npyload_zst_file *z = calloc(1, sizeof *z);
+    char *nm = strdup(name);
+    if (!z || !nm) {
+        free(z);
+        free(nm);
+        if (free_ctx)
+            free_ctx(ctx);
+        return -ENOMEM;
+    }
+    z->x = *x;
+    memset(x, 0, sizeof *x);
+    z->name = nm;
+    z->rd = rd;
+    z->rd_ctx = ctx;
+    z->rd_free = free_ctx;
+    fill_facts(z);
+    *out = z;
+    return 0;
+}
 
 int npyload_zst_probe(const char *path)
 {
@@ -81,23 +130,7 @@ int npyload_zst_file_open(const char *path, npyload_zst_file **out, char *err,
     z->dev = st.st_dev;
     z->ino = st.st_ino;
     z->mtime = st.st_mtim;
-    npyload_zst_facts *f = &z->facts;
-    f->hdr = z->x.hdr;
-    f->compressed_bytes = z->x.file_size;
-    f->table_bytes = z->x.table_bytes;
-    f->frames = z->x.nframes;
-    f->checksums = z->x.checksums;
-    f->max_frame_bytes = z->x.max_dsize;
-    f->max_frame_compressed = z->x.max_csize;
-    if (z->x.narrow) {
-        f->narrow_values = z->x.narrow->count;
-        f->value_itemsize = z->x.narrow->itemsize;
-        memcpy(f->value_descr, z->x.narrow->descr, sizeof f->value_descr);
-    }
-    if (z->x.nframes > 1 && z->x.row_bytes > 0) {
-        uint64_t first;
-        npyl_zst_frame_rows(&z->x, 1, &first, &f->samples_per_frame);
-    }
+    fill_facts(z);
     *out = z;
     return 0;
 }
@@ -107,6 +140,8 @@ void npyload_zst_file_close(npyload_zst_file *z)
     if (!z)
         return;
     npyl_zst_index_free(&z->x);
+    if (z->rd_free)
+        z->rd_free(z->rd_ctx);
     free(z->name);
     free(z);
 }
@@ -157,6 +192,12 @@ int npyload_zst_file_verify(const npyload_zst_file *z, uint32_t *bad_frame, char
         *bad_frame = bad;
     if (!z)
         return npyl_fail(err, errlen, NPYLOAD_EINVAL, "npyload_zst_file_verify: NULL file");
+    if (z->rd) {
+        int rc = npyl_zst_verify(z->rd, z->rd_ctx, &z->x, z->name, &bad, err, errlen);
+        if (bad_frame)
+            *bad_frame = bad;
+        return rc;
+    }
     int fd = open(z->name, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;

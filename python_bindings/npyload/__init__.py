@@ -40,10 +40,11 @@ Waits for a batch release the GIL and Ctrl-C interrupts them promptly.
 # One module per concept; this file only re-exports. Only _torch imports
 # torch (lazily), so the package imports and runs without it.
 from . import _npyload
-from ._npyload import NpyloadError, inspect, load, order_indices, cuda_available
+from ._npyload import NpyloadError, load, order_indices, cuda_available
 from ._batch import Augment, Batch, BatchTuple
 from ._hook import TransformError
 from ._info import build_info
+from ._inspect import inspect
 from ._loader import Loader
 from ._pack import pack
 from ._transform import Transform

@@ -663,6 +663,7 @@ class Loader(Generic[_B]):
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None) -> None:
         self._c: Any = None     # the started C loader: None until the first iter()
+        self._kept: tuple[Any, int] | None = None  # the checked loader, stopped, and its pid
         self._closed = False
         self._pipe: _HookPipe | None = None
         self._in_use = _InUse()
@@ -1038,6 +1039,9 @@ class Loader(Generic[_B]):
         with self._in_use("close()"):
             self._stop_pipe()
             self._closed = True
+            kept, self._kept = self._kept, None
+            if kept is not None and kept[1] == _os.getpid():
+                kept[0].close()
             if self._c is not None:
                 self._c.close()
 
@@ -1062,26 +1066,39 @@ class Loader(Generic[_B]):
         """A started C loader for the stored fields and `opts` (default: the
         loader's), positioned at `state` when given (restored before start,
         so the state's seed, shuffle and drop_last are adopted), else at the
-        start of epoch self._epoch."""
+        start of epoch self._epoch. The first build with the loader's own
+        options reuses the constructor's checked loader (stopped, with the
+        headers and remote probes it read), so remote objects are probed
+        once; in a forked child that one is left alone (unusable there)."""
         opts = self._opts if opts is None else opts
-        c = _npyload.Loader()
-        if opts[_npyload.OPT_DEVICE] >= 0:
-            c._set_stream_joiner(_join_streams)
+        reuse: Any = None
+        kept, self._kept = self._kept, None
+        if kept is not None and kept[1] == _os.getpid():
+            if opts is self._opts:
+                reuse = kept[0]
+            else:
+                kept[0].close()
+        fresh = reuse is None
+        c: Any = _npyload.Loader() if fresh else reuse
+        if fresh:
+            if opts[_npyload.OPT_DEVICE] >= 0:
+                c._set_stream_joiner(_join_streams)
         try:
-            if self._remote is not None:
+            if fresh and self._remote is not None:
                 c.set_remote(self._remote)
-            for name, glob, paths in self._specs:
-                if paths is None:
-                    assert glob is not None  # _field_specs gives one of the two
-                    c.add_field(name, glob)
-                else:
-                    c.add_field_files(name, paths)
+            if fresh:
+                for name, glob, paths in self._specs:
+                    if paths is None:
+                        assert glob is not None  # _field_specs gives one of the two
+                        c.add_field(name, glob)
+                    else:
+                        c.add_field_files(name, paths)
             for opt, value in opts.items():
                 c.set(opt, value)
-            if opts[_npyload.OPT_DEVICE] >= 0 and self._transforms:
+            if fresh and opts[_npyload.OPT_DEVICE] >= 0 and self._transforms:
                 for which, path in _kernel_paths():
                     c.set_path(which, path)
-            for name, t in self._transforms:
+            for name, t in self._transforms if fresh else ():
                 crop = t.crop or (0, 0)
                 c.set_transform(name, _TDTYPES[t.dtype], t.scale, t.mean, t.std,
                                 t.channels_last, t.hflip, t.vflip, crop[0], crop[1], t.pad,
@@ -1113,8 +1130,16 @@ class Loader(Generic[_B]):
             self._checked_backend = c.backend
             self._checked_engines: dict[str, tuple[str, str]] = c.field_engines()
             self._state_version = int(c.get_state()["version"])
+            if self._remote is not None:
+                # Kept for the first iter(), stopped: its workers, slots and
+                # buffers are freed; the headers and the remote objects'
+                # sizes and ETags are kept, so they are not probed again.
+                c.stop()
+                self._kept = (c, _os.getpid())
+                c = None
         finally:
-            c.close()
+            if c is not None:
+                c.close()
 
     def _started(self) -> Any:
         """The started C loader; the first call starts it, at the position

@@ -160,7 +160,7 @@ def build(remote: Mapping[str, _Value] | None, paths: Sequence[str],
         "endpoint": endpoint, "region": region, "access_key": access, "secret_key": secret,
         "session_token": token, "path_style": style_n,
         "cache_dir": _text("cache_dir", args.get("cache_dir")),
-        "ca_file": _text("ca_file", args.get("ca_file")),
+        "ca_file": pick("ca_file", ("AWS_CA_BUNDLE",), "ca_bundle"),
         "proxy": _text("proxy", args.get("proxy")),
     }
     if out["cache_dir"] is not None:

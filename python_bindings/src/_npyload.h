@@ -109,4 +109,10 @@ int npyloadpy_can_run_python(void);
 /* Parses an int64 from a Python int, refusing bool. */
 int npyloadpy_as_int64(PyObject *o, const char *what, int64_t *out);
 
+/* A remote configuration dict (npyload._remote.build) as npyload_remote;
+ * keep[] holds its strings until npyloadpy_remote_release (which wipes the
+ * secret). 0, or -1 with an exception set. */
+int npyloadpy_remote_config(PyObject *d, npyload_remote *r, PyObject *keep[8]);
+void npyloadpy_remote_release(PyObject *keep[8]);
+
 #endif /* NPYLOAD_PY_H */

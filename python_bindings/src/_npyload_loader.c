@@ -285,6 +285,28 @@ static PyObject *loader_start(NpyloadPy_Loader *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* stop(): npyload_loader_stop, keeping what start read of the fields, so
+ * that options can be set again and the next start probes nothing again. */
+static PyObject *loader_stop(NpyloadPy_Loader *self, PyObject *unused)
+{
+    if (loader_enter(self, "stop()") < 0)
+        return NULL;
+    int rc;
+    npyload_loader *L = self->L;
+    Py_BEGIN_ALLOW_THREADS
+    rc = npyload_loader_stop(L);
+    Py_END_ALLOW_THREADS
+    PyObject *ret = NULL;
+    if (rc < 0) {
+        loader_error(self, rc);
+    } else {
+        self->started = 0;
+        ret = none_ref();
+    }
+    loader_leave(self);
+    return ret;
+}
+
 static PyObject *loader_set_epoch(NpyloadPy_Loader *self, PyObject *arg)
 {
     int64_t e;
@@ -712,77 +734,101 @@ static PyObject *loader_set_path(NpyloadPy_Loader *self, PyObject *args)
     return ret;
 }
 
-/* set_remote({name: value}): the npyload_remote members by their C names
- * (npyload._remote builds the mapping: arguments, the AWS environment and
- * ~/.aws, units converted). Strings are str or None, numbers int. The
- * secret crosses as a bytes copy that is wiped after the call. */
-static PyObject *loader_set_remote(NpyloadPy_Loader *self, PyObject *d)
+/* The npyload_remote members from a mapping {C member name: value}
+ * (npyload._remote builds it: arguments, the AWS environment and ~/.aws,
+ * units converted). Strings are str or None, numbers int. The strings
+ * stay valid while keep[] holds them: npyloadpy_remote_release wipes the
+ * secret and the token and drops them. Returns 0 or -1 with an exception. */
+int npyloadpy_remote_config(PyObject *d, npyload_remote *r, PyObject *keep[8])
 {
+    memset(r, 0, sizeof *r);
+    for (int i = 0; i < 8; i++)
+        keep[i] = NULL;
     if (!PyDict_Check(d)) {
-        PyErr_SetString(PyExc_TypeError, "set_remote expects a dict");
-        return NULL;
+        PyErr_SetString(PyExc_TypeError, "the remote configuration must be a dict");
+        return -1;
     }
     static const char *strs[] = {"endpoint", "region", "access_key", "secret_key",
                                  "session_token", "cache_dir", "ca_file", "proxy"};
     static const char *ints[] = {"path_style", "retries", "timeout_ms", "connect_timeout_ms",
                                  "max_inflight", "cache_bytes", "cache_block",
                                  "list_max_keys", "retry_base_ms"};
-    PyObject *b[8] = {NULL};
     const char *sv[8] = {NULL};
     long long iv[9] = {0};
-    PyObject *ret = NULL, *key, *val;
+    PyObject *key, *val;
     Py_ssize_t pos = 0;
     while (PyDict_Next(d, &pos, &key, &val)) {
         const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
         size_t i;
         if (!k) {
             PyErr_SetString(PyExc_TypeError, "set_remote: keys must be str");
-            goto out;
+            goto fail;
         }
         for (i = 0; i < 8 && strcmp(k, strs[i]) != 0; i++)
             ;
         if (i < 8) {
             if (val == Py_None)
                 continue;
-            if (!PyUnicode_FSConverter(val, &b[i]))
-                goto out;
-            sv[i] = PyBytes_AS_STRING(b[i]);
+            Py_CLEAR(keep[i]);
+            if (!PyUnicode_FSConverter(val, &keep[i]))
+                goto fail;
+            sv[i] = PyBytes_AS_STRING(keep[i]);
             continue;
         }
         for (i = 0; i < 9 && strcmp(k, ints[i]) != 0; i++)
             ;
         if (i == 9) {
             PyErr_Format(PyExc_TypeError, "set_remote: unknown member %R", key);
-            goto out;
+            goto fail;
         }
         if (val == Py_None)
             continue;
         iv[i] = PyLong_AsLongLong(val);
         if (iv[i] == -1 && PyErr_Occurred())
-            goto out;
+            goto fail;
         if (iv[i] < INT32_MIN || (i != 2 && i != 3 && i != 5 && i != 6 && i != 7 && i != 8 &&
                                   iv[i] > INT32_MAX)) {
             PyErr_Format(PyExc_ValueError, "set_remote: %s out of range", ints[i]);
-            goto out;
+            goto fail;
         }
     }
-    npyload_remote r = {
+    *r = (npyload_remote){
         .endpoint = sv[0], .region = sv[1], .access_key = sv[2], .secret_key = sv[3],
         .session_token = sv[4], .cache_dir = sv[5], .ca_file = sv[6], .proxy = sv[7],
         .path_style = (int)iv[0], .retries = (int)iv[1], .timeout_ms = iv[2],
         .connect_timeout_ms = iv[3], .max_inflight = (int)iv[4], .cache_bytes = iv[5],
         .cache_block = iv[6], .list_max_keys = iv[7], .retry_base_ms = iv[8]};
+    return 0;
+fail:
+    npyloadpy_remote_release(keep);
+    return -1;
+}
+
+void npyloadpy_remote_release(PyObject *keep[8])
+{
+    for (int i = 0; i < 8; i++) {
+        if (keep[i] && (i == 3 || i == 4)) /* the secret and the token */
+            memset(PyBytes_AS_STRING(keep[i]), 0, (size_t)PyBytes_GET_SIZE(keep[i]));
+        Py_CLEAR(keep[i]);
+    }
+}
+
+/* set_remote({name: value}): npyload_loader_set_remote() with the members
+ * npyloadpy_remote_config reads. The secret crosses as a bytes copy that
+ * is wiped after the call. */
+static PyObject *loader_set_remote(NpyloadPy_Loader *self, PyObject *d)
+{
+    npyload_remote r;
+    PyObject *keep[8];
+    if (npyloadpy_remote_config(d, &r, keep) < 0)
+        return NULL;
+    PyObject *ret = NULL;
     if (loader_enter(self, "set_remote()") == 0) {
         int rc = npyload_loader_set_remote(self->L, &r, sizeof r);
         ret = rc < 0 ? loader_error(self, rc) : none_ref();
         loader_leave(self);
     }
-out:
-    for (int i = 0; i < 8; i++) {
-        if (b[i] && (i == 3 || i == 4)) /* the secret and the token */
-            memset(PyBytes_AS_STRING(b[i]), 0, (size_t)PyBytes_GET_SIZE(b[i]));
-        Py_XDECREF(b[i]);
-    }
+    npyloadpy_remote_release(keep);
     return ret;
 }
 
@@ -843,6 +889,8 @@ static PyMethodDef loader_methods[] = {
      "get(option) -> int: the option's effective value."},
     {"start", (PyCFunction)loader_start, METH_NOARGS,
      "start(): read headers, validate fields, start the workers."},
+    {"stop", (PyCFunction)loader_stop, METH_NOARGS,
+     "stop(): back to before start, keeping the headers and remote probes read."},
     {"set_epoch", (PyCFunction)loader_set_epoch, METH_O,
      "set_epoch(e): (re)start epoch e from its first batch."},
     {"next", (PyCFunction)loader_next, METH_NOARGS, next_doc},

@@ -108,7 +108,7 @@ static PyObject *shape_tuple(int ndim, const int64_t *shape)
 }
 
 PyDoc_STRVAR(inspect_doc,
-"inspect(path, verify=False) -> dict\n\n"
+"inspect(path, verify=False, remote=None) -> dict\n\n"
 "Header facts of one NPY file, read without loading the data: version\n"
 "(major, minor), descr (numpy dtype string), shape, fortran_order,\n"
 "itemsize, header_len, data_offset, data_bytes, file_bytes.\n"
@@ -120,11 +120,47 @@ PyDoc_STRVAR(inspect_doc,
 "read, without the GIL) and the dict gets verified=True and checksums\n"
 "(whether the frames carry them); a .npy has no checksums and is\n"
 "inspected as without verify.\n"
+"An s3:// or http(s):// path is read with ranged GETs (its header and, for\n"
+"a .npy.zst, its seek table and frame 0; verify reads every frame) with\n"
+"the configuration `remote` (the dict npyload._remote.build makes; None:\n"
+"the defaults, enough for http(s)://).\n"
 "Raises NpyloadError (with the file name) for a malformed or truncated file\n"
 "or seek table, and with verify=True for the first bad frame: the message\n"
 "names the file, the frame index, its byte offset and what is wrong.");
 
 static PyObject *header_dict(const npyload_header *h);
+
+/* The dict of an open .npy.zst: the .npy's facts plus the compression's
+ * (verified: verify ran and passed). */
+static PyObject *zst_dict(const npyload_zst_file *z, int verify)
+{
+    const npyload_zst_facts *f = npyload_zst_file_facts(z);
+    PyObject *d = header_dict(&f->hdr);
+    double ratio = f->compressed_bytes ? (double)f->hdr.file_bytes / (double)f->compressed_bytes
+                                       : 0.0;
+    PyObject *v[6] = {PyLong_FromUnsignedLongLong(f->compressed_bytes),
+                      PyFloat_FromDouble(ratio), PyLong_FromUnsignedLong(f->frames),
+                      PyLong_FromUnsignedLongLong(f->samples_per_frame),
+                      PyBool_FromLong(1), PyBool_FromLong(f->checksums)};
+    static const char *keys[6] = {"compressed_bytes", "ratio", "frames", "samples_per_frame",
+                                  "verified", "checksums"};
+    int nkeys = verify ? 6 : 4;
+    if (d && f->narrow_values) { /* narrowed: hdr is the codes' */
+        PyObject *nv = PyLong_FromUnsignedLong(f->narrow_values);
+        PyObject *vd = npyloadpy_str(f->value_descr);
+        if (!nv || !vd || PyDict_SetItemString(d, "narrow_values", nv) < 0 ||
+            PyDict_SetItemString(d, "value_descr", vd) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(nv);
+        Py_XDECREF(vd);
+    }
+    for (int i = 0; i < 6; i++) {
+        if (i < nkeys && d && (!v[i] || PyDict_SetItemString(d, keys[i], v[i]) < 0))
+            Py_CLEAR(d);
+        Py_XDECREF(v[i]);
+    }
+    return d;
+}
 
 /* inspect() of a .npy.zst: the .npy's facts plus the compression's; with
  * `verify`, after every frame was decoded and checked. */
@@ -146,45 +182,65 @@ static PyObject *inspect_zst(const char *path, int verify)
         npyloadpy_raise(rc, err);
         return NULL;
     }
-    const npyload_zst_facts *f = npyload_zst_file_facts(z);
-    PyObject *d = header_dict(&f->hdr);
-    double ratio = f->compressed_bytes ? (double)f->hdr.file_bytes / (double)f->compressed_bytes
-                                       : 0.0;
-    PyObject *v[6] = {PyLong_FromUnsignedLongLong(f->compressed_bytes),
-                      PyFloat_FromDouble(ratio), PyLong_FromUnsignedLong(f->frames),
-                      PyLong_FromUnsignedLongLong(f->samples_per_frame),
-                      PyBool_FromLong(1), PyBool_FromLong(f->checksums)};
-    static const char *keys[6] = {"compressed_bytes", "ratio", "frames", "samples_per_frame",
-                                  "verified", "checksums"};
-    int nkeys = verify ? 6 : 4;
-    if (d && f->narrow_values) { /* narrowed: hdr is the codes' */
-        PyObject *nv = PyLong_FromUnsignedLong(f->narrow_values);
-        PyObject *vd = npyloadpy_str(f->value_descr);
-        if (!nv || !vd || PyDict_SetItemString(d, "narrow_values", nv) < 0 ||
-            PyDict_SetItemString(d, "value_descr", vd) < 0)
-            Py_CLEAR(d);
-        Py_XDECREF(nv);
-        Py_XDECREF(vd);
+    PyObject *d = zst_dict(z, verify);
+    npyload_zst_file_close(z);
+    return d;
+}
+
+/* inspect() of an s3:// or http(s):// object: ranged GETs through a
+ * client made for the call (`remote`: the configuration dict, or None for
+ * the defaults), the same facts as for the local file. */
+static PyObject *inspect_remote(const char *path, PyObject *remote, int verify)
+{
+    npyload_remote r;
+    PyObject *keep[8];
+    int have = remote && remote != Py_None;
+    if (have && npyloadpy_remote_config(remote, &r, keep) < 0)
+        return NULL;
+    npyload_remote_client *c = NULL;
+    npyload_zst_file *z = NULL;
+    npyload_header h;
+    char err[1024];
+    int rc;
+    err[0] = 0;
+    Py_BEGIN_ALLOW_THREADS
+    rc = npyload_remote_client_create(&c, have ? &r : NULL, sizeof r, err, sizeof err);
+    if (rc == 0)
+        rc = npyload_remote_inspect(c, path, &h, &z, err, sizeof err);
+    if (rc == 0 && z && verify)
+        rc = npyload_zst_file_verify(z, NULL, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (have)
+        npyloadpy_remote_release(keep);
+    PyObject *d = NULL;
+    if (rc) {
+        if (!err[0])
+            snprintf(err, sizeof err, "%s: %s", path, npyload_strerror(rc));
+        npyloadpy_raise(rc, err);
+    } else {
+        d = z ? zst_dict(z, verify) : header_dict(&h);
     }
     npyload_zst_file_close(z);
-    for (int i = 0; i < 6; i++) {
-        if (i < nkeys && d && (!v[i] || PyDict_SetItemString(d, keys[i], v[i]) < 0))
-            Py_CLEAR(d);
-        Py_XDECREF(v[i]);
-    }
+    npyload_remote_client_destroy(c);
     return d;
 }
 
 static PyObject *mod_inspect(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"path", "verify", NULL};
-    PyObject *path_obj, *bytes = NULL;
+    static char *kwlist[] = {"path", "verify", "remote", NULL};
+    PyObject *path_obj, *bytes = NULL, *remote = Py_None;
     int verify = 0;
     npyload_header h;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p:inspect", kwlist, &path_obj, &verify))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pO:inspect", kwlist, &path_obj, &verify,
+                                     &remote))
         return NULL;
     if (!PyUnicode_FSConverter(path_obj, &bytes))
         return NULL;
+    if (npyload_is_remote(PyBytes_AS_STRING(bytes))) {
+        PyObject *d = inspect_remote(PyBytes_AS_STRING(bytes), remote, verify);
+        Py_DECREF(bytes);
+        return d;
+    }
     int zst;
     Py_BEGIN_ALLOW_THREADS
     zst = npyload_zst_probe(PyBytes_AS_STRING(bytes));

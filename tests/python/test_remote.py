@@ -14,6 +14,7 @@ retry that succeeds or an error naming the URL, within a bounded time; and
 that the secret never shows.
 """
 import json
+from pathlib import Path
 import os
 import subprocess
 import sys
@@ -497,3 +498,282 @@ def test_aws_environment_and_files(monkeypatch, tmp_path):
     c = _remote.build(None, ["s3://b/k"], env=env)
     assert c["access_key"] == "OTHERKEY" and c["region"] == "us-west-1"
     assert _remote.build(None, ["/local/x.npy"], env=env) is None
+
+
+# ---- inspect: npyload.inspect() and npyload-inspect on remote paths ------
+
+def _env_for(server, monkeypatch=None):
+    """The AWS environment that points at the server (for the CLI)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ENDPOINT_URL=server.endpoint, AWS_ACCESS_KEY_ID=server.access_key,
+               AWS_SECRET_ACCESS_KEY=server.secret_key, AWS_REGION="us-east-1")
+    return env
+
+
+@pytest.mark.parametrize("kind", ["raw", "zst"])
+def test_inspect_remote_equals_local(server, data, kind):
+    """npyload.inspect() of s3:// and http:// objects gives the local
+    file's facts, key for key (the seek table's for .npy.zst)."""
+    import glob as _g
+    _, globs, zglobs, _ = data
+    ext = ".npy" if kind == "raw" else ".npy.zst"
+    for name, g in (globs if kind == "raw" else zglobs).items():
+        for p in sorted(_g.glob(g)):
+            local = npyload.inspect(p)
+            key = f"{kind}/{name}/{os.path.basename(p)}"
+            assert key.endswith(ext)
+            assert npyload.inspect(f"s3://{BUCKET}/{key}", remote=server.remote()) == local
+            assert npyload.inspect(f"{server.filer_url}/buckets/{BUCKET}/{key}") == local
+    if kind == "zst":
+        p = sorted(_g.glob(zglobs["images"]))[0]
+        url = f"s3://{BUCKET}/zst/images/{os.path.basename(p)}"
+        assert npyload.inspect(url, verify=True, remote=server.remote()) == \
+            npyload.inspect(p, verify=True)
+    with pytest.raises(npyload.NpyloadError, match=f"s3://{BUCKET}/raw/nope.npy.*404"):
+        npyload.inspect(f"s3://{BUCKET}/raw/nope.npy", remote=server.remote())
+
+
+def test_inspect_cli_remote_globs_equal_local(server, data):
+    """npyload-inspect --json on s3:// patterns (listed) and an http:// URL,
+    configured by the AWS environment: the records equal the local files'
+    but for the name; a missing object is an error naming it (exit 1); the
+    secret never shows."""
+    import glob as _g
+    from conftest import built_tool
+    exe = built_tool("npyload-inspect")
+    _, globs, zglobs, _ = data
+    local = sorted(_g.glob(globs["images"])) + sorted(_g.glob(zglobs["labels"]))
+    pats = [f"s3://{BUCKET}/raw/images/images_*.npy", f"s3://{BUCKET}/zst/labels/label*.npy.zst"]
+    env = _env_for(server)
+    out = subprocess.run([exe, "--json"] + local, capture_output=True, text=True, timeout=60)
+    rem = subprocess.run([exe, "--json"] + pats, capture_output=True, text=True, timeout=60,
+                         env=env)
+    assert out.returncode == 0 and rem.returncode == 0, rem.stderr
+    a = [json.loads(x) for x in out.stdout.splitlines()]
+    b = [json.loads(x) for x in rem.stdout.splitlines()]
+    assert len(a) == len(b) == len(local)
+    for x, y, p in zip(a, b, local):
+        assert y.pop("file").endswith("/" + os.path.basename(p))
+        x.pop("file")
+        assert x == y
+    url = f"{server.filer_url}/buckets/{BUCKET}/raw/mask/{os.path.basename(local[0]).replace('images', 'mask')}"
+    one = subprocess.run([exe, "--json", url], capture_output=True, text=True, timeout=60, env=env)
+    assert one.returncode == 0, one.stderr
+    assert json.loads(one.stdout)["shape"][0] == npyload.inspect(url)["shape"][0]
+    bad = subprocess.run([exe, f"s3://{BUCKET}/raw/nope.npy", f"s3://{BUCKET}/nomatch_*.npy"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert bad.returncode == 1
+    assert f"s3://{BUCKET}/raw/nope.npy" in bad.stderr and "404" in bad.stderr
+    assert f"s3://{BUCKET}/nomatch_*.npy" in bad.stderr and "no objects match" in bad.stderr
+    for r in (rem, one, bad):
+        assert server.secret_key not in r.stdout + r.stderr
+
+
+def test_cli_remote_configuration_matches_python(tmp_path, monkeypatch):
+    """The tools' configuration from the environment and ~/.aws
+    (npyload-inspect --remote-config) follows the Python package's
+    precedence (_remote.build) in every case below."""
+    from conftest import built_tool
+    from npyload import _remote
+    exe = built_tool("npyload-inspect")
+    aws = tmp_path / ".aws"
+    aws.mkdir()
+    (aws / "credentials").write_text("[default]\naws_access_key_id = FILEKEY\n"
+                                     "aws_secret_access_key = FILESECRET\n"
+                                     "[other]\naws_access_key_id = OTHERKEY\n"
+                                     "aws_secret_access_key = OTHERSECRET\n"
+                                     "aws_session_token = OTHERTOKEN\n")
+    (aws / "config").write_text("[default]\nregion = eu-west-3\n"
+                                "[profile other]\nregion = ap-south-1\n"
+                                "endpoint_url = http://other:9000\n"
+                                "ca_bundle = /other/ca.pem\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    base["HOME"] = str(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))  # _remote finds ~ through os.environ
+    cases = [{},
+             {"AWS_ACCESS_KEY_ID": "ENVKEY", "AWS_SECRET_ACCESS_KEY": "ENVSECRET",
+              "AWS_ENDPOINT_URL": "http://env:1", "AWS_ENDPOINT_URL_S3": "http://envs3:2",
+              "AWS_DEFAULT_REGION": "us-west-1"},
+             {"AWS_PROFILE": "other"},
+             {"AWS_PROFILE": "other", "AWS_REGION": "r9", "AWS_DEFAULT_REGION": "r8",
+              "AWS_ENDPOINT_URL": "http://env:1", "AWS_CA_BUNDLE": "/env/ca.pem"},
+             {"AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_REGION": "r1"}]
+    for extra in cases:
+        env = dict(base, **extra)
+        c = _remote.build(None, ["https://h/k"], env=env)
+        r = subprocess.run([exe, "--remote-config"], capture_output=True, text=True, env=env,
+                           timeout=30)
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout)
+        want = {k: c[k] for k in ("endpoint", "region", "access_key", "ca_file")}
+        want["secret_key"] = "(set)" if c["secret_key"] else None
+        want["session_token"] = "(set)" if c["session_token"] else None
+        assert got == want, extra
+        assert "SECRET" not in r.stdout and "TOKEN" not in r.stdout
+    env = dict(base, AWS_PROFILE="nope")
+    r = subprocess.run([exe, "--remote-config"], capture_output=True, text=True, env=env,
+                       timeout=30)
+    assert r.returncode == 1 and "profile 'nope'" in r.stderr
+    with pytest.raises(ValueError, match="profile 'nope'"):
+        _remote.build(None, ["https://h/k"], env=env)
+
+
+def test_bench_on_remote_fields(server, tmp_path):
+    """npyload-bench on s3:// fields, configured by the AWS environment:
+    the store's ranged-GET sweep is the reference ceiling, the JSON
+    (bench/schema.json) has the sweep, its recommendation and each run's
+    remote counters, and the secret appears nowhere."""
+    import jsonschema
+    from conftest import built_tool
+    exe = built_tool("npyload-bench")
+    out = tmp_path / "b.json"
+    r = subprocess.run([exe, f"images=s3://{BUCKET}/raw/images/images_*.npy",
+                        f"labels=s3://{BUCKET}/zst/labels/labels_*.npy.zst",
+                        "--batch-size", "8", "--workers", "1,2", "--prefetch", "2",
+                        "--seconds", "0.2", "--shuffle", "--no-repeat", "--json", str(out)],
+                       capture_output=True, text=True, timeout=240, env=_env_for(server))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    schema = json.loads((Path(__file__).resolve().parents[2] / "bench" / "schema.json")
+                        .read_text())
+    jsonschema.Draft202012Validator(schema).validate(doc)
+    rem = doc["remote"]
+    assert rem["measured"] and len(rem["points"]) == 6
+    assert rem["objects"] == sum(f["files"] for f in doc["config"]["fields"])
+    assert rem["recommended_workers"] >= 1 and rem["recommended_max_inflight"] >= 1
+    assert doc["config"]["ceiling_reference"] == "remote_get"
+    assert any(c["name"] == "remote_get" and c["measured"] for c in doc["ceilings"])
+    assert doc["compression"] is None
+    for run in doc["runs"]:
+        assert run["ok"], run["error"]
+        assert run["remote"]["requests"] > 0 and run["remote"]["bytes"] > 0
+    assert "remote: ranged GETs" in r.stdout and "max_inflight" in r.stdout
+    for text in (r.stdout, r.stderr, out.read_text()):
+        assert server.secret_key not in text
+
+
+# ---- one probe per object; TLS --------------------------------------------
+
+@pytest.mark.parametrize("kind", ["raw", "zst"])
+def test_start_probes_each_object_once(data, kind):
+    """Loader() checks its fields with a small start and the first iter()
+    starts for real: each remote object's head (bytes 0-4095, start's
+    probe) is asked for once in all, as the server counts (the tests' own
+    file server over http://), and the epoch equals numpy's reading."""
+    from weed_server import FileServer
+    import glob as _g
+    root, globs, zglobs, ref = data
+    src = globs if kind == "raw" else zglobs
+    with FileServer(root) as fs:
+        fields = {n: [fs.url(os.path.relpath(p, root)) for p in sorted(_g.glob(g))]
+                  for n, g in src.items()}
+        x = npyload.Loader(fields, batch_size=5, shuffle=True, seed=2, output="numpy",
+                           num_workers=2)
+        heads = lambda: sorted(p for p, a, b in fs.ranges if a == 0 and b == 4095)  # noqa: E731
+        objs = sorted("/" + os.path.relpath(p, root) for g in src.values()
+                      for p in _g.glob(g))
+        assert heads() == objs, "the constructor probes each object once"
+        seen = check_epoch(x, ref)
+        assert sorted(seen) == list(range(len(ref["images"])))
+        assert heads() == objs, "the first iteration probed again"
+        x.close()
+
+
+def _make_ca_and_cert(d, ca_cn="npyload test CA"):
+    """A CA and a server certificate for 127.0.0.1 signed by it, made here
+    (cryptography when importable, else the openssl command); returns
+    (ca.pem, cert.pem, key.pem) or None when neither is available."""
+    import shutil
+    ca, cert, key = (str(d / n) for n in ("ca.pem", "cert.pem", "key.pem"))
+    try:
+        import datetime
+        import ipaddress
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+    except ImportError:
+        if not shutil.which("openssl"):
+            return None
+        run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True,  # noqa: E731
+                                        timeout=60)
+        run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", str(d / "ca.key"), "-out", ca, "-days", "2", "-subj", f"/CN={ca_cn}")
+        run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", key, "-out", str(d / "s.csr"), "-subj", "/CN=127.0.0.1")
+        (d / "ext").write_text("subjectAltName=IP:127.0.0.1\n")
+        run("x509", "-req", "-in", str(d / "s.csr"), "-CA", ca, "-CAkey", str(d / "ca.key"),
+            "-CAcreateserial", "-out", cert, "-days", "2", "-extfile", str(d / "ext"))
+        return ca, cert, key
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ca_cn)])
+    ca_cert = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+               .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5))
+               .not_valid_after(now + datetime.timedelta(days=2))
+               .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+               .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True,
+                                            crl_sign=True, content_commitment=False,
+                                            key_encipherment=False, data_encipherment=False,
+                                            key_agreement=False, encipher_only=False,
+                                            decipher_only=False), critical=True)
+               .sign(ca_key, hashes.SHA256()))
+    k = ec.generate_private_key(ec.SECP256R1())
+    c = (x509.CertificateBuilder()
+         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+         .issuer_name(ca_name).public_key(k.public_key())
+         .serial_number(x509.random_serial_number())
+         .not_valid_before(now - datetime.timedelta(minutes=5))
+         .not_valid_after(now + datetime.timedelta(days=2))
+         .add_extension(x509.SubjectAlternativeName([x509.IPAddress(
+             ipaddress.ip_address("127.0.0.1"))]), critical=False)
+         .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    (d / "ca.pem").write_bytes(ca_cert.public_bytes(pem))
+    (d / "cert.pem").write_bytes(c.public_bytes(pem))
+    (d / "key.pem").write_bytes(k.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                                serialization.NoEncryption()))
+    return ca, cert, key
+
+
+def test_https_with_the_tests_own_ca(data, tmp_path):
+    """https:// shards from the tests' own HTTPS server (a CA made here,
+    given as ca_file) equal numpy's reading of the local files, and
+    inspect() agrees; with a CA that did not sign the server's certificate
+    the loader fails at once with an error naming the URL and the
+    certificate problem (not a hang, not a retry loop)."""
+    import glob as _g
+    import ssl
+    from weed_server import FileServer
+    made = _make_ca_and_cert(tmp_path)
+    if made is None:
+        pytest.skip("neither the cryptography package nor the openssl command is here: "
+                    "no certificate can be made for the HTTPS test")
+    ca, cert, key = made
+    other = tmp_path / "other"
+    other.mkdir()
+    other_ca = _make_ca_and_cert(other, "another CA")[0]
+    root, globs, zglobs, ref = data
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    with FileServer(root, tls=ctx) as fs:
+        for src in (globs, zglobs):
+            fields = {n: [fs.url(os.path.relpath(p, root)) for p in sorted(_g.glob(g))]
+                      for n, g in src.items()}
+            assert fields["images"][0].startswith("https://127.0.0.1:")
+            x = npyload.Loader(fields, batch_size=6, shuffle=True, seed=4, output="numpy",
+                               remote={"ca_file": ca})
+            seen = check_epoch(x, ref)
+            assert sorted(seen) == list(range(len(ref["images"])))
+            x.close()
+            one = fields["labels"][0]
+            local = os.path.join(root, one.split("/", 3)[3])
+            assert npyload.inspect(one, remote={"ca_file": ca}) == npyload.inspect(local)
+        t0 = time.monotonic()
+        with pytest.raises(npyload.NpyloadError) as e:
+            npyload.Loader(fields, batch_size=6, remote={"ca_file": other_ca, "timeout": 10})
+        msg = str(e.value)
+        assert time.monotonic() - t0 < 10, msg
+        assert "https://127.0.0.1:" in msg and "certificate" in msg.lower(), msg
+        assert "1 attempt" in msg, msg

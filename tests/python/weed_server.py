@@ -353,3 +353,100 @@ if __name__ == "__main__":
         pass
     finally:
         srv.stop()
+
+
+class FileServer:
+    """A small HTTP/1.1 file server of the tests' own on 127.0.0.1 (a
+    thread per connection, keep-alive): GET with Range, an ETag from the
+    file's size and mtime, If-Match (412 on a mismatch), and a count of the
+    requests it answered, by path, so that a test can hold the library to
+    the requests it should make. ``tls``: an ``ssl.SSLContext`` (server
+    side) makes it an HTTPS server. Serves the files under ``root``
+    (URL path = path under root)."""
+
+    def __init__(self, root, tls=None):
+        import http.server
+        self.root = os.fspath(root)
+        self.lock = threading.Lock()
+        self.requests = {}
+        self.ranges = []  # (path, first byte, last byte or None) of each ranged GET
+        srv = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):  # quiet
+                pass
+
+            def do_GET(self):
+                path = self.path.split("?", 1)[0]
+                with srv.lock:
+                    srv.requests[path] = srv.requests.get(path, 0) + 1
+                f = os.path.join(srv.root, path.lstrip("/"))
+                if ".." in path or not os.path.isfile(f):
+                    self._reply(404, b"not found")
+                    return
+                st = os.stat(f)
+                etag = f'"{st.st_size:x}-{st.st_mtime_ns:x}"'
+                im = self.headers.get("If-Match")
+                if im is not None and im != etag:
+                    self._reply(412, b"")
+                    return
+                size = st.st_size
+                a, b, code = 0, size - 1, 200
+                rng = self.headers.get("Range")
+                if rng and rng.startswith("bytes="):
+                    x, _, y = rng[6:].partition("-")
+                    a = int(x)
+                    with srv.lock:
+                        srv.ranges.append((path, a, int(y) if y else None))
+                    b = min(int(y), size - 1) if y else size - 1
+                    code = 206
+                    if a >= size:
+                        self._reply(416, b"", {"Content-Range": f"bytes */{size}"})
+                        return
+                with open(f, "rb") as fh:
+                    fh.seek(a)
+                    body = fh.read(b - a + 1)
+                extra = {"ETag": etag}
+                if code == 206:
+                    extra["Content-Range"] = f"bytes {a}-{b}/{size}"
+                self._reply(code, body, extra)
+
+            def _reply(self, code, body, extra=None):
+                self.send_response(code)
+                for k, v in (extra or {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
+        self.scheme = "https" if tls is not None else "http"
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, rel):
+        return f"{self.scheme}://127.0.0.1:{self.port}/{rel}"
+
+    def count(self, rel=None):
+        """Requests answered (for one path, or all)."""
+        with self.lock:
+            if rel is None:
+                return sum(self.requests.values())
+            return self.requests.get("/" + rel, 0)
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

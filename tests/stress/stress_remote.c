@@ -4,7 +4,10 @@
  * and read-ahead threads (a curl multi handle each), sharing one block
  * cache directory with a small bound (concurrent fills, renames and
  * evictions), injected 503s and closed connections (retries), set_epoch
- * while transfers are in flight, destroy mid-epoch. Every delivered byte
+ * while transfers are in flight, destroy mid-epoch; concurrent misses of
+ * one block waiting for one fetch (cold cached epochs with one block per
+ * object and many reading threads: every block fetched once; a fetch that
+ * fails without retries fails its waiters too, never hangs them). Every delivered byte
  * is checked against tu_byte(). Prints "N passed, N failed". */
 #include <pthread.h>
 #include <stdio.h>
@@ -48,6 +51,10 @@ static int batch_ok(npyload_batch *b)
     return 1;
 }
 
+/* cached: 0 none; 1 the shared small cache (evictions all the time); 2
+ * the directory `dedup_dir`, one block per object, no retry. */
+static const char *dedup_dir;
+
 static npyload_loader *make(int workers, int prefetch, int64_t batch, int cached)
 {
     npyload_loader *L;
@@ -57,10 +64,14 @@ static npyload_loader *make(int workers, int prefetch, int64_t batch, int cached
     r.retries = 20;
     r.timeout_ms = 20000;
     r.max_inflight = 3;
-    if (cached) {
+    if (cached == 1) {
         r.cache_dir = cache;
         r.cache_block = 4096;
         r.cache_bytes = 3 * 4096; /* evictions all the time */
+    } else if (cached == 2) {
+        r.cache_dir = dedup_dir;
+        r.cache_block = 1 << 20;
+        r.retries = -1;
     }
     if (npyload_loader_create(&L) || npyload_loader_set_remote(L, &r, sizeof r) ||
         npyload_loader_add_field_files(L, "a", (const char *const *)urls_a, NF) ||
@@ -133,6 +144,46 @@ static void set_epoch_and_destroy_in_flight(void)
     passes++;
 }
 
+/* Cold cached epochs, every object one block, 4 workers with read-ahead
+ * and one-sample batches: each block is fetched once (the misses at most
+ * the blocks); then with 503s and no retries: the owner's failure reaches
+ * the threads waiting for its block (an error naming the URL), no hang. */
+static void concurrent_misses_wait_for_one_fetch(tu_http *h)
+{
+    for (int round = 0; round < 8; round++) {
+        char sub[64];
+        snprintf(sub, sizeof sub, "dedup%d", round);
+        char *d = tu_path(dir, sub);
+        dedup_dir = d;
+        int faults = round >= 5;
+        npyload_loader *L = make(4, 16, 1, 2);
+        if (faults)
+            tu_http_faults(h, 3, 0);
+        npyload_batch *b;
+        int rc, nb = 0;
+        CHECK(npyload_loader_set_epoch(L, (uint64_t)round) == 0, "set_epoch");
+        while ((rc = npyload_loader_next(L, &b)) == 0) {
+            CHECK(batch_ok(b), "bytes differ (round %d)", round);
+            npyload_batch_release(b);
+            nb++;
+        }
+        if (faults) {
+            CHECK(rc == NPYLOAD_EOF || strstr(npyload_loader_errmsg(L), "http://"),
+                  "round %d: %d %s", round, rc, npyload_loader_errmsg(L));
+        } else {
+            CHECK(rc == NPYLOAD_EOF, "next: %s", npyload_loader_errmsg(L));
+            npyload_stats st;
+            npyload_loader_get_stats(L, &st, sizeof st);
+            CHECK(st.cache_misses <= 2 * NF, "%llu blocks fetched for %zu",
+                  (unsigned long long)st.cache_misses, 2 * NF);
+        }
+        npyload_loader_destroy(L);
+        tu_http_faults(h, 0, 0);
+        free(d);
+    }
+    passes++;
+}
+
 int main(void)
 {
     dir = tu_mkdtemp("stress_remote");
@@ -159,6 +210,7 @@ int main(void)
     concurrent_loaders_shared_cache(h);
     uint64_t t1 = now_ns();
     set_epoch_and_destroy_in_flight();
+    concurrent_misses_wait_for_one_fetch(h);
     fprintf(stderr, "shared cache %.2f s, set_epoch/destroy %.2f s, %llu requests\n",
             (double)(t1 - t0) / 1e9, (double)(now_ns() - t1) / 1e9,
             (unsigned long long)tu_http_requests(h));

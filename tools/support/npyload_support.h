@@ -84,6 +84,54 @@ int npyload_support_io_read(npyload_support_io *io, const npyload_support_req *r
 /*! NULL-safe. */
 void npyload_support_io_destroy(npyload_support_io *io);
 
+/*! npyload_rget: what a remote store gives, measured with the loader's own
+ * HTTP path (lib/remote: a libcurl multi handle per thread, keep-alive,
+ * signing) but without the loader: ranged GETs of `bytes` bytes at random
+ * offsets of the objects, at several concurrencies (threads x requests in
+ * flight per thread), each for `seconds`. Used by npyload-bench on remote
+ * fields and by bench/bench_remote. */
+#define NPYLOAD_RGET_MAX_POINTS 16
+typedef struct npyload_rget_point {
+    int concurrency, threads, inflight;
+    double requests_per_s, mb_per_s;
+    double p50_ms, p99_ms;     /* single-request latency: measured at
+                                  inflight 1 only, else < 0 */
+} npyload_rget_point;
+typedef struct npyload_rget_result {
+    size_t objects;
+    uint64_t object_bytes;
+    size_t bytes_per_request;
+    double seconds;
+    int npoints;
+    npyload_rget_point points[NPYLOAD_RGET_MAX_POINTS];
+    double best_mb_per_s;
+    /* The recommendation: the smallest concurrency within 10 % of the best
+     * throughput, as reading threads x requests in flight per thread; a
+     * worker has two reading threads with read-ahead (itself and its
+     * read-ahead thread), so workers = threads / 2 (at least 1) and
+     * max_inflight = concurrency / (2 x workers), rounded up. */
+    int pick;                  /* index of the point chosen */
+    int concurrency, workers, max_inflight;
+    uint64_t requests, retries; /* HTTP requests of the whole sweep (the
+                                   probe included) */
+} npyload_rget_result;
+/*! npyload_rget_row() : one point as a table row "conc threads inflight
+ * req/s MB/s p50 p99" (npyload_rget_header() the header), as npyload-bench
+ * and bench_remote print them. */
+void npyload_rget_row(const npyload_rget_point *p, char *buf, size_t len);
+const char *npyload_rget_header(void);
+/*! npyload_rget_measure() : probes the n objects (size, ETag), then
+ * measures each concurrency of conc[0 .. nconc) (at most
+ * NPYLOAD_RGET_MAX_POINTS) with at most tmax threads. `each` (may be NULL)
+ * is called after every point (for a table printed as it goes).
+ * `cfg` is copied (max_inflight is raised to what the points need).
+ * @return : 0, or an error with the message (URL and what happened, never
+ * a secret) in err. */
+int npyload_rget_measure(const npyload_remote *cfg, const char *const *urls, size_t n,
+                         size_t bytes, double seconds, const int *conc, int nconc, int tmax,
+                         void (*each)(const npyload_rget_point *p, void *arg), void *arg,
+                         npyload_rget_result *out, char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

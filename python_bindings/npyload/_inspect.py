@@ -1,0 +1,34 @@
+"""``npyload.inspect``: the header facts of one .npy / .npy.zst, local or
+remote (``s3://``, ``http(s)://``: ranged GETs of its header and, for a
+.npy.zst, its seek table, with the configuration of ``_remote``: the
+``remote=`` argument, else the AWS environment and ``~/.aws``)."""
+from __future__ import annotations
+
+import os as _os
+from collections.abc import Mapping
+from typing import Any, Union
+
+from . import _npyload, _remote
+
+_Path = Union[str, "_os.PathLike[str]"]
+
+
+def inspect(path: _Path, verify: bool = False, *,
+            remote: Mapping[str, Any] | None = None) -> _npyload.HeaderInfo:
+    """Header facts of one NPY file, read without loading the data: version
+    (major, minor), descr, shape, fortran_order, itemsize, header_len,
+    data_offset, data_bytes, file_bytes; a .npy.zst adds compressed_bytes,
+    ratio, frames and samples_per_frame (``verify=True``: every frame
+    decoded and checked, then verified and checksums).
+
+    An ``s3://`` or ``http(s)://`` path is read with ranged GETs (the first
+    4 KiB; a .npy.zst's last 16 KiB and frame 0), giving the same facts as
+    the local file. ``remote`` is ``Loader``'s ``remote=`` mapping; without
+    it the AWS environment and ``~/.aws`` configure s3:// as for the loader.
+    Raises NpyloadError naming the file (or URL) and what is wrong."""
+    p = _os.fspath(path)
+    if isinstance(p, str) and _remote.is_remote(p):
+        return _npyload.inspect(p, verify, _remote.build(remote, [p]))
+    if remote is not None:
+        raise ValueError(f"remote= applies to s3:// and http(s):// paths, not {p!r}")
+    return _npyload.inspect(path, verify)
