@@ -968,13 +968,16 @@ typedef struct npyload_stats {
  *    the disk (the workers' time waiting for reads, read_wait_ns with
  *    read-ahead, else io_ns, over elapsed_ns x workers, but at most the
  *    share of read_blocked_ns: a read from the page cache is a copy that
- *    keeps its thread on the CPU, not a wait for the disk), zstd decode
+ *    keeps its thread on the CPU, not a wait for the disk; named "the
+ *    object store" when remote requests were made and remote_wait_ns is
+ *    at least half of those read waits), zstd decode
  *    (decode_ns), host
  *    transforms (transform_ns), each over elapsed_ns x workers, and the H2D
  *    copy (h2d_ns over elapsed_ns);
  *  - else copies on the CPU (reads into the slots).
  * The line starts with "bottleneck: " and one of "none", "the consumer",
- * "the hook", "the disk", "decode", "host transforms", "the H2D copy",
+ * "the hook", "the disk", "the object store", "decode", "host transforms",
+ * "the H2D copy",
  * "CPU copies". @return : 0 or NPYLOAD_EINVAL. */
 #define NPYLOAD_VERDICT_IDLE 0.05
 #define NPYLOAD_VERDICT_HOOK 0.50

@@ -625,6 +625,7 @@ Test(bench_next_steps, follows_the_verdict)
     } cases[] = {
         {"bottleneck: the consumer (...)", "model step"},
         {"bottleneck: the disk (...)", "--cold --workers up to 4"},
+        {"bottleneck: the object store (...)", "cache_dir"},
         {"bottleneck: decode (...)", "npyload-pack -l 1"},
         {"bottleneck: host transforms (...)", "device=\"cuda\""},
         {"bottleneck: the H2D copy (...)", "pinned"},

@@ -1433,6 +1433,16 @@ Test(loader_verdict, names_each_bottleneck_by_its_documented_rule)
     s.worker_cpu_ns = 4000000000ull;
     npyload_stats_verdict(&s, 0, v, sizeof v);
     cr_assert(strstr(v, "bottleneck: the disk") && strstr(v, "75%"), "%s", v);
+    /* The same waits, most of them for ranged GETs: the object store. */
+    s.remote_requests = 500;
+    s.remote_wait_ns = 7000000000ull; /* 7 of 15 s: under half, still the disk */
+    npyload_stats_verdict(&s, 0, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: the disk"), "%s", v);
+    s.remote_wait_ns = 8000000000ull;
+    npyload_stats_verdict(&s, 0, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: the object store") && strstr(v, "75%") &&
+              strstr(v, "cache_dir"), "%s", v);
+    s.remote_requests = s.remote_wait_ns = 0;
     npyload_stats_verdict(&s, 6000000000ull, v, sizeof v); /* a hook busy 60 % */
     cr_assert(strstr(v, "bottleneck: the hook") && strstr(v, "60%"), "%s", v);
     s.read_blocked_ns = 1000000000ull; /* the same waits on the CPU: copies */

@@ -294,6 +294,12 @@ void nb_next_steps(const nb_config *cfg, const nb_recommendation *rec, const nb_
         SAY("The loader keeps up with a %.3g ms step: paste the line above and spend no "
             "more cores or memory on loading; the model step is what to make faster "
             "(profile it, e.g. torch.profiler).", cfg->compute_ms);
+    } else if (strstr(v, "the object store")) {
+        SAY("Ranged GETs from the object store are the limit: give the loader a cache "
+            "(remote={\"cache_dir\": ..., \"cache_bytes\": ...}) so later epochs read local "
+            "disk, keep more requests in flight (max_inflight, the remote sweep above says "
+            "how many the store serves best), and pack the fields (npyload-pack: fewer "
+            "bytes per sample).");
     } else if (strstr(v, "the disk")) {
         SAY("Reads from the disk are the limit. ");
         if (z && z->valid && z->pays == 1)

@@ -41,13 +41,14 @@ int npyload_stats_verdict(const npyload_stats *s, uint64_t hook_ns, char *buf, s
         return 0;
     }
     double workers = elapsed * (double)(s->num_workers > 0 ? s->num_workers : 1);
+    uint64_t read_wait = s->read_ahead_batches ? s->read_wait_ns : s->io_ns;
     struct {
         const char *what, *todo;
         double s;
     } c[] = {
         {"the disk (workers waited for reads", "pack the data (npyload-pack; --narrow for "
          "8-bit data stored wider), a faster disk, or more workers to keep more reads in "
-         "flight", share(s->read_ahead_batches ? s->read_wait_ns : s->io_ns, workers)},
+         "flight", share(read_wait, workers)},
         {"decode (zstd in the workers", "more cores, a faster level (npyload-pack -l 1) or "
          "--narrow, or keep hot data raw in the page cache", share(s->decode_ns, workers)},
         {"host transforms (in the workers", "move the transform to the GPU (device=\"cuda\": "
@@ -61,6 +62,14 @@ int npyload_stats_verdict(const npyload_stats *s, uint64_t hook_ns, char *buf, s
     double blocked = share(s->read_blocked_ns, workers);
     if (c[0].s > blocked)
         c[0].s = blocked;
+    /* Reads of s3:// / https:// shards: the waits are for the server and
+     * the network when at least half of them were waits for transfers. */
+    if (s->remote_requests > 0 && 2 * s->remote_wait_ns >= read_wait) {
+        c[0].what = "the object store (workers waited for ranged GETs";
+        c[0].todo = "a local cache (cache_dir=) so later epochs read local disk, more "
+                    "requests in flight (max_inflight) or workers, or packed shards "
+                    "(npyload-pack: fewer bytes per sample)";
+    }
     double cpu = share(s->worker_cpu_ns, workers);
     int k = -1;
     for (int i = 0; i < 4; i++)

@@ -987,8 +987,9 @@ class Loader(Generic[_B]):
         Where the time goes: elapsed_ns (since start), step_ns (the loop's
         time between batches: the training step), worker_cpu_ns,
         num_workers, and ``verdict``, one line naming the bottleneck (the
-        consumer, the hook, the disk, decode, host transforms, the H2D copy
-        or CPU copies) and what to do, by the rules documented at
+        consumer, the hook, the disk, the object store, decode, host
+        transforms, the H2D copy or CPU copies) and what to do, by the rules
+        documented at
         npyload_stats_verdict in npyload.h. With ``transform=fn`` also
         hook_ns (time in fn, summed over the hook threads), transform_workers
         (those threads: the verdict judges hook_ns / transform_workers) and
