@@ -8,7 +8,7 @@
 
 #include "kernels_cpu.h"
 
-thread_local npyl_kshim_dim3 blockIdx, threadIdx, gridDim, blockDim;
+NPYL_KSHIM_TLS npyl_kshim_dim3 blockIdx, threadIdx, gridDim, blockDim;
 
 namespace {
 

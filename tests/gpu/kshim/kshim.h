@@ -21,8 +21,14 @@
 struct npyl_kshim_dim3 {
     unsigned x, y, z;
 };
-/* Set by the launcher (kernels_cpu.cpp) before each simulated thread. */
-extern thread_local npyl_kshim_dim3 blockIdx, threadIdx, gridDim, blockDim;
+/* Set by the launcher (kernels_cpu.cpp) before each simulated thread.
+ * initial-exec, as fake_cudart.c's device: the fake driver that holds them
+ * is dlopened, and GCC 12's LeakSanitizer (glibc 2.36) crashed ("Tracer
+ * caught signal 11") scanning a stale dynamic-TLS entry of the fake
+ * runtime's general-dynamic variable; 48 bytes of the static TLS surplus
+ * keep these out of the dynamic vector too. */
+#define NPYL_KSHIM_TLS thread_local __attribute__((tls_model("initial-exec")))
+extern NPYL_KSHIM_TLS npyl_kshim_dim3 blockIdx, threadIdx, gridDim, blockDim;
 
 /* __byte_perm(x, y, s): byte i of the result is byte ((s >> 4i) & 7) of
  * the 8-byte value y:x (x the low half), as PTX prmt in its default mode. */
