@@ -93,9 +93,12 @@ static const char usage[] =
     "  --direct             O_DIRECT reads in the loader\n"
     "  --transform F=SPEC   the field's transform in the workers (or on the\n"
     "                       GPU), as npyload.Transform: SPEC = dtype[,scale=X]\n"
-    "                       [,mean=A:B..][,std=A:B..][,channels_last], dtype\n"
-    "                       keep|float32|float16|bfloat16, X a number or A/B;\n"
-    "                       e.g. images=float32,scale=1/255,mean=0.5,std=0.25\n"
+    "                       [,mean=A:B..][,std=A:B..][,channels_last]\n"
+    "                       [,hflip=P][,vflip=P][,crop=H:W or N][,pad=N]\n"
+    "                       [,hflip_sign=A:B..][,vflip_sign=A:B..], dtype\n"
+    "                       keep|float32|float16|bfloat16, X a number or A/B,\n"
+    "                       P a probability; e.g.\n"
+    "                       images=float32,scale=1/255,mean=0.5,std=0.25,hflip=0.5\n"
     "  --ranks R            R loaders at once, rank r of R (as torchrun\n"
     "                       --nproc_per_node=R runs them, here as threads):\n"
     "                       workers and prefetch per rank, samples/s the\n"
@@ -272,10 +275,43 @@ static size_t parse_floats(const char *what, const char *s, float *out)
     return n;
 }
 
+/* The augmentation members of a --transform SPEC (hflip=P, vflip=P,
+ * crop=H:W or N, pad=N, hflip_sign=A:B.., vflip_sign=A:B..) into t.
+ * @return : 1 when tok was one of them. */
+static int parse_augment(nb_field_info *fi, npyload_transform *t, const char *tok)
+{
+    if (!strncmp(tok, "hflip=", 6)) {
+        t->hflip = (float)parse_num("--transform hflip", tok + 6, 0, 1);
+    } else if (!strncmp(tok, "vflip=", 6)) {
+        t->vflip = (float)parse_num("--transform vflip", tok + 6, 0, 1);
+    } else if (!strncmp(tok, "pad=", 4)) {
+        t->pad = (int64_t)parse_num("--transform pad", tok + 4, 0, 1 << 20);
+    } else if (!strncmp(tok, "crop=", 5)) {
+        float hw[16];
+        size_t n = parse_floats("crop", tok + 5, hw);
+        if (n > 2 || hw[0] < 1 || hw[n - 1] < 1 || hw[0] != (int64_t)hw[0] ||
+            hw[n - 1] != (int64_t)hw[n - 1])
+            die_usage("--transform crop=%s: H:W or N, whole numbers >= 1", tok + 5);
+        t->crop_h = (int64_t)hw[0];
+        t->crop_w = (int64_t)hw[n - 1];
+    } else if (!strncmp(tok, "hflip_sign=", 11)) {
+        t->n_hflip_sign = parse_floats("hflip_sign", tok + 11, fi->hsign);
+        t->hflip_sign = fi->hsign;
+    } else if (!strncmp(tok, "vflip_sign=", 11)) {
+        t->n_vflip_sign = parse_floats("vflip_sign", tok + 11, fi->vsign);
+        t->vflip_sign = fi->vsign;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 /* --transform FIELD=SPEC, SPEC = dtype[,scale=X][,mean=A:B..][,std=A:B..]
- * [,channels_last], dtype keep|float32|float16|bfloat16, X a number or
- * A/B (1/255): what npyload.Transform(dtype, scale, mean, std,
- * channels_last) takes, in one argument. */
+ * [,channels_last][,hflip=P][,vflip=P][,crop=H:W or N][,pad=N]
+ * [,hflip_sign=A:B..][,vflip_sign=A:B..], dtype keep|float32|float16|
+ * bfloat16, X a number or A/B (1/255): what npyload.Transform takes, in one
+ * argument. The loader checks the combination at start (a crop larger than
+ * the padded sample, signs on an integer field, ...). */
 static void add_transform(nb_config *cfg, const char *a)
 {
     const char *eq = strchr(a, '=');
@@ -318,9 +354,10 @@ static void add_transform(nb_config *cfg, const char *a)
             t.std = fi->std;
         } else if (!strcmp(tok, "channels_last")) {
             t.channels_last = 1;
-        } else {
+        } else if (!parse_augment(fi, &t, tok)) {
             die_usage("--transform %s: '%s' is not dtype (first: keep, float32, float16, "
-                      "bfloat16), scale=, mean=, std= or channels_last", a, tok);
+                      "bfloat16), scale=, mean=, std=, channels_last, hflip=, vflip=, crop=, "
+                      "pad=, hflip_sign= or vflip_sign=", a, tok);
         }
     }
     fi->t = t;

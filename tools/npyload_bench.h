@@ -123,8 +123,9 @@ typedef struct nb_field_info {
     char glob[512];
     char transform[128];       /* --transform SPEC as given ("" none) */
     int has_transform;
-    npyload_transform t;       /* parsed; mean/std point into the arrays */
-    float mean[16], std[16];
+    npyload_transform t;       /* parsed; mean/std and the flip signs point
+                                  into the arrays */
+    float mean[16], std[16], hsign[16], vsign[16];
     size_t nfiles;
     int64_t nsamples;          /* samples in the field's files */
     uint64_t sample_bytes;

@@ -369,21 +369,32 @@ void nb_format_paste(const nb_config *cfg, const nb_recommendation *r, char *py,
                               "scale=%.9g", nt++ ? ", " : ", transforms={", fi->name,
                               dt[t->dtype >= 0 && t->dtype <= 3 ? t->dtype : 0],
                               (double)t->scale);
-        const float *v[2] = {t->mean, t->std};
-        size_t cnt[2] = {t->n_mean, t->n_std};
-        for (int m = 0; m < 2 && n < pylen; m++) {
+        static const char *const vname[4] = {"mean", "std", "hflip_sign", "vflip_sign"};
+        const float *v[4] = {t->mean, t->std, t->hflip_sign, t->vflip_sign};
+        size_t cnt[4] = {t->n_mean, t->n_std, t->n_hflip_sign, t->n_vflip_sign};
+        for (int m = 0; m < 4 && n < pylen; m++) {
             if (!cnt[m])
                 continue;
-            n += (size_t)snprintf(py + n, pylen - n, ", %s=[", m ? "std" : "mean");
+            n += (size_t)snprintf(py + n, pylen - n, ", %s=[", vname[m]);
             for (size_t i = 0; i < cnt[m] && n < pylen; i++)
                 n += (size_t)snprintf(py + n, pylen - n, "%s%.9g", i ? ", " : "",
                                       (double)v[m][i]);
             if (n < pylen)
                 n += (size_t)snprintf(py + n, pylen - n, "]");
         }
+        if (n < pylen && t->channels_last)
+            n += (size_t)snprintf(py + n, pylen - n, ", channels_last=True");
+        if (n < pylen && t->hflip > 0)
+            n += (size_t)snprintf(py + n, pylen - n, ", hflip=%.9g", (double)t->hflip);
+        if (n < pylen && t->vflip > 0)
+            n += (size_t)snprintf(py + n, pylen - n, ", vflip=%.9g", (double)t->vflip);
+        if (n < pylen && (t->crop_h || t->crop_w))
+            n += (size_t)snprintf(py + n, pylen - n, ", crop=(%lld, %lld)",
+                                  (long long)t->crop_h, (long long)t->crop_w);
+        if (n < pylen && t->pad)
+            n += (size_t)snprintf(py + n, pylen - n, ", pad=%lld", (long long)t->pad);
         if (n < pylen)
-            n += (size_t)snprintf(py + n, pylen - n, "%s)",
-                                  t->channels_last ? ", channels_last=True" : "");
+            n += (size_t)snprintf(py + n, pylen - n, ")");
     }
     if (nt && n < pylen)
         n += (size_t)snprintf(py + n, pylen - n, "}");

@@ -361,6 +361,53 @@ def test_transform_spec_is_measured_and_pasted(bench, dataset, tmp_path):
     assert bad.returncode == 2
 
 
+def test_augmentation_spec_is_measured_and_pasted(bench, dataset, tmp_path):
+    """--transform with flips, a crop, padding and flip signs: the bench
+    measures it in the workers, and the pasted python line builds a loader
+    whose rows equal numpy's rendering of the stored rows with the batch's
+    own exposed decisions (batch.augment)."""
+    spec = ("offsets=float32,scale=0.5,hflip=0.5,vflip=0.25,crop=3:6,pad=1,"
+            "hflip_sign=-1:1:-1:1,vflip_sign=1:-1:1:-1")
+    p = run(bench, *fields(dataset), "--workers", "1", "--prefetch", "2", "--batches", "2",
+            "--batch-size", "16", "--shuffle", "--transform", spec,
+            "--json", tmp_path / "a.json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    check_schema(json.loads((tmp_path / "a.json").read_text()))
+    py = next(l for l in p.stdout.splitlines() if l.strip().startswith("python:"))
+    for part in ("hflip=0.5", "vflip=0.25", "crop=(3, 6)", "pad=1",
+                 "hflip_sign=[-1, 1, -1, 1]", "vflip_sign=[1, -1, 1, -1]"):
+        assert part in py, py
+    import npyload
+    L = eval(py.split("python:", 1)[1].strip(), {"npyload": npyload})
+    src = np.concatenate([np.load(q) for q in
+                          sorted((dataset / "labels").glob("*_offsets.npy"))])
+    hsign = np.array([-1, 1, -1, 1], np.float32)[:, None, None]
+    vsign = np.array([1, -1, 1, -1], np.float32)[:, None, None]
+    flips = 0
+    try:
+        for b in L:
+            x = np.asarray(b["offsets"]) if not hasattr(b["offsets"], "numpy") \
+                else b["offsets"].numpy()
+            a = b.augment["offsets"]
+            assert x.shape[1:] == (4, 3, 6)
+            for r, i in enumerate(np.asarray(b.indices)):
+                w = np.pad(src[i], ((0, 0), (1, 1), (1, 1)))
+                w = w[:, a.top[r]:a.top[r] + 3, a.left[r]:a.left[r] + 6]
+                if a.hflip[r]:
+                    w = w[:, :, ::-1] * hsign
+                if a.vflip[r]:
+                    w = w[:, ::-1, :] * vsign
+                np.testing.assert_array_equal(x[r], (w * np.float32(0.5)).astype(np.float32))
+                flips += int(a.hflip[r]) + int(a.vflip[r])
+    finally:
+        L.close()
+    assert flips > 0, "no row was flipped: the decisions did not reach the loader"
+    bad = run(bench, *fields(dataset), "--transform", "offsets=float32,crop=0")
+    assert bad.returncode == 2 and "crop" in bad.stderr
+    bad = run(bench, *fields(dataset), "--transform", "offsets=float32,hflip=2")
+    assert bad.returncode == 2
+
+
 def test_ranks_run_loaders_side_by_side(bench, dataset, tmp_path):
     """--ranks 2: two loaders (rank 0 and 1 of 2) consumed at once; each
     run's samples are the node's (both ranks'), its slot memory both
