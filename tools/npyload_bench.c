@@ -285,15 +285,15 @@ static int parse_augment(nb_field_info *fi, npyload_transform *t, const char *to
     } else if (!strncmp(tok, "vflip=", 6)) {
         t->vflip = (float)parse_num("--transform vflip", tok + 6, 0, 1);
     } else if (!strncmp(tok, "pad=", 4)) {
-        t->pad = (int64_t)parse_num("--transform pad", tok + 4, 0, 1 << 20);
+        t->pad = parse_int("--transform pad", tok + 4, 0, 1 << 20);
     } else if (!strncmp(tok, "crop=", 5)) {
-        float hw[16];
-        size_t n = parse_floats("crop", tok + 5, hw);
-        if (n > 2 || hw[0] < 1 || hw[n - 1] < 1 || hw[0] != (int64_t)hw[0] ||
-            hw[n - 1] != (int64_t)hw[n - 1])
-            die_usage("--transform crop=%s: H:W or N, whole numbers >= 1", tok + 5);
-        t->crop_h = (int64_t)hw[0];
-        t->crop_w = (int64_t)hw[n - 1];
+        /* H:W, or N for a square; the loader checks them against the
+         * (padded) sample at start. */
+        char h[32];
+        const char *colon = strchr(tok + 5, ':');
+        snprintf(h, sizeof h, "%.*s", colon ? (int)(colon - tok - 5) : 31, tok + 5);
+        t->crop_h = parse_int("--transform crop", h, 1, INT64_MAX);
+        t->crop_w = colon ? parse_int("--transform crop", colon + 1, 1, INT64_MAX) : t->crop_h;
     } else if (!strncmp(tok, "hflip_sign=", 11)) {
         t->n_hflip_sign = parse_floats("hflip_sign", tok + 11, fi->hsign);
         t->hflip_sign = fi->hsign;

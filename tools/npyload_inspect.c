@@ -42,7 +42,6 @@
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 
 #include "npyload.h"
 #include "npyload_json.h"
@@ -288,7 +287,9 @@ int main(int argc, char **argv)
     int failed = 0;
     for (int i = optind; i < argc; i++) {
         const char *a = argv[i];
-        if (!npyload_is_remote(a) || strncasecmp(a, "s3://", 5) != 0 || !strpbrk(a, "*?[")) {
+        /* Remote paths go through the library's glob, which lists an
+         * s3:// pattern and returns a plain path or an http(s):// URL. */
+        if (!npyload_is_remote(a)) {
             failed |= inspect_one(client, a, json, verify, 0, NULL);
             continue;
         }

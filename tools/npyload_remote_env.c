@@ -10,6 +10,8 @@
 #include <strings.h>
 
 enum { S_ENDPOINT, S_REGION, S_ACCESS, S_SECRET, S_TOKEN, S_CA, S_N };
+_Static_assert(S_N == sizeof ((tool_remote *)0)->str / sizeof(char *),
+               "one string of tool_remote per setting");
 
 /* The keys of one profile read from the INI files. */
 static const char *const KEYS[S_N] = {"endpoint_url", "region", "aws_access_key_id",
@@ -20,6 +22,25 @@ static const char *env(const char *name)
 {
     const char *v = getenv(name);
     return v && *v ? v : NULL;
+}
+
+/* The first of two variables that is set, else `fallback`. */
+static const char *env2(const char *a, const char *b, const char *fallback)
+{
+    const char *v = env(a);
+    if (!v && b)
+        v = env(b);
+    return v ? v : fallback;
+}
+
+/* Wipes a string that may hold a secret and frees it. */
+static void wipe_free(char **s)
+{
+    if (*s) {
+        explicit_bzero(*s, strlen(*s));
+        free(*s);
+        *s = NULL;
+    }
 }
 
 static char *trim(char *s)
@@ -64,10 +85,7 @@ static int read_section(const char *path, const char *section, char *vals[S_N])
         char *k = trim(l), *v = trim(eq + 1);
         for (int i = 0; i < S_N; i++)
             if (strcasecmp(k, KEYS[i]) == 0 && *v) {
-                if (vals[i]) {
-                    explicit_bzero(vals[i], strlen(vals[i]));
-                    free(vals[i]);
-                }
+                wipe_free(&vals[i]);
                 vals[i] = strdup(v);
             }
     }
@@ -90,11 +108,7 @@ static void file_path(char *buf, size_t len, const char *var, const char *name)
 static void free_vals(char *vals[S_N])
 {
     for (int i = 0; i < S_N; i++)
-        if (vals[i]) {
-            explicit_bzero(vals[i], strlen(vals[i]));
-            free(vals[i]);
-            vals[i] = NULL;
-        }
+        wipe_free(&vals[i]);
 }
 
 int tool_remote_from_env(tool_remote *t, int need_s3, char *err, size_t errlen)
@@ -115,10 +129,7 @@ int tool_remote_from_env(tool_remote *t, int need_s3, char *err, size_t errlen)
     found |= read_section(credp, pname, cred);
     for (int i = 0; i < S_N; i++)
         if (cred[i]) { /* the credentials file wins */
-            if (vals[i]) {
-                explicit_bzero(vals[i], strlen(vals[i]));
-                free(vals[i]);
-            }
+            wipe_free(&vals[i]);
             vals[i] = cred[i];
         }
     if (profile && !found) {
@@ -130,17 +141,12 @@ int tool_remote_from_env(tool_remote *t, int need_s3, char *err, size_t errlen)
     /* The environment over the files, per setting; the credentials as a
      * pair (a half from each place would be a mix-up). */
     const char *pick[S_N];
-    pick[S_ENDPOINT] = env("AWS_ENDPOINT_URL_S3") ? env("AWS_ENDPOINT_URL_S3")
-                       : env("AWS_ENDPOINT_URL")  ? env("AWS_ENDPOINT_URL")
-                                                  : vals[S_ENDPOINT];
-    pick[S_REGION] = env("AWS_REGION")           ? env("AWS_REGION")
-                     : env("AWS_DEFAULT_REGION") ? env("AWS_DEFAULT_REGION")
-                                                 : vals[S_REGION];
-    pick[S_ACCESS] = env("AWS_ACCESS_KEY_ID") ? env("AWS_ACCESS_KEY_ID") : vals[S_ACCESS];
-    pick[S_SECRET] = env("AWS_SECRET_ACCESS_KEY") ? env("AWS_SECRET_ACCESS_KEY")
-                                                  : vals[S_SECRET];
-    pick[S_TOKEN] = env("AWS_SESSION_TOKEN") ? env("AWS_SESSION_TOKEN") : vals[S_TOKEN];
-    pick[S_CA] = env("AWS_CA_BUNDLE") ? env("AWS_CA_BUNDLE") : vals[S_CA];
+    pick[S_ENDPOINT] = env2("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", vals[S_ENDPOINT]);
+    pick[S_REGION] = env2("AWS_REGION", "AWS_DEFAULT_REGION", vals[S_REGION]);
+    pick[S_ACCESS] = env2("AWS_ACCESS_KEY_ID", NULL, vals[S_ACCESS]);
+    pick[S_SECRET] = env2("AWS_SECRET_ACCESS_KEY", NULL, vals[S_SECRET]);
+    pick[S_TOKEN] = env2("AWS_SESSION_TOKEN", NULL, vals[S_TOKEN]);
+    pick[S_CA] = env2("AWS_CA_BUNDLE", NULL, vals[S_CA]);
     int rc = 0;
     if (!pick[S_ACCESS] != !pick[S_SECRET]) {
         snprintf(err, errlen, "remote: %s is missing while the other half of the credentials "
@@ -176,11 +182,8 @@ int tool_remote_from_env(tool_remote *t, int need_s3, char *err, size_t errlen)
 
 void tool_remote_free(tool_remote *t)
 {
-    for (size_t i = 0; i < sizeof t->str / sizeof t->str[0]; i++)
-        if (t->str[i]) {
-            explicit_bzero(t->str[i], strlen(t->str[i]));
-            free(t->str[i]);
-        }
+    for (int i = 0; i < S_N; i++)
+        wipe_free(&t->str[i]);
     memset(t, 0, sizeof *t);
 }
 

@@ -27,8 +27,8 @@
 
 typedef struct tool_remote {
     npyload_remote cfg;       /* points into the strings below */
-    char *str[8];             /* owned: endpoint, region, access, secret,
-                                 token, ca_file, and two spare */
+    char *str[6];             /* owned: endpoint, region, access, secret,
+                                 token, ca_file */
 } tool_remote;
 
 /* Fills *t from the environment. `need_s3`: s3:// paths will be read, so

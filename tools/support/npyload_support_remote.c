@@ -170,6 +170,13 @@ void npyload_rget_row(const npyload_rget_point *p, char *buf, size_t len)
              p->inflight, p->requests_per_s, p->mb_per_s, a, b);
 }
 
+/* The sweep needs each object's size and ETag (the head), never its tail. */
+static int no_tail(const npyl_remote_probe *p)
+{
+    (void)p;
+    return 0;
+}
+
 int npyload_rget_measure(const npyload_remote *cfg_in, const char *const *urls, size_t n,
                          size_t bytes, double seconds, const int *conc, int nconc, int tmax,
                          void (*each)(const npyload_rget_point *p, void *arg), void *arg,
@@ -196,7 +203,7 @@ int npyload_rget_measure(const npyload_remote *cfg_in, const char *const *urls, 
     size_t bad;
     for (size_t i = 0; rc == 0 && i < n; i++)
         p[i].url = urls[i];
-    if (rc == 0 && npyl_remote_probe_all(r, p, n, NULL, &bad, err, errlen))
+    if (rc == 0 && npyl_remote_probe_all(r, p, n, no_tail, &bad, err, errlen))
         rc = -1;
     for (size_t i = 0; rc == 0 && i < n; i++) {
         objs[i].url = urls[i];
