@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "npyload.h"
 #include "npyload_remote_env.h"
@@ -43,7 +42,6 @@ int main(int argc, char **argv)
     const char *json = NULL;
     const char **urls = calloc((size_t)argc, sizeof *urls);
     size_t nurls = 0;
-    int s3 = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--bytes") && i + 1 < argc)
             bytes = strtoull(argv[++i], NULL, 10);
@@ -59,7 +57,6 @@ int main(int argc, char **argv)
                  p = strtok(NULL, ","))
                 conc[nconc++] = atoi(p);
         } else {
-            s3 |= strncasecmp(argv[i], "s3://", 5) == 0;
             urls[nurls++] = argv[i];
         }
     }
@@ -70,7 +67,7 @@ int main(int argc, char **argv)
     }
     char err[1024];
     tool_remote env;
-    if (tool_remote_from_env(&env, s3, err, sizeof err) != 0) {
+    if (tool_remote_for_paths(urls, nurls, &env, err, sizeof err) < 0) {
         fprintf(stderr, "bench_remote: %s\n", err);
         return 1;
     }

@@ -616,8 +616,8 @@ static void print_rget_point(const npyload_rget_point *p, void *arg)
  * 32 with up to two reading threads per worker, as the remote_get
  * ceiling; the grid's loaders then keep the recommended requests in
  * flight. */
-static void measure_remote(nb_ctx *ctx, nb_config *cfg, npyload_remote *rcfg, int max_workers,
-                           double secs, nb_remote_report *rr, nb_ceiling *out)
+static void measure_remote(nb_ctx *ctx, nb_config *cfg, int max_workers, double secs,
+                           nb_remote_report *rr, nb_ceiling *out)
 {
     memset(rr, 0, sizeof *rr);
     snprintf(out->name, sizeof out->name, "remote_get");
@@ -649,7 +649,7 @@ static void measure_remote(nb_ctx *ctx, nb_config *cfg, npyload_remote *rcfg, in
     npyload_rget_result res;
     char err[512];
     uint64_t t0 = nb_now_ns();
-    int rc = urls ? npyload_rget_measure(rcfg, urls, n, (size_t)bytes, secs, conc,
+    int rc = urls ? npyload_rget_measure(cfg->remote, urls, n, (size_t)bytes, secs, conc,
                                          (int)(sizeof conc / sizeof conc[0]), tmax,
                                          print_rget_point, &ctx->quiet, &res, err, sizeof err)
                   : -1;
@@ -690,18 +690,17 @@ static void measure_remote(nb_ctx *ctx, nb_config *cfg, npyload_remote *rcfg, in
              "the store's best ranged-GET throughput (wire bytes; %d in flight); the grid's "
              "loaders keep max_inflight=%d", res.points[res.pick].concurrency,
              res.max_inflight);
-    rcfg->max_inflight = res.max_inflight;
 }
 
 static double measure_ceilings(nb_ctx *ctx, nb_config *cfg, int max_workers, int cores,
                                nb_zst_report *zst, nb_ceiling *ce, size_t *nceil,
-                               npyload_remote *rcfg, nb_remote_report *rr)
+                               nb_remote_report *rr)
 {
     double secs = cfg->seconds > 0 ? cfg->seconds : 1.0;
     secs = secs > 3 ? 3 : secs;
     double ref = 0;
     *nceil = 0;
-    if (ctx->remote) {
+    if (ctx->rclient) {
         /* The page cache, O_DIRECT and the frames' decode read local files:
          * the store's own ranged GETs are the reference instead. */
         nb_ceiling *c = &ce[(*nceil)++];
@@ -714,8 +713,7 @@ static double measure_ceilings(nb_ctx *ctx, nb_config *cfg, int max_workers, int
             snprintf(c->note, sizeof c->note, "skipped: remote fields (every run reads "
                      "from the store: no cache_dir)");
         }
-        measure_remote(ctx, cfg, rcfg, max_workers, secs > 2 ? 2 : secs, rr,
-                       &ce[(*nceil)++]);
+        measure_remote(ctx, cfg, max_workers, secs > 2 ? 2 : secs, rr, &ce[(*nceil)++]);
         if (cfg->device >= 0)
             nb_ceiling_h2d(cfg, &ce[(*nceil)++]);
         for (size_t i = 0; i < *nceil; i++)
@@ -942,19 +940,20 @@ int main(int argc, char **argv)
     /* Remote fields: the configuration from the AWS environment (never
      * printed) and a client for their listings and headers. */
     static tool_remote renv;
-    int any_s3 = 0;
-    for (int k = 0; k < cfg.nfields; k++) {
-        ctx.remote |= npyload_is_remote(cfg.fields[k].glob);
-        any_s3 |= strncasecmp(cfg.fields[k].glob, "s3://", 5) == 0;
+    const char *globs[NB_MAX_FIELDS];
+    for (int k = 0; k < cfg.nfields; k++)
+        globs[k] = cfg.fields[k].glob;
+    char err[1024];
+    int any_remote = tool_remote_for_paths(globs, (size_t)cfg.nfields, &renv, err, sizeof err);
+    if (any_remote > 0 &&
+        npyload_remote_client_create(&ctx.rclient, &renv.cfg, sizeof renv.cfg, err,
+                                     sizeof err) != 0)
+        any_remote = -1;
+    if (any_remote < 0) {
+        fprintf(stderr, "npyload-bench: %s\n", err);
+        return 2;
     }
-    if (ctx.remote) {
-        char err[1024];
-        if (tool_remote_from_env(&renv, any_s3, err, sizeof err) != 0 ||
-            npyload_remote_client_create(&ctx.rclient, &renv.cfg, sizeof renv.cfg, err,
-                                         sizeof err) != 0) {
-            fprintf(stderr, "npyload-bench: %s\n", err);
-            return 2;
-        }
+    if (ctx.rclient) {
         cfg.remote = &renv.cfg;
         add_note(&cfg, "remote fields: read with ranged GETs without a cache_dir (every run "
                  "from the store); the local ceilings, the page cache and the compression "
@@ -983,7 +982,7 @@ int main(int argc, char **argv)
         nb_warn(&ctx, "the dataset (%.1f GiB) does not fit in the page cache (%.1f GiB "
                 "available): 'hot' numbers are partly disk-bound; try --cold",
                 total_bytes / 1073741824.0, avail);
-    else if (!cfg.cold && !ctx.remote)
+    else if (!cfg.cold && !ctx.rclient)
         nb_warm_all(&ctx);
 
     nb_ceiling ceilings[6];
@@ -996,7 +995,11 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     double ref = measure_ceilings(&ctx, &cfg, max_workers, mach.cores_allowed, &zst, ceilings,
-                                  &nceil, &renv.cfg, &rrep);
+                                  &nceil, &rrep);
+    /* The grid's loaders keep the requests in flight the sweep recommends
+     * (cfg.remote points at renv.cfg). */
+    if (rrep.measured)
+        renv.cfg.max_inflight = rrep.max_inflight;
     if (!ctx.quiet) {
         nb_print_ceilings(stdout, ceilings, nceil, cfg.ceiling_ref);
         fflush(stdout);
@@ -1015,7 +1018,7 @@ int main(int argc, char **argv)
     for (size_t i = nruns; i < nruns + more; i++)
         nok += runs[i].ok;
     nruns += more;
-    if (!ctx.remote) {
+    if (!ctx.rclient) {
         nb_zst_after_grid(&ctx, &cfg, mach.cores_allowed, ceilings, nceil, runs, nruns,
                           total_bytes, &zst);
         if (!ctx.quiet)
@@ -1031,8 +1034,8 @@ int main(int argc, char **argv)
     }
     nb_report rep = {.config = &cfg, .machine = &mach, .ceilings = ceilings,
                      .nceilings = nceil, .runs = runs, .nruns = nruns, .rec = &rec,
-                     .warnings = ctx.warnings, .zst = ctx.remote ? NULL : &zst,
-                     .remote = ctx.remote ? &rrep : NULL};
+                     .warnings = ctx.warnings, .zst = ctx.rclient ? NULL : &zst,
+                     .remote = ctx.rclient ? &rrep : NULL};
     int status = report(&ctx, &rep, &o, nok);
     npyload_nvml_close(ctx.nvml);
     npyload_remote_client_destroy(ctx.rclient);

@@ -58,12 +58,10 @@ typedef struct nb_ctx {
     npyload_nvml *nvml;    /* NULL: no GPU monitoring */
     nb_progress prog;
     char warnings[8192];   /* newline-separated, for the JSON */
-    /* Remote fields: the client their headers are read with (NULL: every
-     * field local), and whether any field is remote (then the local
-     * ceilings, the page cache and the compression estimate are skipped;
-     * remote files have fd -1). */
+    /* Remote fields: the client their headers are read with; NULL when
+     * every field is local (with one, the local ceilings, the page cache
+     * and the compression estimate are skipped; remote files have fd -1). */
     npyload_remote_client *rclient;
-    int remote;
 } nb_ctx;
 
 /* ---- npyload_bench_data.c ---- */

@@ -187,10 +187,10 @@ void tool_remote_free(tool_remote *t)
     memset(t, 0, sizeof *t);
 }
 
-int tool_remote_client(const char *const *paths, size_t n, npyload_remote_client **out,
-                       char *err, size_t errlen)
+int tool_remote_for_paths(const char *const *paths, size_t n, tool_remote *t, char *err,
+                          size_t errlen)
 {
-    *out = NULL;
+    memset(t, 0, sizeof *t);
     int any = 0, s3 = 0;
     for (size_t i = 0; i < n; i++) {
         any |= npyload_is_remote(paths[i]);
@@ -198,9 +198,17 @@ int tool_remote_client(const char *const *paths, size_t n, npyload_remote_client
     }
     if (!any)
         return 0;
+    return tool_remote_from_env(t, s3, err, errlen) != 0 ? -1 : 1;
+}
+
+int tool_remote_client(const char *const *paths, size_t n, npyload_remote_client **out,
+                       char *err, size_t errlen)
+{
+    *out = NULL;
     tool_remote t;
-    if (tool_remote_from_env(&t, s3, err, errlen) != 0)
-        return -1;
+    int any = tool_remote_for_paths(paths, n, &t, err, errlen);
+    if (any <= 0)
+        return any;
     int rc = npyload_remote_client_create(out, &t.cfg, sizeof t.cfg, err, errlen);
     tool_remote_free(&t);
     return rc ? -1 : 0;

@@ -39,6 +39,12 @@ int tool_remote_from_env(tool_remote *t, int need_s3, char *err, size_t errlen);
 /* Wipes the secret and the token and frees the strings. */
 void tool_remote_free(tool_remote *t);
 
+/* The configuration paths[0 .. n) need: 1 with *t filled (tool_remote_free
+ * it) when any is remote (s3:// ones needing credentials), 0 when none is
+ * (*t zeroed), -1 with the message in err. */
+int tool_remote_for_paths(const char *const *paths, size_t n, tool_remote *t, char *err,
+                          size_t errlen);
+
 /* A client for paths[0 .. n) when any is remote (s3:// needing
  * credentials), else *out = NULL. Returns 0 or -1 with the message in err. */
 int tool_remote_client(const char *const *paths, size_t n, npyload_remote_client **out,
