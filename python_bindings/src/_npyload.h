@@ -112,7 +112,9 @@ int npyloadpy_as_int64(PyObject *o, const char *what, int64_t *out);
 /* A remote configuration dict (npyload._remote.build) as npyload_remote;
  * keep[] holds its strings until npyloadpy_remote_release (which wipes the
  * secret). 0, or -1 with an exception set. */
-int npyloadpy_remote_config(PyObject *d, npyload_remote *r, PyObject *keep[8]);
-void npyloadpy_remote_release(PyObject *keep[8]);
+#define NPYLOADPY_REMOTE_STRINGS 8 /* the string members of npyload_remote */
+int npyloadpy_remote_config(PyObject *d, npyload_remote *r,
+                            PyObject *keep[NPYLOADPY_REMOTE_STRINGS]);
+void npyloadpy_remote_release(PyObject *keep[NPYLOADPY_REMOTE_STRINGS]);
 
 #endif /* NPYLOAD_PY_H */

@@ -734,80 +734,106 @@ static PyObject *loader_set_path(NpyloadPy_Loader *self, PyObject *args)
     return ret;
 }
 
+/* The npyload_remote members a configuration dict may set, by C name.
+ * Strings take the keep[] slots in this order (NPYLOADPY_REMOTE_STRINGS of
+ * them); a secret's bytes are wiped when released. */
+enum { RM_STR, RM_SECRET, RM_INT, RM_INT64 };
+static const struct {
+    const char *name;
+    size_t off;
+    int kind;
+} REMOTE_MEMBERS[] = {
+    {"endpoint", offsetof(npyload_remote, endpoint), RM_STR},
+    {"region", offsetof(npyload_remote, region), RM_STR},
+    {"access_key", offsetof(npyload_remote, access_key), RM_STR},
+    {"secret_key", offsetof(npyload_remote, secret_key), RM_SECRET},
+    {"session_token", offsetof(npyload_remote, session_token), RM_SECRET},
+    {"cache_dir", offsetof(npyload_remote, cache_dir), RM_STR},
+    {"ca_file", offsetof(npyload_remote, ca_file), RM_STR},
+    {"proxy", offsetof(npyload_remote, proxy), RM_STR},
+    {"path_style", offsetof(npyload_remote, path_style), RM_INT},
+    {"retries", offsetof(npyload_remote, retries), RM_INT},
+    {"timeout_ms", offsetof(npyload_remote, timeout_ms), RM_INT64},
+    {"connect_timeout_ms", offsetof(npyload_remote, connect_timeout_ms), RM_INT64},
+    {"max_inflight", offsetof(npyload_remote, max_inflight), RM_INT},
+    {"cache_bytes", offsetof(npyload_remote, cache_bytes), RM_INT64},
+    {"cache_block", offsetof(npyload_remote, cache_block), RM_INT64},
+    {"list_max_keys", offsetof(npyload_remote, list_max_keys), RM_INT64},
+    {"retry_base_ms", offsetof(npyload_remote, retry_base_ms), RM_INT64},
+};
+#define NREMOTE_MEMBERS (sizeof REMOTE_MEMBERS / sizeof REMOTE_MEMBERS[0])
+
+/* One member's value into *r (strings into keep[slot]). 0 or -1. */
+static int remote_member(size_t m, PyObject *val, npyload_remote *r, PyObject **keep)
+{
+    char *dst = (char *)r + REMOTE_MEMBERS[m].off;
+    if (REMOTE_MEMBERS[m].kind <= RM_SECRET) {
+        Py_CLEAR(*keep);
+        if (!PyUnicode_FSConverter(val, keep))
+            return -1;
+        *(const char **)dst = PyBytes_AS_STRING(*keep);
+        return 0;
+    }
+    long long v = PyLong_AsLongLong(val);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    int wide = REMOTE_MEMBERS[m].kind == RM_INT64;
+    if (v < INT32_MIN || (!wide && v > INT32_MAX)) {
+        PyErr_Format(PyExc_ValueError, "set_remote: %s out of range", REMOTE_MEMBERS[m].name);
+        return -1;
+    }
+    if (wide)
+        *(int64_t *)dst = v;
+    else
+        *(int *)dst = (int)v;
+    return 0;
+}
+
 /* The npyload_remote members from a mapping {C member name: value}
  * (npyload._remote builds it: arguments, the AWS environment and ~/.aws,
  * units converted). Strings are str or None, numbers int. The strings
  * stay valid while keep[] holds them: npyloadpy_remote_release wipes the
  * secret and the token and drops them. Returns 0 or -1 with an exception. */
-int npyloadpy_remote_config(PyObject *d, npyload_remote *r, PyObject *keep[8])
+int npyloadpy_remote_config(PyObject *d, npyload_remote *r,
+                            PyObject *keep[NPYLOADPY_REMOTE_STRINGS])
 {
     memset(r, 0, sizeof *r);
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < NPYLOADPY_REMOTE_STRINGS; i++)
         keep[i] = NULL;
     if (!PyDict_Check(d)) {
         PyErr_SetString(PyExc_TypeError, "the remote configuration must be a dict");
         return -1;
     }
-    static const char *strs[] = {"endpoint", "region", "access_key", "secret_key",
-                                 "session_token", "cache_dir", "ca_file", "proxy"};
-    static const char *ints[] = {"path_style", "retries", "timeout_ms", "connect_timeout_ms",
-                                 "max_inflight", "cache_bytes", "cache_block",
-                                 "list_max_keys", "retry_base_ms"};
-    const char *sv[8] = {NULL};
-    long long iv[9] = {0};
     PyObject *key, *val;
     Py_ssize_t pos = 0;
     while (PyDict_Next(d, &pos, &key, &val)) {
         const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
-        size_t i;
         if (!k) {
             PyErr_SetString(PyExc_TypeError, "set_remote: keys must be str");
             goto fail;
         }
-        for (i = 0; i < 8 && strcmp(k, strs[i]) != 0; i++)
-            ;
-        if (i < 8) {
-            if (val == Py_None)
-                continue;
-            Py_CLEAR(keep[i]);
-            if (!PyUnicode_FSConverter(val, &keep[i]))
-                goto fail;
-            sv[i] = PyBytes_AS_STRING(keep[i]);
-            continue;
-        }
-        for (i = 0; i < 9 && strcmp(k, ints[i]) != 0; i++)
-            ;
-        if (i == 9) {
+        size_t m = 0;
+        while (m < NREMOTE_MEMBERS && strcmp(k, REMOTE_MEMBERS[m].name) != 0)
+            m++;
+        if (m == NREMOTE_MEMBERS) {
             PyErr_Format(PyExc_TypeError, "set_remote: unknown member %R", key);
             goto fail;
         }
-        if (val == Py_None)
-            continue;
-        iv[i] = PyLong_AsLongLong(val);
-        if (iv[i] == -1 && PyErr_Occurred())
+        /* The strings come first in the table: m is also their slot. */
+        if (val != Py_None && remote_member(m, val, r, m < NPYLOADPY_REMOTE_STRINGS
+                                                           ? &keep[m] : NULL) < 0)
             goto fail;
-        if (iv[i] < INT32_MIN || (i != 2 && i != 3 && i != 5 && i != 6 && i != 7 && i != 8 &&
-                                  iv[i] > INT32_MAX)) {
-            PyErr_Format(PyExc_ValueError, "set_remote: %s out of range", ints[i]);
-            goto fail;
-        }
     }
-    *r = (npyload_remote){
-        .endpoint = sv[0], .region = sv[1], .access_key = sv[2], .secret_key = sv[3],
-        .session_token = sv[4], .cache_dir = sv[5], .ca_file = sv[6], .proxy = sv[7],
-        .path_style = (int)iv[0], .retries = (int)iv[1], .timeout_ms = iv[2],
-        .connect_timeout_ms = iv[3], .max_inflight = (int)iv[4], .cache_bytes = iv[5],
-        .cache_block = iv[6], .list_max_keys = iv[7], .retry_base_ms = iv[8]};
     return 0;
 fail:
     npyloadpy_remote_release(keep);
     return -1;
 }
 
-void npyloadpy_remote_release(PyObject *keep[8])
+void npyloadpy_remote_release(PyObject *keep[NPYLOADPY_REMOTE_STRINGS])
 {
-    for (int i = 0; i < 8; i++) {
-        if (keep[i] && (i == 3 || i == 4)) /* the secret and the token */
+    for (int i = 0; i < NPYLOADPY_REMOTE_STRINGS; i++) {
+        if (keep[i] && REMOTE_MEMBERS[i].kind == RM_SECRET)
             memset(PyBytes_AS_STRING(keep[i]), 0, (size_t)PyBytes_GET_SIZE(keep[i]));
         Py_CLEAR(keep[i]);
     }
@@ -819,7 +845,7 @@ void npyloadpy_remote_release(PyObject *keep[8])
 static PyObject *loader_set_remote(NpyloadPy_Loader *self, PyObject *d)
 {
     npyload_remote r;
-    PyObject *keep[8];
+    PyObject *keep[NPYLOADPY_REMOTE_STRINGS];
     if (npyloadpy_remote_config(d, &r, keep) < 0)
         return NULL;
     PyObject *ret = NULL;

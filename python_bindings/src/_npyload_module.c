@@ -193,7 +193,7 @@ static PyObject *inspect_zst(const char *path, int verify)
 static PyObject *inspect_remote(const char *path, PyObject *remote, int verify)
 {
     npyload_remote r;
-    PyObject *keep[8];
+    PyObject *keep[NPYLOADPY_REMOTE_STRINGS];
     int have = remote && remote != Py_None;
     if (have && npyloadpy_remote_config(remote, &r, keep) < 0)
         return NULL;
