@@ -1040,9 +1040,9 @@ class Loader(Generic[_B]):
         with self._in_use("close()"):
             self._stop_pipe()
             self._closed = True
-            kept, self._kept = self._kept, None
-            if kept is not None and kept[1] == _os.getpid():
-                kept[0].close()
+            kept = self._take_kept()
+            if kept is not None:
+                kept.close()
             if self._c is not None:
                 self._c.close()
 
@@ -1072,43 +1072,56 @@ class Loader(Generic[_B]):
         headers and remote probes it read), so remote objects are probed
         once; in a forked child that one is left alone (unusable there)."""
         opts = self._opts if opts is None else opts
-        reuse: Any = None
-        kept, self._kept = self._kept, None
-        if kept is not None and kept[1] == _os.getpid():
-            if opts is self._opts:
-                reuse = kept[0]
-            else:
-                kept[0].close()
-        fresh = reuse is None
-        c: Any = _npyload.Loader() if fresh else reuse
-        if fresh:
-            if opts[_npyload.OPT_DEVICE] >= 0:
-                c._set_stream_joiner(_join_streams)
+        kept = self._take_kept()
+        if kept is not None and opts is not self._opts:
+            kept.close()
+            kept = None
+        c = kept if kept is not None else self._new_c(opts)
         try:
-            if fresh and self._remote is not None:
-                c.set_remote(self._remote)
-            if fresh:
-                for name, glob, paths in self._specs:
-                    if paths is None:
-                        assert glob is not None  # _field_specs gives one of the two
-                        c.add_field(name, glob)
-                    else:
-                        c.add_field_files(name, paths)
-            for opt, value in opts.items():
-                c.set(opt, value)
-            if fresh and opts[_npyload.OPT_DEVICE] >= 0 and self._transforms:
-                for which, path in _kernel_paths():
-                    c.set_path(which, path)
-            for name, t in self._transforms if fresh else ():
-                crop = t.crop or (0, 0)
-                c.set_transform(name, _TDTYPES[t.dtype], t.scale, t.mean, t.std,
-                                t.channels_last, t.hflip, t.vflip, crop[0], crop[1], t.pad,
-                                t.hflip_sign, t.vflip_sign)
+            if kept is not None:  # it has its fields and transforms: the options
+                for opt, value in opts.items():
+                    c.set(opt, value)
             if state is not None:
                 c.set_state(state)
             elif getattr(self, "_epoch", 0):
                 c.set_epoch(self._epoch)
             c.start()
+        except BaseException:
+            c.close()
+            raise
+        return c
+
+    def _take_kept(self) -> Any:
+        """The constructor's checked loader (stopped), taken over, or None;
+        in a forked child it is left alone (unusable there)."""
+        kept, self._kept = self._kept, None
+        return kept[0] if kept is not None and kept[1] == _os.getpid() else None
+
+    def _new_c(self, opts: dict[int, int]) -> Any:
+        """A new C loader with the stored fields, `opts` and transforms,
+        not started."""
+        c: Any = _npyload.Loader()
+        try:
+            if opts[_npyload.OPT_DEVICE] >= 0:
+                c._set_stream_joiner(_join_streams)
+            if self._remote is not None:
+                c.set_remote(self._remote)
+            for name, glob, paths in self._specs:
+                if paths is None:
+                    assert glob is not None  # _field_specs gives one of the two
+                    c.add_field(name, glob)
+                else:
+                    c.add_field_files(name, paths)
+            for opt, value in opts.items():
+                c.set(opt, value)
+            if opts[_npyload.OPT_DEVICE] >= 0 and self._transforms:
+                for which, path in _kernel_paths():
+                    c.set_path(which, path)
+            for name, t in self._transforms:
+                crop = t.crop or (0, 0)
+                c.set_transform(name, _TDTYPES[t.dtype], t.scale, t.mean, t.std,
+                                t.channels_last, t.hflip, t.vflip, crop[0], crop[1], t.pad,
+                                t.hflip_sign, t.vflip_sign)
         except BaseException:
             c.close()
             raise
