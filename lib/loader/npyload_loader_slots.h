@@ -167,8 +167,9 @@ NPYL_HIDDEN void npyl_slots_leave_next(npyl_ring *r);
 /* Hands out batch next_seq: HELD under a fresh handle, in *out, with
  * *rows. A failed batch returns its error and message (errmsg) instead and
  * marks the ring failed. Either way *dropped is the rows the batch lost to
- * ON_ERROR skip (0 when nothing was handed out). Else: NPYLOAD_ESTATE when stopping (no message)
- * or failed earlier, NPYLOAD_ECUDA when a release poisoned a slot,
+ * ON_ERROR skip (0 when nothing was handed out). Else: NPYLOAD_ESTATE when
+ * stopping (no message) or failed earlier, NPYLOAD_ECUDA when a release
+ * poisoned a slot,
  * NPYLOAD_EOF, NPYLOAD_EHELD when every slot is held, -ETIMEDOUT at the
  * deadline (NULL: none). sync: nobody else fills slots: try == 1 returns
  * NPYL_TAKE_AGAIN rather than fail, so the caller may read one itself
