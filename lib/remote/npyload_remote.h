@@ -9,7 +9,8 @@
  *                            several in flight, Content-Range and ETag
  *                            checks, retries with backoff and jitter, the
  *                            error messages
- *   npyload_remote_list.c    globs over ListObjectsV2 (pagination, expat)
+ *   npyload_remote_list.c    globs over ListObjectsV2 (pagination)
+ *   npyload_remote_xml.c     the XML of listings and S3 error bodies (expat)
  *   npyload_remote_cache.c   the block cache in cache_dir (atomic rename,
  *                            an flock'ed size record, LRU eviction)
  *   npyload_remote_read.c    a worker's reads: requests -> cache blocks or

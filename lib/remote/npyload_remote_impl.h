@@ -3,6 +3,7 @@
  *   npyload_remote_read.c    a thread's reads and start's probe
  *   npyload_remote_list.c    ListObjectsV2 globs
  *   npyload_remote_xfer.c    transfers on a multi handle, retries, checks
+ *   npyload_remote_xml.c     the XML of listings and error bodies (expat)
  *   npyload_remote_cache.c   the block cache (files only, no HTTP)
  *   npyload_remote_client.c  configuration, URLs, curl handle set-up
  *
@@ -181,6 +182,29 @@ NPYL_HIDDEN int npyl_xfer_run(npyl_remote *r, npyl_xpool *p, npyl_xfer *x, size_
  * S3 error code and message in err. */
 NPYL_HIDDEN int npyl_xfer_get_body(npyl_remote *r, const char *url, const char *request_url,
                                    char **body, size_t *len, char *err, size_t errlen);
+
+/* ---- npyload_remote_xml.c ---------------------------------------------- */
+
+/* The XML of S3's answers, parsed by expat (npyload_remote_xml.c): the
+ * keys, truncation and continuation token of a ListObjectsV2 page, and the
+ * Code and Message of an error body. */
+typedef struct xml_state {
+    int depth;
+    char path[4][32];         /* element names at depths 1..4 */
+    char text[4096];          /* the text of the element open now */
+    size_t tlen;
+    /* a listing */
+    char **keys;
+    size_t nkeys, cap;
+    int truncated;
+    char token[1024];
+    int oom;
+    /* an error */
+    char code[96], message[200];
+} xml_state;
+/* Parses body into s (keys appended: the caller frees them). Returns 0,
+ * or -1 for XML that does not parse. */
+NPYL_HIDDEN int npyl_remote_xml_parse(xml_state *s, const char *body, size_t len);
 /* The S3 error of an XML body: "Code: Message" into buf ("" when none). */
 NPYL_HIDDEN void npyl_remote_xml_error(const char *body, size_t len, char *buf, size_t buflen);
 

@@ -1,73 +1,13 @@
 /*
- * npyload._npyload: module init, the exception class, and the helpers that
- * need no loader: inspect(), load(), order_indices(), cuda_available(),
- * pack_file().
+ * npyload._npyload: module init (the types, the exception class, the
+ * constants) and the functions that need no loader: inspect(), load(),
+ * order_indices(), cuda_available(), pack_file(). The top of the
+ * extension: nothing calls into it.
  */
 #include "_npyload.h"
 
 #include <errno.h>
 #include <string.h>
-
-PyObject *NpyloadPy_Error = NULL;
-
-int npyloadpy_can_run_python(void)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-    return Py_IsInitialized() && !Py_IsFinalizing();
-#else
-    return Py_IsInitialized() && !_Py_IsFinalizing();
-#endif
-}
-
-PyObject *npyloadpy_str(const char *s)
-{
-    return PyUnicode_DecodeFSDefault(s ? s : "");
-}
-
-PyObject *npyloadpy_raise(int rc, const char *detail)
-{
-    const char *msg = (detail && detail[0]) ? detail : npyload_strerror(rc);
-    PyObject *text = npyloadpy_str(msg);
-    if (!text)
-        return NULL;
-    PyObject *exc = PyObject_CallOneArg(NpyloadPy_Error, text);
-    Py_DECREF(text);
-    if (!exc)
-        return NULL;
-    PyObject *code = PyLong_FromLong(rc);
-    if (!code || PyObject_SetAttrString(exc, "code", code) < 0) {
-        Py_XDECREF(code);
-        Py_DECREF(exc);
-        return NULL;
-    }
-    Py_DECREF(code);
-    PyErr_SetObject(NpyloadPy_Error, exc);
-    Py_DECREF(exc);
-    return NULL;
-}
-
-int npyloadpy_as_int64(PyObject *o, const char *what, int64_t *out)
-{
-    if (PyBool_Check(o) || !PyIndex_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.80s", what,
-                     Py_TYPE(o)->tp_name);
-        return -1;
-    }
-    PyObject *idx = PyNumber_Index(o);
-    if (!idx)
-        return -1;
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(idx, &overflow);
-    Py_DECREF(idx);
-    if (overflow) {
-        PyErr_Format(PyExc_ValueError, "%s is out of the int64 range", what);
-        return -1;
-    }
-    if (v == -1 && PyErr_Occurred())
-        return -1;
-    *out = (int64_t)v;
-    return 0;
-}
 
 /* Reads a header with the GIL released (it is file I/O). */
 static int read_header(PyObject *path_obj, npyload_header *h, PyObject **bytes)
