@@ -43,10 +43,11 @@
 #include "../io/npyload_io.h"
 #include "../order/npyload_order.h"
 #include "../remote/npyload_remote.h"
+#include "../store/npyload_store.h"
 #include "../zst/npyload_zst.h"
 #include "../transform/npyload_transform.h"
 #include "npyload_loader_device.h"
-#include "npyload_loader_field.h"
+#include "npyload_loader_types.h"
 #include "npyload_loader_read.h"
 #include "npyload_loader_slots.h"
 #include "npyload_loader_worker.h"
@@ -161,24 +162,6 @@ NPYL_HIDDEN int npyl_loader_auto_backend(char *why, size_t whylen);
 /* npyload_loader_fields.c: reads every field's headers at start, checks
  * them and fills the io file table and L->n. */
 NPYL_HIDDEN int npyl_load_fields(npyload_loader *L);
-
-/* npyload_loader_remote.c: a probed remote object as a reader (its head
- * and tail bytes from the probe, the rest by ranged GETs checked against
- * the probe's ETag), shared by start and npyload_remote_inspect. */
-typedef struct npyl_rsrc {
-    npyl_remote *r;
-    const npyl_remote_probe *p;
-    npyl_remote_obj o;
-} npyl_rsrc;
-NPYL_HIDDEN void npyl_rsrc_init(npyl_rsrc *s, npyl_remote *r, const npyl_remote_probe *p);
-/* npyl_zst_read_fn over a npyl_rsrc. */
-NPYL_HIDDEN int npyl_rsrc_read(void *ctx, void *buf, size_t n, uint64_t off);
-/* The NPY header of a probed .npy (more bytes fetched when it is longer
- * than the head). */
-NPYL_HIDDEN int npyl_rsrc_npy_header(npyl_rsrc *s, npyload_header *h, char *err, size_t errlen);
-/* npyl_remote_want_tail for start: a .npy.zst (the seek table) and a
- * '|u1' .npy with bytes after its data (a narrowed store's trailer). */
-NPYL_HIDDEN int npyl_rsrc_want_tail(const npyl_remote_probe *p);
 
 /* npyload_loader_state.c: checks every field of a saved state against the
  * loader (n = its sample count, or -1 before start) and yields the order

@@ -11,7 +11,7 @@
 #include <pthread.h>
 
 #include "../remote/npyload_remote.h"
-#include "npyload_loader_field.h"
+#include "npyload_loader_types.h"
 
 /* The last failure behind a skipped sample (npyload_loader_last_skip_error),
  * with its own lock: workers write it while reading, any thread reads it. */

@@ -46,7 +46,7 @@
 #include <time.h>
 
 #include "../order/npyload_order.h"
-#include "npyload_loader_field.h"
+#include "npyload_loader_types.h"
 
 /* Handles per slot, used in turn: a stale handle is recognised until its
  * slot has been handed out NPYL_HANDLES more times (see npyl_slots_disown). */

@@ -10,7 +10,7 @@
 #include <pthread.h>
 
 #include "npyload_loader_device.h"
-#include "npyload_loader_field.h"
+#include "npyload_loader_types.h"
 #include "npyload_loader_read.h"
 #include "npyload_loader_slots.h"
 

@@ -16,6 +16,8 @@
  *   npyload_remote_read.c    a worker's reads: requests -> cache blocks or
  *                            coalesced ranges -> transfers; the probe of
  *                            headers and seek tables at start
+ *   npyload_remote_api.c     the public client (npyload_remote_client_*,
+ *                            npyload_remote_glob), in every build
  *   npyload_remote_none.c    the same API in a build without libcurl: every
  *                            remote path fails saying what to install
  *
@@ -149,6 +151,11 @@ NPYL_HIDDEN void npyl_remote_ctx_destroy(npyl_remote_ctx *c);
 NPYL_HIDDEN int npyl_remote_read(npyl_remote_ctx *c, const npyl_remote_req *reqs, size_t n,
                                  size_t *bad, uint64_t *bytes_read, char *err,
                                  size_t errlen);
+
+/* npyload_remote_api.c: the public client's lib/remote client and
+ * whether it was configured (s3:// allowed). */
+NPYL_HIDDEN npyl_remote *npyl_remote_client_core(const npyload_remote_client *c,
+                                                 int *configured);
 
 /* Adds the client's counters to *k. Any thread. */
 NPYL_HIDDEN void npyl_remote_counters_add(const npyl_remote *r, npyl_remote_counters *k);

@@ -1,16 +1,16 @@
 /* Remote objects read as start reads them: a probed object as a reader
  * (npyl_rsrc: the probe's head and tail bytes, ranged GETs for the rest),
- * shared by start (npyload_loader_fields.c) and the public client API for
- * the tools and npyload.inspect(): npyload_remote_client_create, _glob,
- * _inspect. The client is lib/remote's, wrapped; nothing here keeps state
- * beyond it. */
+ * shared by start (npyload_loader_fields.c) and npyload_remote_inspect (the
+ * header facts of one object, for the tools and npyload.inspect(); the
+ * client itself is lib/remote's public API, npyload_remote_api.c).
+ * Nothing here keeps state. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-#include "npyload_loader_internal.h"
+#include "npyload_store.h"
 
 /* ---- a probed object as a reader ---- */
 
@@ -70,81 +70,7 @@ int npyl_rsrc_want_tail(const npyl_remote_probe *p)
     return strcmp(h.descr, "|u1") == 0 && p->size > h.data_offset + h.data_bytes;
 }
 
-/* ---- the public client ---- */
-
-struct npyload_remote_client {
-    npyl_remote *r;
-    int configured;           /* a configuration was given (s3:// allowed) */
-};
-
-int npyload_remote_client_create(npyload_remote_client **out, const npyload_remote *cfg,
-                                 size_t size, char *err, size_t errlen)
-{
-    if (!out)
-        return npyl_fail(err, errlen, NPYLOAD_EINVAL, "npyload_remote_client_create: NULL out");
-    *out = NULL;
-    npyload_remote mine;
-    if (cfg) {
-        int rc = npyl_sized_in(&mine, sizeof mine, cfg, size,
-                               NPYL_SIZE_THROUGH(npyload_remote, retry_base_ms));
-        if (rc)
-            return npyl_fail(err, errlen, rc,
-                             rc == NPYLOAD_EINVAL
-                                 ? "npyload_remote_client_create: size %zu is below the first "
-                                   "layout of npyload_remote"
-                                 : "npyload_remote_client_create: a member this library does "
-                                   "not know is set (size %zu)", size);
-    }
-    npyload_remote_client *c = calloc(1, sizeof *c);
-    if (!c)
-        return npyl_fail(err, errlen, -ENOMEM, "out of memory");
-    int rc = npyl_remote_create(&c->r, cfg ? &mine : NULL, err, errlen);
-    if (rc) {
-        free(c);
-        return rc;
-    }
-    c->configured = cfg != NULL;
-    *out = c;
-    return 0;
-}
-
-void npyload_remote_client_destroy(npyload_remote_client *c)
-{
-    if (!c)
-        return;
-    npyl_remote_destroy(c->r);
-    free(c);
-}
-
-int npyload_is_remote(const char *path) { return npyl_remote_is_url(path); }
-
-void npyload_paths_free(char **paths, size_t n) { npyl_free_paths(paths, n); }
-
-int npyload_remote_glob(npyload_remote_client *c, const char *pattern, char ***paths,
-                        size_t *n, char *err, size_t errlen)
-{
-    if (!c || !pattern || !paths || !n)
-        return npyl_fail(err, errlen, NPYLOAD_EINVAL, "npyload_remote_glob: NULL argument");
-    *paths = NULL;
-    *n = 0;
-    if (!npyl_remote_is_url(pattern))
-        return npyl_fail(err, errlen, NPYLOAD_EINVAL, "%s: not an s3:// or http(s):// path",
-                         pattern);
-    int rc = npyl_remote_check_url(c->r, c->configured, pattern, err, errlen);
-    if (rc)
-        return rc;
-    if (strncasecmp(pattern, "s3://", 5) == 0)
-        return npyl_remote_glob(c->r, pattern, paths, n, err, errlen);
-    /* http(s)://: no listing; the URL itself. */
-    char **one = calloc(1, sizeof *one);
-    if (!one || !(one[0] = strdup(pattern))) {
-        free(one);
-        return npyl_fail(err, errlen, -ENOMEM, "out of memory");
-    }
-    *paths = one;
-    *n = 1;
-    return 0;
-}
+/* ---- npyload_remote_inspect: the public client's header facts ---- */
 
 /* inspect's want_tail: a .npy.zst's seek table only. */
 static int zst_tail(const npyl_remote_probe *p)
@@ -173,7 +99,9 @@ int npyload_remote_inspect(npyload_remote_client *c, const char *url, npyload_he
         return npyl_fail(err, errlen, NPYLOAD_EINVAL, "npyload_remote_inspect: NULL argument");
     *zst = NULL;
     memset(hdr, 0, sizeof *hdr);
-    int rc = npyl_remote_check_url(c->r, c->configured, url, err, errlen);
+    int configured = 0;
+    npyl_remote *r = npyl_remote_client_core(c, &configured);
+    int rc = npyl_remote_check_url(r, configured, url, err, errlen);
     if (rc)
         return rc;
     npyl_remote_probe p;
@@ -181,13 +109,13 @@ int npyload_remote_inspect(npyload_remote_client *c, const char *url, npyload_he
     p.url = url;
     size_t bad = 0;
     /* want_tail NULL would fetch every tail: only a .npy.zst's is needed. */
-    rc = npyl_remote_probe_all(c->r, &p, 1, zst_tail, &bad, err, errlen);
+    rc = npyl_remote_probe_all(r, &p, 1, zst_tail, &bad, err, errlen);
     if (rc) {
         npyl_remote_probe_free(&p);
         return rc;
     }
     npyl_rsrc s;
-    npyl_rsrc_init(&s, c->r, &p);
+    npyl_rsrc_init(&s, r, &p);
     if (p.head_len < 4 || !npyl_zst_is_zstd(p.head)) {
         rc = npyl_rsrc_npy_header(&s, hdr, err, errlen);
         npyl_remote_probe_free(&p);
@@ -204,7 +132,7 @@ int npyload_remote_inspect(npyload_remote_client *c, const char *url, npyload_he
             rc = npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", url);
         } else {
             memcpy(src->url, url, ul);
-            src->r = c->r;
+            src->r = r;
             src->o = s.o;
             src->o.url = src->url;
             if ((rc = npyl_zst_file_over(&x, url, zst_remote_read, src, free, zst)) != 0) {
