@@ -19,6 +19,16 @@
 NPYL_HIDDEN int npyl_fail(char *err, size_t errlen, int code, const char *fmt,
                           ...) NPYL_PRINTF(4, 5);
 
+/* One read: `len` bytes (> 0) of file `file` (an index into the file table
+ * of whoever reads it) from byte `offset` on land at `dst`. lib/io,
+ * lib/remote and the stores of lib/store all read lists of these. */
+typedef struct npyl_req {
+    uint32_t file;
+    uint64_t offset;
+    uint64_t len;
+    void *dst;
+} npyl_req;
+
 /* Monotonic clock in nanoseconds. */
 NPYL_HIDDEN uint64_t npyl_now_ns(void);
 

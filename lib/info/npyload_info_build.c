@@ -37,7 +37,7 @@ int npyload_get_build_info(npyload_build_info *dst, size_t size)
 
     bi.uring_compiled = npyl_io_uring_built(bi.liburing_version, sizeof bi.liburing_version);
     /* The probe start runs for AUTO: usable exactly when AUTO picks io_uring. */
-    bi.default_io_backend = npyl_loader_auto_backend(bi.uring_why, sizeof bi.uring_why);
+    bi.default_io_backend = npyl_stores_auto_backend(bi.uring_why, sizeof bi.uring_why);
     bi.uring_usable = bi.default_io_backend == NPYLOAD_IO_URING;
     if (bi.uring_usable)
         bi.uring_why[0] = '\0';

@@ -68,6 +68,7 @@ int npyload_loader_create(npyload_loader **out)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     npyl_slots_init(&L->ring);
     npyl_skip_log_init(&L->skip);
+    npyl_stores_init(&L->stores);
     pthread_mutex_init(&L->ctl, NULL);
     pthread_cond_init(&L->ctl_cv, &ca);
     pthread_condattr_destroy(&ca);
@@ -148,7 +149,7 @@ static void free_tables(npyload_loader *L, int keep_fields)
 }
 
 /* What start read of the fields: files (headers, .npy.zst indexes, value
- * tables), the io file table and the remote objects. */
+ * tables) and the stores' file table. */
 static void free_field_tables(npyload_loader *L)
 {
     L->fields_loaded = 0;
@@ -161,11 +162,7 @@ static void free_field_tables(npyload_loader *L)
         free(L->fields[i].files);
         L->fields[i].files = NULL;
     }
-    free(L->io_files);
-    L->io_files = NULL;
-    L->nio_files = 0;
-    free(L->robjs);
-    L->robjs = NULL;
+    npyl_stores_table(&L->stores, NULL, 0, NULL, 0);
 }
 
 /* The workers' io contexts, buffers and events (threads already joined). */
@@ -240,10 +237,9 @@ static void shed_held(npyload_loader *L)
     if (entered)
         npyl_cuda_leave(L->dev.cuda, prev);
     free_tables(L, 0);
-    /* The workers are gone: nothing reads remotely any more; the secret is
-     * wiped now, not at the last release. */
-    npyl_remote_destroy(L->remote);
-    L->remote = NULL;
+    /* The workers are gone: nothing reads any more; the stores close now
+     * (a remote secret is wiped now, not at the last release). */
+    npyl_stores_fini(&L->stores);
 }
 
 static void loader_free(npyload_loader *L)
@@ -256,7 +252,7 @@ static void loader_free(npyload_loader *L)
         npyl_free_paths(L->fields[i].paths, L->fields[i].npaths);
     }
     free(L->fields);
-    npyl_remote_destroy(L->remote);
+    npyl_stores_fini(&L->stores);
     npyl_slots_fini(&L->ring);
     npyl_skip_log_fini(&L->skip);
     pthread_cond_destroy(&L->ctl_cv);
@@ -399,35 +395,24 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *dst,
     out->num_slots = L->ring.nh + L->ring.nd;
     /* workers[] and their io contexts live from start to free_started, like
      * the slots read above; backend_now is atomic. */
-    npyl_io_counters c = {0};
+    npyl_store_counters c = {0};
+    uint64_t ahead_cpu = 0, ahead_blocked = 0;
     if (L->started && L->workers)
         for (size_t i = 0; i < L->nworkers; i++) {
             uint64_t fell = 0;
-            npyl_read_ctx_counters(&L->workers[i].rd, &c, &fell);
+            npyl_read_ctx_counters(&L->workers[i].rd, &c, &ahead_cpu, &ahead_blocked, &fell);
             if (L->backend == NPYLOAD_IO_URING)
                 out->uring_fallbacks += fell;
         }
     out->elapsed_ns = L->started ? npyl_now_ns() - L->st.start_ns : 0;
     out->step_ns = atomic_load(&L->st.step_ns);
-    out->worker_cpu_ns = atomic_load(&L->st.cpu_ns) + c.cpu_ns;
-    out->read_blocked_ns = atomic_load(&L->st.blocked_ns) + c.blocked_ns;
+    out->worker_cpu_ns = atomic_load(&L->st.cpu_ns) + ahead_cpu;
+    out->read_blocked_ns = atomic_load(&L->st.blocked_ns) + ahead_blocked;
     out->num_workers = L->sync ? 0 : L->nworkers;
     out->gather_bytes = c.gather_bytes;
     out->gather_requests = c.gather_reqs;
     out->read_requests = c.read_reqs;
-    if (L->remote) {
-        npyl_remote_counters k = {0};
-        npyl_remote_counters_add(L->remote, &k);
-        out->remote_bytes = k.bytes;
-        out->remote_requests = k.requests;
-        out->remote_retries = k.retries;
-        out->remote_wait_ns = k.wait_ns;
-        out->cache_hits = k.cache_hits;
-        out->cache_misses = k.cache_misses;
-        out->cache_read_bytes = k.cache_read_bytes;
-        out->cache_write_bytes = k.cache_write_bytes;
-        out->cache_evictions = k.cache_evictions;
-    }
+    npyl_stores_stats(&L->stores, out);
     /* The first published layout ends at transform_ns (npyload.h). */
     return npyl_sized_out(dst, size, out, sizeof *out,
                           NPYL_SIZE_THROUGH(npyload_stats, transform_ns));

@@ -40,9 +40,7 @@
 #include "../common/npyload_common.h"
 #include "../cuda/npyload_cuda.h"
 #include "../cuda/npyload_cuda_transform.h"
-#include "../io/npyload_io.h"
 #include "../order/npyload_order.h"
-#include "../remote/npyload_remote.h"
 #include "../store/npyload_store.h"
 #include "../zst/npyload_zst.h"
 #include "../transform/npyload_transform.h"
@@ -92,25 +90,20 @@ struct npyload_loader {
     uint64_t epoch;           /* the first epoch (set_epoch before start) */
     npyl_field *fields;
     size_t nfields, cap_fields;
-    /* Remote paths: the client (set_remote, or made with the defaults by
-     * the first http(s):// field), whether set_remote configured it, and
-     * whether a remote field was added (then set_remote is refused). Freed
-     * (its secret wiped) by destroy. */
-    npyl_remote *remote;
-    int remote_set, remote_used;
+    /* The stores the fields' files are read through (lib/store): their
+     * configurations (set_remote), the stores opened by add_field, and from
+     * start the file table. Closed (a remote secret wiped) by destroy. */
+    npyl_stores stores;
 
     /* Known after start (setup fills them; freed by free_started): */
     int started;
     int backend;              /* resolved npyload_io_backend */
     unsigned queue_depth;     /* resolved QUEUE_DEPTH */
-    npyl_file_info *io_files; /* every file of every field */
-    size_t nio_files;
-    int fields_loaded;        /* the headers (and remote probes) of start are
-                                 kept across npyload_loader_stop: the next
-                                 start reuses them; adding a field, set_remote
-                                 or ALIGN drop them */
-    npyl_remote_obj *robjs;   /* per io file: its remote object (url NULL:
-                                 local); NULL when no file is remote */
+    int fields_loaded;        /* the headers (and probes) of start and the
+                                 stores' file table are kept across
+                                 npyload_loader_stop: the next start reuses
+                                 them; adding a field, set_remote or ALIGN
+                                 drop them */
     int64_t n;                /* samples per field */
     int64_t slot_rows;        /* rows a slot holds: min(BATCH_SIZE, the
                                  most samples a rank gets per epoch) */
@@ -152,12 +145,6 @@ NPYL_HIDDEN int npyl_in_child(const npyload_loader *L);
  * once destroy has begun. */
 NPYL_HIDDEN int npyl_ctl_enter(npyload_loader *L);
 NPYL_HIDDEN void npyl_ctl_leave(npyload_loader *L);
-
-/* npyload_loader_start.c: the backend NPYLOAD_IO_AUTO resolves to now
- * (io_uring when a probe ring works, else pread), with the reason io_uring
- * was passed over in why (may be NULL). Start and npyload_get_build_info
- * both ask it. */
-NPYL_HIDDEN int npyl_loader_auto_backend(char *why, size_t whylen);
 
 /* npyload_loader_fields.c: reads every field's headers at start, checks
  * them and fills the io file table and L->n. */

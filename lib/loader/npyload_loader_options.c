@@ -193,9 +193,6 @@ int npyload_loader_set_remote(npyload_loader *L, const npyload_remote *cfg, size
     if (L->started)
         return npyl_loader_fail(L, NPYLOAD_ESTATE, "the remote configuration cannot change "
                                 "after start");
-    if (L->remote_used)
-        return npyl_loader_fail(L, NPYLOAD_ESTATE, "the remote configuration must be set "
-                                "before the fields with remote paths are added");
     npyload_remote mine;
     if (cfg) {
         int rc = npyl_sized_in(&mine, sizeof mine, cfg, size,
@@ -207,15 +204,11 @@ int npyload_loader_set_remote(npyload_loader *L, const npyload_remote *cfg, size
                                     : "npyload_loader_set_remote: a member this library "
                                       "does not know is set (size %zu)", size);
     }
-    npyl_remote *r = NULL;
     char err[NPYL_ERRMSG_LEN - 64];
-    int rc = npyl_remote_create(&r, cfg ? &mine : NULL, err, sizeof err);
+    int rc = npyl_stores_configure(&L->stores, "remote", cfg ? &mine : NULL, err, sizeof err);
     if (rc)
         return npyl_loader_fail(L, rc, "%s", err);
     npyl_loader_drop_loaded_fields(L); /* probed with the other client */
-    npyl_remote_destroy(L->remote);
-    L->remote = r;
-    L->remote_set = 1;
     L->errmsg[0] = 0;
     return 0;
 }

@@ -7,7 +7,8 @@
  * .npy.zst rows: the batch's rows of compressed files are grouped by frame
  * (sorted by field, file, frame, row), so a frame that holds several of the
  * batch's rows is read and decompressed once. The frames' compressed bytes
- * are read in the same npyl_io_read call as the raw rows, into the worker's
+ * are read in the same round as the raw rows (npyl_sctx_read: every store's
+ * requests in flight together), into the worker's
  * compressed scratch (in rounds when they do not all fit), each placed at
  * the address that is congruent to its file offset modulo 4096, so O_DIRECT
  * reads land straight there. A frame that holds exactly the rows wanted, in
@@ -52,71 +53,13 @@ static const npyl_ffile *find_file(const npyl_field *f, int64_t s)
     return &f->files[npyl_field_file_of(f, s)];
 }
 
-/* Reads a round's n requests: those of local files through io (lib/io),
- * those of remote objects through rm (lib/remote), with npyl_io_read's
- * contract for the whole (*bad indexes reqs). */
-static int read_reqs(const npyl_read_view *v, npyl_io *io, npyl_remote_ctx *rm,
-                     npyl_rsplit *sp, const npyl_io_req *reqs, size_t n, size_t *bad,
-                     uint64_t *got, char *err, size_t errlen)
-{
-    if (!v->robjs)
-        return npyl_io_read(io, reqs, n, bad, got, err, errlen);
-    if (n > sp->cap) {
-        size_t cap = n * 2;
-        npyl_io_req *loc = realloc(sp->loc, cap * sizeof *loc);
-        if (loc)
-            sp->loc = loc;
-        size_t *li = realloc(sp->loc_idx, cap * sizeof *li);
-        if (li)
-            sp->loc_idx = li;
-        npyl_remote_req *rem = realloc(sp->rem, cap * sizeof *rem);
-        if (rem)
-            sp->rem = rem;
-        size_t *ri = realloc(sp->rem_idx, cap * sizeof *ri);
-        if (ri)
-            sp->rem_idx = ri;
-        if (!loc || !li || !rem || !ri)
-            return npyl_fail(err, errlen, -ENOMEM, "out of memory");
-        sp->cap = cap;
-    }
-    size_t nl = 0, nr = 0, b = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (v->robjs[reqs[i].file].url) {
-            sp->rem[nr] = (npyl_remote_req){reqs[i].file, reqs[i].offset, reqs[i].len,
-                                            reqs[i].dst};
-            sp->rem_idx[nr++] = i;
-        } else {
-            sp->loc[nl] = reqs[i];
-            sp->loc_idx[nl++] = i;
-        }
-    }
-    int rc = nl ? npyl_io_read(io, sp->loc, nl, &b, got, err, errlen) : 0;
-    if (rc) {
-        *bad = sp->loc_idx[b];
-        return rc;
-    }
-    rc = nr ? npyl_remote_read(rm, sp->rem, nr, &b, got, err, errlen) : 0;
-    if (rc)
-        *bad = sp->rem_idx[b];
-    return rc;
-}
-
-static void rsplit_fini(npyl_rsplit *sp)
-{
-    free(sp->loc);
-    free(sp->loc_idx);
-    free(sp->rem);
-    free(sp->rem_idx);
-    memset(sp, 0, sizeof *sp);
-}
-
 /* Request q: `rows` consecutive samples of field f from global sample s on,
  * all in file ff, landing at dst. A stored narrowed file's rows are codes,
  * one byte per value: they land at the end of the rows' place (*rff = ff)
  * and are expanded in place after the read (expand_raw), or, when the
  * device expands them (f->dnarrow: the rows' place holds codes), only
  * checked. */
-static void raw_req(npyl_io_req *q, const npyl_ffile **rff, const npyl_field *f,
+static void raw_req(npyl_req *q, const npyl_ffile **rff, const npyl_field *f,
                     const npyl_ffile *ff, int64_t s, uint64_t rows, uint8_t *dst)
 {
     uint64_t rb = ff->nx ? f->row_bytes / ff->nx->itemsize : f->row_bytes;
@@ -152,7 +95,7 @@ static const npyl_field *field_of(const npyl_read_view *v, const npyl_ffile *ff)
 
 /* The codes of the stored narrowed files among the n raw requests (read)
  * become their values, in place (or stay, checked: dnarrow). */
-static int expand_raw(const npyl_read_view *v, npyl_read_ctx *c, const npyl_io_req *reqs,
+static int expand_raw(const npyl_read_view *v, npyl_read_ctx *c, const npyl_req *reqs,
                       const npyl_ffile *const *rff, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -177,7 +120,7 @@ static int expand_raw(const npyl_read_view *v, npyl_read_ctx *c, const npyl_io_r
  * samples of one .npy file: a run lands in one read, straight into the
  * slot. Rows of .npy.zst files go to zrows (*nz of them) instead. */
 static size_t plan_reads(const npyl_read_view *v, const int64_t *indices, size_t rows,
-                         uint8_t *const *dst, npyl_io_req *reqs, const npyl_ffile **rff,
+                         uint8_t *const *dst, npyl_req *reqs, const npyl_ffile **rff,
                          npyl_zrow *zrows, size_t *nz)
 {
     size_t n = 0;
@@ -309,7 +252,7 @@ static int decode_group(const npyl_read_view *v, npyl_read_ctx *c, const npyl_zr
 {
     const npyl_field *f = &v->fields[z->field];
     const npyl_zst_index *x = z->ff->zst;
-    const char *name = v->io_files[z->file].path;
+    const char *name = v->stores->files[z->file].path;
     uint64_t first, count, rb = f->stage_row_bytes, srb = x->row_bytes; /* srb: stored */
     npyl_zst_frame_rows(x, z->frame, &first, &count);
     int direct = k == count;
@@ -387,7 +330,7 @@ static void plan_round(const npyl_read_view *v, npyl_read_buf *b)
         if (p + csz > b->zsrc_cap && u > b->u0)
             break; /* the first frame always fits: zsrc_cap >= max_csize + align */
         zr[u].src = p;
-        b->reqs[nreq++] = (npyl_io_req){.file = zr[u].file, .offset = coff, .len = csz,
+        b->reqs[nreq++] = (npyl_req){.file = zr[u].file, .offset = coff, .len = csz,
                                         .dst = b->zsrc + p};
         cursor = p + csz;
         cb += csz;
@@ -443,7 +386,7 @@ static int read_rounds(const npyl_read_view *v, npyl_read_ctx *c, npyl_read_buf 
         plan_round(v, b);
         size_t bad = 0;
         uint64_t got = 0;
-        int rc = read_reqs(v, c->io, c->rm, &c->split, b->reqs, b->nreq, &bad, &got,
+        int rc = npyl_sctx_read(&c->io, b->reqs, b->nreq, &bad, &got,
                            c->errmsg, sizeof c->errmsg);
         rc = finish_round(v, c, b, rc, bad, got, dst, bytes, zs);
         if (rc)
@@ -479,7 +422,7 @@ static int read_row(const npyl_read_view *v, npyl_read_ctx *c, int64_t s, size_t
                 dst[fi] + (uint64_t)at * f->stage_row_bytes);
         n++;
     }
-    int rc = n ? read_reqs(v, c->io, c->rm, &c->split, b->reqs, n, &bad, bytes, c->errmsg,
+    int rc = n ? npyl_sctx_read(&c->io, b->reqs, n, &bad, bytes, c->errmsg,
                            sizeof c->errmsg)
                : 0;
     if (rc == 0)
@@ -495,8 +438,8 @@ static int read_row(const npyl_read_view *v, npyl_read_ctx *c, int64_t s, size_t
         npyl_zst_locate(ff->zst, z.local, &z.frame, &off);
         uint64_t coff = ff->zst->coff[z.frame], csz = ff->zst->coff[z.frame + 1] - coff;
         uint64_t p = place(v, 0, coff);
-        npyl_io_req q = {.file = z.file, .offset = coff, .len = csz, .dst = b->zsrc + p};
-        rc = read_reqs(v, c->io, c->rm, &c->split, &q, 1, &bad, &got, c->errmsg,
+        npyl_req q = {.file = z.file, .offset = coff, .len = csz, .dst = b->zsrc + p};
+        rc = npyl_sctx_read(&c->io, &q, 1, &bad, &got, c->errmsg,
                        sizeof c->errmsg);
         if (rc) {
             name_frame(c, &z);
@@ -596,13 +539,11 @@ struct npyl_ahead {
     pthread_t thread;
     int started, quit;    /* [mu] quit */
     int state;            /* [mu] AHEAD_* */
-    npyl_io *io;          /* the thread's own context */
-    npyl_remote_ctx *rm;  /* and its remote one (NULL: no remote file) */
-    npyl_rsplit split;
+    npyl_sctx io;         /* the thread's own contexts of the stores */
     const npyl_read_view *v;
     _Atomic uint64_t cpu_ns; /* the thread's CPU time, per round */
     _Atomic uint64_t blocked_ns; /* its off-CPU time in the rounds */
-    const npyl_io_req *reqs; /* [mu] the queued round */
+    const npyl_req *reqs; /* [mu] the queued round */
     size_t n;
     int rc;               /* [mu] its result */
     size_t bad;
@@ -619,12 +560,12 @@ static void *ahead_main(void *arg)
             pthread_cond_wait(&a->cv, &a->mu);
         if (a->state != AHEAD_QUEUED)
             break; /* quit, nothing queued */
-        const npyl_io_req *reqs = a->reqs;
+        const npyl_req *reqs = a->reqs;
         size_t n = a->n, bad = 0;
         pthread_mutex_unlock(&a->mu);
         uint64_t got = 0, cpu = npyl_thread_cpu_ns();
         npyl_span span = npyl_span_begin();
-        int rc = read_reqs(a->v, a->io, a->rm, &a->split, reqs, n, &bad, &got, a->errmsg,
+        int rc = npyl_sctx_read(&a->io, reqs, n, &bad, &got, a->errmsg,
                            sizeof a->errmsg);
         atomic_fetch_add(&a->blocked_ns, npyl_blocked_since(span));
         npyl_count_cpu(&a->cpu_ns, &cpu);
@@ -639,7 +580,7 @@ static void *ahead_main(void *arg)
     return NULL;
 }
 
-static int ahead_start(npyl_read_ctx *c, const npyl_read_view *v, const npyl_io_config *cfg,
+static int ahead_start(npyl_read_ctx *c, const npyl_read_view *v, const npyl_store_cfg *cfg,
                        char *err, size_t errlen)
 {
     struct npyl_ahead *a = calloc(1, sizeof *a);
@@ -649,9 +590,7 @@ static int ahead_start(npyl_read_ctx *c, const npyl_read_view *v, const npyl_io_
     pthread_cond_init(&a->cv, NULL);
     c->ahead = a;
     a->v = v;
-    int rc = npyl_io_create(&a->io, cfg, err, errlen);
-    if (rc == 0 && v->robjs)
-        rc = npyl_remote_ctx_create(&a->rm, v->remote, v->robjs, cfg->nfiles, err, errlen);
+    int rc = npyl_sctx_open(&a->io, v->stores, cfg, err, errlen);
     if (rc)
         return rc;
     rc = pthread_create(&a->thread, NULL, ahead_main, a);
@@ -673,9 +612,7 @@ static void ahead_stop(struct npyl_ahead *a)
         pthread_mutex_unlock(&a->mu);
         pthread_join(a->thread, NULL);
     }
-    npyl_io_destroy(a->io);
-    npyl_remote_ctx_destroy(a->rm);
-    rsplit_fini(&a->split);
+    npyl_sctx_close(&a->io);
     pthread_mutex_destroy(&a->mu);
     pthread_cond_destroy(&a->cv);
     free(a);
@@ -692,7 +629,7 @@ void npyl_read_begin(const npyl_read_view *v, npyl_read_ctx *c, const int64_t *i
          * scheduling delay when every core is busy decoding. */
         b->bad = 0;
         b->got = 0;
-        b->rc = read_reqs(v, c->io, c->rm, &c->split, b->reqs, b->nreq, &b->bad, &b->got,
+        b->rc = npyl_sctx_read(&c->io, b->reqs, b->nreq, &b->bad, &b->got,
                           c->errmsg, sizeof c->errmsg);
         c->cur ^= 1;
         c->read_here = 1;
@@ -780,15 +717,14 @@ static void buf_fini(npyl_read_buf *b)
     memset(b, 0, sizeof *b);
 }
 
-int npyl_read_ctx_init(npyl_read_ctx *c, const npyl_read_view *v, const npyl_io_config *cfg,
+int npyl_read_ctx_init(npyl_read_ctx *c, const npyl_read_view *v, const npyl_store_cfg *cfg,
                        size_t rows, const npyl_zst_sizes *zsz, int ahead, char *err,
                        size_t errlen)
 {
-    int rc = npyl_io_create(&c->io, cfg, err, errlen);
-    if (rc == 0 && v->robjs)
-        rc = npyl_remote_ctx_create(&c->rm, v->remote, v->robjs, cfg->nfiles, err, errlen);
+    int rc = npyl_sctx_open(&c->io, v->stores, cfg, err, errlen);
     if (rc)
         return rc;
+    c->opened = 1;
     /* Rows a batch can hold here (min(BATCH_SIZE, the rank's share)), as
      * the slots are sized: a huge BATCH_SIZE over a small field reserves
      * nothing more. */
@@ -817,11 +753,8 @@ void npyl_read_ctx_fini(npyl_read_ctx *c)
 {
     ahead_stop(c->ahead); /* first: its reads land in the buffers */
     c->ahead = NULL;
-    npyl_io_destroy(c->io);
-    c->io = NULL;
-    npyl_remote_ctx_destroy(c->rm);
-    c->rm = NULL;
-    rsplit_fini(&c->split);
+    npyl_sctx_close(&c->io);
+    c->opened = 0;
     buf_fini(&c->buf[0]);
     buf_fini(&c->buf[1]);
     npyl_zst_dctx_free(c->dctx);
@@ -831,21 +764,21 @@ void npyl_read_ctx_fini(npyl_read_ctx *c)
     c->zdst_cap = 0;
 }
 
-void npyl_read_ctx_counters(const npyl_read_ctx *c, npyl_io_counters *k, uint64_t *fallbacks)
+void npyl_read_ctx_counters(const npyl_read_ctx *c, npyl_store_counters *k,
+                            uint64_t *cpu_ns, uint64_t *blocked_ns, uint64_t *fallbacks)
 {
-    const npyl_io *ios[2] = {c->io, c->ahead ? c->ahead->io : NULL};
-    int fell = 0;
-    for (int i = 0; i < 2; i++) {
-        if (!ios[i])
-            continue;
-        npyl_io_counters_add(ios[i], k);
-        if (i == 1) {
-            k->cpu_ns += atomic_load(&c->ahead->cpu_ns);
-            k->blocked_ns += atomic_load(&c->ahead->blocked_ns);
-        }
-        fell |= npyl_io_backend_now(ios[i]) == NPYLOAD_IO_PREAD;
+    npyl_store_counters mine = {0};
+    npyl_sctx_counters(&c->io, &mine);
+    if (c->ahead) {
+        npyl_sctx_counters(&c->ahead->io, &mine);
+        *cpu_ns += atomic_load(&c->ahead->cpu_ns);
+        *blocked_ns += atomic_load(&c->ahead->blocked_ns);
     }
-    *fallbacks += (uint64_t)fell;
+    k->gather_bytes += mine.gather_bytes;
+    k->gather_reqs += mine.gather_reqs;
+    k->read_bytes += mine.read_bytes;
+    k->read_reqs += mine.read_reqs;
+    *fallbacks += (uint64_t)mine.fell_back;
 }
 
 /* ---- the skip log ---- */

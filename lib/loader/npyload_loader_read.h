@@ -10,7 +10,7 @@
 
 #include <pthread.h>
 
-#include "../remote/npyload_remote.h"
+#include "../store/npyload_store.h"
 #include "npyload_loader_types.h"
 
 /* The last failure behind a skipped sample (npyload_loader_last_skip_error),
@@ -28,11 +28,7 @@ NPYL_HIDDEN void npyl_skip_log_get(npyl_skip_log *g, char *buf, size_t len);
 typedef struct npyl_read_view {
     const npyl_field *fields;
     size_t nfields;
-    const npyl_file_info *io_files;
-    /* Remote files (s3://, https://): per io file its object (url NULL:
-     * a local file), and the client; both NULL when no file is remote. */
-    const npyl_remote_obj *robjs;
-    npyl_remote *remote;
+    const npyl_stores *stores; /* the file table, read through the stores */
     int direct_io;        /* DIRECT_IO: frames placed for O_DIRECT */
     int skip_errors;      /* ON_ERROR == skip */
     int64_t max_errors;   /* MAX_ERRORS (0: no limit) */
@@ -46,7 +42,7 @@ typedef struct npyl_read_view {
  * current batch decodes out of the other. The plan of the batch they hold
  * (nraw .. cb) travels with them from npyl_read_begin to npyl_read_end. */
 typedef struct npyl_read_buf {
-    npyl_io_req *reqs;    /* rows x nfields capacity */
+    npyl_req *reqs;       /* rows x nfields capacity */
     const struct npyl_ffile **rff; /* per raw request: its file when that is
                                       a stored narrowed .npy (codes to
                                       expand), else NULL */
@@ -63,24 +59,14 @@ typedef struct npyl_read_buf {
 
 struct npyl_ahead;        /* the read-ahead thread (npyload_loader_read.c) */
 
-/* A round's requests split by where they go: local files (lib/io) and
- * remote objects (lib/remote), with each one's index in the round. */
-typedef struct npyl_rsplit {
-    npyl_io_req *loc;
-    size_t *loc_idx;
-    npyl_remote_req *rem;
-    size_t *rem_idx;
-    size_t cap;
-} npyl_rsplit;
-
-/* One worker's reading state: its io context (descriptors, ring), its two
+/* One worker's reading state: its stores' contexts (descriptors, ring, an
+ * HTTP multi handle), its two
  * batch buffers, the .npy.zst decoder and window, the read-ahead thread
  * with its own io context when read-ahead is on, and the message of its
  * last failure. */
 typedef struct npyl_read_ctx {
-    npyl_io *io;
-    npyl_remote_ctx *rm;  /* remote files: this thread's HTTP context */
-    npyl_rsplit split;
+    npyl_sctx io;         /* this thread's contexts of the stores */
+    int opened;           /* io opened (a failure before is the stores') */
     npyl_read_buf buf[2];
     unsigned cur;         /* the buffer npyl_read_batch / _end use */
     ZSTD_DCtx *dctx;      /* reused for every frame */
@@ -99,23 +85,25 @@ typedef struct npyl_zst_sizes {
     uint32_t max_csize, max_multi_dsize;
 } npyl_zst_sizes;
 
-/* Creates c's io context from cfg (and its remote context when v has
- * remote files) and its buffers for batches of up to
- * `rows` rows; ahead: also the read-ahead thread, with an io context of its
- * own (same cfg) and the second set of buffers. Returns 0, or the error
- * with the message in err (the io layer's own message for an io failure,
- * which the caller prefixes with the worker). c is left for
- * npyl_read_ctx_fini in every case. */
+/* Creates c's contexts of the stores from cfg and its buffers for batches
+ * of up to `rows` rows; ahead: also the read-ahead thread, with contexts
+ * of its own (same cfg) and the second set of buffers. Returns 0, or the
+ * error with the message in err (the store's own message when opening a
+ * context failed: c->opened is 0 then, and the caller prefixes it with the
+ * worker). c is left for npyl_read_ctx_fini in every case. */
 NPYL_HIDDEN int npyl_read_ctx_init(npyl_read_ctx *c, const npyl_read_view *v,
-                                   const npyl_io_config *cfg, size_t rows,
+                                   const npyl_store_cfg *cfg, size_t rows,
                                    const npyl_zst_sizes *zs, int ahead, char *err,
                                    size_t errlen);
 /* Waits for a read-ahead in flight, stops the thread, frees what init made;
  * idempotent. */
 NPYL_HIDDEN void npyl_read_ctx_fini(npyl_read_ctx *c);
-/* Adds c's io counters (both contexts) to *k and the number of its contexts
- * that fell back from io_uring to pread to *fallbacks. Any thread. */
-NPYL_HIDDEN void npyl_read_ctx_counters(const npyl_read_ctx *c, npyl_io_counters *k,
+/* Adds c's counters (both threads' contexts) to *k, the read-ahead
+ * thread's CPU and off-CPU time to *cpu_ns and *blocked_ns, and 1 to
+ * *fallbacks when one of its contexts fell back from io_uring to pread.
+ * Any thread. */
+NPYL_HIDDEN void npyl_read_ctx_counters(const npyl_read_ctx *c, npyl_store_counters *k,
+                                        uint64_t *cpu_ns, uint64_t *blocked_ns,
                                         uint64_t *fallbacks);
 
 /* Reads rows indices[0 .. *rows) of every field fi to dst[fi] + row *

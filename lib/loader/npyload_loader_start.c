@@ -16,13 +16,6 @@
 
 #include "npyload_loader_internal.h"
 
-int npyl_loader_auto_backend(char *why, size_t whylen)
-{
-    /* Kernels, containers and seccomp profiles refuse io_uring; pread on the
-     * worker threads is the fallback. */
-    return npyl_io_uring_usable(why, whylen) ? NPYLOAD_IO_URING : NPYLOAD_IO_PREAD;
-}
-
 static int resolve_backend(npyload_loader *L)
 {
     int want = (int)L->opt[NPYLOAD_OPT_IO_BACKEND];
@@ -31,11 +24,11 @@ static int resolve_backend(npyload_loader *L)
         return npyl_loader_fail(L, NPYLOAD_EINVAL,
                                 "DIRECT_IO needs the io_uring or pread backend, not mmap");
     if (want == NPYLOAD_IO_URING) {
-        if (!npyl_io_uring_usable(why, sizeof why))
+        if (npyl_stores_auto_backend(why, sizeof why) != NPYLOAD_IO_URING)
             return npyl_loader_fail(L, NPYLOAD_ENOURING,
                                     "io_uring backend requested but unusable: %s", why);
     } else if (want == NPYLOAD_IO_AUTO) {
-        want = npyl_loader_auto_backend(why, sizeof why); /* once per loader */
+        want = npyl_stores_auto_backend(why, sizeof why); /* once per loader */
     }
     L->backend = want;
     return 0;
@@ -589,9 +582,7 @@ static int fill_read_view(npyload_loader *L)
     L->rv = (npyl_read_view){
         .fields = L->fields,
         .nfields = L->nfields,
-        .io_files = L->io_files,
-        .robjs = L->robjs,
-        .remote = L->robjs ? L->remote : NULL,
+        .stores = &L->stores,
         .direct_io = (int)L->opt[NPYLOAD_OPT_DIRECT_IO],
         .skip_errors = L->opt[NPYLOAD_OPT_ON_ERROR] == 1,
         .max_errors = L->opt[NPYLOAD_OPT_MAX_ERRORS],
@@ -626,8 +617,6 @@ static int create_workers(npyload_loader *L, size_t nworkers)
             .direct = (int)L->opt[NPYLOAD_OPT_DIRECT_IO],
             .queue_depth = L->queue_depth,
             .max_open = max_open,
-            .files = L->io_files,
-            .nfiles = L->nio_files,
             .random_access = L->opt[NPYLOAD_OPT_SHUFFLE] != NPYLOAD_SHUFFLE_NONE,
         },
         .rows = L->slot_rows ? (size_t)L->slot_rows : 1,

@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #include "../common/npyload_common.h"
-#include "../io/npyload_io.h"
+#include "../store/npyload_store.h"
 #include "../transform/npyload_transform.h"
 #include "../zst/npyload_zst.h"
 

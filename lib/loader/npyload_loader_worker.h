@@ -42,7 +42,7 @@ typedef struct npyl_worker {
 
 /* What npyl_worker_init sizes. */
 typedef struct npyl_worker_cfg {
-    npyl_io_config io;
+    npyl_store_cfg io;
     size_t rows;          /* rows a slot holds (at least 1) */
     npyl_zst_sizes zst;
     uint64_t raw_bytes;   /* stored rows of transformed fields, per batch */

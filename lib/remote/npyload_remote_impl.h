@@ -164,6 +164,10 @@ typedef struct npyl_xpool {
     int neasy, nfree;
     CURL **free_;
     uint64_t rng;             /* jitter */
+    /* A run begun by npyl_xfer_start, continued by npyl_xfer_run: */
+    int begun;
+    size_t next;              /* transfers started once */
+    uint64_t t0;
 } npyl_xpool;
 
 NPYL_HIDDEN int npyl_xpool_init(npyl_xpool *p, int inflight);
@@ -176,6 +180,13 @@ NPYL_HIDDEN void npyl_xpool_fini(npyl_xpool *p);
  * Every transfer is left DONE or WAIT, no handle busy. */
 NPYL_HIDDEN int npyl_xfer_run(npyl_remote *r, npyl_xpool *p, npyl_xfer *x, size_t n,
                               size_t *bad, char *err, size_t errlen);
+/* Begins the run of the n transfers without waiting: as many as the pool
+ * has handles are started and their requests sent (one
+ * curl_multi_perform); npyl_xfer_run on the same pool and transfers then
+ * continues it (and must follow, to finish or stop them). Returns 0, or
+ * -ENOMEM (nothing left running, *bad the transfer that could not start). */
+NPYL_HIDDEN int npyl_xfer_start(npyl_remote *r, npyl_xpool *p, npyl_xfer *x, size_t n,
+                                size_t *bad, char *err, size_t errlen);
 /* One GET of a small body into memory (listings): url given by request
  * URL; *body malloc'd, *len; status in *status. Retries as above; a final
  * HTTP error is returned as -EACCES, -ENOENT, NPYLOAD_EREMOTE... with its
