@@ -65,6 +65,14 @@ static int add_path(npyload_loader *L, const char *name, const char *path, int g
     return rc ? npyl_loader_fail(L, rc, "field '%s': %s", name, err) : 0;
 }
 
+int npyl_loader_register_store(npyload_loader *L, const npyl_store_ops *ops, const void *arg)
+{
+    if (L->nfields || L->started)
+        return npyl_loader_fail(L, NPYLOAD_ESTATE, "a store is registered before any field");
+    int rc = npyl_stores_register(&L->stores, ops, arg);
+    return rc ? npyl_loader_fail(L, rc, "cannot register the store '%s'", ops->name) : 0;
+}
+
 int npyload_loader_add_field(npyload_loader *L, const char *name, const char *glob)
 {
     if (!L)

@@ -146,8 +146,15 @@ NPYL_HIDDEN int npyl_in_child(const npyload_loader *L);
 NPYL_HIDDEN int npyl_ctl_enter(npyload_loader *L);
 NPYL_HIDDEN void npyl_ctl_leave(npyload_loader *L);
 
+/* npyload_loader_fields.c: adds a store to the loader's set, asked before
+ * the built-in ones which paths it reads (arg: its configuration). Before
+ * any field is added. The tests register their fault-injecting store so
+ * (tests/tu_store_fault.c). */
+NPYL_HIDDEN int npyl_loader_register_store(npyload_loader *L, const npyl_store_ops *ops,
+                                           const void *arg);
+
 /* npyload_loader_fields.c: reads every field's headers at start, checks
- * them and fills the io file table and L->n. */
+ * them and fills the stores' file table and L->n. */
 NPYL_HIDDEN int npyl_load_fields(npyload_loader *L);
 
 /* npyload_loader_state.c: checks every field of a saved state against the

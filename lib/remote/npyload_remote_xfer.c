@@ -614,8 +614,16 @@ int npyl_xfer_start(npyl_remote *r, npyl_xpool *p, npyl_xfer *x, size_t n, size_
         }
         p->next++;
     }
+    /* The requests go out now: on a connection kept from the last round at
+     * once; on a new one once it is connected, which a few passes without
+     * waiting see through on a near server (a far one finishes connecting
+     * in npyl_xfer_run). */
     int running = 0;
-    curl_multi_perform(p->multi, &running); /* the requests go out now */
+    for (int pass = 0; pass < 4; pass++) {
+        curl_multi_perform(p->multi, &running);
+        if (!running || curl_multi_poll(p->multi, NULL, 0, 0, NULL) != CURLM_OK)
+            break;
+    }
     p->begun = 1;
     return 0;
 }

@@ -93,6 +93,10 @@ typedef struct npyl_store_counters {
  * configuration). */
 typedef struct npyl_store_ops {
     const char *name;     /* "local", "remote", ... (messages, configure) */
+    int async;            /* submit starts the reads and returns (remote);
+                             0: they are read inside complete (local). In a
+                             round over several stores the async ones are
+                             submitted first and completed last. */
     /* 1 when `path` is this store's (its scheme). The local store is asked
      * last and takes every path no other store claims. */
     int (*claims)(const char *path);

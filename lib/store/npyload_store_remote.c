@@ -167,6 +167,7 @@ static void remote_stats(const npyl_store *st, npyload_stats *out)
 
 const npyl_store_ops npyl_store_remote = {
     .name = "remote",
+    .async = 1,
     .claims = remote_claims,
     .open = remote_open,
     .close = remote_close,

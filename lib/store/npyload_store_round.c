@@ -1,11 +1,11 @@
 /* A thread's reads through the stores: its contexts (one per store with
  * files), and a round of requests over them. A round that touches one
  * store goes straight to it. A round that touches several is split by
- * store; every part is submitted before any is waited for, in the set's
- * order (the stores that start their reads asynchronously, the remote one,
- * come before the local one, which reads inside complete), and completed
- * in the reverse order, so the remote GETs are in flight while the local
- * reads run. A request a store completes short is asked again for the rest
+ * store; every part is submitted before any is waited for (the stores
+ * that start their reads in submit, the remote one, first) and completed
+ * in the reverse order (the stores that read inside complete, the local
+ * one, first), so the remote GETs are in flight while the local reads
+ * run. A request a store completes short is asked again for the rest
  * (a store may do that; none of the built-in ones does, the tests' fault
  * store does). */
 #include <errno.h>
@@ -181,21 +181,27 @@ int npyl_sctx_read(npyl_sctx *c, const npyl_req *reqs, size_t n, size_t *bad, ui
         split->reqs[fill[st]] = reqs[k];
         split->at[fill[st]++] = k;
     }
-    /* Every part submitted, in the set's order, before any is waited for;
-     * completed in the reverse order (the local store, which reads inside
-     * complete, first: meanwhile the others' reads are in flight). After a
-     * failure the parts still submitted are completed only to finish them,
-     * their messages discarded. */
+    /* Every part submitted before any is waited for: the stores that start
+     * their reads in submit (async) first; then completed the other way
+     * round: those that read inside complete (the local store) first,
+     * while the others' reads are in flight. After a failure the parts
+     * still submitted are completed only to finish them, their messages
+     * discarded. */
+    size_t order[NPYL_STORE_MAX], no = 0;
+    for (int async = 1; async >= 0; async--)
+        for (size_t i = 0; i < set->n; i++)
+            if (count[i] && set->ops[i]->async == async)
+                order[no++] = i;
     int submitted[NPYL_STORE_MAX] = {0}, failed = -1;
-    for (size_t i = 0; i < set->n && rc == 0; i++) {
-        if (!count[i])
-            continue;
+    for (size_t j = 0; j < no && rc == 0; j++) {
+        size_t i = order[j];
         rc = set->ops[i]->submit(c->c[i], split->reqs + start[i], count[i], err, errlen);
         submitted[i] = 1; /* even when it failed: complete follows every submit */
         if (rc)
             failed = (int)i;
     }
-    for (size_t i = set->n; i-- > 0;) {
+    for (size_t j = no; j-- > 0;) {
+        size_t i = order[j];
         if (!submitted[i])
             continue;
         const npyl_req *part = split->reqs + start[i];
