@@ -645,7 +645,12 @@ NPYLOAD_API int npyload_loader_stop(npyload_loader *L);
  * first epoch; after start it abandons what is left of the current epoch
  * (reads in flight finish and are discarded; batches the caller holds stay
  * valid) and begins `epoch` from its first batch. It also clears a failure
- * (after a failed read, set_epoch retries from the epoch's start).
+ * (after a failed read, set_epoch retries from the epoch's start). One
+ * exception, the usual `for e in range(saved_epoch, n): set_epoch(e)`
+ * after a resume: right after npyload_loader_set_state (or _load_state),
+ * before a batch is handed out, set_epoch with the restored epoch keeps
+ * the restored position (even one whose pass had ended: it goes on from
+ * there, with nothing left).
  * Thread-safe against start/set_epoch/set_state (they run one at a time: the
  * one that returns last decides the order, and every batch next() hands out
  * after it returns, get_state() and num_batches() agree with it) and
@@ -654,9 +659,46 @@ NPYLOAD_API int npyload_loader_stop(npyload_loader *L);
  *           NPYLOAD_ESTATE when destroy has begun on another thread. */
 NPYLOAD_API int npyload_loader_set_epoch(npyload_loader *L, uint64_t epoch);
 
-/*! npyload_loader_num_batches() : batches per epoch for this rank, or a
- * negative error if the fields are not yet known (before start). */
+/*! npyload_loader_num_batches() : batches per epoch for this rank (of the
+ * current split: after an elastic resume, the rest of the epoch split over
+ * this world size), or NPYLOAD_ESTATE when the fields were never read
+ * (before the first start; a stopped loader knows them). */
 NPYLOAD_API int64_t npyload_loader_num_batches(const npyload_loader *L);
+
+/*! Passes: the loader's own rule for "the next loop", as
+ * torch.utils.data.DataLoader's iter() has it, so that a binding or a
+ * trainer asks the loader rather than keeping a second copy of the rule.
+ *
+ * npyload_loader_begin_pass() : begins the next pass over the data. The
+ * first pass after create or set_epoch(e) runs epoch e from its first
+ * batch; the first after set_state / load_state runs the restored position
+ * (or, when the saved pass had ended, the next epoch from its start); every
+ * later pass runs the epoch after the last one, from its first batch,
+ * whether the last pass ran to its end or not. next() returning
+ * NPYLOAD_EOF ends a pass (npyload_loader_save_state records it as
+ * loop_ended). Optional: a program that calls set_epoch itself never
+ * needs it. After start; a control call like set_epoch (see "Threads").
+ * @return : 0, NPYLOAD_ESTATE before start, NPYLOAD_EINVAL when the next
+ *           epoch would pass INT64_MAX (choose one with set_epoch), -ENOMEM.
+ *
+ * npyload_loader_pass_batches() : the batches of the pass in progress, from
+ * its beginning (a resumed pass begins at the restored position), or when
+ * it has ended, those of the next pass (a whole epoch). Known from the time
+ * the fields were read (after a start, also a stopped loader). Any thread.
+ * @return : the count, or NPYLOAD_ESTATE before the fields are read. */
+NPYLOAD_API int npyload_loader_begin_pass(npyload_loader *L);
+NPYLOAD_API int64_t npyload_loader_pass_batches(const npyload_loader *L);
+
+/*! npyload_pass / npyload_loader_pass_rule() : what the next begin_pass
+ * does: START (the epoch set_epoch chose, from its first batch), RESUME
+ * (the position set_state restored), ADVANCE (the next epoch, from its
+ * first batch). Any thread. @return : an npyload_pass, or NPYLOAD_EINVAL. */
+typedef enum npyload_pass {
+    NPYLOAD_PASS_START = 0,
+    NPYLOAD_PASS_RESUME = 1,
+    NPYLOAD_PASS_ADVANCE = 2
+} npyload_pass;
+NPYLOAD_API int npyload_loader_pass_rule(const npyload_loader *L);
 
 /*! npyload_loader_num_samples() : N, the samples in every field (after
  * start), or a negative error. */
@@ -689,8 +731,14 @@ NPYLOAD_API int npyload_loader_next_timeout(npyload_loader *L,
 
 /*! npyload_loader_errmsg() : the last error on `L` in words (which file,
  * which offset, what was expected), or "" if none. Valid until the next call
- * on `L`. NULL-safe. */
+ * on `L`. NULL-safe. With calls on several threads (next() on one,
+ * set_epoch on another), another call's failure may rewrite it while it is
+ * read: copy it with npyload_loader_errmsg_copy. */
 NPYLOAD_API const char *npyload_loader_errmsg(const npyload_loader *L);
+
+/*! npyload_loader_errmsg_copy() : the same text, copied into buf[len] under
+ * the loader's message lock. Any thread. @return : 0 or NPYLOAD_EINVAL. */
+NPYLOAD_API int npyload_loader_errmsg_copy(const npyload_loader *L, char *buf, size_t len);
 
 /*! npyload_loader_backend() : the active io backend (after start), or
  * NPYLOAD_IO_AUTO before. npyload_backend_name() gives its name. */
@@ -845,7 +893,10 @@ typedef struct npyload_state {
 #define NPYLOAD_STATE_VERSION 2
 
 /*! npyload_loader_get_state() : the position after the last batch handed
- * out. @return : 0 or NPYLOAD_ESTATE before start. */
+ * out (before start: the one set_epoch or set_state chose, once the fields
+ * were read). The 0.3 form: it cannot grow; npyload_loader_save_state
+ * holds the same and what later versions add.
+ * @return : 0, or NPYLOAD_ESTATE when the fields were never read. */
 NPYLOAD_API int npyload_loader_get_state(const npyload_loader *L,
                                          npyload_state *out);
 
@@ -868,6 +919,37 @@ NPYLOAD_API int npyload_loader_get_state(const npyload_loader *L,
  * set_epoch (see "Threads"); NPYLOAD_ESTATE once destroy has begun. */
 NPYLOAD_API int npyload_loader_set_state(npyload_loader *L,
                                          const npyload_state *st);
+
+/*! npyload_loader_save_state() :
+ * The position as a versioned byte string that grows with the library: a
+ * header ("NPYS", format 1, the number of records, the length) and named
+ * records of little-endian numbers (int64, uint64 or float64), each one a
+ * name of [a-z0-9_] and its values. This loader's records hold one value
+ * each: version (2), seed, epoch, consumed, num_samples, batch_size,
+ * world_size, rank, shuffle, drop_last, base (as npyload_state) and
+ * loop_ended (1 when next() had returned NPYLOAD_EOF of the saved pass).
+ * Later versions add records (a mixing loader's per-source positions and
+ * weights); a reader refuses a record it does not know unless its name
+ * begins with '_', so an older library refuses a state it cannot honour
+ * instead of misreading it. Store the bytes as they are (a checkpoint's
+ * blob); npyload.Loader.state_dict() is the same records as a dict.
+ * buf may be NULL with cap 0 to learn the size. Any thread.
+ * @return : the state's size in bytes (written when it is <= cap, else
+ *           nothing is written), or NPYLOAD_ESTATE when the fields were
+ *           never read, NPYLOAD_EINVAL. */
+NPYLOAD_API int64_t npyload_loader_save_state(const npyload_loader *L, void *buf,
+                                              size_t cap);
+
+/*! npyload_loader_load_state() :
+ * Restores a position saved by npyload_loader_save_state (of this version
+ * or an older one; npyload_state's members as records, version 1 or 2,
+ * load too), as npyload_loader_set_state does, and the pass rule: a state
+ * whose pass had ended resumes at the next epoch (npyload_loader_begin_pass).
+ * Every record is checked (the bytes may come from an untrusted file): a
+ * malformed string or value is NPYLOAD_EINVAL naming the record, an
+ * unknown record or format NPYLOAD_EMISMATCH. Thread-safe like set_state.
+ * @return : 0 or the error, with npyload_loader_errmsg saying which. */
+NPYLOAD_API int npyload_loader_load_state(npyload_loader *L, const void *buf, size_t len);
 
 /* ---- Stats ---- */
 

@@ -13,12 +13,25 @@
 
 int npyl_loader_fail(npyload_loader *L, int code, const char *fmt, ...)
 {
+    /* Formatted outside the lock (a message may quote L->errmsg's own
+     * text... it never does, but formatting takes time). */
+    char buf[NPYL_ERRMSG_LEN];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(L->errmsg, sizeof L->errmsg, fmt, ap);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    npyl_loader_msg(L, buf);
     return code;
 }
+
+void npyl_loader_msg(npyload_loader *L, const char *msg)
+{
+    pthread_mutex_lock(&L->msg_mu);
+    snprintf(L->errmsg, sizeof L->errmsg, "%s", msg);
+    pthread_mutex_unlock(&L->msg_mu);
+}
+
+void npyl_loader_clear(npyload_loader *L) { npyl_loader_msg(L, ""); }
 
 int npyl_in_child(const npyload_loader *L) { return L->pid != getpid(); }
 
@@ -26,6 +39,8 @@ int npyl_loader_forked(npyload_loader *L)
 {
     if (!npyl_in_child(L))
         return 0;
+    /* Without msg_mu: a thread of the parent may have held it at fork(),
+     * and the child has no other thread. */
     snprintf(L->errmsg, sizeof L->errmsg, "%s", NPYL_FORKED_MSG);
     return NPYLOAD_EFORKED;
 }
@@ -70,6 +85,7 @@ int npyload_loader_create(npyload_loader **out)
     npyl_skip_log_init(&L->skip);
     npyl_stores_init(&L->stores);
     pthread_mutex_init(&L->ctl, NULL);
+    pthread_mutex_init(&L->msg_mu, NULL);
     pthread_cond_init(&L->ctl_cv, &ca);
     pthread_condattr_destroy(&ca);
     /* BATCH_SIZE stays 0 (unset): start() refuses it. */
@@ -257,6 +273,7 @@ static void loader_free(npyload_loader *L)
     npyl_skip_log_fini(&L->skip);
     pthread_cond_destroy(&L->ctl_cv);
     pthread_mutex_destroy(&L->ctl);
+    pthread_mutex_destroy(&L->msg_mu);
     for (int i = 0; i < NPYL_NUM_PATHS; i++)
         free(L->paths[i]);
     free(L);
@@ -297,27 +314,13 @@ void npyload_loader_destroy(npyload_loader *L)
 
 /* ---- epoch, state, queries ---- */
 
-int64_t npyload_loader_num_batches(const npyload_loader *L)
-{
-    if (!L)
-        return NPYLOAD_EINVAL;
-    if (npyl_in_child(L))
-        return NPYLOAD_EFORKED;
-    if (!L->started)
-        return NPYLOAD_ESTATE;
-    npyload_loader *M = (npyload_loader *)L; /* the lock is not part of the value */
-    npyl_position pos;
-    npyl_slots_position(&M->ring, &pos); /* set_state may change it (drop_last) */
-    return pos.nbatches;
-}
-
 int64_t npyload_loader_num_samples(const npyload_loader *L)
 {
     if (!L)
         return NPYLOAD_EINVAL;
     if (npyl_in_child(L))
         return NPYLOAD_EFORKED;
-    return L->started ? L->n : NPYLOAD_ESTATE;
+    return L->started || L->fields_loaded ? L->n : NPYLOAD_ESTATE;
 }
 
 _Static_assert(sizeof(((npyl_field *)0)->engine) <= 768,
@@ -345,6 +348,21 @@ const char *npyload_loader_errmsg(const npyload_loader *L)
     /* In a fork() child the message of the call that failed is in the
      * child's copy; before any call there, say what is wrong. */
     return (npyl_in_child(L) && !L->errmsg[0]) ? NPYL_FORKED_MSG : L->errmsg;
+}
+
+int npyload_loader_errmsg_copy(const npyload_loader *L, char *buf, size_t len)
+{
+    if (!L || !buf || len == 0)
+        return NPYLOAD_EINVAL;
+    if (npyl_in_child(L)) {
+        snprintf(buf, len, "%s", npyload_loader_errmsg(L));
+        return 0;
+    }
+    npyload_loader *M = (npyload_loader *)L; /* the lock is not part of the value */
+    pthread_mutex_lock(&M->msg_mu);
+    snprintf(buf, len, "%s", L->errmsg);
+    pthread_mutex_unlock(&M->msg_mu);
+    return 0;
 }
 
 npyload_io_backend npyload_loader_backend(const npyload_loader *L)

@@ -51,7 +51,7 @@ static int push_field(npyload_loader *L, const char *name, char **paths, size_t 
     f->paths = paths;
     f->npaths = n;
     L->nfields++;
-    L->errmsg[0] = 0;
+    npyl_loader_clear(L);
     return 0;
 }
 

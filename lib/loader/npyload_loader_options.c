@@ -151,7 +151,7 @@ int npyload_loader_set(npyload_loader *L, npyload_option opt, int64_t v)
     if (opt == NPYLOAD_OPT_ALIGN && v != L->opt[opt])
         npyl_loader_drop_loaded_fields(L); /* start checks the pairing again */
     L->opt[opt] = v;
-    L->errmsg[0] = 0;
+    npyl_loader_clear(L);
     return 0;
 }
 
@@ -179,7 +179,7 @@ int npyload_loader_set_path(npyload_loader *L, npyload_path_option which,
     }
     free(L->paths[which]);
     L->paths[which] = copy;
-    L->errmsg[0] = 0;
+    npyl_loader_clear(L);
     return 0;
 }
 
@@ -209,8 +209,16 @@ int npyload_loader_set_remote(npyload_loader *L, const npyload_remote *cfg, size
     if (rc)
         return npyl_loader_fail(L, rc, "%s", err);
     npyl_loader_drop_loaded_fields(L); /* probed with the other client */
-    L->errmsg[0] = 0;
+    npyl_loader_clear(L);
     return 0;
+}
+
+void npyl_loader_adopt_order(npyload_loader *L, int64_t seed, int64_t shuffle,
+                             int64_t drop_last)
+{
+    L->opt[NPYLOAD_OPT_SEED] = seed;
+    L->opt[NPYLOAD_OPT_SHUFFLE] = shuffle;
+    L->opt[NPYLOAD_OPT_DROP_LAST] = drop_last;
 }
 
 int npyload_loader_get(const npyload_loader *L, npyload_option opt, int64_t *value)
@@ -307,6 +315,6 @@ int npyload_loader_set_transform(npyload_loader *L, const char *field,
         f->tvals[k] = copies[k];
     }
     f->has_transform = t != NULL;
-    L->errmsg[0] = 0;
+    npyl_loader_clear(L);
     return 0;
 }

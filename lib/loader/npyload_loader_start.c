@@ -603,7 +603,7 @@ static int create_workers(npyload_loader *L, size_t nworkers)
     int ahead = read_ahead(L), rc = 0;
     if (ahead && plan_fd_budget(L, 2 * nworkers, &max_open) != 0) {
         ahead = 0;
-        L->errmsg[0] = 0;
+        npyl_loader_clear(L);
     }
     if (!ahead && (rc = plan_fd_budget(L, nworkers, &max_open)))
         return rc;
@@ -631,28 +631,10 @@ static int create_workers(npyload_loader *L, size_t nworkers)
         if (f->hxform && f->tplan.aug && f->tplan.in_row_bytes > cfg.aug_bytes)
             cfg.aug_bytes = f->tplan.in_row_bytes;
     }
+    char err[NPYL_ERRMSG_LEN];
     for (size_t i = 0; i < nworkers; i++)
-        if ((rc = npyl_worker_init(&L->workers[i], i, &L->env, &cfg, L->errmsg,
-                                   sizeof L->errmsg)))
-            return rc;
-    return 0;
-}
-
-/* Step: the first generation, at the position a pending set_state gave. */
-static int begin_first_epoch(npyload_loader *L)
-{
-    npyl_order_params first = L->ring.op;
-    first.epoch = L->epoch;
-    int64_t first_seq = 0;
-    if (L->state_pending) {
-        int rc = npyl_state_check(L, &L->pending, L->n, &first, &first_seq);
-        if (rc)
-            return rc;
-        L->state_pending = 0;
-    }
-    int rc = npyl_slots_reset(&L->ring, &first, first_seq, L->errmsg);
-    if (rc)
-        return npyl_loader_fail(L, rc, "out of memory building the epoch's order");
+        if ((rc = npyl_worker_init(&L->workers[i], i, &L->env, &cfg, err, sizeof err)))
+            return npyl_loader_fail(L, rc, "%s", err);
     return 0;
 }
 
@@ -679,21 +661,25 @@ static int start_ctl(npyload_loader *L)
     size_t nworkers = 0, prefetch = 0;
     if ((rc = resolve_counts(L, &nworkers, &prefetch)))
         return rc;
+    /* The fields a stop kept are read again when a file changed since. */
+    if (L->fields_loaded && npyl_stores_changed(&L->stores))
+        npyl_loader_drop_loaded_fields(L);
     if ((!L->fields_loaded && (rc = npyl_load_fields(L))) || (rc = need_batch_size(L)) || (rc = plan_transforms(L)) || (rc = plan_rows(L)) ||
         (rc = resolve_backend(L)) || (rc = open_cuda(L)) || (rc = open_tdev(L)) ||
         (rc = plan_layout(L)) || (rc = plan_order(L)) ||
         (rc = alloc_slots(L, nworkers, prefetch)) || (rc = upload_all_tables(L)) ||
-        (rc = fill_read_view(L)) || (rc = create_workers(L, nworkers)) || (rc = begin_first_epoch(L)))
+        (rc = fill_read_view(L)) || (rc = create_workers(L, nworkers)) || (rc = npyl_state_first_epoch(L)))
         goto fail;
     L->started = 1;
     L->st.start_ns = npyl_now_ns();
-    if (!L->sync &&
-        (rc = npyl_workers_start(L->workers, L->nworkers, L->errmsg, sizeof L->errmsg))) {
+    char err[NPYL_ERRMSG_LEN];
+    if (!L->sync && (rc = npyl_workers_start(L->workers, L->nworkers, err, sizeof err))) {
+        npyl_loader_fail(L, rc, "%s", err);
         L->started = 0;
         goto fail;
     }
     L->fields_loaded = 1;
-    L->errmsg[0] = 0;
+    npyl_loader_clear(L);
     return 0;
 fail:
     /* Leave the loader as it was before start, so destroy stays simple and
@@ -725,7 +711,7 @@ int npyload_loader_stop(npyload_loader *L)
         npyl_workers_stop(L->workers, L->nworkers, &L->env);
         L->ring.stopping = 0;
         npyl_loader_free_started_keep_fields(L);
-        L->errmsg[0] = 0;
+        npyl_loader_clear(L);
     }
     npyl_ctl_leave(L);
     return rc;

@@ -151,6 +151,16 @@ int npyl_stores_key(const npyl_stores *set, size_t i, const char *path,
     return set->ops[st]->key(set->s[st], set->files, (uint32_t)i, path, key, NPYL_SKEY_LEN);
 }
 
+int npyl_stores_changed(const npyl_stores *set)
+{
+    for (size_t i = 0; i < set->nfiles; i++) {
+        uint32_t st = set->files[i].store;
+        if (set->ops[st]->changed && set->ops[st]->changed(set->s[st], set->files, (uint32_t)i))
+            return 1;
+    }
+    return 0;
+}
+
 void npyl_stores_stats(const npyl_stores *set, npyload_stats *st)
 {
     for (size_t i = 0; i < set->n; i++)

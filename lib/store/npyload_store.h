@@ -144,6 +144,11 @@ typedef struct npyl_store_ops {
      * Returns 0, or -errno when `path` does not exist. */
     int (*key)(npyl_store *s, const npyl_sfile *t, uint32_t file, const char *path,
                char *key, size_t keylen);
+    /* A start that reuses the probes of an earlier one (a stopped loader):
+     * 1 when file `file` may have changed since (a local file's identity
+     * differs), so its header must be read again. May be NULL (never
+     * says so: a remote object's ETag is checked by every read). */
+    int (*changed)(npyl_store *s, const npyl_sfile *t, uint32_t file);
     /* [ctx, any thread] Adds the context's counters. May be NULL. */
     void (*ctx_counters)(const npyl_store_ctx *c, npyl_store_counters *k);
     /* Any thread: adds the store's own counters to a loader's stats. May be
@@ -201,6 +206,9 @@ NPYL_HIDDEN int npyl_stores_table(npyl_stores *set, const char *const *paths, si
 #define NPYL_SKEY_LEN 48
 NPYL_HIDDEN int npyl_stores_key(const npyl_stores *set, size_t i, const char *path,
                                 char key[NPYL_SKEY_LEN]);
+/* 1 when a file of the table may have changed since it was probed
+ * (npyl_store_ops.changed). */
+NPYL_HIDDEN int npyl_stores_changed(const npyl_stores *set);
 /* Adds every store's counters to st (remote requests, cache hits...). */
 NPYL_HIDDEN void npyl_stores_stats(const npyl_stores *set, npyload_stats *st);
 /* The backend NPYLOAD_IO_AUTO resolves to now (io_uring when a probe ring

@@ -216,6 +216,15 @@ static int local_key(npyl_store *st, const npyl_sfile *t, uint32_t file, const c
     return 0;
 }
 
+static int local_changed(npyl_store *st, const npyl_sfile *t, uint32_t file)
+{
+    local_store *s = (local_store *)st;
+    const npyl_file_info *fi = &s->fi[file];
+    npyl_file_info now;
+    return npyl_io_stat(t[file].path, &now) != 0 || now.dev != fi->dev || now.ino != fi->ino ||
+           now.size != fi->size || now.mtime_ns != fi->mtime_ns;
+}
+
 static int local_ctx_open(npyl_store *st, const npyl_sfile *t, size_t nfiles,
                           const npyl_store_cfg *cfg, npyl_store_ctx **out, char *err,
                           size_t errlen)
@@ -293,6 +302,7 @@ const npyl_store_ops npyl_store_local = {
     .probe = local_probe,
     .read_at = local_read_at,
     .key = local_key,
+    .changed = local_changed,
     .ctx_open = local_ctx_open,
     .ctx_close = local_ctx_close,
     .submit = local_submit,

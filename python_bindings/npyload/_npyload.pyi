@@ -18,8 +18,10 @@ __version__: str
 @type_check_only
 class LoaderState(TypedDict):
     """npyload.Loader.state_dict(): the position after the last batch
-    handed out. Save it as is; load_state_dict() also takes state version 1
-    dicts (without ``base``)."""
+    handed out, the C library's state records (npyload_loader_save_state)
+    as a dict. Save it as is; load_state_dict() also takes the dicts of
+    npyload 0.3 (state version 1, without ``base``, and 2), and a later
+    version's records are refused unless their names begin with ``_``."""
     version: int
     seed: int
     epoch: int
@@ -31,10 +33,9 @@ class LoaderState(TypedDict):
     shuffle: int
     drop_last: int
     base: int
-    # Added by npyload.Loader.state_dict() (not the extension's get_state):
     # 1 when the saved loop had run to its end (a resumed loader starts the
-    # next epoch).
-    loop_ended: NotRequired[int]
+    # next epoch). A 0.3 dict may lack it (read as 0).
+    loop_ended: int
 
 @type_check_only
 class LoaderStats(TypedDict):
@@ -310,6 +311,11 @@ class Loader:
     def field_engines(self) -> dict[str, tuple[Literal["none", "host", "device"], str]]: ...
     def get_state(self) -> LoaderState: ...
     def set_state(self, state: Mapping[str, int], /) -> None: ...
+    def save_state(self) -> bytes: ...
+    def load_state(self, state: bytes, /) -> None: ...
+    def begin_pass(self) -> None: ...
+    def pass_batches(self) -> int: ...
+    def pass_rule(self) -> int: ...
     def stats(self, hook_ns: int = 0, loop_wait_ns: int = -1,
               loop_step_ns: int = -1) -> LoaderStats: ...
     def _set_stream_joiner(self, fn: Callable[[int, list[int]], int] | None, /) -> None: ...
@@ -347,6 +353,9 @@ IO_MMAP: int
 SHUFFLE_NONE: int
 SHUFFLE_FULL: int
 SHUFFLE_LOCAL: int
+PASS_START: int
+PASS_RESUME: int
+PASS_ADVANCE: int
 
 EOF: int
 STATE_VERSION: int
