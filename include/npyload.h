@@ -1110,6 +1110,59 @@ NPYLOAD_API int64_t npyload_order_indices(int64_t n, int shuffle, int64_t seed,
  * programs never need CUDA libraries. */
 NPYLOAD_API int npyload_cuda_available(int device, char *why, size_t whylen);
 
+/*! npyload_cuda_h2d_bandwidth() : the H2D ceiling: pinned host-to-device
+ * cudaMemcpyAsync bandwidth on `device` with `bytes` per copy, `iters`
+ * copies, on a non-blocking stream of a thread of its own (the caller's
+ * current device is untouched); GB/s (1e9 bytes/s) into *gbps. What the
+ * loader's device copies compare with (npyload-bench's h2d_pinned).
+ * Any thread. @return : 0, NPYLOAD_EINVAL, NPYLOAD_ENOCUDA or
+ * NPYLOAD_ECUDA. */
+NPYLOAD_API int npyload_cuda_h2d_bandwidth(int device, size_t bytes, int iters, double *gbps);
+
+/* ---- Ceilings: what this machine gives on a loader's own bytes ---- */
+
+/*! npyload_ceiling_kind : how npyload_loader_ceiling reads.
+ * PREAD: threads pread the samples of the loader's current order, batch by
+ * batch, one request per sample and field, into a batch buffer each (the
+ * copy ceiling of the page cache); GATHER: the same as memcpy from the
+ * files mapped once (small rows: no system call per row); DIRECT: one
+ * thread reads every file's data with O_DIRECT through io_uring, 1 MiB
+ * blocks, 32 in flight (the disk's ceiling; evict the page cache first for
+ * a cold one). */
+typedef enum npyload_ceiling_kind {
+    NPYLOAD_CEILING_PREAD = 1,
+    NPYLOAD_CEILING_GATHER = 2,
+    NPYLOAD_CEILING_DIRECT = 3
+} npyload_ceiling_kind;
+
+/*! npyload_ceiling: a ceiling measured. Grows at its end (see Conventions):
+ * pass `sizeof` it. */
+typedef struct npyload_ceiling {
+    double gbps;          /* 1e9 bytes/s: the best pass (PREAD, GATHER) */
+    double seconds;       /* that pass's time */
+    uint64_t bytes;       /* and its bytes */
+    int threads;
+} npyload_ceiling;
+
+/*! npyload_loader_ceiling() :
+ * Measures what the machine gives on the loader's bytes, through the
+ * loader's own readers (lib/io), so that the loader's samples/s can be
+ * compared with it in the same run (npyload-bench's "ratio to the pread
+ * ceiling"). PREAD and GATHER run `threads` threads for `seconds` (a
+ * 0.2 s warm-up, then three passes of seconds/3, the best one kept);
+ * DIRECT reads until all is read or `seconds` pass (a packed or narrowed
+ * file whole). The fields' files must be local (plain .npy for PREAD and
+ * GATHER), read already (after start, or start and stop).
+ * A control call: set_epoch and the like wait for it (see "Threads").
+ * @return : 0, NPYLOAD_EINVAL (an argument, named), NPYLOAD_ESTATE (the
+ *           fields not read), NPYLOAD_EUNSUPPORTED (a remote file, or a
+ *           .npy.zst or narrowed one for PREAD/GATHER, named),
+ *           NPYLOAD_ENOURING (DIRECT without
+ *           io_uring), or a read's error; npyload_loader_errmsg says which. */
+NPYLOAD_API int npyload_loader_ceiling(npyload_loader *L, npyload_ceiling_kind kind,
+                                       int threads, double seconds, npyload_ceiling *out,
+                                       size_t size);
+
 /* ---- Build and machine facts, for bug reports ---- */
 
 /*! npyload_build_info: what this library was built with and what it finds
@@ -1497,6 +1550,111 @@ NPYLOAD_API void npyload_paths_free(char **paths, size_t n);
 NPYLOAD_API int npyload_remote_inspect(npyload_remote_client *c, const char *url,
                                        npyload_header *hdr, npyload_zst_file **zst,
                                        char *err, size_t errlen);
+
+/* ==== Experimental API ====================================================
+ *
+ * What npyload's own tools and tests use and users do not need yet: a GPU
+ * stand-in for a training step, NVML monitoring, a remote store's ranged-GET
+ * sweep. Declared only for a program that defines NPYLOAD_EXPERIMENTAL
+ * before including this header (as zstd's ZSTD_STATIC_LINKING_ONLY):
+ *
+ *     #define NPYLOAD_EXPERIMENTAL
+ *     #include "npyload.h"
+ *
+ * These names, types and meanings may change in any release, the ABI too
+ * (the SONAME does not follow them); everything above this line is the
+ * stable API. */
+#ifdef NPYLOAD_EXPERIMENTAL
+
+/*! npyload_compute_sim: a non-blocking CUDA stream on a device and a kernel
+ * that keeps it busy for a given time, so programs without CUDA headers (the
+ * bench, tests) can stand in for a training step: take a batch, make the
+ * simulator's stream wait for it (npyload_batch_wait_stream), queue
+ * npyload_compute_sim_busy, release with npyload_batch_release_stream. The
+ * kernel is PTX JIT-compiled by the driver; nothing here needs nvcc. */
+typedef struct npyload_compute_sim npyload_compute_sim;
+
+/*! npyload_compute_sim_create() :
+ * @return : 0, NPYLOAD_ENOCUDA (reason in `why`) or NPYLOAD_ECUDA. */
+NPYLOAD_API int npyload_compute_sim_create(int device, npyload_compute_sim **out, char *why,
+                                           size_t whylen);
+/*! npyload_compute_sim_stream() : its stream (a cudaStream_t). */
+NPYLOAD_API void *npyload_compute_sim_stream(const npyload_compute_sim *s);
+/*! npyload_compute_sim_busy() : queues a kernel that spins for `ns`
+ * nanoseconds (GPU global timer) on the stream; returns at once. */
+NPYLOAD_API int npyload_compute_sim_busy(npyload_compute_sim *s, uint64_t ns);
+/*! npyload_compute_sim_sync() : waits on the host for the stream. */
+NPYLOAD_API int npyload_compute_sim_sync(npyload_compute_sim *s);
+/*! npyload_compute_sim_destroy() : waits for the stream, frees. NULL-safe. */
+NPYLOAD_API void npyload_compute_sim_destroy(npyload_compute_sim *s);
+
+/*! npyload_nvml: GPU monitoring through NVML (libnvidia-ml.so.1, loaded at
+ * run time by lib/cuda; absent on machines without an NVIDIA driver). */
+typedef struct npyload_nvml npyload_nvml;
+typedef struct npyload_nvml_sample_t {
+    double util_pct;     /* GPU utilisation, percent */
+    double power_w;      /* 0 when NVML cannot tell */
+    double mem_used_mib; /* < 0 when NVML cannot tell */
+} npyload_nvml_sample_t;
+/*! npyload_nvml_open() : NVML for `device` (an NVML index).
+ * @return : 0, or -1 with the reason in `why`. */
+NPYLOAD_API int npyload_nvml_open(int device, npyload_nvml **out, char *why, size_t whylen);
+/*! npyload_nvml_sample() : @return : 0, or -1 when no sample came. */
+NPYLOAD_API int npyload_nvml_sample(const npyload_nvml *n, npyload_nvml_sample_t *s);
+/*! npyload_nvml_close() : NULL-safe. */
+NPYLOAD_API void npyload_nvml_close(npyload_nvml *n);
+
+/*! npyload_rget: what a remote store gives, measured with the loader's own
+ * HTTP path (lib/remote: a libcurl multi handle per thread, keep-alive,
+ * signing) but without the loader: ranged GETs of `bytes` bytes at random
+ * offsets of the objects, at several concurrencies (threads x requests in
+ * flight per thread), each for `seconds`. Used by npyload-bench on remote
+ * fields and by bench/bench_remote. */
+#define NPYLOAD_RGET_MAX_POINTS 16
+typedef struct npyload_rget_point {
+    int concurrency, threads, inflight;
+    double requests_per_s, mb_per_s;
+    double p50_ms, p99_ms;     /* single-request latency: measured at
+                                  inflight 1 only, else < 0 */
+} npyload_rget_point;
+typedef struct npyload_rget_result {
+    size_t objects;
+    uint64_t object_bytes;
+    size_t bytes_per_request;
+    double seconds;
+    int npoints;
+    npyload_rget_point points[NPYLOAD_RGET_MAX_POINTS];
+    double best_mb_per_s;
+    /* The recommendation: the smallest concurrency within 10 % of the best
+     * throughput, as reading threads x requests in flight per thread; a
+     * worker has two reading threads with read-ahead (itself and its
+     * read-ahead thread), so workers = threads / 2 (at least 1) and
+     * max_inflight = concurrency / (2 x workers), rounded up. */
+    int pick;                  /* index of the point chosen */
+    int concurrency, workers, max_inflight;
+    uint64_t requests, retries; /* HTTP requests of the whole sweep (the
+                                   probe included) */
+} npyload_rget_result;
+/*! npyload_rget_row() : one point as a table row "conc threads inflight
+ * req/s MB/s p50 p99" (npyload_rget_header() the header), as npyload-bench
+ * and bench_remote print them. */
+NPYLOAD_API void npyload_rget_row(const npyload_rget_point *p, char *buf, size_t len);
+NPYLOAD_API const char *npyload_rget_header(void);
+/*! npyload_rget_measure() : probes the n objects (size, ETag), then
+ * measures each concurrency of conc[0 .. nconc) (at most
+ * NPYLOAD_RGET_MAX_POINTS) with at most tmax threads. `each` (may be NULL)
+ * is called after every point (for a table printed as it goes).
+ * `cfg` is copied (max_inflight is raised to what the points need).
+ * @return : 0, or an error with the message (URL and what happened, never
+ * a secret) in err; NPYLOAD_EUNSUPPORTED in a build without libcurl. */
+NPYLOAD_API int npyload_rget_measure(const npyload_remote *cfg, const char *const *urls,
+                                     size_t n, size_t bytes, double seconds, const int *conc,
+                                     int nconc, int tmax,
+                                     void (*each)(const npyload_rget_point *p, void *arg),
+                                     void *arg, npyload_rget_result *out, char *err,
+                                     size_t errlen);
+
+#endif /* NPYLOAD_EXPERIMENTAL */
 
 #ifdef __cplusplus
 }

@@ -42,6 +42,7 @@ Waits for a batch release the GIL and Ctrl-C interrupts them promptly.
 from . import _npyload
 from ._npyload import NpyloadError, load, order_indices, cuda_available
 from ._batch import Augment, Batch, BatchTuple
+from ._ceiling import copy_ceiling, h2d_ceiling
 from ._hook import TransformError
 from ._info import build_info
 from ._inspect import inspect
@@ -52,5 +53,5 @@ from ._write import write
 
 __all__ = ["Loader", "Batch", "BatchTuple", "Augment", "Transform", "TransformError", "NpyloadError",
            "inspect", "load", "order_indices", "cuda_available", "build_info", "pack", "write",
-           "__version__"]
+           "copy_ceiling", "h2d_ceiling", "__version__"]
 __version__ = _npyload.__version__

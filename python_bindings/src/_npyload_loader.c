@@ -690,6 +690,29 @@ static PyObject *loader_begin_pass(NpyloadPy_Loader *self, PyObject *unused)
     return res;
 }
 
+/* ceiling(kind, threads, seconds) -> {gbps, seconds, bytes, threads}. */
+static PyObject *loader_ceiling(NpyloadPy_Loader *self, PyObject *args)
+{
+    int kind, threads;
+    double seconds;
+    if (!PyArg_ParseTuple(args, "iid:ceiling", &kind, &threads, &seconds))
+        return NULL;
+    if (loader_enter(self, "ceiling()") < 0)
+        return NULL;
+    npyload_ceiling c;
+    int rc;
+    npyload_loader *L = self->L;
+    Py_BEGIN_ALLOW_THREADS
+    rc = npyload_loader_ceiling(L, (npyload_ceiling_kind)kind, threads, seconds, &c, sizeof c);
+    Py_END_ALLOW_THREADS
+    PyObject *res = rc < 0 ? loader_error(self, rc)
+                           : Py_BuildValue("{s:d,s:d,s:K,s:i}", "gbps", c.gbps, "seconds",
+                                           c.seconds, "bytes", (unsigned long long)c.bytes,
+                                           "threads", c.threads);
+    loader_leave(self);
+    return res;
+}
+
 static PyObject *loader_pass_rule(NpyloadPy_Loader *self, PyObject *unused)
 {
     if (loader_share(self, "pass_rule()") < 0)
@@ -1030,6 +1053,8 @@ static PyMethodDef loader_methods[] = {
      "load_state(b): resume from save_state()'s bytes."},
     {"begin_pass", (PyCFunction)loader_begin_pass, METH_NOARGS,
      "begin_pass(): the next pass by the library's rule (npyload_loader_begin_pass)."},
+    {"ceiling", (PyCFunction)loader_ceiling, METH_VARARGS,
+     "ceiling(kind, threads, seconds) -> dict: npyload_loader_ceiling."},
     {"pass_rule", (PyCFunction)loader_pass_rule, METH_NOARGS,
      "pass_rule() -> int: what the next begin_pass() does (PASS_START, _RESUME, _ADVANCE)."},
     {"pass_batches", (PyCFunction)loader_pass_batches, METH_NOARGS,

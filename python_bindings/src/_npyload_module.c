@@ -399,6 +399,25 @@ static PyObject *mod_cuda_available(PyObject *self, PyObject *args)
                          npyloadpy_str(ok ? "" : why));
 }
 
+/* h2d_bandwidth(device=0, nbytes=64 MiB, iters=20) -> GB/s. */
+static PyObject *mod_h2d_bandwidth(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"device", "nbytes", "iters", NULL};
+    int dev = 0, iters = 20;
+    Py_ssize_t nbytes = 64 << 20;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|ini:h2d_bandwidth", kwlist, &dev, &nbytes,
+                                     &iters))
+        return NULL;
+    double gbps = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = npyload_cuda_h2d_bandwidth(dev, nbytes < 0 ? 0 : (size_t)nbytes, iters, &gbps);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        return npyloadpy_raise(rc, NULL);
+    return PyFloat_FromDouble(gbps);
+}
+
 /* "12.4" from CUDA's 12040; "" for 0 (not found). */
 static PyObject *cuda_version_str(int v)
 {
@@ -640,6 +659,10 @@ static PyMethodDef module_methods[] = {
      "what it finds on this machine (io_uring, zstd, the CUDA runtime, the "
      "device kernels, F16C, the defaults). npyload.build_info() adds the "
      "Python side."},
+    {"h2d_bandwidth", (PyCFunction)(void (*)(void))mod_h2d_bandwidth,
+     METH_VARARGS | METH_KEYWORDS,
+     "h2d_bandwidth(device=0, nbytes=67108864, iters=20) -> float: pinned host-to-\n"
+     "device copy bandwidth in GB/s (npyload_cuda_h2d_bandwidth)."},
     {"cuda_available", mod_cuda_available, METH_VARARGS,
      "cuda_available(device=0) -> (bool, reason): whether CUDA device "
      "`device` is usable by npyload (the runtime is loaded with dlopen)."},
@@ -711,6 +734,9 @@ PyMODINIT_FUNC PyInit__npyload(void)
     ADD("SHUFFLE_NONE", NPYLOAD_SHUFFLE_NONE);
     ADD("SHUFFLE_FULL", NPYLOAD_SHUFFLE_FULL);
     ADD("SHUFFLE_LOCAL", NPYLOAD_SHUFFLE_LOCAL);
+    ADD("CEILING_PREAD", NPYLOAD_CEILING_PREAD);
+    ADD("CEILING_GATHER", NPYLOAD_CEILING_GATHER);
+    ADD("CEILING_DIRECT", NPYLOAD_CEILING_DIRECT);
     ADD("PASS_START", NPYLOAD_PASS_START);
     ADD("PASS_RESUME", NPYLOAD_PASS_RESUME);
     ADD("PASS_ADVANCE", NPYLOAD_PASS_ADVANCE);
