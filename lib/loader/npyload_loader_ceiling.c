@@ -94,15 +94,7 @@ static int64_t *ceiling_order(npyload_loader *L, int64_t *n)
         npyl_slots_position(&L->ring, &pos);
         op = pos.op;
     } else {
-        memset(&op, 0, sizeof op);
-        op.n = L->n;
-        op.shuffle = (int)L->opt[NPYLOAD_OPT_SHUFFLE];
-        op.seed = L->opt[NPYLOAD_OPT_SEED];
-        op.rank = L->opt[NPYLOAD_OPT_RANK];
-        op.world_size = L->opt[NPYLOAD_OPT_WORLD_SIZE];
-        op.batch_size = L->opt[NPYLOAD_OPT_BATCH_SIZE];
-        op.epoch = L->epoch;
-        op.window = L->opt[NPYLOAD_OPT_SHUFFLE_WINDOW] ? L->opt[NPYLOAD_OPT_SHUFFLE_WINDOW] : 8;
+        npyl_loader_order_of(L, &op);
     }
     /* LOCAL shuffling needs the file sizes: the first field's. */
     int64_t *sizes = malloc((L->fields[0].npaths ? L->fields[0].npaths : 1) * sizeof *sizes);

@@ -197,8 +197,10 @@ NPYL_HIDDEN int npyl_load_fields(npyload_loader *L);
  * position set_epoch or set_state chose before it. */
 NPYL_HIDDEN int npyl_state_first_epoch(npyload_loader *L);
 
-/* npyload_loader_options.c: the order options a restored state brings
+/* npyload_loader_options.c: the order the options give (epoch L->epoch,
+ * base 0, no file sizes), and the order options a restored state brings
  * (set_state adopts them). */
+NPYL_HIDDEN void npyl_loader_order_of(const npyload_loader *L, npyl_order_params *op);
 NPYL_HIDDEN void npyl_loader_adopt_order(npyload_loader *L, int64_t seed, int64_t shuffle,
                                          int64_t drop_last);
 

@@ -213,6 +213,21 @@ int npyload_loader_set_remote(npyload_loader *L, const npyload_remote *cfg, size
     return 0;
 }
 
+void npyl_loader_order_of(const npyload_loader *L, npyl_order_params *op)
+{
+    memset(op, 0, sizeof *op);
+    op->n = L->n;
+    op->shuffle = (int)L->opt[NPYLOAD_OPT_SHUFFLE];
+    op->seed = L->opt[NPYLOAD_OPT_SEED];
+    op->rank = L->opt[NPYLOAD_OPT_RANK];
+    op->world_size = L->opt[NPYLOAD_OPT_WORLD_SIZE];
+    op->drop_last = (int)L->opt[NPYLOAD_OPT_DROP_LAST];
+    op->batch_size = L->opt[NPYLOAD_OPT_BATCH_SIZE];
+    op->window = L->opt[NPYLOAD_OPT_SHUFFLE_WINDOW] ? L->opt[NPYLOAD_OPT_SHUFFLE_WINDOW]
+                                                    : DEFAULT_WINDOW;
+    op->epoch = L->epoch;
+}
+
 void npyl_loader_adopt_order(npyload_loader *L, int64_t seed, int64_t shuffle,
                              int64_t drop_last)
 {

@@ -537,16 +537,8 @@ static int resolve_counts(npyload_loader *L, size_t *nworkers, size_t *prefetch)
 static int plan_order(npyload_loader *L)
 {
     npyl_order_params *op = &L->ring.op;
-    memset(op, 0, sizeof *op);
-    op->n = L->n;
-    op->shuffle = (int)L->opt[NPYLOAD_OPT_SHUFFLE];
-    op->seed = L->opt[NPYLOAD_OPT_SEED];
-    op->rank = L->opt[NPYLOAD_OPT_RANK];
-    op->world_size = L->opt[NPYLOAD_OPT_WORLD_SIZE];
-    op->drop_last = (int)L->opt[NPYLOAD_OPT_DROP_LAST];
-    op->batch_size = L->opt[NPYLOAD_OPT_BATCH_SIZE];
-    op->window = L->opt[NPYLOAD_OPT_SHUFFLE_WINDOW] ? L->opt[NPYLOAD_OPT_SHUFFLE_WINDOW]
-                                                    : DEFAULT_WINDOW;
+    npyl_loader_order_of(L, op);
+    op->epoch = 0; /* the first generation's is set by npyl_state_first_epoch */
     /* File sizes are kept for every mode: set_state may switch to LOCAL. */
     npyl_field *f0 = &L->fields[0];
     int64_t *sizes = malloc(f0->npaths * sizeof *sizes);

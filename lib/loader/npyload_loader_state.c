@@ -52,9 +52,12 @@ static int state_check(npyload_loader *L, const npyload_state *st, int64_t n,
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: rank = %" PRId64
                                 " out of range: 0 .. world_size - 1 (%" PRId64 ")",
                                 st->rank, st->world_size - 1);
-    if (st->shuffle < NPYLOAD_SHUFFLE_NONE || st->shuffle > NPYLOAD_SHUFFLE_LOCAL)
+    int64_t smin = 0, smax = 0; /* the option's range: one table (options.c) */
+    npyload_option_range(NPYLOAD_OPT_SHUFFLE, &smin, &smax);
+    if (st->shuffle < smin || st->shuffle > smax)
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: shuffle = %" PRId64
-                                " out of range: 0 (none), 1 (full) or 2 (local)", st->shuffle);
+                                " out of range: %" PRId64 " .. %" PRId64 " (an npyload_shuffle)",
+                                st->shuffle, smin, smax);
     if (st->drop_last != 0 && st->drop_last != 1)
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: drop_last = %" PRId64
                                 " out of range: 0 or 1", st->drop_last);
@@ -129,20 +132,6 @@ typedef struct posnow {
     int ended;
 } posnow;
 
-/* The order the options give for epoch L->epoch, at base 0 (before start). */
-static void opts_order(const npyload_loader *L, npyl_order_params *op)
-{
-    memset(op, 0, sizeof *op);
-    op->n = L->n;
-    op->shuffle = (int)L->opt[NPYLOAD_OPT_SHUFFLE];
-    op->seed = L->opt[NPYLOAD_OPT_SEED];
-    op->rank = L->opt[NPYLOAD_OPT_RANK];
-    op->world_size = L->opt[NPYLOAD_OPT_WORLD_SIZE];
-    op->drop_last = (int)L->opt[NPYLOAD_OPT_DROP_LAST];
-    op->batch_size = L->opt[NPYLOAD_OPT_BATCH_SIZE];
-    op->epoch = L->epoch;
-}
-
 /* position_now's body, with the control turn free (see below). */
 static int position_of(const npyload_loader *L, posnow *p);
 
@@ -151,14 +140,24 @@ static int position_of(const npyload_loader *L, posnow *p);
  * any thread): waits for the control call in progress, if any, so that
  * what set_epoch and set_state write before start, and start itself, are
  * never read half done; the ring's part is read under its mu. */
-static int position_now(const npyload_loader *L, posnow *p)
+/* A reader's turn: the control call in progress (if any) finished, none
+ * begins until read_end. */
+static npyload_loader *read_begin(const npyload_loader *L)
 {
     npyload_loader *M = (npyload_loader *)L; /* the locks are not part of the value */
     pthread_mutex_lock(&M->ctl);
     while (M->ctl_busy && !M->destroying)
         pthread_cond_wait(&M->ctl_cv, &M->ctl);
+    return M;
+}
+
+static void read_end(npyload_loader *M) { pthread_mutex_unlock(&M->ctl); }
+
+static int position_now(const npyload_loader *L, posnow *p)
+{
+    npyload_loader *M = read_begin(L);
     int rc = position_of(L, p);
-    pthread_mutex_unlock(&M->ctl);
+    read_end(M);
     return rc;
 }
 
@@ -178,7 +177,7 @@ static int position_of(const npyload_loader *L, posnow *p)
     }
     if (!L->fields_loaded || L->opt[NPYLOAD_OPT_BATCH_SIZE] < 1)
         return NPYLOAD_ESTATE;
-    opts_order(L, &p->op);
+    npyl_loader_order_of(L, &p->op);
     p->first_seq = 0;
     p->ended = 0;
     if (L->state_pending) {
@@ -379,12 +378,9 @@ int npyload_loader_pass_rule(const npyload_loader *L)
 {
     if (!L)
         return NPYLOAD_EINVAL;
-    npyload_loader *M = (npyload_loader *)L; /* the lock is not part of the value */
-    pthread_mutex_lock(&M->ctl);
-    while (M->ctl_busy && !M->destroying)
-        pthread_cond_wait(&M->ctl_cv, &M->ctl);
+    npyload_loader *M = read_begin(L);
     int rule = L->pass_rule;
-    pthread_mutex_unlock(&M->ctl);
+    read_end(M);
     return rule;
 }
 
