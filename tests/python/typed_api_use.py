@@ -293,6 +293,11 @@ def main(root: str) -> None:
     tuples_and_hooks(fields)
     with npyload.Loader(fields, 5, output="numpy") as ld:
         assert batches_of(ld) == N
+        c = npyload.copy_ceiling(ld, "gather", threads=1, seconds=0.2)
+        assert_type(c, dict[str, Any])
+        assert c["gbps"] > 0 and c["threads"] == 1
+    if ok:
+        assert_type(npyload.h2d_ceiling(0, nbytes=1 << 20, iters=2), float)
 
 
 if __name__ == "__main__":
