@@ -232,7 +232,9 @@ def parse_header(path: Path = HEADER) -> tuple[list[str], list[Para]]:
             code = []            # include guards, extern "C", #include lines
         p.code = code
         p.decls = _decls("\n".join(code), header)
-        if p.doc or p.code:
+        # Code with neither documentation nor a public declaration (the
+        # include guard, the NPYLOAD_API attribute) is not part of the API.
+        if p.doc or p.decls:
             paras.append(p)
     return intro, paras
 
