@@ -43,9 +43,13 @@ def loaded(fields, n):
 
 
 def digest(root):
+    """sha256 of every file under root but the writer's journal and lock
+    (they hold inodes and times)."""
     h = {}
     for d, _, fs in os.walk(root):
         for f in fs:
+            if f.startswith(".npyload-write."):
+                continue
             p = os.path.join(d, f)
             h[os.path.relpath(p, root)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
     return h
