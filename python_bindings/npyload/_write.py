@@ -15,7 +15,8 @@ from collections.abc import Mapping as _Mapping
 from concurrent.futures import ThreadPoolExecutor as _Pool
 from typing import TYPE_CHECKING, Any
 
-from ._npyload import NpyloadError, inspect as _inspect
+from . import _manifest
+from ._npyload import NpyloadError, __version__ as _version, inspect as _inspect
 from ._options import _int_arg
 from ._pack import pack as _pack
 from ._write_store import FOREIGN as _FOREIGN, JOURNAL as _JOURNAL, Entry as _Entry, \
@@ -168,7 +169,8 @@ class _Names:
         n = _os.path.normpath(r) if r else ""
         parts = n.split(_os.sep)
         if (not n or n == "." or _os.path.isabs(r) or ".." in r.split("/") or
-                ".." in parts or parts[-1].startswith(".npyload-write")):
+                ".." in parts or parts[-1].startswith(".npyload-write") or
+                n.endswith(_manifest.SUFFIX)):
             raise ValueError(f"write: layout {t!r} with field {field!r} and split "
                              f"{self.split!r} gives {r!r}, which is not a file name inside "
                              f"{self.out}")
@@ -234,7 +236,8 @@ def _differences(old: str, new: str) -> str:
 def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_file: int = 64,
           layout: str | Mapping[str, str] | None = None, split: str = "train",
           num_workers: int | None = None, pack: bool = False, narrow: bool = False,
-          overwrite: bool = False, progress: bool = True) -> dict[str, list[str]]:
+          overwrite: bool = False, progress: bool = True,
+          remote: Mapping[str, Any] | None = None) -> dict[str, list[str]]:
     """Writes `source` as NPY shards under `out` and returns the ``fields``
     mapping ``npyload.Loader`` takes (field -> the list of its files, in
     order).
@@ -292,6 +295,21 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
         ValueError names it.
     progress
         A progress line on stderr when it is a terminal.
+    remote
+        For ``out="s3://bucket/prefix"``: ``Loader``'s ``remote=`` mapping
+        (endpoint, region, credentials...); without it the AWS environment
+        and ``~/.aws``, as for reading. Needs boto3 (``pip install
+        npyload[s3]``); objects of 64 MiB and more go up in parts. Each
+        object carries the writer's facts in its metadata (who made it, the
+        sha256 of its data), which resume and the ownership rule read;
+        there is no lock on object storage (one writer per prefix).
+
+    Last, the split's manifest is written beside the files
+    (``OUT/SPLIT.manifest.json``: fields, dtype, per-sample shape, the files
+    in order with their samples, sizes and sha256, the writer's version);
+    ``npyload.Loader("OUT/train.manifest.json", ...)`` opens it without
+    listing and checks every file's size at start. A write that changes
+    anything removes the split's manifest first.
 
     Every file goes through a temporary name that is fsynced and renamed
     (npyload-pack's durability rules), so a file under its final name is
@@ -313,7 +331,8 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
     >>> len(npyload.Loader(fields, batch_size=10))
     10
     """
-    out = _os.fspath(out)
+    out_s: str = _os.fspath(out)
+    out = out_s
     spf = _int_arg("samples_per_file", samples_per_file, 1, maximum=2 ** 31,
                    what="samples per file")
     nw = _int_arg("num_workers", num_workers, 1, allow_none=True, maximum=256,
@@ -344,7 +363,15 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
     else:
         for k in spec.fields:
             names.claim(k, 0)
-    store = _LocalStore(out)
+    store: Any
+    if out.lower().startswith("s3://"):
+        from ._write_s3 import S3Store
+        store = S3Store(out_s, remote)
+        names.out = store.out
+    elif remote is not None:
+        raise ValueError(f"write: remote= applies to out='s3://...', not {out!r}")
+    else:
+        store = _LocalStore(out)
     store.open()
     try:
         plan = _Plan(store, spec, names, split, overwrite, pack, narrow,
@@ -406,7 +433,7 @@ class _Plan:
     it, keep it (resume: the same data, intact), or refuse; and, at the end,
     what of the split's previous write goes."""
 
-    def __init__(self, store: _LocalStore, spec: _Spec, names: _Names, split: str,
+    def __init__(self, store: Any, spec: _Spec, names: _Names, split: str,
                  overwrite: bool, pack: bool, narrow: bool, fp: str) -> None:
         self.store, self.spec, self.names, self.split = store, spec, names, split
         self.overwrite, self.pack, self.narrow, self.fp = overwrite, pack, narrow, fp
@@ -417,6 +444,7 @@ class _Plan:
         self.to_drop: set[str] = set()     # other splits' writes whose names we take
         self._begun = False
         self._mu = _threading.Lock()
+        self.manifest = _manifest.name(split)
 
     def where(self, rel: str) -> str:
         return _os.path.join(self.names.out, rel)
@@ -434,6 +462,10 @@ class _Plan:
         nothing (a refused call leaves out as it was)."""
         rec = self.store.records.get(self.split)
         out = self.names.out
+        if self.store.entry(self.manifest) == _FOREIGN:
+            raise ValueError(f"write: {self.where(self.manifest)} exists and was not made by "
+                             "npyload.write: the writer puts the split's manifest there; "
+                             "move it away")
         if rec is not None and not self.overwrite:
             if rec.spec and rec.spec != self.fp:
                 raise ValueError(f"write: {out} holds a different write of split "
@@ -455,6 +487,9 @@ class _Plan:
         with self._mu:
             if self._begun:
                 return
+            m = self.store.entry(self.manifest)
+            if isinstance(m, _Entry):   # written last, gone first: never a half-changed write
+                self.store.remove(m)
             if self.overwrite and self.split in self.store.records:
                 self._drop(self.split)
             for other in sorted(self.to_drop):
@@ -515,7 +550,7 @@ class _Plan:
                 f"write: {self.where(e.path)} holds other data than file {fid} of field "
                 f"{k!r} of this source (its recorded sha256 differs): {self.names.out} holds a "
                 f"different write of split {self.split!r}; overwrite=True replaces it")
-        return self.store.intact(e)
+        return bool(self.store.intact(e))
 
     def shard(self, fid: int, fields: list[tuple[str, str]],
               make: Callable[[], list[dict[str, Any]]]) -> tuple[int, list[Any] | None]:
@@ -597,11 +632,22 @@ class _Plan:
             if e.fid >= nfiles:
                 self.store.remove(e)
         files: dict[str, list[str]] = {k: [] for k in self.spec.fields}
+        listed: dict[str, list[tuple[str, int, int, str]]] = {k: [] for k in self.spec.fields}
+        spf = _json.loads(self.fp)["samples_per_file"]
         for fid in range(nfiles):
             for k in self.spec.fields:
                 rel = self.names.rel(k, fid)
                 self.store.tidy(rel, self.pack)
-                files[k].append(self.where(rel + (".zst" if self.pack else "")))
+                final = rel + (".zst" if self.pack else "")
+                files[k].append(self.where(final))
+                e = rec.files[final]
+                listed[k].append((final.replace(_os.sep, "/"),
+                                  min(spf, samples - fid * spf), e.size, e.sha256))
+        fields = {k: {"dtype": self.spec.dtype[k].str, "shape": list(self.spec.shape[k]),
+                      "packed": self.pack} for k in self.spec.fields}
+        data = _manifest.build(self.split, samples, spf, fields, listed, _version)
+        self.store.put(self.manifest, self.split, -1, "", _hashlib.sha256(data).hexdigest(),
+                       data, None)
         self.store.complete(self.split, samples)
         return files
 
