@@ -72,8 +72,12 @@ def write_all(root: str) -> dict[str, list[str]]:
                            layout={"x": "x/train_{id:04d}.npy",
                                    "y": "y/train_{id:04d}_y.npy"},
                            split="train", num_workers=None, pack=False, narrow=False,
-                           overwrite=False, progress=False)
+                           overwrite=False, progress=False, remote=None)
     assert [len(v) for v in fields.values()] == [N // PER_FILE] * 2
+    # a manifest (written last, beside the files) opens in Loader as fields
+    manifest = npyload.Loader(os.path.join(root, "ds", "train.manifest.json"), batch_size=8)
+    assert len(manifest) == N // 8
+    manifest.close()
     return fields
 
 
