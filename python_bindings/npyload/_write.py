@@ -63,7 +63,11 @@ class _Source:
     def __init__(self, source: Any) -> None:
         self.kind: str | None = None
         self.n: int | None
-        if isinstance(source, _Mapping):
+        ray_data = _sys.modules.get("ray.data")   # never imported here: a Dataset means it is
+        if ray_data is not None and isinstance(source, ray_data.Dataset):
+            from ._write_ray import RaySource
+            self.kind, self.ray, self.n = "ray", RaySource(source), None
+        elif isinstance(source, _Mapping):
             lens = {k: len(v) for k, v in source.items()}
             if not lens:
                 raise ValueError("write: the dict of arrays is empty")
@@ -184,6 +188,15 @@ class _Names:
             raise ValueError(f"write: the layout gives field {field!r} file {fid} and field "
                              f"{other[0]!r} file {other[1]} the same name {r!r}")
         return r
+
+
+def encode(arr: Any, dtype: Any) -> tuple[str, bytes]:
+    """(sha256, NPY bytes) of one file of one field: the rows of arr, in
+    the source's dtype (np.stack and Arrow may give the native byte
+    order), as np.save writes them. Every writer (threads, Ray tasks) goes
+    through here, so their files are byte for byte the same."""
+    data = _npy_bytes(_np().ascontiguousarray(arr.astype(dtype, copy=False)))
+    return _hashlib.sha256(data).hexdigest(), data
 
 
 def _npy_bytes(arr: Any) -> bytes:
@@ -350,6 +363,8 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
             s0 = next(src.it)
         except StopIteration:
             raise ValueError("write: the source has no samples") from None
+    elif src.kind == "ray":
+        s0 = src.ray.first()
     else:
         s0 = src.get(0)
     first = _sample_dict(s0, 0)
@@ -381,6 +396,10 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
             for fid in range((src.n + spf - 1) // spf):
                 plan.claim(fid)
         bar = _Progress(src.n, progress)
+        if src.kind == "ray":
+            nfiles, samples = src.ray.run(plan, spf, num_workers, bar)
+            bar.add(0, final=True)
+            return plan.finish(nfiles, samples)
         with _Pool(max_workers=nw) as pool:
             if src.kind == "iterable":
                 jobs = _stream_jobs(src, first, spec, spf, plan)
@@ -563,10 +582,7 @@ class _Plan:
         rows = make()
         todo = []
         for k, rel in fields:
-            # np.stack may return the native byte order: keep the source's dtype
-            arr = np.stack([r[k] for r in rows]).astype(self.spec.dtype[k], copy=False)
-            data = _npy_bytes(np.ascontiguousarray(arr))
-            content = _hashlib.sha256(data).hexdigest()
+            content, data = encode(np.stack([r[k] for r in rows]), self.spec.dtype[k])
             if not self.overwrite and self._keep(fid, k, rel, content):
                 continue
             todo.append((k, rel, content, data))
@@ -576,9 +592,13 @@ class _Plan:
             self.put(fid, todo)
         return len(rows), None
 
+    def packer(self) -> Callable[[str], None] | None:
+        """What packs a written .npy (picklable: Ray tasks run it), or None."""
+        return _partial(_pack_one, narrow=self.narrow) if self.pack else None
+
     def put(self, fid: int, todo: list[tuple[str, str, str, bytes]]) -> None:
         self._begin()
-        packer = (lambda p: _pack_one(p, self.narrow)) if self.pack else None
+        packer = self.packer()
         for k, rel, content, data in todo:
             self.store.put(rel, self.split, fid, k, content, data, packer)
 

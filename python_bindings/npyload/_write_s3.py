@@ -45,15 +45,21 @@ def _split_url(url: str) -> tuple[str, str]:
 class S3Client:
     """A boto3 S3 client configured as Loader(remote=...) would be."""
 
-    def __init__(self, url: str, remote: Mapping[str, Any] | None) -> None:
+    def __init__(self, url: str, remote: Mapping[str, Any] | None,
+                 cfg: Mapping[str, Any] | None = None) -> None:
+        """remote: Loader's remote= mapping, resolved with the AWS
+        environment and ~/.aws (_remote.build); cfg: a configuration
+        already resolved (what config() returned, on another process)."""
         try:
             import boto3  # type: ignore[import-untyped,unused-ignore]
             from botocore.config import Config  # type: ignore[import-untyped,unused-ignore]
         except ImportError:
             raise ImportError("npyload.write to s3:// and s3:// manifests need boto3: "
                               "pip install 'npyload[s3]'") from None
-        cfg = _remote.build(remote, [url])
+        if cfg is None:
+            cfg = _remote.build(remote, [url])
         assert cfg is not None
+        self.cfg = dict(cfg)
         style = {0: "auto", 1: "path", 2: "virtual"}[int(cfg.get("path_style") or 0)]
         if cfg.get("endpoint") and style == "auto":
             style = "path"   # a custom endpoint uses path-style addressing (_remote's rule)
@@ -80,6 +86,57 @@ class S3Client:
             raise FileNotFoundError(f"{url}: no such object") from None
 
 
+class S3Placer:
+    """Uploads one object of an s3:// out: the file is made in a temporary
+    directory of the process that runs it (packed there when asked), then
+    uploaded with the writer's facts in its metadata, in one PUT or a
+    multipart upload; the object appears when the upload completes, so a
+    killed upload leaves nothing under the final key (an unfinished
+    multipart upload at most, which the writer aborts at the end)."""
+
+    def __init__(self, out: str, cfg: Mapping[str, Any]) -> None:
+        self.out, self.cfg = out, dict(cfg)
+        self.bucket, self.prefix = _split_url(out)
+        self._client: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"out": self.out, "cfg": self.cfg}
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.__init__(d["out"], d["cfg"])  # type: ignore[misc]
+
+    def place(self, rel: str, split: str, fid: int, fld: str, content: str, data: bytes,
+              pack: Any) -> tuple[int, str]:
+        """Uploads data at rel (packed, at rel + '.zst', by pack(path) when
+        given); returns the object's (size, sha256)."""
+        import shutil
+        from boto3.s3.transfer import TransferConfig  # type: ignore[import-untyped,unused-ignore]
+        if self._client is None:
+            self._client = S3Client(self.out, None, self.cfg).client
+        final = rel + ".zst" if pack is not None else rel
+        tmp = _tempfile.mkdtemp(prefix="npyload-write-s3-")
+        try:
+            local = _os.path.join(tmp, _os.path.basename(rel))
+            with open(local, "wb") as f:
+                f.write(data)
+            if pack is not None:
+                pack(local)
+                local += ".zst"
+            size = _os.path.getsize(local)
+            digest = content if pack is None else sha256_file(local)
+            meta = _json.dumps({"split": split, "fid": fid, "field": fld, "content": content,
+                                "sha256": digest, "size": size}, separators=(",", ":"))
+            key = f"{self.prefix}/{final}" if self.prefix else final
+            self._client.upload_file(local, self.bucket, key,
+                                     ExtraArgs={"Metadata": {_META: meta}},
+                                     Config=TransferConfig(multipart_threshold=MULTIPART,
+                                                           multipart_chunksize=MULTIPART,
+                                                           use_threads=False))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return size, digest
+
+
 class S3Store:
     """`out` = s3://bucket/prefix. Ownership, content checksum and size of
     each object live in its metadata; a split's fingerprint and completion
@@ -88,12 +145,13 @@ class S3Store:
     def __init__(self, out: str, remote: Mapping[str, Any] | None) -> None:
         self.out = out.rstrip("/")
         self.bucket, self.prefix = _split_url(self.out)
-        self.s3 = S3Client(out, remote).client
+        c = S3Client(out, remote)
+        self.s3, self.cfg = c.client, c.cfg
         self.records: dict[str, Record] = {}
         self._owner: dict[str, Entry] = {}
         self._foreign: set[str] = set()
         self._mu = _threading.Lock()
-        self._tmp = ""
+        self._uploads: dict[str, list[str]] | None = None
 
     def key(self, rel: str) -> str:
         return f"{self.prefix}/{rel}" if self.prefix else rel
@@ -103,7 +161,6 @@ class S3Store:
 
     def open(self) -> None:
         """Lists the prefix and reads each object's metadata (HEAD)."""
-        self._tmp = _tempfile.mkdtemp(prefix="npyload-write-s3-")
         keys: list[tuple[str, int]] = []
         pfx = self.key("")
         for page in self.s3.get_paginator("list_objects_v2").paginate(
@@ -137,10 +194,7 @@ class S3Store:
             self.records.setdefault(e.split, Record("")).files[rel] = e
 
     def close(self) -> None:
-        if self._tmp:
-            import shutil
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            self._tmp = ""
+        pass
 
     def _state(self, split: str) -> None:
         r = self.records[split]
@@ -176,31 +230,17 @@ class S3Store:
     def inside(self, rel: str) -> None:
         pass                   # keys have no links; names were checked (_Names)
 
-    def put(self, rel: str, split: str, fid: int, fld: str, content: str, data: bytes,
-            pack: Any) -> Entry:
-        from boto3.s3.transfer import TransferConfig  # type: ignore[import-untyped,unused-ignore]
-        final = rel + ".zst" if pack else rel
-        local = _os.path.join(self._tmp, f"{_threading.get_ident()}-{_os.path.basename(rel)}")
-        with open(local, "wb") as f:
-            f.write(data)
-        try:
-            if pack:
-                pack(local)
-                local += ".zst"
-            size = _os.path.getsize(local)
-            digest = content if not pack else sha256_file(local)
-            meta = _json.dumps({"split": split, "fid": fid, "field": fld, "content": content,
-                                "sha256": digest, "size": size}, separators=(",", ":"))
-            self.s3.upload_file(local, self.bucket, self.key(final),
-                                ExtraArgs={"Metadata": {_META: meta}},
-                                Config=TransferConfig(multipart_threshold=MULTIPART,
-                                                      multipart_chunksize=MULTIPART,
-                                                      use_threads=False))
-        finally:
-            for p in (local, local[:-4] if local.endswith(".zst") else ""):
-                if p and _os.path.exists(p):
-                    _os.unlink(p)
-        e = Entry(final, split, fid, fld, content, size, digest)
+    def placer(self) -> S3Placer:
+        """What uploads this store's objects: picklable (the configuration,
+        resolved here, travels; the client is made where it runs)."""
+        return S3Placer(self.out, self.cfg)
+
+    def intend(self, rel: str, split: str, fid: int, fld: str, packed: bool) -> str:
+        return rel + ".zst" if packed else rel   # an object appears whole or not at all
+
+    def record(self, final: str, split: str, fid: int, fld: str, content: str, size: int,
+               sha256: str) -> Entry:
+        e = Entry(final, split, fid, fld, content, size, sha256)
         with self._mu:
             old = self._owner.pop(final, None)
             if old is not None and old.split in self.records:
@@ -208,6 +248,12 @@ class S3Store:
             self._owner[final] = e
             self.records.setdefault(split, Record("")).files[final] = e
         return e
+
+    def put(self, rel: str, split: str, fid: int, fld: str, content: str, data: bytes,
+            pack: Any) -> Entry:
+        final = self.intend(rel, split, fid, fld, pack is not None)
+        size, digest = self.placer().place(rel, split, fid, fld, content, data, pack)
+        return self.record(final, split, fid, fld, content, size, digest)
 
     def remove(self, e: Entry) -> None:
         self.s3.delete_object(Bucket=self.bucket, Key=self.key(e.path))
@@ -217,4 +263,21 @@ class S3Store:
                 self.records[e.split].files.pop(e.path, None)
 
     def tidy(self, rel: str, packed: bool) -> None:
-        pass                   # no temporary objects: uploads appear whole or not at all
+        """Aborts unfinished multipart uploads to this file's key (a worker
+        killed mid-upload; invisible, but they hold storage). Uploads appear
+        whole or not at all, so there is nothing else to tidy."""
+        if self._uploads is None:
+            self._uploads = {}
+            try:
+                for page in self.s3.get_paginator("list_multipart_uploads").paginate(
+                        Bucket=self.bucket, Prefix=self.key("")):
+                    for u in page.get("Uploads", []):
+                        self._uploads.setdefault(u["Key"], []).append(u["UploadId"])
+            except self.s3.exceptions.ClientError:
+                return         # a server without the listing: nothing to abort here
+        for k in (self.key(rel + ".zst" if packed else rel),):
+            for uid in self._uploads.pop(k, []):
+                try:
+                    self.s3.abort_multipart_upload(Bucket=self.bucket, Key=k, UploadId=uid)
+                except self.s3.exceptions.ClientError:
+                    pass

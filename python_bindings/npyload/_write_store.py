@@ -260,26 +260,47 @@ class LocalStore:
             raise ValueError(f"write: {self.where(rel)} would be written outside {self.out} "
                              f"(its directory resolves to {d})")
 
+    def placer(self) -> LocalPlacer:
+        """What writes this store's files: picklable, so that a Ray task on
+        another process (or node, over a filesystem they share) runs it."""
+        return LocalPlacer(self.out)
+
+    def intend(self, rel: str, split: str, fid: int, fld: str, packed: bool) -> str:
+        """Journals that the file at rel (rel + '.zst' when packed) is about
+        to be written (before any byte of it); returns its final name."""
+        final = rel + ".zst" if packed else rel
+        self.inside(rel)
+        self._append({"op": "intent", "path": final, "split": split, "fid": fid,
+                      "field": fld})
+        return final
+
+    def record(self, final: str, split: str, fid: int, fld: str, content: str, size: int,
+               sha256: str) -> Entry:
+        """Journals a file a placer wrote (its size and sha256 as the placer
+        saw them), stamped with (inode, mtime) as this process sees it."""
+        p = self.where(final)
+        try:
+            st = _os.stat(p)
+        except FileNotFoundError:
+            raise ValueError(f"write: {p} was written by a worker but is not there: with "
+                             "Ray, a local out must be a filesystem every node mounts at the "
+                             "same path (NFS...), or write to s3://") from None
+        if st.st_size != size:
+            raise ValueError(f"write: {p} holds {st.st_size} bytes, the worker that wrote "
+                             f"it wrote {size}: another process changed it")
+        self._append({"op": "file", "path": final, "split": split, "fid": fid, "field": fld,
+                      "content": content, "size": size, "sha256": sha256,
+                      "stamp": [st.st_ino, st.st_mtime_ns]})
+        return self._owner[final]
+
     def put(self, rel: str, split: str, fid: int, fld: str, content: str, data: bytes,
             pack: Any) -> Entry:
         """Writes data (NPY bytes whose sha256 is `content`) at rel, or its
         packed form at rel + '.zst' when pack(path) is given, journaled
         before (intent) and after (the file's facts)."""
-        final = rel + ".zst" if pack else rel
-        self.inside(rel)
-        self._append({"op": "intent", "path": final, "split": split, "fid": fid,
-                      "field": fld})
-        p = self.where(rel)
-        write_atomic(p, data)
-        if pack:
-            pack(p)
-        fp = self.where(final)
-        st = _os.stat(fp)
-        digest = content if not pack else sha256_file(fp)
-        self._append({"op": "file", "path": final, "split": split, "fid": fid, "field": fld,
-                      "content": content, "size": st.st_size, "sha256": digest,
-                      "stamp": [st.st_ino, st.st_mtime_ns]})
-        return self._owner[final]
+        final = self.intend(rel, split, fid, fld, pack is not None)
+        size, digest = self.placer().place(rel, split, fid, fld, content, data, pack)
+        return self.record(final, split, fid, fld, content, size, digest)
 
     def remove(self, e: Entry) -> None:
         """Removes a file of the writer's (and its leftovers: temporary
@@ -302,6 +323,28 @@ class LocalStore:
         _remove_temps(p)
         if packed and _os.path.exists(p) and _os.path.exists(p + ".zst"):
             _os.unlink(p)
+
+
+class LocalPlacer:
+    """Writes one file under a local `out`, atomically (write_atomic, then
+    the packer, itself atomic): the part of LocalStore.put that touches
+    only the file, so that a process without the journal (a Ray task) can
+    run it and hand the facts back. A retried call writes the same bytes
+    again under a new temporary name."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+
+    def place(self, rel: str, split: str, fid: int, fld: str, content: str, data: bytes,
+              pack: Any) -> tuple[int, str]:
+        """Writes data at rel (packed at rel + '.zst' by pack(path) when it is
+        given); returns the final file's (size, sha256)."""
+        p = _os.path.join(self.out, rel)
+        write_atomic(p, data)
+        if pack is None:
+            return _os.stat(p).st_size, content
+        pack(p)
+        return _os.stat(p + ".zst").st_size, sha256_file(p + ".zst")
 
 
 def _remove_temps(final: str) -> None:
