@@ -105,6 +105,62 @@ def _size_of(url: str, remote: Mapping[str, Any] | None) -> int:
     return int(h["file_bytes"])
 
 
+def _locations(path: str, d: Mapping[str, Any]) -> dict[str, list[str]]:
+    """field -> the path (local) or URL (s3://) of each of its files."""
+    base = _base(path)
+    remote_base = _remote.is_remote(path)
+    return {k: [(base + "/" + x["path"]) if remote_base else
+                _os.path.join(base, *x["path"].split("/")) for x in f["files"]]
+            for k, f in d["fields"].items()}
+
+
+def _sha256(loc: str, remote: Mapping[str, Any] | None) -> str:
+    import hashlib
+    if not loc.lower().startswith("s3://"):
+        from ._write_store import sha256_file
+        return sha256_file(loc)
+    from ._write_s3 import S3Client, _split_url
+    bucket, key = _split_url(loc)
+    body = S3Client(loc, remote).client.get_object(Bucket=bucket, Key=key)["Body"]
+    h = hashlib.sha256()
+    for chunk in iter(lambda: body.read(1 << 20), b""):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def inspect(path: str, verify: bool = False,
+            remote: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A manifest's facts (``npyload.inspect_manifest``): the manifest as
+    written, each file entry given ``location`` (its path or URL) and
+    ``header`` (``npyload.inspect`` of the file: only its header is read).
+    Each file is checked against the manifest: its size, its sample count
+    and per-sample shape, its dtype (a narrowed file's values' dtype);
+    verify=True also reads every file and checks its sha256. ValueError
+    names the file and both values."""
+    from ._inspect import inspect as header_of
+    d = parse(_read(path, remote), path)
+    locs = _locations(path, d)
+    for k, f in d["fields"].items():
+        for x, loc in zip(f["files"], locs[k]):
+            h: dict[str, Any] = dict(header_of(loc, remote=remote) if _remote.is_remote(loc)
+                                     else header_of(loc))
+            shape = list(h["shape"])
+            dtype = h.get("value_descr", h["descr"])
+            stored = h.get("compressed_bytes", h["file_bytes"])   # a .npy.zst: its own size
+            for what, got, want in (("bytes", stored, x["size"]),
+                                    ("samples", shape[0] if shape else None, x.get("samples")),
+                                    ("sample shape", shape[1:], f.get("shape")),
+                                    ("dtype", dtype, f.get("dtype"))):
+                if want is not None and got != want:
+                    raise ValueError(f"{path}: {loc}: {what} {got!r}, the manifest says "
+                                     f"{want!r}")
+            if verify and x.get("sha256") and _sha256(loc, remote) != x["sha256"]:
+                raise ValueError(f"{path}: {loc}: its sha256 differs from the manifest's: "
+                                 "the file changed since it was written")
+            x["location"], x["header"] = loc, h
+    return d
+
+
 def fields_of(fields: Any, remote: Mapping[str, Any] | None = None) -> Any:
     """Loader's `fields` as given, or, for a manifest's path, the mapping
     field -> its files (no listing), after checking every file's size
@@ -114,13 +170,10 @@ def fields_of(fields: Any, remote: Mapping[str, Any] | None = None) -> Any:
         return fields
     path = _os.fspath(fields)
     d = parse(_read(path, remote), path)
-    base = _base(path)
     remote_base = _remote.is_remote(path)
-    out: dict[str, list[str]] = {}
+    out = _locations(path, d)
     checks: list[tuple[str, int]] = []
     for k, f in d["fields"].items():
-        out[k] = [(base + "/" + x["path"]) if remote_base else
-                  _os.path.join(base, *x["path"].split("/")) for x in f["files"]]
         checks += [(p, x["size"]) for p, x in zip(out[k], f["files"])]
     if remote_base:
         with _Pool(max_workers=min(16, len(checks))) as pool:

@@ -40,7 +40,7 @@ from itertools import chain as _chain
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Generator, Iterator
 
     from ._write import _Plan, _Progress, _Spec
 
@@ -52,9 +52,17 @@ def _np() -> Any:
     return numpy
 
 
-def _pieces_of(bundles: Any) -> Iterator[tuple[Any, int, int]]:
+def _ray() -> Any:
+    """The ray module (untyped here: typed with or without ray installed)."""
+    import importlib
+    ray = importlib.import_module("ray")
+    importlib.import_module("ray.data.block")
+    return ray
+
+
+def _pieces_of(bundles: Any) -> Generator[tuple[Any, int, int], None, None]:
     """(block ref, start, stop) of every non-empty block piece, in order."""
-    import ray
+    ray = _ray()
     for bundle in bundles:
         slices = getattr(bundle, "slices", None) or [None] * len(bundle.blocks)
         for entry, sl in zip(bundle.blocks, slices):
@@ -70,13 +78,13 @@ def _pieces_of(bundles: Any) -> Iterator[tuple[Any, int, int]]:
 
 
 def _rows(block: Any) -> int:
-    from ray.data.block import BlockAccessor
+    BlockAccessor = _ray().data.block.BlockAccessor
     return int(BlockAccessor.for_block(block).num_rows())
 
 
 def _columns(block: Any, a: int, b: int, spec_fields: list[str], where: str) -> dict[str, Any]:
     """Rows [a, b) of a block as numpy arrays, one per field."""
-    from ray.data.block import BlockAccessor
+    BlockAccessor = _ray().data.block.BlockAccessor
     acc = BlockAccessor.for_block(BlockAccessor.for_block(block).slice(a, b, copy=False))
     try:
         cols = acc.to_numpy(list(spec_fields))
@@ -87,7 +95,7 @@ def _columns(block: Any, a: int, b: int, spec_fields: list[str], where: str) -> 
 
 
 def _first_row(block: Any, a: int) -> dict[str, Any]:
-    from ray.data.block import BlockAccessor
+    BlockAccessor = _ray().data.block.BlockAccessor
     cols = BlockAccessor.for_block(BlockAccessor.for_block(block).slice(a, a + 1, copy=False))
     out = cols.to_numpy()
     assert isinstance(out, dict)
@@ -109,7 +117,7 @@ def _shard(fid: int, row0: int, spans: list[tuple[int, int]], refs: list[Any], s
     counter (reference_counter.cc, "submitted_task_ref_count") when tasks
     whose small top-level arguments it inlines are submitted after a task
     was retried (a worker killed); nested references take another path."""
-    import ray
+    ray = _ray()
     from ._write import encode
     np = _np()
     blocks = ray.get(refs)
@@ -144,7 +152,7 @@ _REMOTE: dict[str, Any] = {}   # the remote functions, made once per process
 
 
 def _remote(name: str, fn: Any, **opts: Any) -> Any:
-    import ray
+    ray = _ray()
     if name not in _REMOTE:
         _REMOTE[name] = ray.remote(**opts)(fn)
     return _REMOTE[name]
@@ -172,7 +180,7 @@ class RaySource:
 
     def first(self) -> dict[str, Any]:
         """Row 0, read on the cluster."""
-        import ray
+        ray = _ray()
         try:
             p = next(self._pieces)
         except StopIteration:
@@ -204,7 +212,7 @@ class RaySource:
         (resume) are checked first, and nothing is written until they all
         are; the facts of each written file are journaled as its task
         returns. Returns (files, samples)."""
-        import ray
+        ray = _ray()
         if num_workers is None:
             num_workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
         task = _remote("shard", _shard, num_cpus=1, max_retries=_RETRIES,

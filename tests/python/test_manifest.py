@@ -65,3 +65,35 @@ def test_a_write_that_changes_anything_removes_the_manifest_first(tmp_path):
                       num_workers=1)
     assert (tmp_path / "x" / "train_0000.npy").exists()   # file 0 was rewritten
     assert not (tmp_path / "train.manifest.json").exists()
+
+
+def test_inspect_reads_a_manifest_and_checks_each_file(tmp_path):
+    """npyload.inspect(manifest) == inspect_manifest: the manifest's facts
+    with each file's header (independent truth: numpy's reading of each
+    file); a file whose size, samples, shape or sha256 differ is named."""
+    a = {"x": np.arange(33, dtype=np.float32).reshape(11, 3),
+         "c": (np.arange(11 * 2) % 3).astype(np.float32).reshape(11, 2)}
+    f = npyload.write(a, tmp_path, samples_per_file=4, progress=False)
+    npyload.write(a, tmp_path / "n", samples_per_file=4, progress=False, narrow=True)
+    m = str(tmp_path / "train.manifest.json")
+    d = npyload.inspect(m)
+    assert d == npyload.inspect_manifest(m, verify=True)
+    assert d["samples"] == 11 and list(d["fields"]) == ["x", "c"]
+    for x, p in zip(d["fields"]["x"]["files"], f["x"]):
+        arr = np.load(p)
+        assert x["location"] == p and x["samples"] == len(arr)
+        assert x["header"]["shape"] == arr.shape and x["header"]["descr"] == arr.dtype.str
+    n = npyload.inspect_manifest(tmp_path / "n" / "train.manifest.json", verify=True)
+    assert n["fields"]["c"]["files"][0]["header"]["value_descr"] == "<f4"   # narrowed
+    # the same size, other bytes: only verify=True sees it
+    body = bytearray(open(f["x"][1], "rb").read())
+    body[-1] ^= 1
+    open(f["x"][1], "wb").write(bytes(body))
+    npyload.inspect(m)
+    with pytest.raises(ValueError, match=r"x/train_0001.npy: its sha256 differs"):
+        npyload.inspect(m, verify=True)
+    # another file of another sample count in a file's place
+    np.save(f["c"][2], np.zeros((2, 2), np.float32))
+    with pytest.raises(ValueError, match=r"c/train_0002.npy: (bytes|samples) \d+, the "
+                                         r"manifest says \d+"):
+        npyload.inspect_manifest(m)

@@ -78,6 +78,10 @@ def write_all(root: str) -> dict[str, list[str]]:
     manifest = npyload.Loader(os.path.join(root, "ds", "train.manifest.json"), batch_size=8)
     assert len(manifest) == N // 8
     manifest.close()
+    facts = npyload.inspect_manifest(os.path.join(root, "ds", "train.manifest.json"),
+                                     verify=True, remote=None)
+    assert_type(facts, dict[str, Any])
+    assert facts["samples"] == N
     return fields
 
 
