@@ -9,7 +9,6 @@ changes nothing; a killed one leaves only complete files; nothing outside
 hypothesis draws the sequences (a bounded number of examples: CI-sized);
 numpy's reading of the files is the truth."""
 import glob
-import hashlib
 import os
 import signal
 import subprocess
@@ -26,6 +25,8 @@ hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is not install
                                  "the test extra: pip install hypothesis)")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
+from conftest import file_digests  # noqa: E402
+
 LAYOUTS = {"split": "{field}/{split}_{id:03d}.npy", "flat": "{field}_{id:03d}.npy"}
 SPF = 3
 
@@ -41,16 +42,7 @@ def pattern(out, layout, split, field):
         field=field, split=split))
 
 
-def tree(root):
-    out = {}
-    for d, _, fs in os.walk(root):
-        for f in fs:
-            if f.startswith(".npyload-write."):
-                continue
-            p = os.path.join(d, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, root)] = hashlib.sha256(fh.read()).hexdigest()
-    return out
+tree = file_digests
 
 
 CHILD = textwrap.dedent("""

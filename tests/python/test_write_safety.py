@@ -6,7 +6,6 @@ checked against numpy's reading of the files and a digest of what else is
 on disk."""
 import errno
 import glob
-import hashlib
 import os
 import subprocess
 import sys
@@ -15,6 +14,8 @@ import time
 
 import numpy as np
 import pytest
+
+from conftest import file_digests
 
 npyload = pytest.importorskip("npyload", reason="npyload is not installed (run `pip install .`)")
 
@@ -30,17 +31,7 @@ def read_glob(pattern):
     return np.concatenate([np.load(f) for f in files]) if files else None
 
 
-def tree(root):
-    """sha256 of every file under root but the writer's journal and lock."""
-    out = {}
-    for d, _, fs in os.walk(root):
-        for f in fs:
-            if f.startswith(".npyload-write."):
-                continue
-            p = os.path.join(d, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, root)] = hashlib.sha256(fh.read()).hexdigest()
-    return out
+tree = file_digests
 
 
 def w(src, out, **kw):
