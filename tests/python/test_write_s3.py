@@ -119,3 +119,23 @@ def _npy(a):
     b = io.BytesIO()
     np.save(b, a)
     return b.getvalue()
+
+
+def test_an_unfinished_multipart_upload_is_aborted(srv):
+    """A worker killed mid-upload leaves an unfinished multipart upload
+    (invisible, holding storage): the write that completes aborts it.
+    Independent truth: the server's own listing of multipart uploads."""
+    import boto3
+    c = boto3.client("s3", endpoint_url=srv.endpoint, region_name="us-east-1",
+                     aws_access_key_id=srv.access_key, aws_secret_access_key=srv.secret_key)
+    key = "ds5/x/train_0000.npy"
+    up = c.create_multipart_upload(Bucket=BUCKET, Key=key)["UploadId"]
+    c.upload_part(Bucket=BUCKET, Key=key, UploadId=up, PartNumber=1, Body=b"\0" * (5 << 20))
+    other = c.create_multipart_upload(Bucket=BUCKET, Key="ds5-other/y.npy")["UploadId"]
+    listed = {u["UploadId"] for u in c.list_multipart_uploads(Bucket=BUCKET).get("Uploads", [])}
+    assert {up, other} <= listed
+    npyload.write({"x": np.arange(8, dtype=np.int32)}, f"s3://{BUCKET}/ds5", samples_per_file=4,
+                  progress=False, remote=srv.remote())
+    listed = {u["UploadId"] for u in c.list_multipart_uploads(Bucket=BUCKET).get("Uploads", [])}
+    assert up not in listed and other in listed     # never another prefix's upload
+    c.abort_multipart_upload(Bucket=BUCKET, Key="ds5-other/y.npy", UploadId=other)
