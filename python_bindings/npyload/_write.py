@@ -266,6 +266,21 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
         shapes). A dtype ``Loader`` cannot read (strings, datetime64,
         structured, object...) is refused at sample 0, by the library's own
         header rules.
+
+        A ``ray.data.Dataset`` whose rows are such dicts is written by Ray
+        tasks on the cluster (``pip install 'npyload[ray]'``; npyload
+        installed on every node): the same files, byte for byte, as this
+        writer gives for the same rows, whatever the nodes, workers and
+        blocks. File k holds rows [k*S, (k+1)*S) of the dataset's order:
+        the dataset is run with Ray Data's ``preserve_order`` (on a copy:
+        the caller's dataset is not changed) and the row counts of its
+        blocks, in order, give each row's index. One task per file (1 CPU)
+        writes it atomically and returns its facts; only this process
+        keeps the journal and the manifest, so a task that Ray retries
+        after its worker died leaves the same files. A local ``out`` must be
+        a filesystem every node mounts at the same path; ``s3://`` needs
+        nothing shared. As for an iterable, the length is known only at the
+        end, so each file's name is checked when the file comes.
     samples_per_file
         Samples per file (the last file may be shorter).
     layout
@@ -283,7 +298,8 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
         writing files; None: the cores. Files are written in sample order; at
         most ``num_workers`` + 1 files per field are in memory. An iterable is
         consumed by one thread (its order is its own), files are written by
-        the others.
+        the others. A Ray dataset: the Ray tasks in flight at once (None:
+        the cluster's CPUs).
     pack, narrow
         ``pack``: each finished file is packed (``npyload.pack``, the C packer
         of ``npyload-pack``) and the ``.npy`` removed; ``narrow``: packed with
