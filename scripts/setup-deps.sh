@@ -148,7 +148,9 @@ def key(v):
     return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
 out = []
 for req in sys.argv[1:]:
-    name, op, want = re.match(r"([A-Za-z0-9_.-]+)\s*(==|>=)?\s*(\S*)", req).groups()
+    # "ray[data]>=2.60": the extras in brackets are not checked, the version is
+    name, op, want = re.match(r"([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?\s*(==|>=)?\s*(\S*)",
+                              req).groups()
     want = want.split(",")[0]  # ">=13,<14": the lower bound is what is checked
     have = None
     for n in (name, name.replace("-", "_")):
@@ -171,11 +173,24 @@ extra_reqs() {
 import re, sys
 text = open(sys.argv[1]).read()
 sec = re.search(r"^\[project\.optional-dependencies\]\n(.*?)(?=^\[|\Z)", text, re.S | re.M)
-for name in sys.argv[2:]:
-    m = sec and re.search(r"^%s\s*=\s*\[(.*?)\]" % re.escape(name), sec.group(1), re.S | re.M)
+def reqs(name, seen):
+    # "npyload[ray]" inside an extra names another extra of this project
+    m = sec and re.search(r"^%s\s*=\s*\[(.*?)\]$" % re.escape(name), sec.group(1), re.S | re.M)
     if not m:
         sys.exit("pyproject.toml has no extra '%s'" % name)
-    print(" ".join(re.findall(r'"([^"]+)"', m.group(1))))
+    out = []
+    for r in re.findall(r'"([^"]+)"', m.group(1)):
+        own = re.match(r"npyload\[([^\]]+)\]$", r)
+        if own:
+            for x in own.group(1).split(","):
+                if x.strip() not in seen:
+                    seen.add(x.strip())
+                    out += reqs(x.strip(), seen)
+        else:
+            out.append(r)
+    return out
+for name in sys.argv[2:]:
+    print(" ".join(reqs(name, {name})))
 EOF
 }
 

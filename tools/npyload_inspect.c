@@ -33,6 +33,14 @@
  * (npyload_remote_env.c, the Python package's precedence); --verify reads
  * every frame of a remote .npy.zst with ranged GETs.
  *
+ * A dataset manifest (a local FILE.json, the SPLIT.manifest.json that
+ * npyload.write writes; read with jansson, npyload_inspect_manifest.c)
+ * gives one record of the dataset's facts (JSON: "manifest", "version",
+ * "split", "writer", "samples", "samples_per_file", "files", "fields"),
+ * then each of its files as above, each checked against the manifest's
+ * size and sample count (a mismatch is the file's error). s3:// manifests
+ * are read by npyload.inspect() in Python.
+ *
  * Exit status: 0 all files read, 1 at least one file failed, 2 usage error.
  *
  * Uses include/npyload.h (the .npy.zst file API and the remote client
@@ -44,6 +52,7 @@
 #include <string.h>
 
 #include "npyload.h"
+#include "npyload_inspect_manifest.h"
 #include "npyload_json.h"
 #include "npyload_remote_env.h"
 
@@ -63,6 +72,8 @@ static void usage(FILE *f)
             "credentials from AWS_ENDPOINT_URL[_S3], AWS_REGION, AWS_ACCESS_KEY_ID,\n"
             "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_PROFILE, AWS_CA_BUNDLE\n"
             "and ~/.aws/{config,credentials}, as the Python package does.\n"
+            "A local SPLIT.manifest.json (npyload.write) prints the dataset's facts,\n"
+            "then each of its files, checked against the manifest's sizes.\n"
             "\n"
             "  --json     one JSON object per file (JSON Lines); a malformed\n"
             "             file gives {\"file\": ..., \"error\": ...}\n"
@@ -144,9 +155,10 @@ static void print_json(const char *path, const npyload_header *h,
 }
 
 /* Returns 0 if `path` was reported, 1 if it failed. `rc` (when not 0):
- * the failure that came before reading (a remote listing). */
+ * the failure that came before reading (a remote listing). `want`: the
+ * manifest's entry for the file (its stored size and samples), or NULL. */
 static int inspect_one(npyload_remote_client *client, const char *path, int json, int verify,
-                       int rc, const char *why)
+                       int rc, const char *why, const tool_manifest_file *want)
 {
     npyload_header h;
     char err[1024] = "";
@@ -175,6 +187,20 @@ static int inspect_one(npyload_remote_client *client, const char *path, int json
     } else if (rc < 0) { /* open or read failed: let the NPY reader say so */
         rc = npyload_read_header(path, &h, err, sizeof err);
     }
+    if (rc == 0 && want) {   /* the file as the manifest says it was written */
+        const npyload_zst_facts *z = zf ? npyload_zst_file_facts(zf) : NULL;
+        int64_t stored = z ? (int64_t)z->compressed_bytes : (int64_t)h.file_bytes;
+        int64_t samples = z ? (z->hdr.ndim ? z->hdr.shape[0] : -1) : (h.ndim ? h.shape[0] : -1);
+        if (stored != want->size) {
+            snprintf(err, sizeof err, "%s: %lld bytes, the manifest says %lld", path,
+                     (long long)stored, (long long)want->size);
+            rc = 1;
+        } else if (want->samples >= 0 && samples != want->samples) {
+            snprintf(err, sizeof err, "%s: %lld samples, the manifest says %lld", path,
+                     (long long)samples, (long long)want->samples);
+            rc = 1;
+        }
+    }
     if (rc == 0) {
         const npyload_zst_facts *z = zf ? npyload_zst_file_facts(zf) : NULL;
         if (z)
@@ -197,21 +223,59 @@ static int inspect_one(npyload_remote_client *client, const char *path, int json
         snprintf(msg, sizeof msg, "%s: %s", path, err);
     else
         snprintf(msg, sizeof msg, "%s: %s", path, npyload_strerror(rc));
+    const char *code = rc == 1 ? "manifest mismatch" : npyload_strerror(rc);
 
     if (json && bad != UINT32_MAX)
         nj_printf(stdout,
                   "{\"file\": %s, \"error\": %s, \"code\": %s, \"bad_frame\": %llu, "
                   "\"bad_offset\": %llu}\n",
-                  path, msg, npyload_strerror(rc), (unsigned long long)bad,
-                  (unsigned long long)bad_off);
+                  path, msg, code, (unsigned long long)bad, (unsigned long long)bad_off);
     else if (json)
-        nj_printf(stdout, "{\"file\": %s, \"error\": %s, \"code\": %s}\n", path, msg,
-                  npyload_strerror(rc));
+        nj_printf(stdout, "{\"file\": %s, \"error\": %s, \"code\": %s}\n", path, msg, code);
     /* stdout first so that an interleaved terminal shows the error after the
      * records that precede it. */
     fflush(stdout);
     fprintf(stderr, PROG ": %s\n", msg);
     return 1;
+}
+
+/* A manifest: its facts (one record), then each of its files as any file,
+ * checked against the manifest's size and samples. Returns 0 or 1. */
+static int inspect_manifest(npyload_remote_client *client, const char *path, int json,
+                            int verify)
+{
+    tool_manifest m;
+    char err[1024];
+    if (tool_manifest_read(path, &m, err, sizeof err) != 0) {
+        if (json)
+            nj_printf(stdout, "{\"file\": %s, \"error\": %s, \"code\": %s}\n", path, err,
+                      "manifest");
+        fflush(stdout);
+        fprintf(stderr, PROG ": %s\n", err);
+        return 1;
+    }
+    if (json) {
+        nj_printf(stdout, "{\"manifest\": %s, \"version\": %d, \"split\": %s, "
+                  "\"writer\": %s, \"samples\": %lld, \"samples_per_file\": %lld, "
+                  "\"files\": %zu, \"fields\": [",
+                  path, m.version, m.split, m.writer, (long long)m.samples,
+                  (long long)m.samples_per_file, m.nfiles);
+        for (size_t i = 0; i < m.nfields; i++)
+            nj_printf(stdout, i ? ", %s" : "%s", m.fields[i]);
+        fputs("]}\n", stdout);
+    } else {
+        printf("%s: npyload manifest v%d, split %s, %lld samples (%lld per file), %zu files, "
+               "fields", path, m.version, m.split ? m.split : "?", (long long)m.samples,
+               (long long)m.samples_per_file, m.nfiles);
+        for (size_t i = 0; i < m.nfields; i++)
+            printf("%s%s", i ? ", " : " ", m.fields[i]);
+        printf("%s%s\n", m.writer ? "; written by " : "", m.writer ? m.writer : "");
+    }
+    int failed = 0;
+    for (size_t i = 0; i < m.nfiles; i++)
+        failed |= inspect_one(client, m.files[i].path, json, verify, 0, NULL, &m.files[i]);
+    tool_manifest_free(&m);
+    return failed;
 }
 
 /* --remote-config: what npyload_remote_env.c resolved, for a user who
@@ -289,19 +353,23 @@ int main(int argc, char **argv)
         const char *a = argv[i];
         /* Remote paths go through the library's glob, which lists an
          * s3:// pattern and returns a plain path or an http(s):// URL. */
+        if (tool_is_manifest(a)) {
+            failed |= inspect_manifest(client, a, json, verify);
+            continue;
+        }
         if (!npyload_is_remote(a)) {
-            failed |= inspect_one(client, a, json, verify, 0, NULL);
+            failed |= inspect_one(client, a, json, verify, 0, NULL, NULL);
             continue;
         }
         char **paths = NULL;
         size_t n = 0;
         int rc = npyload_remote_glob(client, a, &paths, &n, err, sizeof err);
         if (rc) {
-            failed |= inspect_one(client, a, json, verify, rc, err);
+            failed |= inspect_one(client, a, json, verify, rc, err, NULL);
             continue;
         }
         for (size_t k = 0; k < n; k++)
-            failed |= inspect_one(client, paths[k], json, verify, 0, NULL);
+            failed |= inspect_one(client, paths[k], json, verify, 0, NULL, NULL);
         npyload_paths_free(paths, n);
     }
     npyload_remote_client_destroy(client);

@@ -44,13 +44,13 @@ from ._npyload import NpyloadError, load, order_indices, cuda_available
 from ._batch import Augment, Batch, BatchTuple
 from ._hook import TransformError
 from ._info import build_info
-from ._inspect import inspect
+from ._inspect import inspect, inspect_manifest
 from ._loader import Loader
 from ._pack import pack
 from ._transform import Transform
 from ._write import write
 
 __all__ = ["Loader", "Batch", "BatchTuple", "Augment", "Transform", "TransformError", "NpyloadError",
-           "inspect", "load", "order_indices", "cuda_available", "build_info", "pack", "write",
-           "__version__"]
+           "inspect", "inspect_manifest", "load", "order_indices", "cuda_available",
+           "build_info", "pack", "write", "__version__"]
 __version__ = _npyload.__version__

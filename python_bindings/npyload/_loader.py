@@ -34,7 +34,7 @@ from ._options import _parse_device
 from ._options import _parse_shuffle
 from ._torch import _torch_or_none
 from ._batch import _wrap_raw
-from . import _remote
+from . import _manifest, _remote
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
         @property
         def type(self) -> str: ...
 
-    _Fields = Mapping[str, Union[_Path, Sequence[_Path]]]
+    _Fields = Union[Mapping[str, Union[_Path, Sequence[_Path]]], _Path]  # or a manifest
     _Shuffle = Union[bool, Literal["full", "local", "none"]]
     _Device = Union[str, int, _TorchDevice, None]
     _IOName = Literal["auto", "uring", "io_uring", "pread", "mmap"]
@@ -669,7 +669,7 @@ class Loader(Generic[_B]):
         self._closed = False
         self._pipe: _HookPipe | None = None
         self._in_use = _InUse()
-        specs = _field_specs(fields)
+        specs = _field_specs(_manifest.fields_of(fields, remote))  # a manifest: its files
         self._remote = _remote.build(
             remote, [p for _, g, ps in specs for p in ([g] if g is not None else ps or [])])
         batch_size, seed, num_workers, prefetch, window, max_errors = _check_counts(

@@ -10,7 +10,7 @@ import npyload
 
 PKG = pathlib.Path(npyload.__file__).parent
 PUBLIC = {"Loader", "Batch", "BatchTuple", "Augment", "Transform", "TransformError", "NpyloadError",
-          "inspect", "load", "order_indices", "cuda_available", "build_info", "pack", "write",
+          "inspect", "inspect_manifest", "load", "order_indices", "cuda_available", "build_info", "pack", "write",
           "__version__"}
 
 

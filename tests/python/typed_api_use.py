@@ -72,8 +72,16 @@ def write_all(root: str) -> dict[str, list[str]]:
                            layout={"x": "x/train_{id:04d}.npy",
                                    "y": "y/train_{id:04d}_y.npy"},
                            split="train", num_workers=None, pack=False, narrow=False,
-                           overwrite=False, progress=False)
+                           overwrite=False, progress=False, remote=None)
     assert [len(v) for v in fields.values()] == [N // PER_FILE] * 2
+    # a manifest (written last, beside the files) opens in Loader as fields
+    manifest = npyload.Loader(os.path.join(root, "ds", "train.manifest.json"), batch_size=8)
+    assert len(manifest) == N // 8
+    manifest.close()
+    facts = npyload.inspect_manifest(os.path.join(root, "ds", "train.manifest.json"),
+                                     verify=True, remote=None)
+    assert_type(facts, dict[str, Any])
+    assert facts["samples"] == N
     return fields
 
 
