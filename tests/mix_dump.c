@@ -49,6 +49,14 @@ static double dbl(void)
     return t ? strtod(t, NULL) : 0;
 }
 
+static void print_i64s(const char *what, const int64_t *v, size_t n)
+{
+    printf("%s", what);
+    for (size_t i = 0; i < n; i++)
+        printf(" %" PRId64, v[i]);
+    printf("\n");
+}
+
 static void err(int rc, const char *msg)
 {
     printf("err %d %s\n", rc, msg);
@@ -157,14 +165,10 @@ static void cmd_draws(npyl_mix *m)
     size_t K = npyl_mix_num_sources(m);
     int64_t *d = calloc(K, sizeof *d);
     int rc = npyl_mix_draws_before(m, e, p, d);
-    if (rc) {
+    if (rc)
         err(rc, npyl_mix_errmsg(m));
-    } else {
-        printf("draws");
-        for (size_t k = 0; k < K; k++)
-            printf(" %" PRId64, d[k]);
-        printf("\n");
-    }
+    else
+        print_i64s("draws", d, K);
     free(d);
 }
 
@@ -195,9 +199,7 @@ static void cmd_seg(npyl_mix *m)
     printf("seg %" PRIu64 " %" PRId64, e, p);
     for (size_t k = 0; k < K; k++)
         printf(" %" PRIu32, u[k]);
-    for (size_t k = 0; k < K; k++)
-        printf(" %" PRId64, d[k]);
-    printf("\n");
+    print_i64s("", d, K);
     free(u);
     free(d);
 }

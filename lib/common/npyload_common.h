@@ -53,6 +53,21 @@ static inline uint64_t npyl_mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
+/* Little-endian bytes: the `bytes` (1..8) low bytes of v into p, and back.
+ * For serialised forms that must read the same on every host. */
+static inline void npyl_put_le(unsigned char *p, uint64_t v, int bytes)
+{
+    for (int i = 0; i < bytes; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+static inline uint64_t npyl_get_le(const unsigned char *p, int bytes)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < bytes; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
 /* a * b and a + b with overflow detection: return 0 and store the result, or
  * -1 on overflow. */
 NPYL_HIDDEN int npyl_mul_u64(uint64_t a, uint64_t b, uint64_t *out);

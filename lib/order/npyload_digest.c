@@ -17,29 +17,23 @@
 #define AUG 24
 #define ONE_SHOT_AUGS 8 /* records up to this many augmented fields: one buffer */
 
-static void put_le(unsigned char *p, uint64_t v, int bytes)
-{
-    for (int i = 0; i < bytes; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
 static void put_aug(unsigned char *p, const npyl_digest_aug *a)
 {
     memset(p, 0, AUG);
     p[0] = a->hflip;
     p[1] = a->vflip;
-    put_le(p + 8, (uint64_t)a->top, 8);
-    put_le(p + 16, (uint64_t)a->left, 8);
+    npyl_put_le(p + 8, (uint64_t)a->top, 8);
+    npyl_put_le(p + 16, (uint64_t)a->left, 8);
 }
 
 uint64_t npyl_digest_row(uint64_t digest, uint32_t source, int64_t index,
                          const npyl_digest_aug *aug, size_t naug)
 {
     unsigned char rec[HEAD + ONE_SHOT_AUGS * AUG];
-    put_le(rec, digest, 8);
-    put_le(rec + 8, source, 4);
-    put_le(rec + 12, (uint32_t)naug, 4);
-    put_le(rec + 16, (uint64_t)index, 8);
+    npyl_put_le(rec, digest, 8);
+    npyl_put_le(rec + 8, source, 4);
+    npyl_put_le(rec + 12, (uint32_t)naug, 4);
+    npyl_put_le(rec + 16, (uint64_t)index, 8);
     if (naug <= ONE_SHOT_AUGS) {
         for (size_t a = 0; a < naug; a++)
             put_aug(rec + HEAD + a * AUG, &aug[a]);

@@ -513,19 +513,6 @@ void npyl_mix_segment(const npyl_mix *m, uint64_t *epoch, int64_t *position,
 
 static const char MAGIC[8] = "NPYLMIX";
 
-static void put_le(unsigned char *p, uint64_t v, int bytes)
-{
-    for (int i = 0; i < bytes; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint64_t get_le(const unsigned char *p, int bytes)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < bytes; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 size_t npyl_mix_state_size(const npyl_mix *m)
 {
@@ -538,18 +525,18 @@ int npyl_mix_state_save(const npyl_mix *m, void *buf, size_t len)
         return NPYLOAD_EINVAL;
     unsigned char *p = buf;
     memcpy(p, MAGIC, 8);
-    put_le(p + 8, NPYL_MIX_STATE_VERSION, 4);
-    put_le(p + 12, m->k, 4);
-    put_le(p + 16, (uint64_t)m->T, 8);
-    put_le(p + 24, (uint64_t)m->B, 8);
-    put_le(p + 32, m->seg_epoch, 8);
-    put_le(p + 40, (uint64_t)m->seg_pos, 8);
+    npyl_put_le(p + 8, NPYL_MIX_STATE_VERSION, 4);
+    npyl_put_le(p + 12, m->k, 4);
+    npyl_put_le(p + 16, (uint64_t)m->T, 8);
+    npyl_put_le(p + 24, (uint64_t)m->B, 8);
+    npyl_put_le(p + 32, m->seg_epoch, 8);
+    npyl_put_le(p + 40, (uint64_t)m->seg_pos, 8);
     for (size_t k = 0; k < m->k; k++) {
         unsigned char *r = p + NPYL_MIX_STATE_HEADER + k * NPYL_MIX_STATE_RECORD;
-        put_le(r, (uint64_t)m->n[k], 8);
-        put_le(r + 8, (uint64_t)m->d[k], 8);
-        put_le(r + 16, m->u[k], 4);
-        put_le(r + 20, 0, 4);
+        npyl_put_le(r, (uint64_t)m->n[k], 8);
+        npyl_put_le(r + 8, (uint64_t)m->d[k], 8);
+        npyl_put_le(r + 16, m->u[k], 4);
+        npyl_put_le(r + 20, 0, 4);
     }
     return 0;
 }
@@ -561,10 +548,10 @@ int npyl_mix_state_load(npyl_mix *m, const void *buf, size_t len)
         return FAIL(m, NPYLOAD_EINVAL, "mixture state: %zu bytes without the "
                     "\"NPYLMIX\" header of %d bytes", p ? len : 0,
                     NPYL_MIX_STATE_HEADER);
-    uint64_t version = get_le(p + 8, 4), K = get_le(p + 12, 4);
-    int64_t T = (int64_t)get_le(p + 16, 8), B = (int64_t)get_le(p + 24, 8);
-    uint64_t E = get_le(p + 32, 8);
-    int64_t P = (int64_t)get_le(p + 40, 8);
+    uint64_t version = npyl_get_le(p + 8, 4), K = npyl_get_le(p + 12, 4);
+    int64_t T = (int64_t)npyl_get_le(p + 16, 8), B = (int64_t)npyl_get_le(p + 24, 8);
+    uint64_t E = npyl_get_le(p + 32, 8);
+    int64_t P = (int64_t)npyl_get_le(p + 40, 8);
     if (version != NPYL_MIX_STATE_VERSION)
         return FAIL(m, NPYLOAD_EINVAL, "mixture state: version %" PRIu64
                     "; this npyload reads version %d", version,
@@ -593,14 +580,14 @@ int npyl_mix_state_load(npyl_mix *m, const void *buf, size_t len)
     uint64_t usum = 0;
     for (size_t k = 0; k < m->k && rc == 0; k++) {
         const unsigned char *r = p + NPYL_MIX_STATE_HEADER + k * NPYL_MIX_STATE_RECORD;
-        int64_t n = (int64_t)get_le(r, 8);
-        d[k] = (int64_t)get_le(r + 8, 8);
-        u[k] = (uint32_t)get_le(r + 16, 4);
+        int64_t n = (int64_t)npyl_get_le(r, 8);
+        d[k] = (int64_t)npyl_get_le(r + 8, 8);
+        u[k] = (uint32_t)npyl_get_le(r + 16, 4);
         usum += u[k];
         if (n != m->n[k])
             rc = FAIL(m, NPYLOAD_EMISMATCH, "mixture state: source %zu holds %"
                       PRId64 " samples; this one holds %" PRId64, k, n, m->n[k]);
-        else if (d[k] < 0 || get_le(r + 20, 4) != 0 ||
+        else if (d[k] < 0 || npyl_get_le(r + 20, 4) != 0 ||
                  u[k] > NPYL_MIX_WEIGHT_ONE || (u[k] > 0 && n == 0))
             rc = FAIL(m, NPYLOAD_EINVAL, "mixture state: source %zu: draws %"
                       PRId64 ", weight %" PRIu32 " (of 2^30) out of range", k,
