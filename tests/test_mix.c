@@ -174,8 +174,11 @@ Test(mix, rows_are_consecutive_draws)
 {
     mixcase c = {.k = 5, .n = {3, 50, 0, 17, 200}, .w = {0.1, 0.2, 0, 0.3, 0.4},
                  .T = 301, .B = 16, .shuffle = NPYLOAD_SHUFFLE_NONE, .seed = 4};
-    for (int mode = 0; mode < 2; mode++) {
-        c.shuffle = mode ? NPYLOAD_SHUFFLE_FULL : NPYLOAD_SHUFFLE_NONE;
+    /* B = 2 < K/2: the draws come from the tree source by source, not all
+     * at once (fill_block's two ways) */
+    for (int mode = 0; mode < 4; mode++) {
+        c.shuffle = mode & 1 ? NPYLOAD_SHUFFLE_FULL : NPYLOAD_SHUFFLE_NONE;
+        c.B = mode & 2 ? 2 : 16;
         npyl_mix *m = make(&c);
         int64_t before[MAXK], after[MAXK];
         for (uint64_t e = 0; e < 3; e++) {
@@ -190,7 +193,7 @@ Test(mix, rows_are_consecutive_draws)
                                  "epoch %llu position %lld source %zu",
                                  (unsigned long long)e, (long long)p, j);
                 cr_assert_eq(r[p].pass, (uint64_t)before[k] / (uint64_t)c.n[k]);
-                if (!mode)
+                if (!(mode & 1))
                     cr_assert_eq(r[p].index, before[k] % c.n[k]);
             }
             free(r);

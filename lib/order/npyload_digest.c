@@ -17,11 +17,10 @@
 #define AUG 24
 #define ONE_SHOT_AUGS 8 /* records up to this many augmented fields: one buffer */
 
-static void put_aug(unsigned char *p, const npyl_digest_aug *a)
+static inline void put_aug(unsigned char *p, const npyl_digest_aug *a)
 {
-    memset(p, 0, AUG);
-    p[0] = a->hflip;
-    p[1] = a->vflip;
+    /* u8 hflip, u8 vflip, 6 zero bytes: one 8-byte store */
+    npyl_put_le(p, a->hflip | (uint64_t)a->vflip << 8, 8);
     npyl_put_le(p + 8, (uint64_t)a->top, 8);
     npyl_put_le(p + 16, (uint64_t)a->left, 8);
 }
@@ -31,8 +30,8 @@ uint64_t npyl_digest_row(uint64_t digest, uint32_t source, int64_t index,
 {
     unsigned char rec[HEAD + ONE_SHOT_AUGS * AUG];
     npyl_put_le(rec, digest, 8);
-    npyl_put_le(rec + 8, source, 4);
-    npyl_put_le(rec + 12, (uint32_t)naug, 4);
+    /* u32 source, u32 naug: one 8-byte store (XXH3 reads it whole) */
+    npyl_put_le(rec + 8, source | (uint64_t)(uint32_t)naug << 32, 8);
     npyl_put_le(rec + 16, (uint64_t)index, 8);
     if (naug <= ONE_SHOT_AUGS) {
         for (size_t a = 0; a < naug; a++)

@@ -34,9 +34,17 @@ struct npyl_mix {
     uint64_t blk_epoch;
     int64_t blk_j, blk_lo, blk_hi;
     int64_t *labels;           /* B: a source per offset (int64 for fisher_yates) */
-    int64_t *draw;             /* B: the draw number of each offset */
-    int64_t *cnt;              /* k: running draw numbers while filling a block */
-    uint64_t *stamp;           /* k: which fill last set cnt[k] */
+    uint64_t *bpass;           /* B: each offset's draw as pass q ... */
+    int64_t *boff;             /* B: ... and offset j in that pass */
+    uint32_t *offs;            /* 2B: route()'s lists of offsets */
+    int64_t *cnt;              /* k: count_all's answers */
+    uint64_t *cq;              /* k, k: the next draw of each source as */
+    int64_t *cj;               /* (pass, offset) while a block fills; with
+                                  cnt_all, of every source after the cached
+                                  block's end (blk_t1) */
+    int cnt_all;
+    uint64_t blk_t1;           /* stream index of the cached block's end */
+    uint64_t *stamp;           /* k: which fill last set cq/cj[k] (not cnt_all) */
     uint64_t stamp_now;
 
     /* one pass's permutation per source (shuffled modes only) */
@@ -79,23 +87,54 @@ static uint64_t tree_count(const uint64_t *pre, size_t K, size_t k, uint64_t t)
     return t;
 }
 
-/* source(t): the leaf the stream's position t reaches. */
-static size_t tree_source(const uint64_t *pre, size_t K, uint64_t t)
+/* d[k] + count_k(t) for every leaf k of the node [lo, hi) into out: one
+ * left() per node, O(K). */
+static void count_all(const uint64_t *pre, size_t lo, size_t hi, uint64_t t,
+                      const int64_t *d, int64_t *out)
 {
-    size_t lo = 0, hi = K;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        uint64_t a = pre[mid] - pre[lo], s = pre[hi] - pre[lo];
-        uint64_t l = left_count(a, s, t);
-        if (left_count(a, s, t + 1) > l) {
-            hi = mid;
-            t = l;
+    if (hi - lo == 1) {
+        out[lo] = d[lo] + (int64_t)t;
+        return;
+    }
+    size_t mid = lo + (hi - lo) / 2;
+    uint64_t l = left_count(pre[mid] - pre[lo], pre[hi] - pre[lo], t);
+    count_all(pre, lo, mid, l, d, out);
+    count_all(pre, mid, hi, t - l, d, out);
+}
+
+/* source(t) for len consecutive node-local indices t0 .. t0+len-1 of the
+ * node [lo, hi): labels[in[i]] = the leaf of the i-th. Consecutive indices
+ * reaching a node reach each child consecutively too (left() is monotone),
+ * so each level splits the list in order and goes on with a contiguous
+ * range; the step left(t+1) - left(t) is found from the running remainder
+ * rem = (2at + s) mod 2s without a division: left iff rem + 2a >= 2s.
+ * `in` and `scratch` hold len entries each and are both overwritten. */
+static void route(const uint64_t *pre, size_t lo, size_t hi, uint64_t t0,
+                  size_t len, uint32_t *in, uint32_t *scratch, int64_t *labels)
+{
+    if (len == 0)
+        return;
+    if (hi - lo == 1) {
+        for (size_t i = 0; i < len; i++)
+            labels[in[i]] = (int64_t)lo;
+        return;
+    }
+    size_t mid = lo + (hi - lo) / 2;
+    uint64_t a = pre[mid] - pre[lo], s = pre[hi] - pre[lo]; /* s > 0: reached */
+    uint64_t l0 = left_count(a, s, t0);
+    uint64_t rem = (2 * a * (t0 % s) + s) % (2 * s);
+    size_t nl = 0, nr = 0;
+    for (size_t i = 0; i < len; i++) {
+        rem += 2 * a;
+        if (rem >= 2 * s) {
+            rem -= 2 * s;
+            scratch[nl++] = in[i];
         } else {
-            lo = mid;
-            t -= l;
+            in[nr++] = in[i]; /* nr <= i: in place, in order */
         }
     }
-    return lo;
+    route(pre, lo, mid, l0, nl, scratch, in + nr, labels);
+    route(pre, mid, hi, t0 - l0, nr, in, scratch + nl, labels);
 }
 
 /* ---- weights and segments ----------------------------------------------- */
@@ -190,6 +229,15 @@ static int64_t tag_seed(int64_t seed, uint64_t tag)
     return (int64_t)((uint64_t)seed ^ npyl_mix64(tag * NPYL_GOLDEN));
 }
 
+/* Source k's next draw is its c-th: as (pass, offset). A source without
+ * samples has weight 0 and never draws. */
+static void set_next(npyl_mix *m, size_t k, int64_t c)
+{
+    int64_t n = m->n[k] > 0 ? m->n[k] : 1;
+    m->cq[k] = (uint64_t)(c / n);
+    m->cj[k] = c % n;
+}
+
 /* Makes block (epoch, j) the cached one: its labels L and each offset's
  * draw number. */
 static void fill_block(npyl_mix *m, uint64_t epoch, int64_t j)
@@ -199,27 +247,47 @@ static void fill_block(npyl_mix *m, uint64_t epoch, int64_t j)
         lo = m->seg_pos;
     size_t len = (size_t)(hi - lo);
     uint64_t t0 = stream_index(m, epoch, lo);
+    /* The draws before t0 of every source: where the cached block ended
+     * when this one follows it in the stream (a rank's scan, W <= B);
+     * else from the tree, all of them when K is small next to a block,
+     * else each source as it appears (stamped). */
+    int all = m->have_block && m->cnt_all && m->blk_t1 == t0;
+    if (!all && m->k <= 2 * (size_t)m->B) {
+        count_all(m->pre, 0, m->k, t0, m->d, m->cnt);
+        for (size_t k = 0; k < m->k; k++)
+            set_next(m, k, m->cnt[k]);
+        all = 1;
+    }
+    m->cnt_all = all;
+    m->stamp_now++;
     for (size_t i = 0; i < len; i++)
-        m->labels[i] = (int64_t)tree_source(m->pre, m->k, t0 + i);
+        m->offs[i] = (uint32_t)i;
+    route(m->pre, 0, m->k, t0, len, m->offs, m->offs + m->B, m->labels);
     if (m->shuffle != NPYLOAD_SHUFFLE_NONE) {
         npyl_rng g;
         rng_init(&g, tag_seed(m->seed, (UINT64_C(1) << 63) + (uint64_t)j), epoch);
         fisher_yates(&g, m->labels, len);
     }
-    m->stamp_now++;
     for (size_t i = 0; i < len; i++) {
         size_t k = (size_t)m->labels[i];
-        if (m->stamp[k] != m->stamp_now) {
+        if (!all && m->stamp[k] != m->stamp_now) {
             m->stamp[k] = m->stamp_now;
-            m->cnt[k] = m->d[k] + (int64_t)tree_count(m->pre, m->k, k, t0);
+            set_next(m, k, m->d[k] + (int64_t)tree_count(m->pre, m->k, k, t0));
         }
-        m->draw[i] = m->cnt[k]++;
+        /* draw c = cq * n_k + cj; the next one without a division */
+        m->bpass[i] = m->cq[k];
+        m->boff[i] = m->cj[k];
+        if (++m->cj[k] == m->n[k]) {
+            m->cj[k] = 0;
+            m->cq[k]++;
+        }
     }
     m->have_block = 1;
     m->blk_epoch = epoch;
     m->blk_j = j;
     m->blk_lo = lo;
     m->blk_hi = hi;
+    m->blk_t1 = t0 + len;
 }
 
 static void ensure_block(npyl_mix *m, uint64_t epoch, int64_t pos)
@@ -270,11 +338,9 @@ static int row_at(npyl_mix *m, uint64_t epoch, int64_t pos, npyl_mix_row *out)
     ensure_block(m, epoch, pos);
     size_t i = (size_t)(pos - m->blk_lo);
     size_t k = (size_t)m->labels[i];
-    uint64_t c = (uint64_t)m->draw[i];
-    uint64_t nk = (uint64_t)m->n[k]; /* > 0: the source has a weight */
     out->source = (uint32_t)k;
-    out->pass = c / nk;
-    return pass_sample(m, k, c / nk, (int64_t)(c % nk), &out->index);
+    out->pass = m->bpass[i];
+    return pass_sample(m, k, m->bpass[i], m->boff[i], &out->index);
 }
 
 int npyl_mix_rows(npyl_mix *m, uint64_t epoch, const int64_t *pos, size_t n,
@@ -320,9 +386,7 @@ int npyl_mix_draws_before(npyl_mix *m, uint64_t epoch, int64_t pos,
         ensure_block(m, epoch, pos);
         lo = m->blk_lo;
     }
-    uint64_t t0 = stream_index(m, epoch, lo);
-    for (size_t k = 0; k < m->k; k++)
-        draws[k] = m->d[k] + (int64_t)tree_count(m->pre, m->k, k, t0);
+    count_all(m->pre, 0, m->k, stream_index(m, epoch, lo), m->d, draws);
     for (int64_t i = 0; i < pos - lo; i++)
         draws[m->labels[i]]++;
     return 0;
@@ -430,7 +494,11 @@ int npyl_mix_create(const npyl_mix_params *p, npyl_mix **out, char *err,
     m->d = calloc(K, sizeof *m->d);
     m->pre = calloc(K + 1, sizeof *m->pre);
     m->labels = calloc((size_t)B, sizeof *m->labels);
-    m->draw = calloc((size_t)B, sizeof *m->draw);
+    m->bpass = calloc((size_t)B, sizeof *m->bpass);
+    m->boff = calloc((size_t)B, sizeof *m->boff);
+    m->cq = calloc(K, sizeof *m->cq);
+    m->cj = calloc(K, sizeof *m->cj);
+    m->offs = calloc(2 * (size_t)B, sizeof *m->offs);
     m->cnt = calloc(K, sizeof *m->cnt);
     m->stamp = calloc(K, sizeof *m->stamp);
     m->perm = calloc(K, sizeof *m->perm);
@@ -438,7 +506,7 @@ int npyl_mix_create(const npyl_mix_params *p, npyl_mix **out, char *err,
     m->perm_ok = calloc(K, 1);
     int rc = -ENOMEM;
     if (!m->n || !m->files || !m->nfiles || !m->u || !m->d || !m->pre ||
-        !m->labels || !m->draw || !m->cnt || !m->stamp || !m->perm ||
+        !m->labels || !m->bpass || !m->boff || !m->offs || !m->cnt || !m->cq || !m->cj || !m->stamp || !m->perm ||
         !m->perm_pass || !m->perm_ok)
         goto fail;
     for (size_t k = 0; k < K; k++) {
@@ -482,7 +550,11 @@ void npyl_mix_destroy(npyl_mix *m)
     free(m->d);
     free(m->pre);
     free(m->labels);
-    free(m->draw);
+    free(m->bpass);
+    free(m->boff);
+    free(m->cq);
+    free(m->cj);
+    free(m->offs);
     free(m->cnt);
     free(m->stamp);
     free(m->perm);

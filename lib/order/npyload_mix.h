@@ -250,7 +250,7 @@ NPYL_HIDDEN int npyl_mix_build(npyl_mix *m, const npyl_order_params *split,
 
 /* The draws of each source before position `position` (0 .. T) of epoch
  * `epoch` into draws[K] (so draws after the epoch's last position with
- * position == T). @return : as npyl_mix_rows. O(K log K + B). */
+ * position == T). @return : as npyl_mix_rows. O(K + B). */
 NPYL_HIDDEN int npyl_mix_draws_before(npyl_mix *m, uint64_t epoch,
                                       int64_t position, int64_t *draws);
 
