@@ -38,8 +38,8 @@ struct npyl_mix {
     int64_t *boff;             /* B: ... and offset j in that pass */
     uint32_t *offs;            /* 2B: route()'s lists of offsets */
     int64_t *cnt;              /* k: count_all's answers */
-    uint64_t *cq;              /* k, k: the next draw of each source as */
-    int64_t *cj;               /* (pass, offset) while a block fills; with
+    uint64_t *cq;              /* k: the next draw of each source as (pass, */
+    int64_t *cj;               /* k: offset) while a block fills; with
                                   cnt_all, of every source after the cached
                                   block's end (blk_t1) */
     int cnt_all;
@@ -308,6 +308,7 @@ static int pass_sample(npyl_mix *m, size_t k, uint64_t q, int64_t j,
         return 0;
     }
     if (!m->perm_ok[k] || m->perm_pass[k] != q) {
+        m->perm_ok[k] = 0; /* until the new pass is in place */
         if (!m->perm[k]) {
             m->perm[k] = malloc((size_t)m->n[k] * sizeof *m->perm[k]);
             if (!m->perm[k])

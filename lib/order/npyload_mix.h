@@ -97,8 +97,10 @@
  * pattern, so with world_size > 1 a rank may see some sources only (1:1
  * weights at W = 2 give rank 0 source 0 and rank 1 source 1); shuffle for
  * training. Default B: NPYL_MIX_DEFAULT_BLOCK.
- * Random access: a position's source and draw number cost O(B + log K); its
- * sample needs P_{k,q}, one O(n_k) Fisher-Yates per pass (cached here).
+ * Random access: a position's source and draw number cost O(B log K + K)
+ * (its block, computed once and cached; a rank's scan carries the counts
+ * from block to block); its sample needs P_{k,q}, one O(n_k) Fisher-Yates
+ * per pass (cached here, one pass per source).
  *
  * ==== Changing the weights ====
  * Between epochs: a new segment starts at (E, 0), E the next epoch, with
