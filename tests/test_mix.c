@@ -202,6 +202,32 @@ Test(mix, rows_are_consecutive_draws)
     }
 }
 
+/* Each row is its draw's sample: P_{k,q}[j] of the single-source order
+ * with source k's seed and epoch q. */
+Test(mix, rows_are_the_sources_permutations)
+{
+    mixcase c = {.k = 2, .n = {7, 40}, .w = {0.5, 0.5}, .T = 100, .B = 16,
+                 .shuffle = NPYLOAD_SHUFFLE_FULL, .seed = -3};
+    npyl_mix *m = make(&c);
+    cr_assert_eq(npyl_mix_source_seed(-3, 0), -3);
+    cr_assert_neq(npyl_mix_source_seed(-3, 1), -3);
+    int64_t before[2], perm[40];
+    for (uint64_t e = 0; e < 2; e++) {
+        npyl_mix_row *r = epoch_rows(m, e);
+        for (int64_t p = 0; p < c.T; p++) {
+            size_t k = r[p].source;
+            cr_assert_eq(npyl_mix_draws_before(m, e, p, before), 0);
+            npyl_order_params op = {.n = c.n[k], .shuffle = c.shuffle,
+                                    .seed = npyl_mix_source_seed(c.seed, k),
+                                    .epoch = r[p].pass};
+            cr_assert_eq(npyl_order_permutation(&op, perm), 0);
+            cr_assert_eq(r[p].index, perm[before[k] % c.n[k]]);
+        }
+        free(r);
+    }
+    npyl_mix_destroy(m);
+}
+
 /* Every prefix holds the weights to within ceil(log2 K)/2 (at epoch
  * starts however far: no drift), and every block its quota to within
  * ceil(log2 K). */

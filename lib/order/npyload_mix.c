@@ -229,6 +229,11 @@ static int64_t tag_seed(int64_t seed, uint64_t tag)
     return (int64_t)((uint64_t)seed ^ npyl_mix64(tag * NPYL_GOLDEN));
 }
 
+int64_t npyl_mix_source_seed(int64_t seed, size_t k)
+{
+    return tag_seed(seed, k);
+}
+
 /* Source k's next draw is its c-th: as (pass, offset). A source without
  * samples has weight 0 and never draws. */
 static void set_next(npyl_mix *m, size_t k, int64_t c)

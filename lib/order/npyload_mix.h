@@ -212,6 +212,10 @@ typedef struct npyl_mix npyl_mix;
 NPYL_HIDDEN int npyl_mix_quantize(const double *w, size_t k, const int64_t *n,
                                   uint32_t *u, char *err, size_t errlen);
 
+/* s_k = seed XOR mix64(k * G): the seed of source k's permutations, and of
+ * its rows' augmentation decisions ("Augmentation of a mixture row"). Pure. */
+NPYL_HIDDEN int64_t npyl_mix_source_seed(int64_t seed, size_t k);
+
 /* Creates a mixture (first segment: epoch 0, position 0, no draws).
  * @return : 0; NPYLOAD_EINVAL (a bad parameter, named in err); -ENOMEM. */
 NPYL_HIDDEN int npyl_mix_create(const npyl_mix_params *p, npyl_mix **out,
