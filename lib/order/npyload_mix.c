@@ -167,8 +167,10 @@ int npyl_mix_quantize(const double *w, size_t k, const int64_t *n, uint32_t *u,
             return npyl_fail(err, errlen, NPYLOAD_EINVAL,
                              "mix: source %zu has weight %g but no samples",
                              i, w[i]);
-        double q = floor(w[i] / sum * (double)NPYL_MIX_WEIGHT_ONE + 0.5);
-        u[i] = q < 1 ? 1 : (uint32_t)q;
+        /* floor of a value in [0.5, 2^30 + 0.5]: the conversion truncates
+         * toward zero, which is floor here (and needs no libm) */
+        uint32_t q = (uint32_t)(w[i] / sum * (double)NPYL_MIX_WEIGHT_ONE + 0.5);
+        u[i] = q < 1 ? 1 : q;
     }
     return 0;
 }
