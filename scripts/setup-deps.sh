@@ -4,7 +4,7 @@
 # `python -m pip`. Idempotent: when everything is there it installs nothing
 # and does not run `apt-get update`.
 #
-#   bash scripts/setup-deps.sh [demo|test|fuzz|ci]     # check, install the missing
+#   bash scripts/setup-deps.sh [demo|test|fuzz|docs|ci] # check, install the missing
 #   source scripts/setup-deps.sh test                   # check only (never installs),
 #                                                       #   then export NPYLOAD_PYTHON
 #                                                       #   (and PATH for a venv)
@@ -12,10 +12,11 @@
 #
 # What each profile needs is declared once: Debian packages in
 # scripts/debian-packages.txt (read only by this script), Python packages in
-# pyproject.toml's extras ("test"; "ci" adds torch==2.13.0, exactly: any
-# other version pulls gigabytes of CUDA wheels). Profiles: demo (build and
-# run the bench), test (demo + the C and Python tests), fuzz (demo + clang's
-# sanitizer and libFuzzer runtime), ci (test + fuzz + the "ci" extra).
+# pyproject.toml's extras ("test"; "docs"; "ci" adds torch==2.13.0, exactly:
+# any other version pulls gigabytes of CUDA wheels). Profiles: demo (build
+# and run the bench), test (demo + the C and Python tests), fuzz (demo +
+# clang's sanitizer and libFuzzer runtime), docs (test + the "docs" extra +
+# Chromium, scripts/build-docs.sh), ci (test + fuzz + docs + the "ci" extra).
 #
 # Python: the interpreter is $NPYLOAD_PYTHON (default python3). An active
 # virtualenv is used as it is. A distribution interpreter that refuses pip
@@ -48,8 +49,8 @@ PRINT_PY=0
 if [[ ${1:-} == --print-python ]]; then PRINT_PY=1; shift; fi
 PROFILE=${1:-test}
 case $PROFILE in
-  demo|test|fuzz|ci) ;;
-  *) echo "usage: $0 [demo|test|fuzz|ci]" >&2; exit 2 ;;
+  demo|test|fuzz|docs|ci) ;;
+  *) echo "usage: $0 [demo|test|fuzz|docs|ci]" >&2; exit 2 ;;
 esac
 NO_INSTALL=${NPYLOAD_NO_INSTALL:-0}
 [[ $NO_INSTALL == 0 || -z $NO_INSTALL ]] && NO_INSTALL=0 || NO_INSTALL=1
@@ -59,7 +60,7 @@ wants() {  # wants PROFILE...: is the current profile one of these (or above)?
   local p
   for p; do
     case $p:$PROFILE in
-      demo:*|test:test|test:ci|fuzz:fuzz|fuzz:ci|ci:ci) return 0 ;;
+      demo:*|test:test|test:docs|test:ci|fuzz:fuzz|fuzz:ci|docs:docs|docs:ci|ci:ci) return 0 ;;
     esac
   done
   return 1
@@ -182,6 +183,7 @@ PIP_REQS=()
 if wants test; then
   python_facts || exit 1
   extras=(test)
+  wants docs && extras+=(docs)
   wants ci && extras+=(ci)
   read -r -a PIP_REQS <<<"$(extra_reqs "${extras[@]}" | tr '\n' ' ')" || true
   ((${#PIP_REQS[@]})) || { say "ERROR: no Python requirements read from pyproject.toml"; exit 1; }

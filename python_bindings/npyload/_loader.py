@@ -441,6 +441,8 @@ class Loader(Generic[_B]):
         later epochs read them from there; ranks of a node may share it.
         Secrets never appear in messages, ``stats()`` or ``state_dict()``.
 
+    Notes
+    -----
     Per-batch hook (``transform=fn``): one thread per loader calls ``fn`` on
     each batch (a ``Batch`` or ``BatchTuple``) and queues the result; at most
     ``prefetch`` batches are ahead of the loop (queued results and the one

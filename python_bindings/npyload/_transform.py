@@ -57,6 +57,9 @@ class Transform:
         multiplied by it when the sample is flipped (vector targets such as
         offsets (du, dv) of a float field; a sample with fewer than two axes
         is never moved, only signed).
+
+    Notes
+    -----
     The decisions are a pure function of (seed, epoch, global sample index),
     documented bit for bit in npyload.h ("Augmentation"): the same for any
     worker count, backend, world size and resume, and shared by every field

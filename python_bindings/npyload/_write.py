@@ -256,6 +256,8 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
     progress
         A progress line on stderr when it is a terminal.
 
+    Notes
+    -----
     Every file goes through a temporary name that is fsynced and renamed
     (npyload-pack's durability rules), so a file under its final name is
     always complete. Writing the same source twice gives identical bytes
