@@ -327,8 +327,8 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
     remote
         For ``out="s3://bucket/prefix"``: ``Loader``'s ``remote=`` mapping
         (endpoint, region, credentials...); without it the AWS environment
-        and ``~/.aws``, as for reading. Needs boto3 (``pip install
-        npyload[s3]``); objects of 64 MiB and more go up in parts. Each
+        and ``~/.aws``, as for reading. Needs boto3
+        (``pip install npyload[s3]``); objects of 64 MiB and more go up in parts. Each
         object carries the writer's facts in its metadata (who made it, the
         sha256 of its data), which resume and the ownership rule read;
         there is no lock on object storage (one writer per prefix).
