@@ -878,10 +878,15 @@ class Loader(Generic[_B]):
         wrap = _functools.partial(_wrap_raw, torch=self._torch, np=self._np,
                                   copy=self.copy, as_tuple=self.as_tuple,
                                   bf16=getattr(self, "_bf16", None), aug=self._aug_fields)
-        self._pipe = _HookPipe(c, wrap, self.transform, _hook_depth(self.prefetch), stream,
-                               self._clock, self.transform_workers,
-                               _rng_key(self.seed, self.rank))
-        return _Iterator(self, self._gen, self._pipe)
+        pipe = self._pipe = _HookPipe(c, wrap, self.transform, _hook_depth(self.prefetch),
+                                      stream, self._clock, self.transform_workers,
+                                      _rng_key(self.seed, self.rank))
+        try:
+            pipe.start()
+            return _Iterator(self, self._gen, pipe)
+        except BaseException:  # Ctrl-C while the threads start: none is left running
+            self._stop_pipe()
+            raise
 
     def state_dict(self) -> LoaderState:
         """The position after the last batch handed out (with transform=:
