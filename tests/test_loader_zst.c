@@ -861,6 +861,77 @@ Test(loader_zst, a_file_list_holding_a_file_and_its_packed_twin_is_refused)
     tu_rmtree(d.dir);
 }
 
+/* Stored narrowed twins (issue 35, item 8): '*.npy' matches FILE.npy and
+ * FILE.narrow.npy (npyload-pack --narrow --store without --rm), every
+ * sample twice. Refused at start naming both, as the .npy.zst twin is; so
+ * are FILE.npy.zst and FILE.narrow.npy together (two forms of one source,
+ * the source gone). '*.narrow.npy' alone loads, and a plain file that only
+ * carries the name (no value table) is not anybody's twin. */
+Test(loader_zst, a_glob_matching_a_file_and_its_narrowed_twin_is_refused)
+{
+    char *dir = tu_mkdtemp("loader_zst_narrow_twin");
+    const int64_t shape[2] = {6, 4};
+    float v[24];
+    for (int i = 0; i < 24; i++)
+        v[i] = (float)(i % 3) * 0.5f;
+    char src[2][600], nar[2][700], g[700];
+    for (int k = 0; k < 2; k++) {
+        snprintf(src[k], sizeof src[k], "%s/x_%04d.npy", dir, k);
+        cr_assert_geq(tu_write_npy(src[k], "<f4", 0, 2, shape, v, sizeof v, 64), 0);
+        npyload_pack_options o = {.threads = 1, .narrow = 1, .store = 1};
+        char err[512] = "";
+        cr_assert_eq(npyload_pack_file(src[k], NULL, &o, sizeof o, NULL, 0, err, sizeof err),
+                     0, "%s", err);
+        snprintf(nar[k], sizeof nar[k], "%s/x_%04d.narrow.npy", dir, k);
+    }
+    npyload_loader *L;
+    snprintf(g, sizeof g, "%s/x_*.npy", dir);
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "x", g), 0, "%s", npyload_loader_errmsg(L));
+    expect_twins_refused(L, src[0], nar[0]);
+    /* An explicit list, another spelling of the source. */
+    char spelled[700];
+    snprintf(spelled, sizeof spelled, "%s/./x_0001.npy", dir);
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field_files(L, "x", (const char *[]){nar[1], spelled}, 2),
+                 0);
+    expect_twins_refused(L, spelled, nar[1]);
+    /* The narrowed form alone loads: the values, 12 samples. */
+    snprintf(g, sizeof g, "%s/x_*.narrow.npy", dir);
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "x", g), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 6), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_batch *b;
+    cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(memcmp(npyload_batch_field(b, 0)->data, v, sizeof v), 0);
+    npyload_batch_release(b);
+    cr_assert_eq(npyload_loader_num_batches(L), 2);
+    npyload_loader_destroy(L);
+    /* Two packed forms of x_0000.npy, the source removed. */
+    npyload_pack_options o = {.threads = 1, .narrow = 1};
+    char err[512] = "", zst[700];
+    cr_assert_eq(npyload_pack_file(src[0], NULL, &o, sizeof o, NULL, 0, err, sizeof err), 0,
+                 "%s", err);
+    snprintf(zst, sizeof zst, "%s.zst", src[0]);
+    cr_assert_eq(unlink(src[0]), 0);
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field_files(L, "x", (const char *[]){nar[0], zst}, 2), 0);
+    expect_twins_refused(L, nar[0], zst);
+    /* A plain .npy named like a narrowed one is nobody's twin. */
+    char plain[700];
+    snprintf(plain, sizeof plain, "%s/y.narrow.npy", dir);
+    cr_assert_geq(tu_write_npy(plain, "<f4", 0, 2, shape, v, sizeof v, 64), 0);
+    snprintf(g, sizeof g, "%s/y.npy", dir);
+    cr_assert_geq(tu_write_npy(g, "<f4", 0, 2, shape, v, sizeof v, 64), 0);
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field_files(L, "y", (const char *[]){g, plain}, 2), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 6), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_loader_destroy(L);
+    tu_rmtree(dir);
+}
+
 /* A huge BATCH_SIZE over a small packed field: the per-worker .npy.zst
  * state is sized, like the slots, for the rows a batch can hold (the whole
  * field here), not for BATCH_SIZE (2^31 rows of frame bookkeeping would be

@@ -438,51 +438,110 @@ static int file_id_cmp(const void *pa, const void *pb)
     return a->ino < b->ino ? -1 : a->ino > b->ino;
 }
 
+/* The file that path was made from, when path is a packed or narrowed
+ * form of another (*stem malloc'd): FILE.zst from FILE (npyload-pack), a
+ * stored narrowed FILE.narrow.npy (one the reader found a value table in)
+ * from FILE.npy (npyload-pack --narrow --store). 0 with *stem NULL for any
+ * other path; -ENOMEM. */
+static int twin_source(const char *path, const npyl_ffile *ff, char **stem, const char **form)
+{
+    static const char zst[] = ".zst", nar[] = ".narrow.npy";
+    size_t len = strlen(path), zl = sizeof zst - 1, nl = sizeof nar - 1;
+    *stem = NULL;
+    if (len > zl && strcmp(path + len - zl, zst) == 0) {
+        *form = "unpacked and packed";
+        *stem = strndup(path, len - zl);
+    } else if (ff->nx && len > nl && strcmp(path + len - nl, nar) == 0) {
+        *form = "plain and narrowed";
+        if ((*stem = malloc(len - nl + 5)))
+            snprintf(*stem, len - nl + 5, "%.*s.npy", (int)(len - nl), path);
+    } else {
+        return 0;
+    }
+    return *stem ? 0 : -ENOMEM;
+}
+
+static int twin_refused(npyload_loader *L, const npyl_field *f, const char *a, const char *b,
+                        const char *form)
+{
+    return npyl_loader_fail(L, NPYLOAD_EINVAL,
+                            "field '%s' holds both %s and %s: the same samples %s, so every "
+                            "one would be delivered twice; keep one form (a glob such as "
+                            "'*.npy', '*.npy.zst' or '*.narrow.npy', or delete the source "
+                            "files after packing: npyload-pack --rm)",
+                            f->name, a, b, form);
+}
+
+typedef struct stem_at {
+    const char *stem;
+    size_t k;
+} stem_at;
+
+static int stem_cmp(const void *pa, const void *pb)
+{
+    const stem_at *a = pa, *b = pb;
+    int c = strcmp(a->stem, b->stem);
+    return c ? c : (a->k > b->k) - (a->k < b->k);
+}
+
+/* Two derived forms of one source in field f (FILE.npy.zst and
+ * FILE.narrow.npy, the source itself gone): stems[k] as twin_source gave
+ * them, nstem of them not NULL. */
+static int check_two_forms(npyload_loader *L, const npyl_field *f, char *const *stems,
+                           size_t nstem)
+{
+    stem_at *v = malloc(nstem * sizeof *v);
+    if (!v)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    size_t n = 0;
+    for (size_t k = 0; k < f->npaths; k++)
+        if (stems[k])
+            v[n++] = (stem_at){stems[k], k};
+    qsort(v, n, sizeof *v, stem_cmp);
+    int rc = 0;
+    for (size_t i = 1; i < n && rc == 0; i++)
+        if (strcmp(v[i - 1].stem, v[i].stem) == 0)
+            rc = twin_refused(L, f, f->paths[v[i - 1].k], f->paths[v[i].k],
+                              "in two packed forms");
+    free(v);
+    return rc;
+}
+
 /* Refuses a field that holds a file and its packed twin: FILE.zst beside
- * FILE (a glob over a whole directory, packed without --rm) would
- * deliver every sample twice. FILE is looked up by identity (device and
- * inode), so any spelling of it in an explicit list is caught too. Runs
- * after load_field (identities in io_files), before the fields' sample
- * counts are compared (which would only say "twice as many"). */
+ * FILE, or FILE.narrow.npy beside FILE.npy (a glob over a whole directory,
+ * packed without --rm) would deliver every sample twice. FILE is looked up
+ * by identity (device and inode), so any spelling of it in an explicit list
+ * is caught too; two forms of one source whose source is gone (FILE.npy.zst
+ * and FILE.narrow.npy) by their names. Runs after load_field (identities in
+ * io_files, value tables found), before the fields' sample counts are
+ * compared (which would only say "twice as many"). */
 static int check_packed_twins(npyload_loader *L, const npyl_field *f)
 {
-    size_t nzst = 0;
-    for (size_t k = 0; k < f->npaths; k++) {
-        size_t len = strlen(f->paths[k]);
-        nzst += len > 4 && strcmp(f->paths[k] + len - 4, ".zst") == 0;
-    }
-    if (nzst == 0 || f->npaths < 2)
+    if (f->npaths < 2)
         return 0;
     file_id *ids = malloc(f->npaths * sizeof *ids);
-    char *stem = NULL;
-    if (!ids)
-        return npyl_loader_fail(L, -ENOMEM, "out of memory");
-    for (size_t k = 0; k < f->npaths; k++) {
+    char **stems = calloc(f->npaths, sizeof *stems);
+    const char **forms = calloc(f->npaths, sizeof *forms);
+    int rc = ids && stems && forms ? 0 : npyl_loader_fail(L, -ENOMEM, "out of memory");
+    size_t nstem = 0;
+    for (size_t k = 0; k < f->npaths && rc == 0; k++) {
         const npyl_file_info *fi = &L->io_files[f->files[k].io_index];
         ids[k] = (file_id){fi->dev, fi->ino, k};
-    }
-    qsort(ids, f->npaths, sizeof *ids, file_id_cmp);
-    int rc = 0;
-    for (size_t k = 0; k < f->npaths && rc == 0; k++) {
-        const char *zp = f->paths[k];
-        size_t len = strlen(zp);
-        if (len <= 4 || strcmp(zp + len - 4, ".zst") != 0)
-            continue;
-        free(stem);
-        stem = strndup(zp, len - 4);
-        if (!stem) {
+        if (twin_source(f->paths[k], &f->files[k], &stems[k], &forms[k]))
             rc = npyl_loader_fail(L, -ENOMEM, "out of memory");
-            break;
-        }
+        nstem += stems[k] != NULL;
+    }
+    if (rc == 0 && nstem)
+        qsort(ids, f->npaths, sizeof *ids, file_id_cmp);
+    for (size_t k = 0; k < f->npaths && rc == 0 && nstem; k++) {
+        const char *stem = stems[k], *zp = f->paths[k];
+        if (!stem)
+            continue;
         if (npyl_remote_is_url(zp)) {
-            /* Remote: the same URL without ".zst" in the field. */
+            /* Remote: the source's URL in the field. */
             for (size_t j = 0; j < f->npaths && rc == 0; j++)
                 if (strcmp(f->paths[j], stem) == 0)
-                    rc = npyl_loader_fail(L, NPYLOAD_EINVAL,
-                                          "field '%s' holds both %s and %s: the same samples "
-                                          "unpacked and packed, so every one would be "
-                                          "delivered twice; keep one form",
-                                          f->name, f->paths[j], zp);
+                    rc = twin_refused(L, f, f->paths[j], zp, forms[k]);
             continue;
         }
         struct stat st;
@@ -490,16 +549,15 @@ static int check_packed_twins(npyload_loader *L, const npyl_field *f)
             continue; /* packed with --rm, or never unpacked: fine */
         file_id key = {(uint64_t)st.st_dev, (uint64_t)st.st_ino, 0};
         const file_id *hit = bsearch(&key, ids, f->npaths, sizeof *ids, file_id_cmp);
-        if (hit && hit->k != k) /* not the .zst itself (a hard link) */
-            rc = npyl_loader_fail(
-                L, NPYLOAD_EINVAL,
-                "field '%s' holds both %s and %s: the same samples unpacked and packed, "
-                "so every one would be delivered twice; keep one form (a glob such as "
-                "'*.npy' or '*.npy.zst', or delete the .npy files after packing: "
-                "npyload-pack --rm)",
-                f->name, f->paths[hit->k], zp);
+        if (hit && hit->k != k) /* not the packed file itself (a hard link) */
+            rc = twin_refused(L, f, f->paths[hit->k], zp, forms[k]);
     }
-    free(stem);
+    if (rc == 0 && nstem > 1)
+        rc = check_two_forms(L, f, stems, nstem);
+    for (size_t k = 0; stems && k < f->npaths; k++)
+        free(stems[k]);
+    free(stems);
+    free(forms);
     free(ids);
     return rc;
 }

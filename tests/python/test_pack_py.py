@@ -486,6 +486,43 @@ def test_narrow_store_damage_is_named(tmp_path):
     assert "not in the file's table" in load_err(bytes(code))
 
 
+def _file_server(root):
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    from weed_server import FileServer
+    return FileServer(root)
+
+
+def test_narrow_store_twin_is_refused(tmp_path):
+    """Issue 35, item 8: '*.npy' matches FILE.npy and FILE.narrow.npy (packed
+    with --narrow --store, no --rm), which would deliver every sample
+    twice. Refused at start naming both files, as the FILE.npy.zst twin
+    is, for a glob, a list and http:// URLs; '*.narrow.npy' alone loads the
+    values (numpy's reading of the sources)."""
+    arrs = [((np.arange(24) + 7 * i) % 5 / 4).astype(np.float32).reshape(6, 4)
+            for i in range(2)]
+    for i, a in enumerate(arrs):
+        np.save(tmp_path / f"x_{i}.npy", a)
+        npyload.pack(tmp_path / f"x_{i}.npy", narrow=True, store=True)
+
+    def refused(spec):
+        with pytest.raises(npyload.NpyloadError) as e:
+            npyload.Loader({"x": spec}, batch_size=4, output="numpy")
+        msg = str(e.value)
+        assert "twice" in msg and "narrow" in msg, msg
+        return msg
+
+    msg = refused(str(tmp_path / "x_*.npy"))
+    assert str(tmp_path / "x_0.npy") in msg and str(tmp_path / "x_0.narrow.npy") in msg, msg
+    refused([str(tmp_path / "x_1.narrow.npy"), str(tmp_path / "x_1.npy")])
+    with _file_server(tmp_path) as fs:
+        urls = [fs.url("x_0.npy"), fs.url("x_1.npy"), fs.url("x_0.narrow.npy")]
+        msg = refused(urls)
+        assert fs.url("x_0.npy") in msg and fs.url("x_0.narrow.npy") in msg, msg
+    got = _loaded(str(tmp_path / "x_*.narrow.npy"), 12)
+    assert got.tobytes() == np.concatenate(arrs).tobytes()
+
+
 def test_cli_narrow_store(tmp_path):
     a = (np.arange(64) % 7 / 7).astype(np.float32).reshape(16, 4)
     np.save(tmp_path / "n.npy", a)
