@@ -313,6 +313,43 @@ static void probes_free(npyl_remote_probe *p, size_t n)
 static int load_files(npyload_loader *L, npyl_field *f, const npyl_remote_probe *probes,
                       size_t *io_next, int64_t *samples);
 
+/* ON_ERROR skip and a .npy whose file holds only part of the data its
+ * header announces (a failed copy among thousands): h as the parser filled
+ * it (rc NPYLOAD_ETRUNCATED on the data check alone). The file is loaded
+ * with the rows its header says, so that fields and indices stay as they
+ * are; the rows it lacks fail when read (the io and remote layers refuse a
+ * read past the size seen at start) and are skipped and counted like any
+ * failed read. Named once, here, in the skip log (the loader's
+ * last_skip_error; Python warns with it). A stored narrowed file cut short
+ * has lost its value table: refused, never delivered as codes. Returns 0
+ * or rc. */
+static int accept_short(npyload_loader *L, const npyl_field *f, const char *path,
+                        const npyload_header *h, int rc, size_t *nshort)
+{
+    static const char nar[] = ".narrow.npy";
+    size_t len = strlen(path), nl = sizeof nar - 1;
+    if (rc != NPYLOAD_ETRUNCATED || L->opt[NPYLOAD_OPT_ON_ERROR] != 1 || !h->descr[0] ||
+        h->ndim < 1 || h->data_offset > h->file_bytes ||
+        h->data_offset + h->data_bytes <= h->file_bytes ||
+        (len > nl && strcmp(path + len - nl, nar) == 0))
+        return rc;
+    uint64_t row = h->itemsize;
+    for (int d = 1; d < h->ndim; d++)
+        row *= (uint64_t)h->shape[d];
+    uint64_t whole = row ? (h->file_bytes - h->data_offset) / row : 0;
+    if (++*nshort == 1) {
+        pthread_mutex_lock(&L->skip.mu);
+        snprintf(L->skip.msg, sizeof L->skip.msg,
+                 "field '%s': %.700s holds %" PRIu64 " of the %" PRId64 " samples its header "
+                 "says (%" PRIu64 " of %" PRIu64 " data bytes: a truncated file); with "
+                 "on_error skip the missing samples are skipped and counted when read",
+                 f->name, path, whole, h->shape[0], h->file_bytes - h->data_offset,
+                 h->data_bytes);
+        pthread_mutex_unlock(&L->skip.mu);
+    }
+    return 0;
+}
+
 /* Reads the headers of field f's files, checks they agree, and records the
  * files in the io table. *io_next is the next free io_files index; *samples
  * receives the field's total. */
@@ -336,6 +373,7 @@ static int load_files(npyload_loader *L, npyl_field *f, const npyl_remote_probe 
 {
     char err[NPYL_ERRMSG_LEN];
     int64_t total = 0;
+    size_t nshort = 0;
     for (size_t k = 0; k < f->npaths; k++) {
         const char *path = f->paths[k];
         const npyl_remote_probe *rp = probes && probes[k].url ? &probes[k] : NULL;
@@ -344,6 +382,8 @@ static int load_files(npyload_loader *L, npyl_field *f, const npyl_remote_probe 
         npyl_zst_narrow *nx = NULL;
         int rc = rp ? read_remote_header(L->remote, rp, &h, &zst, &nx, err, sizeof err)
                     : read_any_header(path, &h, &zst, &nx, err, sizeof err);
+        if (rc && !zst && !nx)
+            rc = accept_short(L, f, path, &h, rc, &nshort);
         if (rc)
             return npyl_loader_fail(L, rc, "field '%s': %s", f->name, err);
         f->files[k].zst = zst; /* freed with the file table from here on */
@@ -416,6 +456,13 @@ static int load_files(npyload_loader *L, npyl_field *f, const npyl_remote_probe 
         if (__builtin_add_overflow(total, h.shape[0], &total))
             return npyl_loader_fail(L, NPYLOAD_ETOOBIG, "field '%s': sample count overflows",
                                     f->name);
+    }
+    if (nshort > 1) {
+        pthread_mutex_lock(&L->skip.mu);
+        size_t m = strlen(L->skip.msg);
+        snprintf(L->skip.msg + m, sizeof L->skip.msg - m, " (and %zu more files of field '%s' "
+                 "are short)", nshort - 1, f->name);
+        pthread_mutex_unlock(&L->skip.mu);
     }
     if (f->row_bytes == 0)
         return npyl_loader_fail(L, NPYLOAD_EUNSUPPORTED,
