@@ -530,6 +530,43 @@ Test(loader, short_at_start_skipped_pread_direct) { short_at_start_case(NPYLOAD_
 Test(loader, short_at_start_skipped_mmap) { short_at_start_case(NPYLOAD_IO_MMAP, 0); }
 Test(loader, short_at_start_skipped_uring) { short_at_start_case(NPYLOAD_IO_URING, 0); }
 
+/* npyload_loader_stop keeps what start read of the fields; the next start
+ * reads them again only when a local file changed since (what Python's
+ * constructor check relies on: a file changed before the first iter() is
+ * refused at that start, naming it, and a fixed file is then taken). */
+Test(loader, stop_then_start_reads_again_only_what_changed)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 1, .prefetch = 1, .batch = 8};
+    npyload_loader *L = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_stop(L), 0, "%s", npyload_loader_errmsg(L));
+    char *p = tu_path(d.dir, "lab_0002.npy");
+    size_t sz;
+    unsigned char *saved = tu_read_file(p, &sz);
+    cr_assert_eq(truncate(p, (off_t)(sz - 7)), 0);
+    cr_assert_eq(npyload_loader_start(L), NPYLOAD_ETRUNCATED, "the change is found at start");
+    cr_assert_not_null(strstr(npyload_loader_errmsg(L), "lab_0002.npy"), "%s",
+                       npyload_loader_errmsg(L));
+    FILE *f = fopen(p, "wb");
+    cr_assert_eq(fwrite(saved, 1, sz, f), sz);
+    fclose(f);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_batch *b;
+    int rc, n = 0;
+    while ((rc = npyload_loader_next(L, &b)) == 0) {
+        check_batch(b);
+        n += (int)npyload_batch_size(b);
+        npyload_batch_release(b);
+    }
+    cr_assert_eq(rc, NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(n, N_TOTAL);
+    npyload_loader_destroy(L);
+    free(saved);
+    free(p);
+    tu_rmtree(d.dir);
+}
+
 /* From here on this (forked) test process gets EPERM from io_uring_setup,
  * as containers' seccomp profiles answer. */
 static void refuse_io_uring(void)

@@ -669,6 +669,20 @@ static int check_alignment(npyload_loader *L)
     return 0;
 }
 
+int npyl_loaded_fields_changed(const npyload_loader *L)
+{
+    for (size_t i = 0; i < L->nio_files; i++) {
+        if (L->robjs && L->robjs[i].url)
+            continue; /* remote: its ETag is checked at every read */
+        const npyl_file_info *was = &L->io_files[i];
+        npyl_file_info now;
+        if (npyl_io_stat(was->path, &now) != 0 || now.size != was->size ||
+            now.dev != was->dev || now.ino != was->ino || now.mtime_ns != was->mtime_ns)
+            return 1;
+    }
+    return 0;
+}
+
 int npyl_load_fields(npyload_loader *L)
 {
     if (L->nfields == 0)

@@ -161,6 +161,10 @@ NPYL_HIDDEN int npyl_loader_auto_backend(char *why, size_t whylen);
 /* npyload_loader_fields.c: reads every field's headers at start, checks
  * them and fills the io file table and L->n. */
 NPYL_HIDDEN int npyl_load_fields(npyload_loader *L);
+/* Fields kept by npyload_loader_stop: 1 when a local file changed since
+ * start read it (size, device and inode, mtime: what lib/io checks at each
+ * read), else 0. Stats each local file; reads nothing. */
+NPYL_HIDDEN int npyl_loaded_fields_changed(const npyload_loader *L);
 
 /* npyload_loader_remote.c: a probed remote object as a reader (its head
  * and tail bytes from the probe, the rest by ranged GETs checked against

@@ -690,6 +690,10 @@ static int start_ctl(npyload_loader *L)
     size_t nworkers = 0, prefetch = 0;
     if ((rc = resolve_counts(L, &nworkers, &prefetch)))
         return rc;
+    /* Kept by stop: read again only when a local file changed since, so
+     * that the change is refused (or adopted) here, as at a first start. */
+    if (L->fields_loaded && npyl_loaded_fields_changed(L))
+        npyl_loader_drop_loaded_fields(L);
     if ((!L->fields_loaded && (rc = npyl_load_fields(L))) || (rc = need_batch_size(L)) || (rc = plan_transforms(L)) || (rc = plan_rows(L)) ||
         (rc = resolve_backend(L)) || (rc = open_cuda(L)) || (rc = open_tdev(L)) ||
         (rc = plan_layout(L)) || (rc = plan_order(L)) ||
