@@ -88,6 +88,18 @@ typedef enum npyload_error {
  *           a -errno value or an NPYLOAD_E* code. Never NULL. Thread-safe. */
 NPYLOAD_API const char *npyload_strerror(int err);
 
+/*! npyload_mask_urls() :
+ * Copies `text` into buf[len] (always NUL-terminated when len > 0) with
+ * every URL's secrets masked: the password of a userinfo
+ * (scheme://user:PASSWORD@host becomes scheme://user:***@host) and a query
+ * string (a presigned URL's signature: "?..."). A URL ends at white space,
+ * a quote or an angle bracket. Every message of the library (errmsg,
+ * last_skip_error, the err buffers) is already masked this way; the tools
+ * and bindings use it for the paths they print themselves.
+ * @return : the length of the masked text (as snprintf: buf holds all of
+ *           it when the result is below len). Thread-safe. */
+NPYLOAD_API size_t npyload_mask_urls(const char *text, char *buf, size_t len);
+
 /*! npyload_version_string() : the library's version, "major.minor.patch". */
 NPYLOAD_API const char *npyload_version_string(void);
 

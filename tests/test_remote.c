@@ -480,3 +480,100 @@ Test(remote, a_server_gone_fails_in_bounded_time)
     site_down(&s);
 }
 #endif
+
+/* ---- secrets in URLs (issue 35, item 14) ---- */
+
+Test(remote, mask_urls_hides_userinfo_passwords_and_query_strings)
+{
+    static const char *const cases[][2] = {
+        {"http://user:PASS@host/x.npy", "http://user:***@host/x.npy"},
+        {"https://u:p@h:8443", "https://u:***@h:8443"},
+        {"field 'x': http://a:b%40c@h/x.npy: HTTP 404", "field 'x': http://a:***@h/x.npy: HTTP 404"},
+        {"http://u:P@ss@h/x", "http://u:***@h/x"},          /* the last '@' ends it */
+        {"http://user@h/x (no password)", "http://user@h/x (no password)"},
+        {"https://h/p?X-Amz-Signature=abc: GET failed", "https://h/p?...: GET failed"},
+        {"https://h/p?X-Amz-Signature=abc", "https://h/p?..."},
+        {"s3://bkt/k.npy and http://x:y@z/a?q=1, done", "s3://bkt/k.npy and http://x:***@z/a?..., done"},
+        {"'http://u:secret@h/a.npy'", "'http://u:***@h/a.npy'"},
+        {"no url here: a:b@c", "no url here: a:b@c"},
+        {"://u:p@h", "://u:p@h"},                         /* no scheme */
+        {"", ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char out[256];
+        size_t n = npyload_mask_urls(cases[i][0], out, sizeof out);
+        cr_assert_str_eq(out, cases[i][1], "case %zu", i);
+        cr_assert_eq(n, strlen(cases[i][1]));
+    }
+    /* Truncation as snprintf: the length that would be written. */
+    char small[12];
+    size_t n = npyload_mask_urls("http://u:pw@host/long/path", small, sizeof small);
+    cr_assert_eq(n, strlen("http://u:***@host/long/path"));
+    cr_assert_str_eq(small, "http://u:**");
+    cr_assert_eq(npyload_mask_urls("x", NULL, 0), 1);
+}
+
+#ifdef NPYLOAD_HAVE_REMOTE
+/* URLs with a password in them: no message of the loader shows it, at
+ * add_field/start (a missing object), mid-epoch (an object changed since
+ * start) or in last_skip_error (ON_ERROR skip). */
+Test(remote, a_password_in_a_url_is_never_shown)
+{
+    site s;
+    site_up(&s, 0);
+    for (size_t k = 0; k < NF; k++) {
+        char u[256];
+        snprintf(u, sizeof u, "http://user:S3cretPw@127.0.0.1:%d/x_%04zu.npy",
+                 tu_http_port(s.h), k);
+        free(s.url[k]);
+        s.url[k] = strdup(u);
+    }
+    char *keep = s.url[1];
+    char missing[256];
+    snprintf(missing, sizeof missing, "http://user:S3cretPw@127.0.0.1:%d/gone.npy",
+             tu_http_port(s.h));
+    s.url[1] = missing;
+    npyload_loader *b = loader(s.url, NULL, 1);
+    cr_assert_eq(npyload_loader_start(b), -ENOENT, "%s", npyload_loader_errmsg(b));
+    const char *msg = npyload_loader_errmsg(b);
+    cr_assert(strstr(msg, "http://user:***@127.0.0.1:") && strstr(msg, "gone.npy"), "%s", msg);
+    cr_assert_null(strstr(msg, "S3cretPw"), "%s", msg);
+    npyload_loader_destroy(b);
+    s.url[1] = keep;
+    for (int skip = 0; skip <= 1; skip++) {
+        b = loader(s.url, NULL, 1);
+        npyload_loader_set(b, NPYLOAD_OPT_NUM_WORKERS, NPYLOAD_WORKERS_SYNC);
+        npyload_loader_set(b, NPYLOAD_OPT_ON_ERROR, skip);
+        cr_assert_eq(npyload_loader_start(b), 0, "%s", npyload_loader_errmsg(b));
+        /* Same size, new bytes: a new ETag. */
+        for (size_t k = 0; k < NF; k++) {
+            size_t n;
+            unsigned char *d = tu_read_file(s.local[k], &n);
+            d[n - 1] ^= 0xff;
+            char tmp[1024];
+            snprintf(tmp, sizeof tmp, "%s.new", s.local[k]);
+            FILE *f = fopen(tmp, "wb");
+            cr_assert_eq(fwrite(d, 1, n, f), n);
+            fclose(f);
+            cr_assert_eq(rename(tmp, s.local[k]), 0);
+            free(d);
+        }
+        npyload_batch *x;
+        int rc = npyload_loader_next(b, &x);
+        char last[1024];
+        if (skip) {
+            cr_assert_eq(rc, 0, "%s", npyload_loader_errmsg(b));
+            npyload_batch_release(x);
+            npyload_loader_last_skip_error(b, last, sizeof last);
+            msg = last;
+        } else {
+            cr_assert_eq(rc, NPYLOAD_ECHANGED, "%d %s", rc, npyload_loader_errmsg(b));
+            msg = npyload_loader_errmsg(b);
+        }
+        cr_assert(strstr(msg, "http://user:***@127.0.0.1:"), "%s", msg);
+        cr_assert_null(strstr(msg, "S3cretPw"), "%s", msg);
+        npyload_loader_destroy(b);
+    }
+    site_down(&s);
+}
+#endif

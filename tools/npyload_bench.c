@@ -246,17 +246,20 @@ static const char *plot_path(const char *p, char *buf, size_t len)
 static void add_field(nb_config *cfg, const char *a)
 {
     const char *eq = strchr(a, '=');
+    char shown[600];
+    npyload_mask_urls(a, shown, sizeof shown);
     if (!eq)
-        die_usage("unknown argument '%s'", a);
+        die_usage("unknown argument '%s'", shown);
     if (cfg->nfields == NB_MAX_FIELDS)
         die_usage("at most %d fields", NB_MAX_FIELDS);
     nb_field_info *fi = &cfg->fields[cfg->nfields++];
     size_t nl = (size_t)(eq - a);
+    snprintf(fi->glob, sizeof fi->glob, "%s", eq + 1);
+    npyload_mask_urls(fi->glob, fi->shown, sizeof fi->shown);
     if (nl == 0 || nl >= sizeof fi->name)
-        die_usage("'%s': a field is name=GLOB", a);
+        die_usage("'%s': a field is name=GLOB", shown);
     memcpy(fi->name, a, nl);
     fi->name[nl] = 0;
-    snprintf(fi->glob, sizeof fi->glob, "%s", eq + 1);
 }
 
 /* "a:b:c" -> up to 16 floats. @return : how many. */

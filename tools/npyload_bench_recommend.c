@@ -345,7 +345,7 @@ void nb_format_paste(const nb_config *cfg, const nb_recommendation *r, char *py,
     n += (size_t)snprintf(py + n, pylen - n, "npyload.Loader({");
     for (int k = 0; k < cfg->nfields && n < pylen; k++)
         n += (size_t)snprintf(py + n, pylen - n, "%s\"%s\": \"%s\"", k ? ", " : "",
-                              cfg->fields[k].name, cfg->fields[k].glob);
+                              cfg->fields[k].name, cfg->fields[k].shown);
     const char *io = !strcmp(r->io, "io_uring") ? "uring" : r->io;
     static const char *const shuffle[] = {"False", "True", "\"local\""};
     if (n < pylen)

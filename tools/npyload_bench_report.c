@@ -57,7 +57,7 @@ static void nb_json_config(FILE *f, const nb_config *c)
         nj_printf(f,
                   "{\"name\": %s, \"glob\": %s, \"files\": %zu, "
                   "\"sample_bytes\": %llu, \"descr\": %s, ",
-                  fi->name, fi->glob, fi->nfiles,
+                  fi->name, fi->shown, fi->nfiles,
                   (unsigned long long)fi->sample_bytes, fi->descr);
         if (fi->has_transform)
             nj_printf(f, "\"transform\": %s, \"sample_shape\": [", fi->transform);

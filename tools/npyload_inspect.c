@@ -175,14 +175,17 @@ static int inspect_one(npyload_remote_client *client, const char *path, int json
     } else if (rc < 0) { /* open or read failed: let the NPY reader say so */
         rc = npyload_read_header(path, &h, err, sizeof err);
     }
+    /* The path as shown: a URL's password and query string masked. */
+    char shown[1100];
+    npyload_mask_urls(path, shown, sizeof shown);
     if (rc == 0) {
         const npyload_zst_facts *z = zf ? npyload_zst_file_facts(zf) : NULL;
         if (z)
             h = z->hdr;
         if (json)
-            print_json(path, &h, z, verify && z);
+            print_json(shown, &h, z, verify && z);
         else
-            print_text(path, &h, z, verify && z);
+            print_text(shown, &h, z, verify && z);
         npyload_zst_file_close(zf);
         return 0;
     }
@@ -190,22 +193,22 @@ static int inspect_one(npyload_remote_client *client, const char *path, int json
 
     /* The library's message already reads "path: problem"; make sure the
      * path is named even if a failure left `err` empty. */
-    char msg[1300];
-    if (err[0] && strstr(err, path))
+    char msg[2400];
+    if (err[0] && strstr(err, shown))
         snprintf(msg, sizeof msg, "%s", err);
     else if (err[0])
-        snprintf(msg, sizeof msg, "%s: %s", path, err);
+        snprintf(msg, sizeof msg, "%s: %s", shown, err);
     else
-        snprintf(msg, sizeof msg, "%s: %s", path, npyload_strerror(rc));
+        snprintf(msg, sizeof msg, "%s: %s", shown, npyload_strerror(rc));
 
     if (json && bad != UINT32_MAX)
         nj_printf(stdout,
                   "{\"file\": %s, \"error\": %s, \"code\": %s, \"bad_frame\": %llu, "
                   "\"bad_offset\": %llu}\n",
-                  path, msg, npyload_strerror(rc), (unsigned long long)bad,
+                  shown, msg, npyload_strerror(rc), (unsigned long long)bad,
                   (unsigned long long)bad_off);
     else if (json)
-        nj_printf(stdout, "{\"file\": %s, \"error\": %s, \"code\": %s}\n", path, msg,
+        nj_printf(stdout, "{\"file\": %s, \"error\": %s, \"code\": %s}\n", shown, msg,
                   npyload_strerror(rc));
     /* stdout first so that an interleaved terminal shows the error after the
      * records that precede it. */
@@ -226,8 +229,10 @@ static int show_remote_config(void)
         return 1;
     }
     const npyload_remote *c = &t.cfg;
+    char endpoint[1100];
+    npyload_mask_urls(c->endpoint, endpoint, sizeof endpoint);
     nj_printf(stdout, "{\"endpoint\": %s, \"region\": %s, \"access_key\": %s, ",
-              c->endpoint, c->region, c->access_key);
+              c->endpoint ? endpoint : NULL, c->region, c->access_key);
     nj_printf(stdout, "\"secret_key\": %s, \"session_token\": %s, \"ca_file\": %s}\n",
               c->secret_key ? "(set)" : NULL, c->session_token ? "(set)" : NULL, c->ca_file);
     tool_remote_free(&t);

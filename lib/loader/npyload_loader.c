@@ -17,6 +17,7 @@ int npyl_loader_fail(npyload_loader *L, int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(L->errmsg, sizeof L->errmsg, fmt, ap);
     va_end(ap);
+    npyl_mask_urls_in(L->errmsg, sizeof L->errmsg); /* a path may be a URL */
     return code;
 }
 

@@ -75,8 +75,8 @@ NPYL_HIDDEN char *npyl_remote_request_url(const npyl_remote *r, const char *url,
  * fit. */
 NPYL_HIDDEN int npyl_remote_encode(char *dst, size_t cap, size_t *len, const char *s,
                                    int keep_slash);
-/* How a URL is named in messages: a query string (a presigned URL's
- * signature) is cut. */
+/* How a URL is named in messages: npyload_mask_urls (a userinfo's password
+ * masked, a query string, a presigned URL's signature, cut). */
 NPYL_HIDDEN void npyl_remote_display(const char *url, char *buf, size_t len);
 /* Sets up an easy handle for a GET (s3: an S3 request, signed when the
  * client has credentials): timeouts, TLS, no proxy

@@ -27,7 +27,11 @@ PyObject *npyloadpy_str(const char *s)
 PyObject *npyloadpy_raise(int rc, const char *detail)
 {
     const char *msg = (detail && detail[0]) ? detail : npyload_strerror(rc);
-    PyObject *text = npyloadpy_str(msg);
+    /* The library's messages are masked; this also covers what the
+     * extension formats itself with a path. */
+    char shown[2048];
+    npyload_mask_urls(msg, shown, sizeof shown);
+    PyObject *text = npyloadpy_str(shown);
     if (!text)
         return NULL;
     PyObject *exc = PyObject_CallOneArg(NpyloadPy_Error, text);
@@ -676,6 +680,27 @@ static PyObject *mod_pack_file(PyObject *self, PyObject *args, PyObject *kw)
     return res;
 }
 
+static PyObject *mod_mask_urls(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    PyObject *b = NULL;
+    if (!PyUnicode_FSConverter(arg, &b))
+        return NULL;
+    const char *s = PyBytes_AS_STRING(b);
+    size_t need = npyload_mask_urls(s, NULL, 0) + 1;
+    char *buf = PyMem_Malloc(need);
+    PyObject *res = NULL;
+    if (!buf) {
+        PyErr_NoMemory();
+    } else {
+        npyload_mask_urls(s, buf, need);
+        res = npyloadpy_str(buf);
+        PyMem_Free(buf);
+    }
+    Py_DECREF(b);
+    return res;
+}
+
 static PyMethodDef module_methods[] = {
     {"inspect", (PyCFunction)(void (*)(void))mod_inspect,
      METH_VARARGS | METH_KEYWORDS, inspect_doc},
@@ -685,6 +710,10 @@ static PyMethodDef module_methods[] = {
      METH_VARARGS | METH_KEYWORDS, order_doc},
     {"pack_file", (PyCFunction)(void (*)(void))mod_pack_file,
      METH_VARARGS | METH_KEYWORDS, pack_file_doc},
+    {"mask_urls", mod_mask_urls, METH_O,
+     "mask_urls(text) -> str: npyload_mask_urls(): text with every URL's "
+     "userinfo password shown as *** and its query string cut (?...), as "
+     "every message of the library is."},
     {"strerror", mod_strerror, METH_O,
      "strerror(code) -> str: npyload_strerror() of an error code."},
     {"default_prefetch", mod_default_prefetch, METH_O,
