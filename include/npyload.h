@@ -574,6 +574,22 @@ typedef struct npyload_remote {
 NPYLOAD_API int npyload_loader_set_remote(npyload_loader *L, const npyload_remote *cfg,
                                           size_t size);
 
+/*! npyload_loader_set_interrupt() : a function the loader asks, on the
+ * caller's own thread, whether to give up a call that waits for remote
+ * storage: add_field and add_field_files (listing an s3:// glob, page
+ * after page) and start (probing the remote objects). While such a call
+ * waits, fn(arg) is called at least every 100 ms; when it returns non-zero
+ * the call stops its transfers and returns -ECANCELED ("interrupted"),
+ * leaving the loader as any failed call does. A binding checks for Ctrl-C
+ * there (Python: KeyboardInterrupt during a long listing). fn is never
+ * called from the loader's worker threads; destroy() stops their
+ * transfers by itself, within about 100 ms. NULL (the default) turns it
+ * off.
+ * @return : 0; NPYLOAD_EINVAL for a NULL loader. Threads: a control call
+ *           (not while add_field or start runs on another thread). */
+NPYLOAD_API int npyload_loader_set_interrupt(npyload_loader *L, int (*fn)(void *arg),
+                                             void *arg);
+
 /*! npyload_loader_set() : sets option `opt` (see npyload_option).
  * @return : 0, NPYLOAD_EINVAL for a value out of range (the message names the
  *           option and the accepted range), NPYLOAD_ESTATE after start,

@@ -281,6 +281,10 @@ void npyload_loader_destroy(npyload_loader *L)
         return;
     if (npyl_in_child(L))
         return; /* fork() child: leaked on purpose, see npyload.h */
+    /* Remote transfers in flight (a start's probe, the workers' reads, a
+     * synchronous next()) give up within NPYL_REMOTE_POLL_MS instead of
+     * waiting out a stalled server's timeouts and retries. */
+    npyl_remote_cancel(L->remote, 1);
     /* Control calls: the one in progress finishes (they never wait for
      * anything unbounded), those waiting for their turn return
      * NPYLOAD_ESTATE. Then none is inside or can get in. */

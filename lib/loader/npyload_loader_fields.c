@@ -65,8 +65,8 @@ static int use_remote(npyload_loader *L, const char *name, const char *url)
 {
     char err[NPYL_ERRMSG_LEN - 128];
     int rc = npyl_remote_check_url(L->remote, L->remote_set, url, err, sizeof err);
-    if (rc == 0 && !L->remote)
-        rc = npyl_remote_create(&L->remote, NULL, err, sizeof err);
+    if (rc == 0 && !L->remote && (rc = npyl_remote_create(&L->remote, NULL, err, sizeof err)) == 0)
+        npyl_remote_set_interrupt(L->remote, L->interrupt, L->interrupt_arg);
     if (rc)
         return npyl_loader_fail(L, rc, "field '%s': %s", name, err);
     L->remote_used = 1;

@@ -97,6 +97,8 @@ struct npyload_loader {
      * (its secret wiped) by destroy. */
     npyl_remote *remote;
     int remote_set, remote_used;
+    int (*interrupt)(void *); /* npyload_loader_set_interrupt, given to the */
+    void *interrupt_arg;      /* client whenever one is made */
 
     /* Known after start (setup fills them; freed by free_started): */
     int started;

@@ -736,8 +736,10 @@ int npyload_loader_stop(npyload_loader *L)
     } else {
         /* As a failed start leaves it, but with the fields as start read
          * them: the next start does not read the headers or probe the
-         * remote objects again. */
+         * remote objects again. Remote reads in flight give up at once. */
+        npyl_remote_cancel(L->remote, 1);
         npyl_workers_stop(L->workers, L->nworkers, &L->env);
+        npyl_remote_cancel(L->remote, 0);
         L->ring.stopping = 0;
         npyl_loader_free_started_keep_fields(L);
         L->errmsg[0] = 0;
