@@ -710,7 +710,10 @@ NPYLOAD_API int npyload_loader_next(npyload_loader *L, npyload_batch **out);
 
 /*! npyload_loader_next_timeout() : as next(), but gives up after
  * `timeout_ns` nanoseconds with -ETIMEDOUT (used to stay responsive to
- * signals in bindings). A negative timeout waits forever. */
+ * signals in bindings). A negative timeout waits forever. -ETIMEDOUT
+ * always means "no batch yet": a read that timed out fails the batch with
+ * another code (NPYLOAD_EREMOTE for a remote one, naming the URL and the
+ * timeout; -EIO for a local file). */
 NPYLOAD_API int npyload_loader_next_timeout(npyload_loader *L,
                                             npyload_batch **out,
                                             int64_t timeout_ns);
@@ -1438,7 +1441,7 @@ NPYLOAD_API void npyload_paths_free(char **paths, size_t n);
  * destroyed) and *hdr = its facts' hdr.
  * @return : 0; the parse errors of npyload_read_header /
  *           npyload_zst_file_open; -ENOENT (404), -EACCES (403),
- *           -ECONNREFUSED, -ETIMEDOUT, NPYLOAD_EREMOTE... with "URL: what
+ *           -ECONNREFUSED, NPYLOAD_EREMOTE (a timeout too)... with "URL: what
  *           happened" in `err`. */
 NPYLOAD_API int npyload_remote_inspect(npyload_remote_client *c, const char *url,
                                        npyload_header *hdr, npyload_zst_file **zst,

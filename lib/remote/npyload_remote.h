@@ -141,7 +141,7 @@ NPYL_HIDDEN void npyl_remote_ctx_destroy(npyl_remote_ctx *c);
  * (through the cache when the client has one), blocks until every one is
  * complete or one failed for good (after the retries), and never longer
  * than the configured timeouts allow. On failure returns the code (-errno
- * such as -ENOENT for 404, -EACCES for 403, -ETIMEDOUT, NPYLOAD_ECHANGED
+ * such as -ENOENT for 404, -EACCES for 403, NPYLOAD_ECHANGED
  * when the object changed since start, NPYLOAD_EREMOTE), *bad a request
  * that failed, and err "URL: what happened (bytes A-B)". *bytes_read (may
  * be NULL) accumulates the bytes that landed. */
