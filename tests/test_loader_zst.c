@@ -1226,6 +1226,68 @@ Test(loader_zst, a_value_table_whose_dtype_contradicts_its_values_is_refused)
     tu_rmtree(dir);
 }
 
+/* A stored narrowed file that lost its last 1..12 bytes (the trailer's tag
+ * or length), or more of its trailer (issue 35, item 7): refused at start
+ * naming the file, never loaded as its uint8 codes, as long as the value
+ * table's frame magic is left after the codes. Whole, it delivers the
+ * values; with less than that magic after the codes (the whole trailer
+ * gone) nothing tells it from a plain .npy of bytes: loaded as numpy reads
+ * it, '|u1'. */
+Test(loader_zst, a_stored_narrowed_file_cut_short_is_refused)
+{
+    char *dir = tu_mkdtemp("loader_zst_narrow_cut");
+    const int64_t shape[2] = {6, 4};
+    float v[24];
+    for (int i = 0; i < 24; i++)
+        v[i] = (float)(i % 3) * 0.25f;
+    char src[600], nar[700], cut[700];
+    snprintf(src, sizeof src, "%s/s.npy", dir);
+    snprintf(nar, sizeof nar, "%s/s.narrow.npy", dir);
+    snprintf(cut, sizeof cut, "%s/cut.npy", dir);
+    cr_assert_geq(tu_write_npy(src, "<f4", 0, 2, shape, v, sizeof v, 64), 0);
+    npyload_pack_options o = {.threads = 1, .narrow = 1, .store = 1};
+    char err[512] = "";
+    cr_assert_eq(npyload_pack_file(src, nar, &o, sizeof o, NULL, 0, err, sizeof err), 0, "%s",
+                 err);
+    size_t n;
+    unsigned char *good = tu_read_file(nar, &n);
+    cr_assert_not_null(good);
+    npyload_header h;
+    cr_assert_eq(npyload_read_header(nar, &h, err, sizeof err), 0, "%s", err);
+    size_t data_end = (size_t)(h.data_offset + h.data_bytes), trailer = n - data_end;
+    for (size_t lost = 0; lost <= trailer; lost++) {
+        if (lost > 16 && lost < trailer - 6)
+            lost = trailer - 6; /* a few cuts into the table, then past it */
+        FILE *f = fopen(cut, "wb");
+        cr_assert_eq(fwrite(good, 1, n - lost, f), n - lost);
+        fclose(f);
+        npyload_loader *L;
+        cr_assert_eq(npyload_loader_create(&L), 0);
+        cr_assert_eq(npyload_loader_add_field_files(L, "x", (const char *[]){cut}, 1), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 6), 0);
+        int rc = npyload_loader_start(L);
+        npyload_batch *b;
+        if (lost == 0 || lost > trailer - 4) {
+            cr_assert_eq(rc, 0, "lost %zu: %s", lost, npyload_loader_errmsg(L));
+            cr_assert_eq(npyload_loader_next(L, &b), 0);
+            const npyload_array *a = npyload_batch_field(b, 0);
+            cr_assert_str_eq(a->descr, lost ? "|u1" : "<f4", "lost %zu", lost);
+            if (!lost)
+                cr_assert_eq(memcmp(a->data, v, sizeof v), 0);
+            npyload_batch_release(b);
+        } else {
+            cr_assert_lt(rc, 0, "lost %zu of %zu trailer bytes: loaded as %s", lost, trailer,
+                         rc == 0 && npyload_loader_next(L, &b) == 0
+                             ? npyload_batch_field(b, 0)->descr : "?");
+            cr_assert_not_null(strstr(npyload_loader_errmsg(L), cut), "lost %zu: %s", lost,
+                               npyload_loader_errmsg(L));
+        }
+        npyload_loader_destroy(L);
+    }
+    free(good);
+    tu_rmtree(dir);
+}
+
 /* Files of no values narrowed (0 samples, and samples of a zero-length
  * axis): --narrow --store divided by the zero row size (SIGFPE; UBSan
  * "division by zero"), and --narrow wrote a table of 0 values that every

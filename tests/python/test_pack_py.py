@@ -523,6 +523,29 @@ def test_narrow_store_twin_is_refused(tmp_path):
     assert got.tobytes() == np.concatenate(arrs).tobytes()
 
 
+def test_narrow_store_that_lost_its_last_bytes_is_refused(tmp_path):
+    """Issue 35, item 7: a stored narrowed file that lost its last 1..12
+    bytes (the trailer's tag or length) used to load silently as its uint8
+    codes. Refused naming the file, locally and over http:// (the tests'
+    own server), for every such cut; whole, it loads the values."""
+    a = (np.arange(60) % 6 / 5).astype(np.float32).reshape(12, 5)
+    np.save(tmp_path / "s.npy", a)
+    (r,) = npyload.pack(tmp_path / "s.npy", narrow=True, store=True)
+    good = Path(r["out"]).read_bytes()
+    d = tmp_path / "cut"
+    d.mkdir()
+    for lost in range(1, 13):
+        (d / f"cut_{lost:02d}.npy").write_bytes(good[:-lost])
+    with _file_server(d) as fs:
+        for lost in range(1, 13):
+            name = f"cut_{lost:02d}.npy"
+            for path in (str(d / name), fs.url(name)):
+                with pytest.raises(npyload.NpyloadError) as e:
+                    npyload.Loader({"x": [path]}, batch_size=4, output="numpy")
+                assert path in str(e.value) and "trailer" in str(e.value), str(e.value)
+    assert _loaded(r["out"], 12).tobytes() == a.tobytes()
+
+
 def test_cli_narrow_store(tmp_path):
     a = (np.arange(64) % 7 / 7).astype(np.float32).reshape(16, 4)
     np.save(tmp_path / "n.npy", a)
