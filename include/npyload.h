@@ -1326,6 +1326,23 @@ typedef struct npyload_zst_facts {
     char value_descr[NPYLOAD_DESCR_LEN]; /* narrowed: the delivered dtype */
 } npyload_zst_facts;
 
+/*! npyload_narrow_stored() :
+ * Whether the .npy `path`, whose header `h` npyload_read_header gave, is
+ * the stored narrowed form (npyload-pack --narrow --store: one-byte codes,
+ * h->descr '|u1', followed by a trailer holding their value table), read
+ * and checked as the loader's start does (one read of the trailer; the
+ * table's checksum). The loader delivers value_descr for it, as it does
+ * for a narrowed .npy.zst (npyload_zst_facts).
+ * @return : 1 with *values (codes in the table), *value_itemsize (bytes per
+ *           delivered value) and value_descr (NPYLOAD_DESCR_LEN bytes: the
+ *           delivered dtype); each output may be NULL. 0 for any other
+ *           .npy (outputs untouched). NPYLOAD_EFORMAT / ETRUNCATED / -errno
+ *           with "PATH: problem" in `err` for a damaged or cut trailer
+ *           (the loader refuses the file the same way). Thread-safe. */
+NPYLOAD_API int npyload_narrow_stored(const char *path, const npyload_header *h,
+                                      uint32_t *values, uint32_t *value_itemsize,
+                                      char *value_descr, char *err, size_t errlen);
+
 /*! npyload_zst_file: a .npy.zst whose seek table and header were read and
  * validated as the loader does at start (the file is closed again; later
  * calls that read frames open it by name). Opaque. */
@@ -1446,6 +1463,16 @@ NPYLOAD_API void npyload_paths_free(char **paths, size_t n);
 NPYLOAD_API int npyload_remote_inspect(npyload_remote_client *c, const char *url,
                                        npyload_header *hdr, npyload_zst_file **zst,
                                        char *err, size_t errlen);
+
+/*! npyload_remote_narrow_stored() : npyload_narrow_stored for a remote
+ * .npy whose header `h` npyload_remote_inspect gave (one ranged GET of its
+ * trailer, checked against the size and ETag seen now). The same returns,
+ * with "URL: problem" in `err`; the network failures of
+ * npyload_remote_inspect. */
+NPYLOAD_API int npyload_remote_narrow_stored(npyload_remote_client *c, const char *url,
+                                             const npyload_header *h, uint32_t *values,
+                                             uint32_t *value_itemsize, char *value_descr,
+                                             char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

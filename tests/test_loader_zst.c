@@ -1284,6 +1284,26 @@ Test(loader_zst, a_stored_narrowed_file_cut_short_is_refused)
         }
         npyload_loader_destroy(L);
     }
+    /* npyload_narrow_stored: the facts of the whole file, nothing for the
+     * source, the loader's refusal for a cut trailer (issue 35, item 18). */
+    uint32_t values = 0, width = 0;
+    char vdescr[NPYLOAD_DESCR_LEN] = "";
+    cr_assert_eq(npyload_narrow_stored(nar, &h, &values, &width, vdescr, err, sizeof err), 1,
+                 "%s", err);
+    cr_assert_eq(values, 3);
+    cr_assert_eq(width, 4);
+    cr_assert_str_eq(vdescr, "<f4");
+    npyload_header hs;
+    cr_assert_eq(npyload_read_header(src, &hs, err, sizeof err), 0);
+    cr_assert_eq(npyload_narrow_stored(src, &hs, &values, NULL, NULL, err, sizeof err), 0);
+    FILE *f = fopen(cut, "wb");
+    cr_assert_eq(fwrite(good, 1, n - 5, f), n - 5);
+    fclose(f);
+    npyload_header hc;
+    cr_assert_eq(npyload_read_header(cut, &hc, err, sizeof err), 0);
+    cr_assert_eq(npyload_narrow_stored(cut, &hc, NULL, NULL, NULL, err, sizeof err),
+                 NPYLOAD_ETRUNCATED);
+    cr_assert_not_null(strstr(err, cut), "%s", err);
     free(good);
     tu_rmtree(dir);
 }

@@ -760,3 +760,38 @@ Test(remote, a_password_in_a_url_is_never_shown)
     site_down(&s);
 }
 #endif
+
+#ifdef NPYLOAD_HAVE_REMOTE
+/* npyload_remote_narrow_stored: a stored narrowed .npy over http:// gives
+ * the facts the local file gives (issue 35, item 18). */
+Test(remote, a_stored_narrowed_object_reports_its_value_table)
+{
+    site s;
+    site_up(&s, 0);
+    npyload_pack_options o = {.threads = 1, .narrow = 1, .store = 1};
+    char out[1024], err[512] = "";
+    snprintf(out, sizeof out, "%s/n.narrow.npy", s.dir);
+    cr_assert_eq(npyload_pack_file(s.local[0], out, &o, sizeof o, NULL, 0, err, sizeof err), 0,
+                 "%s", err);
+    npyload_remote_client *c;
+    cr_assert_eq(npyload_remote_client_create(&c, NULL, 0, err, sizeof err), 0, "%s", err);
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/n.narrow.npy", tu_http_port(s.h));
+    npyload_header h, lh;
+    npyload_zst_file *z = NULL;
+    cr_assert_eq(npyload_remote_inspect(c, url, &h, &z, err, sizeof err), 0, "%s", err);
+    cr_assert_null(z);
+    uint32_t rv = 0, lv = 0, rw = 0, lw = 0;
+    char rd[NPYLOAD_DESCR_LEN] = "", ld[NPYLOAD_DESCR_LEN] = "";
+    cr_assert_eq(npyload_remote_narrow_stored(c, url, &h, &rv, &rw, rd, err, sizeof err), 1,
+                 "%s", err);
+    cr_assert_eq(npyload_read_header(out, &lh, err, sizeof err), 0);
+    cr_assert_eq(npyload_narrow_stored(out, &lh, &lv, &lw, ld, err, sizeof err), 1, "%s", err);
+    cr_assert_eq(rv, lv);
+    cr_assert_eq(rw, lw);
+    cr_assert_str_eq(rd, ld);
+    cr_assert_str_eq(rd, "<f4");
+    npyload_remote_client_destroy(c);
+    site_down(&s);
+}
+#endif

@@ -94,10 +94,17 @@ static double zst_ratio(const npyload_zst_facts *z)
     return z->compressed_bytes ? (double)z->hdr.file_bytes / (double)z->compressed_bytes : 0.0;
 }
 
+/* What a narrowed file (packed, or stored: a .npy of codes and a trailer)
+ * delivers: nvalues codes in its table (0: not narrowed), of vdescr. */
+typedef struct narrow_facts {
+    uint32_t nvalues;
+    char vdescr[NPYLOAD_DESCR_LEN];
+} narrow_facts;
+
 /* `z`: the .npy.zst facts, or NULL for a .npy; `verified`: --verify
  * checked every frame of it. */
 static void print_text(const char *path, const npyload_header *h,
-                       const npyload_zst_facts *z, int verified)
+                       const npyload_zst_facts *z, const narrow_facts *nf, int verified)
 {
     printf("%s: v%d.%d %s ", path, h->major_version, h->minor_version,
            h->descr);
@@ -110,15 +117,15 @@ static void print_text(const char *path, const npyload_header *h,
         printf(" compressed_bytes=%llu ratio=%.2fx frames=%lu samples_per_frame=%llu",
                (unsigned long long)z->compressed_bytes, zst_ratio(z), (unsigned long)z->frames,
                (unsigned long long)z->samples_per_frame);
-    if (z && z->narrow_values)
-        printf(" narrow_values=%u value_descr=%s", (unsigned)z->narrow_values, z->value_descr);
+    if (nf->nvalues)
+        printf(" narrow_values=%u value_descr=%s", (unsigned)nf->nvalues, nf->vdescr);
     if (verified)
         printf(" verified=%s", z->checksums ? "checksums" : "sizes (no checksums)");
     putchar('\n');
 }
 
 static void print_json(const char *path, const npyload_header *h,
-                       const npyload_zst_facts *z, int verified)
+                       const npyload_zst_facts *z, const narrow_facts *nf, int verified)
 {
     nj_printf(stdout, "{\"file\": %s, \"version\": \"%d.%d\", \"descr\": %s, \"shape\": [",
               path, h->major_version, h->minor_version, h->descr);
@@ -135,9 +142,9 @@ static void print_json(const char *path, const npyload_header *h,
                "\"samples_per_frame\": %llu",
                (unsigned long long)z->compressed_bytes, zst_ratio(z), (unsigned long)z->frames,
                (unsigned long long)z->samples_per_frame);
-    if (z && z->narrow_values)
-        nj_printf(stdout, ", \"narrow_values\": %d, \"value_descr\": %s",
-                  (int)z->narrow_values, z->value_descr);
+    if (nf->nvalues)
+        nj_printf(stdout, ", \"narrow_values\": %d, \"value_descr\": %s", (int)nf->nvalues,
+                  nf->vdescr);
     if (verified)
         printf(", \"verified\": true, \"checksums\": %s", z->checksums ? "true" : "false");
     fputs("}\n", stdout);
@@ -154,6 +161,8 @@ static int inspect_one(npyload_remote_client *client, const char *path, int json
     npyload_zst_file *zf = NULL;
     uint32_t bad = UINT32_MAX;
     uint64_t bad_off = 0, cs, ds;
+    narrow_facts nf = {0, ""};
+    int stored = 0; /* npyload_narrow_stored's answer for a .npy */
     if (rc) {
         snprintf(err, sizeof err, "%s", why);
     } else if (npyload_is_remote(path)) {
@@ -163,6 +172,9 @@ static int inspect_one(npyload_remote_client *client, const char *path, int json
             if (bad != UINT32_MAX)
                 npyload_zst_file_frame(zf, bad, &bad_off, &cs, &ds);
         }
+        if (rc == 0 && !zf)
+            stored = npyload_remote_narrow_stored(client, path, &h, &nf.nvalues, NULL,
+                                                  nf.vdescr, err, sizeof err);
     } else if ((rc = npyload_zst_probe(path)) == 1) {
         rc = npyload_zst_file_open(path, &zf, err, sizeof err);
         if (rc == 0 && verify) {
@@ -172,20 +184,28 @@ static int inspect_one(npyload_remote_client *client, const char *path, int json
         }
     } else if (rc == 0) {
         rc = npyload_read_header(path, &h, err, sizeof err);
+        if (rc == 0)
+            stored = npyload_narrow_stored(path, &h, &nf.nvalues, NULL, nf.vdescr, err,
+                                           sizeof err);
     } else if (rc < 0) { /* open or read failed: let the NPY reader say so */
         rc = npyload_read_header(path, &h, err, sizeof err);
     }
+    if (rc == 0 && stored < 0)
+        rc = stored; /* a stored narrowed file whose trailer is damaged */
     /* The path as shown: a URL's password and query string masked. */
     char shown[1100];
     npyload_mask_urls(path, shown, sizeof shown);
     if (rc == 0) {
         const npyload_zst_facts *z = zf ? npyload_zst_file_facts(zf) : NULL;
-        if (z)
+        if (z) {
             h = z->hdr;
+            nf.nvalues = z->narrow_values;
+            memcpy(nf.vdescr, z->value_descr, sizeof nf.vdescr);
+        }
         if (json)
-            print_json(shown, &h, z, verify && z);
+            print_json(shown, &h, z, &nf, verify && z);
         else
-            print_text(shown, &h, z, verify && z);
+            print_text(shown, &h, z, &nf, verify && z);
         npyload_zst_file_close(zf);
         return 0;
     }

@@ -218,3 +218,33 @@ int npyload_remote_inspect(npyload_remote_client *c, const char *url, npyload_he
     npyl_remote_probe_free(&p);
     return rc;
 }
+
+int npyload_remote_narrow_stored(npyload_remote_client *c, const char *url,
+                                 const npyload_header *h, uint32_t *values,
+                                 uint32_t *value_itemsize, char *value_descr, char *err,
+                                 size_t errlen)
+{
+    if (!c || !url || !h)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "npyload_remote_narrow_stored: NULL argument");
+    if (strcmp(h->descr, "|u1") != 0 || h->file_bytes <= h->data_offset + h->data_bytes)
+        return 0; /* not the codes of a stored narrowed file: nothing to fetch */
+    int rc = npyl_remote_check_url(c->r, c->configured, url, err, errlen);
+    if (rc)
+        return rc;
+    npyl_remote_probe p;
+    memset(&p, 0, sizeof p);
+    p.url = url;
+    size_t bad = 0;
+    rc = npyl_remote_probe_all(c->r, &p, 1, npyl_rsrc_want_tail, &bad, err, errlen);
+    if (rc == 0) {
+        npyl_rsrc s;
+        npyl_rsrc_init(&s, c->r, &p);
+        npyload_header now = *h;
+        now.file_bytes = p.size; /* as the object is now */
+        rc = npyl_zst_store_facts(npyl_rsrc_read, &s, url, &now, values, value_itemsize,
+                                  value_descr, err, errlen);
+    }
+    npyl_remote_probe_free(&p);
+    return rc;
+}

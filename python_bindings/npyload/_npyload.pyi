@@ -107,7 +107,7 @@ class HeaderInfo(TypedDict):
     # .npy.zst with verify=True only
     verified: NotRequired[bool]
     checksums: NotRequired[bool]
-    # a narrowed .npy.zst only (descr is then the codes', '|u1')
+    # a narrowed file only, packed or stored (descr is then the codes', '|u1')
     narrow_values: NotRequired[int]
     value_descr: NotRequired[str]
 

@@ -546,6 +546,40 @@ def test_narrow_store_that_lost_its_last_bytes_is_refused(tmp_path):
     assert _loaded(r["out"], 12).tobytes() == a.tobytes()
 
 
+def test_inspect_reports_a_stored_narrowed_file_like_the_packed_form(tmp_path):
+    """Issue 35, item 18: inspect() of FILE.narrow.npy said '|u1' and no
+    more, while the loader delivers '<f4'. It now reports narrow_values and
+    value_descr (the delivered dtype) as for the packed form, locally, over
+    http:// and in npyload-inspect's text and JSON; a cut trailer raises
+    naming the file."""
+    import json
+    a = (np.arange(60) % 7 / 6).astype(np.float32).reshape(12, 5)
+    np.save(tmp_path / "s.npy", a)
+    (stored,) = npyload.pack(tmp_path / "s.npy", narrow=True, store=True)
+    (packed,) = npyload.pack(tmp_path / "s.npy", narrow=True)
+    want = {k: npyload.inspect(packed["out"])[k] for k in ("narrow_values", "value_descr",
+                                                            "descr", "shape")}
+    assert want == {"narrow_values": 7, "value_descr": "<f4", "descr": "|u1",
+                    "shape": (12, 5)}
+    with _file_server(tmp_path) as fs:
+        for where in (stored["out"], fs.url("s.narrow.npy")):
+            info = npyload.inspect(where)
+            assert {k: info[k] for k in want} == want, (where, info)
+    exe = _tool("npyload-inspect")
+    r = subprocess.run([exe, stored["out"]], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "narrow_values=7 value_descr=<f4" in r.stdout, r.stdout
+    r = subprocess.run([exe, "--json", stored["out"]], capture_output=True, text=True,
+                       timeout=60)
+    doc = json.loads(r.stdout)
+    assert doc["narrow_values"] == 7 and doc["value_descr"] == "<f4" and doc["descr"] == "|u1"
+    np.save(tmp_path / "plain.npy", a)  # a plain file has no such keys
+    assert "narrow_values" not in npyload.inspect(tmp_path / "plain.npy")
+    cut = tmp_path / "cut.npy"
+    cut.write_bytes(Path(stored["out"]).read_bytes()[:-3])
+    with pytest.raises(npyload.NpyloadError, match="cut.npy"):
+        npyload.inspect(cut)
+
+
 def test_cli_narrow_store(tmp_path):
     a = (np.arange(64) % 7 / 7).astype(np.float32).reshape(16, 4)
     np.save(tmp_path / "n.npy", a)
