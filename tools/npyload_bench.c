@@ -256,7 +256,6 @@ static void add_field(nb_config *cfg, const char *a)
     nb_field_info *fi = &cfg->fields[cfg->nfields++];
     size_t nl = (size_t)(eq - a);
     snprintf(fi->glob, sizeof fi->glob, "%s", eq + 1);
-    npyload_mask_urls(fi->glob, fi->shown, sizeof fi->shown);
     if (nl == 0 || nl >= sizeof fi->name)
         die_usage("'%s': a field is name=GLOB", shown);
     memcpy(fi->name, a, nl);
