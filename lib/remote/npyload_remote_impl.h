@@ -29,6 +29,9 @@
  * page: far more objects than a loader's 2^32 files could use in
  * practice), whatever the server says. */
 #define NPYL_REMOTE_LIST_MAX_PAGES 100000
+/* ... and after this many keys (a server may put many more than max-keys
+ * on a page; a page is at most 64 MiB). */
+#define NPYL_REMOTE_LIST_MAX_KEYS 100000000
 /* How often a transfer loop looks at the stop flag and the interrupt
  * callback, at least (ms): close() and Ctrl-C are answered within it. */
 #define NPYL_REMOTE_POLL_MS 100

@@ -191,11 +191,12 @@ int npyl_remote_glob(npyl_remote *r, const char *pattern, char ***paths, size_t 
          * forever: each page must move on (keys ascend, as ListObjectsV2
          * returns them, and a token never repeats the one sent), and there
          * is a bound on pages. */
-        if (pages >= NPYL_REMOTE_LIST_MAX_PAGES) {
-            rc = npyl_fail(err, errlen, NPYLOAD_ETOOBIG, "%s: the listing goes on past %d "
-                           "pages (%zu keys): a server that never ends its listing, or a "
-                           "prefix far too broad", pattern, NPYL_REMOTE_LIST_MAX_PAGES,
-                           listed);
+        if (pages >= NPYL_REMOTE_LIST_MAX_PAGES || listed >= NPYL_REMOTE_LIST_MAX_KEYS) {
+            rc = npyl_fail(err, errlen, NPYLOAD_ETOOBIG, "%s: the listing goes on past %zu "
+                           "pages and %zu keys (the bounds are %d pages, %d keys): a server "
+                           "that never ends its listing, or a prefix far too broad", pattern,
+                           pages, listed, NPYL_REMOTE_LIST_MAX_PAGES,
+                           NPYL_REMOTE_LIST_MAX_KEYS);
             break;
         }
         snprintf(sent, sizeof sent, "%s", s->token);
