@@ -423,6 +423,25 @@ Test(remote, missing_object_names_the_url)
     site_down(&s);
 }
 
+/* Every object replaced: same size, new bytes (a new inode: the ETag
+ * changes). */
+static void replace_objects(const site *s)
+{
+    for (size_t k = 0; k < NF; k++) {
+        size_t n;
+        unsigned char *d = tu_read_file(s->local[k], &n);
+        cr_assert_not_null(d);
+        d[n - 1] ^= 0xff;
+        char tmp[1024];
+        snprintf(tmp, sizeof tmp, "%s.new", s->local[k]);
+        FILE *f = fopen(tmp, "wb");
+        cr_assert_eq(fwrite(d, 1, n, f), n);
+        fclose(f);
+        cr_assert_eq(rename(tmp, s->local[k]), 0);
+        free(d);
+    }
+}
+
 Test(remote, an_object_changed_since_start_fails_naming_it)
 {
     site s;
@@ -431,20 +450,7 @@ Test(remote, an_object_changed_since_start_fails_naming_it)
     npyload_loader_set(b, NPYLOAD_OPT_READ_AHEAD, -1);
     npyload_loader_set(b, NPYLOAD_OPT_NUM_WORKERS, NPYLOAD_WORKERS_SYNC);
     cr_assert_eq(npyload_loader_start(b), 0, "%s", npyload_loader_errmsg(b));
-    /* Same size, new bytes (a new inode: the ETag changes). */
-    for (size_t k = 0; k < NF; k++) {
-        size_t n;
-        unsigned char *d = tu_read_file(s.local[k], &n);
-        cr_assert_not_null(d);
-        d[n - 1] ^= 0xff;
-        char tmp[1024];
-        snprintf(tmp, sizeof tmp, "%s.new", s.local[k]);
-        FILE *f = fopen(tmp, "wb");
-        cr_assert_eq(fwrite(d, 1, n, f), n);
-        fclose(f);
-        cr_assert_eq(rename(tmp, s.local[k]), 0);
-        free(d);
-    }
+    replace_objects(&s);
     npyload_batch *x;
     int rc = npyload_loader_next(b, &x);
     cr_assert_eq(rc, NPYLOAD_ECHANGED, "%d %s", rc, npyload_loader_errmsg(b));
@@ -728,19 +734,7 @@ Test(remote, a_password_in_a_url_is_never_shown)
         npyload_loader_set(b, NPYLOAD_OPT_NUM_WORKERS, NPYLOAD_WORKERS_SYNC);
         npyload_loader_set(b, NPYLOAD_OPT_ON_ERROR, skip);
         cr_assert_eq(npyload_loader_start(b), 0, "%s", npyload_loader_errmsg(b));
-        /* Same size, new bytes: a new ETag. */
-        for (size_t k = 0; k < NF; k++) {
-            size_t n;
-            unsigned char *d = tu_read_file(s.local[k], &n);
-            d[n - 1] ^= 0xff;
-            char tmp[1024];
-            snprintf(tmp, sizeof tmp, "%s.new", s.local[k]);
-            FILE *f = fopen(tmp, "wb");
-            cr_assert_eq(fwrite(d, 1, n, f), n);
-            fclose(f);
-            cr_assert_eq(rename(tmp, s.local[k]), 0);
-            free(d);
-        }
+        replace_objects(&s);
         npyload_batch *x;
         int rc = npyload_loader_next(b, &x);
         char last[1024];
