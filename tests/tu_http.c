@@ -34,7 +34,7 @@ struct tu_http {
     _Atomic int fail503, failclose;
     _Atomic uint64_t requests;
     _Atomic int stall, listing;
-    _Atomic uint64_t stalled, pages;
+    _Atomic uint64_t stalled, pages, heads;
     pthread_mutex_t mu;
     pthread_t threads[MAX_CONNS];
     int fds[MAX_CONNS];
@@ -157,6 +157,8 @@ static int serve_one(tu_http *h, int fd, char *req)
             if (k >= 1) {
                 ranged = 1;
                 a = x;
+                if (x == 0)
+                    atomic_fetch_add(&h->heads, 1);
                 if (k == 2 && y < b)
                     b = y;
             }
@@ -328,6 +330,8 @@ void tu_http_faults(tu_http *h, int n503, int nclose)
 }
 
 uint64_t tu_http_requests(tu_http *h) { return atomic_load(&h->requests); }
+
+uint64_t tu_http_heads(tu_http *h) { return atomic_load(&h->heads); }
 
 void tu_http_stall(tu_http *h, int on) { atomic_store(&h->stall, on); }
 

@@ -30,6 +30,9 @@ uint64_t tu_http_stalled(tu_http *h);
 enum { TU_LIST_NONE, TU_LIST_SAME_TOKEN, TU_LIST_REPEAT, TU_LIST_FRESH };
 void tu_http_listing(tu_http *h, int mode);
 uint64_t tu_http_pages(tu_http *h);
+/* GETs for a range from byte 0 (a header or a probe; data reads start at
+ * the data's offset) served so far. */
+uint64_t tu_http_heads(tu_http *h);
 /* Requests served so far. */
 uint64_t tu_http_requests(tu_http *h);
 /* Stops accepting, closes every connection, joins its threads. */
