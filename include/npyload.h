@@ -88,6 +88,18 @@ typedef enum npyload_error {
  *           a -errno value or an NPYLOAD_E* code. Never NULL. Thread-safe. */
 NPYLOAD_API const char *npyload_strerror(int err);
 
+/*! npyload_mask_urls() :
+ * Copies `text` into buf[len] (always NUL-terminated when len > 0) with
+ * every URL's secrets masked: the password of a userinfo
+ * (scheme://user:PASSWORD@host becomes scheme://user:***@host) and a query
+ * string (a presigned URL's signature: "?..."). A URL ends at white space,
+ * a quote or an angle bracket. Every message of the library (errmsg,
+ * last_skip_error, the err buffers) is already masked this way; the tools
+ * and bindings use it for the paths they print themselves.
+ * @return : the length of the masked text (as snprintf: buf holds all of
+ *           it when the result is below len). Thread-safe. */
+NPYLOAD_API size_t npyload_mask_urls(const char *text, char *buf, size_t len);
+
 /*! npyload_version_string() : the library's version, "major.minor.patch". */
 NPYLOAD_API const char *npyload_version_string(void);
 
@@ -562,6 +574,22 @@ typedef struct npyload_remote {
 NPYLOAD_API int npyload_loader_set_remote(npyload_loader *L, const npyload_remote *cfg,
                                           size_t size);
 
+/*! npyload_loader_set_interrupt() : a function the loader asks, on the
+ * caller's own thread, whether to give up a call that waits for remote
+ * storage: add_field and add_field_files (listing an s3:// glob, page
+ * after page) and start (probing the remote objects). While such a call
+ * waits, fn(arg) is called at least every 100 ms; when it returns non-zero
+ * the call stops its transfers and returns -ECANCELED ("interrupted"),
+ * leaving the loader as any failed call does. A binding checks for Ctrl-C
+ * there (Python: KeyboardInterrupt during a long listing). fn is never
+ * called from the loader's worker threads; destroy() stops their
+ * transfers by itself, within about 100 ms. NULL (the default) turns it
+ * off.
+ * @return : 0; NPYLOAD_EINVAL for a NULL loader. Threads: a control call
+ *           (not while add_field or start runs on another thread). */
+NPYLOAD_API int npyload_loader_set_interrupt(npyload_loader *L, int (*fn)(void *arg),
+                                             void *arg);
+
 /*! npyload_loader_set() : sets option `opt` (see npyload_option).
  * @return : 0, NPYLOAD_EINVAL for a value out of range (the message names the
  *           option and the accepted range), NPYLOAD_ESTATE after start,
@@ -682,7 +710,10 @@ NPYLOAD_API int npyload_loader_next(npyload_loader *L, npyload_batch **out);
 
 /*! npyload_loader_next_timeout() : as next(), but gives up after
  * `timeout_ns` nanoseconds with -ETIMEDOUT (used to stay responsive to
- * signals in bindings). A negative timeout waits forever. */
+ * signals in bindings). A negative timeout waits forever. -ETIMEDOUT
+ * always means "no batch yet": a read that timed out fails the batch with
+ * another code (NPYLOAD_EREMOTE for a remote one, naming the URL and the
+ * timeout; -EIO for a local file). */
 NPYLOAD_API int npyload_loader_next_timeout(npyload_loader *L,
                                             npyload_batch **out,
                                             int64_t timeout_ns);
@@ -1295,6 +1326,23 @@ typedef struct npyload_zst_facts {
     char value_descr[NPYLOAD_DESCR_LEN]; /* narrowed: the delivered dtype */
 } npyload_zst_facts;
 
+/*! npyload_narrow_stored() :
+ * Whether the .npy `path`, whose header `h` npyload_read_header gave, is
+ * the stored narrowed form (npyload-pack --narrow --store: one-byte codes,
+ * h->descr '|u1', followed by a trailer holding their value table), read
+ * and checked as the loader's start does (one read of the trailer; the
+ * table's checksum). The loader delivers value_descr for it, as it does
+ * for a narrowed .npy.zst (npyload_zst_facts).
+ * @return : 1 with *values (codes in the table), *value_itemsize (bytes per
+ *           delivered value) and value_descr (NPYLOAD_DESCR_LEN bytes: the
+ *           delivered dtype); each output may be NULL. 0 for any other
+ *           .npy (outputs untouched). NPYLOAD_EFORMAT / ETRUNCATED / -errno
+ *           with "PATH: problem" in `err` for a damaged or cut trailer
+ *           (the loader refuses the file the same way). Thread-safe. */
+NPYLOAD_API int npyload_narrow_stored(const char *path, const npyload_header *h,
+                                      uint32_t *values, uint32_t *value_itemsize,
+                                      char *value_descr, char *err, size_t errlen);
+
 /*! npyload_zst_file: a .npy.zst whose seek table and header were read and
  * validated as the loader does at start (the file is closed again; later
  * calls that read frames open it by name). Opaque. */
@@ -1410,11 +1458,21 @@ NPYLOAD_API void npyload_paths_free(char **paths, size_t n);
  * destroyed) and *hdr = its facts' hdr.
  * @return : 0; the parse errors of npyload_read_header /
  *           npyload_zst_file_open; -ENOENT (404), -EACCES (403),
- *           -ECONNREFUSED, -ETIMEDOUT, NPYLOAD_EREMOTE... with "URL: what
+ *           -ECONNREFUSED, NPYLOAD_EREMOTE (a timeout too)... with "URL: what
  *           happened" in `err`. */
 NPYLOAD_API int npyload_remote_inspect(npyload_remote_client *c, const char *url,
                                        npyload_header *hdr, npyload_zst_file **zst,
                                        char *err, size_t errlen);
+
+/*! npyload_remote_narrow_stored() : npyload_narrow_stored for a remote
+ * .npy whose header `h` npyload_remote_inspect gave (one ranged GET of its
+ * trailer, checked against the size and ETag seen now). The same returns,
+ * with "URL: problem" in `err`; the network failures of
+ * npyload_remote_inspect. */
+NPYLOAD_API int npyload_remote_narrow_stored(npyload_remote_client *c, const char *url,
+                                             const npyload_header *h, uint32_t *values,
+                                             uint32_t *value_itemsize, char *value_descr,
+                                             char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -20,6 +20,10 @@
 NPYL_HIDDEN int npyl_fail(char *err, size_t errlen, int code, const char *fmt,
                           ...) NPYL_PRINTF(4, 5);
 
+/* npyload_mask_urls on s in place (s holds cap bytes): what npyl_fail
+ * does to every message, for text formatted otherwise. */
+NPYL_HIDDEN void npyl_mask_urls_in(char *s, size_t cap);
+
 /* Monotonic clock in nanoseconds. */
 NPYL_HIDDEN uint64_t npyl_now_ns(void);
 

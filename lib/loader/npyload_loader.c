@@ -17,6 +17,7 @@ int npyl_loader_fail(npyload_loader *L, int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(L->errmsg, sizeof L->errmsg, fmt, ap);
     va_end(ap);
+    npyl_mask_urls_in(L->errmsg, sizeof L->errmsg); /* a path may be a URL */
     return code;
 }
 
@@ -280,6 +281,10 @@ void npyload_loader_destroy(npyload_loader *L)
         return;
     if (npyl_in_child(L))
         return; /* fork() child: leaked on purpose, see npyload.h */
+    /* Remote transfers in flight (a start's probe, the workers' reads, a
+     * synchronous next()) give up within NPYL_REMOTE_POLL_MS instead of
+     * waiting out a stalled server's timeouts and retries. */
+    npyl_remote_cancel(L->remote, 1);
     /* Control calls: the one in progress finishes (they never wait for
      * anything unbounded), those waiting for their turn return
      * NPYLOAD_ESTATE. Then none is inside or can get in. */

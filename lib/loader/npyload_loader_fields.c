@@ -65,8 +65,8 @@ static int use_remote(npyload_loader *L, const char *name, const char *url)
 {
     char err[NPYL_ERRMSG_LEN - 128];
     int rc = npyl_remote_check_url(L->remote, L->remote_set, url, err, sizeof err);
-    if (rc == 0 && !L->remote)
-        rc = npyl_remote_create(&L->remote, NULL, err, sizeof err);
+    if (rc == 0 && !L->remote && (rc = npyl_remote_create(&L->remote, NULL, err, sizeof err)) == 0)
+        npyl_remote_set_interrupt(L->remote, L->interrupt, L->interrupt_arg);
     if (rc)
         return npyl_loader_fail(L, rc, "field '%s': %s", name, err);
     L->remote_used = 1;
@@ -313,6 +313,43 @@ static void probes_free(npyl_remote_probe *p, size_t n)
 static int load_files(npyload_loader *L, npyl_field *f, const npyl_remote_probe *probes,
                       size_t *io_next, int64_t *samples);
 
+/* ON_ERROR skip and a .npy whose file holds only part of the data its
+ * header announces (a failed copy among thousands): h as the parser filled
+ * it (rc NPYLOAD_ETRUNCATED on the data check alone). The file is loaded
+ * with the rows its header says, so that fields and indices stay as they
+ * are; the rows it lacks fail when read (the io and remote layers refuse a
+ * read past the size seen at start) and are skipped and counted like any
+ * failed read. Named once, here, in the skip log (the loader's
+ * last_skip_error; Python warns with it). A stored narrowed file cut short
+ * has lost its value table: refused, never delivered as codes. Returns 0
+ * or rc. */
+static int accept_short(npyload_loader *L, const npyl_field *f, const char *path,
+                        const npyload_header *h, int rc, size_t *nshort)
+{
+    static const char nar[] = ".narrow.npy";
+    size_t len = strlen(path), nl = sizeof nar - 1;
+    if (rc != NPYLOAD_ETRUNCATED || L->opt[NPYLOAD_OPT_ON_ERROR] != 1 || !h->descr[0] ||
+        h->ndim < 1 || h->data_offset > h->file_bytes ||
+        h->data_offset + h->data_bytes <= h->file_bytes ||
+        (len > nl && strcmp(path + len - nl, nar) == 0))
+        return rc;
+    uint64_t row = h->itemsize;
+    for (int d = 1; d < h->ndim; d++)
+        row *= (uint64_t)h->shape[d];
+    uint64_t whole = row ? (h->file_bytes - h->data_offset) / row : 0;
+    if (++*nshort == 1) {
+        pthread_mutex_lock(&L->skip.mu);
+        snprintf(L->skip.msg, sizeof L->skip.msg,
+                 "field '%s': %.700s holds %" PRIu64 " of the %" PRId64 " samples its header "
+                 "says (%" PRIu64 " of %" PRIu64 " data bytes: a truncated file); with "
+                 "on_error skip the missing samples are skipped and counted when read",
+                 f->name, path, whole, h->shape[0], h->file_bytes - h->data_offset,
+                 h->data_bytes);
+        pthread_mutex_unlock(&L->skip.mu);
+    }
+    return 0;
+}
+
 /* Reads the headers of field f's files, checks they agree, and records the
  * files in the io table. *io_next is the next free io_files index; *samples
  * receives the field's total. */
@@ -336,6 +373,7 @@ static int load_files(npyload_loader *L, npyl_field *f, const npyl_remote_probe 
 {
     char err[NPYL_ERRMSG_LEN];
     int64_t total = 0;
+    size_t nshort = 0;
     for (size_t k = 0; k < f->npaths; k++) {
         const char *path = f->paths[k];
         const npyl_remote_probe *rp = probes && probes[k].url ? &probes[k] : NULL;
@@ -344,6 +382,8 @@ static int load_files(npyload_loader *L, npyl_field *f, const npyl_remote_probe 
         npyl_zst_narrow *nx = NULL;
         int rc = rp ? read_remote_header(L->remote, rp, &h, &zst, &nx, err, sizeof err)
                     : read_any_header(path, &h, &zst, &nx, err, sizeof err);
+        if (rc && !zst && !nx)
+            rc = accept_short(L, f, path, &h, rc, &nshort);
         if (rc)
             return npyl_loader_fail(L, rc, "field '%s': %s", f->name, err);
         f->files[k].zst = zst; /* freed with the file table from here on */
@@ -417,6 +457,13 @@ static int load_files(npyload_loader *L, npyl_field *f, const npyl_remote_probe 
             return npyl_loader_fail(L, NPYLOAD_ETOOBIG, "field '%s': sample count overflows",
                                     f->name);
     }
+    if (nshort > 1) {
+        pthread_mutex_lock(&L->skip.mu);
+        size_t m = strlen(L->skip.msg);
+        snprintf(L->skip.msg + m, sizeof L->skip.msg - m, " (and %zu more files of field '%s' "
+                 "are short)", nshort - 1, f->name);
+        pthread_mutex_unlock(&L->skip.mu);
+    }
     if (f->row_bytes == 0)
         return npyl_loader_fail(L, NPYLOAD_EUNSUPPORTED,
                                 "field '%s': %s: samples of zero bytes", f->name, f->paths[0]);
@@ -438,51 +485,110 @@ static int file_id_cmp(const void *pa, const void *pb)
     return a->ino < b->ino ? -1 : a->ino > b->ino;
 }
 
+/* The file that path was made from, when path is a packed or narrowed
+ * form of another (*stem malloc'd): FILE.zst from FILE (npyload-pack), a
+ * stored narrowed FILE.narrow.npy (one the reader found a value table in)
+ * from FILE.npy (npyload-pack --narrow --store). 0 with *stem NULL for any
+ * other path; -ENOMEM. */
+static int twin_source(const char *path, const npyl_ffile *ff, char **stem, const char **form)
+{
+    static const char zst[] = ".zst", nar[] = ".narrow.npy";
+    size_t len = strlen(path), zl = sizeof zst - 1, nl = sizeof nar - 1;
+    *stem = NULL;
+    if (len > zl && strcmp(path + len - zl, zst) == 0) {
+        *form = "unpacked and packed";
+        *stem = strndup(path, len - zl);
+    } else if (ff->nx && len > nl && strcmp(path + len - nl, nar) == 0) {
+        *form = "plain and narrowed";
+        if ((*stem = malloc(len - nl + 5)))
+            snprintf(*stem, len - nl + 5, "%.*s.npy", (int)(len - nl), path);
+    } else {
+        return 0;
+    }
+    return *stem ? 0 : -ENOMEM;
+}
+
+static int twin_refused(npyload_loader *L, const npyl_field *f, const char *a, const char *b,
+                        const char *form)
+{
+    return npyl_loader_fail(L, NPYLOAD_EINVAL,
+                            "field '%s' holds both %s and %s: the same samples %s, so every "
+                            "one would be delivered twice; keep one form (a glob such as "
+                            "'*.npy', '*.npy.zst' or '*.narrow.npy', or delete the source "
+                            "files after packing: npyload-pack --rm)",
+                            f->name, a, b, form);
+}
+
+typedef struct stem_at {
+    const char *stem;
+    size_t k;
+} stem_at;
+
+static int stem_cmp(const void *pa, const void *pb)
+{
+    const stem_at *a = pa, *b = pb;
+    int c = strcmp(a->stem, b->stem);
+    return c ? c : (a->k > b->k) - (a->k < b->k);
+}
+
+/* Two derived forms of one source in field f (FILE.npy.zst and
+ * FILE.narrow.npy, the source itself gone): stems[k] as twin_source gave
+ * them, nstem of them not NULL. */
+static int check_two_forms(npyload_loader *L, const npyl_field *f, char *const *stems,
+                           size_t nstem)
+{
+    stem_at *v = malloc(nstem * sizeof *v);
+    if (!v)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    size_t n = 0;
+    for (size_t k = 0; k < f->npaths; k++)
+        if (stems[k])
+            v[n++] = (stem_at){stems[k], k};
+    qsort(v, n, sizeof *v, stem_cmp);
+    int rc = 0;
+    for (size_t i = 1; i < n && rc == 0; i++)
+        if (strcmp(v[i - 1].stem, v[i].stem) == 0)
+            rc = twin_refused(L, f, f->paths[v[i - 1].k], f->paths[v[i].k],
+                              "in two packed forms");
+    free(v);
+    return rc;
+}
+
 /* Refuses a field that holds a file and its packed twin: FILE.zst beside
- * FILE (a glob over a whole directory, packed without --rm) would
- * deliver every sample twice. FILE is looked up by identity (device and
- * inode), so any spelling of it in an explicit list is caught too. Runs
- * after load_field (identities in io_files), before the fields' sample
- * counts are compared (which would only say "twice as many"). */
+ * FILE, or FILE.narrow.npy beside FILE.npy (a glob over a whole directory,
+ * packed without --rm) would deliver every sample twice. FILE is looked up
+ * by identity (device and inode), so any spelling of it in an explicit list
+ * is caught too; two forms of one source whose source is gone (FILE.npy.zst
+ * and FILE.narrow.npy) by their names. Runs after load_field (identities in
+ * io_files, value tables found), before the fields' sample counts are
+ * compared (which would only say "twice as many"). */
 static int check_packed_twins(npyload_loader *L, const npyl_field *f)
 {
-    size_t nzst = 0;
-    for (size_t k = 0; k < f->npaths; k++) {
-        size_t len = strlen(f->paths[k]);
-        nzst += len > 4 && strcmp(f->paths[k] + len - 4, ".zst") == 0;
-    }
-    if (nzst == 0 || f->npaths < 2)
+    if (f->npaths < 2)
         return 0;
     file_id *ids = malloc(f->npaths * sizeof *ids);
-    char *stem = NULL;
-    if (!ids)
-        return npyl_loader_fail(L, -ENOMEM, "out of memory");
-    for (size_t k = 0; k < f->npaths; k++) {
+    char **stems = calloc(f->npaths, sizeof *stems);
+    const char **forms = calloc(f->npaths, sizeof *forms);
+    int rc = ids && stems && forms ? 0 : npyl_loader_fail(L, -ENOMEM, "out of memory");
+    size_t nstem = 0;
+    for (size_t k = 0; k < f->npaths && rc == 0; k++) {
         const npyl_file_info *fi = &L->io_files[f->files[k].io_index];
         ids[k] = (file_id){fi->dev, fi->ino, k};
-    }
-    qsort(ids, f->npaths, sizeof *ids, file_id_cmp);
-    int rc = 0;
-    for (size_t k = 0; k < f->npaths && rc == 0; k++) {
-        const char *zp = f->paths[k];
-        size_t len = strlen(zp);
-        if (len <= 4 || strcmp(zp + len - 4, ".zst") != 0)
-            continue;
-        free(stem);
-        stem = strndup(zp, len - 4);
-        if (!stem) {
+        if (twin_source(f->paths[k], &f->files[k], &stems[k], &forms[k]))
             rc = npyl_loader_fail(L, -ENOMEM, "out of memory");
-            break;
-        }
+        nstem += stems[k] != NULL;
+    }
+    if (rc == 0 && nstem)
+        qsort(ids, f->npaths, sizeof *ids, file_id_cmp);
+    for (size_t k = 0; k < f->npaths && rc == 0 && nstem; k++) {
+        const char *stem = stems[k], *zp = f->paths[k];
+        if (!stem)
+            continue;
         if (npyl_remote_is_url(zp)) {
-            /* Remote: the same URL without ".zst" in the field. */
+            /* Remote: the source's URL in the field. */
             for (size_t j = 0; j < f->npaths && rc == 0; j++)
                 if (strcmp(f->paths[j], stem) == 0)
-                    rc = npyl_loader_fail(L, NPYLOAD_EINVAL,
-                                          "field '%s' holds both %s and %s: the same samples "
-                                          "unpacked and packed, so every one would be "
-                                          "delivered twice; keep one form",
-                                          f->name, f->paths[j], zp);
+                    rc = twin_refused(L, f, f->paths[j], zp, forms[k]);
             continue;
         }
         struct stat st;
@@ -490,16 +596,15 @@ static int check_packed_twins(npyload_loader *L, const npyl_field *f)
             continue; /* packed with --rm, or never unpacked: fine */
         file_id key = {(uint64_t)st.st_dev, (uint64_t)st.st_ino, 0};
         const file_id *hit = bsearch(&key, ids, f->npaths, sizeof *ids, file_id_cmp);
-        if (hit && hit->k != k) /* not the .zst itself (a hard link) */
-            rc = npyl_loader_fail(
-                L, NPYLOAD_EINVAL,
-                "field '%s' holds both %s and %s: the same samples unpacked and packed, "
-                "so every one would be delivered twice; keep one form (a glob such as "
-                "'*.npy' or '*.npy.zst', or delete the .npy files after packing: "
-                "npyload-pack --rm)",
-                f->name, f->paths[hit->k], zp);
+        if (hit && hit->k != k) /* not the packed file itself (a hard link) */
+            rc = twin_refused(L, f, f->paths[hit->k], zp, forms[k]);
     }
-    free(stem);
+    if (rc == 0 && nstem > 1)
+        rc = check_two_forms(L, f, stems, nstem);
+    for (size_t k = 0; stems && k < f->npaths; k++)
+        free(stems[k]);
+    free(stems);
+    free(forms);
     free(ids);
     return rc;
 }
@@ -560,6 +665,20 @@ static int check_alignment(npyload_loader *L)
                     "align=\"none\", to turn this check off)",
                     L->fields[0].name, L->fields[i].name, k, a, na, b, nb);
         }
+    }
+    return 0;
+}
+
+int npyl_loaded_fields_changed(const npyload_loader *L)
+{
+    for (size_t i = 0; i < L->nio_files; i++) {
+        if (L->robjs && L->robjs[i].url)
+            continue; /* remote: its ETag is checked at every read */
+        const npyl_file_info *was = &L->io_files[i];
+        npyl_file_info now;
+        if (npyl_io_stat(was->path, &now) != 0 || now.size != was->size ||
+            now.dev != was->dev || now.ino != was->ino || now.mtime_ns != was->mtime_ns)
+            return 1;
     }
     return 0;
 }

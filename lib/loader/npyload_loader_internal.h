@@ -97,6 +97,8 @@ struct npyload_loader {
      * (its secret wiped) by destroy. */
     npyl_remote *remote;
     int remote_set, remote_used;
+    int (*interrupt)(void *); /* npyload_loader_set_interrupt, given to the */
+    void *interrupt_arg;      /* client whenever one is made */
 
     /* Known after start (setup fills them; freed by free_started): */
     int started;
@@ -161,6 +163,10 @@ NPYL_HIDDEN int npyl_loader_auto_backend(char *why, size_t whylen);
 /* npyload_loader_fields.c: reads every field's headers at start, checks
  * them and fills the io file table and L->n. */
 NPYL_HIDDEN int npyl_load_fields(npyload_loader *L);
+/* Fields kept by npyload_loader_stop: 1 when a local file changed since
+ * start read it (size, device and inode, mtime: what lib/io checks at each
+ * read), else 0. Stats each local file; reads nothing. */
+NPYL_HIDDEN int npyl_loaded_fields_changed(const npyload_loader *L);
 
 /* npyload_loader_remote.c: a probed remote object as a reader (its head
  * and tail bytes from the probe, the rest by ranged GETs checked against

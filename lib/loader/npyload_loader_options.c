@@ -214,9 +214,20 @@ int npyload_loader_set_remote(npyload_loader *L, const npyload_remote *cfg, size
         return npyl_loader_fail(L, rc, "%s", err);
     npyl_loader_drop_loaded_fields(L); /* probed with the other client */
     npyl_remote_destroy(L->remote);
+    npyl_remote_set_interrupt(r, L->interrupt, L->interrupt_arg);
     L->remote = r;
     L->remote_set = 1;
     L->errmsg[0] = 0;
+    return 0;
+}
+
+int npyload_loader_set_interrupt(npyload_loader *L, int (*fn)(void *arg), void *arg)
+{
+    if (!L)
+        return NPYLOAD_EINVAL;
+    L->interrupt = fn;
+    L->interrupt_arg = arg;
+    npyl_remote_set_interrupt(L->remote, fn, arg);
     return 0;
 }
 

@@ -861,6 +861,6 @@ void npyl_skip_log_fini(npyl_skip_log *g) { pthread_mutex_destroy(&g->mu); }
 void npyl_skip_log_get(npyl_skip_log *g, char *buf, size_t len)
 {
     pthread_mutex_lock(&g->mu);
-    snprintf(buf, len, "%s", g->msg);
+    npyload_mask_urls(g->msg, buf, len); /* a path may be a URL */
     pthread_mutex_unlock(&g->mu);
 }

@@ -166,6 +166,19 @@ static int zst_remote_read(void *ctx, void *buf, size_t n, uint64_t off)
     return npyl_remote_get(s->r, &s->o, off, n, buf, NULL, 0);
 }
 
+/* One object probed through the client as start probes it: *p (free it
+ * with npyl_remote_probe_free, whatever the result). */
+static int client_probe(npyload_remote_client *c, const char *url,
+                        npyl_remote_want_tail want_tail, npyl_remote_probe *p, char *err,
+                        size_t errlen)
+{
+    memset(p, 0, sizeof *p);
+    p->url = url;
+    int rc = npyl_remote_check_url(c->r, c->configured, url, err, errlen);
+    size_t bad = 0;
+    return rc ? rc : npyl_remote_probe_all(c->r, p, 1, want_tail, &bad, err, errlen);
+}
+
 int npyload_remote_inspect(npyload_remote_client *c, const char *url, npyload_header *hdr,
                            npyload_zst_file **zst, char *err, size_t errlen)
 {
@@ -173,15 +186,9 @@ int npyload_remote_inspect(npyload_remote_client *c, const char *url, npyload_he
         return npyl_fail(err, errlen, NPYLOAD_EINVAL, "npyload_remote_inspect: NULL argument");
     *zst = NULL;
     memset(hdr, 0, sizeof *hdr);
-    int rc = npyl_remote_check_url(c->r, c->configured, url, err, errlen);
-    if (rc)
-        return rc;
     npyl_remote_probe p;
-    memset(&p, 0, sizeof p);
-    p.url = url;
-    size_t bad = 0;
     /* want_tail NULL would fetch every tail: only a .npy.zst's is needed. */
-    rc = npyl_remote_probe_all(c->r, &p, 1, zst_tail, &bad, err, errlen);
+    int rc = client_probe(c, url, zst_tail, &p, err, errlen);
     if (rc) {
         npyl_remote_probe_free(&p);
         return rc;
@@ -214,6 +221,30 @@ int npyload_remote_inspect(npyload_remote_client *c, const char *url, npyload_he
                 *hdr = npyload_zst_file_facts(*zst)->hdr;
             }
         }
+    }
+    npyl_remote_probe_free(&p);
+    return rc;
+}
+
+int npyload_remote_narrow_stored(npyload_remote_client *c, const char *url,
+                                 const npyload_header *h, uint32_t *values,
+                                 uint32_t *value_itemsize, char *value_descr, char *err,
+                                 size_t errlen)
+{
+    if (!c || !url || !h)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "npyload_remote_narrow_stored: NULL argument");
+    if (strcmp(h->descr, "|u1") != 0 || h->file_bytes <= h->data_offset + h->data_bytes)
+        return 0; /* not the codes of a stored narrowed file: nothing to fetch */
+    npyl_remote_probe p;
+    int rc = client_probe(c, url, npyl_rsrc_want_tail, &p, err, errlen);
+    if (rc == 0) {
+        npyl_rsrc s;
+        npyl_rsrc_init(&s, c->r, &p);
+        npyload_header now = *h;
+        now.file_bytes = p.size; /* as the object is now */
+        rc = npyl_zst_store_facts(npyl_rsrc_read, &s, url, &now, values, value_itemsize,
+                                  value_descr, err, errlen);
     }
     npyl_remote_probe_free(&p);
     return rc;

@@ -690,6 +690,10 @@ static int start_ctl(npyload_loader *L)
     size_t nworkers = 0, prefetch = 0;
     if ((rc = resolve_counts(L, &nworkers, &prefetch)))
         return rc;
+    /* Kept by stop: read again only when a local file changed since, so
+     * that the change is refused (or adopted) here, as at a first start. */
+    if (L->fields_loaded && npyl_loaded_fields_changed(L))
+        npyl_loader_drop_loaded_fields(L);
     if ((!L->fields_loaded && (rc = npyl_load_fields(L))) || (rc = need_batch_size(L)) || (rc = plan_transforms(L)) || (rc = plan_rows(L)) ||
         (rc = resolve_backend(L)) || (rc = open_cuda(L)) || (rc = open_tdev(L)) ||
         (rc = plan_layout(L)) || (rc = plan_order(L)) ||
@@ -732,8 +736,10 @@ int npyload_loader_stop(npyload_loader *L)
     } else {
         /* As a failed start leaves it, but with the fields as start read
          * them: the next start does not read the headers or probe the
-         * remote objects again. */
+         * remote objects again. Remote reads in flight give up at once. */
+        npyl_remote_cancel(L->remote, 1);
         npyl_workers_stop(L->workers, L->nworkers, &L->env);
+        npyl_remote_cancel(L->remote, 0);
         L->ring.stopping = 0;
         npyl_loader_free_started_keep_fields(L);
         L->errmsg[0] = 0;

@@ -141,13 +141,28 @@ NPYL_HIDDEN void npyl_remote_ctx_destroy(npyl_remote_ctx *c);
  * (through the cache when the client has one), blocks until every one is
  * complete or one failed for good (after the retries), and never longer
  * than the configured timeouts allow. On failure returns the code (-errno
- * such as -ENOENT for 404, -EACCES for 403, -ETIMEDOUT, NPYLOAD_ECHANGED
+ * such as -ENOENT for 404, -EACCES for 403, NPYLOAD_ECHANGED
  * when the object changed since start, NPYLOAD_EREMOTE), *bad a request
  * that failed, and err "URL: what happened (bytes A-B)". *bytes_read (may
  * be NULL) accumulates the bytes that landed. */
 NPYL_HIDDEN int npyl_remote_read(npyl_remote_ctx *c, const npyl_remote_req *reqs, size_t n,
                                  size_t *bad, uint64_t *bytes_read, char *err,
                                  size_t errlen);
+
+/* Stops (on 1) every transfer of the client, on every thread, within
+ * NPYL_REMOTE_POLL_MS: they fail with -ECANCELED ("stopped"), and so does
+ * every later one until the flag is cleared (on 0). The loader sets it
+ * before it joins its workers (destroy, stop), so a stalled GET does not
+ * hold them for the timeouts. Any thread. */
+NPYL_HIDDEN void npyl_remote_cancel(npyl_remote *r, int on);
+
+/* fn (NULL: none) is called with arg, at least every NPYL_REMOTE_POLL_MS,
+ * by the work that runs on the calling thread of the client's owner
+ * (listings, start's probe and reads, the public client's inspect) while
+ * it waits for the network, never by a context's reads: non-zero makes
+ * that work give up with -ECANCELED ("interrupted"). Set it while no such
+ * work runs. */
+NPYL_HIDDEN void npyl_remote_set_interrupt(npyl_remote *r, int (*fn)(void *), void *arg);
 
 /* Adds the client's counters to *k. Any thread. */
 NPYL_HIDDEN void npyl_remote_counters_add(const npyl_remote *r, npyl_remote_counters *k);

@@ -25,6 +25,16 @@
 #define NPYL_REMOTE_CACHE_BYTES (10ull << 30)
 #define NPYL_REMOTE_CACHE_BLOCK (4ull << 20)
 #define NPYL_REMOTE_LIST_KEYS 1000
+/* A listing gives up after this many pages (100 million keys at 1000 a
+ * page: far more objects than a loader's 2^32 files could use in
+ * practice), whatever the server says. */
+#define NPYL_REMOTE_LIST_MAX_PAGES 100000
+/* ... and after this many keys (a server may put many more than max-keys
+ * on a page; a page is at most 64 MiB). */
+#define NPYL_REMOTE_LIST_MAX_KEYS 100000000
+/* How often a transfer loop looks at the stop flag and the interrupt
+ * callback, at least (ms): close() and Ctrl-C are answered within it. */
+#define NPYL_REMOTE_POLL_MS 100
 #define NPYL_REMOTE_RETRY_BASE_MS 100
 #define NPYL_REMOTE_RETRY_CAP_MS 5000
 /* A transfer covers at most this many bytes (coalesced ranges, cache
@@ -49,6 +59,10 @@ struct npyl_remote {
     long list_max_keys;
     char sigv4[96];           /* CURLOPT_AWS_SIGV4: "aws:amz:REGION:s3" */
     npyl_cache *cache;        /* NULL: no cache_dir */
+    _Atomic int cancel;       /* npyl_remote_cancel: every transfer gives up */
+    int (*interrupt)(void *); /* npyl_remote_set_interrupt: asked on the
+                                 caller's thread (listings, probes) */
+    void *interrupt_arg;
     _Atomic uint64_t bytes, requests, retried, wait_ns;
     _Atomic uint64_t cache_hits, cache_misses, cache_read_bytes, cache_write_bytes,
         cache_evictions;
@@ -75,8 +89,8 @@ NPYL_HIDDEN char *npyl_remote_request_url(const npyl_remote *r, const char *url,
  * fit. */
 NPYL_HIDDEN int npyl_remote_encode(char *dst, size_t cap, size_t *len, const char *s,
                                    int keep_slash);
-/* How a URL is named in messages: a query string (a presigned URL's
- * signature) is cut. */
+/* How a URL is named in messages: npyload_mask_urls (a userinfo's password
+ * masked, a query string, a presigned URL's signature, cut). */
 NPYL_HIDDEN void npyl_remote_display(const char *url, char *buf, size_t len);
 /* Sets up an easy handle for a GET (s3: an S3 request, signed when the
  * client has credentials): timeouts, TLS, no proxy
@@ -147,6 +161,7 @@ typedef struct npyl_xfer {
     char body[NPYL_REMOTE_ERRBODY];
     size_t body_len;
     char curlerr[CURL_ERROR_SIZE];
+    int timed_out;            /* the last attempt hit the remote timeout */
     /* probe results */
     uint64_t got_size;
     /* mode 1: the whole body into memory (listings), no Range */
@@ -163,6 +178,10 @@ typedef struct npyl_xpool {
     int neasy, nfree;
     CURL **free_;
     uint64_t rng;             /* jitter */
+    int caller;               /* runs on the caller's thread (listings,
+                                 start's probe and reads): the client's
+                                 interrupt callback is asked */
+    uint64_t asked_ns;        /* when it was last asked */
 } npyl_xpool;
 
 NPYL_HIDDEN int npyl_xpool_init(npyl_xpool *p, int inflight);
@@ -172,7 +191,9 @@ NPYL_HIDDEN void npyl_xpool_fini(npyl_xpool *p);
  * transient failures; returns 0, or the first permanent failure (the
  * others are stopped) with *bad the index of the failed transfer and err
  * naming its URL and range. Successful fills are committed to the cache.
- * Every transfer is left DONE or WAIT, no handle busy. */
+ * Every transfer is left DONE or WAIT, no handle busy. Gives up with
+ * -ECANCELED within NPYL_REMOTE_POLL_MS once the client is cancelled or
+ * (a caller's pool) its interrupt callback says so (npyl_remote_stopped). */
 NPYL_HIDDEN int npyl_xfer_run(npyl_remote *r, npyl_xpool *p, npyl_xfer *x, size_t n,
                               size_t *bad, char *err, size_t errlen);
 /* One GET of a small body into memory (listings): url given by request
@@ -181,6 +202,11 @@ NPYL_HIDDEN int npyl_xfer_run(npyl_remote *r, npyl_xpool *p, npyl_xfer *x, size_
  * S3 error code and message in err. */
 NPYL_HIDDEN int npyl_xfer_get_body(npyl_remote *r, const char *url, const char *request_url,
                                    char **body, size_t *len, char *err, size_t errlen);
+/* Whether the work on pool p must stop now: -ECANCELED with a message in
+ * err when the client was cancelled or, on a caller's pool, its interrupt
+ * callback returned non-zero (asked at most every NPYL_REMOTE_POLL_MS);
+ * else 0. */
+NPYL_HIDDEN int npyl_remote_stopped(npyl_remote *r, npyl_xpool *p, char *err, size_t errlen);
 /* The S3 error of an XML body: "Code: Message" into buf ("" when none). */
 NPYL_HIDDEN void npyl_remote_xml_error(const char *body, size_t len, char *buf, size_t buflen);
 

@@ -97,3 +97,16 @@ void npyl_remote_counters_add(const npyl_remote *r, npyl_remote_counters *k)
     (void)r;
     (void)k;
 }
+
+void npyl_remote_cancel(npyl_remote *r, int on)
+{
+    (void)r;
+    (void)on;
+}
+
+void npyl_remote_set_interrupt(npyl_remote *r, int (*fn)(void *), void *arg)
+{
+    (void)r;
+    (void)fn;
+    (void)arg;
+}

@@ -447,6 +447,7 @@ int npyl_remote_probe_all(npyl_remote *r, npyl_remote_probe *p, size_t n,
         return npyl_fail(err, errlen, -ENOMEM, "out of memory for the HTTP handles");
     }
     *bad = 0;
+    pool.caller = 1; /* start's (or inspect's) thread */
     rc = probe_round(r, &pool, p, n, 0, NULL, bad, err, errlen);
     if (rc == 0)
         rc = probe_round(r, &pool, p, n, 1, want_tail, bad, err, errlen);
@@ -461,6 +462,7 @@ int npyl_remote_get(npyl_remote *r, const npyl_remote_obj *o, uint64_t off, size
     int rc = npyl_remote_ctx_create(&c, r, o, 1, err, errlen);
     if (rc)
         return rc;
+    c->pool.caller = 1; /* start's (or inspect's) thread */
     npyl_remote_req q = {0, off, len, dst};
     rc = npyl_remote_read(c, &q, 1, NULL, NULL, err, errlen);
     npyl_remote_ctx_destroy(c);

@@ -38,7 +38,10 @@ def inspect(path: _Path, verify: bool = False, *,
     (major, minor), descr, shape, fortran_order, itemsize, header_len,
     data_offset, data_bytes, file_bytes; a .npy.zst adds compressed_bytes,
     ratio, frames and samples_per_frame (``verify=True``: every frame
-    decoded and checked, then verified and checksums).
+    decoded and checked, then verified and checksums). A narrowed file,
+    packed or stored (``pack(..., narrow=True[, store=True])``), adds
+    narrow_values (codes in its table) and value_descr (the dtype the
+    loader delivers; descr is its codes', ``'|u1'``).
 
     An ``s3://`` or ``http(s)://`` path is read with ranged GETs (the first
     4 KiB; a .npy.zst's last 16 KiB and frame 0), giving the same facts as

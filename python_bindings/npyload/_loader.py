@@ -391,12 +391,17 @@ class Loader(Generic[_B]):
         naming both files. 'none' turns the check off.
     on_error : 'raise' or 'skip'
         'raise' (default): a failed read (I/O error, truncated, changed or
-        replaced file) raises NpyloadError from the iteration. 'skip': the
-        batch's reads are retried once, then samples that still fail are
+        replaced file) raises NpyloadError from the iteration, and a file
+        already shorter than its header says fails the constructor. 'skip':
+        the batch's reads are retried once, then samples that still fail are
         dropped from the batch (it is shorter; ``batch.indices`` lists what it
         holds), never delivered as wrong bytes, and counted in
-        ``stats()['samples_skipped']``; nothing is logged. An epoch whose reads
-        all fail still ends (its batches are empty).
+        ``stats()['samples_skipped']``; nothing is logged. A ``.npy`` already
+        shorter than its header says when the loader is built (a failed
+        copy) is loaded with the samples its header says: those it lacks
+        are skipped and counted in the same way, and the constructor warns
+        once (RuntimeWarning) naming the file. An epoch whose reads all fail
+        still ends (its batches are empty).
     max_errors : int or None
         With on_error='skip': once more than this many samples were skipped,
         the next failing batch raises anyway.
@@ -519,8 +524,10 @@ class Loader(Generic[_B]):
     that differ between fields, misaligned file names, transforms that do
     not fit, an io backend or CUDA device that cannot be used): it starts a
     scratch loader of one row and one slot, with no worker thread, and
-    closes it at once. Every header is therefore read twice (construction
-    and first ``iter()``, where a file changed in between raises). Before the
+    stops it at once, keeping only what it read of the files (headers,
+    sizes and identities): the first ``iter()`` starts it for real without
+    reading a header again, and a file changed in between raises (or is
+    skipped with ``on_error='skip'``) when its rows are read. Before the
     first ``iter()``, ``len()``, ``num_samples``, ``field_names``,
     ``num_slots`` (the slots it will have), ``backend`` (the one the check
     chose), ``state_dict()`` and ``load_state_dict()`` work as after it, and
@@ -880,10 +887,15 @@ class Loader(Generic[_B]):
         wrap = _functools.partial(_wrap_raw, torch=self._torch, np=self._np,
                                   copy=self.copy, as_tuple=self.as_tuple,
                                   bf16=getattr(self, "_bf16", None), aug=self._aug_fields)
-        self._pipe = _HookPipe(c, wrap, self.transform, _hook_depth(self.prefetch), stream,
-                               self._clock, self.transform_workers,
-                               _rng_key(self.seed, self.rank))
-        return _Iterator(self, self._gen, self._pipe)
+        pipe = self._pipe = _HookPipe(c, wrap, self.transform, _hook_depth(self.prefetch),
+                                      stream, self._clock, self.transform_workers,
+                                      _rng_key(self.seed, self.rank))
+        try:
+            pipe.start()
+            return _Iterator(self, self._gen, pipe)
+        except BaseException:  # Ctrl-C while the threads start: none is left running
+            self._stop_pipe()
+            raise
 
     def state_dict(self) -> LoaderState:
         """The position after the last batch handed out (with transform=:
@@ -1146,13 +1158,18 @@ class Loader(Generic[_B]):
             self._checked_backend = c.backend
             self._checked_engines: dict[str, tuple[str, str]] = c.field_engines()
             self._state_version = int(c.get_state()["version"])
-            if self._remote is not None:
-                # Kept for the first iter(), stopped: its workers, slots and
-                # buffers are freed; the headers and the remote objects'
-                # sizes and ETags are kept, so they are not probed again.
-                c.stop()
-                self._kept = (c, _os.getpid())
-                c = None
+            if self._opts[_npyload.OPT_ON_ERROR] == 1:
+                # Files already shorter than their headers say: loaded, their
+                # missing samples skipped and counted when read; said once.
+                short = c.stats()["last_error"]
+                if short:
+                    _warnings.warn(f"npyload: {short}", RuntimeWarning, stacklevel=3)
+            # Kept for the first iter(), stopped: its workers, slots and
+            # buffers are freed; the headers (and the remote objects' sizes
+            # and ETags) are kept, so no header is read or probed again.
+            c.stop()
+            self._kept = (c, _os.getpid())
+            c = None
         finally:
             if c is not None:
                 c.close()

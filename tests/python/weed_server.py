@@ -370,6 +370,18 @@ class FileServer:
         self.lock = threading.Lock()
         self.requests = {}
         self.ranges = []  # (path, first byte, last byte or None) of each ranged GET
+        # Hostile modes. stall: GETs get no answer at all (the connection
+        # stays open, silent) until unstalled or closed; `stalled` counts
+        # them. listing: how "?list-type=2" requests (S3 ListObjectsV2,
+        # path-style) are answered: None (404), "same_token" (truncated
+        # pages without keys that give back the token they were asked
+        # with), "fresh" (new tokens and new ascending keys on every page:
+        # it never ends); `pages` counts them.
+        self.stall = threading.Event()
+        self.unstall = threading.Event()
+        self.stalled = 0
+        self.listing = None
+        self.pages = 0
         srv = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -379,9 +391,19 @@ class FileServer:
                 pass
 
             def do_GET(self):
-                path = self.path.split("?", 1)[0]
+                path, _, query = self.path.partition("?")
                 with srv.lock:
                     srv.requests[path] = srv.requests.get(path, 0) + 1
+                if srv.stall.is_set():
+                    with srv.lock:
+                        srv.stalled += 1
+                    while srv.stall.is_set() and not srv.unstall.wait(0.05):
+                        pass
+                    self.close_connection = True
+                    return  # never answered
+                if srv.listing and "list-type=2" in query:
+                    self._listing(query)
+                    return
                 f = os.path.join(srv.root, path.lstrip("/"))
                 if ".." in path or not os.path.isfile(f):
                     self._reply(404, b"not found")
@@ -413,6 +435,25 @@ class FileServer:
                     extra["Content-Range"] = f"bytes {a}-{b}/{size}"
                 self._reply(code, body, extra)
 
+            def _listing(self, query):
+                import urllib.parse
+                asked = urllib.parse.parse_qs(query).get("continuation-token", [""])[0]
+                with srv.lock:
+                    page = srv.pages
+                    srv.pages += 1
+                if srv.listing == "same_token":
+                    token, keys = asked or "tok-0", []
+                else:
+                    token = f"tok-{page + 1}"
+                    keys = [f"p/x_{page * 10 + k:012d}.npy" for k in range(10)]
+                body = ('<?xml version="1.0" encoding="UTF-8"?><ListBucketResult>'
+                        "<IsTruncated>true</IsTruncated>" +
+                        "".join(f"<Contents><Key>{k}</Key><Size>1</Size></Contents>"
+                                for k in keys) +
+                        f"<NextContinuationToken>{token}</NextContinuationToken>"
+                        "</ListBucketResult>").encode()
+                self._reply(200, body, {"Content-Type": "application/xml"})
+
             def _reply(self, code, body, extra=None):
                 self.send_response(code)
                 for k, v in (extra or {}).items():
@@ -441,6 +482,8 @@ class FileServer:
             return self.requests.get("/" + rel, 0)
 
     def close(self):
+        self.unstall.set()
+        self.stall.clear()
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(timeout=10)
