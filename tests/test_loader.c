@@ -147,39 +147,43 @@ static int64_t run_epoch(npyload_loader *L, const cfg *c, uint64_t epoch)
     return nb;
 }
 
+static void matrix_ra(int backend, int direct, int read_ahead)
+{
+    dataset d = make_dataset();
+    int workers[] = {1, 3}, prefetch[] = {1, 4}, shuffles[] = {0, 1, 2};
+    int64_t batches[] = {1, 5, 64, 100};
+    for (size_t w = 0; w < 2; w++)
+        for (size_t p = 0; p < 2; p++)
+            for (size_t s = 0; s < 3; s++)
+                for (size_t bi = 0; bi < 4; bi++) {
+                    cfg c = {.backend = backend, .workers = workers[w], .prefetch = prefetch[p],
+                             .shuffle = shuffles[s], .batch = batches[bi], .seed = 42,
+                             .direct = direct, .read_ahead = read_ahead};
+                    npyload_loader *L = open_loader(&d, &c);
+                    int rc = npyload_loader_start(L);
+                    cr_assert_eq(rc, 0, "start: %s", npyload_loader_errmsg(L));
+                    cr_assert_eq(npyload_loader_num_samples(L), N_TOTAL);
+                    if (backend != NPYLOAD_IO_AUTO)
+                        cr_assert_eq(npyload_loader_backend(L), backend);
+                    run_epoch(L, &c, 0);
+                    cr_assert_eq(npyload_loader_set_epoch(L, 1), 0);
+                    run_epoch(L, &c, 1);
+                    npyload_stats st;
+                    cr_assert_eq(npyload_loader_get_stats(L, &st, sizeof st), 0);
+                    cr_assert_eq(st.samples_delivered, 2 * N_TOTAL);
+                    cr_assert_geq(st.bytes_read, 2 * N_TOTAL * 67);
+                    npyload_loader_destroy(L);
+                }
+    tu_rmtree(d.dir);
+}
+
 /* Every combination, with the default READ_AHEAD (these stored rows are
  * read by their worker) and with READ_AHEAD 1 (each worker's read thread
  * reads them ahead). */
 static void matrix(int backend, int direct)
 {
-    dataset d = make_dataset();
-    int workers[] = {1, 3}, prefetch[] = {1, 4}, shuffles[] = {0, 1, 2};
-    int64_t batches[] = {1, 5, 64, 100};
-    for (int ra = 0; ra < 2; ra++)
-        for (size_t w = 0; w < 2; w++)
-            for (size_t p = 0; p < 2; p++)
-                for (size_t s = 0; s < 3; s++)
-                    for (size_t bi = 0; bi < 4; bi++) {
-                        cfg c = {.backend = backend, .workers = workers[w],
-                                 .prefetch = prefetch[p], .shuffle = shuffles[s],
-                                 .batch = batches[bi], .seed = 42, .direct = direct,
-                                 .read_ahead = ra};
-                        npyload_loader *L = open_loader(&d, &c);
-                        int rc = npyload_loader_start(L);
-                        cr_assert_eq(rc, 0, "start: %s", npyload_loader_errmsg(L));
-                        cr_assert_eq(npyload_loader_num_samples(L), N_TOTAL);
-                        if (backend != NPYLOAD_IO_AUTO)
-                            cr_assert_eq(npyload_loader_backend(L), backend);
-                        run_epoch(L, &c, 0);
-                        cr_assert_eq(npyload_loader_set_epoch(L, 1), 0);
-                        run_epoch(L, &c, 1);
-                        npyload_stats st;
-                        cr_assert_eq(npyload_loader_get_stats(L, &st, sizeof st), 0);
-                        cr_assert_eq(st.samples_delivered, 2 * N_TOTAL);
-                        cr_assert_geq(st.bytes_read, 2 * N_TOTAL * 67);
-                        npyload_loader_destroy(L);
-                    }
-    tu_rmtree(d.dir);
+    matrix_ra(backend, direct, 0);
+    matrix_ra(backend, direct, 1);
 }
 
 Test(loader, pread_matrix) { matrix(NPYLOAD_IO_PREAD, 0); }
