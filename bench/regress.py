@@ -29,8 +29,11 @@ whose speed drifts moves both sides alike:
   packed      the captcha files packed to .npy.zst (npyload-pack), page
               cache, npyload-bench as for captcha
 
-Printed: per benchmark, the median samples/s of each side over the rounds
-and the ratio tree/base (the median of the rounds' ratios, min-max).
+Printed: per benchmark, the median samples/s of each side over the rounds,
+the ratio tree/base (the median of the rounds' ratios, min-max) and the
+ratio of the sides' best rounds (other load only slows a run: on a shared
+machine the best round is the nearest to a quiet one). Timings move with
+the load; --callgrind counts instructions per batch instead, which do not.
 --quick: smaller data, 0.5 s runs, 2 rounds (a smoke test of the script,
 not a measurement). Data lives in --data (default
 /tmp/npyload-regress-data, kept between runs). Exit status: 0 when every
@@ -94,6 +97,17 @@ class Side:
         shutil.copy2(ext[0], self.pkg / "npyload")
         helptext = sh([self.tool("npyload-bench"), "--help"], capture_output=True).stdout
         self.no_repeat = "--no-repeat" in helptext
+
+
+def default_base():
+    """The merge-base of HEAD and main (origin/main when there is no local
+    main)."""
+    for ref in ("main", "origin/main"):
+        try:
+            return git("merge-base", "HEAD", ref)
+        except subprocess.CalledProcessError:
+            continue
+    raise subprocess.CalledProcessError(1, "git merge-base")
 
 
 def prepare_sides(base, log):
@@ -163,11 +177,22 @@ def captcha_fields(d, ext):
             f"offsets={d}/labels/train/*_offsets.{ext}"]
 
 
-def warm(paths):
-    for p in paths:
+def warm(data, bench):
+    """Reads the benchmark's files, so that the run starts with all of them in
+    the page cache. Before every run: a machine may page out cached pages
+    that were not touched for a while (proactive reclaim such as DAMON's),
+    and the loader's gather path reads a file that is not all cached with
+    the read backend instead (npyload_io_gather.c), which would measure that
+    instead."""
+    d = data[{"captcha": "captcha", "packed": "packed", "small_rows": "rows",
+              "transforms": "images"}[bench]]
+    for p in sorted(d.rglob("*.npy*")):
         with open(p, "rb") as f:
-            while f.read(1 << 24):
+            while f.readinto(WARM_BUF):
                 pass
+
+
+WARM_BUF = bytearray(1 << 24)
 
 
 # ---------------------------------------------------------------- runs
@@ -220,7 +245,10 @@ def child_spec(bench, data, **run):
 
 def run_child(side, spec, tmp, wrap=()):
     """The Python child on one side's package (PYTHONPATH): its JSON line."""
-    env = dict(os.environ, PYTHONPATH=str(side.pkg), PYTHONHASHSEED="0")
+    # One OpenBLAS thread: numpy's import starts a pool that spins on the
+    # cores the loader measures.
+    env = dict(os.environ, PYTHONPATH=str(side.pkg), PYTHONHASHSEED="0",
+               OPENBLAS_NUM_THREADS="1")
     cmd = [*wrap, sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
     p = subprocess.run(cmd, text=True, capture_output=True, env=env, cwd=tmp)
     if p.returncode:
@@ -273,14 +301,15 @@ def child(spec):
         ru = resource.getrusage(resource.RUSAGE_SELF)
         if spec.get("settle"):
             time.sleep(spec["settle"])  # the workers fill the free slots
-        read = L.stats()["bytes_read"]
+        st = L.stats()
     finally:
         L.close()
     print(json.dumps({
         "samples_per_s": n / dt, "batches": nb,
         "cpu_s": ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime,
         "csw": ru.ru_nvcsw + ru.ru_nivcsw - ru0.ru_nvcsw - ru0.ru_nivcsw,
-        "bytes_read": read, "module": npyload.__file__}))
+        "bytes_read": st["bytes_read"], "transform_ns": st.get("transform_ns", 0),
+        "io_ns": st["io_ns"], "module": npyload.__file__}))
 
 
 def callgrind_ir(side, spec, tmp):
@@ -325,7 +354,9 @@ def callgrind_mode(sides, data, only, quick, tmp):
             n2 = n1 + (n2 - n1) // 4
         for s in sides:
             try:
+                warm(data, b)
                 ir1, rd1 = callgrind_ir(s, child_spec(b, data, batches=n1, settle=2), tmp)
+                warm(data, b)
                 ir2, rd2 = callgrind_ir(s, child_spec(b, data, batches=n2, settle=2), tmp)
             except (RuntimeError, subprocess.CalledProcessError) as e:
                 print(f"  {b} {s.name}: FAILED: {e}", file=sys.stderr)
@@ -372,7 +403,7 @@ def numpy_gather(rows_dir, seconds):
 # ---------------------------------------------------------------- report
 
 
-def summarise(res, sides):
+def summarise(res):
     out = {}
     for b, per in res.items():
         base, tree = per["base"], per["tree"]
@@ -380,7 +411,10 @@ def summarise(res, sides):
         out[b] = {"base": base, "tree": tree, "ratios": ratios,
                   "base_median": statistics.median(base) if base else None,
                   "tree_median": statistics.median(tree) if tree else None,
-                  "ratio_median": statistics.median(ratios) if ratios else None}
+                  "ratio_median": statistics.median(ratios) if ratios else None,
+                  # Other load only slows a run down: the best round of each
+                  # side is the nearest to a quiet machine.
+                  "ratio_best": max(tree) / max(base) if ratios else None}
         for k in ("of_gather_copy", "x_numpy"):
             for s in ("base", "tree"):
                 v = per.get(f"{s}_{k}")
@@ -394,15 +428,18 @@ def fmt_range(v, f="{:.2f}"):
 
 
 def print_table(summ, sides, rounds):
-    print(f"\nbase = {sides[0].label}, tree = {sides[1].label}; {rounds} rounds, "
-          "samples/s medians; ratio tree/base: median (min-max) of the rounds")
-    print(f"{'benchmark':<12} {'base':>12} {'tree':>12} {'tree/base':>10}  range")
+    print(f"\nbase = {sides[0].label}, tree = {sides[1].label}; {rounds} rounds; "
+          "samples/s medians; tree/base: the median of the rounds' ratios (min-max), "
+          "and the ratio of each side's best round")
+    print(f"{'benchmark':<12} {'base':>12} {'tree':>12} {'tree/base':>10} {'range':>13} "
+          f"{'best':>7}")
     for b, s in summ.items():
         if s["ratio_median"] is None:
             print(f"{b:<12} {'failed':>12}")
             continue
         print(f"{b:<12} {s['base_median']:>12,.0f} {s['tree_median']:>12,.0f} "
-              f"{s['ratio_median']:>10.3f}  {fmt_range(s['ratios'], '{:.3f}')}")
+              f"{s['ratio_median']:>10.3f} {fmt_range(s['ratios'], '{:.3f}'):>13} "
+              f"{s['ratio_best']:>7.3f}")
         for k, what in (("of_gather_copy", "of gather_copy"), ("x_numpy", "x numpy 1-thread")):
             if f"base_{k}" in s or f"tree_{k}" in s:
                 parts = [f"{side} {fmt_range(s.get(f'{side}_{k}', []))}"
@@ -419,7 +456,8 @@ def main():
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("base", nargs="?", default=None,
                     help="the base commit (default: git merge-base HEAD main)")
-    ap.add_argument("--repeats", type=int, default=None, help="rounds (default 5; 2 with --quick)")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="rounds (default 3; 2 with --quick; 5 or more for figures to quote)")
     ap.add_argument("--seconds", type=float, default=None,
                     help="timed seconds per run (default 2; 0.5 with --quick)")
     ap.add_argument("--quick", action="store_true", help="tiny data and runs: a smoke test")
@@ -435,9 +473,12 @@ def main():
     for b in only:
         if b not in BENCHES:
             ap.error(f"--only: unknown benchmark '{b}' ({', '.join(BENCHES)})")
-    rounds = a.repeats or (2 if a.quick else 5)
+    rounds = a.repeats or (2 if a.quick else 3)
     secs = a.seconds or (0.5 if a.quick else 2.0)
-    base = a.base or git("merge-base", "HEAD", "main")
+    try:
+        base = a.base or default_base()
+    except subprocess.CalledProcessError:
+        ap.error("no merge-base with main or origin/main: name the BASE commit")
     log = ROOT / "build-regress" / "build.log"
     (ROOT / "build-regress").mkdir(exist_ok=True)
     try:
@@ -445,8 +486,11 @@ def main():
     except (subprocess.CalledProcessError, RuntimeError) as e:
         print(f"regress: build failed ({e}); see {log}", file=sys.stderr)
         return 2
-    data = make_data(Path(a.data), sides[1].tool, a.quick)
-    warm(p for k in ("captcha", "packed", "rows", "images") for p in data[k].rglob("*.npy*"))
+    try:
+        data = make_data(Path(a.data), sides[1].tool, a.quick)
+    except subprocess.CalledProcessError as e:
+        print(f"regress: writing the data in {a.data} failed: {e}", file=sys.stderr)
+        return 2
     if a.callgrind:
         with tempfile.TemporaryDirectory(prefix="npyload-regress-") as tmp:
             cg = callgrind_mode(sides, data, only, a.quick, tmp)
@@ -473,6 +517,7 @@ def main():
                 row = {}
                 for s in order:
                     try:
+                        warm(data, b)
                         sps, extra = runners[b](s, tmp)
                     except (RuntimeError, subprocess.CalledProcessError) as e:
                         print(f"  {b} {s.name}: FAILED: {e}", file=sys.stderr)
@@ -486,6 +531,7 @@ def main():
                     for s in ("base", "tree"):
                         res[b][s].append(row[s])
                 if b == "small_rows" and len(row) == 2:
+                    warm(data, b)
                     npg = numpy_gather(data["rows"], secs)
                     if npg:
                         for s in ("base", "tree"):
@@ -493,7 +539,7 @@ def main():
                         res[b].setdefault("numpy_gather", []).append(npg)
                 print(f"round {r + 1}/{rounds} {b:<11} " +
                       "  ".join(f"{k} {v:,.0f}" for k, v in row.items()), flush=True)
-    summ = summarise(res, sides)
+    summ = summarise(res)
     print_table(summ, sides, rounds)
     print(f"({time.time() - t_start:.0f} s of runs; {os.cpu_count()} cores; "
           f"load average {os.getloadavg()[0]:.1f})")
