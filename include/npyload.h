@@ -251,11 +251,13 @@ typedef enum npyload_shuffle {
     XX(MAX_ERRORS, 17, "with ON_ERROR skip: once more than this many "       \
                        "samples were skipped, the batch fails as with "     \
                        "raise; 0 = no limit (default)")                      \
-    XX(READ_AHEAD, 18, "0 (default) or 1: on; -1: off. Each worker thread "   \
-                       "has the reads of its next batch in flight while it " \
-                       "decodes and transforms the current one (a read "    \
-                       "thread and a second read buffer per worker; sync "  \
-                       "mode reads no ahead)")                               \
+    XX(READ_AHEAD, 18, "0 (default): on when a batch has work after its "   \
+                       "reads (.npy.zst decode, narrowed codes, host "      \
+                       "transforms, device copies), else off; 1: on; -1: "  \
+                       "off. Each worker thread has the reads of its next " \
+                       "batch in flight while it decodes and transforms "   \
+                       "the current one (a read thread and a second read "  \
+                       "buffer per worker; sync mode reads no ahead)")       \
     XX(DEVICE_KERNELS, 19, "where device transforms get their kernels: 0 "   \
                            "auto (default): the ahead-of-time fatbin when "  \
                            "the build has one that runs on the GPU, else "   \
@@ -1111,7 +1113,8 @@ typedef struct npyload_build_info {
     int64_t default_shuffle_window; /* SHUFFLE_WINDOW, files */
     int default_io_backend;       /* what IO_BACKEND AUTO resolves to on this
                                      machine now (URING or PREAD) */
-    int default_read_ahead;       /* 1: READ_AHEAD is on by default */
+    int default_read_ahead;       /* 1: READ_AHEAD is on by default (where
+                                     a batch has work after its reads) */
     /* device transforms compiled at run time (NVRTC) */
     int transform_nvrtc;          /* 1: the kernels' source is embedded:
                                      NVRTC compiles it for a GPU that no

@@ -831,12 +831,15 @@ static int measure_grid(nb_ctx *ctx, const nb_config *cfg, const opts *o, double
     return nok;
 }
 
-/* Worker time that waited for read-ahead reads, as a share of the run's
- * worker time: high means the disk, not the cores, held the workers. */
+/* Worker time that waited for reads (read ahead, or read by the worker
+ * itself when the loader read no ahead: stored rows delivered as they are),
+ * as a share of the run's worker time: high means the disk, not the cores,
+ * held the workers. */
 static double read_wait_share(const nb_run *r)
 {
     double worker_s = r->wall_s * r->workers;
-    double share = worker_s > 0 ? (double)r->read_wait_ns / 1e9 / worker_s : 0;
+    uint64_t wait = r->read_ahead_batches ? r->read_wait_ns : r->timed.io_ns;
+    double share = worker_s > 0 ? (double)wait / 1e9 / worker_s : 0;
     return share < 1 ? share : 1; /* the counter includes the warm-up */
 }
 

@@ -85,7 +85,8 @@ static int range_of(int opt, opt_range *r)
         *r = (opt_range){-1, 1, "-1 auto, 0 never, 1 require"};
         return 0;
     case NPYLOAD_OPT_READ_AHEAD:
-        *r = (opt_range){-1, 1, "-1 off, 0 (default) or 1 on"};
+        *r = (opt_range){-1, 1, "-1 off, 0 (default: on where a batch has work after its "
+                            "reads) or 1 on"};
         return 0;
     case NPYLOAD_OPT_DEVICE_KERNELS:
         *r = (opt_range){0, 2, "0 auto, 1 ahead of time, 2 NVRTC"};

@@ -378,11 +378,14 @@ class Loader(Generic[_B]):
     direct_io : bool
         O_DIRECT reads (bypass the page cache).
     read_ahead : bool
-        True (default): each worker thread has its next batch's reads in
-        flight while it decodes and transforms the current one (a read
-        thread and a second read buffer per worker; README, "Read-ahead
-        inside every worker"). False: a worker reads a batch when it starts
-        it (less memory: one read buffer and one slot per worker).
+        True (default): when a batch has work after its reads (.npy.zst
+        decode, narrowed codes, host transforms, a device copy), each
+        worker thread has its next batch's reads in flight while it does
+        that work on the current one (a read thread and a second read
+        buffer per worker; README, "Read-ahead inside every worker"); a
+        batch delivered as stored has nothing to overlap and is read by its
+        worker. False: a worker reads a batch when it starts it (less
+        memory: one read buffer and one slot per worker).
     align : 'names' or 'none'
         'names' (default): when every field has the same number of files,
         the i-th files of all fields must carry the same number as the last
