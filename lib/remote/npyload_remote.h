@@ -149,6 +149,46 @@ NPYL_HIDDEN int npyl_remote_read(npyl_remote_ctx *c, const npyl_remote_req *reqs
                                  size_t *bad, uint64_t *bytes_read, char *err,
                                  size_t errlen);
 
+/* ---- bulk fill of the cache (npyload_remote_bulk.c) ---- */
+
+/* Defaults of npyl_bulk_opts (npyload.h documents them). */
+#define NPYL_BULK_INFLIGHT 16
+#define NPYL_BULK_REQUEST (32ull << 20)
+
+typedef struct npyl_bulk_opts {
+    uint64_t max_bytes;       /* the part to fill; 0 (and at most): what the
+                                 cache keeps, 90 % of its bound */
+    int inflight;             /* GETs at once; 0: NPYL_BULK_INFLIGHT */
+    uint64_t request_bytes;   /* per GET, whole blocks; 0: NPYL_BULK_REQUEST */
+} npyl_bulk_opts;
+
+/* A fill's progress: written by the fill, read by any thread (relaxed
+ * atomics: each counter is exact, a set of them a snapshot only). */
+typedef struct npyl_bulk_state {
+    _Atomic int stop;                      /* set by any thread: the fill
+                                              ends after its round */
+    _Atomic uint64_t planned_bytes, planned_blocks; /* the part */
+    _Atomic uint64_t done_bytes;           /* of it, in the cache (found,
+                                              fetched, or waited for; at
+                                              the end: counted there) */
+    _Atomic uint64_t found_blocks;         /* already in the cache */
+    _Atomic uint64_t fetched_blocks, fetched_bytes; /* by this fill */
+    _Atomic uint64_t waited_blocks;        /* another thread or process
+                                              fetched them meanwhile */
+} npyl_bulk_state;
+
+/* Fills the cache of r (a cache_dir is needed) with the blocks of
+ * objs[0 .. n) (as probed: URL, size, ETag; objects without an ETag are
+ * skipped, never cached), in that order, up to the part's budget (the
+ * first blocks in that order; npyl_bulk_opts). Coordinated with every
+ * other reader of the directory (one fetch per block per node). Blocks on
+ * the calling thread until the part is in the cache, st->stop was set
+ * (-ECANCELED), or a GET failed for good (its code; err names the URL).
+ * st must be zeroed by the caller (counters add up). */
+NPYL_HIDDEN int npyl_bulk_fill(npyl_remote *r, const npyl_remote_obj *objs, size_t n,
+                               const npyl_bulk_opts *o, npyl_bulk_state *st, char *err,
+                               size_t errlen);
+
 /* Adds the client's counters to *k. Any thread. */
 NPYL_HIDDEN void npyl_remote_counters_add(const npyl_remote *r, npyl_remote_counters *k);
 

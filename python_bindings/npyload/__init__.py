@@ -47,10 +47,12 @@ from ._info import build_info
 from ._inspect import inspect
 from ._loader import Loader
 from ._pack import pack
+from ._prefetch import prefetch
 from ._transform import Transform
 from ._write import write
 
 __all__ = ["Loader", "Batch", "BatchTuple", "Augment", "Transform", "TransformError", "NpyloadError",
-           "inspect", "load", "order_indices", "cuda_available", "build_info", "pack", "write",
+           "inspect", "load", "order_indices", "cuda_available", "build_info", "pack", "prefetch",
+           "write",
            "__version__"]
 __version__ = _npyload.__version__
