@@ -1477,6 +1477,7 @@ typedef struct npyload_prefetch_progress {
                                   fills, retries) */
     uint64_t received_bytes;   /* body bytes received (probes included) */
     uint64_t elapsed_ns;       /* since run began (frozen when it returned) */
+    uint64_t probe_ns;         /* of it, probing (the rest is filling) */
     uint32_t phase;            /* NPYLOAD_PREFETCH_IDLE .. _DONE */
     int32_t rc;                /* run's result once DONE */
 } npyload_prefetch_progress;

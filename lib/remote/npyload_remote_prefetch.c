@@ -22,7 +22,7 @@ struct npyload_prefetch {
     uint32_t nfields;
     npyl_bulk_opts opts;
     npyl_bulk_state st;
-    _Atomic uint64_t objects, dataset_bytes, t0_ns, elapsed_ns;
+    _Atomic uint64_t objects, dataset_bytes, t0_ns, elapsed_ns, probe_ns;
     _Atomic uint32_t phase;
     _Atomic int32_t rc;
     _Atomic int stop, running;
@@ -287,6 +287,7 @@ int npyload_prefetch_run(npyload_prefetch *P)
     atomic_store(&P->objects, (uint64_t)P->n);
     atomic_store(&P->dataset_bytes, 0);
     atomic_store(&P->elapsed_ns, 0);
+    atomic_store(&P->probe_ns, 0);
     atomic_store(&P->t0_ns, npyl_now_ns());
     atomic_store(&P->rc, 0);
     atomic_store(&P->running, 1);
@@ -299,6 +300,7 @@ int npyload_prefetch_run(npyload_prefetch *P)
         rc = fail(P, -ECANCELED, "filling the cache: stopped");
     if (rc == 0)
         rc = probe(P, objs);
+    atomic_store(&P->probe_ns, npyl_now_ns() - atomic_load(&P->t0_ns));
     if (rc == 0) {
         atomic_store(&P->phase, NPYLOAD_PREFETCH_FILLING);
         /* A stop that came during the probe. */
@@ -341,6 +343,7 @@ int npyload_prefetch_get_progress(const npyload_prefetch *P, npyload_prefetch_pr
     g.found_blocks = atomic_load(&Q->st.found_blocks);
     g.fetched_blocks = atomic_load(&Q->st.fetched_blocks);
     g.waited_blocks = atomic_load(&Q->st.waited_blocks);
+    g.probe_ns = atomic_load(&Q->probe_ns);
     if (g.phase != NPYLOAD_PREFETCH_IDLE) {
         npyl_remote_counters k;
         memset(&k, 0, sizeof k);

@@ -46,6 +46,7 @@ from ._hook import TransformError
 from ._info import build_info
 from ._inspect import inspect
 from ._loader import Loader
+from ._model import cost_model, dataset_facts
 from ._pack import pack
 from ._prefetch import prefetch
 from ._transform import Transform
@@ -53,6 +54,6 @@ from ._write import write
 
 __all__ = ["Loader", "Batch", "BatchTuple", "Augment", "Transform", "TransformError", "NpyloadError",
            "inspect", "load", "order_indices", "cuda_available", "build_info", "pack", "prefetch",
-           "write",
+           "cost_model", "dataset_facts", "write",
            "__version__"]
 __version__ = _npyload.__version__

@@ -178,6 +178,7 @@ class PrefetchProgress(TypedDict):
     requests: int
     received_bytes: int
     seconds: float
+    probe_seconds: float
     phase: Literal["idle", "probing", "filling", "done", "?"]
     rc: int
 
@@ -335,6 +336,8 @@ class Loader:
 class Prefetch:
     """Low-level owner of one npyload_prefetch (see npyload.prefetch)."""
     def __new__(cls, remote: dict[str, str | int | None]) -> Self: ...
+    @staticmethod
+    def glob(pattern: _Path, remote: dict[str, str | int | None], /) -> list[str]: ...
     def add_field(self, pattern: _Path, /) -> None: ...
     def add_field_files(self, urls: Sequence[_Path], /) -> None: ...
     def set(self, option: int, value: int, /) -> None: ...

@@ -127,7 +127,7 @@ def prefetch(fields: _Fields, *, remote: Mapping[str, Any] | None = None,
     ``fetched_bytes``, ``planned_blocks``, ``found_blocks`` (already there),
     ``fetched_blocks``, ``waited_blocks`` (fetched meanwhile by a loader or
     another fill on the node), ``requests``, ``received_bytes``,
-    ``seconds``, ``phase``, ``rc``.
+    ``seconds`` (of which ``probe_seconds`` probing), ``phase``, ``rc``.
 
     Safe to run while loaders read the same ``cache_dir``: a block is
     fetched once per node, whoever needs it first. Ctrl-C stops the fill

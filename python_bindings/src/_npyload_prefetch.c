@@ -158,7 +158,7 @@ static PyObject *prefetch_progress(NpyloadPy_Prefetch *self, PyObject *unused)
         return npyloadpy_raise(NPYLOAD_EINVAL, "npyload_prefetch_get_progress failed");
     static const char *phases[] = {"idle", "probing", "filling", "done"};
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:s,s:i}",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:s,s:i}",
         "objects", (unsigned long long)g.objects,
         "dataset_bytes", (unsigned long long)g.dataset_bytes,
         "planned_bytes", (unsigned long long)g.planned_bytes,
@@ -171,11 +171,57 @@ static PyObject *prefetch_progress(NpyloadPy_Prefetch *self, PyObject *unused)
         "requests", (unsigned long long)g.requests,
         "received_bytes", (unsigned long long)g.received_bytes,
         "seconds", (double)g.elapsed_ns / 1e9,
+        "probe_seconds", (double)g.probe_ns / 1e9,
         "phase", g.phase < 4 ? phases[g.phase] : "?",
         "rc", (int)g.rc);
 }
 
+/* Prefetch.glob(pattern, remote) -> [url]: npyload_remote_glob with a
+ * client of the configuration (npyload.cost_model reads the objects of an
+ * s3:// glob with it). */
+static PyObject *prefetch_glob(PyObject *unused_cls, PyObject *args)
+{
+    PyObject *pat_b = NULL, *d;
+    if (!PyArg_ParseTuple(args, "O&O!:glob", PyUnicode_FSConverter, &pat_b, &PyDict_Type, &d))
+        return NULL;
+    npyload_remote r;
+    PyObject *keep[NPYLOADPY_REMOTE_STRINGS];
+    if (npyloadpy_remote_config(d, &r, keep) < 0) {
+        Py_DECREF(pat_b);
+        return NULL;
+    }
+    char err[1024] = "";
+    char **paths = NULL;
+    size_t n = 0;
+    npyload_remote_client *c = NULL;
+    const char *pat = PyBytes_AS_STRING(pat_b);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = npyload_remote_client_create(&c, &r, sizeof r, err, sizeof err);
+    if (rc == 0)
+        rc = npyload_remote_glob(c, pat, &paths, &n, err, sizeof err);
+    npyload_remote_client_destroy(c);
+    Py_END_ALLOW_THREADS
+    npyloadpy_remote_release(keep);
+    Py_DECREF(pat_b);
+    if (rc < 0)
+        return rc == -ENOMEM ? PyErr_NoMemory() : npyloadpy_raise(rc, err);
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; list && i < n; i++) {
+        PyObject *u = npyloadpy_str(paths[i]);
+        if (!u) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, u);
+    }
+    npyload_paths_free(paths, n);
+    return list;
+}
+
 static PyMethodDef prefetch_methods[] = {
+    {"glob", (PyCFunction)prefetch_glob, METH_VARARGS | METH_STATIC,
+     "glob(pattern, remote) -> [url]: an s3:// glob expanded (ListObjectsV2)."},
     {"add_field", (PyCFunction)prefetch_add_field, METH_VARARGS,
      "add_field(pattern): an s3:// glob (listed now) or one URL."},
     {"add_field_files", (PyCFunction)prefetch_add_field_files, METH_O,

@@ -234,7 +234,7 @@ static npyload_prefetch *node_fill(void)
     if (npyload_prefetch_create(&P, &r, sizeof r, err, sizeof err) ||
         npyload_prefetch_add_field_files(P, (const char *const *)urls_a, NF) ||
         npyload_prefetch_add_field_files(P, (const char *const *)urls_b, NF) ||
-        npyload_prefetch_set(P, NPYLOAD_PREFETCH_INFLIGHT, 3) ||
+        npyload_prefetch_set(P, NPYLOAD_PREFETCH_INFLIGHT, 8) || /* 2 threads */
         npyload_prefetch_set(P, NPYLOAD_PREFETCH_REQUEST_BYTES, 8192)) {
         fprintf(stderr, "prefetch setup failed\n");
         exit(2);
