@@ -11,7 +11,12 @@
  *                            error messages
  *   npyload_remote_list.c    globs over ListObjectsV2 (pagination, expat)
  *   npyload_remote_cache.c   the block cache in cache_dir (atomic rename,
- *                            an flock'ed size record, LRU eviction)
+ *                            an flock'ed size record, LRU eviction; one
+ *                            fetch per block per node: OFD locks)
+ *   npyload_remote_bulk.c    a bulk fill of the cache: large sequential
+ *                            GETs of a list of objects, several threads
+ *   npyload_remote_prefetch.c the public npyload_prefetch over bulk (globs,
+ *                            probes, sample order), in every build
  *   npyload_remote_read.c    a worker's reads: requests -> cache blocks or
  *                            coalesced ranges -> transfers; the probe of
  *                            headers and seek tables at start

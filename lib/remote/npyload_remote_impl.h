@@ -1,5 +1,7 @@
 /* Private to lib/remote. The layers, each using only the ones below it:
  *
+ *   npyload_remote_prefetch.c the public npyload_prefetch (over bulk)
+ *   npyload_remote_bulk.c    bulk fills of the cache (beside read)
  *   npyload_remote_read.c    a thread's reads and start's probe
  *   npyload_remote_list.c    ListObjectsV2 globs
  *   npyload_remote_xfer.c    transfers on a multi handle, retries, checks

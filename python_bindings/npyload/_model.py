@@ -215,8 +215,8 @@ def cost_model(*, samples: int, fields: Mapping[str, Mapping[str, Any]], nodes: 
 
     def q(f: dict[str, Any], x: float) -> float:
         if shuffle == "global":
-            return (1 - x / n) ** (f["m"] - 1) if f["m"] >= 1 else 1.0
-        return f["K"] * f["u"] / per_node
+            return float((1 - x / n) ** (f["m"] - 1)) if f["m"] >= 1 else 1.0
+        return float(f["K"] * f["u"] / per_node)
 
     steps = 400
     t1 = 0.0

@@ -165,6 +165,7 @@ class BuildInfo(TypedDict):
 
 # ---- the exception ----
 
+@type_check_only
 class PrefetchProgress(TypedDict):
     objects: int
     dataset_bytes: int
@@ -179,7 +180,7 @@ class PrefetchProgress(TypedDict):
     received_bytes: int
     seconds: float
     probe_seconds: float
-    phase: Literal["idle", "probing", "filling", "done", "?"]
+    phase: str  # "idle", "probing", "filling", "done"
     rc: int
 
 class NpyloadError(RuntimeError):

@@ -7,7 +7,7 @@ block per node). The command line is this module's ``main`` (one source
 for both)."""
 from __future__ import annotations
 
-import argparse as _argparse
+import argparse
 import json as _json
 import os as _os
 import sys as _sys
@@ -141,10 +141,12 @@ def prefetch(fields: _Fields, *, remote: Mapping[str, Any] | None = None,
     """
     flist = _field_list(fields)
     args = dict(remote or {})
-    for key, v in (("cache_dir", cache_dir), ("cache_bytes", cache_bytes),
-                   ("cache_block", cache_block)):
-        if v is not None:
-            args[key] = _os.fspath(v) if key == "cache_dir" else v
+    if cache_dir is not None:
+        args["cache_dir"] = _os.fspath(cache_dir)
+    if cache_bytes is not None:
+        args["cache_bytes"] = cache_bytes
+    if cache_block is not None:
+        args["cache_block"] = cache_block
     if not args.get("cache_dir"):
         raise ValueError("prefetch: cache_dir is required (the directory the node's loaders "
                          "read through: remote={'cache_dir': ...})")
@@ -175,7 +177,7 @@ def prefetch(fields: _Fields, *, remote: Mapping[str, Any] | None = None,
     show = _Bar() if progress is True else (progress if callable(progress) else None)
     if show is None:
         P.run()
-        return P.progress()
+        return dict(P.progress())
     failure: list[BaseException] = []
 
     def work() -> None:
@@ -190,12 +192,12 @@ def prefetch(fields: _Fields, *, remote: Mapping[str, Any] | None = None,
         while t.is_alive():
             t.join(interval)
             if t.is_alive():
-                show(P.progress())
+                show(dict(P.progress()))
     except KeyboardInterrupt:
         P.stop()
         t.join()
         raise
-    final = P.progress()
+    final = dict(P.progress())
     show(final)
     if failure:
         raise failure[0]
@@ -212,12 +214,12 @@ def _bytes(s: str) -> int:
             return int(float(t[:-1]) * units[t[-1]])
         return int(t)
     except ValueError:
-        raise _argparse.ArgumentTypeError(f"not a size: {s!r} (e.g. 4M, 10G)") from None
+        raise argparse.ArgumentTypeError(f"not a size: {s!r} (e.g. 4M, 10G)") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``npyload-prefetch``: the command line of npyload.prefetch."""
-    ap = _argparse.ArgumentParser(
+    ap = argparse.ArgumentParser(
         prog="npyload-prefetch",
         description="Fill a node's npyload cache with a dataset's remote objects (s3://, "
                     "http(s)://) before a job: large sequential ranged GETs at link speed, "
