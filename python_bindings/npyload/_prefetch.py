@@ -175,30 +175,36 @@ def prefetch(fields: _Fields, *, remote: Mapping[str, Any] | None = None,
             P.add_field_files(f)
     show: Callable[[dict[str, Any]], None] | None
     show = _Bar() if progress is True else (progress if callable(progress) else None)
-    if show is None:
-        P.run()
-        return dict(P.progress())
+    # run() holds no GIL; it goes on a thread of its own so that this one
+    # stays free for Ctrl-C (a signal is handled only between bytecodes of
+    # the main thread) and for the progress.
     failure: list[BaseException] = []
+    done = _threading.Event()
 
     def work() -> None:
         try:
             P.run()
         except BaseException as e:  # handed to the caller's thread
             failure.append(e)
+        finally:
+            done.set()
 
-    t = _threading.Thread(target=work, name="npyload-prefetch", daemon=True)
-    t.start()
+    # Waited for with an Event, not Thread.join: a join that Ctrl-C
+    # interrupts marks the thread as finished on Python 3.11 (bpo-45274's
+    # fix), and the run would be left behind at exit.
+    _threading.Thread(target=work, name="npyload-prefetch", daemon=True).start()
     try:
-        while t.is_alive():
-            t.join(interval)
-            if t.is_alive():
+        while not done.wait(interval):
+            if show is not None:
                 show(dict(P.progress()))
     except KeyboardInterrupt:
         P.stop()
-        t.join()
+        while not done.wait(1.0):
+            pass
         raise
     final = dict(P.progress())
-    show(final)
+    if show is not None:
+        show(final)
     if failure:
         raise failure[0]
     return final

@@ -290,3 +290,39 @@ def test_prefetch_command_line(data, tmp_path):
         bad = subprocess.run(exe + ["--cache-dir", str(tmp_path / "c"), f"{base}/nope.npy"],
                              capture_output=True, text=True, timeout=60)
         assert bad.returncode == 1 and "nope.npy" in bad.stderr
+
+
+def test_prefetch_command_line_interrupted(data, tmp_path):
+    """Ctrl-C (SIGINT) stops the fill after the GETs of its current round:
+    exit status 130, what was filled stays and is whole (a later fill finds
+    it and fetches the rest)."""
+    root, rel, ref = data
+    exe = [sys.executable, "-c", "import sys, npyload._prefetch as m; sys.exit(m.main())"]
+    cache = tmp_path / "c"
+    with FileServer(root) as srv:
+        proxy = ThrottleProxy(srv.port, rate=300e3, rtt=0.002)
+        try:
+            args = [f"{proxy.endpoint}/{p}" for p in rel["images"]]
+            p = subprocess.Popen(exe + ["--cache-dir", str(cache), "--cache-block", "64K",
+                                        "--inflight", "2", "--request-bytes", "64K"] + args,
+                                 stderr=subprocess.PIPE, text=True)
+            t0 = time.monotonic()
+            while not (cache.exists() and any(n.startswith(".tmp-") for n in os.listdir(cache))):
+                assert p.poll() is None and time.monotonic() - t0 < 60, "it never began"
+                time.sleep(0.02)
+            p.send_signal(signal.SIGINT)
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 130, err
+            assert "interrupted" in err
+            assert not [n for n in os.listdir(cache) if n.startswith(".tmp-")], \
+                "the run was left behind: its temporary files remain"
+            total = sum(os.path.getsize(root / q) for q in rel["images"])
+            kept = [f.stat().st_size for f in cache.iterdir() if not f.name.startswith(
+                ("npyload-cache", ".tmp"))]
+            assert 0 < sum(kept) < total
+            proxy.rate = 50e6
+            res = npyload.prefetch({"images": args}, cache_dir=cache, cache_block=BLOCK)
+            assert res["found_blocks"] == len(kept) and res["fetched_blocks"] > 0
+            assert res["cached_bytes"] == total
+        finally:
+            proxy.close()
