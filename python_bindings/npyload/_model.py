@@ -73,13 +73,12 @@ from __future__ import annotations
 
 import argparse as _argparse
 import glob as _glob
-import json as _json
 import math as _math
 import sys as _sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._prefetch import _bytes, _human
+from ._prefetch import _bytes, _human, _write_json
 
 _PROBE_CONC = 16
 
@@ -424,10 +423,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     print(report(m))
     if a.json:
-        text = _json.dumps(m, indent=1, default=str)
-        if a.json == "-":
-            print(text)
-        else:
-            with open(a.json, "w") as fh:
-                fh.write(text + "\n")
+        _write_json(a.json, m)
     return 0

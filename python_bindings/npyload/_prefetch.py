@@ -283,10 +283,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"fetched, {res['waited_blocks']} fetched by other readers), "
         f"{res['requests']} requests, {secs:.1f} s\n")
     if a.json:
-        text = _json.dumps(res, indent=1, sort_keys=True)
-        if a.json == "-":
-            print(text)
-        else:
-            with open(a.json, "w") as fh:
-                fh.write(text + "\n")
+        _write_json(a.json, res)
     return 0
+
+
+def _write_json(path: str, obj: Any) -> None:
+    """The --json FILE of the command lines ('-': stdout)."""
+    text = _json.dumps(obj, indent=1, sort_keys=True, default=str)
+    if path == "-":
+        print(text)
+    else:
+        with open(path, "w") as fh:
+            fh.write(text + "\n")

@@ -32,11 +32,10 @@ torch = pytest.importorskip("torch", reason="torch is not installed: the multi-n
                                             "need torchrun")
 if not torch.distributed.is_available():
     pytest.skip("torch.distributed is not available in this torch build", allow_module_level=True)
-from torch.utils.data import DistributedSampler  # noqa: E402
-
 import npyload  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
+from ddp_checks import check_resume, sampler_split  # noqa: E402
 from weed_server import ThrottleProxy, WeedServer, weed_binary  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
@@ -171,11 +170,6 @@ def global_sequence(epoch):
     return [int(i) for i in npyload.order_indices(N, 1, SEED, epoch, 0, 1, False, 1)]
 
 
-def sampler_split(seq, world, rank):
-    s = DistributedSampler(seq, num_replicas=world, rank=rank, shuffle=False, drop_last=False)
-    return [seq[i] for i in s]
-
-
 def blocks_needed(indices):
     """The cache blocks (key, k) holding these samples' rows."""
     out = set()
@@ -245,18 +239,8 @@ def test_two_nodes_order_one_fetch_per_block_and_elastic_resume(cluster):
     # Resume at 3 ranks (2 + 1) from the state saved at 4, mid epoch 2.
     after = launch(cluster, [2, 1], {"epochs": [2, 3], "resume": save}, "three")
     assert after["world"] == 3
-    seq = global_sequence(2)
     consumed = [i for r in first["epochs"][2]["ranks"] for i in r["indices"]]
-    assert len(consumed) == 4 * stop * BS
-    assert sorted(consumed) == sorted(seq[:4 * stop * BS])
-    rest = seq[4 * stop * BS:]
-    ranks = sorted(after["epochs"][0]["ranks"], key=lambda r: r["rank"])
-    assert len({r["batches"] for r in ranks}) == 1, "unequal batch counts after resume"
-    for r in ranks:
-        assert r["indices"] == sampler_split(rest, 3, r["rank"])
-    delivered = consumed + [i for r in ranks for i in r["indices"]]
-    assert set(delivered) == set(range(N)), "samples lost across the resume"
-    assert len(delivered) - N <= 2, "repeats beyond the new split's padding"
+    check_resume(global_sequence(2), consumed, after["epochs"][0]["ranks"], 3, N, 4 * stop * BS)
     check_sampler(after["epochs"][1], 3)
     # Warm caches: only the probes of start crossed the links, no data block
     # that a node had already fetched.
