@@ -791,3 +791,167 @@ Test(remote, a_stored_narrowed_object_reports_its_value_table)
     site_down(&s);
 }
 #endif
+
+/* ---- npyload_prefetch: a node's cache filled before a job -------------- */
+
+static npyload_prefetch *prefetch_for(const site *s, const char *cache)
+{
+    npyload_remote r;
+    memset(&r, 0, sizeof r);
+    r.cache_dir = cache;
+    r.cache_block = 4096;
+    npyload_prefetch *P = NULL;
+    char err[512];
+    cr_assert_eq(npyload_prefetch_create(&P, &r, sizeof r, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(npyload_prefetch_add_field_files(P, (const char *const *)s->url, NF), 0, "%s",
+                 npyload_prefetch_errmsg(P));
+    return P;
+}
+
+/* A fill puts every block of the objects in the cache (one GET per object
+ * here, and one probe), and a loader given the same cache then reads an
+ * epoch equal to the local files' asking the server for its start's
+ * probes only; a second fill finds every block and fetches none. */
+Test(remote, prefetch_fills_what_a_loader_then_reads_without_asking)
+{
+    if (!npyl_remote_built(NULL, 0))
+        cr_skip_test("built without libcurl");
+    site s;
+    site_up(&s, 0);
+    char *cache = tu_path(s.dir, "cache");
+    uint64_t objects = 0, blocks = 0;
+    for (size_t k = 0; k < NF; k++) {
+        struct stat st;
+        cr_assert_eq(stat(s.local[k], &st), 0);
+        objects += (uint64_t)st.st_size;
+        blocks += ((uint64_t)st.st_size + 4095) / 4096;
+    }
+    npyload_prefetch *P = prefetch_for(&s, cache);
+    npyload_prefetch_progress g;
+    cr_assert_eq(npyload_prefetch_get_progress(P, &g, sizeof g), 0);
+    cr_assert_eq(g.phase, NPYLOAD_PREFETCH_IDLE);
+    uint64_t before = tu_http_requests(s.h);
+    cr_assert_eq(npyload_prefetch_run(P), 0, "%s", npyload_prefetch_errmsg(P));
+    cr_assert_eq(npyload_prefetch_get_progress(P, &g, sizeof g), 0);
+    cr_assert_eq(g.phase, NPYLOAD_PREFETCH_DONE);
+    cr_assert_eq(g.rc, 0);
+    cr_assert_eq(g.objects, NF);
+    cr_assert_eq(g.dataset_bytes, objects);
+    cr_assert_eq(g.planned_bytes, objects);
+    cr_assert_eq(g.cached_bytes, objects);
+    cr_assert_eq(g.fetched_bytes, objects);
+    cr_assert_eq(g.planned_blocks, blocks);
+    cr_assert_eq(g.fetched_blocks, blocks);
+    cr_assert_eq(g.requests, tu_http_requests(s.h) - before);
+    cr_assert_eq(g.requests, 2 * NF, "a probe and one GET per object: %llu",
+                 (unsigned long long)g.requests);
+    npyload_remote r;
+    memset(&r, 0, sizeof r);
+    r.cache_dir = cache;
+    r.cache_block = 4096;
+    npyload_loader *a = loader(s.local, NULL, 2), *b = loader(s.url, &r, 2);
+    cr_assert_eq(npyload_loader_start(a), 0);
+    before = tu_http_requests(s.h);
+    cr_assert_eq(npyload_loader_start(b), 0, "%s", npyload_loader_errmsg(b));
+    same_epoch(a, b, 0);
+    npyload_stats st;
+    npyload_loader_get_stats(b, &st, sizeof st);
+    cr_assert_eq(st.cache_misses, 0);
+    cr_assert_eq(tu_http_requests(s.h) - before, NF, "the loader asked more than its probes");
+    npyload_loader_destroy(a);
+    npyload_loader_destroy(b);
+    cr_assert_eq(npyload_prefetch_run(P), 0, "%s", npyload_prefetch_errmsg(P));
+    cr_assert_eq(npyload_prefetch_get_progress(P, &g, sizeof g), 0);
+    cr_assert_eq(g.found_blocks, blocks);
+    cr_assert_eq(g.fetched_blocks, 0);
+    cr_assert_eq(g.cached_bytes, objects);
+    npyload_prefetch_destroy(P);
+    free(cache);
+    site_down(&s);
+}
+
+/* A part: MAX_BYTES fills the first whole blocks in order and no more;
+ * the cache's bound caps the part at 90 % of it. */
+Test(remote, prefetch_fills_a_part_within_its_budget)
+{
+    if (!npyl_remote_built(NULL, 0))
+        cr_skip_test("built without libcurl");
+    site s;
+    site_up(&s, 0);
+    char *cache = tu_path(s.dir, "cache");
+    npyload_prefetch *P = prefetch_for(&s, cache);
+    cr_assert_eq(npyload_prefetch_set(P, NPYLOAD_PREFETCH_MAX_BYTES, 1500), 0);
+    cr_assert_eq(npyload_prefetch_run(P), 0, "%s", npyload_prefetch_errmsg(P));
+    npyload_prefetch_progress g;
+    cr_assert_eq(npyload_prefetch_get_progress(P, &g, sizeof g), 0);
+    uint64_t want = 0; /* the first objects (one block each) within 1500 bytes */
+    for (size_t k = 0; k < NF; k++) {
+        struct stat st;
+        cr_assert_eq(stat(s.local[k], &st), 0);
+        if (want + (uint64_t)st.st_size > 1500)
+            break;
+        want += (uint64_t)st.st_size;
+    }
+    cr_assert_gt(want, 0);
+    cr_assert_eq(g.planned_bytes, want, "%llu planned, %llu expected",
+                 (unsigned long long)g.planned_bytes, (unsigned long long)want);
+    cr_assert_eq(g.cached_bytes, g.planned_bytes);
+    npyload_prefetch_destroy(P);
+    /* cache_bytes bounds the part: 90 % of 2 blocks holds one block. */
+    npyload_remote r;
+    memset(&r, 0, sizeof r);
+    char *small = tu_path(s.dir, "small");
+    r.cache_dir = small;
+    r.cache_block = 4096;
+    r.cache_bytes = 2 * 4096;
+    char err[512];
+    cr_assert_eq(npyload_prefetch_create(&P, &r, sizeof r, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(npyload_prefetch_add_field_files(P, (const char *const *)s.url, NF), 0);
+    cr_assert_eq(npyload_prefetch_run(P), 0, "%s", npyload_prefetch_errmsg(P));
+    cr_assert_eq(npyload_prefetch_get_progress(P, &g, sizeof g), 0);
+    cr_assert_leq(g.planned_bytes, 2 * 4096 - 2 * 4096 / 10);
+    cr_assert_gt(g.planned_bytes, 0);
+    npyload_prefetch_destroy(P);
+    free(small);
+    free(cache);
+    site_down(&s);
+}
+
+Test(remote, prefetch_errors_name_what_is_wrong)
+{
+    npyload_prefetch *P = NULL;
+    char err[512] = "";
+    cr_assert_eq(npyload_prefetch_create(&P, NULL, 0, err, sizeof err), NPYLOAD_EINVAL);
+    cr_assert(strstr(err, "cache_dir"), "%s", err);
+    npyload_remote r;
+    memset(&r, 0, sizeof r);
+    cr_assert_eq(npyload_prefetch_create(&P, &r, sizeof r, err, sizeof err), NPYLOAD_EINVAL);
+    cr_assert(strstr(err, "cache_dir"), "%s", err);
+    cr_assert_eq(npyload_prefetch_create(&P, &r, 8, err, sizeof err), NPYLOAD_EINVAL);
+    if (!npyl_remote_built(NULL, 0))
+        cr_skip_test("built without libcurl");
+    site s;
+    site_up(&s, 0);
+    char *cache = tu_path(s.dir, "cache");
+    r.cache_dir = cache;
+    cr_assert_eq(npyload_prefetch_create(&P, &r, sizeof r, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(npyload_prefetch_run(P), NPYLOAD_EINVAL, "no field");
+    cr_assert(strstr(npyload_prefetch_errmsg(P), "no field"));
+    cr_assert_eq(npyload_prefetch_add_field(P, s.local[0]), NPYLOAD_EINVAL);
+    cr_assert(strstr(npyload_prefetch_errmsg(P), s.local[0]), "%s", npyload_prefetch_errmsg(P));
+    cr_assert_eq(npyload_prefetch_set(P, NPYLOAD_PREFETCH_INFLIGHT, 5000), NPYLOAD_EINVAL);
+    cr_assert(strstr(npyload_prefetch_errmsg(P), "INFLIGHT"));
+    cr_assert_eq(npyload_prefetch_set(P, NPYLOAD_PREFETCH_REQUEST_BYTES, 100), NPYLOAD_EINVAL);
+    cr_assert_eq(npyload_prefetch_set(P, (npyload_prefetch_option)99, 1), NPYLOAD_EINVAL);
+    npyload_prefetch_progress g;
+    cr_assert_eq(npyload_prefetch_get_progress(P, &g, 8), NPYLOAD_EINVAL);
+    char missing[256];
+    snprintf(missing, sizeof missing, "http://127.0.0.1:%d/nope.npy", tu_http_port(s.h));
+    cr_assert_eq(npyload_prefetch_add_field(P, missing), 0);
+    cr_assert_eq(npyload_prefetch_run(P), -ENOENT);
+    cr_assert(strstr(npyload_prefetch_errmsg(P), "nope.npy"), "%s", npyload_prefetch_errmsg(P));
+    npyload_prefetch_destroy(P);
+    npyload_prefetch_destroy(NULL);
+    free(cache);
+    site_down(&s);
+}

@@ -484,7 +484,8 @@ def python_error_classes(root: Path = REPO) -> list[str]:
 
 # ----------------------------------------------------------------- tools ---
 
-TOOLS = ["npyload-inspect", "npyload-gen", "npyload-pack", "npyload-bench", "npyload-write"]
+TOOLS = ["npyload-inspect", "npyload-gen", "npyload-pack", "npyload-bench", "npyload-write",
+         "npyload-prefetch", "npyload-model"]
 
 
 def _tool_path(name: str) -> list[str]:

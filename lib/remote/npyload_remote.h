@@ -11,7 +11,12 @@
  *                            error messages
  *   npyload_remote_list.c    globs over ListObjectsV2 (pagination, expat)
  *   npyload_remote_cache.c   the block cache in cache_dir (atomic rename,
- *                            an flock'ed size record, LRU eviction)
+ *                            an flock'ed size record, LRU eviction; one
+ *                            fetch per block per node: OFD locks)
+ *   npyload_remote_bulk.c    a bulk fill of the cache: large sequential
+ *                            GETs of a list of objects, several threads
+ *   npyload_remote_prefetch.c the public npyload_prefetch over bulk (globs,
+ *                            probes, sample order), in every build
  *   npyload_remote_read.c    a worker's reads: requests -> cache blocks or
  *                            coalesced ranges -> transfers; the probe of
  *                            headers and seek tables at start
@@ -163,6 +168,45 @@ NPYL_HIDDEN void npyl_remote_cancel(npyl_remote *r, int on);
  * that work give up with -ECANCELED ("interrupted"). Set it while no such
  * work runs. */
 NPYL_HIDDEN void npyl_remote_set_interrupt(npyl_remote *r, int (*fn)(void *), void *arg);
+/* ---- bulk fill of the cache (npyload_remote_bulk.c) ---- */
+
+/* Defaults of npyl_bulk_opts (npyload.h documents them). */
+#define NPYL_BULK_INFLIGHT 16
+#define NPYL_BULK_REQUEST (32ull << 20)
+
+typedef struct npyl_bulk_opts {
+    uint64_t max_bytes;       /* the part to fill; 0 (and at most): what the
+                                 cache keeps, 90 % of its bound */
+    int inflight;             /* GETs at once; 0: NPYL_BULK_INFLIGHT */
+    uint64_t request_bytes;   /* per GET, whole blocks; 0: NPYL_BULK_REQUEST */
+} npyl_bulk_opts;
+
+/* A fill's progress: written by the fill, read by any thread (relaxed
+ * atomics: each counter is exact, a set of them a snapshot only). */
+typedef struct npyl_bulk_state {
+    _Atomic int stop;                      /* set by any thread: the fill
+                                              ends after its round */
+    _Atomic uint64_t planned_bytes, planned_blocks; /* the part */
+    _Atomic uint64_t done_bytes;           /* of it, in the cache (found,
+                                              fetched, or waited for; at
+                                              the end: counted there) */
+    _Atomic uint64_t found_blocks;         /* already in the cache */
+    _Atomic uint64_t fetched_blocks, fetched_bytes; /* by this fill */
+    _Atomic uint64_t waited_blocks;        /* another thread or process
+                                              fetched them meanwhile */
+} npyl_bulk_state;
+
+/* Fills the cache of r (a cache_dir is needed) with the blocks of
+ * objs[0 .. n) (as probed: URL, size, ETag; objects without an ETag are
+ * skipped, never cached), in that order, up to the part's budget (the
+ * first blocks in that order; npyl_bulk_opts). Coordinated with every
+ * other reader of the directory (one fetch per block per node). Blocks on
+ * the calling thread until the part is in the cache, st->stop was set
+ * (-ECANCELED), or a GET failed for good (its code; err names the URL).
+ * st must be zeroed by the caller (counters add up). */
+NPYL_HIDDEN int npyl_bulk_fill(npyl_remote *r, const npyl_remote_obj *objs, size_t n,
+                               const npyl_bulk_opts *o, npyl_bulk_state *st, char *err,
+                               size_t errlen);
 
 /* Adds the client's counters to *k. Any thread. */
 NPYL_HIDDEN void npyl_remote_counters_add(const npyl_remote *r, npyl_remote_counters *k);

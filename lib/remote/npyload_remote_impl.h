@@ -1,5 +1,7 @@
 /* Private to lib/remote. The layers, each using only the ones below it:
  *
+ *   npyload_remote_prefetch.c the public npyload_prefetch (over bulk)
+ *   npyload_remote_bulk.c    bulk fills of the cache (beside read)
  *   npyload_remote_read.c    a thread's reads and start's probe
  *   npyload_remote_list.c    ListObjectsV2 globs
  *   npyload_remote_xfer.c    transfers on a multi handle, retries, checks
@@ -216,6 +218,7 @@ NPYL_HIDDEN int npyl_cache_open(npyl_cache **out, const char *dir, uint64_t boun
                                 uint64_t block, char *err, size_t errlen);
 NPYL_HIDDEN void npyl_cache_close(npyl_cache *c);
 NPYL_HIDDEN uint64_t npyl_cache_block(const npyl_cache *c);
+NPYL_HIDDEN uint64_t npyl_cache_bound(const npyl_cache *c);
 /* The key of an object version: 32 hex digits and a NUL. */
 NPYL_HIDDEN void npyl_cache_key(const npyl_cache *c, const char *url, const char *etag,
                                 uint64_t size, char key[33]);
@@ -236,24 +239,34 @@ NPYL_HIDDEN int npyl_cache_commit(npyl_cache *c, const char *tmp, const char *ke
 /* Drops a temporary file (a failed or retried transfer). */
 NPYL_HIDDEN void npyl_cache_discard(npyl_cache *c, const char *tmp);
 
-/* In-flight blocks of this process: concurrent misses of one block wait
- * for the one fetch instead of fetching it again (other processes sharing
- * the directory still may; the rename keeps that safe). A thread that
- * misses block k of `key` claims it: *claim says whether it fetches it
- * (NPYL_CLAIM_OWN: release it when the fetch is over, committed or not)
- * or another thread of this process is fetching it (NPYL_CLAIM_WAIT: wait
- * for it, then look it up). The returned ticket is for release / wait.
- * A thread never waits while it owns unreleased claims, so no cycle. */
+/* In-flight blocks, one fetch per block per node: concurrent misses of
+ * one block, by threads of this process or by other processes sharing the
+ * directory, wait for the one fetch instead of fetching it again (the
+ * cache file's header comment says how: a registry per process, an OFD
+ * lock per block node-wide). A thread that misses block k of `key` claims
+ * it: *claim says whether it fetches it (NPYL_CLAIM_OWN: release it when
+ * the fetch is over, committed or not) or another thread or process is
+ * fetching it (NPYL_CLAIM_WAIT: wait for it, then look it up). The
+ * returned ticket is for release / wait. A thread never waits while it
+ * owns unreleased claims, and a holder of a node lock never waits, so no
+ * cycle. */
 typedef struct npyl_inflight npyl_inflight;
 enum { NPYL_CLAIM_OWN = 1, NPYL_CLAIM_WAIT = 2 };
 NPYL_HIDDEN npyl_inflight *npyl_cache_claim(npyl_cache *c, const char *key, uint64_t k,
                                             int *claim);
 /* The owner's fetch is over: rc 0 (committed, or not kept: the waiter
  * looks it up and fetches it itself when absent) or its failure, with
- * msg (the message naming the URL) handed to the waiters. */
+ * msg (the message naming the URL) handed to this process's waiters. The
+ * node lock is dropped here: call it after the commit. */
 NPYL_HIDDEN void npyl_cache_release(npyl_cache *c, npyl_inflight *t, int rc, const char *msg);
-/* Waits at most timeout_ms for the owner; returns its rc (msg copied to
- * err), or 1 when the wait timed out (then fetch it). Frees the ticket. */
+/* Waits at most timeout_ms for the fetch; returns 0 when it is over (look
+ * the block up), the owner's failure (a thread of this process; msg copied
+ * to err), 1 when the wait timed out or timeout_ms <= 0 (then fetch it,
+ * outside the cache), or NPYL_WAIT_YOURS: the other process's fetcher went
+ * away (died or failed) without storing the block, and the ticket is now
+ * the caller's claim (NPYL_CLAIM_OWN: fetch it at once, before any other
+ * wait, and release it). Every other return frees the ticket. */
+enum { NPYL_WAIT_YOURS = 2 };
 NPYL_HIDDEN int npyl_cache_wait(npyl_cache *c, npyl_inflight *t, long timeout_ms, char *err,
                                 size_t errlen);
 

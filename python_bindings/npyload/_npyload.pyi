@@ -165,6 +165,24 @@ class BuildInfo(TypedDict):
 
 # ---- the exception ----
 
+@type_check_only
+class PrefetchProgress(TypedDict):
+    objects: int
+    dataset_bytes: int
+    planned_bytes: int
+    cached_bytes: int
+    fetched_bytes: int
+    planned_blocks: int
+    found_blocks: int
+    fetched_blocks: int
+    waited_blocks: int
+    requests: int
+    received_bytes: int
+    seconds: float
+    probe_seconds: float
+    phase: str  # "idle", "probing", "filling", "done"
+    rc: int
+
 class NpyloadError(RuntimeError):
     """Raised for every failure reported by the npyload C library; ``code``
     is the library's negative error code (NPYLOAD_E* or -errno)."""
@@ -316,6 +334,19 @@ class Loader:
     def _set_stream_joiner(self, fn: Callable[[int, list[int]], int] | None, /) -> None: ...
     def close(self) -> None: ...
 
+@final
+class Prefetch:
+    """Low-level owner of one npyload_prefetch (see npyload.prefetch)."""
+    def __new__(cls, remote: dict[str, str | int | None]) -> Self: ...
+    @staticmethod
+    def glob(pattern: _Path, remote: dict[str, str | int | None], /) -> list[str]: ...
+    def add_field(self, pattern: _Path, /) -> None: ...
+    def add_field_files(self, urls: Sequence[_Path], /) -> None: ...
+    def set(self, option: int, value: int, /) -> None: ...
+    def run(self) -> None: ...
+    def stop(self) -> None: ...
+    def progress(self) -> PrefetchProgress: ...
+
 # ---- constants ----
 
 OPT_BATCH_SIZE: int
@@ -338,6 +369,9 @@ OPT_MAX_ERRORS: int
 OPT_READ_AHEAD: int
 OPT_DEVICE_KERNELS: int
 
+PREFETCH_MAX_BYTES: int
+PREFETCH_INFLIGHT: int
+PREFETCH_REQUEST_BYTES: int
 PATH_NVRTC: int
 PATH_KERNEL_CACHE: int
 IO_AUTO: int

@@ -6,6 +6,7 @@
  *   _npyload_batch.c   _npyload.Batch    (owns one npyload_batch)
  *   _npyload_view.c    _npyload.View     (one field of a batch: array
  *                                          interface and DLPack exporter)
+ *   _npyload_prefetch.c _npyload.Prefetch (owns an npyload_prefetch)
  *
  * Lifetime rule (the one thing to keep in mind when reading these files):
  *   tensor/ndarray --> View --> Batch --(npyload_batch_release)--> slot
@@ -88,6 +89,7 @@ typedef struct NpyloadPy_View {
 extern PyTypeObject NpyloadPy_LoaderType;
 extern PyTypeObject NpyloadPy_BatchType;
 extern PyTypeObject NpyloadPy_ViewType;
+extern PyTypeObject NpyloadPy_PrefetchType; /* _npyload_prefetch.c */
 
 /* New Batch owning `b` (released by the Batch's dealloc). Steals `b` even on
  * failure (then releases it). `joiner` may be NULL. */

@@ -805,9 +805,9 @@ PyMODINIT_FUNC PyInit__npyload(void)
         goto fail;
     }
     PyTypeObject *types[] = {&NpyloadPy_LoaderType, &NpyloadPy_BatchType,
-                             &NpyloadPy_ViewType};
-    const char *names[] = {"Loader", "Batch", "View"};
-    for (int i = 0; i < 3; i++) {
+                             &NpyloadPy_ViewType, &NpyloadPy_PrefetchType};
+    const char *names[] = {"Loader", "Batch", "View", "Prefetch"};
+    for (int i = 0; i < 4; i++) {
         if (PyType_Ready(types[i]) < 0)
             goto fail;
         Py_INCREF(types[i]);
@@ -825,6 +825,9 @@ PyMODINIT_FUNC PyInit__npyload(void)
 #undef NPYLOAD_XX_OPT
     ADD("PATH_NVRTC", NPYLOAD_PATH_NVRTC);
     ADD("PATH_KERNEL_CACHE", NPYLOAD_PATH_KERNEL_CACHE);
+    ADD("PREFETCH_MAX_BYTES", NPYLOAD_PREFETCH_MAX_BYTES);
+    ADD("PREFETCH_INFLIGHT", NPYLOAD_PREFETCH_INFLIGHT);
+    ADD("PREFETCH_REQUEST_BYTES", NPYLOAD_PREFETCH_REQUEST_BYTES);
     ADD("IO_AUTO", NPYLOAD_IO_AUTO);
     ADD("IO_URING", NPYLOAD_IO_URING);
     ADD("IO_PREAD", NPYLOAD_IO_PREAD);

@@ -11,7 +11,7 @@ import npyload
 PKG = pathlib.Path(npyload.__file__).parent
 PUBLIC = {"Loader", "Batch", "BatchTuple", "Augment", "Transform", "TransformError", "NpyloadError",
           "inspect", "inspect_manifest", "load", "order_indices", "cuda_available", "build_info", "pack", "write",
-          "__version__"}
+          "prefetch", "cost_model", "dataset_facts", "__version__"}
 
 
 def test_public_names_are_exported():

@@ -189,7 +189,10 @@ def _check_dict(d, spec, allow=()):
 def test_stub_dicts_match_what_the_functions_return(tmp_path):
     spec = _typed_dicts()
     assert set(spec) == {"LoaderState", "LoaderStats", "HeaderInfo", "PackResult",
-                         "BuildInfo"}, set(spec)
+                         "BuildInfo", "PrefetchProgress"}, set(spec)
+    if npyload.build_info()["remote_compiled"]:
+        pf = npyload._npyload.Prefetch({"cache_dir": str(tmp_path / "pcache")})
+        _check_dict(pf.progress(), spec["PrefetchProgress"])
     py = ("python", "numpy", "torch")
     _check_dict(npyload.build_info(), spec["BuildInfo"], allow=py)
     _check_dict(npyload._npyload.build_info(), spec["BuildInfo"])  # without them

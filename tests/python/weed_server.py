@@ -210,7 +210,11 @@ class ThrottleProxy:
     leave one after the other, as on one wire). Faults: the
     first `slow_down` connections are answered "503 SlowDown" (S3's
     throttling reply) and closed, the next `reset` ones are closed at once
-    without an answer (a connection reset); `accepted` counts connections."""
+    without an answer (a connection reset); `accepted` counts connections.
+    `requests` records every request that crossed it: (method, path, first
+    byte, last byte) with the Range header's bytes (None, None without one),
+    so that a test can count the GETs of each cache block that crossed this
+    link (GETs have no body: a request ends at its blank line)."""
 
     def __init__(self, upstream_port, rate=125e6, rtt=0.010, chunk=16384, slow_down=0,
                  reset=0):
@@ -230,6 +234,8 @@ class ThrottleProxy:
         self.conns = []
         self.link_lock = threading.Lock()
         self.link_free = {"up": 0.0, "down": 0.0}  # when each direction is free
+        self.requests = []  # (method, path, first byte, last byte)
+        self.req_lock = threading.Lock()
         self.thread = threading.Thread(target=self._accept, daemon=True)
         self.thread.start()
 
@@ -313,11 +319,14 @@ class ThrottleProxy:
 
         w = threading.Thread(target=writer, daemon=True)
         w.start()
+        head = b""
         while True:
             try:
                 data = src.recv(self.chunk)
             except OSError:
                 data = b""
+            if way == "up" and data:
+                head = self._record(head + data)
             with lock:
                 if not data:
                     done[0] = True
@@ -326,6 +335,23 @@ class ThrottleProxy:
                 q.append((time.monotonic() + self.delay, data))
                 lock.notify()
         w.join(timeout=60)
+
+    def _record(self, buf):
+        """Records the complete requests at the start of buf; returns the
+        rest (a request not complete yet)."""
+        while b"\r\n\r\n" in buf:
+            req, buf = buf.split(b"\r\n\r\n", 1)
+            lines = req.decode("latin-1").split("\r\n")
+            parts = lines[0].split(" ")
+            a = b = None
+            for ln in lines[1:]:
+                k, _, v = ln.partition(":")
+                if k.strip().lower() == "range" and v.strip().startswith("bytes="):
+                    x, _, y = v.strip()[6:].partition("-")
+                    a, b = int(x), (int(y) if y else None)
+            with self.req_lock:
+                self.requests.append((parts[0], parts[1] if len(parts) > 1 else "", a, b))
+        return buf
 
     def close(self):
         self.closed = True
@@ -462,7 +488,12 @@ class FileServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(http.server.ThreadingHTTPServer):
+            # socketserver's backlog of 5 drops the SYNs of a client that
+            # opens many connections at once (a retry a second later).
+            request_queue_size = 128
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         if tls is not None:
             self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
