@@ -269,6 +269,7 @@ static void loader_free(npyload_loader *L)
         npyl_free_paths(L->fields[i].paths, L->fields[i].npaths);
     }
     free(L->fields);
+    npyl_fill_free(L);
     npyl_stores_fini(&L->stores);
     npyl_slots_fini(&L->ring);
     npyl_skip_log_fini(&L->skip);
@@ -312,6 +313,7 @@ void npyload_loader_destroy(npyload_loader *L)
      * its read first) before the workers, slots and locks go. */
     npyl_slots_stop(&L->ring, 1);
     npyl_workers_stop(L->workers, L->nworkers, &L->env);
+    npyl_fill_stop(L); /* before anything it reads (the stores) goes */
     if (npyl_slots_mark_kept(&L->ring) > 0)
         shed_held(L);
     npyl_loader_unref(L); /* the caller's reference; held batches have theirs */
@@ -436,6 +438,7 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *dst,
     out->gather_requests = c.gather_reqs;
     out->read_requests = c.read_reqs;
     npyl_stores_stats(&L->stores, out);
+    npyl_fill_stats(L, out);
     /* The first published layout ends at transform_ns (npyload.h). */
     return npyl_sized_out(dst, size, out, sizeof *out,
                           NPYL_SIZE_THROUGH(npyload_stats, transform_ns));

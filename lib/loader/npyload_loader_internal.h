@@ -145,6 +145,10 @@ struct npyload_loader {
     npyl_work_env env;        /* [create] the workers' view: ring, rv, dev, st */
     npyl_worker *workers;     /* [start.c] */
     size_t nworkers;
+    /* [fill.c, ctl] The background cache fill (NPYLOAD_OPT_CACHE_FILL):
+     * made by the first start that fills, its thread stopped by stop and
+     * destroy, freed with the loader; read by stats on any thread. */
+    struct npyl_fill *fill;
 
     /* [msg] The text of the last failure: written only through
      * npyl_loader_fail / _msg / _clear (npyload_loader.c), under msg_mu, a
@@ -203,6 +207,16 @@ NPYL_HIDDEN int npyl_state_first_epoch(npyload_loader *L);
 NPYL_HIDDEN void npyl_loader_order_of(const npyload_loader *L, npyl_order_params *op);
 NPYL_HIDDEN void npyl_loader_adopt_order(npyload_loader *L, int64_t seed, int64_t shuffle,
                                          int64_t drop_last);
+
+/* npyload_loader_fill.c: the background cache fill. start (the last step,
+ * the workers running) plans it and starts its thread when the option and
+ * the stores say so (never fails: a fill is an optimisation); stop joins
+ * the thread (the caller set the stores' cancel first); free stops and
+ * frees; stats adds its progress. */
+NPYL_HIDDEN void npyl_fill_start(npyload_loader *L);
+NPYL_HIDDEN void npyl_fill_stop(npyload_loader *L);
+NPYL_HIDDEN void npyl_fill_free(npyload_loader *L);
+NPYL_HIDDEN void npyl_fill_stats(const npyload_loader *L, npyload_stats *out);
 
 /* npyload_loader.c: frees what start allocated (the loader returns to its
  * pre-start state). */

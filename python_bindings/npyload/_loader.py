@@ -64,6 +64,16 @@ def _slots_for(prefetch: int, transform: object) -> int:
     return _hook_depth(prefetch) + 3
 
 
+def _check_cache_fill(cache_fill: object) -> int:
+    """The library's CACHE_FILL of ``cache_fill=``: None (auto) 0, True 1,
+    False -1."""
+    if cache_fill is None:
+        return 0
+    if not isinstance(cache_fill, bool):
+        raise TypeError(f"cache_fill must be None, True or False, got {cache_fill!r}")
+    return 1 if cache_fill else -1
+
+
 class Loader(Generic[_B]):
     __doc__ = _loader_doc.LOADER  # parameters, hook, epochs, threads, examples
 
@@ -74,6 +84,7 @@ class Loader(Generic[_B]):
     drop_last: bool
     num_workers: int
     read_ahead: bool
+    cache_fill: bool | None
     num_slots: int
     prefetch: int
     device: int
@@ -99,7 +110,8 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: Literal[False] = False, transform: None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
-                 remote: Mapping[str, Any] | None = None) -> None: ...
+                 remote: Mapping[str, Any] | None = None,
+                 cache_fill: bool | None = None) -> None: ...
     @overload
     def __init__(self: Loader[BatchTuple], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -112,7 +124,8 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: Literal[True] = ..., transform: None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
-                 remote: Mapping[str, Any] | None = None) -> None: ...
+                 remote: Mapping[str, Any] | None = None,
+                 cache_fill: bool | None = None) -> None: ...
     @overload
     def __init__(self: Loader[_T], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -125,7 +138,8 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: Literal[False] = False, transform: Callable[[Batch], _T] = ...,
                  read_ahead: bool = True, transform_workers: int = 1,
-                 remote: Mapping[str, Any] | None = None) -> None: ...
+                 remote: Mapping[str, Any] | None = None,
+                 cache_fill: bool | None = None) -> None: ...
     @overload
     def __init__(self: Loader[_T], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -138,7 +152,8 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: Literal[True] = ..., transform: Callable[[BatchTuple], _T] = ...,
                  read_ahead: bool = True, transform_workers: int = 1,
-                 remote: Mapping[str, Any] | None = None) -> None: ...
+                 remote: Mapping[str, Any] | None = None,
+                 cache_fill: bool | None = None) -> None: ...
     @overload
     def __init__(self: Loader[Any], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -151,7 +166,8 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
-                 remote: Mapping[str, Any] | None = None) -> None: ...
+                 remote: Mapping[str, Any] | None = None,
+                 cache_fill: bool | None = None) -> None: ...
     def __init__(self, fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
@@ -163,7 +179,8 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
-                 remote: Mapping[str, Any] | None = None) -> None:
+                 remote: Mapping[str, Any] | None = None,
+                 cache_fill: bool | None = None) -> None:
         self._running = False   # the C loader was started (the first iter())
         self._pid = _os.getpid()  # of the process that made it
         self._closed = False
@@ -209,6 +226,7 @@ class Loader(Generic[_B]):
             _npyload.OPT_ON_ERROR: 1 if on_error == "skip" else 0,
             _npyload.OPT_MAX_ERRORS: max_errors,
             _npyload.OPT_READ_AHEAD: 0 if read_ahead else -1,
+            _npyload.OPT_CACHE_FILL: _check_cache_fill(cache_fill),
         }
         if pin_memory is not None:
             self._opts[_npyload.OPT_PIN_MEMORY] = int(pin_memory)
@@ -221,6 +239,7 @@ class Loader(Generic[_B]):
         self.drop_last = bool(drop_last)
         self.num_workers = num_workers
         self.read_ahead = bool(read_ahead)
+        self.cache_fill = cache_fill
         # The library's PREFETCH, as it reports it once started (host slots,
         # or device slots with a CUDA device; the range was checked).
         self.num_slots = self._opts[_npyload.OPT_PREFETCH]
@@ -535,7 +554,8 @@ class Loader(Generic[_B]):
         options, and keeps what the loader reports before it starts."""
         opts = dict(self._opts)
         opts.update({_npyload.OPT_BATCH_SIZE: 1, _npyload.OPT_NUM_WORKERS: -1,
-                     _npyload.OPT_PREFETCH: 1, _npyload.OPT_READ_AHEAD: -1})
+                     _npyload.OPT_PREFETCH: 1, _npyload.OPT_READ_AHEAD: -1,
+                     _npyload.OPT_CACHE_FILL: -1})  # the check fills nothing
         c = self._new_c(opts)
         try:
             c.start()

@@ -81,6 +81,18 @@ class LoaderStats(TypedDict):
     cache_read_bytes: int
     cache_write_bytes: int
     cache_evictions: int
+    fill_state: str
+    fill_error: str
+    fill_error_code: int
+    fill_wanted_bytes: int
+    fill_planned_bytes: int
+    fill_planned_blocks: int
+    fill_done_bytes: int
+    fill_found_blocks: int
+    fill_fetched_blocks: int
+    fill_fetched_bytes: int
+    fill_waited_blocks: int
+    fill_ns: int
     # Added by npyload.Loader.stats() (not the extension's Loader):
     hook_ns: NotRequired[int]
     transform_workers: NotRequired[int]
@@ -377,6 +389,7 @@ OPT_ALIGN: int
 OPT_ON_ERROR: int
 OPT_MAX_ERRORS: int
 OPT_READ_AHEAD: int
+OPT_CACHE_FILL: int
 OPT_DEVICE_KERNELS: int
 
 PREFETCH_MAX_BYTES: int
