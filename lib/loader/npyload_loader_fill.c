@@ -169,7 +169,9 @@ static void *fill_main(void *arg)
     int rc = npyl_stores_fill(F->stores, F->store, F->ranges, F->n, &F->opts, &F->st, err,
                               sizeof err);
     atomic_store(&F->t1_ns, npyl_now_ns());
-    if (rc && atomic_load(&F->st.stop)) {
+    /* -ECANCELED: stop or destroy (their cancel may end the GETs before
+     * npyl_fill_stop sets stop); the fill's pools ask no interrupt. */
+    if (rc == -ECANCELED || (rc && atomic_load(&F->st.stop))) {
         atomic_store(&F->state, NPYLOAD_FILL_STOPPED);
         return NULL;
     }
