@@ -161,7 +161,13 @@ def test_a_small_cache_fills_only_its_part(server, data, tmp_path):
     st = settle(y)
     assert st["fill_state"] == "done"
     assert 0 < st["fill_planned_bytes"] <= bound - bound // 10
-    assert st["fill_planned_blocks"] == 3
+    # Whole blocks (an object's last one may be short) within the budget,
+    # less than the dataset: the part (tests/test_remote.c checks which).
+    assert st["fill_planned_blocks"] >= 3
+    assert st["fill_planned_bytes"] < st["fill_wanted_bytes"]
+    # What the cache still holds of the part: the epoch's own reads evict
+    # in a cache this small (why the default leaves the fill off).
+    assert 0 < st["fill_done_bytes"] <= st["fill_planned_bytes"]
     y.close()
     with pytest.raises(TypeError, match="cache_fill"):
         npyload.Loader(s3_globs(), batch_size=5, remote=remote, cache_fill=1)
