@@ -444,6 +444,16 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *dst,
                           NPYL_SIZE_THROUGH(npyload_stats, transform_ns));
 }
 
+int npyload_loader_fill_error(const npyload_loader *L, char *buf, size_t len)
+{
+    if (!L || !buf || len == 0)
+        return NPYLOAD_EINVAL;
+    if (npyl_in_child(L))
+        return NPYLOAD_EFORKED;
+    npyl_fill_error(L, buf, len);
+    return 0;
+}
+
 int npyload_loader_last_skip_error(const npyload_loader *L, char *buf, size_t len)
 {
     if (!L || !buf || len == 0)

@@ -286,12 +286,8 @@ void npyl_fill_stats(const npyload_loader *L, npyload_stats *out)
     out->fill_ns = t0 ? (t1 ? t1 : npyl_now_ns()) - t0 : 0;
 }
 
-int npyload_loader_fill_error(const npyload_loader *L, char *buf, size_t len)
+void npyl_fill_error(const npyload_loader *L, char *buf, size_t len)
 {
-    if (!L || !buf || len == 0)
-        return NPYLOAD_EINVAL;
-    if (npyl_in_child(L))
-        return NPYLOAD_EFORKED;
     buf[0] = 0;
     npyl_fill *F = __atomic_load_n(&L->fill, __ATOMIC_ACQUIRE);
     if (F) {
@@ -299,5 +295,4 @@ int npyload_loader_fill_error(const npyload_loader *L, char *buf, size_t len)
         snprintf(buf, len, "%s", F->err);
         pthread_mutex_unlock(&F->mu);
     }
-    return 0;
 }

@@ -217,6 +217,8 @@ NPYL_HIDDEN void npyl_fill_start(npyload_loader *L);
 NPYL_HIDDEN void npyl_fill_stop(npyload_loader *L);
 NPYL_HIDDEN void npyl_fill_free(npyload_loader *L);
 NPYL_HIDDEN void npyl_fill_stats(const npyload_loader *L, npyload_stats *out);
+/* Its failure's message into buf (len > 0), "" when none. Any thread. */
+NPYL_HIDDEN void npyl_fill_error(const npyload_loader *L, char *buf, size_t len);
 
 /* npyload_loader.c: frees what start allocated (the loader returns to its
  * pre-start state). */
