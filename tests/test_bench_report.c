@@ -495,13 +495,13 @@ Test(bench_zst, page_cache_compares_the_same_workers_with_transforms)
     /* cold: the disk's 100 raw x ratio 2 = 200, under the workers' CPU cap */
     cr_assert_float_eq(z.expected_cold_sps, 200, 1e-6);
     /* disk-bound, the same CPU cap: 2 workers x 1e9 / packed ns */
-    z = zst_estimate(2, 2.0, 1000, 1305);
+    z = zst_estimate(2, 2.0, 1100, 1305);
     z.raw_cpu_ns_per_sample = 600000;
     z.transform_ns_per_sample = 500000;
     z.workers = 2;
     nb_zst_judge(&z, 1 << 20, 1);
     cr_assert_float_eq(z.expected_cold_sps, 2e9 / packed, 1e-6);
-    cr_assert_eq(z.pays, 0, "%s", z.verdict); /* 1251 < 1.2 x 1000 */
+    cr_assert_eq(z.pays, 0, "%s", z.verdict); /* 1251 < 1.2 x 1100 */
 }
 
 Test(bench_zst, incompressible_unknown_and_packed)
@@ -668,7 +668,10 @@ Test(bench_next_steps, follows_the_verdict)
         {"bottleneck: the disk (...)", "--cold --workers up to 4"},
         {"bottleneck: the object store (...)", "cache_dir"},
         {"bottleneck: decode (...)", "npyload-pack -l 1"},
-        {"bottleneck: host transforms (...)", "device=\"cuda\""},
+        /* the GPU only on a machine with one (issue 40) */
+        {"bottleneck: host transforms (...)", npyload_cuda_available(0, NULL, 0) == 1
+                                                  ? "device=\"cuda\""
+                                                  : "no CUDA device here"},
         {"bottleneck: the H2D copy (...)", "pinned"},
         {"bottleneck: CPU copies (...)", "90% of the machine's measured copy ceiling"},
     };
@@ -689,6 +692,10 @@ Test(bench_next_steps, follows_the_verdict)
     snprintf(rec.verdict, sizeof rec.verdict, "bottleneck: CPU copies (...)");
     nb_next_steps(&cfg, &rec, &r, NULL, 2, s, sizeof s);
     cr_assert(strstr(s, "--workers up to 2"), "%s", s);
+    cfg.device = 0; /* a CUDA loader: the GPU is the advice */
+    snprintf(rec.verdict, sizeof rec.verdict, "bottleneck: host transforms (...)");
+    nb_next_steps(&cfg, &rec, &r, NULL, 2, s, sizeof s);
+    cr_assert(strstr(s, "GPU"), "%s", s);
 }
 
 /* Remote fields: the sweep, its recommendation, a point without latency

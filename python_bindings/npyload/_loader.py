@@ -9,7 +9,7 @@ import warnings as _warnings
 from collections.abc import Mapping as _Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
-from . import _npyload
+from . import _habits, _npyload
 from ._npyload import cuda_available
 from ._transform import Transform
 from ._hook import _EOF
@@ -34,7 +34,7 @@ from ._options import _parse_device
 from ._options import _parse_shuffle
 from ._torch import _torch_or_none
 from ._batch import _wrap_raw
-from . import _manifest, _remote
+from . import _habits, _manifest, _remote
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -673,7 +673,8 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
-                 remote: Mapping[str, Any] | None = None) -> None:
+                 remote: Mapping[str, Any] | None = None, **dataloader_kw: Any) -> None:
+        _habits.dataloader_keywords(dataloader_kw)  # DataLoader's names, answered
         self._c: Any = None     # the started C loader: None until the first iter()
         self._kept: tuple[Any, int] | None = None  # the checked loader, stopped, and its pid
         self._closed = False
@@ -754,6 +755,8 @@ class Loader(Generic[_B]):
         self._len_override: int | None = None  # batches of a resumed epoch (load_state_dict)
         self._hook_state = None  # with transform=: the state the consumer is at
         self._clock = _LoopClock(transform_workers)  # with transform=: hook, loop wait, step
+        _habits.construction_warnings(specs, self._transforms, len(self), batch_size,
+                                      -(-self._n // world_size), bool(drop_last), stacklevel=3)
 
     def _pick_output(self, output: str, dev: int) -> None:
         """torch when it is importable (or asked for), else numpy."""
