@@ -42,6 +42,7 @@ Waits for a batch release the GIL and Ctrl-C interrupts them promptly.
 from . import _npyload
 from ._npyload import NpyloadError, order_indices, cuda_available
 from ._batch import Augment, Batch, BatchTuple
+from ._habits import FlipMismatchWarning
 from ._hook import TransformError
 from ._info import build_info
 from ._inspect import inspect, inspect_manifest
@@ -53,7 +54,7 @@ from ._prefetch import prefetch
 from ._transform import Transform
 from ._write import write
 
-__all__ = ["Loader", "Batch", "BatchTuple", "Augment", "Transform", "TransformError", "NpyloadError",
+__all__ = ["Loader", "Batch", "BatchTuple", "Augment", "Transform", "TransformError", "FlipMismatchWarning", "NpyloadError",
            "inspect", "inspect_manifest", "load", "order_indices", "cuda_available",
            "build_info", "pack", "prefetch", "cost_model", "dataset_facts", "write",
            "__version__"]

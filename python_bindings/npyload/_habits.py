@@ -37,13 +37,16 @@ _INSTEAD = {
     "pin_memory_device": "device='cuda:N' (batches arrive on that GPU)",
 }
 
-_ACCEPTED = ("persistent_workers",)
+# Accepted: their meaning carries over (threads live until close(); batches
+# always arrive in order, which in_order=False allows too).
+_ACCEPTED = ("persistent_workers", "in_order")
 
 
 def dataloader_keywords(kw: Mapping[str, Any]) -> None:
     """Checks the keywords Loader does not have: ``persistent_workers``
     (True or False) is accepted (workers are threads that live from the first
-    iter() to close(); there is nothing to restart per epoch), the other
+    iter() to close(); there is nothing to restart per epoch), so is
+    ``in_order`` (batches always arrive in order), the other
     DataLoader keywords raise a TypeError naming the npyload equivalent, and
     any other name raises Python's usual TypeError."""
     for name, value in kw.items():
