@@ -128,7 +128,7 @@ def journal_finished(out):
     return sorted(f for f, ks in seen.items() if ks == {"x", "y"})
 
 
-def interrupted_write(tmp_path):
+def interrupted_write(tmp_path, *extra):
     """A real npyload-write of a slow --source, sent SIGINT (what Ctrl-C
     sends) once its journal lists 3 finished files. Returns (returncode,
     stderr, source array)."""
@@ -140,7 +140,7 @@ def interrupted_write(tmp_path):
     exe = Path(sys.executable).parent / "npyload-write"
     assert exe.exists(), "pip install puts npyload-write beside python"
     p = subprocess.Popen([str(exe), "--source", "slowsrc:make", "--out", "out",
-                          "--samples-per-file", str(SPF), "--workers", "2"],
+                          "--samples-per-file", str(SPF), "--workers", "2", *extra],
                          cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     journal = tmp_path / "out" / ".npyload-write.journal"
@@ -163,8 +163,11 @@ def npy_bytes(a):
     return b.getvalue()
 
 
-def test_ctrl_c_says_in_one_line_how_to_resume_and_the_command_resumes(tmp_path):
-    rc, err, src = interrupted_write(tmp_path)
+@pytest.mark.parametrize("extra", [[], ["--overwrite"]])
+def test_ctrl_c_says_in_one_line_how_to_resume_and_the_command_resumes(tmp_path, extra):
+    # --overwrite: the interrupted run had begun writing (the previous write
+    # was gone), so the resume must not overwrite again.
+    rc, err, src = interrupted_write(tmp_path, *extra)
     assert rc == 130, err
     assert "Traceback" not in err and err.count("\n") == 1, err
     finished = journal_finished(tmp_path / "out")
