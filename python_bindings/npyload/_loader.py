@@ -448,6 +448,13 @@ class Loader(Generic[_B]):
         kept on local disk (at most ``cache_bytes``, default 10 GiB) and
         later epochs read them from there; ranks of a node may share it.
         Secrets never appear in messages, ``stats()`` or ``state_dict()``.
+    persistent_workers, in_order : bool, keyword only
+        DataLoader's keywords whose meaning carries over, accepted so that a
+        ported call runs: workers are threads that live from the first
+        ``iter()`` to ``close()`` (always "persistent"), and batches always
+        arrive in order. Other DataLoader keywords (``prefetch_factor``,
+        ``collate_fn``, ``sampler``, ``worker_init_fn``...) raise a
+        TypeError naming the npyload equivalent.
 
     Notes
     -----
@@ -609,7 +616,8 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: Literal[False] = False, transform: None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
-                 remote: Mapping[str, Any] | None = None) -> None: ...
+                 remote: Mapping[str, Any] | None = None, *,
+                 persistent_workers: bool = False, in_order: bool = True) -> None: ...
     @overload
     def __init__(self: Loader[BatchTuple], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -622,7 +630,8 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: Literal[True] = ..., transform: None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
-                 remote: Mapping[str, Any] | None = None) -> None: ...
+                 remote: Mapping[str, Any] | None = None, *,
+                 persistent_workers: bool = False, in_order: bool = True) -> None: ...
     @overload
     def __init__(self: Loader[_T], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -635,7 +644,8 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: Literal[False] = False, transform: Callable[[Batch], _T] = ...,
                  read_ahead: bool = True, transform_workers: int = 1,
-                 remote: Mapping[str, Any] | None = None) -> None: ...
+                 remote: Mapping[str, Any] | None = None, *,
+                 persistent_workers: bool = False, in_order: bool = True) -> None: ...
     @overload
     def __init__(self: Loader[_T], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -648,7 +658,8 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: Literal[True] = ..., transform: Callable[[BatchTuple], _T] = ...,
                  read_ahead: bool = True, transform_workers: int = 1,
-                 remote: Mapping[str, Any] | None = None) -> None: ...
+                 remote: Mapping[str, Any] | None = None, *,
+                 persistent_workers: bool = False, in_order: bool = True) -> None: ...
     @overload
     def __init__(self: Loader[Any], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -661,7 +672,8 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
-                 remote: Mapping[str, Any] | None = None) -> None: ...
+                 remote: Mapping[str, Any] | None = None, *,
+                 persistent_workers: bool = False, in_order: bool = True) -> None: ...
     def __init__(self, fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
@@ -673,8 +685,11 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
-                 remote: Mapping[str, Any] | None = None, **dataloader_kw: Any) -> None:
-        _habits.dataloader_keywords(dataloader_kw)  # DataLoader's names, answered
+                 remote: Mapping[str, Any] | None = None, *,
+                 persistent_workers: bool = False, in_order: bool = True,
+                 **dataloader_kw: Any) -> None:
+        _habits.dataloader_keywords(  # DataLoader's names, answered
+            {"persistent_workers": persistent_workers, "in_order": in_order, **dataloader_kw})
         self._c: Any = None     # the started C loader: None until the first iter()
         self._kept: tuple[Any, int] | None = None  # the checked loader, stopped, and its pid
         self._closed = False

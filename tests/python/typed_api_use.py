@@ -333,6 +333,12 @@ def main(root: str) -> None:
     remote_planning(fields, root)
     with npyload.Loader(fields, 5, output="numpy") as ld:
         assert batches_of(ld) == N
+    # DataLoader's keywords that carry over are typed: a ported call checks.
+    ported = npyload.Loader(fields, 5, output="numpy", persistent_workers=True,
+                            in_order=True)
+    assert_type(ported, npyload.Loader[npyload.Batch])
+    with ported:
+        assert batches_of(ported) == N
 
 
 if __name__ == "__main__":
