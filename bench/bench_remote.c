@@ -23,7 +23,7 @@
 
 #include "npyload.h"
 #include "npyload_remote_env.h"
-#include "npyload_support.h"
+#include "npyload.h" /* with NPYLOAD_EXPERIMENTAL (CMake): the simulator, NVML, the GET sweep */
 
 static void print_point(const npyload_rget_point *p, void *arg)
 {

@@ -675,7 +675,12 @@ NPYLOAD_API int npyload_loader_stop(npyload_loader *L);
  * first epoch; after start it abandons what is left of the current epoch
  * (reads in flight finish and are discarded; batches the caller holds stay
  * valid) and begins `epoch` from its first batch. It also clears a failure
- * (after a failed read, set_epoch retries from the epoch's start).
+ * (after a failed read, set_epoch retries from the epoch's start). One
+ * exception, the usual `for e in range(saved_epoch, n): set_epoch(e)`
+ * after a resume: right after npyload_loader_set_state (or _load_state),
+ * before a batch is handed out, set_epoch with the restored epoch keeps
+ * the restored position (even one whose pass had ended: it goes on from
+ * there, with nothing left).
  * Thread-safe against start/set_epoch/set_state (they run one at a time: the
  * one that returns last decides the order, and every batch next() hands out
  * after it returns, get_state() and num_batches() agree with it) and
@@ -684,9 +689,46 @@ NPYLOAD_API int npyload_loader_stop(npyload_loader *L);
  *           NPYLOAD_ESTATE when destroy has begun on another thread. */
 NPYLOAD_API int npyload_loader_set_epoch(npyload_loader *L, uint64_t epoch);
 
-/*! npyload_loader_num_batches() : batches per epoch for this rank, or a
- * negative error if the fields are not yet known (before start). */
+/*! npyload_loader_num_batches() : batches per epoch for this rank (of the
+ * current split: after an elastic resume, the rest of the epoch split over
+ * this world size), or NPYLOAD_ESTATE when the fields were never read
+ * (before the first start; a stopped loader knows them). */
 NPYLOAD_API int64_t npyload_loader_num_batches(const npyload_loader *L);
+
+/*! Passes: the loader's own rule for "the next loop", as
+ * torch.utils.data.DataLoader's iter() has it, so that a binding or a
+ * trainer asks the loader rather than keeping a second copy of the rule.
+ *
+ * npyload_loader_begin_pass() : begins the next pass over the data. The
+ * first pass after create or set_epoch(e) runs epoch e from its first
+ * batch; the first after set_state / load_state runs the restored position
+ * (or, when the saved pass had ended, the next epoch from its start); every
+ * later pass runs the epoch after the last one, from its first batch,
+ * whether the last pass ran to its end or not. next() returning
+ * NPYLOAD_EOF ends a pass (npyload_loader_save_state records it as
+ * loop_ended). Optional: a program that calls set_epoch itself never
+ * needs it. After start; a control call like set_epoch (see "Threads").
+ * @return : 0, NPYLOAD_ESTATE before start, NPYLOAD_EINVAL when the next
+ *           epoch would pass INT64_MAX (choose one with set_epoch), -ENOMEM.
+ *
+ * npyload_loader_pass_batches() : the batches of the pass in progress, from
+ * its beginning (a resumed pass begins at the restored position), or when
+ * it has ended, those of the next pass (a whole epoch). Known from the time
+ * the fields were read (after a start, also a stopped loader). Any thread.
+ * @return : the count, or NPYLOAD_ESTATE before the fields are read. */
+NPYLOAD_API int npyload_loader_begin_pass(npyload_loader *L);
+NPYLOAD_API int64_t npyload_loader_pass_batches(const npyload_loader *L);
+
+/*! npyload_pass / npyload_loader_pass_rule() : what the next begin_pass
+ * does: START (the epoch set_epoch chose, from its first batch), RESUME
+ * (the position set_state restored), ADVANCE (the next epoch, from its
+ * first batch). Any thread. @return : an npyload_pass, or NPYLOAD_EINVAL. */
+typedef enum npyload_pass {
+    NPYLOAD_PASS_START = 0,
+    NPYLOAD_PASS_RESUME = 1,
+    NPYLOAD_PASS_ADVANCE = 2
+} npyload_pass;
+NPYLOAD_API int npyload_loader_pass_rule(const npyload_loader *L);
 
 /*! npyload_loader_num_samples() : N, the samples in every field (after
  * start), or a negative error. */
@@ -722,8 +764,14 @@ NPYLOAD_API int npyload_loader_next_timeout(npyload_loader *L,
 
 /*! npyload_loader_errmsg() : the last error on `L` in words (which file,
  * which offset, what was expected), or "" if none. Valid until the next call
- * on `L`. NULL-safe. */
+ * on `L`. NULL-safe. With calls on several threads (next() on one,
+ * set_epoch on another), another call's failure may rewrite it while it is
+ * read: copy it with npyload_loader_errmsg_copy. */
 NPYLOAD_API const char *npyload_loader_errmsg(const npyload_loader *L);
+
+/*! npyload_loader_errmsg_copy() : the same text, copied into buf[len] under
+ * the loader's message lock. Any thread. @return : 0 or NPYLOAD_EINVAL. */
+NPYLOAD_API int npyload_loader_errmsg_copy(const npyload_loader *L, char *buf, size_t len);
 
 /*! npyload_loader_backend() : the active io backend (after start), or
  * NPYLOAD_IO_AUTO before. npyload_backend_name() gives its name. */
@@ -878,7 +926,10 @@ typedef struct npyload_state {
 #define NPYLOAD_STATE_VERSION 2
 
 /*! npyload_loader_get_state() : the position after the last batch handed
- * out. @return : 0 or NPYLOAD_ESTATE before start. */
+ * out (before start: the one set_epoch or set_state chose, once the fields
+ * were read). The 0.3 form: it cannot grow; npyload_loader_save_state
+ * holds the same and what later versions add.
+ * @return : 0, or NPYLOAD_ESTATE when the fields were never read. */
 NPYLOAD_API int npyload_loader_get_state(const npyload_loader *L,
                                          npyload_state *out);
 
@@ -901,6 +952,37 @@ NPYLOAD_API int npyload_loader_get_state(const npyload_loader *L,
  * set_epoch (see "Threads"); NPYLOAD_ESTATE once destroy has begun. */
 NPYLOAD_API int npyload_loader_set_state(npyload_loader *L,
                                          const npyload_state *st);
+
+/*! npyload_loader_save_state() :
+ * The position as a versioned byte string that grows with the library: a
+ * header ("NPYS", format 1, the number of records, the length) and named
+ * records of little-endian numbers (int64, uint64 or float64), each one a
+ * name of [a-z0-9_] and its values. This loader's records hold one value
+ * each: version (2), seed, epoch, consumed, num_samples, batch_size,
+ * world_size, rank, shuffle, drop_last, base (as npyload_state) and
+ * loop_ended (1 when next() had returned NPYLOAD_EOF of the saved pass).
+ * Later versions add records (a mixing loader's per-source positions and
+ * weights); a reader refuses a record it does not know unless its name
+ * begins with '_', so an older library refuses a state it cannot honour
+ * instead of misreading it. Store the bytes as they are (a checkpoint's
+ * blob); npyload.Loader.state_dict() is the same records as a dict.
+ * buf may be NULL with cap 0 to learn the size. Any thread.
+ * @return : the state's size in bytes (written when it is <= cap, else
+ *           nothing is written), or NPYLOAD_ESTATE when the fields were
+ *           never read, NPYLOAD_EINVAL. */
+NPYLOAD_API int64_t npyload_loader_save_state(const npyload_loader *L, void *buf,
+                                              size_t cap);
+
+/*! npyload_loader_load_state() :
+ * Restores a position saved by npyload_loader_save_state (of this version
+ * or an older one; npyload_state's members as records, version 1 or 2,
+ * load too), as npyload_loader_set_state does, and the pass rule: a state
+ * whose pass had ended resumes at the next epoch (npyload_loader_begin_pass).
+ * Every record is checked (the bytes may come from an untrusted file): a
+ * malformed string or value is NPYLOAD_EINVAL naming the record, an
+ * unknown record or format NPYLOAD_EMISMATCH. Thread-safe like set_state.
+ * @return : 0 or the error, with npyload_loader_errmsg saying which. */
+NPYLOAD_API int npyload_loader_load_state(npyload_loader *L, const void *buf, size_t len);
 
 /* ---- Stats ---- */
 
@@ -1066,6 +1148,59 @@ NPYLOAD_API int64_t npyload_order_indices(int64_t n, int shuffle, int64_t seed,
  * is written to it. The runtime is loaded at run time (dlopen), so host-only
  * programs never need CUDA libraries. */
 NPYLOAD_API int npyload_cuda_available(int device, char *why, size_t whylen);
+
+/*! npyload_cuda_h2d_bandwidth() : the H2D ceiling: pinned host-to-device
+ * cudaMemcpyAsync bandwidth on `device` with `bytes` per copy, `iters`
+ * copies, on a non-blocking stream of a thread of its own (the caller's
+ * current device is untouched); GB/s (1e9 bytes/s) into *gbps. What the
+ * loader's device copies compare with (npyload-bench's h2d_pinned).
+ * Any thread. @return : 0, NPYLOAD_EINVAL, NPYLOAD_ENOCUDA or
+ * NPYLOAD_ECUDA. */
+NPYLOAD_API int npyload_cuda_h2d_bandwidth(int device, size_t bytes, int iters, double *gbps);
+
+/* ---- Ceilings: what this machine gives on a loader's own bytes ---- */
+
+/*! npyload_ceiling_kind : how npyload_loader_ceiling reads.
+ * PREAD: threads pread the samples of the loader's current order, batch by
+ * batch, one request per sample and field, into a batch buffer each (the
+ * copy ceiling of the page cache); GATHER: the same as memcpy from the
+ * files mapped once (small rows: no system call per row); DIRECT: one
+ * thread reads every file's data with O_DIRECT through io_uring, 1 MiB
+ * blocks, 32 in flight (the disk's ceiling; evict the page cache first for
+ * a cold one). */
+typedef enum npyload_ceiling_kind {
+    NPYLOAD_CEILING_PREAD = 1,
+    NPYLOAD_CEILING_GATHER = 2,
+    NPYLOAD_CEILING_DIRECT = 3
+} npyload_ceiling_kind;
+
+/*! npyload_ceiling: a ceiling measured. Grows at its end (see Conventions):
+ * pass `sizeof` it. */
+typedef struct npyload_ceiling {
+    double gbps;          /* 1e9 bytes/s: the best pass (PREAD, GATHER) */
+    double seconds;       /* that pass's time */
+    uint64_t bytes;       /* and its bytes */
+    int threads;
+} npyload_ceiling;
+
+/*! npyload_loader_ceiling() :
+ * Measures what the machine gives on the loader's bytes, through the
+ * loader's own readers (lib/io), so that the loader's samples/s can be
+ * compared with it in the same run (npyload-bench's "ratio to the pread
+ * ceiling"). PREAD and GATHER run `threads` threads for `seconds` (a
+ * 0.2 s warm-up, then three passes of seconds/3, the best one kept);
+ * DIRECT reads until all is read or `seconds` pass (a packed or narrowed
+ * file whole). The fields' files must be local (plain .npy for PREAD and
+ * GATHER), read already (after start, or start and stop).
+ * A control call: set_epoch and the like wait for it (see "Threads").
+ * @return : 0, NPYLOAD_EINVAL (an argument, named), NPYLOAD_ESTATE (the
+ *           fields not read), NPYLOAD_EUNSUPPORTED (a remote file, or a
+ *           .npy.zst or narrowed one for PREAD/GATHER, named),
+ *           NPYLOAD_ENOURING (DIRECT without
+ *           io_uring), or a read's error; npyload_loader_errmsg says which. */
+NPYLOAD_API int npyload_loader_ceiling(npyload_loader *L, npyload_ceiling_kind kind,
+                                       int threads, double seconds, npyload_ceiling *out,
+                                       size_t size);
 
 /* ---- Build and machine facts, for bug reports ---- */
 
@@ -1613,6 +1748,111 @@ NPYLOAD_API int npyload_prefetch_get_progress(const npyload_prefetch *P,
 /*! npyload_prefetch_errmsg() : the last failure of add_*, set or run in
  * words ("" when none). Valid until the next call on P from its thread. */
 NPYLOAD_API const char *npyload_prefetch_errmsg(const npyload_prefetch *P);
+
+/* ==== Experimental API ====================================================
+ *
+ * What npyload's own tools and tests use and users do not need yet: a GPU
+ * stand-in for a training step, NVML monitoring, a remote store's ranged-GET
+ * sweep. Declared only for a program that defines NPYLOAD_EXPERIMENTAL
+ * before including this header (as zstd's ZSTD_STATIC_LINKING_ONLY):
+ *
+ *     #define NPYLOAD_EXPERIMENTAL
+ *     #include "npyload.h"
+ *
+ * These names, types and meanings may change in any release, the ABI too
+ * (the SONAME does not follow them); everything above this line is the
+ * stable API. */
+#ifdef NPYLOAD_EXPERIMENTAL
+
+/*! npyload_compute_sim: a non-blocking CUDA stream on a device and a kernel
+ * that keeps it busy for a given time, so programs without CUDA headers (the
+ * bench, tests) can stand in for a training step: take a batch, make the
+ * simulator's stream wait for it (npyload_batch_wait_stream), queue
+ * npyload_compute_sim_busy, release with npyload_batch_release_stream. The
+ * kernel is PTX JIT-compiled by the driver; nothing here needs nvcc. */
+typedef struct npyload_compute_sim npyload_compute_sim;
+
+/*! npyload_compute_sim_create() :
+ * @return : 0, NPYLOAD_ENOCUDA (reason in `why`) or NPYLOAD_ECUDA. */
+NPYLOAD_API int npyload_compute_sim_create(int device, npyload_compute_sim **out, char *why,
+                                           size_t whylen);
+/*! npyload_compute_sim_stream() : its stream (a cudaStream_t). */
+NPYLOAD_API void *npyload_compute_sim_stream(const npyload_compute_sim *s);
+/*! npyload_compute_sim_busy() : queues a kernel that spins for `ns`
+ * nanoseconds (GPU global timer) on the stream; returns at once. */
+NPYLOAD_API int npyload_compute_sim_busy(npyload_compute_sim *s, uint64_t ns);
+/*! npyload_compute_sim_sync() : waits on the host for the stream. */
+NPYLOAD_API int npyload_compute_sim_sync(npyload_compute_sim *s);
+/*! npyload_compute_sim_destroy() : waits for the stream, frees. NULL-safe. */
+NPYLOAD_API void npyload_compute_sim_destroy(npyload_compute_sim *s);
+
+/*! npyload_nvml: GPU monitoring through NVML (libnvidia-ml.so.1, loaded at
+ * run time by lib/cuda; absent on machines without an NVIDIA driver). */
+typedef struct npyload_nvml npyload_nvml;
+typedef struct npyload_nvml_sample_t {
+    double util_pct;     /* GPU utilisation, percent */
+    double power_w;      /* 0 when NVML cannot tell */
+    double mem_used_mib; /* < 0 when NVML cannot tell */
+} npyload_nvml_sample_t;
+/*! npyload_nvml_open() : NVML for `device` (an NVML index).
+ * @return : 0, or -1 with the reason in `why`. */
+NPYLOAD_API int npyload_nvml_open(int device, npyload_nvml **out, char *why, size_t whylen);
+/*! npyload_nvml_sample() : @return : 0, or -1 when no sample came. */
+NPYLOAD_API int npyload_nvml_sample(const npyload_nvml *n, npyload_nvml_sample_t *s);
+/*! npyload_nvml_close() : NULL-safe. */
+NPYLOAD_API void npyload_nvml_close(npyload_nvml *n);
+
+/*! npyload_rget: what a remote store gives, measured with the loader's own
+ * HTTP path (lib/remote: a libcurl multi handle per thread, keep-alive,
+ * signing) but without the loader: ranged GETs of `bytes` bytes at random
+ * offsets of the objects, at several concurrencies (threads x requests in
+ * flight per thread), each for `seconds`. Used by npyload-bench on remote
+ * fields and by bench/bench_remote. */
+#define NPYLOAD_RGET_MAX_POINTS 16
+typedef struct npyload_rget_point {
+    int concurrency, threads, inflight;
+    double requests_per_s, mb_per_s;
+    double p50_ms, p99_ms;     /* single-request latency: measured at
+                                  inflight 1 only, else < 0 */
+} npyload_rget_point;
+typedef struct npyload_rget_result {
+    size_t objects;
+    uint64_t object_bytes;
+    size_t bytes_per_request;
+    double seconds;
+    int npoints;
+    npyload_rget_point points[NPYLOAD_RGET_MAX_POINTS];
+    double best_mb_per_s;
+    /* The recommendation: the smallest concurrency within 10 % of the best
+     * throughput, as reading threads x requests in flight per thread; a
+     * worker has two reading threads with read-ahead (itself and its
+     * read-ahead thread), so workers = threads / 2 (at least 1) and
+     * max_inflight = concurrency / (2 x workers), rounded up. */
+    int pick;                  /* index of the point chosen */
+    int concurrency, workers, max_inflight;
+    uint64_t requests, retries; /* HTTP requests of the whole sweep (the
+                                   probe included) */
+} npyload_rget_result;
+/*! npyload_rget_row() : one point as a table row "conc threads inflight
+ * req/s MB/s p50 p99" (npyload_rget_header() the header), as npyload-bench
+ * and bench_remote print them. */
+NPYLOAD_API void npyload_rget_row(const npyload_rget_point *p, char *buf, size_t len);
+NPYLOAD_API const char *npyload_rget_header(void);
+/*! npyload_rget_measure() : probes the n objects (size, ETag), then
+ * measures each concurrency of conc[0 .. nconc) (at most
+ * NPYLOAD_RGET_MAX_POINTS) with at most tmax threads. `each` (may be NULL)
+ * is called after every point (for a table printed as it goes).
+ * `cfg` is copied (max_inflight is raised to what the points need).
+ * @return : 0, or an error with the message (URL and what happened, never
+ * a secret) in err; NPYLOAD_EUNSUPPORTED in a build without libcurl. */
+NPYLOAD_API int npyload_rget_measure(const npyload_remote *cfg, const char *const *urls,
+                                     size_t n, size_t bytes, double seconds, const int *conc,
+                                     int nconc, int tmax,
+                                     void (*each)(const npyload_rget_point *p, void *arg),
+                                     void *arg, npyload_rget_result *out, char *err,
+                                     size_t errlen);
+
+#endif /* NPYLOAD_EXPERIMENTAL */
 
 #ifdef __cplusplus
 }

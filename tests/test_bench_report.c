@@ -2,7 +2,7 @@
  * recommendation rule, the JSON document (its content; its validity against
  * bench/schema.json is checked with jsonschema in
  * tests/python/test_bench_cli.py) and the SVG heatmap, through the bench's
- * report core (npyload_bench_core, tools/support/CMakeLists.txt; not part
+ * report core (npyload_bench_core, tools/npyload_bench_core.cmake; not part
  * of the library). */
 #include <criterion/criterion.h>
 #include <math.h>

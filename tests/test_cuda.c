@@ -33,7 +33,7 @@
 #include "gpu/fake_cuda_driver.h"
 #include "gpu/fake_cudart.h"
 #include "npyload.h"
-#include "npyload_support.h"
+#include "npyload.h" /* with NPYLOAD_EXPERIMENTAL (CMake): the simulator, NVML, the GET sweep */
 #include "testutil.h"
 
 /* ---- helpers ---- */

@@ -1967,3 +1967,261 @@ Test(loader, build_info_text_says_the_facts_and_truncates_safely)
     cr_assert_eq(memcmp(small, t, sizeof small - 1), 0);
     cr_assert_eq(npyload_build_info_text(&bi, NULL, 0), n);
 }
+
+/* ---- The position in C (issue 36): passes, pass_batches, the growable
+ * state (save_state / load_state), the ceilings. The truth: the documented
+ * order (npyload_order_indices) and the bytes (tu_byte). ---- */
+
+/* The epoch of the batches of the next pass (after begin_pass), checking
+ * them; *n their count. */
+static uint64_t pass_epoch(npyload_loader *L, int64_t *n)
+{
+    cr_assert_eq(npyload_loader_begin_pass(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_batch *b;
+    uint64_t e = UINT64_MAX;
+    *n = 0;
+    int rc;
+    while ((rc = npyload_loader_next(L, &b)) == 0) {
+        check_batch(b);
+        if (e == UINT64_MAX)
+            e = npyload_batch_epoch(b);
+        cr_assert_eq(npyload_batch_epoch(b), e);
+        npyload_batch_release(b);
+        (*n)++;
+    }
+    cr_assert_eq(rc, NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
+    return e;
+}
+
+Test(loader_position, begin_pass_follows_dataloaders_iter_rule)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 2, .prefetch = 2, .batch = 8,
+             .shuffle = 1, .seed = 3};
+    npyload_loader *L = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_begin_pass(L), NPYLOAD_ESTATE, "before start");
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_pass_rule(L), NPYLOAD_PASS_START);
+    int64_t n;
+    cr_assert_eq(pass_epoch(L, &n), 0, "the first pass runs epoch 0");
+    cr_assert_eq(n, N_TOTAL / 8);
+    cr_assert_eq(npyload_loader_pass_rule(L), NPYLOAD_PASS_ADVANCE);
+    cr_assert_eq(pass_epoch(L, &n), 1, "every later pass the next epoch");
+    cr_assert_eq(npyload_loader_set_epoch(L, 7), 0);
+    cr_assert_eq(pass_epoch(L, &n), 7, "set_epoch chooses the next pass's epoch");
+    /* A pass left early: the next one still advances, from its start. */
+    cr_assert_eq(npyload_loader_begin_pass(L), 0);
+    npyload_batch *b;
+    cr_assert_eq(npyload_loader_next(L, &b), 0);
+    cr_assert_eq(npyload_batch_epoch(b), 8);
+    npyload_batch_release(b);
+    cr_assert_eq(pass_epoch(L, &n), 9);
+    cr_assert_eq(n, N_TOTAL / 8, "from its first batch");
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+}
+
+Test(loader_position, a_restored_state_resumes_then_advances_and_set_epoch_keeps_it)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 2, .prefetch = 2, .batch = 8,
+             .shuffle = 1, .seed = 5};
+    npyload_loader *A = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(A), 0);
+    cr_assert_eq(npyload_loader_set_epoch(A, 2), 0);
+    cr_assert_eq(npyload_loader_begin_pass(A), 0);
+    npyload_batch *b;
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(npyload_loader_next(A, &b), 0);
+        npyload_batch_release(b);
+    }
+    unsigned char buf[1024];
+    int64_t len = npyload_loader_save_state(A, NULL, 0);
+    cr_assert_gt(len, 0);
+    cr_assert_eq(npyload_loader_save_state(A, buf, sizeof buf), len);
+    npyload_loader *B = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_load_state(B, buf, (size_t)len), 0, "%s",
+                 npyload_loader_errmsg(B));
+    cr_assert_eq(npyload_loader_start(B), 0, "%s", npyload_loader_errmsg(B));
+    cr_assert_eq(npyload_loader_pass_rule(B), NPYLOAD_PASS_RESUME);
+    cr_assert_eq(npyload_loader_pass_batches(B), N_TOTAL / 8 - 3, "the rest of the epoch");
+    /* The trainer's `for e in range(saved, n): set_epoch(e)` keeps it. */
+    cr_assert_eq(npyload_loader_set_epoch(B, 2), 0);
+    int64_t n;
+    cr_assert_eq(pass_epoch(B, &n), 2);
+    cr_assert_eq(n, N_TOTAL / 8 - 3, "the resumed pass yields the rest");
+    cr_assert_eq(npyload_loader_pass_batches(B), N_TOTAL / 8, "then whole epochs");
+    cr_assert_eq(pass_epoch(B, &n), 3, "and the next pass advances");
+    /* A state saved once its pass had ended resumes at the next epoch. */
+    len = npyload_loader_save_state(B, buf, sizeof buf);
+    npyload_loader *C = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_start(C), 0);
+    cr_assert_eq(npyload_loader_load_state(C, buf, (size_t)len), 0, "%s",
+                 npyload_loader_errmsg(C));
+    cr_assert_eq(npyload_loader_pass_rule(C), NPYLOAD_PASS_ADVANCE);
+    cr_assert_eq(pass_epoch(C, &n), 4);
+    npyload_loader_destroy(A);
+    npyload_loader_destroy(B);
+    npyload_loader_destroy(C);
+    tu_rmtree(d.dir);
+}
+
+/* Builds a saved state by hand (the documented layout): records of one
+ * int64 each, then an extra one when name is given. */
+static size_t hand_state(unsigned char *o, const npyload_state *st, const char *extra,
+                         int ended)
+{
+    const char *names[] = {"version", "seed", "epoch", "consumed", "num_samples",
+                           "batch_size", "world_size", "rank", "shuffle", "drop_last", "base",
+                           "loop_ended", extra};
+    int64_t v[] = {(int64_t)st->version, st->seed, (int64_t)st->epoch, (int64_t)st->consumed,
+                   st->num_samples, st->batch_size, st->world_size, st->rank, st->shuffle,
+                   st->drop_last, st->base, ended, 1};
+    size_t n = extra ? 13 : 12, at = 12;
+    memcpy(o, "NPYS", 4);
+    o[4] = 1, o[5] = 0, o[6] = (unsigned char)n, o[7] = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t nl = strlen(names[i]);
+        o[at++] = (unsigned char)nl;
+        memcpy(o + at, names[i], nl);
+        at += nl;
+        o[at++] = 'i';
+        o[at] = 1, o[at + 1] = o[at + 2] = o[at + 3] = 0;
+        at += 4;
+        for (int k = 0; k < 8; k++)
+            o[at + k] = (unsigned char)((uint64_t)v[i] >> (8 * k));
+        at += 8;
+    }
+    for (int k = 0; k < 4; k++)
+        o[8 + k] = (unsigned char)(at >> (8 * k));
+    return at;
+}
+
+Test(loader_position, the_saved_form_is_checked_and_0_3_states_load)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 1, .prefetch = 2, .batch = 8,
+             .shuffle = 1, .seed = 9};
+    npyload_state st = {.version = 2, .seed = 9, .epoch = 1, .consumed = 16,
+                        .num_samples = N_TOTAL, .batch_size = 8, .world_size = 1,
+                        .shuffle = 1};
+    unsigned char buf[2048];
+    /* Written by hand from the documented layout: it loads, and resumes
+     * where the 0.3 struct does. */
+    size_t len = hand_state(buf, &st, NULL, 0);
+    npyload_loader *A = open_loader(&d, &c), *B = open_loader(&d, &c);
+    cr_assert_eq(npyload_loader_load_state(A, buf, len), 0, "%s", npyload_loader_errmsg(A));
+    cr_assert_eq(npyload_loader_set_state(B, &st), 0, "%s", npyload_loader_errmsg(B));
+    cr_assert_eq(npyload_loader_start(A), 0);
+    cr_assert_eq(npyload_loader_start(B), 0);
+    npyload_batch *x, *y;
+    int ra, rb;
+    while ((ra = npyload_loader_next(A, &x)) == 0) {
+        cr_assert_eq(npyload_loader_next(B, &y), 0);
+        cr_assert_eq(npyload_batch_seq(x), npyload_batch_seq(y));
+        cr_assert_eq(memcmp(npyload_batch_indices(x), npyload_batch_indices(y),
+                            npyload_batch_size(x) * sizeof(int64_t)), 0);
+        npyload_batch_release(x);
+        npyload_batch_release(y);
+    }
+    rb = npyload_loader_next(B, &y);
+    cr_assert_eq(ra, NPYLOAD_EOF);
+    cr_assert_eq(rb, NPYLOAD_EOF);
+    /* A record this library does not know is refused, naming it, unless
+     * its name begins with '_'. */
+    len = hand_state(buf, &st, "weights", 0);
+    cr_assert_eq(npyload_loader_load_state(A, buf, len), NPYLOAD_EMISMATCH);
+    cr_assert(strstr(npyload_loader_errmsg(A), "'weights'"), "%s", npyload_loader_errmsg(A));
+    len = hand_state(buf, &st, "_digest", 0);
+    cr_assert_eq(npyload_loader_load_state(A, buf, len), 0, "%s", npyload_loader_errmsg(A));
+    /* Damaged strings: every cut of a good one, a wrong length, bad magic. */
+    len = hand_state(buf, &st, NULL, 0);
+    for (size_t cut = 0; cut < len; cut++)
+        cr_assert_lt(npyload_loader_load_state(A, buf, cut), 0, "cut at %zu accepted", cut);
+    buf[8]++;
+    cr_assert_eq(npyload_loader_load_state(A, buf, len), NPYLOAD_EINVAL);
+    buf[8]--;
+    buf[0] = 'X';
+    cr_assert_eq(npyload_loader_load_state(A, buf, len), NPYLOAD_EINVAL);
+    /* A value out of range names its record. */
+    npyload_state bad = st;
+    bad.consumed = 7;
+    len = hand_state(buf, &bad, NULL, 0);
+    cr_assert_eq(npyload_loader_load_state(A, buf, len), NPYLOAD_EINVAL);
+    cr_assert(strstr(npyload_loader_errmsg(A), "consumed"), "%s", npyload_loader_errmsg(A));
+    /* A version 1 state (no base) loads. */
+    npyload_state v1 = st;
+    v1.version = 1;
+    len = hand_state(buf, &v1, NULL, 0);
+    cr_assert_eq(npyload_loader_load_state(A, buf, len), 0, "%s", npyload_loader_errmsg(A));
+    npyload_loader_destroy(A);
+    npyload_loader_destroy(B);
+    tu_rmtree(d.dir);
+}
+
+Test(loader_position, a_stopped_loader_reports_its_position_before_start)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 1, .prefetch = 2, .batch = 8,
+             .shuffle = 1, .seed = 1};
+    npyload_loader *L = open_loader(&d, &c);
+    npyload_state st;
+    cr_assert_eq(npyload_loader_get_state(L, &st), NPYLOAD_ESTATE, "fields not read");
+    cr_assert_eq(npyload_loader_start(L), 0);
+    cr_assert_eq(npyload_loader_stop(L), 0);
+    cr_assert_eq(npyload_loader_num_batches(L), N_TOTAL / 8);
+    cr_assert_eq(npyload_loader_set_epoch(L, 4), 0);
+    cr_assert_eq(npyload_loader_get_state(L, &st), 0);
+    cr_assert_eq(st.epoch, 4);
+    cr_assert_eq(st.consumed, 0);
+    npyload_state other = st;
+    other.num_samples = N_TOTAL + 1;
+    cr_assert_eq(npyload_loader_set_state(L, &other), NPYLOAD_EMISMATCH,
+                 "checked against the fields before start");
+    other = st;
+    other.consumed = 24;
+    cr_assert_eq(npyload_loader_set_state(L, &other), 0);
+    cr_assert_eq(npyload_loader_pass_batches(L), N_TOTAL / 8 - 3);
+    cr_assert_eq(npyload_loader_start(L), 0);
+    npyload_batch *b;
+    cr_assert_eq(npyload_loader_next(L, &b), 0);
+    cr_assert_eq(npyload_batch_seq(b), 3);
+    cr_assert_eq(npyload_batch_epoch(b), 4);
+    npyload_batch_release(b);
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+}
+
+Test(loader_position, ceilings_read_the_loaders_bytes)
+{
+    dataset d = make_dataset();
+    cfg c = {.backend = NPYLOAD_IO_PREAD, .workers = 1, .prefetch = 2, .batch = 8,
+             .shuffle = 1};
+    npyload_loader *L = open_loader(&d, &c);
+    npyload_ceiling ce;
+    cr_assert_eq(npyload_loader_ceiling(L, NPYLOAD_CEILING_PREAD, 1, 0.2, &ce, sizeof ce),
+                 NPYLOAD_ESTATE, "fields not read");
+    cr_assert_eq(npyload_loader_start(L), 0);
+    for (int kind = NPYLOAD_CEILING_PREAD; kind <= NPYLOAD_CEILING_GATHER; kind++) {
+        memset(&ce, 0, sizeof ce);
+        cr_assert_eq(npyload_loader_ceiling(L, (npyload_ceiling_kind)kind, 2, 0.3, &ce,
+                                            sizeof ce), 0, "%s", npyload_loader_errmsg(L));
+        cr_assert_gt(ce.gbps, 0);
+        cr_assert_gt(ce.bytes, 0);
+        cr_assert_eq(ce.threads, 2);
+        /* whole batches of the loader's rows: 67 bytes a sample */
+        cr_assert_eq(ce.bytes % 67, 0, "%llu", (unsigned long long)ce.bytes);
+    }
+    cr_assert_eq(npyload_loader_ceiling(L, NPYLOAD_CEILING_PREAD, 0, 0.2, &ce, sizeof ce),
+                 NPYLOAD_EINVAL);
+    cr_assert(strstr(npyload_loader_errmsg(L), "threads"));
+    if (uring_ok()) {
+        cr_assert_eq(npyload_loader_ceiling(L, NPYLOAD_CEILING_DIRECT, 1, 0.5, &ce, sizeof ce),
+                     0, "%s", npyload_loader_errmsg(L));
+        cr_assert_gt(ce.bytes, 0);
+    } else {
+        cr_log_warn("SKIP the DIRECT ceiling: io_uring refused here");
+    }
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+}

@@ -22,6 +22,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_CONNS 256
@@ -33,6 +34,7 @@ struct tu_http {
     _Atomic int stop;
     _Atomic int fail503, failclose;
     _Atomic uint64_t requests;
+    _Atomic int hold, held;   /* tu_http_hold: on; requests held now */
     _Atomic int stall, listing;
     _Atomic uint64_t stalled, pages, heads;
     pthread_mutex_t mu;
@@ -108,6 +110,15 @@ static int serve_listing(tu_http *h, int fd, const char *query)
 static int serve_one(tu_http *h, int fd, char *req)
 {
     atomic_fetch_add(&h->requests, 1);
+    if (atomic_load(&h->hold)) {
+        /* Held until released, at most 5 s. */
+        atomic_fetch_add(&h->held, 1);
+        for (int i = 0; i < 5000 && atomic_load(&h->hold) && !atomic_load(&h->stop); i++) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+        atomic_fetch_sub(&h->held, 1);
+    }
     char method[8], path[1024];
     if (sscanf(req, "%7s %1023s", method, path) != 2)
         return -1;
@@ -330,6 +341,10 @@ void tu_http_faults(tu_http *h, int n503, int nclose)
 }
 
 uint64_t tu_http_requests(tu_http *h) { return atomic_load(&h->requests); }
+
+void tu_http_hold(tu_http *h, int on) { atomic_store(&h->hold, on); }
+
+int tu_http_held(tu_http *h) { return atomic_load(&h->held); }
 
 uint64_t tu_http_heads(tu_http *h) { return atomic_load(&h->heads); }
 

@@ -15,6 +15,11 @@ int tu_http_port(const tu_http *h);
 /* The next n503 requests get "503 Slow Down" (connection closed), the
  * next nclose requests a connection closed without an answer. */
 void tu_http_faults(tu_http *h, int n503, int nclose);
+/* on: every request from now on is held (received, its answer not sent)
+ * until hold is turned off, at most 5 s; tu_http_held says how many are
+ * held right now. */
+void tu_http_hold(tu_http *h, int on);
+int tu_http_held(tu_http *h);
 /* Hostile modes. stall 1: every request from now on gets no answer at all
  * (the connection stays open, silent) until stall 0 or tu_http_stop; the
  * count of such requests is tu_http_stalled. */

@@ -14,7 +14,7 @@
  *
  *   npyload_bench.c              command line, order of the work
  *     |-- npyload_bench_measure.c  one configuration of the grid, monitor
- *     |     |-- npyload_bench_gpu.c    h2d ceiling, GPU step (tools/support)
+ *     |     |-- npyload_bench_gpu.c    h2d ceiling, GPU step
  *     |-- npyload_bench_zst.c      decode ceiling, packing estimate
  *     |     |-- npyload_bench_ceiling.c  pread/gather copy, O_DIRECT read
  *     |-- npyload_bench_ceiling.c
@@ -24,11 +24,12 @@
  *     npyload_bench_report.c, npyload_bench_plot.c
  *       |-- npyload_bench_zst_report.c, npyload_bench_recommend.c
  *       `-- npyload_json.c
- *   below all: include/npyload.h, tools/support/npyload_support.h
+ *   below all: include/npyload.h (with NPYLOAD_EXPERIMENTAL: the compute
+ *   simulator, NVML, the ranged-GET sweep)
  *
- * Uses nothing of lib/ but include/npyload.h and the non-installed
- * tools/support library (its ceilings read through lib/io, the loader's own
- * readers); libc and pthreads. */
+ * Uses nothing of lib/ but include/npyload.h: the ceilings are the
+ * library's (npyload_loader_ceiling, npyload_cuda_h2d_bandwidth, read
+ * through the loader's own readers); libc and pthreads. */
 #include "npyload_args.h"
 #include "npyload_bench_measure.h"
 #include "npyload_info_print.h"
@@ -804,7 +805,7 @@ static double measure_ceilings(nb_ctx *ctx, nb_config *cfg, int max_workers, int
                  "their page-cache ceiling)");
     }
     if (cfg->cold)
-        nb_ceiling_odirect(ctx, secs, &ce[(*nceil)++]);
+        nb_ceiling_odirect(ctx, cfg, secs, &ce[(*nceil)++]);
     if (packed) {
         nb_zst_decode_ceiling(ctx, cfg, cores, secs, zst, &ce[(*nceil)++]);
         if (cfg->cold) {

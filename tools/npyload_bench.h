@@ -169,7 +169,7 @@ typedef struct nb_config {
     const npyload_remote *remote;
 } nb_config;
 
-/* Remote fields: the store's ranged-GET sweep (tools/support's
+/* Remote fields: the store's ranged-GET sweep (the experimental
  * npyload_rget_measure) and the workers and requests in flight it
  * recommends. */
 #define NB_REMOTE_POINTS 16

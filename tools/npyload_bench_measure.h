@@ -19,7 +19,7 @@
 
 #include "npyload.h"
 #include "npyload_bench.h"
-#include "npyload_support.h"
+#include "npyload.h" /* with NPYLOAD_EXPERIMENTAL (CMake): the simulator, NVML, the GET sweep */
 
 /* One NPY file of a field, open for the ceilings and the eviction. */
 typedef struct nb_file {
@@ -96,7 +96,7 @@ void nb_ceiling_copy(const nb_ctx *ctx, const nb_config *cfg, int threads, doubl
  * most of the cost). */
 void nb_ceiling_gather(const nb_ctx *ctx, const nb_config *cfg, int threads, double seconds,
                        nb_ceiling *out);
-void nb_ceiling_odirect(nb_ctx *ctx, double seconds, nb_ceiling *out);
+void nb_ceiling_odirect(nb_ctx *ctx, const nb_config *cfg, double seconds, nb_ceiling *out);
 
 /* ---- npyload_bench_zst.c ---- */
 /* 1 if some field has .npy.zst files. */

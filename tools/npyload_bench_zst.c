@@ -571,7 +571,7 @@ void nb_zst_after_grid(nb_ctx *ctx, const nb_config *cfg, int threads, const nb_
         } else {
             if (!od) {
                 memset(&mine, 0, sizeof mine);
-                nb_ceiling_odirect(ctx, 1.0, &mine);
+                nb_ceiling_odirect(ctx, cfg, 1.0, &mine);
                 od = mine.measured ? &mine : NULL;
                 if (!od)
                     snprintf(z->raw_cold_source, sizeof z->raw_cold_source, "%.31s",

@@ -20,6 +20,16 @@
 NPYL_HIDDEN int npyl_fail(char *err, size_t errlen, int code, const char *fmt,
                           ...) NPYL_PRINTF(4, 5);
 
+/* One read: `len` bytes (> 0) of file `file` (an index into the file table
+ * of whoever reads it) from byte `offset` on land at `dst`. lib/io,
+ * lib/remote and the stores of lib/store all read lists of these. */
+typedef struct npyl_req {
+    uint32_t file;
+    uint64_t offset;
+    uint64_t len;
+    void *dst;
+} npyl_req;
+
 /* npyload_mask_urls on s in place (s holds cap bytes): what npyl_fail
  * does to every message, for text formatted otherwise. */
 NPYL_HIDDEN void npyl_mask_urls_in(char *s, size_t cap);

@@ -28,12 +28,8 @@ typedef struct npyl_file_info {
     int64_t mtime_ns;
 } npyl_file_info;
 
-typedef struct npyl_io_req {
-    uint32_t file;       /* index into the file table */
-    uint64_t offset;     /* absolute byte offset in the file */
-    uint64_t len;        /* bytes, > 0 */
-    void *dst;           /* where they land */
-} npyl_io_req;
+/* A request (lib/common's npyl_req): file indexes the context's table. */
+typedef npyl_req npyl_io_req;
 
 typedef struct npyl_io_config {
     int backend;               /* NPYLOAD_IO_URING, _PREAD or _MMAP (not AUTO) */
@@ -125,5 +121,7 @@ NPYL_HIDDEN int npyl_io_uring_built(char *version, size_t len);
 
 /* Fills info for `path` from stat(2); returns 0 or -errno. */
 NPYL_HIDDEN int npyl_io_stat(const char *path, npyl_file_info *info);
+/* The same from an open descriptor of `path` (fstat(2)). */
+NPYL_HIDDEN int npyl_io_fstat(int fd, const char *path, npyl_file_info *info);
 
 #endif

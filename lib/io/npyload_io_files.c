@@ -40,6 +40,16 @@ int npyl_io_stat(const char *path, npyl_file_info *info)
     return 0;
 }
 
+int npyl_io_fstat(int fd, const char *path, npyl_file_info *info)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return -errno;
+    info->path = path;
+    info_from_stat(info, &st);
+    return 0;
+}
+
 /* ---- identity ----------------------------------------------------------- */
 
 /* Compares the open descriptor fd of `file` with the table: 0, or

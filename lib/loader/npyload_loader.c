@@ -13,13 +13,26 @@
 
 int npyl_loader_fail(npyload_loader *L, int code, const char *fmt, ...)
 {
+    /* Formatted outside the lock (a message may quote L->errmsg's own
+     * text... it never does, but formatting takes time). */
+    char buf[NPYL_ERRMSG_LEN];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(L->errmsg, sizeof L->errmsg, fmt, ap);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    npyl_mask_urls_in(L->errmsg, sizeof L->errmsg); /* a path may be a URL */
+    npyl_loader_msg(L, buf);
     return code;
 }
+
+void npyl_loader_msg(npyload_loader *L, const char *msg)
+{
+    pthread_mutex_lock(&L->msg_mu);
+    snprintf(L->errmsg, sizeof L->errmsg, "%s", msg);
+    npyl_mask_urls_in(L->errmsg, sizeof L->errmsg); /* a path may be a URL */
+    pthread_mutex_unlock(&L->msg_mu);
+}
+
+void npyl_loader_clear(npyload_loader *L) { npyl_loader_msg(L, ""); }
 
 int npyl_in_child(const npyload_loader *L) { return L->pid != getpid(); }
 
@@ -27,6 +40,8 @@ int npyl_loader_forked(npyload_loader *L)
 {
     if (!npyl_in_child(L))
         return 0;
+    /* Without msg_mu: a thread of the parent may have held it at fork(),
+     * and the child has no other thread. */
     snprintf(L->errmsg, sizeof L->errmsg, "%s", NPYL_FORKED_MSG);
     return NPYLOAD_EFORKED;
 }
@@ -69,7 +84,9 @@ int npyload_loader_create(npyload_loader **out)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     npyl_slots_init(&L->ring);
     npyl_skip_log_init(&L->skip);
+    npyl_stores_init(&L->stores);
     pthread_mutex_init(&L->ctl, NULL);
+    pthread_mutex_init(&L->msg_mu, NULL);
     pthread_cond_init(&L->ctl_cv, &ca);
     pthread_condattr_destroy(&ca);
     /* BATCH_SIZE stays 0 (unset): start() refuses it. */
@@ -149,7 +166,7 @@ static void free_tables(npyload_loader *L, int keep_fields)
 }
 
 /* What start read of the fields: files (headers, .npy.zst indexes, value
- * tables), the io file table and the remote objects. */
+ * tables) and the stores' file table. */
 static void free_field_tables(npyload_loader *L)
 {
     L->fields_loaded = 0;
@@ -162,11 +179,7 @@ static void free_field_tables(npyload_loader *L)
         free(L->fields[i].files);
         L->fields[i].files = NULL;
     }
-    free(L->io_files);
-    L->io_files = NULL;
-    L->nio_files = 0;
-    free(L->robjs);
-    L->robjs = NULL;
+    npyl_stores_table(&L->stores, NULL, 0, NULL, 0);
 }
 
 /* The workers' io contexts, buffers and events (threads already joined). */
@@ -241,10 +254,9 @@ static void shed_held(npyload_loader *L)
     if (entered)
         npyl_cuda_leave(L->dev.cuda, prev);
     free_tables(L, 0);
-    /* The workers are gone: nothing reads remotely any more; the secret is
-     * wiped now, not at the last release. */
-    npyl_remote_destroy(L->remote);
-    L->remote = NULL;
+    /* The workers are gone: nothing reads any more; the stores close now
+     * (a remote secret is wiped now, not at the last release). */
+    npyl_stores_fini(&L->stores);
 }
 
 static void loader_free(npyload_loader *L)
@@ -257,11 +269,12 @@ static void loader_free(npyload_loader *L)
         npyl_free_paths(L->fields[i].paths, L->fields[i].npaths);
     }
     free(L->fields);
-    npyl_remote_destroy(L->remote);
+    npyl_stores_fini(&L->stores);
     npyl_slots_fini(&L->ring);
     npyl_skip_log_fini(&L->skip);
     pthread_cond_destroy(&L->ctl_cv);
     pthread_mutex_destroy(&L->ctl);
+    pthread_mutex_destroy(&L->msg_mu);
     for (int i = 0; i < NPYL_NUM_PATHS; i++)
         free(L->paths[i]);
     free(L);
@@ -284,7 +297,7 @@ void npyload_loader_destroy(npyload_loader *L)
     /* Remote transfers in flight (a start's probe, the workers' reads, a
      * synchronous next()) give up within NPYL_REMOTE_POLL_MS instead of
      * waiting out a stalled server's timeouts and retries. */
-    npyl_remote_cancel(L->remote, 1);
+    npyl_stores_cancel(&L->stores, 1);
     /* Control calls: the one in progress finishes (they never wait for
      * anything unbounded), those waiting for their turn return
      * NPYLOAD_ESTATE. Then none is inside or can get in. */
@@ -306,27 +319,13 @@ void npyload_loader_destroy(npyload_loader *L)
 
 /* ---- epoch, state, queries ---- */
 
-int64_t npyload_loader_num_batches(const npyload_loader *L)
-{
-    if (!L)
-        return NPYLOAD_EINVAL;
-    if (npyl_in_child(L))
-        return NPYLOAD_EFORKED;
-    if (!L->started)
-        return NPYLOAD_ESTATE;
-    npyload_loader *M = (npyload_loader *)L; /* the lock is not part of the value */
-    npyl_position pos;
-    npyl_slots_position(&M->ring, &pos); /* set_state may change it (drop_last) */
-    return pos.nbatches;
-}
-
 int64_t npyload_loader_num_samples(const npyload_loader *L)
 {
     if (!L)
         return NPYLOAD_EINVAL;
     if (npyl_in_child(L))
         return NPYLOAD_EFORKED;
-    return L->started ? L->n : NPYLOAD_ESTATE;
+    return L->started || L->fields_loaded ? L->n : NPYLOAD_ESTATE;
 }
 
 _Static_assert(sizeof(((npyl_field *)0)->engine) <= 768,
@@ -354,6 +353,21 @@ const char *npyload_loader_errmsg(const npyload_loader *L)
     /* In a fork() child the message of the call that failed is in the
      * child's copy; before any call there, say what is wrong. */
     return (npyl_in_child(L) && !L->errmsg[0]) ? NPYL_FORKED_MSG : L->errmsg;
+}
+
+int npyload_loader_errmsg_copy(const npyload_loader *L, char *buf, size_t len)
+{
+    if (!L || !buf || len == 0)
+        return NPYLOAD_EINVAL;
+    if (npyl_in_child(L)) {
+        snprintf(buf, len, "%s", npyload_loader_errmsg(L));
+        return 0;
+    }
+    npyload_loader *M = (npyload_loader *)L; /* the lock is not part of the value */
+    pthread_mutex_lock(&M->msg_mu);
+    snprintf(buf, len, "%s", L->errmsg);
+    pthread_mutex_unlock(&M->msg_mu);
+    return 0;
 }
 
 npyload_io_backend npyload_loader_backend(const npyload_loader *L)
@@ -404,35 +418,24 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *dst,
     out->num_slots = L->ring.nh + L->ring.nd;
     /* workers[] and their io contexts live from start to free_started, like
      * the slots read above; backend_now is atomic. */
-    npyl_io_counters c = {0};
+    npyl_store_counters c = {0};
+    uint64_t ahead_cpu = 0, ahead_blocked = 0;
     if (L->started && L->workers)
         for (size_t i = 0; i < L->nworkers; i++) {
             uint64_t fell = 0;
-            npyl_read_ctx_counters(&L->workers[i].rd, &c, &fell);
+            npyl_read_ctx_counters(&L->workers[i].rd, &c, &ahead_cpu, &ahead_blocked, &fell);
             if (L->backend == NPYLOAD_IO_URING)
                 out->uring_fallbacks += fell;
         }
     out->elapsed_ns = L->started ? npyl_now_ns() - L->st.start_ns : 0;
     out->step_ns = atomic_load(&L->st.step_ns);
-    out->worker_cpu_ns = atomic_load(&L->st.cpu_ns) + c.cpu_ns;
-    out->read_blocked_ns = atomic_load(&L->st.blocked_ns) + c.blocked_ns;
+    out->worker_cpu_ns = atomic_load(&L->st.cpu_ns) + ahead_cpu;
+    out->read_blocked_ns = atomic_load(&L->st.blocked_ns) + ahead_blocked;
     out->num_workers = L->sync ? 0 : L->nworkers;
     out->gather_bytes = c.gather_bytes;
     out->gather_requests = c.gather_reqs;
     out->read_requests = c.read_reqs;
-    if (L->remote) {
-        npyl_remote_counters k = {0};
-        npyl_remote_counters_add(L->remote, &k);
-        out->remote_bytes = k.bytes;
-        out->remote_requests = k.requests;
-        out->remote_retries = k.retries;
-        out->remote_wait_ns = k.wait_ns;
-        out->cache_hits = k.cache_hits;
-        out->cache_misses = k.cache_misses;
-        out->cache_read_bytes = k.cache_read_bytes;
-        out->cache_write_bytes = k.cache_write_bytes;
-        out->cache_evictions = k.cache_evictions;
-    }
+    npyl_stores_stats(&L->stores, out);
     /* The first published layout ends at transform_ns (npyload.h). */
     return npyl_sized_out(dst, size, out, sizeof *out,
                           NPYL_SIZE_THROUGH(npyload_stats, transform_ns));

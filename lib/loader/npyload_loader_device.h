@@ -18,7 +18,7 @@
 
 #include "../cuda/npyload_cuda.h"
 #include "../cuda/npyload_cuda_transform.h"
-#include "npyload_loader_field.h"
+#include "npyload_loader_types.h"
 #include "npyload_loader_slots.h"
 
 typedef struct npyl_device {

@@ -2,13 +2,10 @@
  * every header and checking that the files of a field agree and that the
  * fields hold the same number of samples. */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "npyload_loader_internal.h"
 
@@ -54,23 +51,26 @@ static int push_field(npyload_loader *L, const char *name, char **paths, size_t 
     f->paths = paths;
     f->npaths = n;
     L->nfields++;
-    L->errmsg[0] = 0;
+    npyl_loader_clear(L);
     return 0;
 }
 
-/* A remote path in field `name`: it must be readable with the loader's
- * configuration (an s3:// path needs set_remote); an http(s):// path
- * without one gets a client with the defaults. */
-static int use_remote(npyload_loader *L, const char *name, const char *url)
+/* A path of field `name`, checked by the store that reads it (an s3:// path
+ * needs npyload_loader_set_remote), and with glob expanded into *paths. */
+static int add_path(npyload_loader *L, const char *name, const char *path, int glob,
+                    char ***paths, size_t *n)
 {
     char err[NPYL_ERRMSG_LEN - 128];
-    int rc = npyl_remote_check_url(L->remote, L->remote_set, url, err, sizeof err);
-    if (rc == 0 && !L->remote && (rc = npyl_remote_create(&L->remote, NULL, err, sizeof err)) == 0)
-        npyl_remote_set_interrupt(L->remote, L->interrupt, L->interrupt_arg);
-    if (rc)
-        return npyl_loader_fail(L, rc, "field '%s': %s", name, err);
-    L->remote_used = 1;
-    return 0;
+    int rc = npyl_stores_add(&L->stores, path, glob, paths, n, err, sizeof err);
+    return rc ? npyl_loader_fail(L, rc, "field '%s': %s", name, err) : 0;
+}
+
+int npyl_loader_register_store(npyload_loader *L, const npyl_store_ops *ops, const void *arg)
+{
+    if (L->nfields || L->started)
+        return npyl_loader_fail(L, NPYLOAD_ESTATE, "a store is registered before any field");
+    int rc = npyl_stores_register(&L->stores, ops, arg);
+    return rc ? npyl_loader_fail(L, rc, "cannot register the store '%s'", ops->name) : 0;
 }
 
 int npyload_loader_add_field(npyload_loader *L, const char *name, const char *glob)
@@ -82,17 +82,10 @@ int npyload_loader_add_field(npyload_loader *L, const char *name, const char *gl
         return rc;
     if (!glob || !*glob)
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "field '%s': empty glob", name);
-    char **paths, err[NPYL_ERRMSG_LEN - 128];
+    char **paths;
     size_t n;
-    if (npyl_remote_is_url(glob)) {
-        if ((rc = use_remote(L, name, glob)))
-            return rc;
-        rc = npyl_remote_glob(L->remote, glob, &paths, &n, err, sizeof err);
-    } else {
-        rc = npyl_glob_sorted(glob, &paths, &n, err, sizeof err);
-    }
-    if (rc)
-        return npyl_loader_fail(L, rc, "field '%s': %s", name, err);
+    if ((rc = add_path(L, name, glob, 1, &paths, &n)))
+        return rc;
     return push_field(L, name, paths, n);
 }
 
@@ -107,7 +100,7 @@ int npyload_loader_add_field_files(npyload_loader *L, const char *name,
     if (!paths || n == 0)
         return npyl_loader_fail(L, NPYLOAD_ENOFILES, "field '%s': empty list of files", name);
     for (size_t i = 0; i < n; i++)
-        if (paths[i] && npyl_remote_is_url(paths[i]) && (rc = use_remote(L, name, paths[i])))
+        if (paths[i] && *paths[i] && (rc = add_path(L, name, paths[i], 0, NULL, NULL)))
             return rc;
     char **copy = calloc(n, sizeof *copy);
     if (!copy)
@@ -159,159 +152,11 @@ static int f_order_is_c_order(const npyload_header *h)
     return longer <= 1;
 }
 
-/* The header of a .npy or, told by its first bytes whatever its name, of a
- * .npy.zst: then from frame 0, after the whole seek table was validated
- * (*zst receives the index, owned by the caller; NULL for a .npy). */
-/* Narrowed: the loader delivers the values, not the codes. */
-static void deliver_values(npyload_header *h, const npyl_zst_narrow *nx)
-{
-    memcpy(h->descr, nx->descr, sizeof nx->descr);
-    h->byteorder = h->descr[0];
-    h->kind = h->descr[1];
-    h->itemsize = nx->itemsize;
-    h->data_bytes *= nx->itemsize;
-}
-
-/* A .npy: its header and, when it is the stored narrowed form (codes and
- * a trailer), its value table (*nx, owned by the caller). */
-static int read_npy_header(int fd, const char *path, npyload_header *h, npyl_zst_narrow **nx,
-                           char *err, size_t errlen)
-{
-    int rc = npyload_read_header(path, h, err, errlen);
-    uint64_t end = h->data_offset + h->data_bytes;
-    if (rc || fd < 0 || strcmp(h->descr, "|u1") != 0 || h->file_bytes <= end)
-        return rc;
-    rc = npyl_zst_store_probe(npyl_zst_read_fd, &fd, path, h->file_bytes, end, nx, err,
-                              errlen);
-    if (rc == 0 && *nx)
-        deliver_values(h, *nx);
-    return rc;
-}
-
-static int read_any_header(const char *path, npyload_header *h, npyl_zst_index **zst,
-                           npyl_zst_narrow **nx, char *err, size_t errlen)
-{
-    *zst = NULL;
-    *nx = NULL;
-    /* O_NONBLOCK: a FIFO must not block here; anything but a regular file
-     * is left to the NPY reader, which refuses it in its words. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
-        return npyload_read_header(path, h, err, errlen);
-    struct stat st;
-    unsigned char m[4];
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return npyload_read_header(path, h, err, errlen);
-    }
-    if (pread(fd, m, sizeof m, 0) != (ssize_t)sizeof m || !npyl_zst_is_zstd(m)) {
-        int rc = read_npy_header(fd, path, h, nx, err, errlen);
-        close(fd);
-        return rc;
-    }
-    npyl_zst_index *x = calloc(1, sizeof *x);
-    if (!x) {
-        close(fd);
-        return npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
-    }
-    int rc = npyl_zst_index_open(fd, path, x, err, errlen);
-    close(fd);
-    if (rc) {
-        free(x);
-        return rc;
-    }
-    *h = x->hdr;
-    if (x->narrow)
-        deliver_values(h, x->narrow);
-    *zst = x;
-    return 0;
-}
-
-/* ---- remote files: the probe's bytes (npyload_loader_remote.c) ---- */
-
-/* read_any_header for a probed remote object. */
-static int read_remote_header(npyl_remote *r, const npyl_remote_probe *p, npyload_header *h,
-                              npyl_zst_index **zst, npyl_zst_narrow **nx, char *err,
-                              size_t errlen)
-{
-    *zst = NULL;
-    *nx = NULL;
-    npyl_rsrc s;
-    npyl_rsrc_init(&s, r, p);
-    if (p->head_len < 4 || !npyl_zst_is_zstd(p->head)) {
-        int rc = npyl_rsrc_npy_header(&s, h, err, errlen);
-        uint64_t end = h->data_offset + h->data_bytes;
-        if (rc || strcmp(h->descr, "|u1") != 0 || h->file_bytes <= end)
-            return rc;
-        rc = npyl_zst_store_probe(npyl_rsrc_read, &s, p->url, h->file_bytes, end, nx, err, errlen);
-        if (rc == 0 && *nx)
-            deliver_values(h, *nx);
-        return rc;
-    }
-    npyl_zst_index *x = calloc(1, sizeof *x);
-    if (!x)
-        return npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", p->url);
-    int rc = npyl_zst_index_read(npyl_rsrc_read, &s, p->size, p->url, x, err, errlen);
-    if (rc) {
-        free(x);
-        return rc;
-    }
-    *h = x->hdr;
-    if (x->narrow)
-        deliver_values(h, x->narrow);
-    *zst = x;
-    return 0;
-}
-
-/* Probes the remote files of field f (several requests in flight): an
- * array of f->npaths entries, url NULL for local files. */
-static int probe_field(npyload_loader *L, npyl_field *f, npyl_remote_probe **out)
-{
-    *out = NULL;
-    size_t nr = 0;
-    for (size_t k = 0; k < f->npaths; k++)
-        nr += npyl_remote_is_url(f->paths[k]);
-    if (nr == 0)
-        return 0;
-    npyl_remote_probe *all = calloc(f->npaths, sizeof *all), *rp = calloc(nr, sizeof *rp);
-    size_t *at = calloc(nr, sizeof *at);
-    if (!all || !rp || !at) {
-        free(all);
-        free(rp);
-        free(at);
-        return npyl_loader_fail(L, -ENOMEM, "out of memory");
-    }
-    for (size_t k = 0, j = 0; k < f->npaths; k++)
-        if (npyl_remote_is_url(f->paths[k])) {
-            rp[j].url = f->paths[k];
-            at[j++] = k;
-        }
-    char err[NPYL_ERRMSG_LEN - 128];
-    size_t bad = 0;
-    int rc = npyl_remote_probe_all(L->remote, rp, nr, npyl_rsrc_want_tail, &bad, err, sizeof err);
-    for (size_t j = 0; j < nr; j++)
-        all[at[j]] = rp[j];
-    free(rp);
-    free(at);
-    if (rc) {
-        for (size_t k = 0; k < f->npaths; k++)
-            npyl_remote_probe_free(&all[k]);
-        free(all);
-        return npyl_loader_fail(L, rc, "field '%s': %s", f->name, err);
-    }
-    *out = all;
-    return 0;
-}
-
-static void probes_free(npyl_remote_probe *p, size_t n)
-{
-    for (size_t k = 0; p && k < n; k++)
-        npyl_remote_probe_free(&p[k]);
-    free(p);
-}
-
-static int load_files(npyload_loader *L, npyl_field *f, const npyl_remote_probe *probes,
-                      size_t *io_next, int64_t *samples);
+/* Reads the headers of field f's files (through their stores: the file
+ * table's entries from *io_next on), checks they agree, and records the
+ * files. *io_next is the field's first file in the table, advanced past it;
+ * *samples receives the field's total. */
+static int load_files(npyload_loader *L, npyl_field *f, size_t *io_next, int64_t *samples);
 
 /* ON_ERROR skip and a .npy whose file holds only part of the data its
  * header announces (a failed copy among thousands): h as the parser filled
@@ -337,133 +182,122 @@ static int accept_short(npyload_loader *L, const npyl_field *f, const char *path
     for (int d = 1; d < h->ndim; d++)
         row *= (uint64_t)h->shape[d];
     uint64_t whole = row ? (h->file_bytes - h->data_offset) / row : 0;
-    if (++*nshort == 1) {
-        pthread_mutex_lock(&L->skip.mu);
-        snprintf(L->skip.msg, sizeof L->skip.msg,
+    if (++*nshort == 1)
+        npyl_skip_log_note(&L->skip, 0,
                  "field '%s': %.700s holds %" PRIu64 " of the %" PRId64 " samples its header "
                  "says (%" PRIu64 " of %" PRIu64 " data bytes: a truncated file); with "
                  "on_error skip the missing samples are skipped and counted when read",
                  f->name, path, whole, h->shape[0], h->file_bytes - h->data_offset,
                  h->data_bytes);
-        pthread_mutex_unlock(&L->skip.mu);
-    }
     return 0;
 }
 
-/* Reads the headers of field f's files, checks they agree, and records the
- * files in the io table. *io_next is the next free io_files index; *samples
- * receives the field's total. */
 static int load_field(npyload_loader *L, npyl_field *f, size_t *io_next, int64_t *samples)
 {
     f->files = calloc(f->npaths, sizeof *f->files);
     if (!f->files)
         return npyl_loader_fail(L, -ENOMEM, "out of memory");
-    npyl_remote_probe *probes = NULL;
-    int prc = probe_field(L, f, &probes);
-    if (prc)
-        return prc;
-    int rc = load_files(L, f, probes, io_next, samples);
-    probes_free(probes, f->npaths);
-    return rc;
+    return load_files(L, f, io_next, samples);
 }
 
-/* load_field's loop over the files, with the remote ones probed. */
-static int load_files(npyload_loader *L, npyl_field *f, const npyl_remote_probe *probes,
-                      size_t *io_next, int64_t *samples)
+/* load_field's loop over the files: one header, checked and recorded. */
+static int load_file(npyload_loader *L, npyl_field *f, size_t k, size_t io, npyl_sheader *sh,
+                     int64_t *total)
+{
+    const char *path = f->paths[k];
+    npyload_header h = sh->h;
+    npyl_zst_index *zst = sh->zst;
+    f->files[k].zst = zst; /* freed with the file table from here on */
+    f->files[k].nx = sh->nx;
+    if (zst) {
+        L->zst.any = 1;
+        if (zst->max_csize > L->zst.max_csize)
+            L->zst.max_csize = zst->max_csize;
+        for (uint32_t fr = 1; fr < zst->nframes; fr++) {
+            uint64_t first, count;
+            npyl_zst_frame_rows(zst, fr, &first, &count);
+            uint64_t dsz = zst->doff[fr + 1] - zst->doff[fr];
+            if (count > 1 && dsz > L->zst.max_multi_dsize)
+                L->zst.max_multi_dsize = (uint32_t)dsz;
+        }
+    }
+    if (h.ndim < 1)
+        return npyl_loader_fail(L, NPYLOAD_EUNSUPPORTED,
+                                "field '%s': %s: 0-d array has no sample axis", f->name, path);
+    uint64_t row = h.itemsize;
+    for (int d = 1; d < h.ndim; d++)
+        row *= (uint64_t)h.shape[d]; /* cannot overflow: the parser checked the product */
+    if (h.fortran_order && !f_order_is_c_order(&h)) {
+        char a[256];
+        fmt_shape(a, sizeof a, h.ndim, h.shape);
+        return npyl_loader_fail(L, NPYLOAD_EUNSUPPORTED,
+                                "field '%s': %s: Fortran-ordered data of shape %s is not "
+                                "supported (its bytes are not in C order); rewrite it "
+                                "C-ordered (numpy.ascontiguousarray)", f->name, path, a);
+    }
+    if (k == 0) {
+        memcpy(f->descr, h.descr, sizeof f->descr);
+        f->itemsize = h.itemsize;
+        f->sndim = h.ndim - 1;
+        memcpy(f->sshape, h.shape + 1, sizeof(int64_t) * (size_t)f->sndim);
+        f->row_bytes = row;
+    } else {
+        if (strcmp(h.descr, f->descr) != 0)
+            return npyl_loader_fail(L, NPYLOAD_EMISMATCH,
+                                    "field '%s': %s holds dtype %s, expected %s as in %s",
+                                    f->name, path, h.descr, f->descr, f->paths[0]);
+        if (h.ndim - 1 != f->sndim ||
+            memcmp(h.shape + 1, f->sshape, sizeof(int64_t) * (size_t)f->sndim) != 0) {
+            char a[256], b[256];
+            fmt_shape(a, sizeof a, h.ndim - 1, h.shape + 1);
+            fmt_shape(b, sizeof b, f->sndim, f->sshape);
+            return npyl_loader_fail(L, NPYLOAD_EMISMATCH,
+                                    "field '%s': %s holds samples of shape %s, expected %s "
+                                    "as in %s", f->name, path, a, b, f->paths[0]);
+        }
+    }
+    f->files[k].io_index = (uint32_t)io;
+    f->files[k].first = *total;
+    f->files[k].count = h.shape[0];
+    f->files[k].data_offset = h.data_offset;
+    if (__builtin_add_overflow(*total, h.shape[0], total))
+        return npyl_loader_fail(L, NPYLOAD_ETOOBIG, "field '%s': sample count overflows",
+                                f->name);
+    return 0;
+}
+
+static int load_files(npyload_loader *L, npyl_field *f, size_t *io_next, int64_t *samples)
 {
     char err[NPYL_ERRMSG_LEN];
     int64_t total = 0;
     size_t nshort = 0;
-    for (size_t k = 0; k < f->npaths; k++) {
-        const char *path = f->paths[k];
-        const npyl_remote_probe *rp = probes && probes[k].url ? &probes[k] : NULL;
-        npyload_header h;
-        npyl_zst_index *zst = NULL;
-        npyl_zst_narrow *nx = NULL;
-        int rc = rp ? read_remote_header(L->remote, rp, &h, &zst, &nx, err, sizeof err)
-                    : read_any_header(path, &h, &zst, &nx, err, sizeof err);
-        if (rc && !zst && !nx)
-            rc = accept_short(L, f, path, &h, rc, &nshort);
-        if (rc)
-            return npyl_loader_fail(L, rc, "field '%s': %s", f->name, err);
-        f->files[k].zst = zst; /* freed with the file table from here on */
-        f->files[k].nx = nx;
-        if (zst) {
-            L->zst.any = 1;
-            if (zst->max_csize > L->zst.max_csize)
-                L->zst.max_csize = zst->max_csize;
-            for (uint32_t fr = 1; fr < zst->nframes; fr++) {
-                uint64_t first, count;
-                npyl_zst_frame_rows(zst, fr, &first, &count);
-                uint64_t dsz = zst->doff[fr + 1] - zst->doff[fr];
-                if (count > 1 && dsz > L->zst.max_multi_dsize)
-                    L->zst.max_multi_dsize = (uint32_t)dsz;
-            }
+    npyl_hwalk *w = malloc(sizeof *w);
+    if (!w)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    const size_t first = *io_next;
+    npyl_stores_walk_begin(w, &L->stores, first, f->npaths);
+    size_t io = first;
+    npyl_sheader sh;
+    int rc, failed = 0;
+    while ((rc = npyl_stores_walk_next(w, &io, &sh, err, sizeof err)) != 0) {
+        if (rc < 0 && (sh.zst || sh.nx ||
+                       (rc = accept_short(L, f, f->paths[io - first], &sh.h, rc, &nshort))))
+            break;
+        *io_next = io + 1;
+        if ((rc = load_file(L, f, io - first, io, &sh, &total)) != 0) {
+            failed = 1; /* its message is set */
+            break;
         }
-        if (h.ndim < 1)
-            return npyl_loader_fail(L, NPYLOAD_EUNSUPPORTED,
-                                    "field '%s': %s: 0-d array has no sample axis", f->name, path);
-        uint64_t row = h.itemsize;
-        for (int d = 1; d < h.ndim; d++)
-            row *= (uint64_t)h.shape[d]; /* cannot overflow: the parser checked the product */
-        if (h.fortran_order && !f_order_is_c_order(&h)) {
-            char a[256];
-            fmt_shape(a, sizeof a, h.ndim, h.shape);
-            return npyl_loader_fail(L, NPYLOAD_EUNSUPPORTED,
-                                    "field '%s': %s: Fortran-ordered data of shape %s is not "
-                                    "supported (its bytes are not in C order); rewrite it "
-                                    "C-ordered (numpy.ascontiguousarray)", f->name, path, a);
-        }
-        if (k == 0) {
-            memcpy(f->descr, h.descr, sizeof f->descr);
-            f->itemsize = h.itemsize;
-            f->sndim = h.ndim - 1;
-            memcpy(f->sshape, h.shape + 1, sizeof(int64_t) * (size_t)f->sndim);
-            f->row_bytes = row;
-        } else {
-            if (strcmp(h.descr, f->descr) != 0)
-                return npyl_loader_fail(L, NPYLOAD_EMISMATCH,
-                                        "field '%s': %s holds dtype %s, expected %s as in %s",
-                                        f->name, path, h.descr, f->descr, f->paths[0]);
-            if (h.ndim - 1 != f->sndim ||
-                memcmp(h.shape + 1, f->sshape, sizeof(int64_t) * (size_t)f->sndim) != 0) {
-                char a[256], b[256];
-                fmt_shape(a, sizeof a, h.ndim - 1, h.shape + 1);
-                fmt_shape(b, sizeof b, f->sndim, f->sshape);
-                return npyl_loader_fail(L, NPYLOAD_EMISMATCH,
-                                        "field '%s': %s holds samples of shape %s, expected %s "
-                                        "as in %s", f->name, path, a, b, f->paths[0]);
-            }
-        }
-        npyl_file_info *fi = &L->io_files[*io_next];
-        if (rp) {
-            /* Never opened by lib/io: read through lib/remote. */
-            *fi = (npyl_file_info){.path = path, .size = rp->size};
-            npyl_remote_obj *o = &L->robjs[*io_next];
-            o->url = path;
-            o->size = rp->size;
-            snprintf(o->etag, sizeof o->etag, "%s", rp->etag);
-        } else if ((rc = npyl_io_stat(path, fi))) {
-            return npyl_loader_fail(L, rc, "field '%s': %s: %s", f->name, path,
-                                    npyload_strerror(rc));
-        }
-        fi->path = path;
-        f->files[k].io_index = (uint32_t)*io_next;
-        f->files[k].first = total;
-        f->files[k].count = h.shape[0];
-        f->files[k].data_offset = h.data_offset;
-        (*io_next)++;
-        if (__builtin_add_overflow(total, h.shape[0], &total))
-            return npyl_loader_fail(L, NPYLOAD_ETOOBIG, "field '%s': sample count overflows",
-                                    f->name);
     }
-    if (nshort > 1) {
-        pthread_mutex_lock(&L->skip.mu);
-        size_t m = strlen(L->skip.msg);
-        snprintf(L->skip.msg + m, sizeof L->skip.msg - m, " (and %zu more files of field '%s' "
-                 "are short)", nshort - 1, f->name);
-        pthread_mutex_unlock(&L->skip.mu);
-    }
+    npyl_stores_walk_end(w);
+    free(w);
+    if (rc && !failed)
+        return npyl_loader_fail(L, rc, "field '%s': %s", f->name, err);
+    if (rc)
+        return rc;
+    if (nshort > 1)
+        npyl_skip_log_note(&L->skip, 1, " (and %zu more files of field '%s' are short)",
+                           nshort - 1, f->name);
     if (f->row_bytes == 0)
         return npyl_loader_fail(L, NPYLOAD_EUNSUPPORTED,
                                 "field '%s': %s: samples of zero bytes", f->name, f->paths[0]);
@@ -471,18 +305,16 @@ static int load_files(npyload_loader *L, npyl_field *f, const npyl_remote_probe 
     return 0;
 }
 
-/* One file of a field by identity, for the packed-twin check. */
+/* One file of a field by identity, for the packed-twin check: its store's
+ * key (a local file's device and inode, an object's URL). */
 typedef struct file_id {
-    uint64_t dev, ino;
+    char key[NPYL_SKEY_LEN];
     size_t k;
 } file_id;
 
 static int file_id_cmp(const void *pa, const void *pb)
 {
-    const file_id *a = pa, *b = pb;
-    if (a->dev != b->dev)
-        return a->dev < b->dev ? -1 : 1;
-    return a->ino < b->ino ? -1 : a->ino > b->ino;
+    return strcmp(((const file_id *)pa)->key, ((const file_id *)pb)->key);
 }
 
 /* The file that path was made from, when path is a packed or narrowed
@@ -557,10 +389,11 @@ static int check_two_forms(npyload_loader *L, const npyl_field *f, char *const *
 /* Refuses a field that holds a file and its packed twin: FILE.zst beside
  * FILE, or FILE.narrow.npy beside FILE.npy (a glob over a whole directory,
  * packed without --rm) would deliver every sample twice. FILE is looked up
- * by identity (device and inode), so any spelling of it in an explicit list
- * is caught too; two forms of one source whose source is gone (FILE.npy.zst
- * and FILE.narrow.npy) by their names. Runs after load_field (identities in
- * io_files, value tables found), before the fields' sample counts are
+ * by identity (its store's key: a local file's device and inode, an
+ * object's URL), so any spelling of a local file in an explicit list is
+ * caught too; two forms of one source whose source is gone (FILE.npy.zst
+ * and FILE.narrow.npy) by their names. Runs after load_field (identities
+ * known, value tables found), before the fields' sample counts are
  * compared (which would only say "twice as many"). */
 static int check_packed_twins(npyload_loader *L, const npyl_field *f)
 {
@@ -572,8 +405,8 @@ static int check_packed_twins(npyload_loader *L, const npyl_field *f)
     int rc = ids && stems && forms ? 0 : npyl_loader_fail(L, -ENOMEM, "out of memory");
     size_t nstem = 0;
     for (size_t k = 0; k < f->npaths && rc == 0; k++) {
-        const npyl_file_info *fi = &L->io_files[f->files[k].io_index];
-        ids[k] = (file_id){fi->dev, fi->ino, k};
+        npyl_stores_key(&L->stores, f->files[k].io_index, NULL, ids[k].key);
+        ids[k].k = k;
         if (twin_source(f->paths[k], &f->files[k], &stems[k], &forms[k]))
             rc = npyl_loader_fail(L, -ENOMEM, "out of memory");
         nstem += stems[k] != NULL;
@@ -584,17 +417,9 @@ static int check_packed_twins(npyload_loader *L, const npyl_field *f)
         const char *stem = stems[k], *zp = f->paths[k];
         if (!stem)
             continue;
-        if (npyl_remote_is_url(zp)) {
-            /* Remote: the source's URL in the field. */
-            for (size_t j = 0; j < f->npaths && rc == 0; j++)
-                if (strcmp(f->paths[j], stem) == 0)
-                    rc = twin_refused(L, f, f->paths[j], zp, forms[k]);
-            continue;
-        }
-        struct stat st;
-        if (stat(stem, &st) != 0)
+        file_id key = {.k = 0};
+        if (npyl_stores_key(&L->stores, f->files[k].io_index, stem, key.key) != 0)
             continue; /* packed with --rm, or never unpacked: fine */
-        file_id key = {(uint64_t)st.st_dev, (uint64_t)st.st_ino, 0};
         const file_id *hit = bsearch(&key, ids, f->npaths, sizeof *ids, file_id_cmp);
         if (hit && hit->k != k) /* not the packed file itself (a hard link) */
             rc = twin_refused(L, f, f->paths[hit->k], zp, forms[k]);
@@ -669,20 +494,6 @@ static int check_alignment(npyload_loader *L)
     return 0;
 }
 
-int npyl_loaded_fields_changed(const npyload_loader *L)
-{
-    for (size_t i = 0; i < L->nio_files; i++) {
-        if (L->robjs && L->robjs[i].url)
-            continue; /* remote: its ETag is checked at every read */
-        const npyl_file_info *was = &L->io_files[i];
-        npyl_file_info now;
-        if (npyl_io_stat(was->path, &now) != 0 || now.size != was->size ||
-            now.dev != was->dev || now.ino != was->ino || now.mtime_ns != was->mtime_ns)
-            return 1;
-    }
-    return 0;
-}
-
 int npyl_load_fields(npyload_loader *L)
 {
     if (L->nfields == 0)
@@ -697,21 +508,23 @@ int npyl_load_fields(npyload_loader *L)
         return arc;
     L->zst.any = 0;
     L->zst.max_csize = L->zst.max_multi_dsize = 0;
-    L->io_files = calloc(nfiles, sizeof *L->io_files);
-    if (!L->io_files)
+    /* The file table: every file of every field, in order, each read by
+     * the store that claims its path. */
+    const char **all = malloc((nfiles ? nfiles : 1) * sizeof *all);
+    if (!all)
         return npyl_loader_fail(L, -ENOMEM, "out of memory");
-    for (size_t i = 0; i < L->nfields && !L->robjs; i++)
+    for (size_t i = 0, at = 0; i < L->nfields; i++)
         for (size_t k = 0; k < L->fields[i].npaths; k++)
-            if (npyl_remote_is_url(L->fields[i].paths[k])) {
-                if (!(L->robjs = calloc(nfiles, sizeof *L->robjs)))
-                    return npyl_loader_fail(L, -ENOMEM, "out of memory");
-                break;
-            }
+            all[at++] = L->fields[i].paths[k];
+    char err[NPYL_ERRMSG_LEN - 64];
+    int trc = npyl_stores_table(&L->stores, all, nfiles, err, sizeof err);
+    free(all);
+    if (trc)
+        return npyl_loader_fail(L, trc, "%s", err);
     size_t io_next = 0;
     int64_t n0 = 0, n = 0;
     for (size_t i = 0; i < L->nfields; i++) {
         int rc = load_field(L, &L->fields[i], &io_next, &n);
-        L->nio_files = io_next;
         if (rc == 0)
             rc = check_packed_twins(L, &L->fields[i]);
         if (rc)

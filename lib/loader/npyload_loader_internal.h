@@ -40,13 +40,12 @@
 #include "../common/npyload_common.h"
 #include "../cuda/npyload_cuda.h"
 #include "../cuda/npyload_cuda_transform.h"
-#include "../io/npyload_io.h"
 #include "../order/npyload_order.h"
-#include "../remote/npyload_remote.h"
+#include "../store/npyload_store.h"
 #include "../zst/npyload_zst.h"
 #include "../transform/npyload_transform.h"
 #include "npyload_loader_device.h"
-#include "npyload_loader_field.h"
+#include "npyload_loader_types.h"
 #include "npyload_loader_read.h"
 #include "npyload_loader_slots.h"
 #include "npyload_loader_worker.h"
@@ -69,74 +68,103 @@ enum { NPYL_NUM_OPTS = 1 NPYLOAD_OPTION_MAP(NPYL_XX_COUNT) };
  * the longest path (with its NUL). */
 enum { NPYL_NUM_PATHS = NPYLOAD_PATH_KERNEL_CACHE + 1, NPYL_PATH_OPT_MAX = 4096 };
 
+/* Who writes what. Every member has one writer file, named in brackets, or
+ * one documented lock: [ctl] the control turn (npyl_ctl_enter: start, stop,
+ * set_epoch, set_state, begin_pass, destroy), [mu] the ring's mutex (only
+ * npyload_loader_slots.c takes it), [msg] the message lock. Setup calls
+ * (add_field, set, set_transform, set_remote, set_path) run before start
+ * on one thread at a time (npyload.h, "Threads"). Teardown
+ * (npyload_loader.c's free_started and loader_free) frees what the others
+ * made, once no other thread can touch it. */
 struct npyload_loader {
-    /* The creating process. In any other (a fork() child) the threads that
-     * the locks and the io contexts belong to do not exist and mu may be
-     * held forever: every entry returns NPYLOAD_EFORKED and touches none of
-     * it (npyl_loader_forked). */
+    /* [create] The creating process. In any other (a fork() child) the
+     * threads that the locks and the io contexts belong to do not exist and
+     * mu may be held forever: every entry returns NPYLOAD_EFORKED and
+     * touches none of it (npyl_loader_forked). */
     pid_t pid;
-    _Atomic size_t refs;      /* 1 (the caller's, until destroy) + batches held */
-    /* Control calls (start, set_epoch, set_state) and destroy; see above. */
+    _Atomic size_t refs;      /* 1 (the caller's, until destroy) + batches
+                                 held: next.c adds at hand-out, loader.c's
+                                 unref drops */
+    /* [loader.c] Control calls and destroy; see above. */
     pthread_mutex_t ctl;
     pthread_cond_t ctl_cv;
     int ctl_busy;             /* [ctl] a control call runs */
     int ctl_waiting;          /* [ctl] control calls waiting for their turn */
     int destroying;           /* [ctl] destroy has begun */
 
-    /* Setup: options and fields. */
+    /* [options.c] Options (state.c's set_state adopts seed, shuffle and
+     * drop_last through npyl_loader_adopt_order). */
     int64_t opt[NPYL_NUM_OPTS];
     char *paths[NPYL_NUM_PATHS]; /* npyload_loader_set_path: NULL = default */
+    /* [state.c, ctl] The position before start and the pass rules: what
+     * the next begin_pass does (NPYL_PASS_*), whether set_epoch with the
+     * restored epoch keeps a restored position, a state restored before
+     * start (checked, applied by start), the first epoch. */
+    int pass_rule;
+    int keep_restored;
     int state_pending;        /* set_state called before start */
     npyload_state pending;
+    int pending_ended;        /* its pass had ended */
     uint64_t epoch;           /* the first epoch (set_epoch before start) */
+    /* [fields.c] The fields (their transform descriptions: options.c's
+     * set_transform; their plans, at start: start.c). */
     npyl_field *fields;
     size_t nfields, cap_fields;
-    /* Remote paths: the client (set_remote, or made with the defaults by
-     * the first http(s):// field), whether set_remote configured it, and
-     * whether a remote field was added (then set_remote is refused). Freed
-     * (its secret wiped) by destroy. */
-    npyl_remote *remote;
-    int remote_set, remote_used;
-    int (*interrupt)(void *); /* npyload_loader_set_interrupt, given to the */
-    void *interrupt_arg;      /* client whenever one is made */
+    /* [fields.c, options.c, through lib/store] The stores the fields' files
+     * are read through: their configurations (set_remote), the stores
+     * opened by add_field, and from start the file table. Closed (a remote
+     * secret wiped) by destroy. */
+    npyl_stores stores;
 
-    /* Known after start (setup fills them; freed by free_started): */
+    /* [start.c] Known after start (freed by free_started): */
     int started;
     int backend;              /* resolved npyload_io_backend */
     unsigned queue_depth;     /* resolved QUEUE_DEPTH */
-    npyl_file_info *io_files; /* every file of every field */
-    size_t nio_files;
-    int fields_loaded;        /* the headers (and remote probes) of start are
-                                 kept across npyload_loader_stop: the next
-                                 start reuses them; adding a field, set_remote
-                                 or ALIGN drop them */
-    npyl_remote_obj *robjs;   /* per io file: its remote object (url NULL:
-                                 local); NULL when no file is remote */
-    int64_t n;                /* samples per field */
+    int fields_loaded;        /* [fields.c] the headers (and probes) of start
+                                 and the stores' file table are kept across
+                                 npyload_loader_stop: the next start reuses
+                                 them; adding a field, set_remote or ALIGN
+                                 drop them */
+    int64_t n;                /* [fields.c] samples per field, once read */
     int64_t slot_rows;        /* rows a slot holds: min(BATCH_SIZE, the
                                  most samples a rank gets per epoch) */
     uint64_t host_slot_bytes, dev_slot_bytes;
     uint64_t raw_bytes;       /* per worker: stored rows of transformed fields */
-    npyl_zst_sizes zst;       /* .npy.zst files: the largest frames */
+    npyl_zst_sizes zst;       /* [fields.c] .npy.zst files: the largest frames */
     int sync;                 /* NUM_WORKERS = NPYLOAD_WORKERS_SYNC: one
                                  worker context, no thread; next() reads */
 
     /* The parts below the API, each handed only what it needs. */
-    npyl_ring ring;           /* slots and schedule; owns mu and the cvs */
-    npyl_device dev;          /* CUDA: context, device, pinned, kernels */
-    npyl_read_view rv;        /* the batch reader's view (filled at start) */
-    npyl_skip_log skip;       /* last failure behind a skip */
-    npyl_stats st;            /* counters */
-    npyl_work_env env;        /* the workers' view: ring, rv, dev, st */
-    npyl_worker *workers;
+    npyl_ring ring;           /* [slots.c, mu] slots and schedule */
+    npyl_device dev;          /* [start.c] CUDA: context, device, pinned,
+                                 kernels */
+    npyl_read_view rv;        /* [start.c] the batch reader's view */
+    npyl_skip_log skip;       /* [read_skip.c, its own lock] last failure
+                                 behind a skip */
+    npyl_stats st;            /* atomics: whoever did the work counts */
+    npyl_work_env env;        /* [create] the workers' view: ring, rv, dev, st */
+    npyl_worker *workers;     /* [start.c] */
     size_t nworkers;
 
+    /* [msg] The text of the last failure: written only through
+     * npyl_loader_fail / _msg / _clear (npyload_loader.c), under msg_mu, a
+     * leaf lock (nothing is taken under it); parts below the API write
+     * their messages into buffers of their own (a slot's, a reading
+     * context's) and their callers pass them on. */
+    pthread_mutex_t msg_mu;
     char errmsg[NPYL_ERRMSG_LEN];
 };
 
-/* Sets L->errmsg and returns code. */
+/* What the next begin_pass does (npyload_loader_state.c): npyload_pass. */
+enum { NPYL_PASS_START = NPYLOAD_PASS_START, NPYL_PASS_RESUME = NPYLOAD_PASS_RESUME,
+       NPYL_PASS_ADVANCE = NPYLOAD_PASS_ADVANCE };
+
+/* Sets L->errmsg (under msg_mu) and returns code. */
 NPYL_HIDDEN int npyl_loader_fail(npyload_loader *L, int code, const char *fmt,
                                  ...) NPYL_PRINTF(3, 4);
+/* L->errmsg = msg, or "" (under msg_mu). */
+NPYL_HIDDEN void npyl_loader_msg(npyload_loader *L, const char *msg);
+NPYL_HIDDEN void npyl_loader_clear(npyload_loader *L);
 
 /* 0 in the creating process; in a fork() child sets L->errmsg (the child's
  * own copy) and returns NPYLOAD_EFORKED. npyl_in_child is the same test for
@@ -154,43 +182,27 @@ NPYL_HIDDEN int npyl_in_child(const npyload_loader *L);
 NPYL_HIDDEN int npyl_ctl_enter(npyload_loader *L);
 NPYL_HIDDEN void npyl_ctl_leave(npyload_loader *L);
 
-/* npyload_loader_start.c: the backend NPYLOAD_IO_AUTO resolves to now
- * (io_uring when a probe ring works, else pread), with the reason io_uring
- * was passed over in why (may be NULL). Start and npyload_get_build_info
- * both ask it. */
-NPYL_HIDDEN int npyl_loader_auto_backend(char *why, size_t whylen);
+/* npyload_loader_fields.c: adds a store to the loader's set, asked before
+ * the built-in ones which paths it reads (arg: its configuration). Before
+ * any field is added. The tests register their fault-injecting store so
+ * (tests/tu_store_fault.c). */
+NPYL_HIDDEN int npyl_loader_register_store(npyload_loader *L, const npyl_store_ops *ops,
+                                           const void *arg);
 
 /* npyload_loader_fields.c: reads every field's headers at start, checks
- * them and fills the io file table and L->n. */
+ * them and fills the stores' file table and L->n. */
 NPYL_HIDDEN int npyl_load_fields(npyload_loader *L);
-/* Fields kept by npyload_loader_stop: 1 when a local file changed since
- * start read it (size, device and inode, mtime: what lib/io checks at each
- * read), else 0. Stats each local file; reads nothing. */
-NPYL_HIDDEN int npyl_loaded_fields_changed(const npyload_loader *L);
 
-/* npyload_loader_remote.c: a probed remote object as a reader (its head
- * and tail bytes from the probe, the rest by ranged GETs checked against
- * the probe's ETag), shared by start and npyload_remote_inspect. */
-typedef struct npyl_rsrc {
-    npyl_remote *r;
-    const npyl_remote_probe *p;
-    npyl_remote_obj o;
-} npyl_rsrc;
-NPYL_HIDDEN void npyl_rsrc_init(npyl_rsrc *s, npyl_remote *r, const npyl_remote_probe *p);
-/* npyl_zst_read_fn over a npyl_rsrc. */
-NPYL_HIDDEN int npyl_rsrc_read(void *ctx, void *buf, size_t n, uint64_t off);
-/* The NPY header of a probed .npy (more bytes fetched when it is longer
- * than the head). */
-NPYL_HIDDEN int npyl_rsrc_npy_header(npyl_rsrc *s, npyload_header *h, char *err, size_t errlen);
-/* npyl_remote_want_tail for start: a .npy.zst (the seek table) and a
- * '|u1' .npy with bytes after its data (a narrowed store's trailer). */
-NPYL_HIDDEN int npyl_rsrc_want_tail(const npyl_remote_probe *p);
+/* npyload_loader_state.c: the first generation of a start, at the
+ * position set_epoch or set_state chose before it. */
+NPYL_HIDDEN int npyl_state_first_epoch(npyload_loader *L);
 
-/* npyload_loader_state.c: checks every field of a saved state against the
- * loader (n = its sample count, or -1 before start) and yields the order
- * parameters it selects (into *op) and the batch to resume at. */
-NPYL_HIDDEN int npyl_state_check(npyload_loader *L, const npyload_state *st, int64_t n,
-                                 npyl_order_params *op, int64_t *first_seq);
+/* npyload_loader_options.c: the order the options give (epoch L->epoch,
+ * base 0, no file sizes), and the order options a restored state brings
+ * (set_state adopts them). */
+NPYL_HIDDEN void npyl_loader_order_of(const npyload_loader *L, npyl_order_params *op);
+NPYL_HIDDEN void npyl_loader_adopt_order(npyload_loader *L, int64_t seed, int64_t shuffle,
+                                         int64_t drop_last);
 
 /* npyload_loader.c: frees what start allocated (the loader returns to its
  * pre-start state). */

@@ -35,13 +35,15 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
     npyl_slots_enter_next(&L->ring); /* destroy waits for it to leave */
     size_t rows = 0, dropped = 0;
     int rc, try = 1;
+    char msg[NPYL_ERRMSG_LEN] = "";
     /* A synchronous loader reads on this thread when nothing is ready, and
      * asks again; when nothing can be read now either, it fails. */
     while ((rc = npyl_slots_take_ready(&L->ring, timeout_ns >= 0 ? &deadline : NULL, L->sync,
-                                       try, out, &rows, &dropped, L->errmsg,
-                                       sizeof L->errmsg)) ==
+                                       try, out, &rows, &dropped, msg, sizeof msg)) ==
            NPYL_TAKE_AGAIN)
         try = npyl_worker_step(&L->workers[0]);
+    if (msg[0]) /* a failure the slots described (none: stopping, EOF) */
+        npyl_loader_msg(L, msg);
     /* The counters and the batch's reference before leaving: once next()
      * has left, a destroy() on another thread may free L. */
     uint64_t t1 = npyl_now_ns();
@@ -152,7 +154,7 @@ static int release(npyload_batch *b, void *stream, int on_stream)
         snprintf(msg, sizeof msg, "npyload_batch_release: batch %" PRId64 " of epoch %" PRIu64
                  " (handle %p) is not held by the caller: it was released already; "
                  "ignored", b->seq, b->epoch, (void *)b);
-        npyl_slots_set_msg(&L->ring, L->errmsg, sizeof L->errmsg, msg);
+        npyl_loader_msg(L, msg);
         return NPYLOAD_ESTATE;
     }
     int recorded = 0, ordered = 1;
@@ -164,7 +166,9 @@ static int release(npyload_batch *b, void *stream, int on_stream)
                  "neither an event nor a host wait could order the slot's reuse after the "
                  "stream's work (%.400s); the slot is withdrawn", L->dev.device, b->seq,
                  stream, why);
-    npyl_slots_give_back(&L->ring, s, ordered, recorded, msg, L->errmsg, sizeof L->errmsg);
+    npyl_slots_give_back(&L->ring, s, ordered, recorded, msg);
+    if (!ordered)
+        npyl_loader_msg(L, msg);
     npyl_loader_unref(L); /* destroyed earlier and this was its last batch: freed */
     return 0;
 }

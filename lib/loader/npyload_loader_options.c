@@ -152,7 +152,7 @@ int npyload_loader_set(npyload_loader *L, npyload_option opt, int64_t v)
     if (opt == NPYLOAD_OPT_ALIGN && v != L->opt[opt])
         npyl_loader_drop_loaded_fields(L); /* start checks the pairing again */
     L->opt[opt] = v;
-    L->errmsg[0] = 0;
+    npyl_loader_clear(L);
     return 0;
 }
 
@@ -180,7 +180,7 @@ int npyload_loader_set_path(npyload_loader *L, npyload_path_option which,
     }
     free(L->paths[which]);
     L->paths[which] = copy;
-    L->errmsg[0] = 0;
+    npyl_loader_clear(L);
     return 0;
 }
 
@@ -194,9 +194,6 @@ int npyload_loader_set_remote(npyload_loader *L, const npyload_remote *cfg, size
     if (L->started)
         return npyl_loader_fail(L, NPYLOAD_ESTATE, "the remote configuration cannot change "
                                 "after start");
-    if (L->remote_used)
-        return npyl_loader_fail(L, NPYLOAD_ESTATE, "the remote configuration must be set "
-                                "before the fields with remote paths are added");
     npyload_remote mine;
     if (cfg) {
         int rc = npyl_sized_in(&mine, sizeof mine, cfg, size,
@@ -208,17 +205,12 @@ int npyload_loader_set_remote(npyload_loader *L, const npyload_remote *cfg, size
                                     : "npyload_loader_set_remote: a member this library "
                                       "does not know is set (size %zu)", size);
     }
-    npyl_remote *r = NULL;
     char err[NPYL_ERRMSG_LEN - 64];
-    int rc = npyl_remote_create(&r, cfg ? &mine : NULL, err, sizeof err);
+    int rc = npyl_stores_configure(&L->stores, "remote", cfg ? &mine : NULL, err, sizeof err);
     if (rc)
         return npyl_loader_fail(L, rc, "%s", err);
     npyl_loader_drop_loaded_fields(L); /* probed with the other client */
-    npyl_remote_destroy(L->remote);
-    npyl_remote_set_interrupt(r, L->interrupt, L->interrupt_arg);
-    L->remote = r;
-    L->remote_set = 1;
-    L->errmsg[0] = 0;
+    npyl_loader_clear(L);
     return 0;
 }
 
@@ -226,10 +218,31 @@ int npyload_loader_set_interrupt(npyload_loader *L, int (*fn)(void *arg), void *
 {
     if (!L)
         return NPYLOAD_EINVAL;
-    L->interrupt = fn;
-    L->interrupt_arg = arg;
-    npyl_remote_set_interrupt(L->remote, fn, arg);
+    npyl_stores_set_interrupt(&L->stores, fn, arg);
     return 0;
+}
+
+void npyl_loader_order_of(const npyload_loader *L, npyl_order_params *op)
+{
+    memset(op, 0, sizeof *op);
+    op->n = L->n;
+    op->shuffle = (int)L->opt[NPYLOAD_OPT_SHUFFLE];
+    op->seed = L->opt[NPYLOAD_OPT_SEED];
+    op->rank = L->opt[NPYLOAD_OPT_RANK];
+    op->world_size = L->opt[NPYLOAD_OPT_WORLD_SIZE];
+    op->drop_last = (int)L->opt[NPYLOAD_OPT_DROP_LAST];
+    op->batch_size = L->opt[NPYLOAD_OPT_BATCH_SIZE];
+    op->window = L->opt[NPYLOAD_OPT_SHUFFLE_WINDOW] ? L->opt[NPYLOAD_OPT_SHUFFLE_WINDOW]
+                                                    : DEFAULT_WINDOW;
+    op->epoch = L->epoch;
+}
+
+void npyl_loader_adopt_order(npyload_loader *L, int64_t seed, int64_t shuffle,
+                             int64_t drop_last)
+{
+    L->opt[NPYLOAD_OPT_SEED] = seed;
+    L->opt[NPYLOAD_OPT_SHUFFLE] = shuffle;
+    L->opt[NPYLOAD_OPT_DROP_LAST] = drop_last;
 }
 
 int npyload_loader_get(const npyload_loader *L, npyload_option opt, int64_t *value)
@@ -326,6 +339,6 @@ int npyload_loader_set_transform(npyload_loader *L, const char *field,
         f->tvals[k] = copies[k];
     }
     f->has_transform = t != NULL;
-    L->errmsg[0] = 0;
+    npyl_loader_clear(L);
     return 0;
 }

@@ -1,121 +1,41 @@
-/* lib/loader's batch reader: a batch's rows (sample indices) become io
- * requests and .npy.zst frame groups, which are read and decoded into the
- * caller's buffers; with ON_ERROR skip, failed rows are dropped. It sees
- * the loader only through npyl_read_view (read-only: the fields, the io
- * file table, the options it needs, where to count), and each worker's
- * scratch through npyl_read_ctx. Nothing here locks anything but the skip
- * log's own mutex, and nothing here calls up into the loader. */
+/* lib/loader's batch reader as the worker sees it: a batch's rows (sample
+ * indices) become requests and .npy.zst frame groups, which are read
+ * through the stores and decoded into the caller's buffers; with ON_ERROR
+ * skip, failed rows are dropped. It sees the loader only through
+ * npyl_read_view (read-only: the fields, the stores' file table, the
+ * options it needs, where to count), and each worker's scratch through
+ * npyl_read_ctx (both in npyload_loader_types.h). Nothing here locks
+ * anything but the skip log's own mutex and the read-ahead thread's, and
+ * nothing here calls up into the loader. Its parts, calls going down:
+ * read (this header: the worker's API, read-ahead, a reading state's
+ * life) -> read_skip (ON_ERROR skip, the skip log) -> read_round (a
+ * batch's rounds read and decoded) -> read_plan (requests and frame
+ * groups planned). */
 #ifndef NPYLOAD_LOADER_READ_H
 #define NPYLOAD_LOADER_READ_H
 
-#include <pthread.h>
+#include "npyload_loader_read_skip.h"
+#include "npyload_loader_types.h"
 
-#include "../remote/npyload_remote.h"
-#include "npyload_loader_field.h"
-
-/* The last failure behind a skipped sample (npyload_loader_last_skip_error),
- * with its own lock: workers write it while reading, any thread reads it. */
-typedef struct npyl_skip_log {
-    pthread_mutex_t mu;
-    char msg[NPYL_ERRMSG_LEN];
-} npyl_skip_log;
-
-NPYL_HIDDEN void npyl_skip_log_init(npyl_skip_log *g);
-NPYL_HIDDEN void npyl_skip_log_fini(npyl_skip_log *g);
-NPYL_HIDDEN void npyl_skip_log_get(npyl_skip_log *g, char *buf, size_t len);
-
-/* What the reader needs of the loader, filled once at start. */
-typedef struct npyl_read_view {
-    const npyl_field *fields;
-    size_t nfields;
-    const npyl_file_info *io_files;
-    /* Remote files (s3://, https://): per io file its object (url NULL:
-     * a local file), and the client; both NULL when no file is remote. */
-    const npyl_remote_obj *robjs;
-    npyl_remote *remote;
-    int direct_io;        /* DIRECT_IO: frames placed for O_DIRECT */
-    int skip_errors;      /* ON_ERROR == skip */
-    int64_t max_errors;   /* MAX_ERRORS (0: no limit) */
-    npyl_stats *st;       /* counters it adds to */
-    npyl_skip_log *skip;
-} npyl_read_view;
-
-/* The buffers of one batch's reads: its requests, its rows of .npy.zst
- * files grouped by frame, and the compressed frames (placed for O_DIRECT).
- * A worker has two, so that the next batch's reads fill one while the
- * current batch decodes out of the other. The plan of the batch they hold
- * (nraw .. cb) travels with them from npyl_read_begin to npyl_read_end. */
-typedef struct npyl_read_buf {
-    npyl_io_req *reqs;    /* rows x nfields capacity */
-    const struct npyl_ffile **rff; /* per raw request: its file when that is
-                                      a stored narrowed .npy (codes to
-                                      expand), else NULL */
-    struct npyl_zrow *zrows; /* rows x nfields: rows grouped by frame */
-    uint8_t *zsrc;        /* compressed frames, NPYL_DIRECT_ALIGN-aligned */
-    size_t zsrc_cap;
-    size_t nraw, nz;      /* raw requests; .npy.zst rows */
-    size_t nreq, u0, u;   /* this round: requests; its frames' rows [u0, u) */
-    uint64_t cb;          /* this round: compressed bytes */
-    int rc;               /* read-ahead: the first round's result (its */
-    size_t bad;           /* failed request, the bytes that landed), */
-    uint64_t got;         /* kept by npyl_read_wait for npyl_read_end */
-} npyl_read_buf;
-
-struct npyl_ahead;        /* the read-ahead thread (npyload_loader_read.c) */
-
-/* A round's requests split by where they go: local files (lib/io) and
- * remote objects (lib/remote), with each one's index in the round. */
-typedef struct npyl_rsplit {
-    npyl_io_req *loc;
-    size_t *loc_idx;
-    npyl_remote_req *rem;
-    size_t *rem_idx;
-    size_t cap;
-} npyl_rsplit;
-
-/* One worker's reading state: its io context (descriptors, ring), its two
- * batch buffers, the .npy.zst decoder and window, the read-ahead thread
- * with its own io context when read-ahead is on, and the message of its
- * last failure. */
-typedef struct npyl_read_ctx {
-    npyl_io *io;
-    npyl_remote_ctx *rm;  /* remote files: this thread's HTTP context */
-    npyl_rsplit split;
-    npyl_read_buf buf[2];
-    unsigned cur;         /* the buffer npyl_read_batch / _end use */
-    ZSTD_DCtx *dctx;      /* reused for every frame */
-    uint8_t *zdst;        /* the decode window of a frame of several samples
-                             (at most 1 MiB; npyload_zst_frame.c) */
-    size_t zdst_cap;
-    struct npyl_ahead *ahead; /* NULL: no read-ahead */
-    int read_here;        /* the batch begun was read by npyl_read_begin */
-    char errmsg[NPYL_ERRMSG_LEN];
-} npyl_read_ctx;
-
-/* Sizes of the .npy.zst scratch: the largest frame of any file, compressed,
- * and of frames of several samples, decompressed (0, 0: no .npy.zst). */
-typedef struct npyl_zst_sizes {
-    int any;
-    uint32_t max_csize, max_multi_dsize;
-} npyl_zst_sizes;
-
-/* Creates c's io context from cfg (and its remote context when v has
- * remote files) and its buffers for batches of up to
- * `rows` rows; ahead: also the read-ahead thread, with an io context of its
- * own (same cfg) and the second set of buffers. Returns 0, or the error
- * with the message in err (the io layer's own message for an io failure,
- * which the caller prefixes with the worker). c is left for
- * npyl_read_ctx_fini in every case. */
+/* Creates c's contexts of the stores from cfg and its buffers for batches
+ * of up to `rows` rows; ahead: also the read-ahead thread, with contexts
+ * of its own (same cfg) and the second set of buffers. Returns 0, or the
+ * error with the message in err (the store's own message when opening a
+ * context failed: c->opened is 0 then, and the caller prefixes it with the
+ * worker). c is left for npyl_read_ctx_fini in every case. */
 NPYL_HIDDEN int npyl_read_ctx_init(npyl_read_ctx *c, const npyl_read_view *v,
-                                   const npyl_io_config *cfg, size_t rows,
+                                   const npyl_store_cfg *cfg, size_t rows,
                                    const npyl_zst_sizes *zs, int ahead, char *err,
                                    size_t errlen);
 /* Waits for a read-ahead in flight, stops the thread, frees what init made;
  * idempotent. */
 NPYL_HIDDEN void npyl_read_ctx_fini(npyl_read_ctx *c);
-/* Adds c's io counters (both contexts) to *k and the number of its contexts
- * that fell back from io_uring to pread to *fallbacks. Any thread. */
-NPYL_HIDDEN void npyl_read_ctx_counters(const npyl_read_ctx *c, npyl_io_counters *k,
+/* Adds c's counters (both threads' contexts) to *k, the read-ahead
+ * thread's CPU and off-CPU time to *cpu_ns and *blocked_ns, and 1 to
+ * *fallbacks when one of its contexts fell back from io_uring to pread.
+ * Any thread. */
+NPYL_HIDDEN void npyl_read_ctx_counters(const npyl_read_ctx *c, npyl_store_counters *k,
+                                        uint64_t *cpu_ns, uint64_t *blocked_ns,
                                         uint64_t *fallbacks);
 
 /* Reads rows indices[0 .. *rows) of every field fi to dst[fi] + row *

@@ -290,7 +290,7 @@ int npyl_slots_take_ready(npyl_ring *r, const struct timespec *deadline, int syn
             break;
         }
         if (r->failed == 2) {
-            rc = NPYLOAD_ECUDA; /* a release withdrew a slot; errmsg says why */
+            rc = npyl_fail(errmsg, errlen, NPYLOAD_ECUDA, "%s", r->poison_msg);
             break;
         }
         if (r->failed) {
@@ -300,6 +300,7 @@ int npyl_slots_take_ready(npyl_ring *r, const struct timespec *deadline, int syn
         }
         if (r->next_seq >= r->nbatches) {
             rc = NPYLOAD_EOF;
+            r->pass_ended = 1;
             break;
         }
         if ((s = find_ready(r)) != NULL)
@@ -339,7 +340,7 @@ int npyl_slots_disown(npyload_batch *b)
 }
 
 void npyl_slots_give_back(npyl_ring *r, npyl_slot *s, int ordered, int recorded,
-                          const char *why, char *errmsg, size_t errlen)
+                          const char *why)
 {
     pthread_mutex_lock(&r->mu);
     if (ordered) {
@@ -349,7 +350,7 @@ void npyl_slots_give_back(npyl_ring *r, npyl_slot *s, int ordered, int recorded,
         s->release_pending = 0;
         s->state = SLOT_POISONED;
         r->failed = 2;
-        snprintf(errmsg, errlen, "%s", why);
+        snprintf(r->poison_msg, sizeof r->poison_msg, "%s", why);
     }
     r->held--;
     wake_all(r);
@@ -359,7 +360,7 @@ void npyl_slots_give_back(npyl_ring *r, npyl_slot *s, int ordered, int recorded,
 /* ---- control ---- */
 
 int npyl_slots_reset(npyl_ring *r, const npyl_order_params *op, int64_t first_seq,
-                     char *errmsg)
+                     int ended)
 {
     /* Build the new order without mu (O(N): a permutation of every sample)
      * into the spare buffer, which only the ctl holder touches (two builders
@@ -384,7 +385,7 @@ int npyl_slots_reset(npyl_ring *r, const npyl_order_params *op, int64_t first_se
     r->claim_seq = first_seq;
     r->dev_next_seq = first_seq;
     r->failed = 0;
-    errmsg[0] = 0;
+    r->pass_ended = ended;
     /* Batches of the old generation that are READY but not handed out are
      * recycled now; those still being filled are recycled by their worker. */
     for (size_t i = 0; i < r->nh; i++)
@@ -407,6 +408,7 @@ void npyl_slots_position(npyl_ring *r, npyl_position *p)
     p->delivered = r->delivered;
     p->nbatches = r->nbatches;
     p->failed = r->failed;
+    p->pass_ended = r->pass_ended;
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -428,10 +430,10 @@ size_t npyl_slots_held(npyl_ring *r)
     return n;
 }
 
-void npyl_slots_set_msg(npyl_ring *r, char *dst, size_t len, const char *msg)
+void npyl_slots_reopen(npyl_ring *r)
 {
     pthread_mutex_lock(&r->mu);
-    snprintf(dst, len, "%s", msg);
+    r->pass_ended = 0;
     pthread_mutex_unlock(&r->mu);
 }
 

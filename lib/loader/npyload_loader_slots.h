@@ -46,7 +46,7 @@
 #include <time.h>
 
 #include "../order/npyload_order.h"
-#include "npyload_loader_field.h"
+#include "npyload_loader_types.h"
 
 /* Handles per slot, used in turn: a stale handle is recognised until its
  * slot has been handed out NPYL_HANDLES more times (see npyl_slots_disown). */
@@ -124,6 +124,9 @@ typedef struct npyl_ring {
     size_t held;              /* [mu] batch slots held by the caller */
     int failed;               /* [mu] until the next reset: 1 an error was
                                  handed out; 2 a release poisoned a slot */
+    char poison_msg[NPYL_ERRMSG_LEN]; /* [mu] failed == 2: why */
+    int pass_ended;           /* [mu] next() returned NPYLOAD_EOF in this
+                                 generation (or it was restored ended) */
     int stopping;             /* [mu] workers exit, next() returns */
     int in_next;              /* [mu] next() calls inside */
 } npyl_ring;
@@ -182,30 +185,31 @@ NPYL_HIDDEN int npyl_slots_take_ready(npyl_ring *r, const struct timespec *deadl
  * again since): then nothing may change. */
 NPYL_HIDDEN int npyl_slots_disown(npyload_batch *b);
 /* Gives b's slot back: FREE (release_pending = recorded) when ordered, else
- * POISONED and the ring failed, `why` in errmsg. */
+ * POISONED and the ring failed, `why` kept for next() to say. */
 NPYL_HIDDEN void npyl_slots_give_back(npyl_ring *r, npyl_slot *s, int ordered, int recorded,
-                                      const char *why, char *errmsg, size_t errlen);
+                                      const char *why);
 
 /* ---- control (the ctl holder) ---- */
 /* Begins a generation with order parameters `op` (its epoch included) at
  * batch first_seq: builds the order into seqspare without mu, then installs
- * it, recycles READY slots of the old generation and clears the failure
- * (and errmsg). Returns 0 or -ENOMEM, in which case nothing changed. */
+ * it, recycles READY slots of the old generation and clears the failure;
+ * ended: the generation's pass counts as ended already (a state saved at
+ * its end). Returns 0 or -ENOMEM, in which case nothing changed. */
 NPYL_HIDDEN int npyl_slots_reset(npyl_ring *r, const npyl_order_params *op, int64_t first_seq,
-                                 char *errmsg);
+                                 int ended);
+/* Marks the generation's pass as not ended (set_epoch keeping a restored
+ * position). */
+NPYL_HIDDEN void npyl_slots_reopen(npyl_ring *r);
 /* The position as set_epoch and get_state read it, under mu. */
 typedef struct npyl_position {
     npyl_order_params op;
     int64_t next_seq, gen_first_seq, delivered, nbatches;
-    int failed;
+    int failed, pass_ended;
 } npyl_position;
 NPYL_HIDDEN void npyl_slots_position(npyl_ring *r, npyl_position *p);
 /* Sets stopping and wakes every waiter; wait_next: also waits until no
  * next() is inside. */
 NPYL_HIDDEN void npyl_slots_stop(npyl_ring *r, int wait_next);
-/* Writes msg into dst[len] (the loader's message, which next() writes
- * under mu) under mu. */
-NPYL_HIDDEN void npyl_slots_set_msg(npyl_ring *r, char *dst, size_t len, const char *msg);
 /* destroy, after stop and with the workers joined: marks the slots the
  * caller holds (kept) and returns how many. A slot not kept is touched by
  * nobody from here on, so it may be freed without mu; a kept one changes

@@ -16,13 +16,6 @@
 
 #include "npyload_loader_internal.h"
 
-int npyl_loader_auto_backend(char *why, size_t whylen)
-{
-    /* Kernels, containers and seccomp profiles refuse io_uring; pread on the
-     * worker threads is the fallback. */
-    return npyl_io_uring_usable(why, whylen) ? NPYLOAD_IO_URING : NPYLOAD_IO_PREAD;
-}
-
 static int resolve_backend(npyload_loader *L)
 {
     int want = (int)L->opt[NPYLOAD_OPT_IO_BACKEND];
@@ -31,11 +24,11 @@ static int resolve_backend(npyload_loader *L)
         return npyl_loader_fail(L, NPYLOAD_EINVAL,
                                 "DIRECT_IO needs the io_uring or pread backend, not mmap");
     if (want == NPYLOAD_IO_URING) {
-        if (!npyl_io_uring_usable(why, sizeof why))
+        if (npyl_stores_auto_backend(why, sizeof why) != NPYLOAD_IO_URING)
             return npyl_loader_fail(L, NPYLOAD_ENOURING,
                                     "io_uring backend requested but unusable: %s", why);
     } else if (want == NPYLOAD_IO_AUTO) {
-        want = npyl_loader_auto_backend(why, sizeof why); /* once per loader */
+        want = npyl_stores_auto_backend(why, sizeof why); /* once per loader */
     }
     L->backend = want;
     return 0;
@@ -558,16 +551,8 @@ static int resolve_counts(npyload_loader *L, size_t *nworkers, size_t *prefetch)
 static int plan_order(npyload_loader *L)
 {
     npyl_order_params *op = &L->ring.op;
-    memset(op, 0, sizeof *op);
-    op->n = L->n;
-    op->shuffle = (int)L->opt[NPYLOAD_OPT_SHUFFLE];
-    op->seed = L->opt[NPYLOAD_OPT_SEED];
-    op->rank = L->opt[NPYLOAD_OPT_RANK];
-    op->world_size = L->opt[NPYLOAD_OPT_WORLD_SIZE];
-    op->drop_last = (int)L->opt[NPYLOAD_OPT_DROP_LAST];
-    op->batch_size = L->opt[NPYLOAD_OPT_BATCH_SIZE];
-    op->window = L->opt[NPYLOAD_OPT_SHUFFLE_WINDOW] ? L->opt[NPYLOAD_OPT_SHUFFLE_WINDOW]
-                                                    : DEFAULT_WINDOW;
+    npyl_loader_order_of(L, op);
+    op->epoch = 0; /* the first generation's is set by npyl_state_first_epoch */
     /* File sizes are kept for every mode: set_state may switch to LOCAL. */
     npyl_field *f0 = &L->fields[0];
     int64_t *sizes = malloc(f0->npaths * sizeof *sizes);
@@ -603,9 +588,7 @@ static int fill_read_view(npyload_loader *L)
     L->rv = (npyl_read_view){
         .fields = L->fields,
         .nfields = L->nfields,
-        .io_files = L->io_files,
-        .robjs = L->robjs,
-        .remote = L->robjs ? L->remote : NULL,
+        .stores = &L->stores,
         .direct_io = (int)L->opt[NPYLOAD_OPT_DIRECT_IO],
         .skip_errors = L->opt[NPYLOAD_OPT_ON_ERROR] == 1,
         .max_errors = L->opt[NPYLOAD_OPT_MAX_ERRORS],
@@ -626,7 +609,7 @@ static int create_workers(npyload_loader *L, size_t nworkers)
     int ahead = read_ahead(L), rc = 0;
     if (ahead && plan_fd_budget(L, 2 * nworkers, &max_open) != 0) {
         ahead = 0;
-        L->errmsg[0] = 0;
+        npyl_loader_clear(L);
     }
     if (!ahead && (rc = plan_fd_budget(L, nworkers, &max_open)))
         return rc;
@@ -640,8 +623,6 @@ static int create_workers(npyload_loader *L, size_t nworkers)
             .direct = (int)L->opt[NPYLOAD_OPT_DIRECT_IO],
             .queue_depth = L->queue_depth,
             .max_open = max_open,
-            .files = L->io_files,
-            .nfiles = L->nio_files,
             .random_access = L->opt[NPYLOAD_OPT_SHUFFLE] != NPYLOAD_SHUFFLE_NONE,
         },
         .rows = L->slot_rows ? (size_t)L->slot_rows : 1,
@@ -656,28 +637,10 @@ static int create_workers(npyload_loader *L, size_t nworkers)
         if (f->hxform && f->tplan.aug && f->tplan.in_row_bytes > cfg.aug_bytes)
             cfg.aug_bytes = f->tplan.in_row_bytes;
     }
+    char err[NPYL_ERRMSG_LEN];
     for (size_t i = 0; i < nworkers; i++)
-        if ((rc = npyl_worker_init(&L->workers[i], i, &L->env, &cfg, L->errmsg,
-                                   sizeof L->errmsg)))
-            return rc;
-    return 0;
-}
-
-/* Step: the first generation, at the position a pending set_state gave. */
-static int begin_first_epoch(npyload_loader *L)
-{
-    npyl_order_params first = L->ring.op;
-    first.epoch = L->epoch;
-    int64_t first_seq = 0;
-    if (L->state_pending) {
-        int rc = npyl_state_check(L, &L->pending, L->n, &first, &first_seq);
-        if (rc)
-            return rc;
-        L->state_pending = 0;
-    }
-    int rc = npyl_slots_reset(&L->ring, &first, first_seq, L->errmsg);
-    if (rc)
-        return npyl_loader_fail(L, rc, "out of memory building the epoch's order");
+        if ((rc = npyl_worker_init(&L->workers[i], i, &L->env, &cfg, err, sizeof err)))
+            return npyl_loader_fail(L, rc, "%s", err);
     return 0;
 }
 
@@ -704,25 +667,25 @@ static int start_ctl(npyload_loader *L)
     size_t nworkers = 0, prefetch = 0;
     if ((rc = resolve_counts(L, &nworkers, &prefetch)))
         return rc;
-    /* Kept by stop: read again only when a local file changed since, so
-     * that the change is refused (or adopted) here, as at a first start. */
-    if (L->fields_loaded && npyl_loaded_fields_changed(L))
+    /* The fields a stop kept are read again when a file changed since. */
+    if (L->fields_loaded && npyl_stores_changed(&L->stores))
         npyl_loader_drop_loaded_fields(L);
     if ((!L->fields_loaded && (rc = npyl_load_fields(L))) || (rc = need_batch_size(L)) || (rc = plan_transforms(L)) || (rc = plan_rows(L)) ||
         (rc = resolve_backend(L)) || (rc = open_cuda(L)) || (rc = open_tdev(L)) ||
         (rc = plan_layout(L)) || (rc = plan_order(L)) ||
         (rc = alloc_slots(L, nworkers, prefetch)) || (rc = upload_all_tables(L)) ||
-        (rc = fill_read_view(L)) || (rc = create_workers(L, nworkers)) || (rc = begin_first_epoch(L)))
+        (rc = fill_read_view(L)) || (rc = create_workers(L, nworkers)) || (rc = npyl_state_first_epoch(L)))
         goto fail;
     L->started = 1;
     L->st.start_ns = npyl_now_ns();
-    if (!L->sync &&
-        (rc = npyl_workers_start(L->workers, L->nworkers, L->errmsg, sizeof L->errmsg))) {
+    char err[NPYL_ERRMSG_LEN];
+    if (!L->sync && (rc = npyl_workers_start(L->workers, L->nworkers, err, sizeof err))) {
+        npyl_loader_fail(L, rc, "%s", err);
         L->started = 0;
         goto fail;
     }
     L->fields_loaded = 1;
-    L->errmsg[0] = 0;
+    npyl_loader_clear(L);
     return 0;
 fail:
     /* Leave the loader as it was before start, so destroy stays simple and
@@ -751,12 +714,12 @@ int npyload_loader_stop(npyload_loader *L)
         /* As a failed start leaves it, but with the fields as start read
          * them: the next start does not read the headers or probe the
          * remote objects again. Remote reads in flight give up at once. */
-        npyl_remote_cancel(L->remote, 1);
+        npyl_stores_cancel(&L->stores, 1);
         npyl_workers_stop(L->workers, L->nworkers, &L->env);
-        npyl_remote_cancel(L->remote, 0);
+        npyl_stores_cancel(&L->stores, 0);
         L->ring.stopping = 0;
         npyl_loader_free_started_keep_fields(L);
-        L->errmsg[0] = 0;
+        npyl_loader_clear(L);
     }
     npyl_ctl_leave(L);
     return rc;

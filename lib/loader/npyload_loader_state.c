@@ -1,5 +1,20 @@
-/* Position: set_epoch, and the resume state (get_state, the checks of a
- * saved state, set_state). */
+/* The position, owned here: the pass rules (begin_pass, pass_batches),
+ * set_epoch, and the resume state, as the 0.3 struct (get_state /
+ * set_state) and as the growable byte string (save_state / load_state,
+ * the format below). Every change runs with the control turn
+ * (npyl_ctl_enter); the readers take the ring's mu through
+ * npyl_slots_position. Before start the position is what set_epoch and
+ * set_state chose (L->epoch, L->pending), reported once the fields are
+ * read (start, or start and stop, read them).
+ *
+ * Pass rules, as DataLoader's iter() does it: the first begin_pass after
+ * create or set_epoch(e) runs epoch e from its first batch (START); after
+ * set_state, the restored position (RESUME), or, when the saved pass had
+ * ended, the next epoch (ADVANCE); every later begin_pass the next epoch
+ * (ADVANCE). Right after set_state, set_epoch with the restored epoch keeps
+ * the restored position (the usual `for e in range(saved, n):
+ * set_epoch(e)`). next() returning NPYLOAD_EOF ends the pass (the ring's
+ * pass_ended, saved as loop_ended). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -8,86 +23,18 @@
 
 #include "npyload_loader_internal.h"
 
-/* set_epoch's body; the caller holds the control turn (npyl_ctl_enter). */
-static int set_epoch_ctl(npyload_loader *L, uint64_t epoch)
-{
-    if (!L->started) {
-        L->epoch = epoch;
-        L->state_pending = 0;
-        L->errmsg[0] = 0;
-        return 0;
-    }
-    npyl_position pos;
-    npyl_slots_position(&L->ring, &pos);
-    /* Nothing consumed yet of this very epoch: keep the batches already
-     * prefetched (start; set_epoch(0) is the common pattern). */
-    if (epoch == pos.op.epoch && pos.next_seq == 0 && pos.gen_first_seq == 0 &&
-        pos.op.base == 0 && !pos.failed) {
-        npyl_slots_set_msg(&L->ring, L->errmsg, sizeof L->errmsg, "");
-        return 0;
-    }
-    npyl_order_params op = pos.op;
-    op.epoch = epoch;
-    op.base = 0; /* a new epoch is the normal split */
-    int rc = npyl_slots_reset(&L->ring, &op, 0, L->errmsg);
-    if (rc)
-        return npyl_loader_fail(L, rc, "out of memory building the order of epoch %" PRIu64,
-                                epoch);
-    return 0;
-}
-
-int npyload_loader_set_epoch(npyload_loader *L, uint64_t epoch)
-{
-    if (!L)
-        return NPYLOAD_EINVAL;
-    int rc = npyl_loader_forked(L);
-    if (rc || (rc = npyl_ctl_enter(L)))
-        return rc;
-    rc = set_epoch_ctl(L, epoch);
-    npyl_ctl_leave(L);
-    return rc;
-}
-
-int npyload_loader_get_state(const npyload_loader *L, npyload_state *out)
-{
-    if (!L || !out)
-        return NPYLOAD_EINVAL;
-    if (npyl_in_child(L))
-        return NPYLOAD_EFORKED;
-    if (!L->started)
-        return NPYLOAD_ESTATE;
-    npyload_loader *M = (npyload_loader *)L; /* the lock is not part of the value */
-    npyl_position pos;
-    npyl_slots_position(&M->ring, &pos);
-    const npyl_order_params *op = &pos.op;
-    int64_t consumed = pos.next_seq * op->batch_size;
-    if (consumed > pos.delivered)
-        consumed = pos.delivered;
-    memset(out, 0, sizeof *out);
-    out->version = NPYLOAD_STATE_VERSION;
-    out->seed = op->seed;
-    out->epoch = op->epoch;
-    out->consumed = (uint64_t)consumed;
-    out->num_samples = L->n;
-    out->batch_size = op->batch_size;
-    out->world_size = op->world_size;
-    out->rank = op->rank;
-    out->shuffle = op->shuffle;
-    out->drop_last = op->drop_last;
-    out->base = op->base;
-    return 0;
-}
+/* ---- the checks of a saved state ---- */
 
 /* Checks every field of a saved state (it may come from an untrusted
  * checkpoint) and computes the batch to resume at. Comparisons are made in
  * unsigned arithmetic after range checks, so no value can wrap into a
- * negative position. `n` is the loader's sample count, or -1 before start
- * (then the state's own num_samples sizes the check, and start compares it
- * with the fields). The order parameters the state selects (seed, shuffle,
- * drop_last, epoch) are stored in *op on success; other members of *op are
- * left as the caller set them. */
-int npyl_state_check(npyload_loader *L, const npyload_state *st, int64_t n,
-                     npyl_order_params *op, int64_t *first_seq)
+ * negative position. `n` is the loader's sample count, or -1 when the
+ * fields are not read yet (then the state's own num_samples sizes the
+ * check, and start compares it with the fields). The order parameters the
+ * state selects (seed, shuffle, drop_last, epoch, base) are stored in *op
+ * on success; other members of *op are left as the caller set them. */
+static int state_check(npyload_loader *L, const npyload_state *st, int64_t n,
+                       npyl_order_params *op, int64_t *first_seq)
 {
     if (st->version != NPYLOAD_STATE_VERSION && st->version != 1)
         return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state has version %" PRIu64
@@ -105,9 +52,12 @@ int npyl_state_check(npyload_loader *L, const npyload_state *st, int64_t n,
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: rank = %" PRId64
                                 " out of range: 0 .. world_size - 1 (%" PRId64 ")",
                                 st->rank, st->world_size - 1);
-    if (st->shuffle < NPYLOAD_SHUFFLE_NONE || st->shuffle > NPYLOAD_SHUFFLE_LOCAL)
+    int64_t smin = 0, smax = 0; /* the option's range: one table (options.c) */
+    npyload_option_range(NPYLOAD_OPT_SHUFFLE, &smin, &smax);
+    if (st->shuffle < smin || st->shuffle > smax)
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: shuffle = %" PRId64
-                                " out of range: 0 (none), 1 (full) or 2 (local)", st->shuffle);
+                                " out of range: %" PRId64 " .. %" PRId64 " (an npyload_shuffle)",
+                                st->shuffle, smin, smax);
     if (st->drop_last != 0 && st->drop_last != 1)
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: drop_last = %" PRId64
                                 " out of range: 0 or 1", st->drop_last);
@@ -171,37 +121,307 @@ int npyl_state_check(npyload_loader *L, const npyload_state *st, int64_t n,
     return 0;
 }
 
-/* set_state's body; the caller holds the control turn (npyl_ctl_enter). */
-static int set_state_ctl(npyload_loader *L, const npyload_state *st)
+/* ---- the position ---- */
+
+/* The position get_state, save_state, num_batches and pass_batches report:
+ * the order of the current generation, its batches, where it began and
+ * the next batch, and whether its pass ended. */
+typedef struct posnow {
+    npyl_order_params op;
+    int64_t delivered, nbatches, first_seq, next_seq;
+    int ended;
+} posnow;
+
+/* position_now's body, with the control turn free (see below). */
+static int position_of(const npyload_loader *L, posnow *p);
+
+/* 0, or NPYLOAD_ESTATE when nothing is known yet (the fields not read).
+ * For the readers (get_state, save_state, num_batches, pass_batches, on
+ * any thread): waits for the control call in progress, if any, so that
+ * what set_epoch and set_state write before start, and start itself, are
+ * never read half done; the ring's part is read under its mu. */
+/* A reader's turn: the control call in progress (if any) finished, none
+ * begins until read_end. */
+static npyload_loader *read_begin(const npyload_loader *L)
+{
+    npyload_loader *M = (npyload_loader *)L; /* the locks are not part of the value */
+    pthread_mutex_lock(&M->ctl);
+    while (M->ctl_busy && !M->destroying)
+        pthread_cond_wait(&M->ctl_cv, &M->ctl);
+    return M;
+}
+
+static void read_end(npyload_loader *M) { pthread_mutex_unlock(&M->ctl); }
+
+static int position_now(const npyload_loader *L, posnow *p)
+{
+    npyload_loader *M = read_begin(L);
+    int rc = position_of(L, p);
+    read_end(M);
+    return rc;
+}
+
+static int position_of(const npyload_loader *L, posnow *p)
+{
+    npyload_loader *M = (npyload_loader *)L;
+    if (L->started) {
+        npyl_position pos;
+        npyl_slots_position(&M->ring, &pos);
+        p->op = pos.op;
+        p->delivered = pos.delivered;
+        p->nbatches = pos.nbatches;
+        p->first_seq = pos.gen_first_seq;
+        p->next_seq = pos.next_seq;
+        p->ended = pos.pass_ended;
+        return 0;
+    }
+    if (!L->fields_loaded || L->opt[NPYLOAD_OPT_BATCH_SIZE] < 1)
+        return NPYLOAD_ESTATE;
+    npyl_loader_order_of(L, &p->op);
+    p->first_seq = 0;
+    p->ended = 0;
+    if (L->state_pending) {
+        /* Checked by set_state against these fields: only computed here. */
+        char keep[NPYL_ERRMSG_LEN];
+        npyload_loader_errmsg_copy(L, keep, sizeof keep);
+        if (state_check(M, &L->pending, L->n, &p->op, &p->first_seq) != 0) {
+            npyl_loader_msg(M, keep);
+            return NPYLOAD_ESTATE;
+        }
+        p->ended = L->pending_ended;
+    }
+    p->delivered = npyl_order_delivered_len(&p->op);
+    p->nbatches = npyl_order_num_batches(&p->op);
+    if (p->first_seq > p->nbatches)
+        p->first_seq = p->nbatches;
+    p->next_seq = p->first_seq;
+    return 0;
+}
+
+/* The position as the 0.3 struct. */
+static void state_of(const npyload_loader *L, const posnow *p, npyload_state *out)
+{
+    const npyl_order_params *op = &p->op;
+    int64_t consumed = p->next_seq * op->batch_size;
+    if (consumed > p->delivered)
+        consumed = p->delivered;
+    memset(out, 0, sizeof *out);
+    out->version = NPYLOAD_STATE_VERSION;
+    out->seed = op->seed;
+    out->epoch = op->epoch;
+    out->consumed = (uint64_t)consumed;
+    out->num_samples = L->n;
+    out->batch_size = op->batch_size;
+    out->world_size = op->world_size;
+    out->rank = op->rank;
+    out->shuffle = op->shuffle;
+    out->drop_last = op->drop_last;
+    out->base = op->base;
+}
+
+int64_t npyload_loader_num_batches(const npyload_loader *L)
+{
+    if (!L)
+        return NPYLOAD_EINVAL;
+    if (npyl_in_child(L))
+        return NPYLOAD_EFORKED;
+    posnow p;
+    int rc = position_now(L, &p); /* set_state may change it (drop_last) */
+    return rc ? rc : p.nbatches;
+}
+
+int64_t npyload_loader_pass_batches(const npyload_loader *L)
+{
+    if (!L)
+        return NPYLOAD_EINVAL;
+    if (npyl_in_child(L))
+        return NPYLOAD_EFORKED;
+    posnow p;
+    int rc = position_now(L, &p);
+    if (rc)
+        return rc;
+    if (!p.ended)
+        return p.nbatches - p.first_seq;
+    /* The pass ran out: the next one is a whole epoch (its split, base 0). */
+    npyl_order_params next = p.op;
+    next.base = 0;
+    return npyl_order_num_batches(&next);
+}
+
+int npyload_loader_get_state(const npyload_loader *L, npyload_state *out)
+{
+    if (!L || !out)
+        return NPYLOAD_EINVAL;
+    if (npyl_in_child(L))
+        return NPYLOAD_EFORKED;
+    posnow p;
+    int rc = position_now(L, &p);
+    if (rc)
+        return rc;
+    state_of(L, &p, out);
+    return 0;
+}
+
+/* ---- set_epoch, begin_pass ---- */
+
+/* set_epoch's body; the caller holds the control turn (npyl_ctl_enter). */
+static int set_epoch_ctl(npyload_loader *L, uint64_t epoch)
+{
+    /* The restored epoch, and whether a batch was handed out since. */
+    uint64_t restored = L->epoch;
+    int moved = 0;
+    if (L->keep_restored && L->started) {
+        npyl_position now;
+        npyl_slots_position(&L->ring, &now);
+        restored = now.op.epoch;
+        moved = now.next_seq != now.gen_first_seq;
+    }
+    if (L->keep_restored && epoch == restored && !moved) {
+        /* Right after set_state, the restored epoch: go on from the
+         * restored position (even one whose pass had ended). */
+        L->pass_rule = NPYL_PASS_RESUME;
+        if (L->started)
+            npyl_slots_reopen(&L->ring);
+        L->pending_ended = 0;
+        npyl_loader_clear(L);
+        return 0;
+    }
+    L->pass_rule = NPYL_PASS_START;
+    L->keep_restored = 0;
+    if (!L->started) {
+        L->epoch = epoch;
+        L->state_pending = 0;
+        L->pending_ended = 0;
+        npyl_loader_clear(L);
+        return 0;
+    }
+    npyl_position pos;
+    npyl_slots_position(&L->ring, &pos);
+    /* Nothing consumed yet of this very epoch: keep the batches already
+     * prefetched (start; set_epoch(0) is the common pattern). */
+    if (epoch == pos.op.epoch && pos.next_seq == 0 && pos.gen_first_seq == 0 &&
+        pos.op.base == 0 && !pos.failed) {
+        npyl_slots_reopen(&L->ring);
+        npyl_loader_clear(L);
+        return 0;
+    }
+    npyl_order_params op = pos.op;
+    op.epoch = epoch;
+    op.base = 0; /* a new epoch is the normal split */
+    int rc = npyl_slots_reset(&L->ring, &op, 0, 0);
+    if (rc)
+        return npyl_loader_fail(L, rc, "out of memory building the order of epoch %" PRIu64,
+                                epoch);
+    npyl_loader_clear(L);
+    return 0;
+}
+
+int npyload_loader_set_epoch(npyload_loader *L, uint64_t epoch)
+{
+    if (!L)
+        return NPYLOAD_EINVAL;
+    int rc = npyl_loader_forked(L);
+    if (rc || (rc = npyl_ctl_enter(L)))
+        return rc;
+    rc = set_epoch_ctl(L, epoch);
+    npyl_ctl_leave(L);
+    return rc;
+}
+
+/* The last epoch a pass may advance to: epochs are int64 in Python, and a
+ * state must round-trip. */
+#define NPYL_EPOCH_MAX ((uint64_t)INT64_MAX)
+
+static int begin_pass_ctl(npyload_loader *L)
+{
+    if (!L->started)
+        return npyl_loader_fail(L, NPYLOAD_ESTATE, "begin_pass() before start()");
+    npyl_position pos;
+    npyl_slots_position(&L->ring, &pos);
+    int rc = 0;
+    switch (L->pass_rule) {
+    case NPYL_PASS_START:
+        /* set_epoch's epoch from its first batch (nothing to do when
+         * nothing of it was consumed). */
+        rc = set_epoch_ctl(L, pos.op.epoch);
+        break;
+    case NPYL_PASS_ADVANCE:
+        if (pos.op.epoch >= NPYL_EPOCH_MAX)
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "epoch %" PRIu64 " is the last one; "
+                                    "call set_epoch() to choose the next", pos.op.epoch);
+        rc = set_epoch_ctl(L, pos.op.epoch + 1);
+        break;
+    default: /* RESUME: the restored position as it is */
+        npyl_slots_reopen(&L->ring);
+        break;
+    }
+    if (rc)
+        return rc;
+    L->pass_rule = NPYL_PASS_ADVANCE;
+    L->keep_restored = 0;
+    return 0;
+}
+
+int npyload_loader_begin_pass(npyload_loader *L)
+{
+    if (!L)
+        return NPYLOAD_EINVAL;
+    int rc = npyl_loader_forked(L);
+    if (rc || (rc = npyl_ctl_enter(L)))
+        return rc;
+    rc = begin_pass_ctl(L);
+    npyl_ctl_leave(L);
+    return rc;
+}
+
+int npyload_loader_pass_rule(const npyload_loader *L)
+{
+    if (!L)
+        return NPYLOAD_EINVAL;
+    npyload_loader *M = read_begin(L);
+    int rule = L->pass_rule;
+    read_end(M);
+    return rule;
+}
+
+/* ---- set_state ---- */
+
+/* set_state's body (ended: the saved pass had run out); the caller holds
+ * the control turn. */
+static int set_state_ctl(npyload_loader *L, const npyload_state *st, int ended)
 {
     npyl_order_params op;
     int64_t first_seq;
     if (!L->started) {
+        /* Checked now; against the fields' count when they were read
+         * already (start, or start and stop), else at start. */
         memset(&op, 0, sizeof op);
-        int rc = npyl_state_check(L, st, -1, &op, &first_seq);
+        int rc = state_check(L, st, L->fields_loaded ? L->n : -1, &op, &first_seq);
         if (rc)
             return rc;
-        L->opt[NPYLOAD_OPT_SEED] = st->seed;
-        L->opt[NPYLOAD_OPT_SHUFFLE] = st->shuffle;
-        L->opt[NPYLOAD_OPT_DROP_LAST] = st->drop_last;
+        npyl_loader_adopt_order(L, st->seed, st->shuffle, st->drop_last);
         L->pending = *st;
+        if (st->version < 2)
+            L->pending.base = 0;
         L->state_pending = 1;
+        L->pending_ended = ended;
         L->epoch = st->epoch;
-        L->errmsg[0] = 0;
-        return 0;
+    } else {
+        /* Adopt the saved order parameters (installed under mu by reset;
+         * only the ctl holder changes L->ring.op, so reading it here needs
+         * no mu). */
+        op = L->ring.op;
+        int rc = state_check(L, st, L->n, &op, &first_seq);
+        if (rc)
+            return rc;
+        rc = npyl_slots_reset(&L->ring, &op, first_seq, ended);
+        if (rc)
+            return npyl_loader_fail(L, rc, "out of memory restoring the state");
+        npyl_loader_adopt_order(L, st->seed, st->shuffle, st->drop_last);
     }
-    /* Adopt the saved order parameters (installed under mu by reset; only
-     * the ctl holder changes L->ring.op, so reading it here needs no mu). */
-    op = L->ring.op;
-    int rc = npyl_state_check(L, st, L->n, &op, &first_seq);
-    if (rc)
-        return rc;
-    rc = npyl_slots_reset(&L->ring, &op, first_seq, L->errmsg);
-    if (rc)
-        return npyl_loader_fail(L, rc, "out of memory restoring the state");
-    L->opt[NPYLOAD_OPT_SEED] = st->seed;
-    L->opt[NPYLOAD_OPT_SHUFFLE] = st->shuffle;
-    L->opt[NPYLOAD_OPT_DROP_LAST] = st->drop_last;
+    L->pass_rule = ended ? NPYL_PASS_ADVANCE : NPYL_PASS_RESUME;
+    L->keep_restored = 1;
+    npyl_loader_clear(L);
     return 0;
 }
 
@@ -212,7 +432,262 @@ int npyload_loader_set_state(npyload_loader *L, const npyload_state *st)
     int rc = npyl_loader_forked(L);
     if (rc || (rc = npyl_ctl_enter(L)))
         return rc;
-    rc = set_state_ctl(L, st);
+    rc = set_state_ctl(L, st, 0);
+    npyl_ctl_leave(L);
+    return rc;
+}
+
+int npyl_state_first_epoch(npyload_loader *L)
+{
+    npyl_order_params first = L->ring.op;
+    first.epoch = L->epoch;
+    int64_t first_seq = 0;
+    if (L->state_pending) {
+        int rc = state_check(L, &L->pending, L->n, &first, &first_seq);
+        if (rc)
+            return rc;
+        L->state_pending = 0;
+    }
+    int rc = npyl_slots_reset(&L->ring, &first, first_seq, L->pending_ended);
+    L->pending_ended = 0;
+    if (rc)
+        return npyl_loader_fail(L, rc, "out of memory building the epoch's order");
+    return 0;
+}
+
+/* ---- the growable form: save_state / load_state ----
+ *
+ * A byte string, little-endian throughout:
+ *
+ *   "NPYS"                magic (4 bytes)
+ *   u16  format           NPYL_STATE_FORMAT (1)
+ *   u16  records          how many follow
+ *   u32  length           of the whole string, header included
+ *   records, each:
+ *     u8   name length    1 .. 63, then the name: [a-z0-9_]
+ *     u8   type           'i' int64, 'u' uint64, 'f' float64 (IEEE 754)
+ *     u32  count          values that follow (count x 8 bytes)
+ *
+ * A record is a named list of numbers; the loader's are one value each:
+ * version (of the position's content, as npyload_state's: 2; 1 has no
+ * base),
+ * seed, epoch, consumed, num_samples, batch_size, world_size, rank,
+ * shuffle, drop_last, base, loop_ended. A reader refuses a record it does
+ * not know, unless its name begins with '_' (then the record may be
+ * dropped without changing what is delivered); so a state a newer
+ * library wrote (sources, weights, per-source positions) is refused by an
+ * older one rather than misread, and records are added without a new
+ * format. Names are unique; integers are checked for range as the struct's
+ * members are. Python's state_dict() is the same records as a dict. */
+
+#define NPYL_STATE_FORMAT 1
+#define NPYL_STATE_MAX_BYTES (1u << 20)
+
+typedef struct srec {
+    const char *name;
+    char type;
+    uint64_t v;           /* the bits of the one value */
+} srec;
+
+static void put_le(unsigned char *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint64_t get_le(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n; i-- > 0;)
+        v = v << 8 | p[i];
+    return v;
+}
+
+int64_t npyload_loader_save_state(const npyload_loader *L, void *buf, size_t cap)
+{
+    if (!L || (!buf && cap))
+        return NPYLOAD_EINVAL;
+    if (npyl_in_child(L))
+        return NPYLOAD_EFORKED;
+    posnow p;
+    int rc = position_now(L, &p);
+    if (rc)
+        return rc;
+    npyload_state st;
+    state_of(L, &p, &st);
+    const srec recs[] = {
+        {"version", 'i', NPYLOAD_STATE_VERSION},
+        {"seed", 'i', (uint64_t)st.seed},
+        {"epoch", 'u', st.epoch},
+        {"consumed", 'u', st.consumed},
+        {"num_samples", 'i', (uint64_t)st.num_samples},
+        {"batch_size", 'i', (uint64_t)st.batch_size},
+        {"world_size", 'i', (uint64_t)st.world_size},
+        {"rank", 'i', (uint64_t)st.rank},
+        {"shuffle", 'i', (uint64_t)st.shuffle},
+        {"drop_last", 'i', (uint64_t)st.drop_last},
+        {"base", 'i', (uint64_t)st.base},
+        {"loop_ended", 'i', (uint64_t)p.ended},
+    };
+    const size_t nrec = sizeof recs / sizeof recs[0];
+    size_t len = 12;
+    for (size_t i = 0; i < nrec; i++)
+        len += 1 + strlen(recs[i].name) + 1 + 4 + 8;
+    if (cap < len)
+        return (int64_t)len;
+    unsigned char *o = buf;
+    memcpy(o, "NPYS", 4);
+    put_le(o + 4, NPYL_STATE_FORMAT, 2);
+    put_le(o + 6, nrec, 2);
+    put_le(o + 8, len, 4);
+    size_t at = 12;
+    for (size_t i = 0; i < nrec; i++) {
+        size_t nl = strlen(recs[i].name);
+        o[at++] = (unsigned char)nl;
+        memcpy(o + at, recs[i].name, nl);
+        at += nl;
+        o[at++] = (unsigned char)recs[i].type;
+        put_le(o + at, 1, 4);
+        put_le(o + at + 4, recs[i].v, 8);
+        at += 12;
+    }
+    return (int64_t)len;
+}
+
+/* The loader's records, by name: index into the struct's members. */
+enum { R_VERSION, R_SEED, R_EPOCH, R_CONSUMED, R_N, R_BATCH, R_WORLD, R_RANK, R_SHUFFLE,
+       R_DROP, R_BASE, R_ENDED, R_COUNT };
+static const char *const rec_names[R_COUNT] = {
+    "version", "seed", "epoch", "consumed", "num_samples", "batch_size", "world_size",
+    "rank", "shuffle", "drop_last", "base", "loop_ended"};
+
+/* One record's value as an int64 (types 'i', or 'u' up to INT64_MAX; epoch
+ * and consumed take the whole uint64 range). */
+static int rec_value(npyload_loader *L, int which, int type, uint64_t bits, uint64_t *out)
+{
+    int unsigned_ok = which == R_EPOCH || which == R_CONSUMED;
+    if (type == 'u' && !unsigned_ok && bits > (uint64_t)INT64_MAX)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: %s = %" PRIu64 " out of "
+                                "the int64 range", rec_names[which], bits);
+    if (type == 'i' && unsigned_ok && (int64_t)bits < 0)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: %s = %" PRId64 " out of "
+                                "range: >= 0", rec_names[which], (int64_t)bits);
+    if (type == 'f')
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: %s must be an integer",
+                                rec_names[which]);
+    *out = bits;
+    return 0;
+}
+
+/* Parses a saved byte string into the struct and the pass flag. */
+static int parse_state(npyload_loader *L, const unsigned char *b, size_t len,
+                       npyload_state *st, int *ended)
+{
+    if (len < 12 || memcmp(b, "NPYS", 4) != 0)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: not an npyload state (no "
+                                "\"NPYS\" at its start, %zu bytes)", len);
+    uint64_t format = get_le(b + 4, 2), nrec = get_le(b + 6, 2), total = get_le(b + 8, 4);
+    if (format != NPYL_STATE_FORMAT)
+        return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state: format %" PRIu64
+                                ", this library reads format %d", format, NPYL_STATE_FORMAT);
+    if (total != len || len > NPYL_STATE_MAX_BYTES)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: %zu bytes, its header says "
+                                "%" PRIu64 " (at most %u)", len, total, NPYL_STATE_MAX_BYTES);
+    uint64_t val[R_COUNT] = {0};
+    int have[R_COUNT] = {0};
+    size_t at = 12;
+    for (uint64_t r = 0; r < nrec; r++) {
+        if (at + 1 > len)
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: record %" PRIu64
+                                    " of %" PRIu64 " is cut off", r + 1, nrec);
+        size_t nl = b[at++];
+        if (nl < 1 || nl > 63 || at + nl + 5 > len)
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: record %" PRIu64
+                                    " has a bad name length (%zu)", r + 1, nl);
+        char name[64];
+        memcpy(name, b + at, nl);
+        name[nl] = 0;
+        for (size_t i = 0; i < nl; i++)
+            if (!((name[i] >= 'a' && name[i] <= 'z') || (name[i] >= '0' && name[i] <= '9') ||
+                  name[i] == '_'))
+                return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: record %" PRIu64
+                                        " has a bad name (only a-z, 0-9 and _)", r + 1);
+        at += nl;
+        int type = b[at++];
+        uint64_t count = get_le(b + at, 4);
+        at += 4;
+        if (type != 'i' && type != 'u' && type != 'f')
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: record '%s' has an "
+                                    "unknown type %d", name, type);
+        if (count > (len - at) / 8)
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: record '%s' is cut off "
+                                    "(%" PRIu64 " values)", name, count);
+        const unsigned char *values = b + at;
+        at += (size_t)count * 8;
+        int which = 0;
+        while (which < R_COUNT && strcmp(rec_names[which], name) != 0)
+            which++;
+        if (which == R_COUNT) {
+            if (name[0] == '_')
+                continue; /* may be dropped: it changes nothing delivered */
+            return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state: record '%s' is not "
+                                    "known to this library (a state of a newer npyload, or "
+                                    "of a loader with features this one lacks)", name);
+        }
+        if (have[which])
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: record '%s' twice",
+                                    name);
+        if (count != 1)
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: record '%s' holds %"
+                                    PRIu64 " values, one expected", name, count);
+        int rc = rec_value(L, which, type, get_le(values, 8), &val[which]);
+        if (rc)
+            return rc;
+        have[which] = 1;
+    }
+    if (at != len)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: %zu bytes after its last "
+                                "record", len - at);
+    int64_t version = have[R_VERSION] ? (int64_t)val[R_VERSION] : -1;
+    if (version != 1 && version != NPYLOAD_STATE_VERSION)
+        return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state has version %" PRId64
+                                ", this library reads versions 1 and %d", version,
+                                NPYLOAD_STATE_VERSION);
+    for (int w = R_SEED; w < R_COUNT; w++)
+        if (!have[w] && !(w == R_ENDED || (w == R_BASE && version == 1)))
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state lacks '%s'",
+                                    rec_names[w]);
+    if (have[R_ENDED] && val[R_ENDED] > 1)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: loop_ended = %" PRId64
+                                " out of range: 0 or 1", (int64_t)val[R_ENDED]);
+    memset(st, 0, sizeof *st);
+    st->version = (uint64_t)version;
+    st->seed = (int64_t)val[R_SEED];
+    st->epoch = val[R_EPOCH];
+    st->consumed = val[R_CONSUMED];
+    st->num_samples = (int64_t)val[R_N];
+    st->batch_size = (int64_t)val[R_BATCH];
+    st->world_size = (int64_t)val[R_WORLD];
+    st->rank = (int64_t)val[R_RANK];
+    st->shuffle = (int64_t)val[R_SHUFFLE];
+    st->drop_last = (int64_t)val[R_DROP];
+    st->base = (int64_t)val[R_BASE];
+    *ended = (int)val[R_ENDED];
+    return 0;
+}
+
+int npyload_loader_load_state(npyload_loader *L, const void *buf, size_t len)
+{
+    if (!L || !buf)
+        return NPYLOAD_EINVAL;
+    int rc = npyl_loader_forked(L);
+    if (rc || (rc = npyl_ctl_enter(L)))
+        return rc;
+    npyload_state st;
+    int ended = 0;
+    rc = parse_state(L, buf, len, &st, &ended);
+    if (rc == 0)
+        rc = set_state_ctl(L, &st, ended);
     npyl_ctl_leave(L);
     return rc;
 }

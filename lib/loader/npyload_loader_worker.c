@@ -19,7 +19,7 @@ int npyl_worker_init(npyl_worker *w, size_t index, const npyl_work_env *env,
     char rerr[NPYL_ERRMSG_LEN - 64];
     int rc = npyl_read_ctx_init(&w->rd, env->rv, &cfg->io, cfg->rows, &cfg->zst, cfg->ahead,
                                 rerr, sizeof rerr);
-    if (rc && !w->rd.io)
+    if (rc && !w->rd.opened)
         return npyl_fail(err, errlen, rc, "worker %zu: %s", index, rerr);
     if (rc)
         return npyl_fail(err, errlen, rc, "%s", rerr);

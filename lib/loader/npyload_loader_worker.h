@@ -10,7 +10,7 @@
 #include <pthread.h>
 
 #include "npyload_loader_device.h"
-#include "npyload_loader_field.h"
+#include "npyload_loader_types.h"
 #include "npyload_loader_read.h"
 #include "npyload_loader_slots.h"
 
@@ -42,7 +42,7 @@ typedef struct npyl_worker {
 
 /* What npyl_worker_init sizes. */
 typedef struct npyl_worker_cfg {
-    npyl_io_config io;
+    npyl_store_cfg io;
     size_t rows;          /* rows a slot holds (at least 1) */
     npyl_zst_sizes zst;
     uint64_t raw_bytes;   /* stored rows of transformed fields, per batch */

@@ -9,7 +9,8 @@
  *                            several in flight, Content-Range and ETag
  *                            checks, retries with backoff and jitter, the
  *                            error messages
- *   npyload_remote_list.c    globs over ListObjectsV2 (pagination, expat)
+ *   npyload_remote_list.c    globs over ListObjectsV2 (pagination)
+ *   npyload_remote_xml.c     the XML of listings and S3 error bodies (expat)
  *   npyload_remote_cache.c   the block cache in cache_dir (atomic rename,
  *                            an flock'ed size record, LRU eviction; one
  *                            fetch per block per node: OFD locks)
@@ -20,6 +21,8 @@
  *   npyload_remote_read.c    a worker's reads: requests -> cache blocks or
  *                            coalesced ranges -> transfers; the probe of
  *                            headers and seek tables at start
+ *   npyload_remote_api.c     the public client (npyload_remote_client_*,
+ *                            npyload_remote_glob), in every build
  *   npyload_remote_none.c    the same API in a build without libcurl: every
  *                            remote path fails saying what to install
  *
@@ -50,12 +53,8 @@ typedef struct npyl_remote_obj {
     char etag[NPYL_ETAG_LEN];  /* "": the server sends none (not checked) */
 } npyl_remote_obj;
 
-/* size bytes of object `obj` from `offset` on land at dst. */
-typedef struct npyl_remote_req {
-    uint32_t obj;
-    uint64_t offset, len;
-    void *dst;
-} npyl_remote_req;
+/* A request (lib/common's npyl_req): file indexes the object table. */
+typedef npyl_req npyl_remote_req;
 
 /* The client's counters since creation (every context's, start's probe
  * and listings included). */
@@ -153,6 +152,23 @@ NPYL_HIDDEN void npyl_remote_ctx_destroy(npyl_remote_ctx *c);
 NPYL_HIDDEN int npyl_remote_read(npyl_remote_ctx *c, const npyl_remote_req *reqs, size_t n,
                                  size_t *bad, uint64_t *bytes_read, char *err,
                                  size_t errlen);
+/* npyl_remote_read in two halves, so that a round's remote requests are in
+ * flight while the caller does other work (the local reads of the same
+ * round): npyl_remote_submit plans the requests (cache blocks, coalesced
+ * ranges), reads what the cache holds and sends the first GETs without
+ * waiting; npyl_remote_complete waits for them all, with npyl_remote_read's
+ * contract (a failure of submit is returned by complete). Every submit is
+ * followed by exactly one complete on the same context; reqs must stay
+ * valid and untouched until then. submit returns 0 or its failure. */
+NPYL_HIDDEN int npyl_remote_submit(npyl_remote_ctx *c, const npyl_remote_req *reqs, size_t n,
+                                   char *err, size_t errlen);
+NPYL_HIDDEN int npyl_remote_complete(npyl_remote_ctx *c, size_t *bad, uint64_t *bytes_read,
+                                     char *err, size_t errlen);
+
+/* npyload_remote_api.c: the public client's lib/remote client and
+ * whether it was configured (s3:// allowed). */
+NPYL_HIDDEN npyl_remote *npyl_remote_client_core(const npyload_remote_client *c,
+                                                 int *configured);
 
 /* Stops (on 1) every transfer of the client, on every thread, within
  * NPYL_REMOTE_POLL_MS: they fail with -ECANCELED ("stopped"), and so does

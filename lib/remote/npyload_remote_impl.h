@@ -5,6 +5,7 @@
  *   npyload_remote_read.c    a thread's reads and start's probe
  *   npyload_remote_list.c    ListObjectsV2 globs
  *   npyload_remote_xfer.c    transfers on a multi handle, retries, checks
+ *   npyload_remote_xml.c     the XML of listings and error bodies (expat)
  *   npyload_remote_cache.c   the block cache (files only, no HTTP)
  *   npyload_remote_client.c  configuration, URLs, curl handle set-up
  *
@@ -180,6 +181,10 @@ typedef struct npyl_xpool {
     int neasy, nfree;
     CURL **free_;
     uint64_t rng;             /* jitter */
+    /* A run begun by npyl_xfer_start, continued by npyl_xfer_run: */
+    int begun;
+    size_t next;              /* transfers started once */
+    uint64_t t0;
     int caller;               /* runs on the caller's thread (listings,
                                  start's probe and reads): the client's
                                  interrupt callback is asked */
@@ -198,12 +203,42 @@ NPYL_HIDDEN void npyl_xpool_fini(npyl_xpool *p);
  * (a caller's pool) its interrupt callback says so (npyl_remote_stopped). */
 NPYL_HIDDEN int npyl_xfer_run(npyl_remote *r, npyl_xpool *p, npyl_xfer *x, size_t n,
                               size_t *bad, char *err, size_t errlen);
+/* Begins the run of the n transfers without waiting: as many as the pool
+ * has handles are started and their requests sent (one
+ * curl_multi_perform); npyl_xfer_run on the same pool and transfers then
+ * continues it (and must follow, to finish or stop them). Returns 0, or
+ * -ENOMEM (nothing left running, *bad the transfer that could not start). */
+NPYL_HIDDEN int npyl_xfer_start(npyl_remote *r, npyl_xpool *p, npyl_xfer *x, size_t n,
+                                size_t *bad, char *err, size_t errlen);
 /* One GET of a small body into memory (listings): url given by request
  * URL; *body malloc'd, *len; status in *status. Retries as above; a final
  * HTTP error is returned as -EACCES, -ENOENT, NPYLOAD_EREMOTE... with its
  * S3 error code and message in err. */
 NPYL_HIDDEN int npyl_xfer_get_body(npyl_remote *r, const char *url, const char *request_url,
                                    char **body, size_t *len, char *err, size_t errlen);
+
+/* ---- npyload_remote_xml.c ---------------------------------------------- */
+
+/* The XML of S3's answers, parsed by expat (npyload_remote_xml.c): the
+ * keys, truncation and continuation token of a ListObjectsV2 page, and the
+ * Code and Message of an error body. */
+typedef struct xml_state {
+    int depth;
+    char path[4][32];         /* element names at depths 1..4 */
+    char text[4096];          /* the text of the element open now */
+    size_t tlen;
+    /* a listing */
+    char **keys;
+    size_t nkeys, cap;
+    int truncated;
+    char token[1024];
+    int oom;
+    /* an error */
+    char code[96], message[200];
+} xml_state;
+/* Parses body into s (keys appended: the caller frees them). Returns 0,
+ * or -1 for XML that does not parse. */
+NPYL_HIDDEN int npyl_remote_xml_parse(xml_state *s, const char *body, size_t len);
 /* Whether the work on pool p must stop now: -ECANCELED with a message in
  * err when the client was cancelled or, on a caller's pool, its interrupt
  * callback returned non-zero (asked at most every NPYL_REMOTE_POLL_MS);

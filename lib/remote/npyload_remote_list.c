@@ -3,115 +3,14 @@
  * page through continuation tokens; with delimiter '/' when the wildcards
  * cannot cross a '/'), keeps those that fnmatch the pattern as glob(3)
  * would (FNM_PATHNAME | FNM_PERIOD), and sorts them by strcmp, as local
- * globs are. The XML is parsed by expat; so are the bodies of S3 errors. */
+ * globs are. The pages are parsed by npyload_remote_xml.c. */
 #include "npyload_remote_impl.h"
 
 #include <errno.h>
-#include <expat.h>
 #include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- the XML of a listing, and of an error ---------------------------------- */
-
-typedef struct xml_state {
-    int depth;
-    char path[4][32];         /* element names at depths 1..4 */
-    char text[4096];          /* the text of the element open now */
-    size_t tlen;
-    /* a listing */
-    char **keys;
-    size_t nkeys, cap;
-    int truncated;
-    char token[1024];
-    int oom;
-    /* an error */
-    char code[96], message[200];
-} xml_state;
-
-static void on_start(void *ud, const XML_Char *name, const XML_Char **atts)
-{
-    xml_state *s = ud;
-    (void)atts;
-    s->depth++;
-    if (s->depth <= 4)
-        snprintf(s->path[s->depth - 1], sizeof s->path[0], "%s", name);
-    s->tlen = 0;
-    s->text[0] = 0;
-}
-
-static void on_text(void *ud, const XML_Char *t, int len)
-{
-    xml_state *s = ud;
-    size_t n = (size_t)len;
-    if (s->tlen + n >= sizeof s->text)
-        n = sizeof s->text - 1 - s->tlen;
-    memcpy(s->text + s->tlen, t, n);
-    s->tlen += n;
-    s->text[s->tlen] = 0;
-}
-
-static void on_end(void *ud, const XML_Char *name)
-{
-    xml_state *s = ud;
-    if (s->depth == 3 && strcmp(s->path[1], "Contents") == 0 && strcmp(name, "Key") == 0) {
-        if (s->nkeys == s->cap) {
-            size_t cap = s->cap ? 2 * s->cap : 256;
-            char **k = realloc(s->keys, cap * sizeof *k);
-            if (!k) {
-                s->oom = 1;
-                goto out;
-            }
-            s->keys = k;
-            s->cap = cap;
-        }
-        if (!(s->keys[s->nkeys] = strdup(s->text)))
-            s->oom = 1;
-        else
-            s->nkeys++;
-    } else if (s->depth == 2 && strcmp(name, "IsTruncated") == 0) {
-        s->truncated = strcmp(s->text, "true") == 0;
-    } else if (s->depth == 2 && strcmp(name, "NextContinuationToken") == 0) {
-        snprintf(s->token, sizeof s->token, "%.1023s", s->text);
-    } else if (s->depth == 2 && strcmp(s->path[0], "Error") == 0 && strcmp(name, "Code") == 0) {
-        snprintf(s->code, sizeof s->code, "%.95s", s->text);
-    } else if (s->depth == 2 && strcmp(s->path[0], "Error") == 0 &&
-               strcmp(name, "Message") == 0) {
-        snprintf(s->message, sizeof s->message, "%.199s", s->text);
-    }
-out:
-    s->depth--;
-    s->tlen = 0;
-    s->text[0] = 0;
-}
-
-/* Parses body into s. Returns 0, or -1 for XML that does not parse. */
-static int parse_xml(xml_state *s, const char *body, size_t len)
-{
-    XML_Parser p = XML_ParserCreate(NULL);
-    if (!p)
-        return -1;
-    XML_SetUserData(p, s);
-    XML_SetElementHandler(p, on_start, on_end);
-    XML_SetCharacterDataHandler(p, on_text);
-    int ok = XML_Parse(p, body, (int)len, 1) == XML_STATUS_OK;
-    XML_ParserFree(p);
-    return ok ? 0 : -1;
-}
-
-void npyl_remote_xml_error(const char *body, size_t len, char *buf, size_t buflen)
-{
-    buf[0] = 0;
-    if (!body || len == 0 || len > INT32_MAX)
-        return;
-    xml_state *s = calloc(1, sizeof *s);
-    if (!s)
-        return;
-    if (parse_xml(s, body, len) == 0 && s->code[0])
-        snprintf(buf, buflen, "%s%s%s", s->code, s->message[0] ? ": " : "", s->message);
-    free(s);
-}
 
 /* ---- globs ---------------------------------------------------------------------- */
 
@@ -231,7 +130,7 @@ int npyl_remote_glob(npyl_remote *r, const char *pattern, char ***paths, size_t 
         s->nkeys = 0;
         s->truncated = 0;
         s->token[0] = 0;
-        int prc = blen > INT32_MAX ? -1 : parse_xml(s, body, blen);
+        int prc = blen > INT32_MAX ? -1 : npyl_remote_xml_parse(s, body, blen);
         free(body);
         if (prc || s->oom) {
             rc = npyl_fail(err, errlen, s->oom ? -ENOMEM : NPYLOAD_EREMOTE,

@@ -92,6 +92,21 @@ int npyl_remote_read(npyl_remote_ctx *c, const npyl_remote_req *reqs, size_t n, 
     return npyl_fail(err, errlen, NPYLOAD_EUNSUPPORTED, "libnpyload was " NO_REMOTE);
 }
 
+int npyl_remote_submit(npyl_remote_ctx *c, const npyl_remote_req *reqs, size_t n, char *err,
+                       size_t errlen)
+{
+    (void)c;
+    (void)reqs;
+    (void)n;
+    return npyl_fail(err, errlen, NPYLOAD_EUNSUPPORTED, "libnpyload was " NO_REMOTE);
+}
+
+int npyl_remote_complete(npyl_remote_ctx *c, size_t *bad, uint64_t *bytes_read, char *err,
+                         size_t errlen)
+{
+    return npyl_remote_read(c, NULL, 0, bad, bytes_read, err, errlen);
+}
+
 void npyl_remote_counters_add(const npyl_remote *r, npyl_remote_counters *k)
 {
     (void)r;

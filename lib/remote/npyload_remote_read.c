@@ -35,6 +35,14 @@ struct npyl_remote_ctx {
     size_t kcap;
     struct rwait *waits;      /* blocks another thread is fetching */
     size_t wcap;
+    /* The round npyl_remote_submit began, for npyl_remote_complete. */
+    struct rsub {
+        int submitted, started; /* a round is in; its transfers are running */
+        int rc;               /* submit's failure (complete returns it) */
+        size_t bad, xbad;
+        size_t nx, nw;        /* transfers; blocks other threads fetch */
+        uint64_t want;        /* the round's bytes */
+    } sub;
 };
 
 /* A block another thread of this process is fetching: its pieces
@@ -235,15 +243,14 @@ static int wait_others(npyl_remote_ctx *c, size_t nw, int rc, size_t *bad, char 
     return rc;
 }
 
-int npyl_remote_read(npyl_remote_ctx *c, const npyl_remote_req *reqs, size_t n, size_t *bad,
-                     uint64_t *bytes_read, char *err, size_t errlen)
+int npyl_remote_submit(npyl_remote_ctx *c, const npyl_remote_req *reqs, size_t n, char *err,
+                       size_t errlen)
 {
     npyl_remote *r = c->r;
     npyl_cache *cache = r->cache;
     uint64_t B = cache ? npyl_cache_block(cache) : 0;
-    size_t bad_local = 0;
-    if (!bad)
-        bad = &bad_local;
+    size_t *bad = &c->sub.bad;
+    c->sub = (struct rsub){.submitted = 1};
     /* Pieces: each request, cut at cache block boundaries when its object
      * is cached. */
     size_t np = 0;
@@ -252,28 +259,28 @@ int npyl_remote_read(npyl_remote_ctx *c, const npyl_remote_req *reqs, size_t n, 
         const npyl_remote_req *q = &reqs[i];
         if (q->len == 0)
             continue;
-        if (q->obj >= c->nobjs || !c->objs[q->obj].url) {
+        if (q->file >= c->nobjs || !c->objs[q->file].url) {
             *bad = i;
-            return npyl_fail(err, errlen, NPYLOAD_EINVAL, "object %" PRIu32 " is not remote",
-                             q->obj);
+            return c->sub.rc = npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                                         "object %" PRIu32 " is not remote", q->file);
         }
-        const npyl_remote_obj *o = &c->objs[q->obj];
+        const npyl_remote_obj *o = &c->objs[q->file];
         if (q->offset > o->size || q->len > o->size - q->offset) {
             *bad = i;
-            return npyl_fail(err, errlen, NPYLOAD_ETRUNCATED,
+            return c->sub.rc = npyl_fail(err, errlen, NPYLOAD_ETRUNCATED,
                              "%s: %" PRIu64 " bytes at offset %" PRIu64 " asked of an "
                              "object of %" PRIu64, o->url, q->len, q->offset, o->size);
         }
-        int cached = cache && c->keys[q->obj][0];
+        int cached = cache && c->keys[q->file][0];
         uint64_t off = q->offset, end = q->offset + q->len;
         uint8_t *dst = q->dst;
         while (off < end) {
             uint64_t e = cached ? ((off / B + 1) * B < end ? (off / B + 1) * B : end) : end;
             if (grow((void **)&c->pieces, &c->pcap, np + 1, sizeof *c->pieces)) {
                 *bad = i;
-                return npyl_fail(err, errlen, -ENOMEM, "out of memory");
+                return c->sub.rc = npyl_fail(err, errlen, -ENOMEM, "out of memory");
             }
-            c->pieces[np++] = (npyl_piece){off, e - off, dst, i, q->obj};
+            c->pieces[np++] = (npyl_piece){off, e - off, dst, i, q->file};
             dst += e - off;
             off = e;
         }
@@ -285,7 +292,7 @@ int npyl_remote_read(npyl_remote_ctx *c, const npyl_remote_req *reqs, size_t n, 
         (cache && (grow((void **)&c->fills, &c->fcap, np ? np : 1, sizeof *c->fills) ||
                    grow((void **)&c->tmps, &c->tcap, np ? np : 1, sizeof *c->tmps) ||
                    grow((void **)&c->tks, &c->kcap, np ? np : 1, sizeof *c->tks))))
-        return npyl_fail(err, errlen, -ENOMEM, "out of memory");
+        return c->sub.rc = npyl_fail(err, errlen, -ENOMEM, "out of memory");
     size_t nx = 0, ntmp = 0, nw = 0;
     int rc = 0;
     for (size_t i = 0; i < np;) {
@@ -376,8 +383,32 @@ int npyl_remote_read(npyl_remote_ctx *c, const npyl_remote_req *reqs, size_t n, 
     }
     for (size_t t = 0; t < ntmp; t++)
         c->tmps[t][0] = 0;
+    /* The transfers' requests go out now; npyl_remote_complete waits. */
     size_t xbad = 0;
-    if (rc == 0 && nx)
+    if (rc == 0 && nx && (rc = npyl_xfer_start(r, &c->pool, c->xf, nx, &xbad, err, errlen)))
+        c->sub.xbad = xbad;
+    c->sub.started = rc == 0 && nx;
+    c->sub.rc = rc;
+    c->sub.nx = nx;
+    c->sub.nw = nw;
+    c->sub.want = want;
+    return rc;
+}
+
+int npyl_remote_complete(npyl_remote_ctx *c, size_t *bad, uint64_t *bytes_read, char *err,
+                         size_t errlen)
+{
+    npyl_remote *r = c->r;
+    npyl_cache *cache = r->cache;
+    struct rsub sub = c->sub;
+    c->sub.submitted = 0;
+    size_t bad_local = 0;
+    if (!bad)
+        bad = &bad_local;
+    *bad = sub.bad;
+    int rc = sub.rc;
+    size_t nx = sub.nx, nw = sub.nw, xbad = sub.xbad;
+    if (sub.started)
         rc = npyl_xfer_run(r, &c->pool, c->xf, nx, &xbad, err, errlen);
     if (rc && nx && rc != -ENOMEM)
         *bad = c->xf[xbad].pieces[0].req;
@@ -396,8 +427,15 @@ int npyl_remote_read(npyl_remote_ctx *c, const npyl_remote_req *reqs, size_t n, 
     if (rc)
         return rc;
     if (bytes_read)
-        *bytes_read += want;
+        *bytes_read += sub.want;
     return 0;
+}
+
+int npyl_remote_read(npyl_remote_ctx *c, const npyl_remote_req *reqs, size_t n, size_t *bad,
+                     uint64_t *bytes_read, char *err, size_t errlen)
+{
+    npyl_remote_submit(c, reqs, n, err, errlen); /* its failure is complete's */
+    return npyl_remote_complete(c, bad, bytes_read, err, errlen);
 }
 
 /* ---- start: probes -------------------------------------------------------------- */

@@ -614,12 +614,9 @@ void npyl_remote_set_interrupt(npyl_remote *r, int (*fn)(void *), void *arg)
     r->interrupt_arg = arg;
 }
 
-int npyl_xfer_run(npyl_remote *r, npyl_xpool *p, npyl_xfer *x, size_t n, size_t *bad,
-                  char *err, size_t errlen)
+/* Every transfer of a run WAITing for its first attempt. */
+static void run_init(npyl_xfer *x, size_t n, uint64_t t0)
 {
-    uint64_t t0 = npyl_now_ns();
-    size_t left = n, next = 0; /* next: transfers before it were started once */
-    int rc = 0;
     for (size_t i = 0; i < n; i++) {
         x[i].state = NPYL_X_WAIT;
         x[i].attempt = 0;
@@ -632,6 +629,55 @@ int npyl_xfer_run(npyl_remote *r, npyl_xpool *p, npyl_xfer *x, size_t n, size_t 
             x[i].fill->k = x[i].fill->k0;
             x[i].fill->broken = 0;
         }
+    }
+}
+
+int npyl_xfer_start(npyl_remote *r, npyl_xpool *p, npyl_xfer *x, size_t n, size_t *bad,
+                    char *err, size_t errlen)
+{
+    p->t0 = npyl_now_ns();
+    p->next = 0;
+    run_init(x, n, p->t0);
+    while (p->next < n && p->nfree > 0) {
+        int rc = start(r, p, &x[p->next]);
+        if (rc) {
+            for (size_t i = 0; i < p->next; i++) {
+                detach(p, &x[i]);
+                fill_reset(r, x[i].fill);
+                x[i].state = NPYL_X_WAIT;
+            }
+            *bad = p->next;
+            return npyl_fail(err, errlen, rc, "out of memory");
+        }
+        p->next++;
+    }
+    /* The requests go out now: on a connection kept from the last round at
+     * once; on a new one once it is connected, which a few passes without
+     * waiting see through on a near server (a far one finishes connecting
+     * in npyl_xfer_run). */
+    int running = 0;
+    for (int pass = 0; pass < 4; pass++) {
+        curl_multi_perform(p->multi, &running);
+        if (!running || curl_multi_poll(p->multi, NULL, 0, 0, NULL) != CURLM_OK)
+            break;
+    }
+    p->begun = 1;
+    return 0;
+}
+
+int npyl_xfer_run(npyl_remote *r, npyl_xpool *p, npyl_xfer *x, size_t n, size_t *bad,
+                  char *err, size_t errlen)
+{
+    uint64_t t0;
+    size_t left = n, next = 0; /* next: transfers before it were started once */
+    int rc = 0;
+    if (p->begun) { /* npyl_xfer_start began it */
+        t0 = p->t0;
+        next = p->next;
+        p->begun = 0;
+    } else {
+        t0 = npyl_now_ns();
+        run_init(x, n, t0);
     }
     size_t nretry = 0; /* transfers waiting for a retry */
     while (left > 0) {

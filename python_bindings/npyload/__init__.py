@@ -42,6 +42,7 @@ Waits for a batch release the GIL and Ctrl-C interrupts them promptly.
 from . import _npyload
 from ._npyload import NpyloadError, order_indices, cuda_available
 from ._batch import Augment, Batch, BatchTuple
+from ._ceiling import copy_ceiling, h2d_ceiling
 from ._habits import FlipMismatchWarning
 from ._hook import TransformError
 from ._info import build_info
@@ -54,8 +55,9 @@ from ._prefetch import prefetch
 from ._transform import Transform
 from ._write import write
 
-__all__ = ["Loader", "Batch", "BatchTuple", "Augment", "Transform", "TransformError", "FlipMismatchWarning", "NpyloadError",
+__all__ = ["Loader", "Batch", "BatchTuple", "Augment", "Transform", "TransformError",
+           "FlipMismatchWarning", "NpyloadError",
            "inspect", "inspect_manifest", "load", "order_indices", "cuda_available",
            "build_info", "pack", "prefetch", "cost_model", "dataset_facts", "write",
-           "__version__"]
+           "copy_ceiling", "h2d_ceiling", "__version__"]
 __version__ = _npyload.__version__

@@ -233,8 +233,8 @@ class _HookPipe:
                 except BaseException as e:  # a read error: delivered in order, as is
                     self._file(k, (e, None, None), end=True)
                     return
-                if raw is None:
-                    self._file(k, (_EOF, None, None), end=True)
+                if raw is None:  # the pass ended: its state says so
+                    self._file(k, (_EOF, None, c.get_state()), end=True)
                     return
             if self._stop:
                 return  # raw's slot is given back with this frame

@@ -1,10 +1,15 @@
 """Argument parsing and checks in the caller's units, against the limits the
 C library reports (npyload_option_range), and torchrun's environment."""
+from __future__ import annotations
+
 import os as _os
 import sys as _sys
+import warnings as _warnings
+from collections.abc import Mapping as _Mapping
 from typing import Literal, overload
 
 from . import _npyload
+from ._transform import Transform
 
 
 _IO = {"auto": _npyload.IO_AUTO, "uring": _npyload.IO_URING,
@@ -139,3 +144,141 @@ def _kernel_paths() -> list[tuple[int, str]]:
         cache = _os.path.join(base, "npyload", "kernels")
     return [(_npyload.PATH_NVRTC, _os.environ.get("NPYLOAD_NVRTC", "")),
             (_npyload.PATH_KERNEL_CACHE, cache)]
+
+
+# ---- Loader's arguments ----
+
+def _check_counts(batch_size: int, seed: int, num_workers: int | None, prefetch: int | None,
+                  window: int, max_errors: int | None,
+                  transform: object) -> tuple[int, int, int, int | None, int, int]:
+    """The numeric arguments, in Loader's units, against the library's
+    limits: num_workers=0 is the library's WORKERS_SYNC, prefetch counts the
+    batches ahead of the one the loop holds (slots - 1, or slots - 2 with
+    transform=; see _slots_for), window=0 is not "default" here."""
+    batch_size = _int_arg("batch_size", batch_size, 1, maximum=_opt_max(
+        _npyload.OPT_BATCH_SIZE), what="samples per batch")
+    seed = _int_arg("seed", seed, -_INT64_MAX - 1, maximum=_INT64_MAX,
+                    what="an int64")
+    num_workers = _int_arg("num_workers", num_workers, 0, maximum=_opt_max(
+        _npyload.OPT_NUM_WORKERS), what="worker threads; 0 = none, batches "
+        "are read inside next()")
+    max_slots = _opt_max(_npyload.OPT_PREFETCH)
+    if transform is None:
+        prefetch = _int_arg("prefetch", prefetch, 1, allow_none=True,
+                            maximum=max_slots - 1, what="batches read ahead; the "
+                            f"loader has prefetch + 1 slots, at most {max_slots}")
+    else:
+        prefetch = _int_arg("prefetch", prefetch, 1, allow_none=True,
+                            maximum=max_slots - 2, what="batches read ahead; with "
+                            f"transform= the loader has prefetch + 2 slots, at most "
+                            f"{max_slots}")
+    window = _int_arg("window", window, 1, maximum=_opt_max(
+        _npyload.OPT_SHUFFLE_WINDOW), what="files per window")
+    max_errors = 0 if max_errors is None else _int_arg(
+        "max_errors", max_errors, 1, maximum=_opt_max(_npyload.OPT_MAX_ERRORS),
+        what="skipped samples; None = no limit")
+    return batch_size, seed, num_workers, prefetch, window, max_errors
+
+
+def _check_choices(shuffle: object, drop_last: object, direct_io: object, read_ahead: object,
+                   io: object, device: object, output: object, pin_memory: object,
+                   align: object, on_error: object,
+                   transform: object) -> tuple[int, int, bool | None]:
+    """The other arguments; returns (shuffle mode, device index, pin_memory)."""
+    if align not in ("names", "none"):
+        raise ValueError(f"align must be 'names' or 'none', got {align!r}")
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    shuffle_mode = _parse_shuffle(shuffle)
+    if not isinstance(drop_last, (bool, int)):
+        raise TypeError(f"drop_last must be a bool, got {drop_last!r}")
+    if not isinstance(direct_io, (bool, int)):
+        raise TypeError(f"direct_io must be a bool, got {direct_io!r}")
+    if not isinstance(read_ahead, (bool, int)):
+        raise TypeError(f"read_ahead must be a bool, got {read_ahead!r}")
+    if not isinstance(io, str) or io.lower() not in _IO:
+        raise ValueError(f"io must be one of 'auto', 'uring', 'pread', 'mmap', got {io!r}")
+    dev = _parse_device(device)
+    if output not in ("auto", "torch", "numpy"):
+        raise ValueError(f"output must be 'auto', 'torch' or 'numpy', got {output!r}")
+    if pin_memory not in (None, True, False):
+        raise TypeError(f"pin_memory must be None, True or False, got {pin_memory!r}")
+    if transform is not None and not callable(transform):
+        raise TypeError(f"transform must be a callable (batch -> anything) or None, "
+                        f"got {transform!r}")
+    if pin_memory and dev < 0:
+        ok, why = _npyload.cuda_available(0)
+        if not ok:
+            # DataLoader warns and carries on without pinning; so do we
+            # (pinning only speeds up a later copy to a GPU there is none of).
+            _warnings.warn(f"npyload: pin_memory=True but CUDA is unusable ({why}); "
+                           "the slots stay in pageable memory", RuntimeWarning,
+                           stacklevel=3)
+            pin_memory = None
+    return shuffle_mode, dev, pin_memory
+
+
+def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """rank and world_size: given, else torch.distributed's, else the
+    RANK / WORLD_SIZE environment, else 0 of 1."""
+    dist = _dist_rank_world()
+    if world_size is None:
+        world_size = dist[1] if dist else _env_int("WORLD_SIZE")
+        world_size = 1 if world_size is None else world_size
+    if rank is None:
+        rank = dist[0] if dist else _env_int("RANK")
+        rank = 0 if rank is None else rank
+    world_size = _int_arg("world_size", world_size, 1, maximum=_opt_max(
+        _npyload.OPT_WORLD_SIZE), what="ranks")
+    rank = _int_arg("rank", rank, 0, maximum=world_size - 1,
+                    what=f"below world_size = {world_size}")
+    return rank, world_size
+
+
+def _field_specs(fields: object) -> list[tuple[str, str | None, list[str] | None]]:
+    """[(name, glob or None, paths or None)] from Loader's `fields`."""
+    if not isinstance(fields, _Mapping) or len(fields) == 0:
+        raise TypeError("fields must be a non-empty mapping from field name "
+                        "to a glob string or a list of paths"
+                        if not isinstance(fields, _Mapping) else
+                        "fields must be a non-empty mapping (got an empty one)")
+    specs: list[tuple[str, str | None, list[str] | None]] = []
+    for name, spec in fields.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"field names must be non-empty strings, got {name!r}")
+        if isinstance(spec, (str, bytes, _os.PathLike)):
+            specs.append((name, _os.fsdecode(spec), None))
+        elif isinstance(spec, (list, tuple)):
+            if not spec:
+                raise ValueError(f"field {name!r}: the list of paths is empty")
+            paths = []
+            for p in spec:
+                if not isinstance(p, (str, bytes, _os.PathLike)):
+                    raise TypeError(f"field {name!r}: paths must be str, bytes or os.PathLike, got {p!r}")
+                paths.append(_os.fsdecode(p))
+            specs.append((name, None, paths))
+        else:
+            raise TypeError(f"field {name!r}: expected a glob string or a list of "
+                            f"paths, got {type(spec).__name__}")
+    return specs
+
+
+def _check_transforms(specs: list[tuple[str, str | None, list[str] | None]],
+                      transforms: object) -> list[tuple[str, Transform]]:
+    """[(field, Transform)] from Loader's `transforms` mapping."""
+    if transforms is None:
+        return []
+    if not isinstance(transforms, _Mapping):
+        raise TypeError("transforms must be a mapping from field name to "
+                        f"npyload.Transform, got {type(transforms).__name__}")
+    names = [n for n, _, _ in specs]
+    out = []
+    for name, t in transforms.items():
+        if name not in names:
+            raise ValueError(f"transforms: no field named {name!r} (fields: "
+                             f"{', '.join(names)})")
+        if not isinstance(t, Transform):
+            raise TypeError(f"transforms[{name!r}] must be an npyload.Transform, "
+                            f"got {type(t).__name__}")
+        out.append((name, t))
+    return out

@@ -352,6 +352,8 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
         sha256 of its data), which resume and the ownership rule read;
         there is no lock on object storage (one writer per prefix).
 
+    Notes
+    -----
     Last, the split's manifest is written beside the files
     (``OUT/SPLIT.manifest.json``: fields, dtype, per-sample shape, the files
     in order with their samples, sizes and sha256, the writer's version);
@@ -359,8 +361,6 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
     listing and checks every file's size at start. A write that changes
     anything removes the split's manifest first.
 
-    Notes
-    -----
     Every file goes through a temporary name that is fsynced and renamed
     (npyload-pack's durability rules), so a file under its final name is
     always complete; a failed write (a full disk) leaves no temporary file.

@@ -7,6 +7,12 @@
  *   _npyload_view.c    _npyload.View     (one field of a batch: array
  *                                          interface and DLPack exporter)
  *   _npyload_prefetch.c _npyload.Prefetch (owns an npyload_prefetch)
+ *   _npyload_util.c    the helpers below them all (the exception, strings,
+ *                      int64 arguments, a batch's stream list, the remote
+ *                      configuration)
+ * Calls go down: module -> loader -> batch -> view -> util, module ->
+ * prefetch -> util (checked on the object files by scripts/check_calls.py
+ * when the extension is built).
  *
  * Lifetime rule (the one thing to keep in mind when reading these files):
  *   tensor/ndarray --> View --> Batch --(npyload_batch_release)--> slot

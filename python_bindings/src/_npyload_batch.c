@@ -45,25 +45,6 @@ PyObject *npyloadpy_batch_new(npyload_batch *b, PyObject *field_names,
     return (PyObject *)self;
 }
 
-int npyloadpy_batch_note_stream(NpyloadPy_Batch *self, void *s)
-{
-    for (Py_ssize_t i = 0; i < self->nstreams; i++)
-        if (self->streams[i] == s)
-            return 0;
-    if (self->nstreams == self->streams_cap) {
-        Py_ssize_t cap = self->streams_cap ? 2 * self->streams_cap : 4;
-        void **p = PyMem_Realloc(self->streams, (size_t)cap * sizeof *p);
-        if (!p) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        self->streams = p;
-        self->streams_cap = cap;
-    }
-    self->streams[self->nstreams++] = s;
-    return 0;
-}
-
 /* The one stream to release the slot on, after the work queued on every
  * recorded stream: the stream itself when there is one, else the joiner's
  * side stream. Runs in dealloc, possibly inside another exception: that

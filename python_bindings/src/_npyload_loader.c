@@ -32,7 +32,9 @@ static PyObject *loader_error(NpyloadPy_Loader *self, int rc)
 {
     if (PyErr_Occurred())
         return NULL; /* a KeyboardInterrupt that interrupted the call wins */
-    return npyloadpy_raise(rc, npyload_loader_errmsg(self->L));
+    char msg[1024];
+    npyload_loader_errmsg_copy(self->L, msg, sizeof msg);
+    return npyloadpy_raise(rc, msg);
 }
 
 /* npyload_loader_set_interrupt's function: add_field and start call it
@@ -289,12 +291,12 @@ static PyObject *loader_start(NpyloadPy_Loader *self, PyObject *unused)
     rc = npyload_loader_start(L);
     Py_END_ALLOW_THREADS
     PyObject *names = NULL;
-    if (rc < 0 || PyErr_Occurred()) {
+    if (rc == 0)
+        self->started = 1; /* also when a Ctrl-C came meanwhile: `started` says so */
+    if (rc < 0 || PyErr_Occurred())
         loader_error(self, rc);
-    } else {
-        self->started = 1;
+    else
         names = field_name_tuple(L);
-    }
     loader_leave(self);
     if (!names)
         return NULL;
@@ -442,95 +444,312 @@ static PyObject *loader_field_engines(NpyloadPy_Loader *self, PyObject *unused)
     return d;
 }
 
-static PyObject *loader_get_state(NpyloadPy_Loader *self, PyObject *unused)
+/* ---- the resume state ----
+ *
+ * The C library's state is a byte string of named records
+ * (npyload_loader_save_state in npyload.h documents the layout); Python's
+ * state_dict() is those records as a dict, {name: number, or list of
+ * numbers}, so that it holds whatever records the library writes without
+ * this file knowing them. Only the container is read and written here;
+ * what the records mean, and every check of them, is the library's. */
+
+static void put_le(unsigned char *p, uint64_t v, int n)
 {
-    npyload_state st;
-    if (loader_enter(self, "get_state()") < 0)
-        return NULL;
-    int rc = npyload_loader_get_state(self->L, &st);
-    if (rc < 0)
-        loader_error(self, rc);
-    loader_leave(self);
-    if (rc < 0)
-        return NULL;
-    return Py_BuildValue("{s:K,s:L,s:K,s:K,s:L,s:L,s:L,s:L,s:L,s:L,s:L}",
-                         "version", (unsigned long long)st.version,
-                         "seed", (long long)st.seed,
-                         "epoch", (unsigned long long)st.epoch,
-                         "consumed", (unsigned long long)st.consumed,
-                         "num_samples", (long long)st.num_samples,
-                         "batch_size", (long long)st.batch_size,
-                         "world_size", (long long)st.world_size,
-                         "rank", (long long)st.rank,
-                         "shuffle", (long long)st.shuffle,
-                         "drop_last", (long long)st.drop_last,
-                         "base", (long long)st.base);
+    for (int i = 0; i < n; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
 }
 
-static int state_item(PyObject *d, const char *key, int64_t *out)
+static uint64_t get_le(const unsigned char *p, int n)
 {
-    PyObject *v = PyMapping_GetItemString(d, key);
-    if (!v) {
-        if (PyErr_ExceptionMatches(PyExc_KeyError)) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_ValueError,
-                         "state dict lacks the key '%s' (expected the dict "
-                         "returned by state_dict())", key);
+    uint64_t v = 0;
+    for (int i = n; i-- > 0;)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* One value of a record as a Python number. */
+static PyObject *record_value(int type, uint64_t bits)
+{
+    if (type == 'u')
+        return PyLong_FromUnsignedLongLong(bits);
+    if (type == 'f') {
+        double d;
+        memcpy(&d, &bits, sizeof d);
+        return PyFloat_FromDouble(d);
+    }
+    return PyLong_FromLongLong((long long)bits);
+}
+
+/* The records of a saved state (written by this library, so well formed;
+ * checked anyway) as a dict. */
+static PyObject *state_dict_of(const unsigned char *b, size_t len)
+{
+    if (len < 12 || memcmp(b, "NPYS", 4) != 0)
+        return PyErr_Format(PyExc_RuntimeError, "npyload: a malformed saved state");
+    uint64_t nrec = get_le(b + 6, 2);
+    PyObject *d = PyDict_New();
+    size_t at = 12;
+    for (uint64_t r = 0; d && r < nrec; r++) {
+        size_t nl = at < len ? b[at] : 0;
+        if (nl == 0 || at + 1 + nl + 5 > len)
+            break;
+        PyObject *key = PyUnicode_FromStringAndSize((const char *)b + at + 1, (Py_ssize_t)nl);
+        at += 1 + nl;
+        int type = b[at];
+        uint64_t count = get_le(b + at + 1, 4);
+        at += 5;
+        PyObject *v = NULL;
+        if (key && count <= (len - at) / 8) {
+            if (count == 1) {
+                v = record_value(type, get_le(b + at, 8));
+            } else if ((v = PyList_New((Py_ssize_t)count)) != NULL) {
+                for (uint64_t i = 0; i < count; i++) {
+                    PyObject *x = record_value(type, get_le(b + at + 8 * i, 8));
+                    if (!x) {
+                        Py_CLEAR(v);
+                        break;
+                    }
+                    PyList_SET_ITEM(v, (Py_ssize_t)i, x);
+                }
+            }
+            at += (size_t)count * 8;
         }
+        if (!key || !v || PyDict_SetItem(d, key, v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(key);
+        Py_XDECREF(v);
+    }
+    return d;
+}
+
+/* A number of a state dict: *type 'i', 'u' or 'f' and its bits. */
+static int encode_number(PyObject *key, PyObject *v, int *type, uint64_t *bits)
+{
+    if (PyFloat_Check(v)) {
+        double x = PyFloat_AS_DOUBLE(v);
+        memcpy(bits, &x, sizeof x);
+        *type = 'f';
+        return 0;
+    }
+    if (PyBool_Check(v) || !PyLong_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "state[%R] must be an int, not %.80s", key,
+                     Py_TYPE(v)->tp_name);
         return -1;
     }
-    char what[64];
-    snprintf(what, sizeof what, "state['%s']", key);
-    int r = npyloadpy_as_int64(v, what, out);
-    Py_DECREF(v);
-    return r;
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (!overflow) {
+        if (x == -1 && PyErr_Occurred())
+            return -1;
+        *bits = (uint64_t)x;
+        *type = 'i';
+        return 0;
+    }
+    unsigned long long u = overflow > 0 ? PyLong_AsUnsignedLongLong(v) : 0;
+    if (overflow < 0 || (u == (unsigned long long)-1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "state[%R] = %R is out of the 64-bit range", key, v);
+        return -1;
+    }
+    *bits = u;
+    *type = 'u';
+    return 0;
 }
 
-static PyObject *loader_set_state(NpyloadPy_Loader *self, PyObject *d)
+/* A state dict as the library's byte string (a new bytes object). */
+static PyObject *state_bytes_of(PyObject *d)
 {
-    npyload_state st;
-    int64_t v[10];
-    static const char *keys[] = {"version", "seed", "epoch", "consumed",
-                                 "num_samples", "batch_size", "world_size",
-                                 "rank", "shuffle", "drop_last"};
-    if (!PyMapping_Check(d)) {
+    if (!PyDict_Check(d)) {
         PyErr_SetString(PyExc_TypeError, "state must be a dict from state_dict()");
         return NULL;
     }
-    for (int i = 0; i < 10; i++)
-        if (state_item(d, keys[i], &v[i]) < 0)
+    Py_ssize_t n = PyDict_Size(d), size = 12, pos = 0;
+    PyObject *key, *val;
+    while (PyDict_Next(d, &pos, &key, &val)) {
+        Py_ssize_t kl = 0;
+        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8AndSize(key, &kl) : NULL;
+        int ok = k && kl >= 1 && kl <= 63;
+        for (Py_ssize_t i = 0; ok && i < kl; i++)
+            ok = (k[i] >= 'a' && k[i] <= 'z') || (k[i] >= '0' && k[i] <= '9') || k[i] == '_';
+        if (!ok) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "state: key %R is not a state record's name "
+                         "(1 to 63 of a-z, 0-9, _)", key);
             return NULL;
-    if (v[2] < 0 || v[3] < 0) {
-        PyErr_SetString(PyExc_ValueError, "state: epoch and consumed must be >= 0");
+        }
+        Py_ssize_t count = PyList_Check(val) || PyTuple_Check(val) ? PySequence_Size(val) : 1;
+        size += 1 + kl + 5 + 8 * count;
+    }
+    if (n > 65535 || size > (1 << 20)) {
+        PyErr_SetString(PyExc_ValueError, "state: too large for a saved state");
         return NULL;
     }
-    memset(&st, 0, sizeof st);
-    st.version = (uint64_t)v[0];
-    st.seed = v[1];
-    st.epoch = (uint64_t)v[2];
-    st.consumed = (uint64_t)v[3];
-    st.num_samples = v[4];
-    st.batch_size = v[5];
-    st.world_size = v[6];
-    st.rank = v[7];
-    st.shuffle = v[8];
-    st.drop_last = v[9];
-    /* "base" (state version 2) is absent from version 1 dicts: 0 then. */
-    st.base = 0;
-    if (st.version >= 2 && PyMapping_HasKeyString(d, "base") &&
-        state_item(d, "base", &st.base) < 0)
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+    if (!out)
         return NULL;
-    /* The dict was read (which may run Python code) before the guard. */
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    memcpy(o, "NPYS", 4);
+    put_le(o + 4, 1, 2);
+    put_le(o + 6, (uint64_t)n, 2);
+    put_le(o + 8, (uint64_t)size, 4);
+    size_t at = 12;
+    pos = 0;
+    while (PyDict_Next(d, &pos, &key, &val)) {
+        Py_ssize_t kl = 0;
+        const char *k = PyUnicode_AsUTF8AndSize(key, &kl);
+        o[at++] = (unsigned char)kl;
+        memcpy(o + at, k, (size_t)kl);
+        at += (size_t)kl;
+        int seq = PyList_Check(val) || PyTuple_Check(val);
+        Py_ssize_t count = seq ? PySequence_Size(val) : 1;
+        int type = 'i';
+        size_t tat = at;
+        put_le(o + at + 1, (uint64_t)count, 4);
+        at += 5;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyObject *x = seq ? PySequence_GetItem(val, i) : (Py_INCREF(val), val);
+            int t;
+            uint64_t bits;
+            int rc = x ? encode_number(key, x, &t, &bits) : -1;
+            Py_XDECREF(x);
+            if (rc < 0 || (i && t != type)) {
+                if (rc == 0)
+                    PyErr_Format(PyExc_ValueError, "state[%R]: mixed kinds of numbers", key);
+                Py_DECREF(out);
+                return NULL;
+            }
+            type = t;
+            put_le(o + at, bits, 8);
+            at += 8;
+        }
+        o[tat] = (unsigned char)type;
+    }
+    return out;
+}
+
+static PyObject *loader_save_state(NpyloadPy_Loader *self, PyObject *unused)
+{
+    if (loader_enter(self, "get_state()") < 0)
+        return NULL;
+    int64_t need = npyload_loader_save_state(self->L, NULL, 0);
+    PyObject *out = NULL;
+    if (need < 0) {
+        loader_error(self, (int)need);
+    } else if ((out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)need)) != NULL) {
+        int64_t got = npyload_loader_save_state(self->L, PyBytes_AS_STRING(out), (size_t)need);
+        if (got != need) { /* the position moved between the calls: never */
+            Py_CLEAR(out);
+            loader_error(self, got < 0 ? (int)got : NPYLOAD_ESTATE);
+        }
+    }
+    loader_leave(self);
+    return out;
+}
+
+static PyObject *loader_get_state(NpyloadPy_Loader *self, PyObject *unused)
+{
+    PyObject *b = loader_save_state(self, NULL);
+    if (!b)
+        return NULL;
+    PyObject *d = state_dict_of((const unsigned char *)PyBytes_AS_STRING(b),
+                                (size_t)PyBytes_GET_SIZE(b));
+    Py_DECREF(b);
+    return d;
+}
+
+static PyObject *load_state_bytes(NpyloadPy_Loader *self, PyObject *b)
+{
+    /* Read (which may run Python code) before the guard. */
     if (loader_enter(self, "set_state()") < 0)
         return NULL;
     int rc;
     npyload_loader *L = self->L;
+    const char *p = PyBytes_AS_STRING(b);
+    size_t len = (size_t)PyBytes_GET_SIZE(b);
     Py_BEGIN_ALLOW_THREADS
-    rc = npyload_loader_set_state(L, &st);
+    rc = npyload_loader_load_state(L, p, len);
     Py_END_ALLOW_THREADS
     PyObject *res = rc < 0 ? loader_error(self, rc) : none_ref();
     loader_leave(self);
     return res;
+}
+
+static PyObject *loader_set_state(NpyloadPy_Loader *self, PyObject *d)
+{
+    PyObject *b = state_bytes_of(d);
+    if (!b)
+        return NULL;
+    PyObject *res = load_state_bytes(self, b);
+    Py_DECREF(b);
+    return res;
+}
+
+static PyObject *loader_load_state(NpyloadPy_Loader *self, PyObject *b)
+{
+    if (!PyBytes_Check(b)) {
+        PyErr_SetString(PyExc_TypeError, "load_state() takes the bytes of save_state()");
+        return NULL;
+    }
+    return load_state_bytes(self, b);
+}
+
+static PyObject *loader_begin_pass(NpyloadPy_Loader *self, PyObject *unused)
+{
+    if (loader_enter(self, "iter()") < 0)
+        return NULL;
+    int rc;
+    npyload_loader *L = self->L;
+    Py_BEGIN_ALLOW_THREADS
+    rc = npyload_loader_begin_pass(L);
+    Py_END_ALLOW_THREADS
+    PyObject *res = rc < 0 ? loader_error(self, rc) : none_ref();
+    loader_leave(self);
+    return res;
+}
+
+/* ceiling(kind, threads, seconds) -> {gbps, seconds, bytes, threads}. */
+static PyObject *loader_ceiling(NpyloadPy_Loader *self, PyObject *args)
+{
+    int kind, threads;
+    double seconds;
+    if (!PyArg_ParseTuple(args, "iid:ceiling", &kind, &threads, &seconds))
+        return NULL;
+    if (loader_enter(self, "ceiling()") < 0)
+        return NULL;
+    npyload_ceiling c;
+    int rc;
+    npyload_loader *L = self->L;
+    Py_BEGIN_ALLOW_THREADS
+    rc = npyload_loader_ceiling(L, (npyload_ceiling_kind)kind, threads, seconds, &c, sizeof c);
+    Py_END_ALLOW_THREADS
+    PyObject *res = rc < 0 ? loader_error(self, rc)
+                           : Py_BuildValue("{s:d,s:d,s:K,s:i}", "gbps", c.gbps, "seconds",
+                                           c.seconds, "bytes", (unsigned long long)c.bytes,
+                                           "threads", c.threads);
+    loader_leave(self);
+    return res;
+}
+
+static PyObject *loader_pass_rule(NpyloadPy_Loader *self, PyObject *unused)
+{
+    if (loader_share(self, "pass_rule()") < 0)
+        return NULL;
+    int rc = npyload_loader_pass_rule(self->L);
+    return rc < 0 ? loader_error(self, rc) : PyLong_FromLong(rc);
+}
+
+static PyObject *loader_pass_batches(NpyloadPy_Loader *self, PyObject *unused)
+{
+    /* Shared with a next() in progress, as stats(): the library answers
+     * from the ring under its own lock. */
+    if (!self->L) {
+        PyErr_SetString(PyExc_ValueError, "npyload loader is closed");
+        return NULL;
+    }
+    int64_t n = npyload_loader_pass_batches(self->L);
+    if (n < 0)
+        return loader_error(self, (int)n);
+    return PyLong_FromLongLong((long long)n);
 }
 
 /* stats(hook_ns=0, loop_wait_ns=-1, loop_step_ns=-1): the counters and the
@@ -660,6 +879,11 @@ static PyObject *loader_get_closed(NpyloadPy_Loader *self, void *closure)
     return PyBool_FromLong(self->L == NULL);
 }
 
+static PyObject *loader_get_started(NpyloadPy_Loader *self, void *closure)
+{
+    return PyBool_FromLong(self->started);
+}
+
 /* A sequence of numbers (or None) as floats in a PyMem buffer; *n its
  * length. Returns 0, or -1 with an exception naming `what`. */
 static int float_list(PyObject *obj, const char *what, float **out, size_t *n)
@@ -749,111 +973,6 @@ static PyObject *loader_set_path(NpyloadPy_Loader *self, PyObject *args)
     }
     Py_DECREF(path_b);
     return ret;
-}
-
-/* The npyload_remote members a configuration dict may set, by C name.
- * Strings take the keep[] slots in this order (NPYLOADPY_REMOTE_STRINGS of
- * them); a secret's bytes are wiped when released. */
-enum { RM_STR, RM_SECRET, RM_INT, RM_INT64 };
-static const struct {
-    const char *name;
-    size_t off;
-    int kind;
-} REMOTE_MEMBERS[] = {
-    {"endpoint", offsetof(npyload_remote, endpoint), RM_STR},
-    {"region", offsetof(npyload_remote, region), RM_STR},
-    {"access_key", offsetof(npyload_remote, access_key), RM_STR},
-    {"secret_key", offsetof(npyload_remote, secret_key), RM_SECRET},
-    {"session_token", offsetof(npyload_remote, session_token), RM_SECRET},
-    {"cache_dir", offsetof(npyload_remote, cache_dir), RM_STR},
-    {"ca_file", offsetof(npyload_remote, ca_file), RM_STR},
-    {"proxy", offsetof(npyload_remote, proxy), RM_STR},
-    {"path_style", offsetof(npyload_remote, path_style), RM_INT},
-    {"retries", offsetof(npyload_remote, retries), RM_INT},
-    {"timeout_ms", offsetof(npyload_remote, timeout_ms), RM_INT64},
-    {"connect_timeout_ms", offsetof(npyload_remote, connect_timeout_ms), RM_INT64},
-    {"max_inflight", offsetof(npyload_remote, max_inflight), RM_INT},
-    {"cache_bytes", offsetof(npyload_remote, cache_bytes), RM_INT64},
-    {"cache_block", offsetof(npyload_remote, cache_block), RM_INT64},
-    {"list_max_keys", offsetof(npyload_remote, list_max_keys), RM_INT64},
-    {"retry_base_ms", offsetof(npyload_remote, retry_base_ms), RM_INT64},
-};
-#define NREMOTE_MEMBERS (sizeof REMOTE_MEMBERS / sizeof REMOTE_MEMBERS[0])
-
-/* One member's value into *r (strings into keep[slot]). 0 or -1. */
-static int remote_member(size_t m, PyObject *val, npyload_remote *r, PyObject **keep)
-{
-    char *dst = (char *)r + REMOTE_MEMBERS[m].off;
-    if (REMOTE_MEMBERS[m].kind <= RM_SECRET) {
-        Py_CLEAR(*keep);
-        if (!PyUnicode_FSConverter(val, keep))
-            return -1;
-        *(const char **)dst = PyBytes_AS_STRING(*keep);
-        return 0;
-    }
-    long long v = PyLong_AsLongLong(val);
-    if (v == -1 && PyErr_Occurred())
-        return -1;
-    int wide = REMOTE_MEMBERS[m].kind == RM_INT64;
-    if (v < INT32_MIN || (!wide && v > INT32_MAX)) {
-        PyErr_Format(PyExc_ValueError, "set_remote: %s out of range", REMOTE_MEMBERS[m].name);
-        return -1;
-    }
-    if (wide)
-        *(int64_t *)dst = v;
-    else
-        *(int *)dst = (int)v;
-    return 0;
-}
-
-/* The npyload_remote members from a mapping {C member name: value}
- * (npyload._remote builds it: arguments, the AWS environment and ~/.aws,
- * units converted). Strings are str or None, numbers int. The strings
- * stay valid while keep[] holds them: npyloadpy_remote_release wipes the
- * secret and the token and drops them. Returns 0 or -1 with an exception. */
-int npyloadpy_remote_config(PyObject *d, npyload_remote *r,
-                            PyObject *keep[NPYLOADPY_REMOTE_STRINGS])
-{
-    memset(r, 0, sizeof *r);
-    for (int i = 0; i < NPYLOADPY_REMOTE_STRINGS; i++)
-        keep[i] = NULL;
-    if (!PyDict_Check(d)) {
-        PyErr_SetString(PyExc_TypeError, "the remote configuration must be a dict");
-        return -1;
-    }
-    PyObject *key, *val;
-    Py_ssize_t pos = 0;
-    while (PyDict_Next(d, &pos, &key, &val)) {
-        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
-        if (!k) {
-            PyErr_SetString(PyExc_TypeError, "set_remote: keys must be str");
-            goto fail;
-        }
-        size_t m = 0;
-        while (m < NREMOTE_MEMBERS && strcmp(k, REMOTE_MEMBERS[m].name) != 0)
-            m++;
-        if (m == NREMOTE_MEMBERS) {
-            PyErr_Format(PyExc_TypeError, "set_remote: unknown member %R", key);
-            goto fail;
-        }
-        /* The strings come first in the table: m is also their slot. */
-        if (val != Py_None && remote_member(m, val, r, m < NPYLOADPY_REMOTE_STRINGS
-                                                           ? &keep[m] : NULL) < 0)
-            goto fail;
-    }
-    return 0;
-fail:
-    npyloadpy_remote_release(keep);
-    return -1;
-}
-
-void npyloadpy_remote_release(PyObject *keep[NPYLOADPY_REMOTE_STRINGS])
-{
-    for (int i = 0; i < NPYLOADPY_REMOTE_STRINGS; i++) {
-        if (keep[i] && REMOTE_MEMBERS[i].kind == RM_SECRET)
-            memset(PyBytes_AS_STRING(keep[i]), 0, (size_t)PyBytes_GET_SIZE(keep[i]));
-        Py_CLEAR(keep[i]);
-    }
 }
 
 /* set_remote({name: value}): npyload_loader_set_remote() with the members
@@ -946,9 +1065,22 @@ static PyMethodDef loader_methods[] = {
      "transform and narrowed codes run ('none', 'host' or 'device', "
      "npyload_loader_field_engine) and why in words."},
     {"get_state", (PyCFunction)loader_get_state, METH_NOARGS,
-     "get_state() -> dict: position after the last batch handed out."},
+     "get_state() -> dict: position after the last batch handed out, as the\n"
+     "library's state records {name: number or list}."},
     {"set_state", (PyCFunction)loader_set_state, METH_O,
      "set_state(d): resume from a get_state() dict."},
+    {"save_state", (PyCFunction)loader_save_state, METH_NOARGS,
+     "save_state() -> bytes: the position as the library's byte string."},
+    {"load_state", (PyCFunction)loader_load_state, METH_O,
+     "load_state(b): resume from save_state()'s bytes."},
+    {"begin_pass", (PyCFunction)loader_begin_pass, METH_NOARGS,
+     "begin_pass(): the next pass by the library's rule (npyload_loader_begin_pass)."},
+    {"ceiling", (PyCFunction)loader_ceiling, METH_VARARGS,
+     "ceiling(kind, threads, seconds) -> dict: npyload_loader_ceiling."},
+    {"pass_rule", (PyCFunction)loader_pass_rule, METH_NOARGS,
+     "pass_rule() -> int: what the next begin_pass() does (PASS_START, _RESUME, _ADVANCE)."},
+    {"pass_batches", (PyCFunction)loader_pass_batches, METH_NOARGS,
+     "pass_batches() -> int: batches of the pass in progress, or of the next."},
     {"stats", (PyCFunction)(void (*)(void))loader_stats, METH_VARARGS | METH_KEYWORDS,
      "stats(hook_ns=0, loop_wait_ns=-1, loop_step_ns=-1) -> dict: counters since "
      "start and the verdict (npyload_stats_verdict) of the loop described."},
@@ -968,6 +1100,9 @@ static PyGetSetDef loader_getset[] = {
     {"field_names", (getter)loader_get_field_names, NULL,
      "tuple of the field names, in the order they were added", NULL},
     {"closed", (getter)loader_get_closed, NULL, "True after close()", NULL},
+    {"started", (getter)loader_get_started, NULL,
+     "True from a start() that succeeded (even one a Ctrl-C interrupted as it "
+     "returned) until stop() or close()", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 PyTypeObject NpyloadPy_LoaderType = {

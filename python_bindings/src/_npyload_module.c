@@ -1,78 +1,14 @@
 /*
- * npyload._npyload: module init, the exception class, and the helpers that
- * need no loader: inspect(), load(), order_indices(), cuda_available(),
- * pack_file().
+ * npyload._npyload: module init (the types, the exception class, the
+ * constants) and the functions that need no loader: inspect(), load(),
+ * order_indices(), cuda_available(), pack_file(). The top of the
+ * extension: nothing calls into it.
  */
 #include "_npyload.h"
 
 #include <errno.h>
 #include <stddef.h>
 #include <string.h>
-
-PyObject *NpyloadPy_Error = NULL;
-
-int npyloadpy_can_run_python(void)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-    return Py_IsInitialized() && !Py_IsFinalizing();
-#else
-    return Py_IsInitialized() && !_Py_IsFinalizing();
-#endif
-}
-
-PyObject *npyloadpy_str(const char *s)
-{
-    return PyUnicode_DecodeFSDefault(s ? s : "");
-}
-
-PyObject *npyloadpy_raise(int rc, const char *detail)
-{
-    const char *msg = (detail && detail[0]) ? detail : npyload_strerror(rc);
-    /* The library's messages are masked; this also covers what the
-     * extension formats itself with a path. */
-    char shown[2048];
-    npyload_mask_urls(msg, shown, sizeof shown);
-    PyObject *text = npyloadpy_str(shown);
-    if (!text)
-        return NULL;
-    PyObject *exc = PyObject_CallOneArg(NpyloadPy_Error, text);
-    Py_DECREF(text);
-    if (!exc)
-        return NULL;
-    PyObject *code = PyLong_FromLong(rc);
-    if (!code || PyObject_SetAttrString(exc, "code", code) < 0) {
-        Py_XDECREF(code);
-        Py_DECREF(exc);
-        return NULL;
-    }
-    Py_DECREF(code);
-    PyErr_SetObject(NpyloadPy_Error, exc);
-    Py_DECREF(exc);
-    return NULL;
-}
-
-int npyloadpy_as_int64(PyObject *o, const char *what, int64_t *out)
-{
-    if (PyBool_Check(o) || !PyIndex_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.80s", what,
-                     Py_TYPE(o)->tp_name);
-        return -1;
-    }
-    PyObject *idx = PyNumber_Index(o);
-    if (!idx)
-        return -1;
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(idx, &overflow);
-    Py_DECREF(idx);
-    if (overflow) {
-        PyErr_Format(PyExc_ValueError, "%s is out of the int64 range", what);
-        return -1;
-    }
-    if (v == -1 && PyErr_Occurred())
-        return -1;
-    *out = (int64_t)v;
-    return 0;
-}
 
 /* Reads a header with the GIL released (it is file I/O). */
 static int read_header(PyObject *path_obj, npyload_header *h, PyObject **bytes)
@@ -496,6 +432,25 @@ static PyObject *mod_cuda_available(PyObject *self, PyObject *args)
                          npyloadpy_str(ok ? "" : why));
 }
 
+/* h2d_bandwidth(device=0, nbytes=64 MiB, iters=20) -> GB/s. */
+static PyObject *mod_h2d_bandwidth(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"device", "nbytes", "iters", NULL};
+    int dev = 0, iters = 20;
+    Py_ssize_t nbytes = 64 << 20;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|ini:h2d_bandwidth", kwlist, &dev, &nbytes,
+                                     &iters))
+        return NULL;
+    double gbps = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = npyload_cuda_h2d_bandwidth(dev, nbytes < 0 ? 0 : (size_t)nbytes, iters, &gbps);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        return npyloadpy_raise(rc, NULL);
+    return PyFloat_FromDouble(gbps);
+}
+
 /* "12.4" from CUDA's 12040; "" for 0 (not found). */
 static PyObject *cuda_version_str(int v)
 {
@@ -824,6 +779,10 @@ static PyMethodDef module_methods[] = {
      "what it finds on this machine (io_uring, zstd, the CUDA runtime, the "
      "device kernels, F16C, the defaults). npyload.build_info() adds the "
      "Python side."},
+    {"h2d_bandwidth", (PyCFunction)(void (*)(void))mod_h2d_bandwidth,
+     METH_VARARGS | METH_KEYWORDS,
+     "h2d_bandwidth(device=0, nbytes=67108864, iters=20) -> float: pinned host-to-\n"
+     "device copy bandwidth in GB/s (npyload_cuda_h2d_bandwidth)."},
     {"cuda_available", mod_cuda_available, METH_VARARGS,
      "cuda_available(device=0) -> (bool, reason): whether CUDA device "
      "`device` is usable by npyload (the runtime is loaded with dlopen)."},
@@ -898,6 +857,12 @@ PyMODINIT_FUNC PyInit__npyload(void)
     ADD("SHUFFLE_NONE", NPYLOAD_SHUFFLE_NONE);
     ADD("SHUFFLE_FULL", NPYLOAD_SHUFFLE_FULL);
     ADD("SHUFFLE_LOCAL", NPYLOAD_SHUFFLE_LOCAL);
+    ADD("CEILING_PREAD", NPYLOAD_CEILING_PREAD);
+    ADD("CEILING_GATHER", NPYLOAD_CEILING_GATHER);
+    ADD("CEILING_DIRECT", NPYLOAD_CEILING_DIRECT);
+    ADD("PASS_START", NPYLOAD_PASS_START);
+    ADD("PASS_RESUME", NPYLOAD_PASS_RESUME);
+    ADD("PASS_ADVANCE", NPYLOAD_PASS_ADVANCE);
     ADD("EOF", NPYLOAD_EOF);
     ADD("STATE_VERSION", NPYLOAD_STATE_VERSION);
 #define NPYLOAD_PY_ADD_ERR(name, code, msg) ADD("E" #name, code);

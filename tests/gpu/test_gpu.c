@@ -16,7 +16,7 @@
 
 #include "gpu/gpu_kernels.h"
 #include "npyload.h"
-#include "npyload_support.h"
+#include "npyload.h" /* with NPYLOAD_EXPERIMENTAL (CMake): the simulator, NVML, the GET sweep */
 #include "testutil.h"
 
 #define NEED_GPU()                                                             \

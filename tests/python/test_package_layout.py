@@ -12,7 +12,7 @@ PKG = pathlib.Path(npyload.__file__).parent
 PUBLIC = {"Loader", "Batch", "BatchTuple", "Augment", "Transform", "TransformError",
           "FlipMismatchWarning", "NpyloadError",
           "inspect", "inspect_manifest", "load", "order_indices", "cuda_available", "build_info", "pack", "write",
-          "prefetch", "cost_model", "dataset_facts", "__version__"}
+          "prefetch", "cost_model", "dataset_facts", "copy_ceiling", "h2d_ceiling", "__version__"}
 
 
 def test_public_names_are_exported():

@@ -170,7 +170,8 @@ CHILD = textwrap.dedent(r"""
         # or, when the last call was a loop (ended or left), of the next
         # epoch: a new iter() advances the epoch.
         st = L.state_dict()
-        if L._next == "advance":  # (white-box: what the next iter() runs)
+        if L._live().pass_rule() == npyload._npyload.PASS_ADVANCE:  # (white-box: the
+            # library's rule for what the next iter() runs)
             st = dict(st, epoch=st["epoch"] + 1, consumed=0)
         idx, epochs = [], set()
         for b in L:

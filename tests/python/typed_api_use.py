@@ -333,6 +333,11 @@ def main(root: str) -> None:
     remote_planning(fields, root)
     with npyload.Loader(fields, 5, output="numpy") as ld:
         assert batches_of(ld) == N
+        c = npyload.copy_ceiling(ld, "gather", threads=1, seconds=0.2)
+        assert_type(c, dict[str, Any])
+        assert c["gbps"] > 0 and c["threads"] == 1
+    if ok:
+        assert_type(npyload.h2d_ceiling(0, nbytes=1 << 20, iters=2), float)
     # DataLoader's keywords that carry over are typed: a ported call checks.
     ported = npyload.Loader(fields, 5, output="numpy", persistent_workers=True,
                             in_order=True)

@@ -3,9 +3,12 @@
  * runs in the TSan build. It exercises the paths where threads meet: many
  * workers filling slots while the consumer takes and releases them out of
  * order, set_epoch while reads are in flight, destroy mid-epoch with batches
- * outstanding and released from another thread, and every backend.
+ * outstanding and released from another thread, every backend, and workers
+ * whose reads fail (the tests' fault store) while set_state, set_epoch,
+ * next, stats and the position's readers run on other threads.
  * Every delivered byte is checked against tu_byte(). Prints
  * "N passed, N failed" and exits non-zero on any failure. */
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -17,7 +20,9 @@
 #include <unistd.h>
 
 #include "npyload.h"
+#include "loader/npyload_loader_internal.h"
 #include "testutil.h"
+#include "tu_store_fault.h"
 
 static int failures, passes;
 #define CHECK(cond, ...) TU_STRESS_CHECK(failures, cond, __VA_ARGS__)
@@ -414,6 +419,142 @@ static void set_state_set_epoch_next(int backend)
     passes++;
 }
 
+/* ---- Workers that fail (reads of one file injected with EIO by the
+ * tests' fault store) while set_state and set_epoch churn on two threads,
+ * stats and the position's readers (get_state, save_state, pass_batches,
+ * num_batches, pass_rule, the message) on a third, and next() on the
+ * consumer: every batch handed out is right, every failure names the file,
+ * and TSan sees no race (the message has its own lock). ---- */
+typedef struct reader_churn {
+    npyload_loader *L;
+    atomic_int *running;
+    int bad;
+    char why[256];
+} reader_churn;
+
+static void *churn_readers(void *arg)
+{
+    reader_churn *c = arg;
+    while (atomic_load(c->running) > 0 && !c->bad) {
+        npyload_stats st;
+        npyload_state ps;
+        unsigned char buf[512];
+        char msg[1024];
+        int64_t len = npyload_loader_save_state(c->L, buf, sizeof buf);
+        int64_t nb = npyload_loader_pass_batches(c->L), n = npyload_loader_num_batches(c->L);
+        if (npyload_loader_get_stats(c->L, &st, sizeof st) || npyload_loader_get_state(c->L, &ps) ||
+            len <= 0 || len > (int64_t)sizeof buf || nb < 0 || n < 0 ||
+            npyload_loader_pass_rule(c->L) < 0 || npyload_loader_errmsg_copy(c->L, msg, sizeof msg)) {
+            c->bad = 1;
+            snprintf(c->why, sizeof c->why, "a reader failed (save_state %lld, pass_batches "
+                     "%lld, num_batches %lld)", (long long)len, (long long)nb, (long long)n);
+        }
+        sched_yield();
+    }
+    return NULL;
+}
+
+/* A pause between control calls, so that batches (and failures) flow. */
+static void pause_us(long us)
+{
+    struct timespec ts = {0, us * 1000};
+    nanosleep(&ts, NULL);
+}
+
+static void *churn_set_epoch_small(void *arg)
+{
+    churn *c = arg;
+    for (int i = 0; i < 80 && !c->rc; i++) {
+        c->rc = npyload_loader_set_epoch(c->L, (uint64_t)(i % 3));
+        pause_us(2000);
+    }
+    atomic_fetch_sub(c->running, 1);
+    return NULL;
+}
+
+static void *churn_set_state_small(void *arg)
+{
+    churn *c = arg;
+    for (int i = 0; i < 80 && !c->rc; i++) {
+        npyload_state st = {.version = NPYLOAD_STATE_VERSION, .seed = 0, .epoch = 4,
+                            .consumed = (uint64_t)(8 * (i % 8)), .num_samples = N,
+                            .batch_size = 8, .world_size = 1, .rank = 0, .shuffle = 1,
+                            .drop_last = 0, .base = 0};
+        c->rc = npyload_loader_set_state(c->L, &st);
+        pause_us(3000);
+    }
+    atomic_fetch_sub(c->running, 1);
+    return NULL;
+}
+
+static void failing_workers_vs_control_calls(int backend)
+{
+    /* Reads of a_0002.npy (samples 12 .. 28) fail. */
+    tu_fault f = {.fail_path = "a_0002.npy", .fail_from = 0, .fail_to = UINT64_MAX,
+                  .fail_code = -EIO, .latency_us = 20};
+    char ga[600], gb[600];
+    snprintf(ga, sizeof ga, "fault://%s", glob_a);
+    snprintf(gb, sizeof gb, "fault://%s", glob_b);
+    npyload_loader *L;
+    if (npyload_loader_create(&L) || npyl_loader_register_store(L, &tu_store_fault, &f) ||
+        npyload_loader_add_field(L, "a", ga) || npyload_loader_add_field(L, "b", gb) ||
+        npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, backend) ||
+        npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, 3) ||
+        npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, 4) ||
+        npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 8) ||
+        npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1) || npyload_loader_start(L)) {
+        fprintf(stderr, "setup failed: %s\n", npyload_loader_errmsg(L));
+        exit(2);
+    }
+    atomic_int running = 2;
+    churn ce = {L, &running, 0}, cs = {L, &running, 0};
+    reader_churn cr = {.L = L, .running = &running};
+    pthread_t te, ts, tr;
+    pthread_create(&te, NULL, churn_set_epoch_small, &ce);
+    pthread_create(&ts, NULL, churn_set_state_small, &cs);
+    pthread_create(&tr, NULL, churn_readers, &cr);
+    int bad = 0, errors = 0, batches = 0;
+    char why[1100] = "";
+    while (atomic_load(&running) > 0) {
+        npyload_batch *b;
+        int rc = npyload_loader_next(L, &b);
+        if (rc == 0) {
+            batches++;
+            if (!batch_ok(b) && !bad) {
+                bad = 1;
+                snprintf(why, sizeof why, "wrong bytes in a batch");
+            }
+            npyload_batch_release(b);
+            continue;
+        }
+        if (rc != NPYLOAD_EOF) {
+            char msg[1024];
+            npyload_loader_errmsg_copy(L, msg, sizeof msg);
+            errors++;
+            /* "" when a set_epoch / set_state on another thread cleared it
+             * meanwhile (each call leaves the loader's message as it ends);
+             * else the failure, naming the file. */
+            if (!bad && rc == -EIO && msg[0] && !strstr(msg, "a_0002.npy: injected failure")) {
+                bad = 1;
+                snprintf(why, sizeof why, "a failed read's message: %s", msg);
+            }
+        }
+        sched_yield();
+    }
+    pthread_join(te, NULL);
+    pthread_join(ts, NULL);
+    pthread_join(tr, NULL);
+    CHECK(ce.rc == 0 && cs.rc == 0, "set_epoch %d, set_state %d: %s", ce.rc, cs.rc,
+          npyload_loader_errmsg(L));
+    CHECK(!cr.bad, "%s", cr.why);
+    CHECK(!bad, "%s", why);
+    CHECK(atomic_load(&f.failures) > 0 && errors > 0 && batches > 0,
+          "the churn saw %d batches and %d failures (%llu injected)", batches, errors,
+          (unsigned long long)atomic_load(&f.failures));
+    npyload_loader_destroy(L);
+    passes++;
+}
+
 typedef struct sleeper {
     npyload_loader *L;
     int64_t batch; /* the loader's BATCH_SIZE */
@@ -514,6 +655,7 @@ int main(void)
         read_ahead = i < 3;
         concurrent_set_epoch(backends[i % 3]);
         set_state_set_epoch_next(backends[i % 3]);
+        failing_workers_vs_control_calls(backends[i % 3]);
         destroy_wakes_next(backends[i % 3]);
         epochs_out_of_order_release(backends[i % 3]);
         set_epoch_in_flight(backends[i % 3]);

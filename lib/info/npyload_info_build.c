@@ -3,8 +3,8 @@
  * in, and usable now), lib/cuda (the runtime the search finds, the device
  * kernels embedded), lib/transform (the F16C path), the loader's own
  * defaults (npyload_loader_internal.h, npyload_default_prefetch, the AUTO
- * backend as start resolves it). It lives in the loader because only the
- * loader may use every module (ARCHITECTURE.md).
+ * backend as start resolves it). It lives in lib/info, the one module
+ * that may use every other one, the loader included (ARCHITECTURE.md).
  *
  * zstd's two versions are read here, with <zstd.h>, rather than through
  * lib/zst: ZSTD_VERSION_STRING is what this file was compiled against, the
@@ -19,7 +19,7 @@
 #include <zstd.h>
 
 #include "../cuda/npyload_cuda_nvrtc.h"
-#include "npyload_loader_internal.h"
+#include "../loader/npyload_loader_internal.h"
 
 int npyload_get_build_info(npyload_build_info *dst, size_t size)
 {
@@ -37,7 +37,7 @@ int npyload_get_build_info(npyload_build_info *dst, size_t size)
 
     bi.uring_compiled = npyl_io_uring_built(bi.liburing_version, sizeof bi.liburing_version);
     /* The probe start runs for AUTO: usable exactly when AUTO picks io_uring. */
-    bi.default_io_backend = npyl_loader_auto_backend(bi.uring_why, sizeof bi.uring_why);
+    bi.default_io_backend = npyl_stores_auto_backend(bi.uring_why, sizeof bi.uring_why);
     bi.uring_usable = bi.default_io_backend == NPYLOAD_IO_URING;
     if (bi.uring_usable)
         bi.uring_why[0] = '\0';

@@ -7,11 +7,12 @@
 #ifndef NPYLOAD_LOADER_FIELD_H
 #define NPYLOAD_LOADER_FIELD_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
 #include "../common/npyload_common.h"
-#include "../io/npyload_io.h"
+#include "../store/npyload_store.h"
 #include "../transform/npyload_transform.h"
 #include "../zst/npyload_zst.h"
 
@@ -116,5 +117,91 @@ typedef struct npyl_stats {
     _Atomic uint64_t last_return_ns;           /* when next() last returned */
     uint64_t start_ns;                         /* set by start() */
 } npyl_stats;
+
+/* ---- the batch reader's types (npyload_loader_read*.c) ---- */
+
+/* The last failure behind a skipped sample (npyload_loader_last_skip_error),
+ * with its own lock: workers write it while reading, any thread reads it. */
+typedef struct npyl_skip_log {
+    pthread_mutex_t mu;
+    char msg[NPYL_ERRMSG_LEN];
+} npyl_skip_log;
+
+/* What the reader needs of the loader, filled once at start. */
+typedef struct npyl_read_view {
+    const npyl_field *fields;
+    size_t nfields;
+    const npyl_stores *stores; /* the file table, read through the stores */
+    int direct_io;        /* DIRECT_IO: frames placed for O_DIRECT */
+    int skip_errors;      /* ON_ERROR == skip */
+    int64_t max_errors;   /* MAX_ERRORS (0: no limit) */
+    npyl_stats *st;       /* counters it adds to */
+    npyl_skip_log *skip;
+} npyl_read_view;
+
+/* The buffers of one batch's reads: its requests, its rows of .npy.zst
+ * files grouped by frame, and the compressed frames (placed for O_DIRECT).
+ * A worker has two, so that the next batch's reads fill one while the
+ * current batch decodes out of the other. The plan of the batch they hold
+ * (nraw .. cb) travels with them from npyl_read_begin to npyl_read_end. */
+typedef struct npyl_read_buf {
+    npyl_req *reqs;       /* rows x nfields capacity */
+    const struct npyl_ffile **rff; /* per raw request: its file when that is
+                                      a stored narrowed .npy (codes to
+                                      expand), else NULL */
+    struct npyl_zrow *zrows; /* rows x nfields: rows grouped by frame */
+    uint8_t *zsrc;        /* compressed frames, NPYL_DIRECT_ALIGN-aligned */
+    size_t zsrc_cap;
+    size_t nraw, nz;      /* raw requests; .npy.zst rows */
+    size_t nreq, u0, u;   /* this round: requests; its frames' rows [u0, u) */
+    uint64_t cb;          /* this round: compressed bytes */
+    int rc;               /* read-ahead: the first round's result (its */
+    size_t bad;           /* failed request, the bytes that landed), */
+    uint64_t got;         /* kept by npyl_read_wait for npyl_read_end */
+} npyl_read_buf;
+
+struct npyl_ahead;        /* the read-ahead thread (npyload_loader_read.c) */
+/* One row of a batch that lives in a .npy.zst file. */
+typedef struct npyl_zrow {
+    uint32_t field;
+    uint32_t file;        /* io index */
+    uint32_t frame;
+    uint32_t row;         /* position in the batch */
+    uint64_t local;       /* sample index inside the file */
+    uint64_t src;         /* where its frame's compressed bytes land in zsrc */
+    const npyl_ffile *ff;
+} npyl_zrow;
+
+/* Counters of one batch, added to the loader's once at the end. */
+typedef struct npyl_zstats {
+    uint64_t cbytes, dbytes, ns;
+} npyl_zstats;
+
+
+/* One worker's reading state: its stores' contexts (descriptors, ring, an
+ * HTTP multi handle), its two
+ * batch buffers, the .npy.zst decoder and window, the read-ahead thread
+ * with its own io context when read-ahead is on, and the message of its
+ * last failure. */
+typedef struct npyl_read_ctx {
+    npyl_sctx io;         /* this thread's contexts of the stores */
+    int opened;           /* io opened (a failure before is the stores') */
+    npyl_read_buf buf[2];
+    unsigned cur;         /* the buffer npyl_read_batch / _end use */
+    ZSTD_DCtx *dctx;      /* reused for every frame */
+    uint8_t *zdst;        /* the decode window of a frame of several samples
+                             (at most 1 MiB; npyload_zst_frame.c) */
+    size_t zdst_cap;
+    struct npyl_ahead *ahead; /* NULL: no read-ahead */
+    int read_here;        /* the batch begun was read by npyl_read_begin */
+    char errmsg[NPYL_ERRMSG_LEN];
+} npyl_read_ctx;
+
+/* Sizes of the .npy.zst scratch: the largest frame of any file, compressed,
+ * and of frames of several samples, decompressed (0, 0: no .npy.zst). */
+typedef struct npyl_zst_sizes {
+    int any;
+    uint32_t max_csize, max_multi_dsize;
+} npyl_zst_sizes;
 
 #endif

@@ -10,16 +10,14 @@
  * that the runtime makes current, so the runtime's stream is a valid
  * CUstream for cuLaunchKernel.
  *
- * Not part of libnpyload: the npyload_support static library
- * (tools/support/CMakeLists.txt), built in the build tree only, so it may
- * use lib/cuda's internal driver table (no dlopen of its own). */
+ * Experimental API (npyload.h, NPYLOAD_EXPERIMENTAL): the bench's and the
+ * tests'; it uses lib/cuda's driver table (no dlopen of its own). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/npyload_cuda.h"
-#include "npyload_support.h"
+#include "npyload_cuda.h"
 
 /* Spins until %globaltimer (ns) has advanced by `ns` from the kernel's start.
  * One thread: the point is to occupy the stream, not the SMs. */

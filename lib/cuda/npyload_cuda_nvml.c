@@ -1,10 +1,11 @@
-/* NVML, loaded at run time, for the bench's GPU monitoring. Tools may
- * dlopen (lib/'s "dlopen only in lib/cuda" rule is about the library). */
+/* NVML, loaded at run time, for the bench's GPU monitoring (experimental
+ * API, npyload.h, NPYLOAD_EXPERIMENTAL). lib/cuda is where the library
+ * loads libraries: NVML is loaded here, once per npyload_nvml. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "npyload_support.h"
+#include "npyload_cuda.h"
 
 typedef struct { unsigned gpu, memory; } nvml_util;
 typedef struct { unsigned long long total, free, used; } nvml_mem;

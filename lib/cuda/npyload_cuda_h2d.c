@@ -1,12 +1,11 @@
-/* Pinned host-to-device bandwidth, the ceiling npyload-bench and the GPU
- * tests compare the loader's device path with. Not part of libnpyload: the
- * npyload_support static library (tools/support/CMakeLists.txt), built in
- * the build tree only, so it may use lib/cuda's internal runtime table. */
+/* npyload_cuda_h2d_bandwidth: pinned host-to-device bandwidth, the
+ * ceiling npyload-bench, the GPU tests and users (npyload.h2d_ceiling)
+ * compare the loader's device path with, measured through lib/cuda's
+ * runtime table. */
 #include <pthread.h>
 #include <string.h>
 
-#include "cuda/npyload_cuda.h"
-#include "npyload_support.h"
+#include "npyload_cuda.h"
 
 struct bw_job {
     int device;

@@ -1,9 +1,10 @@
 /* npyload_rget_measure: a remote store's ranged-GET throughput and
  * latency at several concurrencies through lib/remote (the loader's own
  * HTTP path, without the loader), and the workers and requests in flight
- * that reach it. Shared by npyload-bench (remote fields) and
- * bench/bench_remote. */
-#include "npyload_support.h"
+ * that reach it. Experimental API (npyload.h, NPYLOAD_EXPERIMENTAL) of
+ * npyload-bench (remote fields) and bench/bench_remote. Only lib/remote's
+ * API (npyload_remote.h), so it builds without libcurl too (the probe then
+ * fails saying what to install). */
 
 #include <pthread.h>
 #include <stdio.h>
@@ -11,7 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "remote/npyload_remote.h"
+#include "npyload_remote.h"
 
 static double now(void)
 {
