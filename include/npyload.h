@@ -1121,7 +1121,9 @@ typedef enum npyload_fill_state {
  * `hook_ns` is the time a per-batch hook ran on a thread of its own between
  * the loader and the loop (0 without one; then wait_ns and step_ns are the
  * loop's own). The rules, first match wins:
- *  - fewer than 2 batches delivered: nothing to judge;
+ *  - fewer than NPYLOAD_VERDICT_MIN_BATCHES (10) batches delivered, or
+ *    fewer than num_slots + 2: start-up (workers starting, slots filling),
+ *    nothing to judge;
  *  - the consumer: the loop waited at most NPYLOAD_VERDICT_IDLE (5 %) of
  *    wait_ns + step_ns: the loader keeps up, the step is the limit;
  *  - the hook: it ran at least NPYLOAD_VERDICT_HOOK (50 %) of elapsed_ns;
@@ -1131,15 +1133,19 @@ typedef enum npyload_fill_state {
  *    share of read_blocked_ns: a read from the page cache is a copy that
  *    keeps its thread on the CPU, not a wait for the disk; named "the
  *    object store" when remote requests were made and remote_wait_ns is
- *    at least half of those read waits), zstd decode
+ *    at least half of those read waits; a cache_dir is advised only when
+ *    cache_hits + cache_misses is 0, no cache), zstd decode
  *    (decode_ns), host
- *    transforms (transform_ns), each over elapsed_ns x workers, and the H2D
+ *    transforms (transform_ns; the advice names the GPU only when device
+ *    >= 0 or npyload_cuda_available(0) says one exists), each over
+ *    elapsed_ns x workers, and the H2D
  *    copy (h2d_ns over elapsed_ns);
  *  - else copies on the CPU (reads into the slots).
  * The line starts with "bottleneck: " and one of "none", "the consumer",
  * "the hook", "the disk", "the object store", "decode", "host transforms",
  * "the H2D copy",
  * "CPU copies". @return : 0 or NPYLOAD_EINVAL. */
+#define NPYLOAD_VERDICT_MIN_BATCHES 10
 #define NPYLOAD_VERDICT_IDLE 0.05
 #define NPYLOAD_VERDICT_HOOK 0.50
 #define NPYLOAD_VERDICT_SHARE 0.40

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 from . import _loader_doc
 from . import _npyload
-from . import _manifest, _remote
+from . import _habits, _manifest, _remote
 from ._batch import _bfloat16_numpy, _wrap_raw
 from ._hook import _HookPipe, _LoopClock, _check_hook_workers, _hook_depth
 from ._hook import _hook_prefetch, _rng_key
@@ -111,7 +111,8 @@ class Loader(Generic[_B]):
                  as_tuple: Literal[False] = False, transform: None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
-                 cache_fill: bool | None = None) -> None: ...
+                 cache_fill: bool | None = None, *,
+                 persistent_workers: bool = False, in_order: bool = True) -> None: ...
     @overload
     def __init__(self: Loader[BatchTuple], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -125,7 +126,8 @@ class Loader(Generic[_B]):
                  as_tuple: Literal[True] = ..., transform: None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
-                 cache_fill: bool | None = None) -> None: ...
+                 cache_fill: bool | None = None, *,
+                 persistent_workers: bool = False, in_order: bool = True) -> None: ...
     @overload
     def __init__(self: Loader[_T], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -139,7 +141,8 @@ class Loader(Generic[_B]):
                  as_tuple: Literal[False] = False, transform: Callable[[Batch], _T] = ...,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
-                 cache_fill: bool | None = None) -> None: ...
+                 cache_fill: bool | None = None, *,
+                 persistent_workers: bool = False, in_order: bool = True) -> None: ...
     @overload
     def __init__(self: Loader[_T], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -153,7 +156,8 @@ class Loader(Generic[_B]):
                  as_tuple: Literal[True] = ..., transform: Callable[[BatchTuple], _T] = ...,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
-                 cache_fill: bool | None = None) -> None: ...
+                 cache_fill: bool | None = None, *,
+                 persistent_workers: bool = False, in_order: bool = True) -> None: ...
     @overload
     def __init__(self: Loader[Any], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -167,7 +171,8 @@ class Loader(Generic[_B]):
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
-                 cache_fill: bool | None = None) -> None: ...
+                 cache_fill: bool | None = None, *,
+                 persistent_workers: bool = False, in_order: bool = True) -> None: ...
     def __init__(self, fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
@@ -180,7 +185,11 @@ class Loader(Generic[_B]):
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
-                 cache_fill: bool | None = None) -> None:
+                 cache_fill: bool | None = None, *,
+                 persistent_workers: bool = False, in_order: bool = True,
+                 **dataloader_kw: Any) -> None:
+        _habits.dataloader_keywords(  # DataLoader's names, answered
+            {"persistent_workers": persistent_workers, "in_order": in_order, **dataloader_kw})
         self._running = False   # the C loader was started (the first iter())
         self._pid = _os.getpid()  # of the process that made it
         self._closed = False
@@ -252,6 +261,8 @@ class Loader(Generic[_B]):
         self._gen = 0  # bumped by each call that supersedes a running loop
         self._hook_state = None  # with transform=: the state the consumer is at
         self._clock = _LoopClock(transform_workers)  # with transform=: hook, loop wait, step
+        _habits.construction_warnings(specs, self._transforms, len(self), batch_size,
+                                      -(-self._n // world_size), bool(drop_last), stacklevel=3)
 
     def _pick_output(self, output: str, dev: int) -> None:
         """torch when it is importable (or asked for), else numpy."""

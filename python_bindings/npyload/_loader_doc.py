@@ -128,6 +128,13 @@ LOADER = """Batches of NPY fields, read by worker threads into reused slots.
         keeps. False: off (blocks are fetched as batches need them). A
         failed fill never fails the epoch (reads fetch on demand); its
         progress and error are in ``stats()`` (``fill_*``).
+    persistent_workers, in_order : bool, keyword only
+        DataLoader's keywords whose meaning carries over, accepted so that a
+        ported call runs: workers are threads that live from the first
+        ``iter()`` to ``close()`` (always "persistent"), and batches always
+        arrive in order. Other DataLoader keywords (``prefetch_factor``,
+        ``collate_fn``, ``sampler``, ``worker_init_fn``...) raise a
+        TypeError naming the npyload equivalent.
 
     Notes
     -----
