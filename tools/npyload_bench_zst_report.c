@@ -159,6 +159,15 @@ void nb_json_compression(FILE *f, const nb_zst_report *z)
     else
         fputs("null", f);
     num_or_null(f, "expected_warm_samples_per_s", z->expected_warm_sps);
+    /* The like-for-like figures behind expected_warm (null when the runs
+     * gave no worker CPU time): the same workers, per sample. */
+    fputs(",\n    ", f);
+    fprintf(f, "\"workers\": %d", z->packed_cpu_ns_per_sample > 0 ? z->workers : 0);
+    num_or_null(f, "raw_cpu_ns_per_sample",
+                z->packed_cpu_ns_per_sample > 0 ? z->raw_cpu_ns_per_sample : -1);
+    num_or_null(f, "transform_ns_per_sample",
+                z->packed_cpu_ns_per_sample > 0 ? z->transform_ns_per_sample : -1);
+    num_or_null(f, "packed_cpu_ns_per_sample", z->packed_cpu_ns_per_sample);
     fprintf(f, ", \"pays\": %s", z->pays < 0 ? "null" : z->pays ? "true" : "false");
     nj_printf(f, ",\n    \"verdict\": %s,\n    \"note\": %s,\n    \"fields\": [", z->verdict,
               z->note);

@@ -1,13 +1,15 @@
 """npyload.load: one shard back as a numpy array, whatever form npyload
 wrote it in (.npy, .npy.zst, narrowed stored or packed)."""
+from __future__ import annotations
+
 import os
 import os as _os
-from typing import Any
-
-import numpy as _np
-import numpy.typing as _npt
+from typing import TYPE_CHECKING, Any
 
 from . import _npyload
+
+if TYPE_CHECKING:   # numpy is imported when used: the package imports without it
+    import numpy.typing as _npt
 
 
 def load(path: str | os.PathLike[str] | bytes, mmap: bool = True) -> _npt.NDArray[Any]:
@@ -33,6 +35,7 @@ def load(path: str | os.PathLike[str] | bytes, mmap: bool = True) -> _npt.NDArra
     info = _npyload.inspect(path)
     if "compressed_bytes" not in info and "narrow_values" not in info:
         return _npyload.load(path, mmap=mmap)
+    import numpy as _np
     from ._loader import Loader  # the loader's reader decodes frames and tables
     shape = tuple(info["shape"])
     dtype = _np.dtype(info.get("value_descr", info["descr"]))

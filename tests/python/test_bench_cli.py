@@ -21,7 +21,8 @@ SCHEMA = REPO / "bench" / "schema.json"
 
 @pytest.fixture(scope="module")
 def bench():
-    build = Path(os.environ.get("NPYLOAD_BUILD_DIR", REPO / "build"))
+    # Absolute: tests run it from the data's directory (run-all.sh gives "build").
+    build = Path(os.environ.get("NPYLOAD_BUILD_DIR", REPO / "build")).resolve()
     exe = build / "tools" / "npyload-bench"
     if not exe.is_file() or not os.access(exe, os.X_OK):
         pytest.fail(
