@@ -1,7 +1,8 @@
 """The package is typed (PEP 561): py.typed and the extension's stub are
 installed, ``mypy --strict`` accepts a user's use of the whole public API
 (tests/python/typed_api_use.py, which pins the types down with assert_type),
-the examples and the package's own code, the stub lists what the extension has (mypy's stubtest),
+the examples and the package's own code, and refuses wrong calls (WRONG_USE),
+the stub lists what the extension has (mypy's stubtest),
 and the stub's dicts have the keys and value types the functions return.
 
 mypy is in the "test" extra of pyproject.toml; without it the mypy checks
