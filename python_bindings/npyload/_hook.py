@@ -131,6 +131,17 @@ def _hook_depth(prefetch: int) -> int:
     return max(1, prefetch - 1)
 
 
+def _slots_for(prefetch: int, transform: object) -> int:
+    """The library's PREFETCH (batch slots) for `prefetch` batches ahead.
+    With transform=, the loop body may hold two batches for a moment (the
+    previous one and the one just taken from the queue, before the `for`
+    rebinds its variable), the queue holds its results, and the thread's
+    next() needs a free slot to read into."""
+    if transform is None:
+        return prefetch + 1
+    return _hook_depth(prefetch) + 3
+
+
 class _HookPipe:
     """The ``transform=`` threads of one iteration. Each takes the next batch
     from the C loader (one at a time, under _next_lock, numbering it k in the

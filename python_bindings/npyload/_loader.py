@@ -6,18 +6,18 @@ from __future__ import annotations
 import functools as _functools
 import os as _os
 import warnings as _warnings
-from collections.abc import Mapping as _Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 from . import _loader_doc
 from . import _npyload
 from . import _habits, _manifest, _remote
-from ._batch import _bfloat16_numpy, _wrap_raw
+from ._batch import _wrap_raw
 from ._hook import _HookPipe, _LoopClock, _check_hook_workers, _hook_depth
-from ._hook import _hook_prefetch, _rng_key
+from ._hook import _hook_prefetch, _rng_key, _slots_for
 from ._options import _EPOCH_MAX, _IO, _check_choices, _check_counts, _check_transforms
-from ._options import _field_specs, _int_arg, _kernel_paths, _resolve_ranks
-from ._torch import _join_streams, _torch_or_none
+from ._options import _check_cache_fill, _check_state, _field_specs, _int_arg, _kernel_paths
+from ._options import _output_libs, _resolve_ranks
+from ._torch import _join_streams
 from ._iterate import _InUse, _Iterator
 from ._transform import _TDTYPES, Transform
 
@@ -53,27 +53,6 @@ else:
     _B = TypeVar("_B")
 
 
-def _slots_for(prefetch: int, transform: object) -> int:
-    """The library's PREFETCH (batch slots) for `prefetch` batches ahead.
-    With transform=, the loop body may hold two batches for a moment (the
-    previous one and the one just taken from the queue, before the `for`
-    rebinds its variable), the queue holds its results, and the thread's
-    next() needs a free slot to read into."""
-    if transform is None:
-        return prefetch + 1
-    return _hook_depth(prefetch) + 3
-
-
-def _check_cache_fill(cache_fill: object) -> int:
-    """The library's CACHE_FILL of ``cache_fill=``: None (auto) 0, True 1,
-    False -1."""
-    if cache_fill is None:
-        return 0
-    if not isinstance(cache_fill, bool):
-        raise TypeError(f"cache_fill must be None, True or False, got {cache_fill!r}")
-    return 1 if cache_fill else -1
-
-
 class Loader(Generic[_B]):
     __doc__ = _loader_doc.LOADER  # parameters, hook, epochs, threads, examples
 
@@ -97,7 +76,9 @@ class Loader(Generic[_B]):
     transform_workers: int
 
     # The type of a batch follows as_tuple and transform: Loader[Batch],
-    # Loader[BatchTuple], or Loader[R] for a transform= returning R.
+    # Loader[BatchTuple], or Loader[R] for a transform= returning R. Only
+    # overloads map as_tuple=True to BatchTuple; the price is mypy's "No overload
+    # variant" (no argument named) for a wrongly typed argument (docs/python-api.md).
     @overload
     def __init__(self: Loader[Batch], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -205,7 +186,7 @@ class Loader(Generic[_B]):
             align, on_error, transform)
         transform_workers = _check_hook_workers(transform_workers, transform)
         rank, world_size = _resolve_ranks(rank, world_size)
-        self._pick_output(output, dev)
+        self._torch, self._np, self._bf16 = _output_libs(output, dev)
         self._specs = specs
         self._transforms = _check_transforms(specs, transforms)
         # Fields whose batches carry augmentation decisions (batch.augment).
@@ -263,27 +244,6 @@ class Loader(Generic[_B]):
         self._clock = _LoopClock(transform_workers)  # with transform=: hook, loop wait, step
         _habits.construction_warnings(specs, self._transforms, len(self), batch_size,
                                       -(-self._n // world_size), bool(drop_last), stacklevel=3)
-
-    def _pick_output(self, output: str, dev: int) -> None:
-        """torch when it is importable (or asked for), else numpy."""
-        torch: Any = None
-        if output in ("auto", "torch"):
-            torch = _torch_or_none()
-            if torch is None and output == "torch":
-                raise ImportError("output='torch' needs torch, which is not importable")
-        if torch is None:
-            if dev >= 0:
-                raise ValueError("device memory needs torch output (numpy cannot view "
-                                 "CUDA memory): install torch or use device='cpu'")
-            try:
-                import numpy
-            except ImportError:
-                raise ImportError("npyload.Loader needs numpy or torch to yield arrays") from None
-            self._np: Any = numpy
-            self._bf16 = _bfloat16_numpy()
-        else:
-            self._np = None
-        self._torch = torch
 
     # ---- DataLoader-like surface ----
 
@@ -403,14 +363,7 @@ class Loader(Generic[_B]):
         normal split. Before the first iter() the state is checked now and
         applied when the loader starts. Raises RuntimeError ("in use") while
         another call on this loader runs, changing nothing."""
-        if not isinstance(state, _Mapping):
-            raise TypeError("state must be the dict returned by state_dict()")
-        for key in ("epoch", "consumed", "seed", "shuffle", "drop_last"):
-            if key not in state:
-                raise ValueError(f"state lacks the key {key!r} (expected the dict "
-                                 "returned by state_dict())")
-            _int_arg(f"state[{key!r}]", state[key], 0 if key in ("epoch", "consumed") else None)
-        _int_arg("state['loop_ended']", state.get("loop_ended", 0), 0, maximum=1)
+        _check_state(state)
         with self._in_use("load_state_dict()"):
             self._load_state_dict(dict(state))
 
