@@ -151,17 +151,6 @@ static int f_ctx_open(npyl_store *st, const npyl_sfile *t, size_t nfiles,
 
 static void f_ctx_close(npyl_store_ctx *c) { free(c); }
 
-static int f_submit(npyl_store_ctx *c, const npyl_req *reqs, size_t n, char *err,
-                    size_t errlen)
-{
-    (void)c;
-    (void)reqs;
-    (void)n;
-    (void)err;
-    (void)errlen;
-    return 0; /* read in complete */
-}
-
 static int f_complete(npyl_store_ctx *ct, const npyl_req *reqs, size_t n, uint64_t *done,
                       size_t *bad, uint64_t *landed, char *err, size_t errlen)
 {
@@ -174,6 +163,7 @@ static int f_complete(npyl_store_ctx *ct, const npyl_req *reqs, size_t n, uint64
         struct timespec ts = {f->latency_us / 1000000, (long)(f->latency_us % 1000000) * 1000};
         nanosleep(&ts, NULL);
     }
+    int short_any = 0;
     for (size_t i = 0; i < n; i++) {
         const npyl_req *q = &reqs[i];
         const char *path = c->t[q->file].path;
@@ -188,6 +178,7 @@ static int f_complete(npyl_store_ctx *ct, const npyl_req *reqs, size_t n, uint64
         if (f->short_max && len > f->short_max) {
             len = f->short_max;
             atomic_fetch_add(&f->shorts, 1);
+            short_any = 1;
         }
         int rc = read_exact(local_of(path), q->dst, (size_t)len, q->offset);
         if (rc) {
@@ -198,7 +189,7 @@ static int f_complete(npyl_store_ctx *ct, const npyl_req *reqs, size_t n, uint64
         done[i] = len;
         *landed += len;
     }
-    return 0;
+    return short_any ? NPYL_STORE_SHORT : 0;
 }
 
 static int f_glob(npyl_store *st, const char *pattern, char ***paths, size_t *n, char *err,
@@ -231,6 +222,6 @@ const npyl_store_ops tu_store_fault = {
     .key = f_key,
     .ctx_open = f_ctx_open,
     .ctx_close = f_ctx_close,
-    .submit = f_submit,
+    .submit = NULL, /* read in complete */
     .complete = f_complete,
 };

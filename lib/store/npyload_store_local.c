@@ -257,25 +257,12 @@ static void local_ctx_close(npyl_store_ctx *ct)
     free(c);
 }
 
-static int local_submit(npyl_store_ctx *c, const npyl_req *reqs, size_t n, char *err,
-                        size_t errlen)
-{
-    (void)c;
-    (void)reqs;
-    (void)n;
-    (void)err;
-    (void)errlen;
-    return 0; /* lib/io reads in complete */
-}
-
 static int local_complete(npyl_store_ctx *ct, const npyl_req *reqs, size_t n, uint64_t *done,
                           size_t *bad, uint64_t *landed, char *err, size_t errlen)
 {
+    (void)done; /* lib/io reads every request whole, or fails */
     local_ctx *c = (local_ctx *)ct;
-    int rc = npyl_io_read(c->io, reqs, n, bad, landed, err, errlen);
-    for (size_t i = 0; rc == 0 && i < n; i++)
-        done[i] = reqs[i].len;
-    return rc;
+    return npyl_io_read(c->io, reqs, n, bad, landed, err, errlen);
 }
 
 static void local_ctx_counters(const npyl_store_ctx *ct, npyl_store_counters *k)
@@ -305,7 +292,7 @@ const npyl_store_ops npyl_store_local = {
     .changed = local_changed,
     .ctx_open = local_ctx_open,
     .ctx_close = local_ctx_close,
-    .submit = local_submit,
+    .submit = NULL, /* lib/io reads in complete */
     .complete = local_complete,
     .ctx_counters = local_ctx_counters,
 };
