@@ -81,6 +81,15 @@ static int read_exact(const char *path, void *buf, size_t n, uint64_t off)
     return 0;
 }
 
+/* The probe's reader: n bytes at off of fault://PATH (ctx). */
+static int probe_read(void *ctx, void *buf, size_t n, uint64_t off, char *err, size_t errlen)
+{
+    const char *path = ctx;
+    int rc = read_exact(local_of(path), buf, n, off);
+    return rc ? npyl_fail(err, errlen, rc, "%s: probe failed: %s", path, npyload_strerror(rc))
+              : 0;
+}
+
 static int f_probe(npyl_store *st, const npyl_sfile *t, const uint32_t *idx, size_t n,
                    npyl_sprobe *out, size_t *bad, char *err, size_t errlen)
 {
@@ -92,23 +101,12 @@ static int f_probe(npyl_store *st, const npyl_sfile *t, const uint32_t *idx, siz
             *bad = k;
             return npyl_fail(err, errlen, -ENOENT, "%s: no such regular file", path);
         }
-        npyl_sprobe *p = &out[k];
-        p->size = s->size[idx[k]] = (uint64_t)sb.st_size;
-        p->head_len = p->size < NPYL_STORE_HEAD_BYTES ? (size_t)p->size : NPYL_STORE_HEAD_BYTES;
-        p->head = malloc(p->head_len ? p->head_len : 1);
-        int rc = p->head ? read_exact(local_of(path), p->head, p->head_len, 0) : -ENOMEM;
-        if (rc == 0 && npyl_stores_want_tail(p->head, p->head_len, p->size)) {
-            p->tail_len = p->size < NPYL_STORE_TAIL_BYTES ? (size_t)p->size
-                                                          : NPYL_STORE_TAIL_BYTES;
-            p->tail = malloc(p->tail_len ? p->tail_len : 1);
-            rc = p->tail ? read_exact(local_of(path), p->tail, p->tail_len,
-                                      p->size - p->tail_len)
-                         : -ENOMEM;
-        }
+        s->size[idx[k]] = (uint64_t)sb.st_size;
+        int rc = npyl_sprobe_fill(&out[k], (uint64_t)sb.st_size, probe_read, (void *)path,
+                                  path, err, errlen);
         if (rc) {
             *bad = k;
-            return npyl_fail(err, errlen, rc, "%s: probe failed: %s", path,
-                             npyload_strerror(rc));
+            return rc;
         }
     }
     return 0;

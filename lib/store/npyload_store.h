@@ -300,6 +300,16 @@ typedef struct npyl_sheader {
                              (malloc'd, owned by the caller), else NULL */
 } npyl_sheader;
 
+/* A probe of one file of `size` bytes read with rd (0, or a negative code
+ * with "PATH: what happened" in err): its head and, when
+ * npyl_stores_want_tail says so, its tail, into malloc'd buffers of p
+ * (the caller's to free, also on failure). For the stores that probe a
+ * file at a time (local; the tests' fault store). */
+typedef int (*npyl_sprobe_read_fn)(void *ctx, void *buf, size_t n, uint64_t off, char *err,
+                                   size_t errlen);
+NPYL_HIDDEN int npyl_sprobe_fill(npyl_sprobe *p, uint64_t size, npyl_sprobe_read_fn rd,
+                                 void *ctx, const char *path, char *err, size_t errlen);
+
 /* A probed file as a reader (npyl_zst_read_fn over an npyl_sreader): the
  * probe's bytes, else `rest` (the store's reads). */
 typedef struct npyl_sreader {
