@@ -128,11 +128,13 @@ typedef struct site {
     char *local[NF], *url[NF];
 } site;
 
-static void site_up(site *s, int packed)
+/* NF files of field x, sizes[k] samples in file k (packed: their .npy.zst
+ * twins), in a fresh directory served over http://. */
+static void site_up_sized(site *s, int packed, const int64_t *sizes)
 {
     s->dir = tu_mkdtemp("remote");
     cr_assert_not_null(s->dir);
-    cr_assert_eq(tu_write_field(s->dir, "x", 3, "<f4", 4, 2, SHAPE, SIZES, NF, 64), 0);
+    cr_assert_eq(tu_write_field(s->dir, "x", 3, "<f4", 4, 2, SHAPE, sizes, NF, 64), 0);
     cr_assert_eq(tu_http_start(&s->h, s->dir), 0);
     for (size_t k = 0; k < NF; k++) {
         char name[64], u[256];
@@ -155,6 +157,8 @@ static void site_up(site *s, int packed)
         s->url[k] = strdup(u);
     }
 }
+
+static void site_up(site *s, int packed) { site_up_sized(s, packed, SIZES); }
 
 static void site_down(site *s)
 {
@@ -964,20 +968,7 @@ Test(remote, prefetch_errors_name_what_is_wrong)
 /* Larger objects than SIZES' (several 4 KiB blocks each). */
 static const int64_t BIG[] = {300, 200, 500, 100};
 
-static void big_site_up(site *s)
-{
-    s->dir = tu_mkdtemp("remote");
-    cr_assert_not_null(s->dir);
-    cr_assert_eq(tu_write_field(s->dir, "x", 3, "<f4", 4, 2, SHAPE, BIG, NF, 64), 0);
-    cr_assert_eq(tu_http_start(&s->h, s->dir), 0);
-    for (size_t k = 0; k < NF; k++) {
-        char name[64], u[256];
-        snprintf(name, sizeof name, "x_%04zu.npy", k);
-        s->local[k] = tu_path(s->dir, name);
-        snprintf(u, sizeof u, "http://127.0.0.1:%d/%s", tu_http_port(s->h), name);
-        s->url[k] = strdup(u);
-    }
-}
+static void big_site_up(site *s) { site_up_sized(s, 0, BIG); }
 
 static uint64_t objects_bytes(const site *s)
 {

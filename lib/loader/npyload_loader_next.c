@@ -35,7 +35,8 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
     npyl_slots_enter_next(&L->ring); /* destroy waits for it to leave */
     size_t rows = 0, dropped = 0;
     int rc, try = 1;
-    char msg[NPYL_ERRMSG_LEN] = "";
+    char msg[NPYL_ERRMSG_LEN];
+    msg[0] = '\0'; /* not `= ""`, which zeroes all of it on every next() */
     /* A synchronous loader reads on this thread when nothing is ready, and
      * asks again; when nothing can be read now either, it fails. */
     while ((rc = npyl_slots_take_ready(&L->ring, timeout_ns >= 0 ? &deadline : NULL, L->sync,
