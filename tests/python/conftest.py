@@ -13,13 +13,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def built_tool(name):
-    """Path of a tool in $NPYLOAD_BUILD_DIR/tools (default <repo>/build). A
-    missing binary fails the test: it is never a reason to skip."""
+def built_tool(name, subdir="tools"):
+    """Path of a tool in $NPYLOAD_BUILD_DIR/tools (default <repo>/build), or
+    of a test driver with subdir="tests". A missing binary fails the test:
+    it is never a reason to skip."""
     build = Path(os.environ.get("NPYLOAD_BUILD_DIR", REPO / "build"))
     if not build.is_absolute() and not build.exists():
         build = REPO / build
-    exe = build / "tools" / name
+    exe = build / subdir / name
     if not exe.is_file() or not os.access(exe, os.X_OK):
         pytest.fail(
             f"{exe} not found: build it first (ninja -C {build} {name}) or "
