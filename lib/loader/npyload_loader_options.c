@@ -90,6 +90,9 @@ static int range_of(int opt, opt_range *r)
     case NPYLOAD_OPT_DEVICE_KERNELS:
         *r = (opt_range){0, 2, "0 auto, 1 ahead of time, 2 NVRTC"};
         return 0;
+    case NPYLOAD_OPT_SAMPLES_PER_EPOCH:
+        *r = (opt_range){0, INT64_C(1) << 62, "0 (default: the sources' samples) .. 2^62"};
+        return 0;
     case NPYLOAD_OPT_MAX_ERRORS:
         *r = (opt_range){0, INT64_MAX, ">= 0 samples (0 = no limit)"};
         return 0;
@@ -216,7 +219,7 @@ int npyload_loader_set_remote(npyload_loader *L, const npyload_remote *cfg, size
 void npyl_loader_order_of(const npyload_loader *L, npyl_order_params *op)
 {
     memset(op, 0, sizeof *op);
-    op->n = L->n;
+    op->n = npyl_loader_epoch_len(L);
     op->shuffle = (int)L->opt[NPYLOAD_OPT_SHUFFLE];
     op->seed = L->opt[NPYLOAD_OPT_SEED];
     op->rank = L->opt[NPYLOAD_OPT_RANK];

@@ -80,6 +80,8 @@ static void claim_into(npyl_ring *r, npyl_slot *h, int *copy_pending)
     h->rows = h->planned = (size_t)(hi - lo);
     h->err = 0;
     memcpy(h->indices, r->seqbuf + lo, h->rows * sizeof *h->indices);
+    if (h->mrows && r->mixbuf)
+        memcpy(h->mrows, r->mixbuf + lo, h->rows * sizeof *h->mrows);
     *copy_pending = h->copy_pending;
 }
 
@@ -168,6 +170,8 @@ npyl_slot *npyl_slots_take_device(npyl_ring *r, npyl_slot *h, int copy_pending,
     d->rows = h->rows;
     d->planned = h->planned;
     memcpy(d->indices, h->indices, h->rows * sizeof *h->indices);
+    if (d->mrows && h->mrows)
+        memcpy(d->mrows, h->mrows, h->rows * sizeof *h->mrows);
     d->err = h->err;
     if (h->err)
         memcpy(d->errmsg, h->errmsg, NPYL_ERRMSG_LEN);
@@ -359,6 +363,37 @@ void npyl_slots_give_back(npyl_ring *r, npyl_slot *s, int ordered, int recorded,
 
 /* ---- control ---- */
 
+int npyl_slots_build(npyl_ring *r, const npyl_order_params *op, int64_t *out,
+                     npyl_mix_row *mrows)
+{
+    if (!r->mix)
+        return npyl_order_build(op, out);
+    int rc = npyl_mix_build(r->mix, op, mrows);
+    if (rc)
+        return rc;
+    int64_t n = npyl_order_delivered_len(op);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = r->src_off[mrows[i].source] + mrows[i].index;
+    return 0;
+}
+
+void npyl_slots_mix_align(npyl_slot *s, const int64_t *src_off)
+{
+    /* The kept rows are a subsequence of the planned ones, in order: walk
+     * both. A sample twice in one batch (a small source's passes, padding)
+     * reads the same bytes both times, so a failure drops both copies. */
+    if (!s->mrows || s->rows == s->planned)
+        return;
+    size_t j = 0;
+    for (size_t r = 0; r < s->rows; r++) {
+        while (j < s->planned &&
+               src_off[s->mrows[j].source] + s->mrows[j].index != s->indices[r])
+            j++;
+        if (j < s->planned)
+            s->mrows[r] = s->mrows[j++];
+    }
+}
+
 int npyl_slots_reset(npyl_ring *r, const npyl_order_params *op, int64_t first_seq,
                      int ended)
 {
@@ -367,13 +402,16 @@ int npyl_slots_reset(npyl_ring *r, const npyl_order_params *op, int64_t first_se
      * used to share it: set_epoch(5) || set_epoch(7) could install the
      * previous epoch's order), then swap it in under mu. Workers read seqbuf
      * only under mu. */
-    int rc = npyl_order_build(op, r->seqspare);
+    int rc = npyl_slots_build(r, op, r->seqspare, r->mixspare);
     if (rc)
         return rc; /* r->op, gen and the position unchanged */
     pthread_mutex_lock(&r->mu);
     int64_t *old = r->seqbuf;
     r->seqbuf = r->seqspare;
     r->seqspare = old;
+    npyl_mix_row *oldm = r->mixbuf;
+    r->mixbuf = r->mixspare;
+    r->mixspare = oldm;
     r->op = *op;
     r->delivered = npyl_order_delivered_len(op);
     r->nbatches = npyl_order_num_batches(op);

@@ -135,7 +135,8 @@ static int plan_rows(npyload_loader *L)
                                 (uint64_t)NPYLOAD_MAX_SAMPLE_BYTES);
     }
     int64_t B = L->opt[NPYLOAD_OPT_BATCH_SIZE], W = L->opt[NPYLOAD_OPT_WORLD_SIZE];
-    int64_t per_rank = L->n / W + (L->n % W != 0);
+    int64_t T = npyl_loader_epoch_len(L);
+    int64_t per_rank = T / W + (T % W != 0);
     L->slot_rows = per_rank < B ? per_rank : B;
     return 0;
 }
@@ -352,7 +353,13 @@ static int init_slot(npyload_loader *L, npyl_slot *s, int device_slot)
     s->arrays = calloc(L->nfields, sizeof *s->arrays);
     s->errmsg = calloc(1, NPYL_ERRMSG_LEN);
     s->handles = calloc(NPYL_HANDLES, sizeof *s->handles);
-    if (!s->indices || !s->arrays || !s->errmsg || !s->handles)
+    if (L->nsources) {
+        s->mrows = malloc(rows * sizeof *s->mrows);
+        s->local = malloc(rows * sizeof *s->local);
+        s->src = malloc(rows * sizeof *s->src);
+    }
+    if (!s->indices || !s->arrays || !s->errmsg || !s->handles ||
+        (L->nsources && (!s->mrows || !s->local || !s->src)))
         return npyl_loader_fail(L, -ENOMEM, "out of memory allocating slots");
     for (size_t k = 0; k < NPYL_HANDLES; k++) {
         s->handles[k].owner = L;
@@ -568,6 +575,36 @@ static int plan_order(npyload_loader *L)
     return 0;
 }
 
+/* Step: a mixture (sources added): the mixture of the sources' sizes and
+ * the weights given (epoch 0 on; npyl_state_first_epoch puts a restored
+ * state's history in force), the ring's row buffers, the per-source
+ * counters. */
+static int plan_mix(npyload_loader *L)
+{
+    if (!L->nsources)
+        return 0;
+    L->src_samples = calloc(L->nsources, sizeof *L->src_samples);
+    if (!L->src_samples)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    const npyl_order_params *op = &L->ring.op;
+    int rc = npyl_state_mix_new(L, op->seed, op->shuffle, &L->ring.mix);
+    if (rc)
+        return rc;
+    L->ring.src_off = L->src_off;
+    size_t cap = 1;
+    npyl_order_params keep = *op;
+    keep.drop_last = 0;
+    int64_t n = npyl_order_delivered_len(&keep);
+    if (n > 0)
+        cap = (size_t)n;
+    L->ring.mixbuf = malloc(cap * sizeof *L->ring.mixbuf);
+    L->ring.mixspare = malloc(cap * sizeof *L->ring.mixspare);
+    if (!L->ring.mixbuf || !L->ring.mixspare)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory for the epoch's order (%" PRId64
+                                " samples)", n);
+    return 0;
+}
+
 /* Step: what the batch reader sees of the loader. */
 static int fill_read_view(npyload_loader *L)
 {
@@ -658,7 +695,7 @@ static int start_ctl(npyload_loader *L)
         npyl_loader_drop_loaded_fields(L);
     if ((!L->fields_loaded && (rc = npyl_load_fields(L))) || (rc = need_batch_size(L)) || (rc = plan_transforms(L)) || (rc = plan_rows(L)) ||
         (rc = resolve_backend(L)) || (rc = open_cuda(L)) || (rc = open_tdev(L)) ||
-        (rc = plan_layout(L)) || (rc = plan_order(L)) ||
+        (rc = plan_layout(L)) || (rc = plan_order(L)) || (rc = plan_mix(L)) ||
         (rc = alloc_slots(L, nworkers, prefetch)) || (rc = upload_all_tables(L)) ||
         (rc = fill_read_view(L)) || (rc = create_workers(L, nworkers)) || (rc = npyl_state_first_epoch(L)))
         goto fail;

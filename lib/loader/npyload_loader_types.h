@@ -34,6 +34,10 @@ typedef struct npyl_field {
     char *name;
     char **paths;         /* as added (glob already expanded, sorted) */
     size_t npaths;
+    size_t *src_first;    /* a mixture: the first path of each source, in
+                             source order (nsrc entries, one per source
+                             that added the field so far) */
+    size_t nsrc;
     /* Known after start: */
     npyl_ffile *files;
     char descr[NPYLOAD_DESCR_LEN];

@@ -113,6 +113,20 @@ static void transform_host(const npyl_worker *w, const uint8_t *raw, npyl_slot *
             continue;
         if (!t0)
             t0 = npyl_now_ns();
+        if (h->mrows && f->tplan.aug) {
+            /* A mixture: each row draws with its own source's seed and its
+             * pass (npyl_slot_aug_key), one row at a time. */
+            const npyl_tplan *p = &f->tplan;
+            for (size_t r = 0; r < h->rows; r++) {
+                int64_t seed, index;
+                uint64_t epoch;
+                npyl_slot_aug_key(h, r, &seed, &epoch, &index);
+                npyl_transform_rows_aug(p, raw + f->raw_off + r * p->stored_row_bytes,
+                                        h->mem + f->host_off + r * p->out_row_bytes, 1, seed,
+                                        epoch, &index, w->aug);
+            }
+            continue;
+        }
         npyl_transform_rows_aug(&f->tplan, raw + f->raw_off, h->mem + f->host_off, h->rows,
                                 h->seed, h->epoch, h->indices, w->aug);
     }
@@ -196,6 +210,7 @@ static void read_done(npyl_worker *w, fill_job *j, int rc, uint64_t bytes, uint6
     npyl_slot *h = j->h;
     atomic_fetch_add(&env->st->io_ns, npyl_now_ns() - t0);
     atomic_fetch_add(&env->st->bytes, bytes);
+    npyl_slots_mix_align(h, env->ring->src_off); /* rows ON_ERROR skip dropped */
     if (rc) {
         h->err = rc;
         snprintf(h->errmsg, NPYL_ERRMSG_LEN, "batch %" PRId64 " of epoch %" PRIu64 ": %.900s",
