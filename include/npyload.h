@@ -382,7 +382,8 @@ NPYLOAD_API int npyload_loader_add_field_files(npyload_loader *L,
  * field of another name, or a field missing, fails (here or at start) with
  * a message naming the source and the field. At start a shape or dtype
  * that differs between sources fails naming both sources and both values.
- * Source k's weight is 1.0 until npyload_loader_set_weights.
+ * Until npyload_loader_set_weights, each source's weight is its sample
+ * count (so an epoch of the default length reads about every sample once).
  * @return : 0; NPYLOAD_EINVAL (empty or duplicate name, more than 65536
  *           sources, fields added before the first source); NPYLOAD_ESTATE
  *           after start. Setup call (see "Threads"). */

@@ -580,6 +580,9 @@ static int load_sources(npyload_loader *L)
             }
         }
     }
+    if (!L->weights_given) /* the default: every sample about once an epoch */
+        for (size_t k = 0; k < K; k++)
+            L->weights[k] = (double)L->src_n[k];
     return 0;
 }
 

@@ -123,6 +123,8 @@ struct npyload_loader {
      * set_weights), and whether set_weights came after a state restored
      * before start (then start applies them at the restored position). */
     double *weights;
+    int weights_given;        /* set_weights was called (else, at start, each
+                                 source's weight is its sample count) */
     int weights_after_state;
     /* [state.c, ctl] A restored state's mixture (npyl_mix_state_save's
      * form) waiting for start; and from start the mixture itself, used by

@@ -447,6 +447,7 @@ static int set_weights_ctl(npyload_loader *L, const double *w)
         L->weights_after_state = L->state_pending;
     }
     memcpy(L->weights, w, K * sizeof *w);
+    L->weights_given = 1;
     npyl_loader_clear(L);
     return 0;
 }

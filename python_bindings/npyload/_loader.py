@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 from . import _loader_doc
 from . import _npyload
+from . import _mix
 from . import _remote
 from ._batch import _bfloat16_numpy, _wrap_raw
 from ._hook import _HookPipe, _LoopClock, _check_hook_workers, _hook_depth
@@ -115,7 +116,7 @@ class Loader(Generic[_B]):
     # The type of a batch follows as_tuple and transform: Loader[Batch],
     # Loader[BatchTuple], or Loader[R] for a transform= returning R.
     @overload
-    def __init__(self: Loader[Batch], fields: _Fields, batch_size: int,
+    def __init__(self: Loader[Batch], fields: _Fields | None = None, batch_size: int = 0,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
@@ -126,9 +127,12 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: Literal[False] = False, transform: None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
-                 remote: Mapping[str, Any] | None = None) -> None: ...
+                 remote: Mapping[str, Any] | None = None,
+                 sources: Mapping[str, _Fields] | None = None,
+                 weights: Mapping[str, float] | None = None,
+                 samples_per_epoch: int | None = None) -> None: ...
     @overload
-    def __init__(self: Loader[BatchTuple], fields: _Fields, batch_size: int,
+    def __init__(self: Loader[BatchTuple], fields: _Fields | None = None, batch_size: int = 0,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
@@ -139,9 +143,12 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: Literal[True] = ..., transform: None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
-                 remote: Mapping[str, Any] | None = None) -> None: ...
+                 remote: Mapping[str, Any] | None = None,
+                 sources: Mapping[str, _Fields] | None = None,
+                 weights: Mapping[str, float] | None = None,
+                 samples_per_epoch: int | None = None) -> None: ...
     @overload
-    def __init__(self: Loader[_T], fields: _Fields, batch_size: int,
+    def __init__(self: Loader[_T], fields: _Fields | None = None, batch_size: int = 0,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
@@ -152,9 +159,12 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: Literal[False] = False, transform: Callable[[Batch], _T] = ...,
                  read_ahead: bool = True, transform_workers: int = 1,
-                 remote: Mapping[str, Any] | None = None) -> None: ...
+                 remote: Mapping[str, Any] | None = None,
+                 sources: Mapping[str, _Fields] | None = None,
+                 weights: Mapping[str, float] | None = None,
+                 samples_per_epoch: int | None = None) -> None: ...
     @overload
-    def __init__(self: Loader[_T], fields: _Fields, batch_size: int,
+    def __init__(self: Loader[_T], fields: _Fields | None = None, batch_size: int = 0,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
@@ -165,9 +175,12 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: Literal[True] = ..., transform: Callable[[BatchTuple], _T] = ...,
                  read_ahead: bool = True, transform_workers: int = 1,
-                 remote: Mapping[str, Any] | None = None) -> None: ...
+                 remote: Mapping[str, Any] | None = None,
+                 sources: Mapping[str, _Fields] | None = None,
+                 weights: Mapping[str, float] | None = None,
+                 samples_per_epoch: int | None = None) -> None: ...
     @overload
-    def __init__(self: Loader[Any], fields: _Fields, batch_size: int,
+    def __init__(self: Loader[Any], fields: _Fields | None = None, batch_size: int = 0,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
@@ -178,8 +191,11 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
-                 remote: Mapping[str, Any] | None = None) -> None: ...
-    def __init__(self, fields: _Fields, batch_size: int,
+                 remote: Mapping[str, Any] | None = None,
+                 sources: Mapping[str, _Fields] | None = None,
+                 weights: Mapping[str, float] | None = None,
+                 samples_per_epoch: int | None = None) -> None: ...
+    def __init__(self, fields: _Fields | None = None, batch_size: int = 0,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
@@ -190,15 +206,26 @@ class Loader(Generic[_B]):
                  transforms: Mapping[str, Transform] | None = None,
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
-                 remote: Mapping[str, Any] | None = None) -> None:
+                 remote: Mapping[str, Any] | None = None,
+                 sources: Mapping[str, _Fields] | None = None,
+                 weights: Mapping[str, float] | None = None,
+                 samples_per_epoch: int | None = None) -> None:
         self._running = False   # the C loader was started (the first iter())
         self._pid = _os.getpid()  # of the process that made it
         self._closed = False
         self._pipe: _HookPipe | None = None
         self._in_use = _InUse()
-        specs = _field_specs(fields)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size == 0:
+            raise TypeError("Loader() needs batch_size (a positive int)")
+        # A mixture: {source: fields}, each the mapping `fields` takes.
+        self._sources, self._weights = _mix.check_sources(fields, sources, weights,
+                                                          samples_per_epoch)
+        specs = _field_specs(fields) if self._sources is None else \
+            [spec for _, sp in self._sources for spec in sp]
         self._remote = _remote.build(
             remote, [p for _, g, ps in specs for p in ([g] if g is not None else ps or [])])
+        if self._sources is not None:
+            specs = self._sources[0][1]
         batch_size, seed, num_workers, prefetch, window, max_errors = _check_counts(
             batch_size, seed, num_workers, prefetch, window, max_errors, transform)
         shuffle_mode, dev, pin_memory = _check_choices(
@@ -237,6 +264,8 @@ class Loader(Generic[_B]):
             _npyload.OPT_MAX_ERRORS: max_errors,
             _npyload.OPT_READ_AHEAD: 0 if read_ahead else -1,
         }
+        if samples_per_epoch is not None:
+            self._opts[_npyload.OPT_SAMPLES_PER_EPOCH] = samples_per_epoch
         if pin_memory is not None:
             self._opts[_npyload.OPT_PIN_MEMORY] = int(pin_memory)
         self._opts[_npyload.OPT_DEVICE] = dev  # last: it may load CUDA
@@ -364,6 +393,34 @@ class Loader(Generic[_B]):
                                _rng_key(self.seed, self.rank))
         return _Iterator(self, self._gen, self._pipe)
 
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        """The sources' names in the order of ``sources`` (``batch.source``
+        indexes it); () without sources."""
+        return tuple(name for name, _ in self._sources or ())
+
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        """Changes the sources' weights (a mapping over every source's name;
+        only their ratios count). Before the first loop, the weights from
+        epoch 0 on (or, after load_state_dict, from the resumed position).
+        Once running, exactly from the next batch: the change is recorded in
+        state_dict(), so a resume reproduces it; at the end of an epoch's
+        loop, from the next epoch. Setting the weights in force again changes
+        nothing, so a curriculum may set its schedule before every epoch.
+        With several ranks, every rank calls it after the same number of
+        batches. Raises ValueError for names or values that do not fit,
+        RuntimeError ("in use") while another call on this loader runs."""
+        if self._sources is None:
+            raise ValueError("set_weights(): this loader has no sources (Loader(sources=...))")
+        w = _mix.weight_list(self._sources, weights)
+        with self._in_use("set_weights()"):
+            c = self._live()
+            self._stop_pipe()
+            c.set_weights(w)
+            self._weights = w
+            self._gen += 1  # a running loop goes on from the next batch
+            self._hook_state = None
+
     def state_dict(self) -> LoaderState:
         """The position after the last batch handed out (with transform=:
         the last batch the loop received), as a dict of ints (save it with
@@ -474,9 +531,11 @@ class Loader(Generic[_B]):
             st["device"] = self.device
             st["hook_ns"] = st["loop_wait_ns"] = st["loop_step_ns"] = 0
             st["transform_workers"] = 0 if self.transform is None else self.transform_workers
+            self._mix_stats(self._c, st)
             return st
         if self.transform is None:
             st = cast("LoaderStats", c.stats())
+            self._mix_stats(c, st)
             st["hook_ns"] = st["transform_workers"] = 0
             st["loop_wait_ns"], st["loop_step_ns"] = st["wait_ns"], st["step_ns"]
             return st
@@ -484,7 +543,15 @@ class Loader(Generic[_B]):
                                          loop_step_ns=k.step_ns))
         st["hook_ns"], st["loop_wait_ns"], st["loop_step_ns"] = k.hook_ns, k.wait_ns, k.step_ns
         st["transform_workers"] = self.transform_workers
+        self._mix_stats(c, st)
         return st
+
+    def _mix_stats(self, c: Any, st: Any) -> None:
+        """stats()' source_samples ({source: rows handed out}), digest and
+        digest_rows (the running digest of the rows handed out)."""
+        per, digest, rows = c.mix_stats()
+        st["source_samples"] = {name: per[k] for k, (name, _) in enumerate(self._sources or ())}
+        st["digest"], st["digest_rows"] = digest, rows
 
     def close(self) -> None:
         """Stops the workers and frees the loader at once (threads, open
@@ -525,12 +592,18 @@ class Loader(Generic[_B]):
                 c._set_stream_joiner(_join_streams)
             if self._remote is not None:
                 c.set_remote(self._remote)
-            for name, glob, paths in self._specs:
-                if paths is None:
-                    assert glob is not None  # _field_specs gives one of the two
-                    c.add_field(name, glob)
-                else:
-                    c.add_field_files(name, paths)
+            groups = [(None, self._specs)] if self._sources is None else self._sources
+            for source, specs in groups:
+                if source is not None:
+                    c.add_source(source)
+                for name, glob, paths in specs:
+                    if paths is None:
+                        assert glob is not None  # _field_specs gives one of the two
+                        c.add_field(name, glob)
+                    else:
+                        c.add_field_files(name, paths)
+            if self._sources is not None and self._weights is not None:
+                c.set_weights(self._weights)
             for opt, value in opts.items():
                 c.set(opt, value)
             if opts[_npyload.OPT_DEVICE] >= 0 and self._transforms:

@@ -36,6 +36,17 @@ class LoaderState(TypedDict):
     # 1 when the saved loop had run to its end (a resumed loader starts the
     # next epoch). A 0.3 dict may lack it (read as 0).
     loop_ended: int
+    # A mixture (Loader(sources=...)): the weights' history in force, a list
+    # with one value per source (an int with one source).
+    mix_samples: NotRequired[int | list[int]]
+    mix_weights: NotRequired[int | list[int]]
+    mix_draws: NotRequired[int | list[int]]
+    mix_block: NotRequired[int]
+    mix_epoch: NotRequired[int]
+    mix_position: NotRequired[int]
+    # The running digest of the rows handed out, and how many rows it covers.
+    _digest: NotRequired[int]
+    _digest_rows: NotRequired[int]
 
 @type_check_only
 class LoaderStats(TypedDict):
@@ -86,6 +97,9 @@ class LoaderStats(TypedDict):
     transform_workers: NotRequired[int]
     loop_wait_ns: NotRequired[int]
     loop_step_ns: NotRequired[int]
+    source_samples: NotRequired[dict[str, int]]
+    digest: NotRequired[int]
+    digest_rows: NotRequired[int]
 
 @type_check_only
 class HeaderInfo(TypedDict):
@@ -261,6 +275,7 @@ class Batch:
     def field(self, name_or_index: str | int, /) -> View: ...
     def indices_view(self) -> View: ...
     def indices_bytes(self) -> bytearray: ...
+    def sources_bytes(self) -> bytearray | None: ...
     def indices_list(self) -> list[int]: ...
     def augment_bytes(self, index: int, /) -> bytearray: ...
     def wait_stream(self, stream: int | None, /) -> None: ...
@@ -280,6 +295,9 @@ class Loader:
     def field_names(self) -> tuple[str, ...]: ...
     @property
     def closed(self) -> bool: ...
+    def add_source(self, name: str, /) -> None: ...
+    def set_weights(self, weights: Sequence[float], /) -> None: ...
+    def mix_stats(self) -> tuple[list[int], int, int]: ...
     def add_field(self, name: _Path, glob: _Path, /) -> None: ...
     def add_field_files(self, name: _Path, paths: Sequence[_Path], /) -> None: ...
     def set(self, option: int, value: int, /) -> None: ...
@@ -343,6 +361,7 @@ OPT_ALIGN: int
 OPT_ON_ERROR: int
 OPT_MAX_ERRORS: int
 OPT_READ_AHEAD: int
+OPT_SAMPLES_PER_EPOCH: int
 OPT_DEVICE_KERNELS: int
 
 PATH_NVRTC: int

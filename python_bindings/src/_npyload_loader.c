@@ -170,6 +170,74 @@ static PyObject *loader_add_field(NpyloadPy_Loader *self, PyObject *args)
     return res;
 }
 
+static PyObject *loader_add_source(NpyloadPy_Loader *self, PyObject *args)
+{
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s:add_source", &name))
+        return NULL;
+    if (loader_enter(self, "add_source()") < 0)
+        return NULL;
+    int rc = npyload_loader_add_source(self->L, name);
+    PyObject *res = rc < 0 ? loader_error(self, rc) : none_ref();
+    loader_leave(self);
+    return res;
+}
+
+/* set_weights(list of floats): npyload_loader_set_weights. */
+static PyObject *loader_set_weights(NpyloadPy_Loader *self, PyObject *arg)
+{
+    PyObject *seq = PySequence_Fast(arg, "weights must be a sequence of numbers");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    double *w = PyMem_Calloc((size_t)(n ? n : 1), sizeof *w);
+    PyObject *res = NULL;
+    if (!w) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        w[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
+        if (w[i] == -1.0 && PyErr_Occurred())
+            goto done;
+    }
+    if (loader_enter(self, "set_weights()") == 0) {
+        int rc;
+        npyload_loader *L = self->L;
+        Py_BEGIN_ALLOW_THREADS /* may rebuild the rest of the epoch's order */
+        rc = npyload_loader_set_weights(L, w, (size_t)n);
+        Py_END_ALLOW_THREADS
+        res = rc < 0 ? loader_error(self, rc) : none_ref();
+        loader_leave(self);
+    }
+done:
+    PyMem_Free(w);
+    Py_DECREF(seq);
+    return res;
+}
+
+/* mix_stats() -> (source_samples list, digest, digest_rows): shared like
+ * stats(). */
+static PyObject *loader_mix_stats(NpyloadPy_Loader *self, PyObject *unused)
+{
+    if (loader_share(self, "stats()") < 0)
+        return NULL;
+    size_t K = npyload_loader_num_sources(self->L);
+    PyObject *l = PyList_New((Py_ssize_t)K);
+    for (size_t k = 0; l && k < K; k++) {
+        PyObject *v = PyLong_FromLongLong(npyload_loader_source_samples(self->L, k));
+        if (!v)
+            Py_CLEAR(l);
+        else
+            PyList_SET_ITEM(l, (Py_ssize_t)k, v);
+    }
+    uint64_t d = 0, rows = 0;
+    npyload_loader_digest(self->L, &d, &rows);
+    if (!l)
+        return NULL;
+    return Py_BuildValue("NKK", l, (unsigned long long)d, (unsigned long long)rows);
+}
+
 static PyObject *loader_add_field_files(NpyloadPy_Loader *self, PyObject *args)
 {
     PyObject *name_b = NULL, *paths_obj;
@@ -1010,6 +1078,12 @@ static PyObject *loader_option_ranges(PyObject *unused_cls, PyObject *unused)
 static PyMethodDef loader_methods[] = {
     {"option_ranges", (PyCFunction)loader_option_ranges, METH_NOARGS | METH_STATIC,
      option_ranges_doc},
+    {"add_source", (PyCFunction)loader_add_source, METH_VARARGS,
+     "add_source(name): begins a source; the fields added next are its own."},
+    {"set_weights", (PyCFunction)loader_set_weights, METH_O,
+     "set_weights(weights): the sources' weights (npyload_loader_set_weights)."},
+    {"mix_stats", (PyCFunction)loader_mix_stats, METH_NOARGS,
+     "mix_stats() -> (rows per source, digest, digest_rows)."},
     {"add_field", (PyCFunction)loader_add_field, METH_VARARGS,
      "add_field(name, glob): a field made of the files matching glob, sorted."},
     {"add_field_files", (PyCFunction)loader_add_field_files, METH_VARARGS,
