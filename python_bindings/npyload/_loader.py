@@ -408,18 +408,22 @@ class Loader(Generic[_B]):
         loop, from the next epoch. Setting the weights in force again changes
         nothing, so a curriculum may set its schedule before every epoch.
         With several ranks, every rank calls it after the same number of
-        batches. Raises ValueError for names or values that do not fit,
+        batches. With ``transform=``, a running loop ends (its threads read
+        ahead): change the weights between epochs there. Raises ValueError
+        for names or values that do not fit,
         RuntimeError ("in use") while another call on this loader runs."""
         if self._sources is None:
             raise ValueError("set_weights(): this loader has no sources (Loader(sources=...))")
         w = _mix.weight_list(self._sources, weights)
         with self._in_use("set_weights()"):
             c = self._live()
-            self._stop_pipe()
-            c.set_weights(w)
+            if self._pipe is not None:
+                # transform= threads took batches ahead: their loop ends here
+                self._stop_pipe()
+                self._gen += 1
+                self._hook_state = None
+            c.set_weights(w)  # a plain loop goes on with the next batch
             self._weights = w
-            self._gen += 1  # a running loop goes on from the next batch
-            self._hook_state = None
 
     def state_dict(self) -> LoaderState:
         """The position after the last batch handed out (with transform=:
