@@ -30,6 +30,10 @@ typedef struct npyl_req {
     void *dst;
 } npyl_req;
 
+/* npyload_mask_urls on s in place (s holds cap bytes): what npyl_fail
+ * does to every message, for text formatted otherwise. */
+NPYL_HIDDEN void npyl_mask_urls_in(char *s, size_t cap);
+
 /* Monotonic clock in nanoseconds. */
 NPYL_HIDDEN uint64_t npyl_now_ns(void);
 

@@ -9,12 +9,13 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def check_sources(fields: Any, sources: Any, weights: Any, samples_per_epoch: Any
-                  ) -> tuple[list[tuple[str, list[tuple[str, str | None, list[str] | None]]]] | None,
+def check_sources(fields: Any, sources: Any, weights: Any, samples_per_epoch: Any,
+                  remote: Any = None) -> tuple[list[tuple[str, list[tuple[str, str | None, list[str] | None]]]] | None,
                              list[float] | None]:
     """([(source, field specs)], weights in the sources' order or None)
     from Loader's arguments; (None, None) without sources."""
-    from ._loader import _field_specs
+    from ._manifest import fields_of
+    from ._options import _field_specs
     if sources is None:
         if fields is None:
             raise TypeError("Loader() needs fields (a mapping from field name to a glob "
@@ -32,7 +33,7 @@ def check_sources(fields: Any, sources: Any, weights: Any, samples_per_epoch: An
         if not isinstance(name, str) or not name:
             raise TypeError(f"source names must be non-empty strings, got {name!r}")
         try:
-            specs = _field_specs(spec)
+            specs = _field_specs(fields_of(spec, remote))  # a manifest: its files
         except (TypeError, ValueError) as e:
             raise type(e)(f"source {name!r}: {e}") from None
         out.append((name, specs))

@@ -109,6 +109,33 @@ def check_values(batches, ref):
             np.testing.assert_array_equal(arr, ref[name][idx], err_msg=name)
 
 
+def file_digests(root):
+    """sha256 of every file under root but the writer's journal and lock
+    (they hold inodes and pids), by relative path."""
+    import hashlib
+    out = {}
+    for d, _, fs in os.walk(root):
+        for f in fs:
+            if f.startswith(".npyload-write."):
+                continue
+            p = os.path.join(d, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, root)] = hashlib.sha256(fh.read()).hexdigest()
+    return out
+
+
+def by_index(loader, like):
+    """One pass over the loader, each row put back at its global index:
+    {field: array shaped like like[field]} (then compare with the source)."""
+    got = {k: np.zeros_like(v) for k, v in like.items()}
+    for b in loader:
+        for r, i in enumerate(b.indices):
+            for k in like:
+                got[k][int(i)] = to_numpy(b[k][r])
+    loader.close()
+    return got
+
+
 def concat_indices(batches):
     if not batches:
         return np.zeros(0, dtype=np.int64)
