@@ -34,8 +34,10 @@ def check_sources(fields: Any, sources: Any, weights: Any, samples_per_epoch: An
             raise TypeError(f"source names must be non-empty strings, got {name!r}")
         try:
             specs = _field_specs(fields_of(spec, remote))  # a manifest: its files
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"source {name!r}: {e}") from None
+        except TypeError as e:
+            raise TypeError(f"source {name!r}: {e}") from None
+        except ValueError as e:
+            raise ValueError(f"source {name!r}: {e}") from None
         out.append((name, specs))
     first = [n for n, _, _ in out[0][1]]
     for name, specs in out[1:]:
