@@ -88,7 +88,7 @@ class Loader(Generic[_B]):
     # The type of a batch follows as_tuple and transform: Loader[Batch],
     # Loader[BatchTuple], or Loader[R] for a transform= returning R.
     @overload
-    def __init__(self: Loader[Batch], fields: _Fields | None = None, batch_size: int = 0,
+    def __init__(self: Loader[Batch], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
@@ -104,7 +104,7 @@ class Loader(Generic[_B]):
                  weights: Mapping[str, float] | None = None,
                  samples_per_epoch: int | None = None) -> None: ...
     @overload
-    def __init__(self: Loader[BatchTuple], fields: _Fields | None = None, batch_size: int = 0,
+    def __init__(self: Loader[BatchTuple], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
@@ -120,7 +120,7 @@ class Loader(Generic[_B]):
                  weights: Mapping[str, float] | None = None,
                  samples_per_epoch: int | None = None) -> None: ...
     @overload
-    def __init__(self: Loader[_T], fields: _Fields | None = None, batch_size: int = 0,
+    def __init__(self: Loader[_T], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
@@ -136,7 +136,7 @@ class Loader(Generic[_B]):
                  weights: Mapping[str, float] | None = None,
                  samples_per_epoch: int | None = None) -> None: ...
     @overload
-    def __init__(self: Loader[_T], fields: _Fields | None = None, batch_size: int = 0,
+    def __init__(self: Loader[_T], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
@@ -152,7 +152,7 @@ class Loader(Generic[_B]):
                  weights: Mapping[str, float] | None = None,
                  samples_per_epoch: int | None = None) -> None: ...
     @overload
-    def __init__(self: Loader[Any], fields: _Fields | None = None, batch_size: int = 0,
+    def __init__(self: Loader[Any], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
@@ -167,7 +167,7 @@ class Loader(Generic[_B]):
                  sources: Mapping[str, _Fields] | None = None,
                  weights: Mapping[str, float] | None = None,
                  samples_per_epoch: int | None = None) -> None: ...
-    def __init__(self, fields: _Fields | None = None, batch_size: int = 0,
+    def __init__(self, fields: _Fields | None = None, batch_size: Any = None,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
@@ -187,7 +187,7 @@ class Loader(Generic[_B]):
         self._closed = False
         self._pipe: _HookPipe | None = None
         self._in_use = _InUse()
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size == 0:
+        if batch_size is None:
             raise TypeError("Loader() needs batch_size (a positive int)")
         # A mixture: {source: fields}, each the mapping (or manifest) `fields` takes.
         self._sources, self._weights = _mix.check_sources(fields, sources, weights,

@@ -45,8 +45,8 @@ class LoaderState(TypedDict):
     mix_epoch: NotRequired[int]
     mix_position: NotRequired[int]
     # The running digest of the rows handed out, and how many rows it covers.
-    _digest: NotRequired[int]
-    _digest_rows: NotRequired[int]
+    _digest: int
+    _digest_rows: int
 
 @type_check_only
 class LoaderStats(TypedDict):
