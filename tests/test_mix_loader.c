@@ -6,6 +6,7 @@
  * plain pread of the files, the digest against XXH3 over the records that
  * npyload_digest.h documents, computed here from the delivered rows. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,8 @@
 #include "npyload.h"
 #include "order/npyload_mix.h"
 #include "testutil.h"
+#include "tu_store_fault.h"
+#include "loader/npyload_loader_internal.h"
 
 #define K 2
 #define SEED 7
@@ -360,4 +363,160 @@ Test(mix_loader, mismatched_source_is_named, .init = setup, .fini = teardown)
                   strstr(msg, "<f4"),
               "the message names both sources, the field and both values: %s", msg);
     npyload_loader_destroy(L);
+}
+
+/* ---- ON_ERROR skip with a sample twice in one batch ----
+ * Source 0 holds two samples, so a batch holds its sample 0 several times,
+ * each copy from another pass of the source, with its own augmentation.
+ * Reads of that sample fail the first `limit` times (the tests' fault
+ * store): the batch read, its retry, then the row reads in the batch's
+ * order, so the copies dropped are the first ones. The rows kept must
+ * carry their own positions' (source, index, pass): their augmentation
+ * decisions and transformed bytes are those of the same positions in a
+ * run without faults. Matching a kept row by its sample index gave a later
+ * copy the first copy's pass. */
+#define SKN1 40
+#define SKROW (6 * 6 * 4) /* float32 (6, 6) out */
+
+typedef struct skrow {
+    uint32_t source;
+    int64_t index;
+    uint8_t hf, vf;
+    int64_t top, left;
+    float px[6 * 6];
+} skrow;
+
+typedef struct skbatch {
+    size_t n;
+    skrow r[B];
+} skbatch;
+
+static npyload_loader *make_skip(int fault, tu_fault *f)
+{
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    if (fault)
+        cr_assert_eq(npyl_loader_register_store(L, &tu_store_fault, f), 0);
+    for (size_t k = 0; k < K; k++) {
+        char name[16], g[600];
+        snprintf(name, sizeof name, "src%zu", k);
+        snprintf(g, sizeof g, "%s%s/k%zuimg_*.npy", fault ? "fault://" : "", dir, k);
+        cr_assert_eq(npyload_loader_add_source(L, name), 0, "%s", npyload_loader_errmsg(L));
+        cr_assert_eq(npyload_loader_add_field(L, "img", g), 0, "%s", npyload_loader_errmsg(L));
+    }
+    npyload_transform tr = {.dtype = NPYLOAD_DTYPE_FLOAT32, .scale = 1.0f, .hflip = 0.5f,
+                            .vflip = 0.5f, .pad = 2, .crop_h = 6, .crop_w = 6};
+    cr_assert_eq(npyload_loader_set_transform(L, "img", &tr, sizeof tr), 0, "%s",
+                 npyload_loader_errmsg(L));
+    const double w[K] = {1, 1};
+    cr_assert_eq(npyload_loader_set_weights(L, w, K), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, B), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, NPYLOAD_SHUFFLE_FULL), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SEED, SEED), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, NPYLOAD_WORKERS_SYNC), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_ON_ERROR, 1), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    return L;
+}
+
+/* Epoch 0's batches into out[] (at most nmax); returns how many. */
+static size_t skip_epoch(npyload_loader *L, skbatch *out, size_t nmax)
+{
+    cr_assert_eq(npyload_loader_set_epoch(L, 0), 0);
+    size_t nb = 0;
+    npyload_batch *b;
+    int rc;
+    while ((rc = npyload_loader_next(L, &b)) == 0) {
+        cr_assert_lt(nb, nmax);
+        skbatch *o = &out[nb++];
+        o->n = npyload_batch_size(b);
+        uint8_t hf[B], vf[B];
+        int64_t top[B], left[B];
+        cr_assert_eq(npyload_batch_augment(b, 0, hf, vf, top, left), 0);
+        const float *px = (const float *)npyload_batch_field(b, 0)->data;
+        for (size_t r = 0; r < o->n; r++) {
+            o->r[r] = (skrow){.source = npyload_batch_sources(b)[r],
+                              .index = npyload_batch_indices(b)[r], .hf = hf[r], .vf = vf[r],
+                              .top = top[r], .left = left[r]};
+            memcpy(o->r[r].px, px + r * 36, sizeof o->r[r].px);
+        }
+        npyload_batch_release(b);
+    }
+    cr_assert_eq(rc, NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
+    return nb;
+}
+
+static int skrow_eq(const skrow *a, const skrow *b)
+{
+    return a->source == b->source && a->index == b->index && a->hf == b->hf &&
+           a->vf == b->vf && a->top == b->top && a->left == b->left &&
+           memcmp(a->px, b->px, sizeof a->px) == 0;
+}
+
+Test(mix_loader, skip_keeps_each_copys_own_pass, .init = setup, .fini = teardown)
+{
+    int64_t n0[] = {2}, n1[] = {SKN1 / 2, SKN1 / 2}, sh[] = {6, 6};
+    cr_assert_eq(tu_write_field(dir, "k0img", 21, "|u1", 1, 2, sh, n0, 1, 64), 0);
+    cr_assert_eq(tu_write_field(dir, "k1img", 22, "|u1", 1, 2, sh, n1, 2, 64), 0);
+    /* Sample 0 of source 0: its bytes in its file. */
+    char *path = tu_path(dir, "k0img_0000.npy");
+    int fd = open(path, O_RDONLY);
+    uint8_t h[10];
+    cr_assert(fd >= 0 && pread(fd, h, 10, 0) == 10);
+    close(fd);
+    free(path);
+    uint64_t data = 10 + (uint64_t)(h[8] | h[9] << 8);
+
+    static skbatch want[16], got[16];
+    tu_fault none = {0};
+    npyload_loader *R = make_skip(0, &none);
+    size_t nb = skip_epoch(R, want, 16);
+    npyload_loader_destroy(R);
+
+    int informative = 0;
+    for (uint64_t limit = 1; limit <= 24; limit++) {
+        tu_fault f = {.fail_path = "k0img_0000.npy", .fail_from = data, .fail_to = data + 36,
+                      .fail_code = -EIO, .fail_limit = limit};
+        npyload_loader *L = make_skip(1, &f);
+        cr_assert_eq(skip_epoch(L, got, 16), nb);
+        npyload_loader_destroy(L);
+        for (size_t bi = 0; bi < nb; bi++) {
+            const skbatch *w = &want[bi], *g = &got[bi];
+            cr_assert_leq(g->n, w->n);
+            size_t drop = w->n - g->n, ndup = 0, j = 0;
+            /* g = w less its first `drop` copies of (0, 0). */
+            for (size_t r = 0; r < w->n; r++) {
+                int dup = w->r[r].source == 0 && w->r[r].index == 0;
+                if (dup && ndup++ < drop)
+                    continue;
+                cr_assert_lt(j, g->n);
+                cr_assert(skrow_eq(&g->r[j], &w->r[r]),
+                          "limit %llu, batch %zu: kept row %zu is (%u, %lld) flips %d %d crop "
+                          "%lld %lld; planned row %zu is (%u, %lld) flips %d %d crop %lld %lld",
+                          (unsigned long long)limit, bi, j, g->r[j].source,
+                          (long long)g->r[j].index, g->r[j].hf, g->r[j].vf,
+                          (long long)g->r[j].top, (long long)g->r[j].left, r, w->r[r].source,
+                          (long long)w->r[r].index, w->r[r].hf, w->r[r].vf,
+                          (long long)w->r[r].top, (long long)w->r[r].left);
+                j++;
+            }
+            cr_assert_eq(j, g->n);
+            cr_assert_leq(drop, ndup);
+            /* A case that matching by sample index gets wrong: a copy kept
+             * after one dropped, with other decisions than the first. */
+            if (drop && drop < ndup) {
+                const skrow *first = NULL;
+                size_t c = 0;
+                for (size_t r = 0; r < w->n; r++)
+                    if (w->r[r].source == 0 && w->r[r].index == 0) {
+                        if (!first)
+                            first = &w->r[r];
+                        else if (c >= drop && !skrow_eq(first, &w->r[r]))
+                            informative++;
+                        c++;
+                    }
+            }
+        }
+    }
+    cr_assert_gt(informative, 0, "no batch kept a later copy whose decisions differ");
 }

@@ -377,21 +377,16 @@ int npyl_slots_build(npyl_ring *r, const npyl_order_params *op, int64_t *out,
     return 0;
 }
 
-void npyl_slots_mix_align(npyl_slot *s, const int64_t *src_off)
+void npyl_slots_mix_keep(npyl_slot *s, const size_t *kept)
 {
-    /* The kept rows are a subsequence of the planned ones, in order: walk
-     * both. A sample twice in one batch (a small source's passes, padding)
-     * reads the same bytes both times, so a failure drops both copies. */
+    /* By position, never by sample index: a sample twice in one batch (a
+     * small source's passes) has a row per copy, each with its own pass,
+     * and one copy's read may fail while the other's succeeds. kept[] is
+     * increasing, kept[r] >= r: moving rows down overwrites none unread. */
     if (!s->mrows || s->rows == s->planned)
         return;
-    size_t j = 0;
-    for (size_t r = 0; r < s->rows; r++) {
-        while (j < s->planned &&
-               src_off[s->mrows[j].source] + s->mrows[j].index != s->indices[r])
-            j++;
-        if (j < s->planned)
-            s->mrows[r] = s->mrows[j++];
-    }
+    for (size_t r = 0; r < s->rows; r++)
+        s->mrows[r] = s->mrows[kept[r]];
 }
 
 int npyl_slots_reset(npyl_ring *r, const npyl_order_params *op, int64_t first_seq,

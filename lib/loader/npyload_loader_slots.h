@@ -70,7 +70,7 @@ typedef struct npyl_slot {
     int64_t *indices;     /* slot_rows entries */
     /* A mixture (NULL otherwise; slot_rows entries each): each row's
      * mixture row as claimed (source, index within it, pass), kept in step
-     * with `indices` when ON_ERROR skip drops rows (npyl_slots_mix_align);
+     * with `indices` when ON_ERROR skip drops rows (npyl_slots_mix_keep);
      * at hand-out (next.c) `local` and `src` are what the batch accessors
      * give: the index within the source and the source. */
     npyl_mix_row *mrows;
@@ -238,8 +238,9 @@ static inline void npyl_slot_aug_key(const npyl_slot *s, size_t r, int64_t *seed
 }
 /* After ON_ERROR skip compacted s->indices (rows < planned): drops the
  * mixture rows of the rows dropped, so mrows[r] is again indices[r]'s
- * (src_off: the sources' first global indices). */
-NPYL_HIDDEN void npyl_slots_mix_align(npyl_slot *s, const int64_t *src_off);
+ * (kept[r]: the planned position of the row now at r, npyl_read_ctx's
+ * kept). */
+NPYL_HIDDEN void npyl_slots_mix_keep(npyl_slot *s, const size_t *kept);
 /* Marks the generation's pass as not ended (set_epoch keeping a restored
  * position). */
 NPYL_HIDDEN void npyl_slots_reopen(npyl_ring *r);

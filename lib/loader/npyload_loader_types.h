@@ -198,6 +198,9 @@ typedef struct npyl_read_ctx {
     size_t zdst_cap;
     struct npyl_ahead *ahead; /* NULL: no read-ahead */
     int read_here;        /* the batch begun was read by npyl_read_begin */
+    size_t *kept;         /* ON_ERROR skip: after a read that dropped rows,
+                             kept[r] is the position, in the batch as given,
+                             of the row now at r (read_skip.c) */
     char errmsg[NPYL_ERRMSG_LEN];
 } npyl_read_ctx;
 

@@ -210,7 +210,7 @@ static void read_done(npyl_worker *w, fill_job *j, int rc, uint64_t bytes, uint6
     npyl_slot *h = j->h;
     atomic_fetch_add(&env->st->io_ns, npyl_now_ns() - t0);
     atomic_fetch_add(&env->st->bytes, bytes);
-    npyl_slots_mix_align(h, env->ring->src_off); /* rows ON_ERROR skip dropped */
+    npyl_slots_mix_keep(h, w->rd.kept); /* rows ON_ERROR skip dropped */
     if (rc) {
         /* -ETIMEDOUT is next_timeout()'s "no batch yet": a read that timed
          * out (a soft NFS mount) is an I/O error, its message says which. */
