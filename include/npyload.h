@@ -772,8 +772,12 @@ NPYLOAD_API int npyload_loader_stop(npyload_loader *L);
  * one that returns last decides the order, and every batch next() hands out
  * after it returns, get_state() and num_batches() agree with it) and
  * against next() on another thread; see "Threads".
+ * A mixture knows its weights from the point they were put in force on
+ * (npyload_loader_set_weights): an epoch before that point is refused
+ * (load a state saved then to go back).
  * @return : 0, -ENOMEM (the loader then keeps its previous order), or
- *           NPYLOAD_ESTATE when destroy has begun on another thread. */
+ *           NPYLOAD_ESTATE when destroy has begun on another thread, or
+ *           (a mixture) for an epoch before the weights in force began. */
 NPYLOAD_API int npyload_loader_set_epoch(npyload_loader *L, uint64_t epoch);
 
 /*! npyload_loader_num_batches() : batches per epoch for this rank (of the

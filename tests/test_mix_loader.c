@@ -242,7 +242,7 @@ Test(mix_loader, rows_bytes_and_digest_match_the_order, .init = setup, .fini = t
 /* save_state mid-epoch (after a mid-epoch weight change), load into a new
  * loader with another worker count: the next rows are exactly those the
  * saved loader goes on to give, the digest continues. */
-static void resume_case(int64_t workers_after)
+static void resume_case(int64_t workers_after, int load_after_start)
 {
     const double w0[K] = {1, 1}, w1[K] = {3, 1};
     npyload_loader *L = make(2, w0);
@@ -293,9 +293,15 @@ static void resume_case(int64_t workers_after)
     cr_assert(changed, "the weight change changes the rest of the epoch");
 
     npyload_loader *R = make(workers_after, w0);
+    if (load_after_start) { /* a started loader abandons its position */
+        cr_assert_eq(npyload_loader_start(R), 0, "%s", npyload_loader_errmsg(R));
+        cr_assert_eq(take(R, &b), 0);
+        b.n = 0; /* per_source keeps them: source_samples counts from start */
+    }
     cr_assert_eq(npyload_loader_load_state(R, st, (size_t)len), 0, "%s",
                  npyload_loader_errmsg(R));
-    cr_assert_eq(npyload_loader_start(R), 0, "%s", npyload_loader_errmsg(R));
+    if (!load_after_start)
+        cr_assert_eq(npyload_loader_start(R), 0, "%s", npyload_loader_errmsg(R));
     /* The resumed digest and counts start from the saved ones. */
     uint64_t d, rows;
     cr_assert_eq(npyload_loader_digest(R, &d, &rows), 0);
@@ -335,12 +341,19 @@ static void resume_case(int64_t workers_after)
 
 Test(mix_loader, resume_mid_epoch_at_three_workers, .init = setup, .fini = teardown)
 {
-    resume_case(3);
+    resume_case(3, 0);
+}
+
+/* load_state into a started loader: it freed the state's mixture bytes
+ * twice. */
+Test(mix_loader, resume_into_a_started_loader, .init = setup, .fini = teardown)
+{
+    resume_case(2, 1);
 }
 
 Test(mix_loader, resume_mid_epoch_without_worker_threads, .init = setup, .fini = teardown)
 {
-    resume_case(NPYLOAD_WORKERS_SYNC);
+    resume_case(NPYLOAD_WORKERS_SYNC, 0);
 }
 
 /* A source whose fields differ from source 0's is refused, naming both. */

@@ -642,6 +642,7 @@ static int set_state_ctl(npyload_loader *L, const npyload_state *st, int ended,
             return rc;
         }
         free(mb);
+        mb = NULL;
         if (mix)
             L->ring.mix = mix; /* the saved history, with the saved seed and shuffle */
         rc = npyl_slots_reset(&L->ring, &op, first_seq, ended);
