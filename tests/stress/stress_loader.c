@@ -39,18 +39,25 @@ static char *dir, glob_a[512], glob_b[512];
  * for these stored rows delivered as they are) and with 0, the default. */
 static int64_t read_ahead;
 
+/* Row r of fields a and b holds global sample g. */
+static int row_ok(const uint8_t *a, const uint8_t *c, size_t r, uint64_t g)
+{
+    for (size_t i = 0; i < 60; i++)
+        if (a[r * 60 + i] != tu_byte(1, g, i))
+            return 0;
+    for (size_t i = 0; i < 15; i++)
+        if (c[r * 15 + i] != tu_byte(2, g, i))
+            return 0;
+    return 1;
+}
+
 static int batch_ok(npyload_batch *b)
 {
     const int64_t *idx = npyload_batch_indices(b);
     const uint8_t *a = npyload_batch_field(b, 0)->data, *c = npyload_batch_field(b, 1)->data;
-    for (size_t r = 0; r < npyload_batch_size(b); r++) {
-        for (size_t i = 0; i < 60; i++)
-            if (a[r * 60 + i] != tu_byte(1, (uint64_t)idx[r], i))
-                return 0;
-        for (size_t i = 0; i < 15; i++)
-            if (c[r * 15 + i] != tu_byte(2, (uint64_t)idx[r], i))
-                return 0;
-    }
+    for (size_t r = 0; r < npyload_batch_size(b); r++)
+        if (!row_ok(a, c, r, (uint64_t)idx[r]))
+            return 0;
     return 1;
 }
 
@@ -576,13 +583,8 @@ static int mix_batch_ok(npyload_batch *b)
     for (size_t r = 0; r < npyload_batch_size(b); r++) {
         if (src[r] > 1 || idx[r] < 0 || idx[r] >= (src[r] ? N - MIX_OFF1 : MIX_OFF1))
             return 0;
-        uint64_t g = (uint64_t)(idx[r] + (src[r] ? MIX_OFF1 : 0));
-        for (size_t i = 0; i < 60; i++)
-            if (a[r * 60 + i] != tu_byte(1, g, i))
-                return 0;
-        for (size_t i = 0; i < 15; i++)
-            if (c[r * 15 + i] != tu_byte(2, g, i))
-                return 0;
+        if (!row_ok(a, c, r, (uint64_t)(idx[r] + (src[r] ? MIX_OFF1 : 0))))
+            return 0;
     }
     return 1;
 }
