@@ -838,10 +838,26 @@ int64_t npyload_loader_save_state(const npyload_loader *L, void *buf, size_t cap
         return NPYLOAD_EINVAL;
     if (npyl_in_child(L))
         return NPYLOAD_EFORKED;
+    /* The position, the mixture's segment and the digest in one turn of
+     * the control lock: load_state / set_weights on another thread replace
+     * the mixture (and free the old one) only while holding the turn. */
+    size_t K = L->nsources;
+    uint64_t *mv = K ? calloc(3 * K, sizeof *mv) : NULL;
+    if (K && !mv)
+        return -ENOMEM;
+    uint64_t mblock = 0, mepoch = 0, mposition = 0, dig = 0, dig_rows = 0;
     posnow p;
-    int rc = position_now(L, &p);
-    if (rc)
+    npyload_loader *M = read_begin(L);
+    int rc = position_of(L, &p);
+    if (rc == 0 && K)
+        rc = mix_segment_now(L, &p, mv, mv + K, mv + 2 * K, &mblock, &mepoch, &mposition);
+    if (rc == 0)
+        npyload_loader_digest(L, &dig, &dig_rows);
+    read_end(M);
+    if (rc) {
+        free(mv);
         return rc;
+    }
     npyload_state st;
     state_of(L, &p, &st);
     const srec recs[] = {
@@ -859,25 +875,16 @@ int64_t npyload_loader_save_state(const npyload_loader *L, void *buf, size_t cap
         {"loop_ended", 'i', (uint64_t)p.ended, 0, NULL},
         /* a mixture (filled below) */
         {"mix_samples", 'i', 0, 0, NULL}, {"mix_weights", 'u', 0, 0, NULL}, {"mix_draws", 'i', 0, 0, NULL},
-        {"mix_block", 'i', 0, 0, NULL}, {"mix_epoch", 'u', 0, 0, NULL}, {"mix_position", 'i', 0, 0, NULL},
+        {"mix_block", 'i', mblock, 0, NULL}, {"mix_epoch", 'u', mepoch, 0, NULL},
+        {"mix_position", 'i', mposition, 0, NULL},
         /* may be dropped: delivers the same rows */
-        {"_digest", 'u', 0, 0, NULL}, {"_digest_rows", 'u', 0, 0, NULL},
+        {"_digest", 'u', dig, 0, NULL}, {"_digest_rows", 'u', dig_rows, 0, NULL},
     };
     srec rec[sizeof recs / sizeof recs[0]];
     memcpy(rec, recs, sizeof recs);
     size_t nrec = sizeof recs / sizeof recs[0];
-    size_t K = L->nsources;
-    uint64_t *mv = K ? calloc(3 * K, sizeof *mv) : NULL;
-    if (K && !mv)
-        return -ENOMEM;
     size_t at_mix = 12;
     if (K) {
-        rc = mix_segment_now(L, &p, mv, mv + K, mv + 2 * K, &rec[at_mix + 3].v,
-                             &rec[at_mix + 4].v, &rec[at_mix + 5].v);
-        if (rc) {
-            free(mv);
-            return rc;
-        }
         for (int j = 0; j < 3; j++) {
             rec[at_mix + (size_t)j].count = K;
             rec[at_mix + (size_t)j].vals = mv + (size_t)j * K;
@@ -886,7 +893,6 @@ int64_t npyload_loader_save_state(const npyload_loader *L, void *buf, size_t cap
         memmove(rec + at_mix, rec + at_mix + 6, 2 * sizeof *rec);
         nrec -= 6;
     }
-    npyload_loader_digest(L, &rec[nrec - 2].v, &rec[nrec - 1].v);
     size_t len = 12;
     for (size_t i = 0; i < nrec; i++)
         len += 1 + strlen(rec[i].name) + 1 + 4 + 8 * (rec[i].count ? rec[i].count : 1);
