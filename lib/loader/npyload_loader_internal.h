@@ -59,11 +59,14 @@
 #define MAX_QUEUE_DEPTH 4096
 #define DEV_ALIGN 256u
 
-/* One past the largest npyload_option: the table's values are 1 .. count
- * (checked by static assertions next to opt_name). */
-#define NPYL_XX_COUNT(name, value, doc) +1
-enum { NPYL_NUM_OPTS = 1 NPYLOAD_OPTION_MAP(NPYL_XX_COUNT) };
-#undef NPYL_XX_COUNT
+/* One past the largest npyload_option. The table's values are positive
+ * but need not be contiguous: a union of one char[value] per option is as
+ * large as the largest value (checked by static assertions next to
+ * opt_name). */
+#define NPYL_XX_SIZE(name, value, doc) char name[value];
+union npyl_opt_largest { NPYLOAD_OPTION_MAP(NPYL_XX_SIZE) };
+#undef NPYL_XX_SIZE
+enum { NPYL_NUM_OPTS = (int)sizeof(union npyl_opt_largest) + 1 };
 
 /* npyload_loader_set_path: one past the largest npyload_path_option, and
  * the longest path (with its NUL). */
@@ -174,6 +177,10 @@ struct npyload_loader {
     npyl_work_env env;        /* [create] the workers' view: ring, rv, dev, st */
     npyl_worker *workers;     /* [start.c] */
     size_t nworkers;
+    /* [fill.c, ctl] The background cache fill (NPYLOAD_OPT_CACHE_FILL):
+     * made by the first start that fills, its thread stopped by stop and
+     * destroy, freed with the loader; read by stats on any thread. */
+    struct npyl_fill *fill;
 
     /* [msg] The text of the last failure: written only through
      * npyl_loader_fail / _msg / _clear (npyload_loader.c), under msg_mu, a
@@ -246,6 +253,18 @@ NPYL_HIDDEN int npyl_state_mix_new(npyload_loader *L, int64_t seed, int shuffle,
 NPYL_HIDDEN void npyl_loader_order_of(const npyload_loader *L, npyl_order_params *op);
 NPYL_HIDDEN void npyl_loader_adopt_order(npyload_loader *L, int64_t seed, int64_t shuffle,
                                          int64_t drop_last);
+
+/* npyload_loader_fill.c: the background cache fill. start (the last step,
+ * the workers running) plans it and starts its thread when the option and
+ * the stores say so (never fails: a fill is an optimisation); stop joins
+ * the thread (the caller set the stores' cancel first); free stops and
+ * frees; stats adds its progress. */
+NPYL_HIDDEN void npyl_fill_start(npyload_loader *L);
+NPYL_HIDDEN void npyl_fill_stop(npyload_loader *L);
+NPYL_HIDDEN void npyl_fill_free(npyload_loader *L);
+NPYL_HIDDEN void npyl_fill_stats(const npyload_loader *L, npyload_stats *out);
+/* Its failure's message into buf (len > 0), "" when none. Any thread. */
+NPYL_HIDDEN void npyl_fill_error(const npyload_loader *L, char *buf, size_t len);
 
 /* npyload_loader.c: frees what start allocated (the loader returns to its
  * pre-start state). */

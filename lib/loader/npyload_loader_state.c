@@ -764,20 +764,6 @@ typedef struct srec {
     const uint64_t *vals;
 } srec;
 
-static void put_le(unsigned char *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint64_t get_le(const unsigned char *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = n; i-- > 0;)
-        v = v << 8 | p[i];
-    return v;
-}
-
 /* A mixture's segment as the state saves it (n, U, D per source; block,
  * epoch, position): the running mixture's, a restored one still pending,
  * or before start the first segment of the weights given. */
@@ -902,9 +888,9 @@ int64_t npyload_loader_save_state(const npyload_loader *L, void *buf, size_t cap
     }
     unsigned char *o = buf;
     memcpy(o, "NPYS", 4);
-    put_le(o + 4, NPYL_STATE_FORMAT, 2);
-    put_le(o + 6, nrec, 2);
-    put_le(o + 8, len, 4);
+    npyl_put_le(o + 4, NPYL_STATE_FORMAT, 2);
+    npyl_put_le(o + 6, nrec, 2);
+    npyl_put_le(o + 8, len, 4);
     size_t at = 12;
     for (size_t i = 0; i < nrec; i++) {
         size_t nl = strlen(rec[i].name);
@@ -913,10 +899,10 @@ int64_t npyload_loader_save_state(const npyload_loader *L, void *buf, size_t cap
         at += nl;
         o[at++] = (unsigned char)rec[i].type;
         size_t count = rec[i].count ? rec[i].count : 1;
-        put_le(o + at, count, 4);
+        npyl_put_le(o + at, count, 4);
         at += 4;
         for (size_t j = 0; j < count; j++, at += 8)
-            put_le(o + at, rec[i].count ? rec[i].vals[j] : rec[i].v, 8);
+            npyl_put_le(o + at, rec[i].count ? rec[i].vals[j] : rec[i].v, 8);
     }
     free(mv);
     return (int64_t)len;
@@ -957,7 +943,8 @@ static int parse_state(npyload_loader *L, const unsigned char *b, size_t len,
     if (len < 12 || memcmp(b, "NPYS", 4) != 0)
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: not an npyload state (no "
                                 "\"NPYS\" at its start, %zu bytes)", len);
-    uint64_t format = get_le(b + 4, 2), nrec = get_le(b + 6, 2), total = get_le(b + 8, 4);
+    uint64_t format = npyl_get_le(b + 4, 2), nrec = npyl_get_le(b + 6, 2);
+    uint64_t total = npyl_get_le(b + 8, 4);
     if (format != NPYL_STATE_FORMAT)
         return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state: format %" PRIu64
                                 ", this library reads format %d", format, NPYL_STATE_FORMAT);
@@ -985,7 +972,7 @@ static int parse_state(npyload_loader *L, const unsigned char *b, size_t len,
                                         " has a bad name (only a-z, 0-9 and _)", r + 1);
         at += nl;
         int type = b[at++];
-        uint64_t count = get_le(b + at, 4);
+        uint64_t count = npyl_get_le(b + at, 4);
         at += 4;
         if (type != 'i' && type != 'u' && type != 'f')
             return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: record '%s' has an "
@@ -1017,7 +1004,7 @@ static int parse_state(npyload_loader *L, const unsigned char *b, size_t len,
         if (count != 1)
             return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: record '%s' holds %"
                                     PRIu64 " values, one expected", name, count);
-        int rc = rec_value(L, which, type, get_le(values, 8), &val[which]);
+        int rc = rec_value(L, which, type, npyl_get_le(values, 8), &val[which]);
         if (rc)
             return rc;
         have[which] = 1;
@@ -1082,7 +1069,7 @@ static int parse_mix_record(npyload_loader *L, const char *name, int type, uint6
         if (count != 1 || type == 'f')
             return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: record '%s' must be one "
                                     "integer", name);
-        uint64_t v = get_le(values, 8);
+        uint64_t v = npyl_get_le(values, 8);
         int *have[] = {&m->have_block, &m->have_epoch, &m->have_position, &m->have_digest,
                        &m->have_digest};
         uint64_t *dst[] = {&m->block, &m->epoch, &m->position, &m->digest, &m->digest_rows};

@@ -11,19 +11,19 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 from . import _loader_doc
 from . import _npyload
-from . import _manifest, _mix, _remote
+from . import _habits, _mix, _remote
 from ._batch import _bfloat16_numpy, _wrap_raw
 from ._hook import _HookPipe, _LoopClock, _check_hook_workers, _hook_depth
 from ._hook import _hook_prefetch, _rng_key
 from ._options import _EPOCH_MAX, _IO, _check_choices, _check_counts, _check_transforms
-from ._options import _field_specs, _int_arg, _kernel_paths, _resolve_ranks
+from ._options import _int_arg, _kernel_paths, _resolve_ranks
 from ._torch import _join_streams, _torch_or_none
 from ._iterate import _InUse, _Iterator
 from ._transform import _TDTYPES, Transform
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping, Sequence
-    from typing import Literal, Protocol, Union
+    from typing import Literal, Optional, Protocol, Union
 
     from typing_extensions import Self
     from typing_extensions import TypeVar as _TypeVarDefault
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         def type(self) -> str: ...
 
     _Fields = Union[Mapping[str, Union[_Path, Sequence[_Path]]], _Path]  # or a manifest
+    _Sources, _Weights = Optional[Mapping[str, _Fields]], Optional[Mapping[str, float]]
     _Shuffle = Union[bool, Literal["full", "local", "none"]]
     _Device = Union[str, int, _TorchDevice, None]
     _IOName = Literal["auto", "uring", "io_uring", "pread", "mmap"]
@@ -64,6 +65,16 @@ def _slots_for(prefetch: int, transform: object) -> int:
     return _hook_depth(prefetch) + 3
 
 
+def _check_cache_fill(cache_fill: object) -> int:
+    """The library's CACHE_FILL of ``cache_fill=``: None (auto) 0, True 1,
+    False -1."""
+    if cache_fill is None:
+        return 0
+    if not isinstance(cache_fill, bool):
+        raise TypeError(f"cache_fill must be None, True or False, got {cache_fill!r}")
+    return 1 if cache_fill else -1
+
+
 class Loader(Generic[_B]):
     __doc__ = _loader_doc.LOADER  # parameters, hook, epochs, threads, examples
 
@@ -74,6 +85,7 @@ class Loader(Generic[_B]):
     drop_last: bool
     num_workers: int
     read_ahead: bool
+    cache_fill: bool | None
     num_slots: int
     prefetch: int
     device: int
@@ -82,6 +94,7 @@ class Loader(Generic[_B]):
     copy: bool
     as_tuple: bool
     field_names: tuple[str, ...]
+    source_names: tuple[str, ...]  # sources=' names, in their order
     transform: Callable[[Any], Any] | None
     transform_workers: int
 
@@ -100,9 +113,9 @@ class Loader(Generic[_B]):
                  as_tuple: Literal[False] = False, transform: None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
-                 sources: Mapping[str, _Fields] | None = None,
-                 weights: Mapping[str, float] | None = None,
-                 samples_per_epoch: int | None = None) -> None: ...
+                 cache_fill: bool | None = None, *,
+                 persistent_workers: bool = False, in_order: bool = True, sources: _Sources = None,
+                 weights: _Weights = None, samples_per_epoch: int | None = None) -> None: ...
     @overload
     def __init__(self: Loader[BatchTuple], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -116,9 +129,9 @@ class Loader(Generic[_B]):
                  as_tuple: Literal[True] = ..., transform: None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
-                 sources: Mapping[str, _Fields] | None = None,
-                 weights: Mapping[str, float] | None = None,
-                 samples_per_epoch: int | None = None) -> None: ...
+                 cache_fill: bool | None = None, *,
+                 persistent_workers: bool = False, in_order: bool = True, sources: _Sources = None,
+                 weights: _Weights = None, samples_per_epoch: int | None = None) -> None: ...
     @overload
     def __init__(self: Loader[_T], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -132,9 +145,9 @@ class Loader(Generic[_B]):
                  as_tuple: Literal[False] = False, transform: Callable[[Batch], _T] = ...,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
-                 sources: Mapping[str, _Fields] | None = None,
-                 weights: Mapping[str, float] | None = None,
-                 samples_per_epoch: int | None = None) -> None: ...
+                 cache_fill: bool | None = None, *,
+                 persistent_workers: bool = False, in_order: bool = True, sources: _Sources = None,
+                 weights: _Weights = None, samples_per_epoch: int | None = None) -> None: ...
     @overload
     def __init__(self: Loader[_T], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -148,9 +161,9 @@ class Loader(Generic[_B]):
                  as_tuple: Literal[True] = ..., transform: Callable[[BatchTuple], _T] = ...,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
-                 sources: Mapping[str, _Fields] | None = None,
-                 weights: Mapping[str, float] | None = None,
-                 samples_per_epoch: int | None = None) -> None: ...
+                 cache_fill: bool | None = None, *,
+                 persistent_workers: bool = False, in_order: bool = True, sources: _Sources = None,
+                 weights: _Weights = None, samples_per_epoch: int | None = None) -> None: ...
     @overload
     def __init__(self: Loader[Any], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -164,9 +177,9 @@ class Loader(Generic[_B]):
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
-                 sources: Mapping[str, _Fields] | None = None,
-                 weights: Mapping[str, float] | None = None,
-                 samples_per_epoch: int | None = None) -> None: ...
+                 cache_fill: bool | None = None, *,
+                 persistent_workers: bool = False, in_order: bool = True, sources: _Sources = None,
+                 weights: _Weights = None, samples_per_epoch: int | None = None) -> None: ...
     def __init__(self, fields: _Fields | None = None, batch_size: Any = None,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
@@ -179,25 +192,22 @@ class Loader(Generic[_B]):
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
-                 sources: Mapping[str, _Fields] | None = None,
-                 weights: Mapping[str, float] | None = None,
-                 samples_per_epoch: int | None = None) -> None:
+                 cache_fill: bool | None = None, *,
+                 persistent_workers: bool = False, in_order: bool = True, sources: _Sources = None,
+                 weights: _Weights = None, samples_per_epoch: int | None = None,
+                 **dataloader_kw: Any) -> None:
+        _habits.dataloader_keywords(  # DataLoader's names, answered
+            {"persistent_workers": persistent_workers, "in_order": in_order, **dataloader_kw})
         self._running = False   # the C loader was started (the first iter())
         self._pid = _os.getpid()  # of the process that made it
         self._closed = False
         self._pipe: _HookPipe | None = None
         self._in_use = _InUse()
-        if batch_size is None:
-            raise TypeError("Loader() needs batch_size (a positive int)")
-        # A mixture: {source: fields}, each the mapping (or manifest) `fields` takes.
-        self._sources, self._weights = _mix.check_sources(fields, sources, weights,
-                                                          samples_per_epoch, remote)
-        specs = _field_specs(_manifest.fields_of(fields, remote)) if self._sources is None \
-            else [spec for _, sp in self._sources for spec in sp]  # a manifest: its files
-        self._remote = _remote.build(
-            remote, [p for _, g, ps in specs for p in ([g] if g is not None else ps or [])])
-        if self._sources is not None:
-            specs = self._sources[0][1]
+        # specs: the fields (of sources=' first source); files: every source's
+        specs, files, self._sources, self._weights = _mix.check_args(
+            fields, batch_size, sources, weights, samples_per_epoch, remote)
+        self.source_names = tuple(name for name, _ in self._sources or ())
+        self._remote = _remote.build(remote, files)
         batch_size, seed, num_workers, prefetch, window, max_errors = _check_counts(
             batch_size, seed, num_workers, prefetch, window, max_errors, transform)
         shuffle_mode, dev, pin_memory = _check_choices(
@@ -235,9 +245,9 @@ class Loader(Generic[_B]):
             _npyload.OPT_ON_ERROR: 1 if on_error == "skip" else 0,
             _npyload.OPT_MAX_ERRORS: max_errors,
             _npyload.OPT_READ_AHEAD: 0 if read_ahead else -1,
+            _npyload.OPT_CACHE_FILL: _check_cache_fill(cache_fill),
+            _npyload.OPT_SAMPLES_PER_EPOCH: samples_per_epoch or 0,  # 0: the sources' sum
         }
-        if samples_per_epoch is not None:
-            self._opts[_npyload.OPT_SAMPLES_PER_EPOCH] = samples_per_epoch
         if pin_memory is not None:
             self._opts[_npyload.OPT_PIN_MEMORY] = int(pin_memory)
         self._opts[_npyload.OPT_DEVICE] = dev  # last: it may load CUDA
@@ -249,6 +259,7 @@ class Loader(Generic[_B]):
         self.drop_last = bool(drop_last)
         self.num_workers = num_workers
         self.read_ahead = bool(read_ahead)
+        self.cache_fill = cache_fill
         # The library's PREFETCH, as it reports it once started (host slots,
         # or device slots with a CUDA device; the range was checked).
         self.num_slots = self._opts[_npyload.OPT_PREFETCH]
@@ -261,6 +272,8 @@ class Loader(Generic[_B]):
         self._gen = 0  # bumped by each call that supersedes a running loop
         self._hook_state = None  # with transform=: the state the consumer is at
         self._clock = _LoopClock(transform_workers)  # with transform=: hook, loop wait, step
+        _habits.construction_warnings(specs, self._transforms, len(self), batch_size,
+                                      -(-self._n // world_size), bool(drop_last), stacklevel=3)
 
     def _pick_output(self, output: str, dev: int) -> None:
         """torch when it is importable (or asked for), else numpy."""
@@ -370,37 +383,7 @@ class Loader(Generic[_B]):
             self._stop_pipe()
             raise
 
-    @property
-    def source_names(self) -> tuple[str, ...]:
-        """The sources' names in the order of ``sources`` (``batch.source``
-        indexes it); () without sources."""
-        return tuple(name for name, _ in self._sources or ())
-
-    def set_weights(self, weights: Mapping[str, float]) -> None:
-        """Changes the sources' weights (a mapping over every source's name;
-        only their ratios count). Before the first loop, the weights from
-        epoch 0 on (or, after load_state_dict, from the resumed position).
-        Once running, exactly from the next batch: the change is recorded in
-        state_dict(), so a resume reproduces it; at the end of an epoch's
-        loop, from the next epoch. Setting the weights in force again changes
-        nothing, so a curriculum may set its schedule before every epoch.
-        With several ranks, every rank calls it after the same number of
-        batches. With ``transform=``, a running loop ends (its threads read
-        ahead): change the weights between epochs there. Raises ValueError
-        for names or values that do not fit,
-        RuntimeError ("in use") while another call on this loader runs."""
-        if self._sources is None:
-            raise ValueError("set_weights(): this loader has no sources (Loader(sources=...))")
-        w = _mix.weight_list(self._sources, weights)
-        with self._in_use("set_weights()"):
-            c = self._live()
-            if self._pipe is not None:
-                # transform= threads took batches ahead: their loop ends here
-                self._stop_pipe()
-                self._gen += 1
-                self._hook_state = None
-            c.set_weights(w)  # a plain loop goes on with the next batch
-            self._weights = w
+    set_weights = _mix.set_weights  # with sources=
 
     def state_dict(self) -> LoaderState:
         """The position after the last batch handed out (with transform=:
@@ -512,27 +495,17 @@ class Loader(Generic[_B]):
             st["device"] = self.device
             st["hook_ns"] = st["loop_wait_ns"] = st["loop_step_ns"] = 0
             st["transform_workers"] = 0 if self.transform is None else self.transform_workers
-            self._mix_stats(self._c, st)
-            return st
+            return _mix.add_stats(c, self._sources, st)
         if self.transform is None:
             st = cast("LoaderStats", c.stats())
-            self._mix_stats(c, st)
             st["hook_ns"] = st["transform_workers"] = 0
             st["loop_wait_ns"], st["loop_step_ns"] = st["wait_ns"], st["step_ns"]
-            return st
+            return _mix.add_stats(c, self._sources, st)
         st = cast("LoaderStats", c.stats(hook_ns=k.verdict_hook_ns(), loop_wait_ns=k.wait_ns,
                                          loop_step_ns=k.step_ns))
         st["hook_ns"], st["loop_wait_ns"], st["loop_step_ns"] = k.hook_ns, k.wait_ns, k.step_ns
         st["transform_workers"] = self.transform_workers
-        self._mix_stats(c, st)
-        return st
-
-    def _mix_stats(self, c: Any, st: Any) -> None:
-        """stats()' source_samples ({source: rows handed out}), digest and
-        digest_rows (the running digest of the rows handed out)."""
-        per, digest, rows = c.mix_stats()
-        st["source_samples"] = {name: per[k] for k, (name, _) in enumerate(self._sources or ())}
-        st["digest"], st["digest_rows"] = digest, rows
+        return _mix.add_stats(c, self._sources, st)
 
     def close(self) -> None:
         """Stops the workers and frees the loader at once (threads, open
@@ -573,18 +546,7 @@ class Loader(Generic[_B]):
                 c._set_stream_joiner(_join_streams)
             if self._remote is not None:
                 c.set_remote(self._remote)
-            groups = [(None, self._specs)] if self._sources is None else self._sources
-            for source, specs in groups:
-                if source is not None:
-                    c.add_source(source)
-                for name, glob, paths in specs:
-                    if paths is None:
-                        assert glob is not None  # _field_specs gives one of the two
-                        c.add_field(name, glob)
-                    else:
-                        c.add_field_files(name, paths)
-            if self._sources is not None and self._weights is not None:
-                c.set_weights(self._weights)
+            _mix.add_fields(c, self._specs, self._sources, self._weights)  # or sources
             for opt, value in opts.items():
                 c.set(opt, value)
             if opts[_npyload.OPT_DEVICE] >= 0 and self._transforms:
@@ -611,7 +573,8 @@ class Loader(Generic[_B]):
         options, and keeps what the loader reports before it starts."""
         opts = dict(self._opts)
         opts.update({_npyload.OPT_BATCH_SIZE: 1, _npyload.OPT_NUM_WORKERS: -1,
-                     _npyload.OPT_PREFETCH: 1, _npyload.OPT_READ_AHEAD: -1})
+                     _npyload.OPT_PREFETCH: 1, _npyload.OPT_READ_AHEAD: -1,
+                     _npyload.OPT_CACHE_FILL: -1})  # the check fills nothing
         c = self._new_c(opts)
         try:
             c.start()

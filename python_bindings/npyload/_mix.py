@@ -1,12 +1,92 @@
 """Loader(sources=..., weights=...): the arguments of a mixture checked and
-put in the library's order (the semantics are the C library's:
-lib/order/npyload_mix.h, docs/mixing.md)."""
+put in the library's order, the C loader's sources, set_weights and the
+mixture's stats (the semantics are the C library's: lib/order/npyload_mix.h,
+docs/mixing.md)."""
 from __future__ import annotations
 
 import math
 import numbers
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional
+
+from ._manifest import fields_of
+from ._options import _field_specs
+
+if TYPE_CHECKING:
+    from ._loader import Loader
+    from ._npyload import LoaderStats
+
+_Specs = list[tuple[str, Optional[str], Optional[list[str]]]]
+_Sources = list[tuple[str, _Specs]]
+
+
+def check_args(fields: Any, batch_size: Any, sources: Any, weights: Any,
+               samples_per_epoch: Any, remote: Any) -> tuple[_Specs, list[str], _Sources | None,
+                                                             list[float] | None]:
+    """Loader's fields or sources: (the field specs (of the first source),
+    every file or glob of every source (for remote=), [(source, specs)] or
+    None, the weights in the sources' order or None)."""
+    if batch_size is None:
+        raise TypeError("Loader() needs batch_size (a positive int)")
+    srcs, w = check_sources(fields, sources, weights, samples_per_epoch, remote)
+    every = _field_specs(fields_of(fields, remote)) if srcs is None else \
+        [spec for _, sp in srcs for spec in sp]  # a manifest: its files
+    files = [p for _, g, ps in every for p in ([g] if g is not None else ps or [])]
+    return (every if srcs is None else srcs[0][1]), files, srcs, w
+
+
+def add_fields(c: Any, specs: _Specs, sources: _Sources | None,
+               weights: list[float] | None) -> None:
+    """The fields (or each source, then its fields, and the weights) added
+    to the C loader `c`."""
+    for source, group in [(None, specs)] if sources is None else sources:
+        if source is not None:
+            c.add_source(source)
+        for name, glob, paths in group:
+            if paths is None:
+                assert glob is not None  # _field_specs gives one of the two
+                c.add_field(name, glob)
+            else:
+                c.add_field_files(name, paths)
+    if sources is not None and weights is not None:
+        c.set_weights(weights)
+
+
+def add_stats(c: Any, sources: _Sources | None, st: LoaderStats) -> LoaderStats:
+    """stats()' source_samples ({source: rows handed out}), digest and
+    digest_rows (the running digest of the rows handed out), from `c`."""
+    per, digest, rows = c.mix_stats()
+    st["source_samples"] = {name: per[k] for k, (name, _) in enumerate(sources or ())}
+    st["digest"], st["digest_rows"] = digest, rows
+    return st
+
+
+def set_weights(self: Loader[Any], weights: Mapping[str, float]) -> None:
+    """Changes the sources' weights (a mapping over every source's name;
+    only their ratios count). Before the first loop, the weights from
+    epoch 0 on (or, after load_state_dict, from the resumed position).
+    Once running, exactly from the next batch: the change is recorded in
+    state_dict(), so a resume reproduces it; at the end of an epoch's
+    loop, from the next epoch. Setting the weights in force again changes
+    nothing, so a curriculum may set its schedule before every epoch.
+    With several ranks, every rank calls it after the same number of
+    batches. With ``transform=``, a running loop ends (its threads read
+    ahead): change the weights between epochs there. Raises ValueError
+    for names or values that do not fit,
+    RuntimeError ("in use") while another call on this loader runs."""
+    ld: Any = self  # the Loader's internals
+    if ld._sources is None:
+        raise ValueError("set_weights(): this loader has no sources (Loader(sources=...))")
+    w = weight_list(ld._sources, weights)
+    with ld._in_use("set_weights()"):
+        c = ld._live()
+        if ld._pipe is not None:
+            # transform= threads took batches ahead: their loop ends here
+            ld._stop_pipe()
+            ld._gen += 1
+            ld._hook_state = None
+        c.set_weights(w)  # a plain loop goes on with the next batch
+        ld._weights = w
 
 
 def check_sources(fields: Any, sources: Any, weights: Any, samples_per_epoch: Any,
@@ -14,8 +94,6 @@ def check_sources(fields: Any, sources: Any, weights: Any, samples_per_epoch: An
                              list[float] | None]:
     """([(source, field specs)], weights in the sources' order or None)
     from Loader's arguments; (None, None) without sources."""
-    from ._manifest import fields_of
-    from ._options import _field_specs
     if sources is None:
         if fields is None:
             raise TypeError("Loader() needs fields (a mapping from field name to a glob "
