@@ -37,7 +37,8 @@ if TYPE_CHECKING:
         def type(self) -> str: ...
 
     _Fields = Union[Mapping[str, Union[_Path, Sequence[_Path]]], _Path]  # or a manifest
-    _Sources, _Weights = Optional[Mapping[str, _Fields]], Optional[Mapping[str, float]]
+    _Sources = Optional[Mapping[str, _Fields]]  # Loader(sources=...)
+    _Weights = Optional[Mapping[str, float]]
     _Shuffle = Union[bool, Literal["full", "local", "none"]]
     _Device = Union[str, int, _TorchDevice, None]
     _IOName = Literal["auto", "uring", "io_uring", "pread", "mmap"]
