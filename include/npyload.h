@@ -572,6 +572,30 @@ NPYLOAD_API int npyload_loader_set_transform(npyload_loader *L, const char *fiel
                                              const npyload_transform *t,
                                              size_t size);
 
+/*! npyload_loader_set_source_transform() :
+ * A mixture (npyload_loader_add_source): sets (or, with t == NULL,
+ * removes) source `source`'s own transform of field `field`: that
+ * source's rows of the field take t in place of the field's transform
+ * (npyload_loader_set_transform; a source without its own takes the
+ * field's, or none). Checked and copied as set_transform's. The
+ * augmentation decisions of a row are drawn with its own source's
+ * transform (probabilities, crop), by the rule above. At start every
+ * source's transform of a field must deliver the same dtype, per-sample
+ * shape and layout (they may differ in scale, mean, std, flips and
+ * signs). Such a field runs in the host engine, also in device mode
+ * (npyload_loader_field_engine says so): the kernels take one plan per
+ * batch.
+ * @return : 0; NPYLOAD_EINVAL for an unknown source or field or a bad
+ *           description (the message names the source, the field and the
+ *           member); NPYLOAD_ESTATE after start. At start:
+ *           NPYLOAD_EMISMATCH naming the field, both sources and what each
+ *           delivers, and the errors of set_transform. Setup call (see
+ *           "Threads"). */
+NPYLOAD_API int npyload_loader_set_source_transform(npyload_loader *L, const char *source,
+                                                    const char *field,
+                                                    const npyload_transform *t,
+                                                    size_t size);
+
 /*! Paths for npyload_loader_set_path().
  *  NVRTC        : libnvrtc for device transforms compiled at run time
  *                 (NPYLOAD_OPT_DEVICE_KERNELS): a file, or a directory

@@ -247,6 +247,10 @@ static void free_started(npyload_loader *L, int keep_fields)
     for (size_t i = 0; i < L->nfields; i++) {
         npyl_field *f = &L->fields[i];
         npyl_transform_plan_free(&f->tplan);
+        for (size_t k = 0; f->splans && k < L->nsources; k++)
+            npyl_transform_plan_free(&f->splans[k]);
+        free(f->splans);
+        f->splans = NULL;
         f->xform = f->hxform = f->dxform = f->dnarrow = f->drows = 0;
         f->engine[0] = 0;
     }
@@ -281,6 +285,10 @@ static void loader_free(npyload_loader *L)
         free(L->fields[i].name);
         for (int k = 0; k < 4; k++)
             free(L->fields[i].tvals[k]);
+        for (size_t j = 0; j < L->fields[i].nsxf; j++)
+            for (int k = 0; k < 4; k++)
+                free(L->fields[i].sxf[j].tvals[k]);
+        free(L->fields[i].sxf);
         npyl_free_paths(L->fields[i].paths, L->fields[i].npaths);
         free(L->fields[i].src_first);
     }

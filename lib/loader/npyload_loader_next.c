@@ -28,7 +28,7 @@ static void hand_out_rows(npyload_loader *L, npyl_slot *s)
     npyl_digest_aug aug[8];
     size_t naug = 0;
     for (size_t i = 0; i < L->nfields; i++)
-        naug += L->fields[i].has_transform && L->fields[i].tplan.aug;
+        naug += npyl_field_transformed(&L->fields[i]) && L->fields[i].tplan.aug;
     npyl_digest_aug *a = naug <= 8 ? aug : malloc(naug * sizeof *a);
     pthread_mutex_lock(&L->dig_mu);
     uint64_t d = L->digest;
@@ -39,10 +39,11 @@ static void hand_out_rows(npyload_loader *L, npyl_slot *s)
         size_t j = 0;
         for (size_t i = 0; a && i < L->nfields; i++) {
             const npyl_field *f = &L->fields[i];
-            if (!(f->has_transform && f->tplan.aug))
+            if (!(npyl_field_transformed(f) && f->tplan.aug))
                 continue;
-            npyl_aug x;
-            npyl_aug_decide(&f->tplan, seed, epoch, index, &x);
+            npyl_aug x; /* by the row's source's plan */
+            npyl_aug_decide(npyl_field_plan(f, s->mrows ? (int64_t)s->mrows[r].source : -1),
+                            seed, epoch, index, &x);
             a[j++] = (npyl_digest_aug){.hflip = (uint8_t)x.hflip, .vflip = (uint8_t)x.vflip,
                                        .top = x.top, .left = x.left};
         }
@@ -173,11 +174,12 @@ int npyload_batch_augment(const npyload_batch *b, size_t index, uint8_t *hflip,
     const npyl_field *f = &b->owner->fields[index];
     for (size_t r = 0; r < s->rows; r++) {
         npyl_aug a = {0, 0, 0, 0};
-        if (f->has_transform) {
+        if (npyl_field_transformed(f)) {
             int64_t seed, idx;
             uint64_t epoch;
             npyl_slot_aug_key(s, r, &seed, &epoch, &idx);
-            npyl_aug_decide(&f->tplan, seed, epoch, idx, &a);
+            npyl_aug_decide(npyl_field_plan(f, s->mrows ? (int64_t)s->mrows[r].source : -1),
+                            seed, epoch, idx, &a);
         }
         if (hflip)
             hflip[r] = (uint8_t)a.hflip;

@@ -191,6 +191,75 @@ static void describe_engine(npyl_field *f, int device, const char *why, const ch
                  codes[0] ? "; narrowed codes expanded on the host: " : "", codes);
 }
 
+/* The shape of plan p's delivered sample, "(3, 32, 32)", into buf. */
+static void plan_shape(const npyl_tplan *p, char *buf, size_t len)
+{
+    int at = snprintf(buf, len, "(");
+    for (int d = 0; d < p->sndim && at < (int)len - 24; d++)
+        at += snprintf(buf + at, len - (size_t)at, "%s%" PRId64, d ? ", " : "", p->sshape[d]);
+    snprintf(buf + at, len - (size_t)at, "%s)", p->sndim == 1 ? "," : "");
+}
+
+/* A mixture whose sources have their own transforms of f
+ * (npyload_loader_set_source_transform): one plan per source in
+ * f->splans (a source without one: the field's transform, or the
+ * identity), every one delivering what source 0's does (dtype, shape,
+ * layout), else NPYLOAD_EMISMATCH naming both sources; *rep: the source
+ * whose description plans f->tplan (the first that augments, else the
+ * first that transforms, else 0), so that tplan's flags and row sizes are
+ * the field's. */
+static int plan_sources(npyload_loader *L, npyl_field *f, size_t *rep)
+{
+    const npyload_transform identity = NPYLOAD_TRANSFORM_INIT;
+    const size_t K = L->nsources;
+    if (!(f->splans = calloc(K, sizeof *f->splans)))
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    size_t aug = K, xf = K;
+    for (size_t k = 0; k < K; k++) {
+        const npyload_transform *t = k < f->nsxf && f->sxf[k].set ? &f->sxf[k].tdesc
+                                     : f->has_transform     ? &f->tdesc
+                                                            : &identity;
+        char what[512], err[512];
+        snprintf(what, sizeof what, "%.200s (source '%.200s')", f->name, L->src_names[k]);
+        npyl_tplan *p = &f->splans[k];
+        int rc = npyl_transform_plan(what, t, f->descr, f->sndim, f->sshape, p, err,
+                                     sizeof err);
+        if (rc)
+            return npyl_loader_fail(L, rc, "%s", err);
+        if (p->aug && aug == K)
+            aug = k;
+        if (!npyl_transform_is_identity(p) && xf == K)
+            xf = k;
+        const npyl_tplan *p0 = &f->splans[0];
+        if (k && (strcmp(p->out_descr, p0->out_descr) || p->sndim != p0->sndim ||
+                  memcmp(p->sshape, p0->sshape, sizeof p->sshape[0] * (size_t)p->sndim) ||
+                  memcmp(p->byte_strides, p0->byte_strides,
+                         sizeof p->byte_strides[0] * (size_t)(p->sndim + 1)))) {
+            char s0[256], sk[256];
+            plan_shape(p0, s0, sizeof s0);
+            plan_shape(p, sk, sizeof sk);
+            return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "field '%s': source '%s' delivers "
+                                    "%s %s%s, source '%s' %s %s%s: every source's transform "
+                                    "of a field must deliver the same dtype, shape and "
+                                    "layout", f->name, L->src_names[0], p0->out_descr, s0,
+                                    p0->channels_last ? " channels-last" : "",
+                                    L->src_names[k], p->out_descr, sk,
+                                    p->channels_last ? " channels-last" : "");
+        }
+    }
+    *rep = aug < K ? aug : xf < K ? xf : 0;
+    return 0;
+}
+
+/* Whether a source of the mixture has its own transform of f. */
+static int has_source_transforms(const npyl_field *f)
+{
+    for (size_t k = 0; k < f->nsxf; k++)
+        if (f->sxf[k].set)
+            return 1;
+    return 0;
+}
+
 /* Where field f's transform and the expansion of its narrowed codes run.
  * Host mode: the host engine. Device mode: a transform without
  * augmentation runs as kernels after the copy, or start fails (the kernels
@@ -201,24 +270,38 @@ static int plan_field(npyload_loader *L, npyl_field *f)
 {
     const int device = L->opt[NPYLOAD_OPT_DEVICE] >= 0;
     const size_t narrowed = device ? narrowed_files(f) : 0;
+    const int per_source = has_source_transforms(f);
     snprintf(f->engine, sizeof f->engine, "none: the stored rows are delivered");
-    if (!f->has_transform && !narrowed)
+    if (!f->has_transform && !narrowed && !per_source)
         return 0;
     char err[512], why[384] = "";
     const npyload_transform identity = NPYLOAD_TRANSFORM_INIT;
-    int rc = npyl_transform_plan(f->name, f->has_transform ? &f->tdesc : &identity, f->descr,
-                                 f->sndim, f->sshape, &f->tplan, err, sizeof err);
+    const npyload_transform *t = f->has_transform ? &f->tdesc : &identity;
+    size_t rep = 0;
+    int rc = per_source ? plan_sources(L, f, &rep) : 0;
+    if (rc)
+        return rc;
+    if (per_source && rep < f->nsxf && f->sxf[rep].set)
+        t = &f->sxf[rep].tdesc;
+    rc = npyl_transform_plan(f->name, t, f->descr, f->sndim, f->sshape, &f->tplan, err,
+                             sizeof err);
     if (rc)
         return npyl_loader_fail(L, rc, "%s", err);
     f->out_row_bytes = f->tplan.out_row_bytes;
     const int xf = !npyl_transform_is_identity(&f->tplan);
-    rc = xf && device ? npyl_tdev_plan_check(f->name, &f->tplan, err, sizeof err) : 0;
+    /* Per-source plans run in the host engine: the kernels take one plan
+     * per batch. */
+    rc = xf && device && !per_source
+             ? npyl_tdev_plan_check(f->name, &f->tplan, err, sizeof err) : 0;
     if (rc && !f->tplan.aug)
         return npyl_loader_fail(L, rc, "%s", err);
-    f->dxform = xf && device && !rc;
+    f->dxform = xf && device && !rc && !per_source;
     f->hxform = xf && !f->dxform;
     if (rc)
         snprintf(why, sizeof why, "%.300s", err);
+    else if (xf && device && per_source)
+        snprintf(why, sizeof why, "the sources have their own transforms (one plan per "
+                 "row's source: the host engine)");
     char codes[384] = "";
     if (narrowed)
         plan_codes(f, narrowed, codes, sizeof codes);

@@ -15,11 +15,11 @@ from . import _habits, _mix, _remote
 from ._batch import _bfloat16_numpy, _wrap_raw
 from ._hook import _HookPipe, _LoopClock, _check_hook_workers, _hook_depth
 from ._hook import _hook_prefetch, _rng_key
-from ._options import _EPOCH_MAX, _IO, _check_choices, _check_counts, _check_transforms
+from ._options import _EPOCH_MAX, _IO, _check_choices, _check_counts
 from ._options import _int_arg, _kernel_paths, _resolve_ranks
 from ._torch import _join_streams, _torch_or_none
 from ._iterate import _InUse, _Iterator
-from ._transform import _TDTYPES, Transform
+from ._transform import Transform
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     _Fields = Union[Mapping[str, Union[_Path, Sequence[_Path]]], _Path]  # or a manifest
     _Sources = Optional[Mapping[str, _Fields]]  # Loader(sources=...)
     _Weights = Optional[Mapping[str, float]]
+    _Transforms = Mapping[str, Union[Transform, Mapping[str, Transform]]]  # or per source
     _Shuffle = Union[bool, Literal["full", "local", "none"]]
     _Device = Union[str, int, _TorchDevice, None]
     _IOName = Literal["auto", "uring", "io_uring", "pread", "mmap"]
@@ -110,7 +111,7 @@ class Loader(Generic[_B]):
                  window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
                  align: _Align = "names", on_error: _OnError = "raise",
                  max_errors: int | None = None,
-                 transforms: Mapping[str, Transform] | None = None,
+                 transforms: _Transforms | None = None,
                  as_tuple: Literal[False] = False, transform: None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
@@ -126,7 +127,7 @@ class Loader(Generic[_B]):
                  window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
                  align: _Align = "names", on_error: _OnError = "raise",
                  max_errors: int | None = None,
-                 transforms: Mapping[str, Transform] | None = None,
+                 transforms: _Transforms | None = None,
                  as_tuple: Literal[True] = ..., transform: None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
@@ -142,7 +143,7 @@ class Loader(Generic[_B]):
                  window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
                  align: _Align = "names", on_error: _OnError = "raise",
                  max_errors: int | None = None,
-                 transforms: Mapping[str, Transform] | None = None,
+                 transforms: _Transforms | None = None,
                  as_tuple: Literal[False] = False, transform: Callable[[Batch], _T] = ...,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
@@ -158,7 +159,7 @@ class Loader(Generic[_B]):
                  window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
                  align: _Align = "names", on_error: _OnError = "raise",
                  max_errors: int | None = None,
-                 transforms: Mapping[str, Transform] | None = None,
+                 transforms: _Transforms | None = None,
                  as_tuple: Literal[True] = ..., transform: Callable[[BatchTuple], _T] = ...,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
@@ -174,7 +175,7 @@ class Loader(Generic[_B]):
                  window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
                  align: _Align = "names", on_error: _OnError = "raise",
                  max_errors: int | None = None,
-                 transforms: Mapping[str, Transform] | None = None,
+                 transforms: _Transforms | None = None,
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
@@ -189,7 +190,7 @@ class Loader(Generic[_B]):
                  window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
                  align: _Align = "names", on_error: _OnError = "raise",
                  max_errors: int | None = None,
-                 transforms: Mapping[str, Transform] | None = None,
+                 transforms: _Transforms | None = None,
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
@@ -218,10 +219,11 @@ class Loader(Generic[_B]):
         rank, world_size = _resolve_ranks(rank, world_size)
         self._pick_output(output, dev)
         self._specs = specs
-        self._transforms = _check_transforms(specs, transforms)
+        self._transforms, self._src_transforms = _mix.check_transforms(
+            specs, transforms, self._sources)  # {field: T}, or per source
         # Fields whose batches carry augmentation decisions (batch.augment).
         self._aug_fields = frozenset(
-            name for name, t in self._transforms
+            name for name, t in self._transforms + [(n, t) for _, n, t in self._src_transforms]
             if t.hflip or t.vflip or t.crop is not None or t.pad)
         self.transform = transform
         self.transform_workers = transform_workers
@@ -547,17 +549,14 @@ class Loader(Generic[_B]):
                 c._set_stream_joiner(_join_streams)
             if self._remote is not None:
                 c.set_remote(self._remote)
-            _mix.add_fields(c, self._specs, self._sources, self._weights)  # or sources
+            _mix.add_fields(c, self._specs, self._sources, self._weights, self._src_transforms)
             for opt, value in opts.items():
                 c.set(opt, value)
             if opts[_npyload.OPT_DEVICE] >= 0 and self._transforms:
                 for which, path in _kernel_paths():
                     c.set_path(which, path)
             for name, t in self._transforms:
-                crop = t.crop or (0, 0)
-                c.set_transform(name, _TDTYPES[t.dtype], t.scale, t.mean, t.std,
-                                t.channels_last, t.hflip, t.vflip, crop[0], crop[1], t.pad,
-                                t.hflip_sign, t.vflip_sign)
+                t._set_on(c, name)
         except BaseException:
             c.close()
             raise

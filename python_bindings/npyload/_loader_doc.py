@@ -85,6 +85,10 @@ LOADER = """Batches of NPY fields, read by worker threads into reused slots.
     transforms : mapping from field name to Transform, or None
         Conversions done by the loader (see Transform): in the worker
         threads for device='cpu', on the GPU after the copy otherwise.
+        With ``sources``, a key naming a source takes a mapping
+        ``{field: Transform}``: that source's own, in place of the field's
+        for its rows (every source's must deliver the same dtype, shape
+        and layout; such a field runs in the host engine).
     as_tuple : bool
         True: each batch is a :class:`BatchTuple`, the fields' tensors in the
         order ``fields`` gave them (``for images, labels in loader``). False

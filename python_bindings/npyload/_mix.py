@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
 from ._manifest import fields_of
-from ._options import _field_specs
+from ._options import _check_transforms, _field_specs
+from ._transform import Transform
 
 if TYPE_CHECKING:
     from ._loader import Loader
@@ -35,10 +36,10 @@ def check_args(fields: Any, batch_size: Any, sources: Any, weights: Any,
     return (every if srcs is None else srcs[0][1]), files, srcs, w
 
 
-def add_fields(c: Any, specs: _Specs, sources: _Sources | None,
-               weights: list[float] | None) -> None:
-    """The fields (or each source, then its fields, and the weights) added
-    to the C loader `c`."""
+def add_fields(c: Any, specs: _Specs, sources: _Sources | None, weights: list[float] | None,
+               src_transforms: list[tuple[str, str, Transform]]) -> None:
+    """The fields (or each source, then its fields, the weights and the
+    sources' own transforms) added to the C loader `c`."""
     for source, group in [(None, specs)] if sources is None else sources:
         if source is not None:
             c.add_source(source)
@@ -50,6 +51,39 @@ def add_fields(c: Any, specs: _Specs, sources: _Sources | None,
                 c.add_field_files(name, paths)
     if sources is not None and weights is not None:
         c.set_weights(weights)
+    for source, name, t in src_transforms:
+        t._set_on(c, name, source)
+
+
+def check_transforms(specs: _Specs, transforms: Any, sources: _Sources | None) -> tuple[
+        list[tuple[str, Transform]], list[tuple[str, str, Transform]]]:
+    """Loader's ``transforms``: ([(field, Transform)] for every source
+    alike, [(source, field, Transform)]: a source's own, in place of the
+    field's for its rows). With sources, a key naming a source takes a
+    mapping {field: Transform}; a key naming a field, a Transform."""
+    if sources is None or not isinstance(transforms, Mapping):
+        return _check_transforms(specs, transforms), []
+    names = [n for n, _ in sources]
+    fields = [n for n, _, _ in specs]
+    shared: dict[str, Any] = {}
+    own: list[tuple[str, str, Transform]] = []
+    for key, val in transforms.items():
+        if key in names and isinstance(val, Mapping):
+            try:
+                own += [(key, f, t) for f, t in _check_transforms(specs, val)]
+            except TypeError as e:
+                raise TypeError(f"source {key!r}: {e}") from None
+            except ValueError as e:
+                raise ValueError(f"source {key!r}: {e}") from None
+        elif key in fields:
+            shared[key] = val
+        elif key in names:
+            raise TypeError(f"transforms[{key!r}]: a source's transforms are a mapping "
+                            f"{{field: npyload.Transform}}, got {type(val).__name__}")
+        else:
+            raise ValueError(f"transforms: {key!r} is neither a field ({', '.join(fields)}) "
+                             f"nor a source ({', '.join(names)})")
+    return _check_transforms(specs, shared), own
 
 
 def add_stats(c: Any, sources: _Sources | None, st: LoaderStats) -> LoaderStats:

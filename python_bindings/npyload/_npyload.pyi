@@ -353,6 +353,24 @@ class Loader:
         vflip_sign: Sequence[float] | None = ...,
         /,
     ) -> None: ...
+    def set_source_transform(
+        self,
+        source: str,
+        field: _Path,
+        dtype: int,
+        scale: float,
+        mean: Sequence[float] | None,
+        std: Sequence[float] | None,
+        channels_last: bool,
+        hflip: float = ...,
+        vflip: float = ...,
+        crop_h: int = ...,
+        crop_w: int = ...,
+        pad: int = ...,
+        hflip_sign: Sequence[float] | None = ...,
+        vflip_sign: Sequence[float] | None = ...,
+        /,
+    ) -> None: ...
     def get(self, option: int, /) -> int: ...
     def set_remote(self, config: Mapping[str, str | int | None], /) -> None: ...
     def start(self) -> None: ...

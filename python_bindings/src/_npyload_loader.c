@@ -1009,13 +1009,17 @@ static int float_list(PyObject *obj, const char *what, float **out, size_t *n)
     return 0;
 }
 
-static PyObject *loader_set_transform(NpyloadPy_Loader *self, PyObject *args)
+/* set_transform(field, ...) and set_source_transform(source, field, ...):
+ * the description from Python's arguments (`args` from the field on);
+ * source NULL: the field's own transform. */
+static PyObject *set_transform_of(NpyloadPy_Loader *self, const char *source, PyObject *args,
+                                  const char *fmt)
 {
     PyObject *name_b = NULL, *mean_obj, *std_obj, *hsign_obj = Py_None, *vsign_obj = Py_None;
     int dtype, channels_last;
     double scale, hflip = 0.0, vflip = 0.0;
     long long crop_h = 0, crop_w = 0, pad = 0;
-    if (!PyArg_ParseTuple(args, "O&idOOp|ddLLLOO:set_transform", PyUnicode_FSConverter,
+    if (!PyArg_ParseTuple(args, fmt, PyUnicode_FSConverter,
                           &name_b, &dtype, &scale, &mean_obj, &std_obj, &channels_last,
                           &hflip, &vflip, &crop_h, &crop_w, &pad, &hsign_obj, &vsign_obj))
         return NULL;
@@ -1031,14 +1035,17 @@ static PyObject *loader_set_transform(NpyloadPy_Loader *self, PyObject *args)
                    &t.n_hflip_sign) < 0 ||
         float_list(vsign_obj, "vflip_sign must be a sequence of numbers", &vsign,
                    &t.n_vflip_sign) < 0 ||
-        loader_enter(self, "set_transform()") < 0)
+        loader_enter(self, source ? "set_source_transform()" : "set_transform()") < 0)
         goto out;
     t.mean = mean;
     t.std = std;
     t.hflip_sign = hsign;
     t.vflip_sign = vsign;
-    int rc = npyload_loader_set_transform(self->L, PyBytes_AS_STRING(name_b), &t,
-                                          sizeof t);
+    int rc = source ? npyload_loader_set_source_transform(self->L, source,
+                                                          PyBytes_AS_STRING(name_b), &t,
+                                                          sizeof t)
+                    : npyload_loader_set_transform(self->L, PyBytes_AS_STRING(name_b), &t,
+                                                   sizeof t);
     ret = rc < 0 ? loader_error(self, rc) : none_ref();
     loader_leave(self);
 out:
@@ -1047,6 +1054,27 @@ out:
     PyMem_Free(hsign);
     PyMem_Free(vsign);
     Py_DECREF(name_b);
+    return ret;
+}
+
+static PyObject *loader_set_transform(NpyloadPy_Loader *self, PyObject *args)
+{
+    return set_transform_of(self, NULL, args, "O&idOOp|ddLLLOO:set_transform");
+}
+
+static PyObject *loader_set_source_transform(NpyloadPy_Loader *self, PyObject *args)
+{
+    Py_ssize_t n = PyTuple_Size(args);
+    if (n < 1 || !PyUnicode_Check(PyTuple_GET_ITEM(args, 0)))
+        return PyErr_Format(PyExc_TypeError, "set_source_transform(source, field, ...): "
+                            "source must be a str");
+    const char *source = PyUnicode_AsUTF8(PyTuple_GET_ITEM(args, 0));
+    PyObject *rest = source ? PyTuple_GetSlice(args, 1, n) : NULL;
+    if (!rest)
+        return NULL;
+    PyObject *ret = set_transform_of(self, source, rest,
+                                     "O&idOOp|ddLLLOO:set_source_transform");
+    Py_DECREF(rest);
     return ret;
 }
 
@@ -1140,6 +1168,10 @@ static PyMethodDef loader_methods[] = {
      "set_transform(field, dtype, scale, mean, std, channels_last): "
      "npyload_loader_set_transform (before start); dtype 0 keep, 1 float32, "
      "2 float16, 3 bfloat16; mean/std None or sequences of numbers."},
+    {"set_source_transform", (PyCFunction)loader_set_source_transform, METH_VARARGS,
+     "set_source_transform(source, field, dtype, scale, mean, std, channels_last, ...): "
+     "npyload_loader_set_source_transform (before start): source's own transform of "
+     "field, the arguments of set_transform after the source"},
     {"set_remote", (PyCFunction)loader_set_remote, METH_O,
      "set_remote(config: dict) -> None: npyload_loader_set_remote()"},
     {"set_path", (PyCFunction)loader_set_path, METH_VARARGS,

@@ -250,6 +250,15 @@ def mixture(fields: Mapping[str, list[str]]) -> None:
         st = mixed.state_dict()
         assert_type(st["_digest"], int)
         assert st["_digest"] == s["digest"]
+    # A transform per source: {source: {field: Transform}}.
+    own = {"a": {"y": npyload.Transform("float32", scale=2.0)},
+           "b": {"y": npyload.Transform("float32")}}
+    with npyload.Loader(sources=halves, transforms=own, batch_size=PER_FILE,
+                        output="numpy") as per_source:
+        for batch in per_source:
+            assert [float(v) for v in batch["y"]] == [
+                2.0 * int(i) if not int(s) else float(int(i) + PER_FILE)
+                for s, i in zip(batch.source, batch.indices)]
 
 
 def tuples_and_hooks(fields: Mapping[str, list[str]]) -> None:
