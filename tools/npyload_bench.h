@@ -183,6 +183,13 @@ typedef struct nb_config {
     const npyload_remote *remote;
 } nb_config;
 
+/* The source of field k (--source), or -1 without sources (a config
+ * zeroed by hand has none). */
+static inline int nb_field_source(const nb_config *c, int k)
+{
+    return c->nsources ? c->fields[k].source : -1;
+}
+
 /* Remote fields: the store's ranged-GET sweep (the experimental
  * npyload_rget_measure) and the workers and requests in flight it
  * recommends. */

@@ -32,7 +32,7 @@ static npyload_loader *ceiling_loader(const nb_ctx *ctx, const nb_config *cfg, i
         }
         for (size_t i = 0; i < d->nfiles; i++)
             paths[i] = d->files[i].path;
-        const int src = cfg->fields[k].source; /* --source: the loader's mixture */
+        const int src = nb_field_source(cfg, k); /* --source: the loader's mixture */
         if (src >= 0 && (k == 0 || cfg->fields[k - 1].source != src))
             rc = npyload_loader_add_source(L, cfg->sources[src]);
         if (rc == 0)

@@ -173,7 +173,7 @@ static npyload_loader *run_loader(const nb_config *cfg, int workers, int prefetc
         rc = npyload_loader_set_remote(L, cfg->remote, sizeof *cfg->remote);
     }
     for (int k = 0; rc == 0 && k < cfg->nfields; k++) {
-        const int src = cfg->fields[k].source;
+        const int src = nb_field_source(cfg, k);
         if (src >= 0 && (k == 0 || cfg->fields[k - 1].source != src)) {
             stage = "add_source"; /* --source: the fields after it are its own */
             rc = npyload_loader_add_source(L, cfg->sources[src]);

@@ -356,7 +356,7 @@ void nb_format_paste(const nb_config *cfg, const nb_recommendation *r, char *py,
     for (int k = 0; k < cfg->nfields && n < pylen; k++) {
         char shown[sizeof cfg->fields[k].glob + 64];
         npyload_mask_urls(cfg->fields[k].glob, shown, sizeof shown);
-        const int src = cfg->fields[k].source;
+        const int src = nb_field_source(cfg, k);
         if (src >= 0 && (k == 0 || cfg->fields[k - 1].source != src)) /* a source begins */
             n += (size_t)snprintf(py + n, pylen - n, "%s\"%s\": {", k ? "}, " : "",
                                   cfg->sources[src]);

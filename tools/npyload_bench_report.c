@@ -61,7 +61,7 @@ static void nb_json_config(FILE *f, const nb_config *c)
                   "\"sample_bytes\": %llu, \"descr\": %s, ",
                   fi->name, shown, fi->nfiles,
                   (unsigned long long)fi->sample_bytes, fi->descr);
-        if (fi->source >= 0)
+        if (nb_field_source(c, i) >= 0)
             nj_printf(f, "\"source\": %s, ", c->sources[fi->source]);
         if (fi->has_transform)
             nj_printf(f, "\"transform\": %s, \"sample_shape\": [", fi->transform);
@@ -284,7 +284,7 @@ void nb_print_setup(FILE *f, const nb_config *c, const nb_machine *m, uint64_t t
             m->mem_total_gib, m->kernel);
     for (int k = 0; k < c->nfields; k++) {
         const nb_field_info *fi = &c->fields[k];
-        if (fi->source >= 0)
+        if (nb_field_source(c, k) >= 0)
             fprintf(f, "  source %s:", c->sources[fi->source]);
         fprintf(f, "  field %-10s %zu files, %lld samples, %s (", fi->name, fi->nfiles,
                 (long long)fi->nsamples, fi->descr);

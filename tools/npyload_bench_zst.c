@@ -538,7 +538,7 @@ void nb_zst_after_grid(nb_ctx *ctx, const nb_config *cfg, int threads, const nb_
 {
     uint64_t sb = 0; /* a sample's bytes (--source: one source's fields) */
     for (int k = 0; k < ctx->nfields; k++)
-        if (cfg->fields[k].source <= 0)
+        if (nb_field_source(cfg, k) <= 0)
             sb += ctx->data[k].sample_bytes;
     int packed = nb_zst_any(ctx);
     if (!packed) {
