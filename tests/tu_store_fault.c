@@ -166,7 +166,8 @@ static int f_complete(npyl_store_ctx *ct, const npyl_req *reqs, size_t n, uint64
         const npyl_req *q = &reqs[i];
         const char *path = c->t[q->file].path;
         if (f->fail_path && strstr(path, f->fail_path) && q->offset < f->fail_to &&
-            q->offset + q->len > f->fail_from) {
+            q->offset + q->len > f->fail_from &&
+            (!f->fail_limit || atomic_fetch_add(&f->budget_used, 1) < f->fail_limit)) {
             atomic_fetch_add(&f->failures, 1);
             *bad = i;
             return npyl_fail(err, errlen, f->fail_code, "%s: injected failure reading %" PRIu64

@@ -230,6 +230,11 @@ def _check_dict(d, spec, allow=()):
             assert type(v) is exact[ann], (k, ann, v)
         elif ann == "str | None":
             assert v is None or type(v) is str, (k, ann, v)
+        elif ann == "dict[str, int]":
+            assert type(v) is dict and all(type(a) is str and type(b) is int
+                                           for a, b in v.items()), (k, v)
+        elif ann == "int | list[int]":
+            assert type(v) is int or (type(v) is list and all(type(x) is int for x in v)), (k, v)
         elif ann == "tuple[int, ...]" or ann == "tuple[int, int]":
             assert type(v) is tuple and all(type(x) is int for x in v), (k, v)
             assert ann.endswith("...]") or len(v) == 2, (k, v)
@@ -257,8 +262,15 @@ def test_stub_dicts_match_what_the_functions_return(tmp_path):
         _check_dict(ld.state_dict(), spec["LoaderState"], allow=("loop_ended",))
         _check_dict(ld._live().get_state(), spec["LoaderState"])  # the extension's
         loop = ("hook_ns", "transform_workers", "loop_wait_ns", "loop_step_ns")
-        _check_dict(ld.stats(), spec["LoaderStats"], allow=loop)
+        mix = ("source_samples", "digest", "digest_rows")  # Python's, with or without sources
+        _check_dict(ld.stats(), spec["LoaderStats"], allow=loop + mix)
         _check_dict(ld._c.stats(), spec["LoaderStats"])  # the extension's: without them
+    two = {"a": {"x": str(tmp_path / "x_*.npy")}, "b": {"x": str(tmp_path / "x_*.npy")}}
+    with npyload.Loader(sources=two, batch_size=4, num_workers=1, output="numpy") as ld:
+        next(iter(ld))
+        rec = ("loop_ended", "mix_samples", "mix_weights", "mix_draws", "mix_block",
+               "mix_epoch", "mix_position")
+        _check_dict(ld.state_dict(), spec["LoaderState"], allow=rec)
 
     h = spec["HeaderInfo"]
     zst = ("compressed_bytes", "ratio", "frames", "samples_per_frame")
