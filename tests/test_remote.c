@@ -970,6 +970,19 @@ static const int64_t BIG[] = {300, 200, 500, 100};
 
 static void big_site_up(site *s) { site_up_sized(s, 0, BIG); }
 
+/* The cache-fill tests' site: the big objects, and a remote description
+ * with a cache under the site's directory in 4 KiB blocks. Returns the
+ * cache's path (the caller frees it). */
+static char *fill_site_up(site *s, npyload_remote *r)
+{
+    big_site_up(s);
+    char *cache = tu_path(s->dir, "cache");
+    memset(r, 0, sizeof *r);
+    r->cache_dir = cache;
+    r->cache_block = 4096;
+    return cache;
+}
+
 static uint64_t objects_bytes(const site *s)
 {
     uint64_t total = 0;
@@ -1004,13 +1017,9 @@ Test(remote, loader_fill_fetches_each_block_once_while_the_epoch_runs)
     if (!npyl_remote_built(NULL, 0))
         cr_skip_test("built without libcurl");
     site s;
-    big_site_up(&s);
-    char *cache = tu_path(s.dir, "cache");
-    uint64_t objects = objects_bytes(&s);
     npyload_remote r;
-    memset(&r, 0, sizeof r);
-    r.cache_dir = cache;
-    r.cache_block = 4096;
+    char *cache = fill_site_up(&s, &r);
+    uint64_t objects = objects_bytes(&s);
     npyload_loader *a = loader(s.local, NULL, 2), *b = loader(s.url, &r, 2);
     cr_assert_eq(npyload_loader_set(b, NPYLOAD_OPT_CACHE_FILL, 0), 0); /* default: fits */
     cr_assert_eq(npyload_loader_start(a), 0);
@@ -1051,12 +1060,8 @@ Test(remote, loader_fill_of_a_small_cache_fills_its_part_in_epoch_order)
     if (!npyl_remote_built(NULL, 0))
         cr_skip_test("built without libcurl");
     site s;
-    big_site_up(&s);
-    char *cache = tu_path(s.dir, "cache");
     npyload_remote r;
-    memset(&r, 0, sizeof r);
-    r.cache_dir = cache;
-    r.cache_block = 4096;
+    char *cache = fill_site_up(&s, &r);
     r.cache_bytes = 4 * 4096; /* keeps 3 blocks of 4 KiB */
     npyload_loader *b = loader(s.url, &r, NPYLOAD_WORKERS_SYNC);
     uint64_t before = tu_http_requests(s.h);
@@ -1140,12 +1145,8 @@ Test(remote, loader_fill_failure_leaves_the_epoch_correct)
     if (!npyl_remote_built(NULL, 0))
         cr_skip_test("built without libcurl");
     site s;
-    big_site_up(&s);
-    char *cache = tu_path(s.dir, "cache");
     npyload_remote r;
-    memset(&r, 0, sizeof r);
-    r.cache_dir = cache;
-    r.cache_block = 4096;
+    char *cache = fill_site_up(&s, &r);
     r.retries = -1;
     npyload_loader *a = loader(s.local, NULL, 2);
     npyload_loader *b = probed_loader(&s, &r, NPYLOAD_WORKERS_SYNC);
@@ -1175,13 +1176,9 @@ Test(remote, loader_fill_stops_at_once_mid_fill)
     if (!npyl_remote_built(NULL, 0))
         cr_skip_test("built without libcurl");
     site s;
-    big_site_up(&s);
-    char *cache = tu_path(s.dir, "cache");
-    uint64_t objects = objects_bytes(&s);
     npyload_remote r;
-    memset(&r, 0, sizeof r);
-    r.cache_dir = cache;
-    r.cache_block = 4096;
+    char *cache = fill_site_up(&s, &r);
+    uint64_t objects = objects_bytes(&s);
     r.timeout_ms = 30000;
     for (int destroy = 0; destroy < 2; destroy++) {
         char sub[32];
