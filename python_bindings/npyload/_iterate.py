@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading as _threading
 import time as _time
+import weakref as _weakref
 from typing import TYPE_CHECKING, Any
 
 from ._hook import _EOF
@@ -20,30 +21,62 @@ class _InUse:
     both calls (never waits: an overlap is a bug in the caller). The C object
     has the same guard, with the same message, for its own state; this one
     also keeps the Python-level state (generation counter, hook thread, the C
-    object itself, which load_state_dict may replace) whole."""
+    object itself, which load_state_dict may replace) whole.
 
-    __slots__ = ("_mu", "call")
+    The call in progress is held through a weak reference to its `with`
+    target (_Call), which the `with` statement keeps alive until it exits.
+    Ctrl-C can land after the guard is taken and before the `with` block
+    begins (in __enter__), so that no __exit__ gives it back; the target is
+    then freed with the KeyboardInterrupt's traceback, and the next call
+    finds the guard free instead of "in use" for ever."""
+
+    __slots__ = ("_mu", "_holder")
 
     def __init__(self) -> None:
         self._mu = _threading.Lock()  # held for a few bytecodes only
-        self.call: str | None = None
+        self._holder: _weakref.ref[_Call] | None = None
 
-    def __call__(self, call: str) -> _InUse:
+    def __call__(self, call: str) -> _Call:
+        return _Call(self, call)
+
+    @property
+    def call(self) -> str | None:
+        """The call in progress, or None."""
+        h = self._holder() if self._holder is not None else None
+        return h.call if h is not None else None
+
+    def _take(self, c: _Call) -> None:
         with self._mu:
-            busy = self.call
-            if busy is None:
-                self.call = call
-                return self
-        raise RuntimeError(f"npyload loader is in use: {call} was called while {busy} is "
+            h = self._holder() if self._holder is not None else None
+            if h is None:
+                self._holder = _weakref.ref(c)
+                return
+        raise RuntimeError(f"npyload loader is in use: {c.call} was called while {h.call} is "
                            "running (on another thread, or below this call); calls on one "
                            "loader must not overlap, only stats() and len() may run during "
                            "a next()")
 
-    def __enter__(self) -> _InUse:
+    def _give(self, c: _Call) -> None:
+        with self._mu:
+            if self._holder is not None and self._holder() is c:
+                self._holder = None
+
+
+class _Call:
+    """One call's hold on an _InUse guard: the `with` statement's target."""
+
+    __slots__ = ("guard", "call", "__weakref__")
+
+    def __init__(self, guard: _InUse, call: str) -> None:
+        self.guard = guard
+        self.call = call
+
+    def __enter__(self) -> _Call:
+        self.guard._take(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.call = None
+        self.guard._give(self)
 
 
 class _Iterator:

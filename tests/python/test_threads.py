@@ -306,3 +306,42 @@ def test_calls_during_a_waiting_next_are_refused_naming_both(dataset, call):
     expected = np.array(npyload.order_indices(N, 1, 3, 0, 0, 1, False, BS))
     assert sum(got, []) == expected.tolist()
     L.close()
+
+
+@pytest.mark.parametrize("call", ["set_epoch", "next"])
+def test_ctrl_c_as_the_guard_is_taken_leaves_it_free(dataset, call):
+    """Ctrl-C landing just after a call took the in-use guard and before its
+    `with` block began (so no __exit__ gives it back): once the
+    KeyboardInterrupt is handled, the loader is not "in use" for ever, and
+    set_epoch and a whole epoch work. The interrupt is raised by a trace
+    function as the guard's taking returns, the moment a signal can land."""
+    import gc
+    from npyload import _iterate
+    globs, _ = dataset
+    L = make(globs, output="numpy", num_workers=1)
+    it = iter(L)
+    take = _iterate._InUse._take.__code__
+    fired = []
+
+    def local(frame, event, arg):
+        if event == "return" and not fired:
+            fired.append(1)
+            raise KeyboardInterrupt
+        return local
+
+    def tracer(frame, event, arg):
+        return local if frame.f_code is take else None
+
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            L.set_epoch(0) if call == "set_epoch" else next(it)
+    finally:
+        sys.settrace(None)
+    assert fired
+    del it
+    gc.collect()
+    L.set_epoch(0)
+    got = [i for b in L for i in to_numpy(b.indices).tolist()]
+    assert got == list(range(N))
+    L.close()
