@@ -7,6 +7,7 @@ the examples make their own files with numpy and tempfile, without torch
 (``output="numpy"``)."""
 import doctest
 import importlib
+import importlib.util
 import pkgutil
 
 import pytest
@@ -24,6 +25,9 @@ PY_PUBLIC = ["Loader", "Batch", "BatchTuple", "Transform", "TransformError",
 
 @pytest.mark.parametrize("name", ["npyload"] + MODULES)
 def test_docstring_examples_run(name, tmp_path, monkeypatch):
+    if name == "npyload.mypy_plugin" and importlib.util.find_spec("mypy") is None:
+        pytest.skip("npyload.mypy_plugin imports mypy, which is not installed: "
+                    "pip install 'mypy>=1.13' (the 'test' extra of pyproject.toml)")
     monkeypatch.chdir(tmp_path)
     mod = importlib.import_module(name)
     finder = doctest.DocTestFinder(exclude_empty=True)

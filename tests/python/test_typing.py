@@ -8,7 +8,12 @@ and the stub's dicts have the keys and value types the functions return.
 mypy is in the "test" extra of pyproject.toml; without it the mypy checks
 skip, naming what to install. The two mypy --strict runs also need torch
 (mypy reads torch's types), which only the "ci" profile installs: without
-it they skip, naming it."""
+it they skip, naming it.
+
+With npyload's mypy plugin (``plugins = npyload.mypy_plugin``) the same
+runs give the same types and a message that names the wrong argument
+(test_mypy_plugin_*), and a plugin whose mypy internals are missing leaves
+mypy's ordinary messages, without a crash."""
 import ast
 import importlib.util
 import inspect
@@ -62,8 +67,44 @@ WRONG_USE = """import npyload
 
 npyload.Loader({"x": "x_*.npy"}, batch_size="64")
 npyload.Loader({"x": "x_*.npy"}, 64, prefetch_factor=2)
+tl = npyload.Loader({"x": "x_*.npy"}, 64, seed="7", as_tuple=True)
+reveal_type(tl)
 """
-WRONG_LINES = {3: '"str"', 4: '"prefetch_factor"'}
+WRONG_LINES = {3: '"str"', 4: '"prefetch_factor"', 5: '"str"'}
+# What mypy says without the plugin: no overload matches, no argument named.
+NO_VARIANT = 'No overload variant of "Loader" matches argument types'
+# With the plugin (plugins = npyload.mypy_plugin): mypy's ordinary messages,
+# one per wrong call, naming the argument; the wrong call keeps its type.
+PLUGIN_LINES = {
+    3: 'error: Argument "batch_size" to "Loader" has incompatible type "str"; expected "int"',
+    4: 'error: Unexpected keyword argument "prefetch_factor" for "Loader"',
+    5: 'error: Argument "seed" to "Loader" has incompatible type "str"; expected "int"'}
+PLUGIN_REVEAL = (6, 'Revealed type is "npyload._loader.Loader[npyload._batch.BatchTuple]"')
+PLUGIN_INI = "[mypy]\nplugins = npyload.mypy_plugin\n"
+# Calls mypy accepts, their types revealed (transform's input too, where a
+# lambda takes it from the overload): the same lines with the plugin.
+REVEAL_USE = """import npyload
+
+
+def rows(b: npyload.Batch) -> int:
+    return b.num_samples
+
+
+def firsts(b: npyload.BatchTuple) -> int:
+    return b.num_samples
+
+
+f = {"x": "x_*.npy"}
+reveal_type(npyload.Loader(f, 64))
+reveal_type(npyload.Loader(f, 64, as_tuple=True))
+reveal_type(npyload.Loader(f, 64, transform=rows))
+reveal_type(npyload.Loader(f, 64, as_tuple=True, transform=firsts))
+reveal_type(npyload.Loader(f, 64, transform=lambda b: reveal_type(b)))
+reveal_type(npyload.Loader(f, 64, as_tuple=True, transform=lambda b: reveal_type(b)))
+reveal_type(npyload.Loader(f, 64, as_tuple=bool(f), transform=None))
+reveal_type(npyload.Loader(sources={"a": f}, batch_size=64, seed=1, shuffle="local"))
+"""
+REVEALS = 10  # the reveal_type calls REVEAL_USE makes (a lambda's may print twice)
 
 
 @pytest.fixture(scope="module")
@@ -74,23 +115,51 @@ def user_mypy(tmp_path_factory):
     _need_torch_for_mypy()
     assert EXAMPLES, "no examples/*.py"
     d = tmp_path_factory.mktemp("mypy_user")
-    wrong = d / "wrong_use.py"
-    wrong.write_text(WRONG_USE)
     # Run outside the checkout (absolute paths) with a fresh cache, so that
     # the installed package is what is checked and nothing is left behind.
-    out = _run(["mypy", "--strict", "--cache-dir", str(d / "cache"), "--no-color-output",
-                str(USE), *map(str, EXAMPLES), str(wrong)], cwd=d)
+    return _mypy_user_files(d, [])
+
+
+def _mypy_user_files(d, options):
+    """mypy --strict (with `options`) in `d` over typed_api_use.py, the
+    examples, WRONG_USE and REVEAL_USE: (WRONG_USE's path, the process)."""
+    wrong = d / "wrong_use.py"
+    wrong.write_text(WRONG_USE)
+    (d / "reveal_use.py").write_text(REVEAL_USE)
+    out = _run(["mypy", "--strict", *options, "--cache-dir", str(d / "cache"),
+                "--no-color-output", str(USE), *map(str, EXAMPLES), str(wrong),
+                str(d / "reveal_use.py")], cwd=d)
     return wrong, out
 
 
-def _checked(out):
-    """mypy's summary says it checked typed_api_use, the examples and WRONG_USE."""
-    n = 2 + len(EXAMPLES)
-    return f"checked {n} source files" in out.stdout or f"in {n} source files" in out.stdout
+@pytest.fixture(scope="module")
+def plugin_mypy(tmp_path_factory):
+    """The same mypy --strict run as user_mypy, with the plugin enabled in
+    a mypy.ini (as a user would)."""
+    _need_mypy()
+    _need_torch_for_mypy()
+    d = tmp_path_factory.mktemp("mypy_plugin")
+    (d / "mypy.ini").write_text(PLUGIN_INI)
+    return _mypy_user_files(d, ["--config-file", str(d / "mypy.ini")])
+
+
+def _checked(out, n=3 + len(EXAMPLES)):
+    """mypy's summary says it checked typed_api_use, the examples,
+    WRONG_USE and REVEAL_USE (n source files)."""
+    return f"checked {n} source file" in out.stdout or f"in {n} source file" in out.stdout
 
 
 def _errors(out):
     return [ln for ln in out.stdout.splitlines() if ": error:" in ln]
+
+
+def _lines(out, name, kind=": error:"):
+    """{line: [mypy's lines]} of the `kind` lines mypy printed for file `name`."""
+    by_line: dict[int, list[str]] = {}
+    for ln in out.stdout.splitlines():
+        if ln.startswith(f"{name}:") and kind in ln:  # mypy prints it relative to its cwd
+            by_line.setdefault(int(ln[len(f"{name}:"):].split(":")[0]), []).append(ln)
+    return by_line
 
 
 def test_mypy_strict_accepts_the_user_code(user_mypy):
@@ -108,13 +177,110 @@ def test_mypy_strict_refuses_wrong_calls(user_mypy):
     are not: the overloads accept no Any and no unknown keyword."""
     wrong, out = user_mypy
     assert out.returncode == 1, out.stdout + out.stderr
-    by_line: dict[int, list[str]] = {}
-    for ln in _errors(out):
-        if ln.startswith(f"{wrong.name}:"):  # mypy prints it relative to its cwd
-            by_line.setdefault(int(ln[len(f"{wrong.name}:"):].split(":")[0]), []).append(ln)
+    by_line = _lines(out, wrong.name)
     assert set(by_line) == set(WRONG_LINES) and _checked(out), out.stdout
     for line, shows in WRONG_LINES.items():
         assert any(shows in ln for ln in by_line[line]), (line, shows, out.stdout)
+
+
+def test_mypy_without_the_plugin_names_no_argument(user_mypy):
+    """Without the plugin mypy's message stays "No overload variant"
+    (python/mypy#16725), and a wrong call is typed Any: what the plugin
+    changes (docs/python-api.md says both)."""
+    wrong, out = user_mypy
+    by_line = _lines(out, wrong.name)
+    for line in (3, 5):
+        assert any(NO_VARIANT in ln for ln in by_line.get(line, [])), (line, out.stdout)
+    assert not any(shows.split("error: ")[1] in out.stdout for shows in PLUGIN_LINES.values())
+    notes = _lines(out, wrong.name, ": note: Revealed type")
+    assert notes.get(PLUGIN_REVEAL[0]) == [
+        f'{wrong.name}:{PLUGIN_REVEAL[0]}: note: Revealed type is "Any"'], out.stdout
+
+
+def test_mypy_plugin_names_the_argument(plugin_mypy):
+    """With plugins = npyload.mypy_plugin, each wrong call of WRONG_USE
+    gets mypy's ordinary message naming the argument (batch_size, seed,
+    the unknown keyword), once, no "No overload variant" and no list of
+    signatures; the wrong as_tuple=True call keeps Loader[BatchTuple]."""
+    wrong, out = plugin_mypy
+    assert out.returncode == 1 and _checked(out), out.stdout + out.stderr
+    by_line = _lines(out, wrong.name)
+    assert set(by_line) == set(PLUGIN_LINES), out.stdout
+    for line, shows in PLUGIN_LINES.items():
+        assert len(by_line[line]) == 1 and shows in by_line[line][0], (line, out.stdout)
+    assert NO_VARIANT not in out.stdout and "Possible overload variants" not in out.stdout
+    line, shows = PLUGIN_REVEAL
+    assert [shows in ln for ln in _lines(out, wrong.name, ": note: Revealed")[line]] == [True]
+
+
+def test_mypy_plugin_reveals_the_same_types(user_mypy, plugin_mypy):
+    """REVEAL_USE (calls mypy accepts, lambdas taking transform's input
+    from the overload) prints the same lines with and without the plugin."""
+    lines = [[ln for ln in out.stdout.splitlines() if ln.startswith("reveal_use.py:")]
+             for _, out in (user_mypy, plugin_mypy)]
+    assert len([ln for ln in lines[0] if "Revealed type is" in ln]) >= REVEALS, lines[0]
+    assert lines[1] == lines[0]
+    assert PLUGIN_LINES[3] in plugin_mypy[1].stdout, plugin_mypy[1].stdout  # it was active
+
+
+def test_mypy_plugin_keeps_every_type(plugin_mypy):
+    """With the plugin, typed_api_use.py and the examples pass mypy --strict
+    as they do without it: every assert_type there (Loader[Batch],
+    Loader[BatchTuple], Loader[R], transform's input Batch or BatchTuple,
+    the types of iteration) holds, so the plugin changes no type of a call
+    mypy accepts. (The plugin was active: it named batch_size.)"""
+    wrong, out = plugin_mypy
+    others = [ln for ln in _errors(out) if not ln.startswith(f"{wrong.name}:")]
+    assert others == [] and _checked(out), f"mypy --strict with the plugin:\n{out.stdout}{out.stderr}"
+    assert PLUGIN_LINES[3] in out.stdout, out.stdout
+
+
+# The plugin as it would run where mypy's internals differ: the checker has
+# no expr_checker (nor local_type_map). It must leave mypy's ordinary
+# messages, never crash it.
+BROKEN_PLUGIN = """from npyload import mypy_plugin
+
+
+class _OtherMypy:
+    def __init__(self, api):
+        self._api = api
+
+    def __getattr__(self, name):
+        if name in ("expr_checker", "local_type_map"):
+            raise AttributeError(name)
+        return getattr(self._api, name)
+
+
+class Broken(mypy_plugin.NpyloadPlugin):
+    def _loader_signature(self, ctx):
+        return super()._loader_signature(ctx._replace(api=_OtherMypy(ctx.api)))
+
+
+def plugin(version):
+    return Broken
+"""
+
+
+def test_mypy_plugin_fails_soft(tmp_path):
+    """Without the internals it uses, the plugin leaves the call to mypy's
+    overload check: the same messages as without the plugin, no crash.
+    (torch is not followed here: WRONG_USE's types do not involve it.)"""
+    _need_mypy()
+    wrong = tmp_path / "wrong_use.py"
+    wrong.write_text(WRONG_USE)
+    (tmp_path / "broken_plugin.py").write_text(BROKEN_PLUGIN)
+    (tmp_path / "mypy.ini").write_text(
+        f"[mypy]\nplugins = {tmp_path / 'broken_plugin.py'}\n"
+        "[mypy-torch.*]\nfollow_imports = skip\n")
+    out = _run(["mypy", "--strict", "--config-file", str(tmp_path / "mypy.ini"),
+                "--cache-dir", str(tmp_path / "cache"), "--no-color-output", str(wrong)],
+               cwd=tmp_path)
+    assert out.returncode == 1 and _checked(out, 1), out.stdout + out.stderr
+    assert "INTERNAL ERROR" not in out.stdout + out.stderr, out.stdout + out.stderr
+    by_line = _lines(out, wrong.name)
+    assert set(by_line) == set(WRONG_LINES), out.stdout
+    for line in (3, 5):
+        assert any(NO_VARIANT in ln for ln in by_line[line]), (line, out.stdout)
 
 
 def test_mypy_strict_accepts_the_package_bodies(tmp_path):
