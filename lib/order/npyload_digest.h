@@ -30,9 +30,10 @@
  * tests/python/test_mix_order.py and test_mix_loader.py).
  *
  * Why XXH3: specified, maintained (Debian's libxxhash-dev, PyPI's xxhash
- * for checks in Python), and fast on the short records here (about 15 ns a
- * row, measured by bench/bench_mix_order: nothing beside a batch's copy);
- * a cryptographic hash would cost ~10x for no gain against drift. The
+ * for checks in Python), and fast on the short records here (about 7 ns a
+ * row without augmentation, 26 ns with two augmented fields, measured by
+ * bench/bench_mix_order on a shared 2-core VM: nothing beside a batch's
+ * copy); a cryptographic hash would cost ~10x for no gain against drift. The
  * chaining through the record's first 8 bytes keeps the state at one u64,
  * where XXH3's streaming state would be ~600 bytes of a layout private to
  * the library's version.
