@@ -441,6 +441,16 @@ Test(digest, known_answers)
     for (int i = 0; i < 10; i++)
         d = npyl_digest_row(d, (uint32_t)(i % 3), 100 - i, NULL, 0);
     cr_assert_eq(d, 0x74a41a7ab31db6deull);
+    /* the same rows in one call (the loader's path without augmentation),
+     * with sources and, for rows of source 0 only, without */
+    uint32_t src[10];
+    int64_t idx[10];
+    for (int i = 0; i < 10; i++) {
+        src[i] = (uint32_t)(i % 3);
+        idx[i] = 100 - i;
+    }
+    cr_assert_eq(npyl_digest_rows(0, 10, src, idx, NULL, 0), 0x74a41a7ab31db6deull);
+    cr_assert_eq(npyl_digest_rows(0, 5, NULL, idx, NULL, 0), 0x02564a000129f196ull);
     npyl_digest_aug a = {.hflip = 1, .vflip = 0, .top = 3, .left = 4};
     cr_assert_eq(npyl_digest_row(123456789, 2, -1, &a, 1), 0x1b7803463656e12full);
     /* nine augmented fields: the streaming path */

@@ -15,7 +15,9 @@
 /* At hand-out, on next()'s thread: a mixture's rows as the accessors give
  * them (index within the source, source), the rows per source, and the
  * running digest over (source, index, augmentation decisions) of each row
- * (npyload_digest.h), under dig_mu. */
+ * (npyload_digest.h), under dig_mu, taken once per batch. Without an
+ * augmented field no decision is drawn: the rows' records are hashed in one
+ * pass over the batch's index (and source) arrays. */
 static void hand_out_rows(npyload_loader *L, npyl_slot *s)
 {
     if (s->mrows) {
@@ -29,6 +31,14 @@ static void hand_out_rows(npyload_loader *L, npyl_slot *s)
     size_t naug = 0;
     for (size_t i = 0; i < L->nfields; i++)
         naug += npyl_field_transformed(&L->fields[i]) && L->fields[i].tplan.aug;
+    if (!naug) { /* no decisions to draw: one pass over the batch's arrays */
+        pthread_mutex_lock(&L->dig_mu);
+        L->digest = npyl_digest_rows(L->digest, s->rows, s->mrows ? s->src : NULL,
+                                     s->mrows ? s->local : s->indices, NULL, 0);
+        L->digest_rows += s->rows;
+        pthread_mutex_unlock(&L->dig_mu);
+        return;
+    }
     npyl_digest_aug *a = naug <= 8 ? aug : malloc(naug * sizeof *a);
     pthread_mutex_lock(&L->dig_mu);
     uint64_t d = L->digest;

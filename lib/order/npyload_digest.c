@@ -25,9 +25,23 @@ static inline void put_aug(unsigned char *p, const npyl_digest_aug *a)
     npyl_put_le(p + 16, (uint64_t)a->left, 8);
 }
 
+/* A row without augmentation: the 24-byte record, its length a constant,
+ * so that XXH3's branches on the length fold away and the record stays in
+ * registers (two 128-bit multiplies and the avalanche). */
+static inline uint64_t plain_row(uint64_t digest, uint32_t source, int64_t index)
+{
+    unsigned char rec[HEAD];
+    npyl_put_le(rec, digest, 8);
+    npyl_put_le(rec + 8, source, 8); /* u32 source, u32 naug = 0 */
+    npyl_put_le(rec + 16, (uint64_t)index, 8);
+    return XXH3_64bits(rec, HEAD);
+}
+
 uint64_t npyl_digest_row(uint64_t digest, uint32_t source, int64_t index,
                          const npyl_digest_aug *aug, size_t naug)
 {
+    if (!naug)
+        return plain_row(digest, source, index);
     unsigned char rec[HEAD + ONE_SHOT_AUGS * AUG];
     npyl_put_le(rec, digest, 8);
     /* u32 source, u32 naug: one 8-byte store (XXH3 reads it whole) */
@@ -54,8 +68,16 @@ uint64_t npyl_digest_rows(uint64_t digest, size_t n, const uint32_t *source,
                           const int64_t *index, const npyl_digest_aug *aug,
                           size_t naug)
 {
-    for (size_t r = 0; r < n; r++)
-        digest = npyl_digest_row(digest, source ? source[r] : 0, index[r],
-                                 naug ? aug + r * naug : NULL, naug);
+    if (naug) {
+        for (size_t r = 0; r < n; r++)
+            digest = npyl_digest_row(digest, source ? source[r] : 0, index[r],
+                                     aug + r * naug, naug);
+    } else if (source) { /* one pass, the records in registers */
+        for (size_t r = 0; r < n; r++)
+            digest = plain_row(digest, source[r], index[r]);
+    } else {
+        for (size_t r = 0; r < n; r++)
+            digest = plain_row(digest, 0, index[r]);
+    }
     return digest;
 }

@@ -287,3 +287,81 @@ def test_remote_source(tmp_path):
         loader.close()
     finally:
         srv.stop()
+
+
+def ref_digest_rows(digest, indices, augs=()):
+    """npyload_digest.h from its text, source 0 (a loader without sources):
+    XXH3-64 of each row's record; augs: per augmented field in the fields'
+    order, (hflip, vflip, top, left) arrays of the rows."""
+    xxhash = pytest.importorskip("xxhash", reason="PyPI's xxhash (the test extra)")
+    for r, i in enumerate(indices):
+        rec = struct.pack("<QIIq", digest, 0, len(augs), int(i))
+        for hf, vf, top, left in augs:
+            rec += struct.pack("<BB6xqq", bool(hf[r]), bool(vf[r]), int(top[r]), int(left[r]))
+        digest = xxhash.xxh3_64_intdigest(rec)
+    return digest
+
+
+def plain_fields(root, n=53):
+    """Two fields of n samples in three files: x (n,) int64, y (n, 4, 6) int32
+    whose rows differ under flips."""
+    x = np.arange(n, dtype=np.int64)
+    y = (100 * x[:, None] + np.arange(24)).reshape(n, 4, 6).astype(np.int32)
+    cut = [0, 20, 41, n]
+    for k in range(3):
+        np.save(root / f"x_{k}.npy", x[cut[k]:cut[k + 1]])
+        np.save(root / f"y_{k}.npy", y[cut[k]:cut[k + 1]])
+    return {"x": str(root / "x_*.npy"), "y": str(root / "y_*.npy")}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_digest_without_sources_matches_xxhash(tmp_path, workers):
+    """A loader without sources: the digest is XXH3 over (source 0, global
+    index) of every row handed out, in order, across epochs and batches of
+    any size; a resumed loader continues it."""
+    fields = plain_fields(tmp_path)
+    kw = dict(batch_size=7, shuffle=True, seed=3, rank=1, world_size=2, num_workers=workers,
+              output="numpy")
+    ld = npyload.Loader(fields, **kw)
+    seen = []
+    for e in range(2):
+        ld.set_epoch(e)
+        for b in ld:
+            seen.extend(np.asarray(b.indices).tolist())
+    st = ld.stats()
+    assert st["digest_rows"] == len(seen) > 0
+    assert st["digest"] == ref_digest_rows(0, seen)
+    ld.close()
+    # cut after 2 batches of epoch 0, resumed: the digest goes on
+    a = npyload.Loader(fields, **kw)
+    it = iter(a)
+    head = [x for _ in range(2) for x in np.asarray(next(it).indices).tolist()]
+    state = a.state_dict()
+    a.close()
+    assert state["_digest"] == ref_digest_rows(0, head)
+    b = npyload.Loader(fields, **kw)
+    b.load_state_dict(state)
+    for e in range(2):
+        if e:
+            b.set_epoch(e)
+        for bt in b:
+            pass
+    assert (b.stats()["digest"], b.stats()["digest_rows"]) == (st["digest"], len(seen))
+    b.close()
+
+
+def test_digest_with_augmentation_matches_xxhash(tmp_path):
+    """With augmented fields, each row's record carries every augmented
+    field's decisions (batch.augment), in the fields' order."""
+    fields = plain_fields(tmp_path)
+    tr = {"y": npyload.Transform("float32", hflip=0.5, vflip=0.5, crop=(3, 4), pad=1)}
+    with npyload.Loader(fields, batch_size=6, shuffle=True, seed=9, num_workers=2,
+                        output="numpy", transforms=tr) as ld:
+        d, n, moved = 0, 0, 0
+        for b in ld:
+            a = b.augment["y"]
+            d = ref_digest_rows(d, np.asarray(b.indices), [a])
+            n += len(b.indices)
+            moved += int(np.count_nonzero(a.top) + np.count_nonzero(a.left))
+        assert moved  # the crop's corners are in the records too
+        assert (ld.stats()["digest"], ld.stats()["digest_rows"]) == (d, n)
