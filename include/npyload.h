@@ -200,14 +200,19 @@ typedef enum npyload_shuffle {
 #define NPYLOAD_OPTION_MAP(XX)                                                 \
     XX(BATCH_SIZE, 1, "samples per batch, >= 1; no default: start() refuses " \
                       "a loader without it (as Python's batch_size=)")       \
-    XX(NUM_WORKERS, 2, "worker threads, >= 1; 0 = default 2; "               \
+    XX(NUM_WORKERS, 2, "worker threads, >= 1 (exactly that many, no "         \
+                       "controller); 0 or NPYLOAD_AUTO (-2) = auto (the "    \
+                       "default): the controller chooses and changes the "   \
+                       "count at run time (see NPYLOAD_AUTO); "              \
                        "NPYLOAD_WORKERS_SYNC (-1) = no worker thread: "      \
                        "next() reads each batch on the calling thread "      \
                        "(debugging, like DataLoader's num_workers=0, which " \
-                       "is Python's num_workers=0: Python has no 'default' " \
-                       "value, its default is 2)")                           \
-    XX(PREFETCH, 3, "batch slots, >= 1; 0 = default 2 x workers. Memory is "  \
-                    "PREFETCH x batch bytes. Python's prefetch= counts the " \
+                       "is Python's num_workers=0)")                         \
+    XX(PREFETCH, 3, "batch slots, >= 1 (exactly that many, no controller); " \
+                    "0 or NPYLOAD_AUTO (-2) = auto (the default): the "      \
+                    "controller chooses and changes the count within "      \
+                    "MEMORY_BUDGET. Memory is slots x batch bytes. "        \
+                    "Python's prefetch= counts the "                         \
                     "batches read ahead of the one the loop holds, as "      \
                     "DataLoader's prefetch_factor x workers does: Python "   \
                     "prefetch = PREFETCH - 1 (npyload-bench prints both)")   \
@@ -248,7 +253,25 @@ typedef enum npyload_shuffle {
                            "auto (default): the ahead-of-time fatbin when "  \
                            "the build has one that runs on the GPU, else "   \
                            "compiled at start by NVRTC; 1 ahead of time "    \
-                           "only; 2 NVRTC always (see npyload_loader_set_path)")
+                           "only; 2 NVRTC always (see npyload_loader_set_path)") \
+    XX(MEMORY_BUDGET, 20, "bytes that batch slots plus the workers' read "   \
+                          "buffers may take when NUM_WORKERS or PREFETCH is " \
+                          "auto; the controller never exceeds it. 0 = "      \
+                          "default: a quarter of the memory the process "    \
+                          "may use (the smaller of physical memory and the " \
+                          "cgroup v2 memory.max / v1 limit_in_bytes)")       \
+    XX(AUTO_TARGET, 21, "the consumer's wait in next() the controller aims "  \
+                        "below, in basis points of its loop (wait + step): " \
+                        "1 .. 10000; 0 = default 200 (2 %)")                \
+    XX(AUTO_CORES, 22, "cores this loader's workers may keep busy (several " \
+                       "loaders or ranks on a node divide the node's): the " \
+                       "controller's worker ceiling, exceeded only when "   \
+                       "reads wait for a device; 0 = default: the cores "   \
+                       "the process may run on (sched_getaffinity)")        \
+    XX(AUTO_FORCE, 23, "testing: with auto, every this many batches the "   \
+                       "controller changes workers and slots to a new "     \
+                       "pseudo-random pair instead of measuring; 0 = off "  \
+                       "(default)")
 
 /*! NPYLOAD_WORKERS_SYNC: NPYLOAD_OPT_NUM_WORKERS value for synchronous
  * reads. No thread is started; npyload_loader_next() reads (and
@@ -257,6 +280,25 @@ typedef enum npyload_shuffle {
  * bytes and errors are those of any worker count. PREFETCH still bounds the
  * slots (default 2) since batches may be held. */
 #define NPYLOAD_WORKERS_SYNC (-1)
+
+/*! NPYLOAD_AUTO: NPYLOAD_OPT_NUM_WORKERS and NPYLOAD_OPT_PREFETCH value
+ * (also their default, 0) that hands the count to the loader's controller.
+ * It measures, per window of batches, the consumer's wait in next()
+ * against its step (the time between a next() returning and the following
+ * call), the workers' busy and read-blocked time, and the samples
+ * delivered, and changes the worker threads and batch slots while the
+ * loader runs. Its aims, in order: the consumer waits less than
+ * AUTO_TARGET of its loop (default 2 %); then the fewest slots; then the
+ * fewest workers. It adds a worker only while that raises throughput (it
+ * takes it back and backs off otherwise), stays below AUTO_CORES unless
+ * reads wait for a device, keeps slots plus read buffers within
+ * MEMORY_BUDGET, never takes a slot the caller holds, settles after a
+ * change that did not help (the back-off doubles), and forgets its
+ * back-offs when the regime changes (the step time or the throughput moves
+ * by more than a third). Order and bytes never depend on it. Device mode:
+ * the controller changes the workers; the device slots stay at their
+ * first count. npyload_loader_auto_history() lists its decisions. */
+#define NPYLOAD_AUTO (-2)
 
 /*! Options for npyload_loader_set(), generated from NPYLOAD_OPTION_MAP. 0
  * means "default" where a default is documented. All options must be set
@@ -1035,7 +1077,63 @@ typedef struct npyload_stats {
     uint64_t cache_read_bytes;  /* bytes served from cache_dir */
     uint64_t cache_write_bytes; /* bytes written into cache_dir */
     uint64_t cache_evictions;   /* blocks removed to stay within cache_bytes */
+    /* Self-tuning (0.4; num_workers and num_slots above are the current
+     * counts, which the controller changes): */
+    uint64_t auto_mode;         /* 0 fixed; bit 1: the controller changes
+                                   the workers, bit 2: the slots */
+    uint64_t memory_budget;     /* MEMORY_BUDGET resolved (0: fixed) */
+    uint64_t memory_bytes;      /* slots plus workers' read buffers now */
+    uint64_t auto_decisions;    /* changes the controller made */
 } npyload_stats;
+
+/*! Why the controller changed the counts (npyload_auto_event.reason). */
+typedef enum npyload_auto_reason {
+    NPYLOAD_AUTO_START = 0,  /* the first counts, at start */
+    NPYLOAD_AUTO_WAIT = 1,   /* the consumer waited above target: one more */
+    NPYLOAD_AUTO_NO_GAIN = 2, /* the worker added did not raise throughput:
+                                 taken back, worker growth backs off */
+    NPYLOAD_AUTO_SPARE = 3,  /* the consumer is fed with room to spare: one
+                                 fewer */
+    NPYLOAD_AUTO_WORSE = 4,  /* the last removal made the wait exceed the
+                                target: taken back, that removal backs off */
+    NPYLOAD_AUTO_HELD = 5,   /* the caller holds nearly every slot: one more */
+    NPYLOAD_AUTO_REGIME = 6, /* the step or the throughput moved: back-offs
+                                forgotten (no count changes) */
+    NPYLOAD_AUTO_FORCED = 7  /* AUTO_FORCE (testing) */
+} npyload_auto_reason;
+
+/*! One decision of the controller (npyload_loader_auto_history), with the
+ * measurements of the window behind it. Crosses the API with the caller's
+ * sizeof (a public struct that grows). */
+typedef struct npyload_auto_event {
+    uint64_t t_ns;              /* since start() */
+    uint64_t batch;             /* batches delivered when it was made */
+    uint32_t workers, slots;    /* the counts after it */
+    uint32_t prev_workers, prev_slots; /* and before */
+    int32_t reason;             /* npyload_auto_reason */
+    int32_t pad_;
+    double wait_share;          /* consumer wait / (wait + step) */
+    double samples_per_s;       /* delivered */
+    double worker_busy;         /* workers' read + decode + transform time
+                                   over workers x wall */
+    double read_blocked;        /* workers' off-CPU read time over the same */
+} npyload_auto_event;
+
+/*! npyload_loader_auto_history() : the controller's last decisions
+ * (at most 32 are kept), oldest first.
+ * @ev    : room for `n` events of `size` bytes each (sizeof(npyload_auto_event));
+ *          may be NULL when n is 0.
+ * @total : if not NULL, receives the number of decisions made since start
+ *          (a caller polling it learns of new ones cheaply).
+ * @return : the number of events written, or NPYLOAD_EINVAL (size below the
+ *           first layout), NPYLOAD_EFORKED.
+ * Thread-safety: a query (may overlap next() and control calls). */
+NPYLOAD_API int npyload_loader_auto_history(const npyload_loader *L, npyload_auto_event *ev,
+                                            size_t n, size_t size, uint64_t *total);
+
+/*! npyload_auto_reason_name() : "start", "wait", "no-gain", "spare", "worse",
+ * "held", "regime", "forced", or "?" for an unknown value. */
+NPYLOAD_API const char *npyload_auto_reason_name(int reason);
 
 /*! npyload_stats_verdict() : one line naming where the time of `s` went
  * (the bottleneck) and what to do about it, for logs and bug reports.
