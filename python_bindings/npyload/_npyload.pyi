@@ -316,6 +316,8 @@ class Loader:
     def load_state(self, state: bytes, /) -> None: ...
     def begin_pass(self) -> None: ...
     def pass_batches(self) -> int: ...
+    def auto_history(self, since: int = 0) -> tuple[int, list[tuple[
+        int, int, int, int, int, int, str, float, float, float, float]]]: ...
     def pass_rule(self) -> int: ...
     def ceiling(self, kind: int, threads: int, seconds: float, /) -> dict[str, Any]: ...
     def stats(self, hook_ns: int = 0, loop_wait_ns: int = -1,
@@ -344,6 +346,11 @@ OPT_ON_ERROR: int
 OPT_MAX_ERRORS: int
 OPT_READ_AHEAD: int
 OPT_DEVICE_KERNELS: int
+OPT_MEMORY_BUDGET: int
+OPT_AUTO_TARGET: int
+OPT_AUTO_CORES: int
+OPT_AUTO_FORCE: int
+AUTO: int
 
 PATH_NVRTC: int
 PATH_KERNEL_CACHE: int
