@@ -88,6 +88,18 @@ typedef enum npyload_error {
  *           a -errno value or an NPYLOAD_E* code. Never NULL. Thread-safe. */
 NPYLOAD_API const char *npyload_strerror(int err);
 
+/*! npyload_mask_urls() :
+ * Copies `text` into buf[len] (always NUL-terminated when len > 0) with
+ * every URL's secrets masked: the password of a userinfo
+ * (scheme://user:PASSWORD@host becomes scheme://user:***@host) and a query
+ * string (a presigned URL's signature: "?..."). A URL ends at white space,
+ * a quote or an angle bracket. Every message of the library (errmsg,
+ * last_skip_error, the err buffers) is already masked this way; the tools
+ * and bindings use it for the paths they print themselves.
+ * @return : the length of the masked text (as snprintf: buf holds all of
+ *           it when the result is below len). Thread-safe. */
+NPYLOAD_API size_t npyload_mask_urls(const char *text, char *buf, size_t len);
+
 /*! npyload_version_string() : the library's version, "major.minor.patch". */
 NPYLOAD_API const char *npyload_version_string(void);
 
@@ -244,11 +256,13 @@ typedef enum npyload_shuffle {
     XX(MAX_ERRORS, 17, "with ON_ERROR skip: once more than this many "       \
                        "samples were skipped, the batch fails as with "     \
                        "raise; 0 = no limit (default)")                      \
-    XX(READ_AHEAD, 18, "0 (default) or 1: on; -1: off. Each worker thread "   \
-                       "has the reads of its next batch in flight while it " \
-                       "decodes and transforms the current one (a read "    \
-                       "thread and a second read buffer per worker; sync "  \
-                       "mode reads no ahead)")                               \
+    XX(READ_AHEAD, 18, "0 (default): on when a batch has work after its "   \
+                       "reads (.npy.zst decode, narrowed codes, host "      \
+                       "transforms, device copies), else off; 1: on; -1: "  \
+                       "off. Each worker thread has the reads of its next " \
+                       "batch in flight while it decodes and transforms "   \
+                       "the current one (a read thread and a second read "  \
+                       "buffer per worker; sync mode reads no ahead)")       \
     XX(DEVICE_KERNELS, 19, "where device transforms get their kernels: 0 "   \
                            "auto (default): the ahead-of-time fatbin when "  \
                            "the build has one that runs on the GPU, else "   \
@@ -604,6 +618,22 @@ typedef struct npyload_remote {
 NPYLOAD_API int npyload_loader_set_remote(npyload_loader *L, const npyload_remote *cfg,
                                           size_t size);
 
+/*! npyload_loader_set_interrupt() : a function the loader asks, on the
+ * caller's own thread, whether to give up a call that waits for remote
+ * storage: add_field and add_field_files (listing an s3:// glob, page
+ * after page) and start (probing the remote objects). While such a call
+ * waits, fn(arg) is called at least every 100 ms; when it returns non-zero
+ * the call stops its transfers and returns -ECANCELED ("interrupted"),
+ * leaving the loader as any failed call does. A binding checks for Ctrl-C
+ * there (Python: KeyboardInterrupt during a long listing). fn is never
+ * called from the loader's worker threads; destroy() stops their
+ * transfers by itself, within about 100 ms. NULL (the default) turns it
+ * off.
+ * @return : 0; NPYLOAD_EINVAL for a NULL loader. Threads: a control call
+ *           (not while add_field or start runs on another thread). */
+NPYLOAD_API int npyload_loader_set_interrupt(npyload_loader *L, int (*fn)(void *arg),
+                                             void *arg);
+
 /*! npyload_loader_set() : sets option `opt` (see npyload_option).
  * @return : 0, NPYLOAD_EINVAL for a value out of range (the message names the
  *           option and the accepted range), NPYLOAD_ESTATE after start,
@@ -766,7 +796,10 @@ NPYLOAD_API int npyload_loader_next(npyload_loader *L, npyload_batch **out);
 
 /*! npyload_loader_next_timeout() : as next(), but gives up after
  * `timeout_ns` nanoseconds with -ETIMEDOUT (used to stay responsive to
- * signals in bindings). A negative timeout waits forever. */
+ * signals in bindings). A negative timeout waits forever. -ETIMEDOUT
+ * always means "no batch yet": a read that timed out fails the batch with
+ * another code (NPYLOAD_EREMOTE for a remote one, naming the URL and the
+ * timeout; -EIO for a local file). */
 NPYLOAD_API int npyload_loader_next_timeout(npyload_loader *L,
                                             npyload_batch **out,
                                             int64_t timeout_ns);
@@ -1313,7 +1346,8 @@ typedef struct npyload_build_info {
     int64_t default_shuffle_window; /* SHUFFLE_WINDOW, files */
     int default_io_backend;       /* what IO_BACKEND AUTO resolves to on this
                                      machine now (URING or PREAD) */
-    int default_read_ahead;       /* 1: READ_AHEAD is on by default */
+    int default_read_ahead;       /* 1: READ_AHEAD is on by default (where
+                                     a batch has work after its reads) */
     /* device transforms compiled at run time (NVRTC) */
     int transform_nvrtc;          /* 1: the kernels' source is embedded:
                                      NVRTC compiles it for a GPU that no
@@ -1528,6 +1562,23 @@ typedef struct npyload_zst_facts {
     char value_descr[NPYLOAD_DESCR_LEN]; /* narrowed: the delivered dtype */
 } npyload_zst_facts;
 
+/*! npyload_narrow_stored() :
+ * Whether the .npy `path`, whose header `h` npyload_read_header gave, is
+ * the stored narrowed form (npyload-pack --narrow --store: one-byte codes,
+ * h->descr '|u1', followed by a trailer holding their value table), read
+ * and checked as the loader's start does (one read of the trailer; the
+ * table's checksum). The loader delivers value_descr for it, as it does
+ * for a narrowed .npy.zst (npyload_zst_facts).
+ * @return : 1 with *values (codes in the table), *value_itemsize (bytes per
+ *           delivered value) and value_descr (NPYLOAD_DESCR_LEN bytes: the
+ *           delivered dtype); each output may be NULL. 0 for any other
+ *           .npy (outputs untouched). NPYLOAD_EFORMAT / ETRUNCATED / -errno
+ *           with "PATH: problem" in `err` for a damaged or cut trailer
+ *           (the loader refuses the file the same way). Thread-safe. */
+NPYLOAD_API int npyload_narrow_stored(const char *path, const npyload_header *h,
+                                      uint32_t *values, uint32_t *value_itemsize,
+                                      char *value_descr, char *err, size_t errlen);
+
 /*! npyload_zst_file: a .npy.zst whose seek table and header were read and
  * validated as the loader does at start (the file is closed again; later
  * calls that read frames open it by name). Opaque. */
@@ -1643,11 +1694,152 @@ NPYLOAD_API void npyload_paths_free(char **paths, size_t n);
  * destroyed) and *hdr = its facts' hdr.
  * @return : 0; the parse errors of npyload_read_header /
  *           npyload_zst_file_open; -ENOENT (404), -EACCES (403),
- *           -ECONNREFUSED, -ETIMEDOUT, NPYLOAD_EREMOTE... with "URL: what
+ *           -ECONNREFUSED, NPYLOAD_EREMOTE (a timeout too)... with "URL: what
  *           happened" in `err`. */
 NPYLOAD_API int npyload_remote_inspect(npyload_remote_client *c, const char *url,
                                        npyload_header *hdr, npyload_zst_file **zst,
                                        char *err, size_t errlen);
+
+/*! npyload_remote_narrow_stored() : npyload_narrow_stored for a remote
+ * .npy whose header `h` npyload_remote_inspect gave (one ranged GET of its
+ * trailer, checked against the size and ETag seen now). The same returns,
+ * with "URL: problem" in `err`; the network failures of
+ * npyload_remote_inspect. */
+NPYLOAD_API int npyload_remote_narrow_stored(npyload_remote_client *c, const char *url,
+                                             const npyload_header *h, uint32_t *values,
+                                             uint32_t *value_itemsize, char *value_descr,
+                                             char *err, size_t errlen);
+
+/*! Filling a node's cache before a job (0.4): npyload_prefetch copies the
+ * remote objects of a dataset into a cache_dir, so that every epoch (and
+ * every rank of the node sharing that directory) reads them at local speed.
+ * What a job scheduler's prologue runs (`npyload-prefetch`, and
+ * npyload.prefetch() in Python, are this API).
+ *
+ * How: the objects are listed (s3:// globs) and probed (one 4 KiB GET
+ * each: size and ETag), then their cache blocks are fetched in the order
+ * of the samples (the fields' files interleaved by their position in the
+ * dataset, so that a part of the dataset holds whole samples), with large
+ * sequential ranged GETs (whole blocks of one object, up to REQUEST_BYTES
+ * each, INFLIGHT at once) written straight into the blocks' files. The
+ * part filled is the dataset's first MAX_BYTES in that order, at most 90 %
+ * of cache_bytes (what the cache keeps without evicting it again). Blocks
+ * already in the cache are kept; the fill coordinates with loaders and
+ * other fills reading the same cache_dir (one fetch per block per node:
+ * a block another process is fetching is waited for, not fetched again),
+ * so it is safe to run while they read.
+ *
+ * Thread-safety: one thread calls create, add_*, set, run and destroy (run
+ * never overlaps destroy); npyload_prefetch_stop and
+ * npyload_prefetch_get_progress may be called from any thread at any
+ * time between create and destroy, also while run runs. */
+typedef struct npyload_prefetch npyload_prefetch;
+
+typedef enum npyload_prefetch_option {
+    NPYLOAD_PREFETCH_MAX_BYTES = 1,    /* bytes of the dataset to fill, its
+                                          first part in sample order; 0
+                                          (default) and at most: 90 % of
+                                          the configuration's cache_bytes */
+    NPYLOAD_PREFETCH_INFLIGHT = 2,     /* GETs at once, 1 .. 1024; 0: 16 */
+    NPYLOAD_PREFETCH_REQUEST_BYTES = 3 /* bytes per GET (rounded up to whole
+                                          cache blocks), 4 KiB .. 1 GiB;
+                                          0: 32 MiB */
+} npyload_prefetch_option;
+
+/* Phases of a run (npyload_prefetch_progress.phase). */
+#define NPYLOAD_PREFETCH_IDLE 0        /* run not called yet */
+#define NPYLOAD_PREFETCH_PROBING 1     /* listing and probing the objects */
+#define NPYLOAD_PREFETCH_FILLING 2     /* fetching blocks */
+#define NPYLOAD_PREFETCH_DONE 3        /* run returned (rc tells how) */
+
+/* The counters of a fill, since run began (sized: see Conventions). */
+typedef struct npyload_prefetch_progress {
+    uint64_t objects;          /* objects of the fields (globs expanded) */
+    uint64_t dataset_bytes;    /* their bytes, once probed */
+    uint64_t planned_bytes;    /* the part to fill (all of the dataset, or
+                                  its first MAX_BYTES in sample order) */
+    uint64_t cached_bytes;     /* of the part, in the cache: found there,
+                                  fetched, or fetched meanwhile by another
+                                  process (at the end: counted there) */
+    uint64_t fetched_bytes;    /* of the part, fetched by this fill */
+    uint64_t planned_blocks;   /* cache blocks of the part */
+    uint64_t found_blocks;     /* of those, already in the cache */
+    uint64_t fetched_blocks;   /* fetched by this fill */
+    uint64_t waited_blocks;    /* fetched meanwhile by another reader of the
+                                  cache (a loader, another fill) */
+    uint64_t requests;         /* HTTP requests made (listings, probes,
+                                  fills, retries) */
+    uint64_t received_bytes;   /* body bytes received (probes included) */
+    uint64_t elapsed_ns;       /* since run began (frozen when it returned) */
+    uint64_t probe_ns;         /* of it, probing (the rest is filling) */
+    uint32_t phase;            /* NPYLOAD_PREFETCH_IDLE .. _DONE */
+    int32_t rc;                /* run's result once DONE */
+} npyload_prefetch_progress;
+
+/*! npyload_prefetch_create() : a fill for the configuration `cfg` (as
+ * npyload_loader_set_remote takes it; `size` is sizeof(npyload_remote) as
+ * the caller was compiled). cfg->cache_dir is required: the directory the
+ * loaders of the node will be given (with the same cache_block: a block
+ * size is part of the blocks' names).
+ * @return : 0 and *out; NPYLOAD_EINVAL naming a bad member or a missing
+ *           cache_dir; NPYLOAD_EUNSUPPORTED in a build without libcurl;
+ *           -ENOMEM. `err` (may be NULL) never holds a secret. */
+NPYLOAD_API int npyload_prefetch_create(npyload_prefetch **out, const npyload_remote *cfg,
+                                        size_t size, char *err, size_t errlen);
+
+/*! npyload_prefetch_destroy() : frees it (the secret wiped). NULL-safe;
+ * never while run runs (stop it and let run return first). */
+NPYLOAD_API void npyload_prefetch_destroy(npyload_prefetch *P);
+
+/*! npyload_prefetch_add_field() : adds a field: an s3:// glob (listed now,
+ * as npyload_loader_add_field lists it) or one s3:// / http(s):// URL.
+ * Fields are what a loader's fields are: their files are filled
+ * interleaved by position, so a part holds whole samples.
+ * @return : 0; NPYLOAD_EINVAL for a local path (naming it);
+ *           NPYLOAD_ENOFILES; a listing's error naming the pattern;
+ *           NPYLOAD_ESTATE while run runs. The message:
+ *           npyload_prefetch_errmsg. */
+NPYLOAD_API int npyload_prefetch_add_field(npyload_prefetch *P, const char *pattern);
+
+/*! npyload_prefetch_add_field_files() : adds a field given as n URLs, in
+ * order. @return : as npyload_prefetch_add_field. */
+NPYLOAD_API int npyload_prefetch_add_field_files(npyload_prefetch *P,
+                                                 const char *const *urls, size_t n);
+
+/*! npyload_prefetch_set() : sets an option (npyload_prefetch_option).
+ * @return : 0, NPYLOAD_EINVAL for an unknown option or a value out of its
+ *           range (the message names both), NPYLOAD_ESTATE while run runs. */
+NPYLOAD_API int npyload_prefetch_set(npyload_prefetch *P, npyload_prefetch_option opt,
+                                     int64_t value);
+
+/*! npyload_prefetch_run() : probes every object, then fills the cache with
+ * the part (see above); blocks the calling thread until the part is in the
+ * cache, npyload_prefetch_stop was called, or a request failed for good
+ * (after the configuration's retries). May be called again (a second run
+ * finds what the first fetched and fetches what is missing).
+ * @return : 0; -ECANCELED when stopped; NPYLOAD_EINVAL when no field was
+ *           added; -ENOENT (404), -EACCES (403), NPYLOAD_ECHANGED (an object
+ *           changed during the run), NPYLOAD_EREMOTE... with "URL: what
+ *           happened" in npyload_prefetch_errmsg. What was filled before a
+ *           failure stays in the cache. */
+NPYLOAD_API int npyload_prefetch_run(npyload_prefetch *P);
+
+/*! npyload_prefetch_stop() : asks a run to end: the GETs of the current
+ * round (at most 3 x INFLIGHT of REQUEST_BYTES) complete first, and run
+ * returns -ECANCELED. Before run: the next run returns -ECANCELED at once.
+ * Any thread. */
+NPYLOAD_API void npyload_prefetch_stop(npyload_prefetch *P);
+
+/*! npyload_prefetch_get_progress() : the counters now into *out (`size`:
+ * sizeof(npyload_prefetch_progress) as the caller was compiled). Any
+ * thread, cheap (a few atomic loads).
+ * @return : 0 or NPYLOAD_EINVAL (NULL, or a size below the first layout). */
+NPYLOAD_API int npyload_prefetch_get_progress(const npyload_prefetch *P,
+                                              npyload_prefetch_progress *out, size_t size);
+
+/*! npyload_prefetch_errmsg() : the last failure of add_*, set or run in
+ * words ("" when none). Valid until the next call on P from its thread. */
+NPYLOAD_API const char *npyload_prefetch_errmsg(const npyload_prefetch *P);
 
 /* ==== Experimental API ====================================================
  *

@@ -4,7 +4,7 @@
 # `python -m pip`. Idempotent: when everything is there it installs nothing
 # and does not run `apt-get update`.
 #
-#   bash scripts/setup-deps.sh [demo|test|fuzz|ci]     # check, install the missing
+#   bash scripts/setup-deps.sh [demo|test|fuzz|docs|ci] # check, install the missing
 #   source scripts/setup-deps.sh test                   # check only (never installs),
 #                                                       #   then export NPYLOAD_PYTHON
 #                                                       #   (and PATH for a venv)
@@ -12,10 +12,11 @@
 #
 # What each profile needs is declared once: Debian packages in
 # scripts/debian-packages.txt (read only by this script), Python packages in
-# pyproject.toml's extras ("test"; "ci" adds torch==2.13.0, exactly: any
-# other version pulls gigabytes of CUDA wheels). Profiles: demo (build and
-# run the bench), test (demo + the C and Python tests), fuzz (demo + clang's
-# sanitizer and libFuzzer runtime), ci (test + fuzz + the "ci" extra).
+# pyproject.toml's extras ("test"; "docs"; "ci" adds torch==2.13.0, exactly:
+# any other version pulls gigabytes of CUDA wheels). Profiles: demo (build
+# and run the bench), test (demo + the C and Python tests), fuzz (demo +
+# clang's sanitizer and libFuzzer runtime), docs (test + the "docs" extra +
+# Chromium, scripts/build-docs.sh), ci (test + fuzz + docs + the "ci" extra).
 #
 # Python: the interpreter is $NPYLOAD_PYTHON (default python3). An active
 # virtualenv is used as it is. A distribution interpreter that refuses pip
@@ -48,8 +49,8 @@ PRINT_PY=0
 if [[ ${1:-} == --print-python ]]; then PRINT_PY=1; shift; fi
 PROFILE=${1:-test}
 case $PROFILE in
-  demo|test|fuzz|ci) ;;
-  *) echo "usage: $0 [demo|test|fuzz|ci]" >&2; exit 2 ;;
+  demo|test|fuzz|docs|ci) ;;
+  *) echo "usage: $0 [demo|test|fuzz|docs|ci]" >&2; exit 2 ;;
 esac
 NO_INSTALL=${NPYLOAD_NO_INSTALL:-0}
 [[ $NO_INSTALL == 0 || -z $NO_INSTALL ]] && NO_INSTALL=0 || NO_INSTALL=1
@@ -59,7 +60,7 @@ wants() {  # wants PROFILE...: is the current profile one of these (or above)?
   local p
   for p; do
     case $p:$PROFILE in
-      demo:*|test:test|test:ci|fuzz:fuzz|fuzz:ci|ci:ci) return 0 ;;
+      demo:*|test:test|test:docs|test:ci|fuzz:fuzz|fuzz:ci|docs:docs|docs:ci|ci:ci) return 0 ;;
     esac
   done
   return 1
@@ -147,7 +148,9 @@ def key(v):
     return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
 out = []
 for req in sys.argv[1:]:
-    name, op, want = re.match(r"([A-Za-z0-9_.-]+)\s*(==|>=)?\s*(\S*)", req).groups()
+    # "ray[data]>=2.60": the extras in brackets are not checked, the version is
+    name, op, want = re.match(r"([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?\s*(==|>=)?\s*(\S*)",
+                              req).groups()
     want = want.split(",")[0]  # ">=13,<14": the lower bound is what is checked
     have = None
     for n in (name, name.replace("-", "_")):
@@ -170,11 +173,24 @@ extra_reqs() {
 import re, sys
 text = open(sys.argv[1]).read()
 sec = re.search(r"^\[project\.optional-dependencies\]\n(.*?)(?=^\[|\Z)", text, re.S | re.M)
-for name in sys.argv[2:]:
-    m = sec and re.search(r"^%s\s*=\s*\[(.*?)\]" % re.escape(name), sec.group(1), re.S | re.M)
+def reqs(name, seen):
+    # "npyload[ray]" inside an extra names another extra of this project
+    m = sec and re.search(r"^%s\s*=\s*\[(.*?)\]$" % re.escape(name), sec.group(1), re.S | re.M)
     if not m:
         sys.exit("pyproject.toml has no extra '%s'" % name)
-    print(" ".join(re.findall(r'"([^"]+)"', m.group(1))))
+    out = []
+    for r in re.findall(r'"([^"]+)"', m.group(1)):
+        own = re.match(r"npyload\[([^\]]+)\]$", r)
+        if own:
+            for x in own.group(1).split(","):
+                if x.strip() not in seen:
+                    seen.add(x.strip())
+                    out += reqs(x.strip(), seen)
+        else:
+            out.append(r)
+    return out
+for name in sys.argv[2:]:
+    print(" ".join(reqs(name, {name})))
 EOF
 }
 
@@ -182,6 +198,7 @@ PIP_REQS=()
 if wants test; then
   python_facts || exit 1
   extras=(test)
+  wants docs && extras+=(docs)
   wants ci && extras+=(ci)
   read -r -a PIP_REQS <<<"$(extra_reqs "${extras[@]}" | tr '\n' ' ')" || true
   ((${#PIP_REQS[@]})) || { say "ERROR: no Python requirements read from pyproject.toml"; exit 1; }

@@ -43,7 +43,7 @@ if [[ $mode == sanitize ]]; then
         -DNPYLOAD_BUILD_TESTS=ON -DNPYLOAD_GPU_TESTS=OFF -DNPYLOAD_CUDA_KERNELS=NVRTC
   cmake --build "$B" -j"$JOBS"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-  export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+  export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp
   if [[ $arg == thread ]]; then
     # Criterion itself cannot start under TSan (Snaipe/Criterion#274); the
     # stress driver covers the loader's concurrent paths without it.

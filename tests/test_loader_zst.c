@@ -861,6 +861,77 @@ Test(loader_zst, a_file_list_holding_a_file_and_its_packed_twin_is_refused)
     tu_rmtree(d.dir);
 }
 
+/* Stored narrowed twins (issue 35, item 8): '*.npy' matches FILE.npy and
+ * FILE.narrow.npy (npyload-pack --narrow --store without --rm), every
+ * sample twice. Refused at start naming both, as the .npy.zst twin is; so
+ * are FILE.npy.zst and FILE.narrow.npy together (two forms of one source,
+ * the source gone). '*.narrow.npy' alone loads, and a plain file that only
+ * carries the name (no value table) is not anybody's twin. */
+Test(loader_zst, a_glob_matching_a_file_and_its_narrowed_twin_is_refused)
+{
+    char *dir = tu_mkdtemp("loader_zst_narrow_twin");
+    const int64_t shape[2] = {6, 4};
+    float v[24];
+    for (int i = 0; i < 24; i++)
+        v[i] = (float)(i % 3) * 0.5f;
+    char src[2][600], nar[2][700], g[700];
+    for (int k = 0; k < 2; k++) {
+        snprintf(src[k], sizeof src[k], "%s/x_%04d.npy", dir, k);
+        cr_assert_geq(tu_write_npy(src[k], "<f4", 0, 2, shape, v, sizeof v, 64), 0);
+        npyload_pack_options o = {.threads = 1, .narrow = 1, .store = 1};
+        char err[512] = "";
+        cr_assert_eq(npyload_pack_file(src[k], NULL, &o, sizeof o, NULL, 0, err, sizeof err),
+                     0, "%s", err);
+        snprintf(nar[k], sizeof nar[k], "%s/x_%04d.narrow.npy", dir, k);
+    }
+    npyload_loader *L;
+    snprintf(g, sizeof g, "%s/x_*.npy", dir);
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "x", g), 0, "%s", npyload_loader_errmsg(L));
+    expect_twins_refused(L, src[0], nar[0]);
+    /* An explicit list, another spelling of the source. */
+    char spelled[700];
+    snprintf(spelled, sizeof spelled, "%s/./x_0001.npy", dir);
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field_files(L, "x", (const char *[]){nar[1], spelled}, 2),
+                 0);
+    expect_twins_refused(L, spelled, nar[1]);
+    /* The narrowed form alone loads: the values, 12 samples. */
+    snprintf(g, sizeof g, "%s/x_*.narrow.npy", dir);
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "x", g), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 6), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_batch *b;
+    cr_assert_eq(npyload_loader_next(L, &b), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(memcmp(npyload_batch_field(b, 0)->data, v, sizeof v), 0);
+    npyload_batch_release(b);
+    cr_assert_eq(npyload_loader_num_batches(L), 2);
+    npyload_loader_destroy(L);
+    /* Two packed forms of x_0000.npy, the source removed. */
+    npyload_pack_options o = {.threads = 1, .narrow = 1};
+    char err[512] = "", zst[700];
+    cr_assert_eq(npyload_pack_file(src[0], NULL, &o, sizeof o, NULL, 0, err, sizeof err), 0,
+                 "%s", err);
+    snprintf(zst, sizeof zst, "%s.zst", src[0]);
+    cr_assert_eq(unlink(src[0]), 0);
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field_files(L, "x", (const char *[]){nar[0], zst}, 2), 0);
+    expect_twins_refused(L, nar[0], zst);
+    /* A plain .npy named like a narrowed one is nobody's twin. */
+    char plain[700];
+    snprintf(plain, sizeof plain, "%s/y.narrow.npy", dir);
+    cr_assert_geq(tu_write_npy(plain, "<f4", 0, 2, shape, v, sizeof v, 64), 0);
+    snprintf(g, sizeof g, "%s/y.npy", dir);
+    cr_assert_geq(tu_write_npy(g, "<f4", 0, 2, shape, v, sizeof v, 64), 0);
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_add_field_files(L, "y", (const char *[]){g, plain}, 2), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 6), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_loader_destroy(L);
+    tu_rmtree(dir);
+}
+
 /* A huge BATCH_SIZE over a small packed field: the per-worker .npy.zst
  * state is sized, like the slots, for the rows a batch can hold (the whole
  * field here), not for BATCH_SIZE (2^31 rows of frame bookkeeping would be
@@ -1152,6 +1223,88 @@ Test(loader_zst, a_value_table_whose_dtype_contradicts_its_values_is_refused)
     cr_assert_eq(a->nbytes, 4 * 6 * 4, "4 rows of 6 float32");
     npyload_batch_release(b);
     npyload_loader_destroy(L);
+    tu_rmtree(dir);
+}
+
+/* A stored narrowed file that lost its last 1..12 bytes (the trailer's tag
+ * or length), or more of its trailer (issue 35, item 7): refused at start
+ * naming the file, never loaded as its uint8 codes, as long as the value
+ * table's frame magic is left after the codes. Whole, it delivers the
+ * values; with less than that magic after the codes (the whole trailer
+ * gone) nothing tells it from a plain .npy of bytes: loaded as numpy reads
+ * it, '|u1'. */
+Test(loader_zst, a_stored_narrowed_file_cut_short_is_refused)
+{
+    char *dir = tu_mkdtemp("loader_zst_narrow_cut");
+    const int64_t shape[2] = {6, 4};
+    float v[24];
+    for (int i = 0; i < 24; i++)
+        v[i] = (float)(i % 3) * 0.25f;
+    char src[600], nar[700], cut[700];
+    snprintf(src, sizeof src, "%s/s.npy", dir);
+    snprintf(nar, sizeof nar, "%s/s.narrow.npy", dir);
+    snprintf(cut, sizeof cut, "%s/cut.npy", dir);
+    cr_assert_geq(tu_write_npy(src, "<f4", 0, 2, shape, v, sizeof v, 64), 0);
+    npyload_pack_options o = {.threads = 1, .narrow = 1, .store = 1};
+    char err[512] = "";
+    cr_assert_eq(npyload_pack_file(src, nar, &o, sizeof o, NULL, 0, err, sizeof err), 0, "%s",
+                 err);
+    size_t n;
+    unsigned char *good = tu_read_file(nar, &n);
+    cr_assert_not_null(good);
+    npyload_header h;
+    cr_assert_eq(npyload_read_header(nar, &h, err, sizeof err), 0, "%s", err);
+    size_t data_end = (size_t)(h.data_offset + h.data_bytes), trailer = n - data_end;
+    for (size_t lost = 0; lost <= trailer; lost++) {
+        if (lost > 16 && lost < trailer - 6)
+            lost = trailer - 6; /* a few cuts into the table, then past it */
+        FILE *f = fopen(cut, "wb");
+        cr_assert_eq(fwrite(good, 1, n - lost, f), n - lost);
+        fclose(f);
+        npyload_loader *L;
+        cr_assert_eq(npyload_loader_create(&L), 0);
+        cr_assert_eq(npyload_loader_add_field_files(L, "x", (const char *[]){cut}, 1), 0);
+        cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 6), 0);
+        int rc = npyload_loader_start(L);
+        npyload_batch *b;
+        if (lost == 0 || lost > trailer - 4) {
+            cr_assert_eq(rc, 0, "lost %zu: %s", lost, npyload_loader_errmsg(L));
+            cr_assert_eq(npyload_loader_next(L, &b), 0);
+            const npyload_array *a = npyload_batch_field(b, 0);
+            cr_assert_str_eq(a->descr, lost ? "|u1" : "<f4", "lost %zu", lost);
+            if (!lost)
+                cr_assert_eq(memcmp(a->data, v, sizeof v), 0);
+            npyload_batch_release(b);
+        } else {
+            cr_assert_lt(rc, 0, "lost %zu of %zu trailer bytes: loaded as %s", lost, trailer,
+                         rc == 0 && npyload_loader_next(L, &b) == 0
+                             ? npyload_batch_field(b, 0)->descr : "?");
+            cr_assert_not_null(strstr(npyload_loader_errmsg(L), cut), "lost %zu: %s", lost,
+                               npyload_loader_errmsg(L));
+        }
+        npyload_loader_destroy(L);
+    }
+    /* npyload_narrow_stored: the facts of the whole file, nothing for the
+     * source, the loader's refusal for a cut trailer (issue 35, item 18). */
+    uint32_t values = 0, width = 0;
+    char vdescr[NPYLOAD_DESCR_LEN] = "";
+    cr_assert_eq(npyload_narrow_stored(nar, &h, &values, &width, vdescr, err, sizeof err), 1,
+                 "%s", err);
+    cr_assert_eq(values, 3);
+    cr_assert_eq(width, 4);
+    cr_assert_str_eq(vdescr, "<f4");
+    npyload_header hs;
+    cr_assert_eq(npyload_read_header(src, &hs, err, sizeof err), 0);
+    cr_assert_eq(npyload_narrow_stored(src, &hs, &values, NULL, NULL, err, sizeof err), 0);
+    FILE *f = fopen(cut, "wb");
+    cr_assert_eq(fwrite(good, 1, n - 5, f), n - 5);
+    fclose(f);
+    npyload_header hc;
+    cr_assert_eq(npyload_read_header(cut, &hc, err, sizeof err), 0);
+    cr_assert_eq(npyload_narrow_stored(cut, &hc, NULL, NULL, NULL, err, sizeof err),
+                 NPYLOAD_ETRUNCATED);
+    cr_assert_not_null(strstr(err, cut), "%s", err);
+    free(good);
     tu_rmtree(dir);
 }
 

@@ -324,20 +324,20 @@ Test(remote, stop_then_start_probes_nothing_again)
     cr_assert(strstr(npyload_loader_errmsg(b), "held"), "%s", npyload_loader_errmsg(b));
     npyload_batch_release(x);
     cr_assert_eq(npyload_loader_stop(b), 0, "%s", npyload_loader_errmsg(b));
-    uint64_t before = tu_http_requests(s.h);
-    /* Other options, and still no worker thread: workers would begin
-     * reading batches at once, and their GETs are not a probe. */
-    cr_assert_eq(npyload_loader_set(b, NPYLOAD_OPT_PREFETCH, 3), 0);
+    /* Headers and probes only: the workers' reads begin as soon as start
+     * returns (counting every request raced with them). */
+    uint64_t before = tu_http_heads(s.h);
+    cr_assert_eq(npyload_loader_set(b, NPYLOAD_OPT_NUM_WORKERS, 3), 0);
     cr_assert_eq(npyload_loader_start(b), 0, "%s", npyload_loader_errmsg(b));
-    cr_assert_eq(tu_http_requests(s.h), before, "the second start asked the server");
+    cr_assert_eq(tu_http_heads(s.h), before, "the second start asked the server");
     cr_assert_eq(npyload_loader_num_samples(b), n);
     cr_assert_eq(npyload_loader_start(a), 0);
     same_epoch(a, b, 0);
     cr_assert_eq(npyload_loader_stop(b), 0);
     cr_assert_eq(npyload_loader_add_field_files(b, "y", (const char *const *)s.url, NF), 0);
-    before = tu_http_requests(s.h);
+    before = tu_http_heads(s.h);
     cr_assert_eq(npyload_loader_start(b), 0, "%s", npyload_loader_errmsg(b));
-    cr_assert_gt(tu_http_requests(s.h), before, "a new field is read at start");
+    cr_assert_gt(tu_http_heads(s.h), before, "a new field is read at start");
     npyload_loader_destroy(a);
     npyload_loader_destroy(b);
     site_down(&s);
@@ -425,6 +425,25 @@ Test(remote, missing_object_names_the_url)
     site_down(&s);
 }
 
+/* Every object replaced: same size, new bytes (a new inode: the ETag
+ * changes). */
+static void replace_objects(const site *s)
+{
+    for (size_t k = 0; k < NF; k++) {
+        size_t n;
+        unsigned char *d = tu_read_file(s->local[k], &n);
+        cr_assert_not_null(d);
+        d[n - 1] ^= 0xff;
+        char tmp[1024];
+        snprintf(tmp, sizeof tmp, "%s.new", s->local[k]);
+        FILE *f = fopen(tmp, "wb");
+        cr_assert_eq(fwrite(d, 1, n, f), n);
+        fclose(f);
+        cr_assert_eq(rename(tmp, s->local[k]), 0);
+        free(d);
+    }
+}
+
 Test(remote, an_object_changed_since_start_fails_naming_it)
 {
     site s;
@@ -433,20 +452,7 @@ Test(remote, an_object_changed_since_start_fails_naming_it)
     npyload_loader_set(b, NPYLOAD_OPT_READ_AHEAD, -1);
     npyload_loader_set(b, NPYLOAD_OPT_NUM_WORKERS, NPYLOAD_WORKERS_SYNC);
     cr_assert_eq(npyload_loader_start(b), 0, "%s", npyload_loader_errmsg(b));
-    /* Same size, new bytes (a new inode: the ETag changes). */
-    for (size_t k = 0; k < NF; k++) {
-        size_t n;
-        unsigned char *d = tu_read_file(s.local[k], &n);
-        cr_assert_not_null(d);
-        d[n - 1] ^= 0xff;
-        char tmp[1024];
-        snprintf(tmp, sizeof tmp, "%s.new", s.local[k]);
-        FILE *f = fopen(tmp, "wb");
-        cr_assert_eq(fwrite(d, 1, n, f), n);
-        fclose(f);
-        cr_assert_eq(rename(tmp, s.local[k]), 0);
-        free(d);
-    }
+    replace_objects(&s);
     npyload_batch *x;
     int rc = npyload_loader_next(b, &x);
     cr_assert_eq(rc, NPYLOAD_ECHANGED, "%d %s", rc, npyload_loader_errmsg(b));
@@ -482,3 +488,470 @@ Test(remote, a_server_gone_fails_in_bounded_time)
     site_down(&s);
 }
 #endif
+
+/* ---- hostile servers, close and Ctrl-C (issue 35, items 10, 11, 15) ---- */
+
+#ifdef NPYLOAD_HAVE_REMOTE
+static double since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+static npyload_loader *s3_loader(tu_http *h)
+{
+    char ep[64];
+    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", tu_http_port(h));
+    npyload_remote r;
+    memset(&r, 0, sizeof r);
+    r.endpoint = ep;
+    r.retry_base_ms = 1;
+    npyload_loader *L;
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_set_remote(L, &r, sizeof r), 0, "%s", npyload_loader_errmsg(L));
+    return L;
+}
+
+/* A listing whose pages never end: the same continuation token given back
+ * forever (no keys), or new tokens over the same keys. Fails at once (a
+ * few pages), naming the pattern and why, instead of listing forever. */
+Test(remote, a_listing_that_never_ends_fails_fast)
+{
+    char *dir = tu_mkdtemp("remote_list");
+    tu_http *h;
+    cr_assert_eq(tu_http_start(&h, dir), 0);
+    const int modes[] = {TU_LIST_SAME_TOKEN, TU_LIST_REPEAT};
+    const char *why[] = {"never end", "does not move on"};
+    for (int m = 0; m < 2; m++) {
+        tu_http_listing(h, modes[m]);
+        uint64_t p0 = tu_http_pages(h);
+        npyload_loader *L = s3_loader(h);
+        int rc = npyload_loader_add_field(L, "x", "s3://bkt/p/x_*.npy");
+        cr_assert_eq(rc, NPYLOAD_EREMOTE, "mode %d: %d %s", m, rc, npyload_loader_errmsg(L));
+        cr_assert(strstr(npyload_loader_errmsg(L), "s3://bkt/p/x_*.npy"), "%s",
+                  npyload_loader_errmsg(L));
+        cr_assert(strstr(npyload_loader_errmsg(L), why[m]), "%s", npyload_loader_errmsg(L));
+        cr_assert_leq(tu_http_pages(h) - p0, 3, "%llu pages",
+                      (unsigned long long)(tu_http_pages(h) - p0));
+        npyload_loader_destroy(L);
+    }
+    tu_http_stop(h);
+    tu_rmtree(dir);
+}
+
+typedef struct interrupter {
+    pthread_t thread;  /* the thread the callback must be called on */
+    struct timespec t0;
+    double after;      /* seconds: then it says stop */
+    int calls, wrong_thread;
+} interrupter;
+
+static int interrupt_after(void *arg)
+{
+    interrupter *i = arg;
+    i->calls++;
+    i->wrong_thread += !pthread_equal(pthread_self(), i->thread);
+    return since(&i->t0) > i->after;
+}
+
+/* The interrupt callback (Ctrl-C in Python) stops a listing that would go
+ * on (fresh tokens and keys on every page) and a start whose probe waits
+ * for a server that never answers: -ECANCELED "interrupted", soon after
+ * the callback says so, on the caller's thread only. */
+Test(remote, the_interrupt_callback_stops_a_listing_and_a_probe)
+{
+    char *dir = tu_mkdtemp("remote_intr");
+    tu_http *h;
+    cr_assert_eq(tu_http_start(&h, dir), 0);
+    tu_http_listing(h, TU_LIST_FRESH);
+    interrupter in = {.thread = pthread_self(), .after = 0.5};
+    npyload_loader *L = s3_loader(h);
+    cr_assert_eq(npyload_loader_set_interrupt(L, interrupt_after, &in), 0);
+    clock_gettime(CLOCK_MONOTONIC, &in.t0);
+    int rc = npyload_loader_add_field(L, "x", "s3://bkt/p/x_*.npy");
+    double took = since(&in.t0);
+    cr_assert_eq(rc, -ECANCELED, "%d %s", rc, npyload_loader_errmsg(L));
+    cr_assert(strstr(npyload_loader_errmsg(L), "interrupted"), "%s", npyload_loader_errmsg(L));
+    cr_assert(strstr(npyload_loader_errmsg(L), "s3://bkt/p/x_*.npy"), "%s",
+              npyload_loader_errmsg(L));
+    cr_assert_gt(tu_http_pages(h), 1, "the listing went on until interrupted");
+    cr_assert_lt(took, 10.0, "%.1f s", took);
+    cr_assert_gt(in.calls, 0);
+    cr_assert_eq(in.wrong_thread, 0);
+    npyload_loader_destroy(L);
+    /* A probe: every request stalls; the default timeouts (60 s x 9). */
+    char *p = tu_path(dir, "a.npy");
+    const int64_t shape[1] = {4};
+    cr_assert_geq(tu_write_npy(p, "<f4", 0, 1, shape, (float[4]){0}, 16, 64), 0);
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/a.npy", tu_http_port(h));
+    tu_http_stall(h, 1);
+    cr_assert_eq(npyload_loader_create(&L), 0);
+    cr_assert_eq(npyload_loader_set_interrupt(L, interrupt_after, &in), 0);
+    cr_assert_eq(npyload_loader_add_field_files(L, "x", (const char *[]){url}, 1), 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 1), 0);
+    in.calls = 0;
+    clock_gettime(CLOCK_MONOTONIC, &in.t0);
+    rc = npyload_loader_start(L);
+    took = since(&in.t0);
+    cr_assert_eq(rc, -ECANCELED, "%d %s", rc, npyload_loader_errmsg(L));
+    cr_assert(strstr(npyload_loader_errmsg(L), url), "%s", npyload_loader_errmsg(L));
+    cr_assert_lt(took, 10.0, "%.1f s", took);
+    cr_assert_eq(in.wrong_thread, 0);
+    npyload_loader_destroy(L);
+    tu_http_stall(h, 0);
+    free(p);
+    tu_http_stop(h);
+    tu_rmtree(dir);
+}
+
+/* destroy() while the workers' GETs stall (a server that stopped
+ * answering mid-epoch): it aborts them and returns in about 100 ms, not
+ * after the timeout (20 s here) times the attempts. */
+Test(remote, destroy_aborts_stalled_transfers)
+{
+    site s;
+    site_up(&s, 0);
+    npyload_remote r;
+    memset(&r, 0, sizeof r);
+    r.timeout_ms = 20000;
+    r.retries = 1;
+    npyload_loader *b = loader(s.url, &r, 2);
+    npyload_loader_set(b, NPYLOAD_OPT_BATCH_SIZE, 1);
+    cr_assert_eq(npyload_loader_start(b), 0, "%s", npyload_loader_errmsg(b));
+    npyload_batch *x;
+    cr_assert_eq(npyload_loader_next(b, &x), 0, "%s", npyload_loader_errmsg(b));
+    npyload_batch_release(x);
+    tu_http_stall(s.h, 1);
+    cr_assert_eq(npyload_loader_set_epoch(b, 1), 0); /* new reads, into the stall */
+    for (int i = 0; i < 200 && tu_http_stalled(s.h) == 0; i++)
+        usleep(10000);
+    cr_assert_gt(tu_http_stalled(s.h), 0, "no GET reached the server");
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    npyload_loader_destroy(b);
+    double took = since(&t0);
+    cr_assert_lt(took, 5.0, "destroy took %.1f s: it waited for the stalled GETs", took);
+    tu_http_stall(s.h, 0);
+    site_down(&s);
+}
+
+/* A stalled GET: next() (as the bindings call it, in slices of
+ * next_timeout) reports the URL and the remote timeout, with a code that
+ * is not next_timeout's -ETIMEDOUT "no batch yet", and never "the loader
+ * failed earlier". */
+Test(remote, a_stalled_get_names_the_url_and_the_timeout)
+{
+    for (int sync = 0; sync <= 1; sync++) {
+        site s;
+        site_up(&s, 0);
+        npyload_remote r;
+        memset(&r, 0, sizeof r);
+        r.timeout_ms = 500;
+        r.retries = 1;
+        r.retry_base_ms = 1;
+        npyload_loader *b = loader(s.url, &r, sync ? NPYLOAD_WORKERS_SYNC : 1);
+        cr_assert_eq(npyload_loader_start(b), 0, "%s", npyload_loader_errmsg(b));
+        tu_http_stall(s.h, 1);
+        if (!sync)
+            cr_assert_eq(npyload_loader_set_epoch(b, 1), 0); /* reads after the stall */
+        npyload_batch *x;
+        int rc;
+        while ((rc = npyload_loader_next_timeout(b, &x, 50 * 1000 * 1000)) == -ETIMEDOUT)
+            ;
+        const char *msg = npyload_loader_errmsg(b);
+        cr_assert_eq(rc, NPYLOAD_EREMOTE, "sync %d: %d %s", sync, rc, msg);
+        cr_assert(strstr(msg, "http://127.0.0.1:"), "%s", msg);
+        cr_assert(strstr(msg, "timeout is 0.5 s"), "%s", msg);
+        cr_assert_null(strstr(msg, "failed earlier"), "%s", msg);
+        npyload_loader_destroy(b);
+        tu_http_stall(s.h, 0);
+        site_down(&s);
+    }
+}
+#endif
+
+/* ---- secrets in URLs (issue 35, item 14) ---- */
+
+Test(remote, mask_urls_hides_userinfo_passwords_and_query_strings)
+{
+    static const char *const cases[][2] = {
+        {"http://user:PASS@host/x.npy", "http://user:***@host/x.npy"},
+        {"https://u:p@h:8443", "https://u:***@h:8443"},
+        {"field 'x': http://a:b%40c@h/x.npy: HTTP 404", "field 'x': http://a:***@h/x.npy: HTTP 404"},
+        {"http://u:P@ss@h/x", "http://u:***@h/x"},          /* the last '@' ends it */
+        {"http://user@h/x (no password)", "http://user@h/x (no password)"},
+        {"https://h/p?X-Amz-Signature=abc: GET failed", "https://h/p?...: GET failed"},
+        {"https://h/p?X-Amz-Signature=abc", "https://h/p?..."},
+        {"s3://bkt/k.npy and http://x:y@z/a?q=1, done", "s3://bkt/k.npy and http://x:***@z/a?..., done"},
+        {"'http://u:secret@h/a.npy'", "'http://u:***@h/a.npy'"},
+        {"no url here: a:b@c", "no url here: a:b@c"},
+        {"://u:p@h", "://u:p@h"},                         /* no scheme */
+        {"", ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char out[256];
+        size_t n = npyload_mask_urls(cases[i][0], out, sizeof out);
+        cr_assert_str_eq(out, cases[i][1], "case %zu", i);
+        cr_assert_eq(n, strlen(cases[i][1]));
+    }
+    /* Truncation as snprintf: the length that would be written. */
+    char small[12];
+    size_t n = npyload_mask_urls("http://u:pw@host/long/path", small, sizeof small);
+    cr_assert_eq(n, strlen("http://u:***@host/long/path"));
+    cr_assert_str_eq(small, "http://u:**");
+    cr_assert_eq(npyload_mask_urls("x", NULL, 0), 1);
+}
+
+#ifdef NPYLOAD_HAVE_REMOTE
+/* URLs with a password in them: no message of the loader shows it, at
+ * add_field/start (a missing object), mid-epoch (an object changed since
+ * start) or in last_skip_error (ON_ERROR skip). */
+Test(remote, a_password_in_a_url_is_never_shown)
+{
+    site s;
+    site_up(&s, 0);
+    for (size_t k = 0; k < NF; k++) {
+        char u[256];
+        snprintf(u, sizeof u, "http://user:S3cretPw@127.0.0.1:%d/x_%04zu.npy",
+                 tu_http_port(s.h), k);
+        free(s.url[k]);
+        s.url[k] = strdup(u);
+    }
+    char *keep = s.url[1];
+    char missing[256];
+    snprintf(missing, sizeof missing, "http://user:S3cretPw@127.0.0.1:%d/gone.npy",
+             tu_http_port(s.h));
+    s.url[1] = missing;
+    npyload_loader *b = loader(s.url, NULL, 1);
+    cr_assert_eq(npyload_loader_start(b), -ENOENT, "%s", npyload_loader_errmsg(b));
+    const char *msg = npyload_loader_errmsg(b);
+    cr_assert(strstr(msg, "http://user:***@127.0.0.1:") && strstr(msg, "gone.npy"), "%s", msg);
+    cr_assert_null(strstr(msg, "S3cretPw"), "%s", msg);
+    npyload_loader_destroy(b);
+    s.url[1] = keep;
+    for (int skip = 0; skip <= 1; skip++) {
+        b = loader(s.url, NULL, 1);
+        npyload_loader_set(b, NPYLOAD_OPT_NUM_WORKERS, NPYLOAD_WORKERS_SYNC);
+        npyload_loader_set(b, NPYLOAD_OPT_ON_ERROR, skip);
+        cr_assert_eq(npyload_loader_start(b), 0, "%s", npyload_loader_errmsg(b));
+        replace_objects(&s);
+        npyload_batch *x;
+        int rc = npyload_loader_next(b, &x);
+        char last[1024];
+        if (skip) {
+            cr_assert_eq(rc, 0, "%s", npyload_loader_errmsg(b));
+            npyload_batch_release(x);
+            npyload_loader_last_skip_error(b, last, sizeof last);
+            msg = last;
+        } else {
+            cr_assert_eq(rc, NPYLOAD_ECHANGED, "%d %s", rc, npyload_loader_errmsg(b));
+            msg = npyload_loader_errmsg(b);
+        }
+        cr_assert(strstr(msg, "http://user:***@127.0.0.1:"), "%s", msg);
+        cr_assert_null(strstr(msg, "S3cretPw"), "%s", msg);
+        npyload_loader_destroy(b);
+    }
+    site_down(&s);
+}
+#endif
+
+#ifdef NPYLOAD_HAVE_REMOTE
+/* npyload_remote_narrow_stored: a stored narrowed .npy over http:// gives
+ * the facts the local file gives (issue 35, item 18). */
+Test(remote, a_stored_narrowed_object_reports_its_value_table)
+{
+    site s;
+    site_up(&s, 0);
+    npyload_pack_options o = {.threads = 1, .narrow = 1, .store = 1};
+    char out[1024], err[512] = "";
+    snprintf(out, sizeof out, "%s/n.narrow.npy", s.dir);
+    cr_assert_eq(npyload_pack_file(s.local[0], out, &o, sizeof o, NULL, 0, err, sizeof err), 0,
+                 "%s", err);
+    npyload_remote_client *c;
+    cr_assert_eq(npyload_remote_client_create(&c, NULL, 0, err, sizeof err), 0, "%s", err);
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/n.narrow.npy", tu_http_port(s.h));
+    npyload_header h, lh;
+    npyload_zst_file *z = NULL;
+    cr_assert_eq(npyload_remote_inspect(c, url, &h, &z, err, sizeof err), 0, "%s", err);
+    cr_assert_null(z);
+    uint32_t rv = 0, lv = 0, rw = 0, lw = 0;
+    char rd[NPYLOAD_DESCR_LEN] = "", ld[NPYLOAD_DESCR_LEN] = "";
+    cr_assert_eq(npyload_remote_narrow_stored(c, url, &h, &rv, &rw, rd, err, sizeof err), 1,
+                 "%s", err);
+    cr_assert_eq(npyload_read_header(out, &lh, err, sizeof err), 0);
+    cr_assert_eq(npyload_narrow_stored(out, &lh, &lv, &lw, ld, err, sizeof err), 1, "%s", err);
+    cr_assert_eq(rv, lv);
+    cr_assert_eq(rw, lw);
+    cr_assert_str_eq(rd, ld);
+    cr_assert_str_eq(rd, "<f4");
+    npyload_remote_client_destroy(c);
+    site_down(&s);
+}
+#endif
+
+/* ---- npyload_prefetch: a node's cache filled before a job -------------- */
+
+static npyload_prefetch *prefetch_for(const site *s, const char *cache)
+{
+    npyload_remote r;
+    memset(&r, 0, sizeof r);
+    r.cache_dir = cache;
+    r.cache_block = 4096;
+    npyload_prefetch *P = NULL;
+    char err[512];
+    cr_assert_eq(npyload_prefetch_create(&P, &r, sizeof r, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(npyload_prefetch_add_field_files(P, (const char *const *)s->url, NF), 0, "%s",
+                 npyload_prefetch_errmsg(P));
+    return P;
+}
+
+/* A fill puts every block of the objects in the cache (one GET per object
+ * here, and one probe), and a loader given the same cache then reads an
+ * epoch equal to the local files' asking the server for its start's
+ * probes only; a second fill finds every block and fetches none. */
+Test(remote, prefetch_fills_what_a_loader_then_reads_without_asking)
+{
+    if (!npyl_remote_built(NULL, 0))
+        cr_skip_test("built without libcurl");
+    site s;
+    site_up(&s, 0);
+    char *cache = tu_path(s.dir, "cache");
+    uint64_t objects = 0, blocks = 0;
+    for (size_t k = 0; k < NF; k++) {
+        struct stat st;
+        cr_assert_eq(stat(s.local[k], &st), 0);
+        objects += (uint64_t)st.st_size;
+        blocks += ((uint64_t)st.st_size + 4095) / 4096;
+    }
+    npyload_prefetch *P = prefetch_for(&s, cache);
+    npyload_prefetch_progress g;
+    cr_assert_eq(npyload_prefetch_get_progress(P, &g, sizeof g), 0);
+    cr_assert_eq(g.phase, NPYLOAD_PREFETCH_IDLE);
+    uint64_t before = tu_http_requests(s.h);
+    cr_assert_eq(npyload_prefetch_run(P), 0, "%s", npyload_prefetch_errmsg(P));
+    cr_assert_eq(npyload_prefetch_get_progress(P, &g, sizeof g), 0);
+    cr_assert_eq(g.phase, NPYLOAD_PREFETCH_DONE);
+    cr_assert_eq(g.rc, 0);
+    cr_assert_eq(g.objects, NF);
+    cr_assert_eq(g.dataset_bytes, objects);
+    cr_assert_eq(g.planned_bytes, objects);
+    cr_assert_eq(g.cached_bytes, objects);
+    cr_assert_eq(g.fetched_bytes, objects);
+    cr_assert_eq(g.planned_blocks, blocks);
+    cr_assert_eq(g.fetched_blocks, blocks);
+    cr_assert_eq(g.requests, tu_http_requests(s.h) - before);
+    cr_assert_eq(g.requests, 2 * NF, "a probe and one GET per object: %llu",
+                 (unsigned long long)g.requests);
+    npyload_remote r;
+    memset(&r, 0, sizeof r);
+    r.cache_dir = cache;
+    r.cache_block = 4096;
+    npyload_loader *a = loader(s.local, NULL, 2), *b = loader(s.url, &r, 2);
+    cr_assert_eq(npyload_loader_start(a), 0);
+    before = tu_http_requests(s.h);
+    cr_assert_eq(npyload_loader_start(b), 0, "%s", npyload_loader_errmsg(b));
+    same_epoch(a, b, 0);
+    npyload_stats st;
+    npyload_loader_get_stats(b, &st, sizeof st);
+    cr_assert_eq(st.cache_misses, 0);
+    cr_assert_eq(tu_http_requests(s.h) - before, NF, "the loader asked more than its probes");
+    npyload_loader_destroy(a);
+    npyload_loader_destroy(b);
+    cr_assert_eq(npyload_prefetch_run(P), 0, "%s", npyload_prefetch_errmsg(P));
+    cr_assert_eq(npyload_prefetch_get_progress(P, &g, sizeof g), 0);
+    cr_assert_eq(g.found_blocks, blocks);
+    cr_assert_eq(g.fetched_blocks, 0);
+    cr_assert_eq(g.cached_bytes, objects);
+    npyload_prefetch_destroy(P);
+    free(cache);
+    site_down(&s);
+}
+
+/* A part: MAX_BYTES fills the first whole blocks in order and no more;
+ * the cache's bound caps the part at 90 % of it. */
+Test(remote, prefetch_fills_a_part_within_its_budget)
+{
+    if (!npyl_remote_built(NULL, 0))
+        cr_skip_test("built without libcurl");
+    site s;
+    site_up(&s, 0);
+    char *cache = tu_path(s.dir, "cache");
+    npyload_prefetch *P = prefetch_for(&s, cache);
+    cr_assert_eq(npyload_prefetch_set(P, NPYLOAD_PREFETCH_MAX_BYTES, 1500), 0);
+    cr_assert_eq(npyload_prefetch_run(P), 0, "%s", npyload_prefetch_errmsg(P));
+    npyload_prefetch_progress g;
+    cr_assert_eq(npyload_prefetch_get_progress(P, &g, sizeof g), 0);
+    uint64_t want = 0; /* the first objects (one block each) within 1500 bytes */
+    for (size_t k = 0; k < NF; k++) {
+        struct stat st;
+        cr_assert_eq(stat(s.local[k], &st), 0);
+        if (want + (uint64_t)st.st_size > 1500)
+            break;
+        want += (uint64_t)st.st_size;
+    }
+    cr_assert_gt(want, 0);
+    cr_assert_eq(g.planned_bytes, want, "%llu planned, %llu expected",
+                 (unsigned long long)g.planned_bytes, (unsigned long long)want);
+    cr_assert_eq(g.cached_bytes, g.planned_bytes);
+    npyload_prefetch_destroy(P);
+    /* cache_bytes bounds the part: 90 % of 2 blocks holds one block. */
+    npyload_remote r;
+    memset(&r, 0, sizeof r);
+    char *small = tu_path(s.dir, "small");
+    r.cache_dir = small;
+    r.cache_block = 4096;
+    r.cache_bytes = 2 * 4096;
+    char err[512];
+    cr_assert_eq(npyload_prefetch_create(&P, &r, sizeof r, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(npyload_prefetch_add_field_files(P, (const char *const *)s.url, NF), 0);
+    cr_assert_eq(npyload_prefetch_run(P), 0, "%s", npyload_prefetch_errmsg(P));
+    cr_assert_eq(npyload_prefetch_get_progress(P, &g, sizeof g), 0);
+    cr_assert_leq(g.planned_bytes, 2 * 4096 - 2 * 4096 / 10);
+    cr_assert_gt(g.planned_bytes, 0);
+    npyload_prefetch_destroy(P);
+    free(small);
+    free(cache);
+    site_down(&s);
+}
+
+Test(remote, prefetch_errors_name_what_is_wrong)
+{
+    npyload_prefetch *P = NULL;
+    char err[512] = "";
+    cr_assert_eq(npyload_prefetch_create(&P, NULL, 0, err, sizeof err), NPYLOAD_EINVAL);
+    cr_assert(strstr(err, "cache_dir"), "%s", err);
+    npyload_remote r;
+    memset(&r, 0, sizeof r);
+    cr_assert_eq(npyload_prefetch_create(&P, &r, sizeof r, err, sizeof err), NPYLOAD_EINVAL);
+    cr_assert(strstr(err, "cache_dir"), "%s", err);
+    cr_assert_eq(npyload_prefetch_create(&P, &r, 8, err, sizeof err), NPYLOAD_EINVAL);
+    if (!npyl_remote_built(NULL, 0))
+        cr_skip_test("built without libcurl");
+    site s;
+    site_up(&s, 0);
+    char *cache = tu_path(s.dir, "cache");
+    r.cache_dir = cache;
+    cr_assert_eq(npyload_prefetch_create(&P, &r, sizeof r, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(npyload_prefetch_run(P), NPYLOAD_EINVAL, "no field");
+    cr_assert(strstr(npyload_prefetch_errmsg(P), "no field"));
+    cr_assert_eq(npyload_prefetch_add_field(P, s.local[0]), NPYLOAD_EINVAL);
+    cr_assert(strstr(npyload_prefetch_errmsg(P), s.local[0]), "%s", npyload_prefetch_errmsg(P));
+    cr_assert_eq(npyload_prefetch_set(P, NPYLOAD_PREFETCH_INFLIGHT, 5000), NPYLOAD_EINVAL);
+    cr_assert(strstr(npyload_prefetch_errmsg(P), "INFLIGHT"));
+    cr_assert_eq(npyload_prefetch_set(P, NPYLOAD_PREFETCH_REQUEST_BYTES, 100), NPYLOAD_EINVAL);
+    cr_assert_eq(npyload_prefetch_set(P, (npyload_prefetch_option)99, 1), NPYLOAD_EINVAL);
+    npyload_prefetch_progress g;
+    cr_assert_eq(npyload_prefetch_get_progress(P, &g, 8), NPYLOAD_EINVAL);
+    char missing[256];
+    snprintf(missing, sizeof missing, "http://127.0.0.1:%d/nope.npy", tu_http_port(s.h));
+    cr_assert_eq(npyload_prefetch_add_field(P, missing), 0);
+    cr_assert_eq(npyload_prefetch_run(P), -ENOENT);
+    cr_assert(strstr(npyload_prefetch_errmsg(P), "nope.npy"), "%s", npyload_prefetch_errmsg(P));
+    npyload_prefetch_destroy(P);
+    npyload_prefetch_destroy(NULL);
+    free(cache);
+    site_down(&s);
+}

@@ -368,6 +368,102 @@ Test(transform_matrix, broadcast_mean_std)
     npyl_transform_plan_free(&p);
 }
 
+/* One-byte integer input is looked up in the plan's tables (issue 37): the
+ * same bytes as computing each item, for every stored value, channel,
+ * output dtype, layout and arithmetic (per-channel or one mean/std), F16C
+ * or portable. The computed engine is the plan with its tables taken away;
+ * the matrix above checks it against the reference. */
+static void lut_case(const char *descr, int out, int cl, int arith, int per_channel,
+                     int portable, const shape *sh)
+{
+    uint64_t C = (uint64_t)sh->d[0], elems = 1;
+    for (int k = 0; k < sh->ndim; k++)
+        elems *= (uint64_t)sh->d[k];
+    float mean[64], stdv[64];
+    for (uint64_t c = 0; c < C && c < 64; c++) {
+        mean[c] = MEAN[c % 4] * (float)(c + 1);
+        stdv[c] = STD[c % 4] / (float)(c + 1);
+    }
+    npyload_transform t = {.scale = arith ? 1.0f / 255.0f : 1.0f, .dtype = out,
+                           .channels_last = cl};
+    if (arith == 2) {
+        t.mean = mean;
+        t.std = stdv;
+        t.n_mean = t.n_std = per_channel ? C : 1;
+    }
+    npyl_tplan p;
+    char err[256];
+    int rc = portable ? npyl_transform_plan_portable("x", &t, descr, sh->ndim, sh->d, &p, err,
+                                                     sizeof err)
+                      : npyl_transform_plan("x", &t, descr, sh->ndim, sh->d, &p, err, sizeof err);
+    cr_assert_eq(rc, 0, "%s", err);
+    cr_assert_not_null(p.lut, "%s -> %d: no lookup table", descr, out);
+    npyl_tplan computed = p;
+    computed.lut = NULL;
+    /* Enough rows that every channel sees all 256 byte values. */
+    size_t rows = (size_t)((256 + elems / C - 1) / (elems / C));
+    size_t n = rows * elems, osz = p.out_itemsize;
+    unsigned char *src = malloc(n), *a = malloc(n * osz), *b = malloc(n * osz);
+    cr_assert(src && a && b);
+    uint64_t S = elems / C;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t r = i / elems, c = i % elems / S, sp = i % S;
+        src[i] = (unsigned char)(r * S + sp + 13 * c);
+    }
+    npyl_transform_rows(&p, src, a, rows);
+    npyl_transform_rows(&computed, src, b, rows);
+    for (size_t i = 0; i < n * osz; i++)
+        cr_assert_eq(a[i], b[i], "%s -> %d cl=%d arith=%d per_channel=%d portable=%d shape "
+                     "#%d: byte %zu differs (looked up 0x%02x, computed 0x%02x)", descr, out,
+                     cl, arith, per_channel, portable, (int)(sh - SHAPES), i, a[i], b[i]);
+    free(src);
+    free(a);
+    free(b);
+    npyl_transform_plan_free(&p);
+}
+
+Test(transform_lut, one_byte_input_looked_up_gives_the_computed_bytes)
+{
+    const char *descrs[] = {"|u1", "|i1"};
+    for (int d = 0; d < 2; d++)
+        for (int out = NPYLOAD_DTYPE_FLOAT32; out <= NPYLOAD_DTYPE_BFLOAT16; out++)
+            for (int cl = 0; cl <= 1; cl++)
+                for (int arith = 0; arith <= 2; arith++)
+                    for (int pc = 0; pc <= 1; pc++)
+                        for (int portable = 0; portable <= 1; portable++)
+                            for (size_t k = 0; k < NSHAPES; k++)
+                                if (!(pc && SHAPES[k].d[0] > 64))
+                                    lut_case(descrs[d], out, cl, arith, pc, portable,
+                                             &SHAPES[k]);
+}
+
+/* Tables only while they stay small: 3 x 64 channels of float32 would be
+ * 192 KiB, so those items are computed; a cast or one mean/std is 1 table. */
+Test(transform_lut, tables_bounded)
+{
+    const int64_t big[] = {192, 4, 4}, one[] = {2500, 3};
+    float m[192], sd[192];
+    for (int c = 0; c < 192; c++) {
+        m[c] = 0.5f;
+        sd[c] = 0.25f + (float)c;
+    }
+    npyload_transform t = {.dtype = NPYLOAD_DTYPE_FLOAT32, .scale = 1.0f, .mean = m,
+                           .n_mean = 192, .std = sd, .n_std = 192};
+    npyl_tplan p;
+    char err[256];
+    cr_assert_eq(npyl_transform_plan("x", &t, "|u1", 3, big, &p, err, sizeof err), 0, "%s", err);
+    cr_assert_null(p.lut);
+    npyl_transform_plan_free(&p);
+    t.n_mean = t.n_std = 1;
+    cr_assert_eq(npyl_transform_plan("x", &t, "|u1", 2, one, &p, err, sizeof err), 0, "%s", err);
+    cr_assert_not_null(p.lut);
+    npyl_transform_plan_free(&p);
+    t.dtype = NPYLOAD_DTYPE_FLOAT16;
+    cr_assert_eq(npyl_transform_plan("x", &t, "<u2", 2, one, &p, err, sizeof err), 0, "%s", err);
+    cr_assert_null(p.lut); /* two-byte input: computed */
+    npyl_transform_plan_free(&p);
+}
+
 /* ---- keep: copies and permutations ------------------------------------- */
 
 Test(transform_keep, identity_and_channels_last_permute)

@@ -2,7 +2,8 @@
  * Python tests use SeaweedFS; the C tests and the TSan stress driver run
  * without Python): GET with Range, ETag (from inode, size and mtime) and
  * If-Match, keep-alive, a thread per connection, and injected faults (503
- * SlowDown answers, connections closed without an answer). Not a
+ * SlowDown answers, connections closed without an answer) and hostile
+ * modes (requests never answered, S3 listings that never end). Not a
  * production server: tests only. */
 #include "tu_http.h"
 
@@ -34,6 +35,8 @@ struct tu_http {
     _Atomic int fail503, failclose;
     _Atomic uint64_t requests;
     _Atomic int hold, held;   /* tu_http_hold: on; requests held now */
+    _Atomic int stall, listing;
+    _Atomic uint64_t stalled, pages, heads;
     pthread_mutex_t mu;
     pthread_t threads[MAX_CONNS];
     int fds[MAX_CONNS];
@@ -75,6 +78,34 @@ static int reply(int fd, int code, const char *status, const char *extra, const 
     return 0;
 }
 
+/* A listing page of the hostile modes (tu_http_listing). */
+static int serve_listing(tu_http *h, int fd, const char *query)
+{
+    uint64_t page = atomic_fetch_add(&h->pages, 1);
+    int mode = atomic_load(&h->listing);
+    char asked[128] = "";
+    const char *t = strstr(query, "continuation-token=");
+    if (t)
+        sscanf(t + 19, "%127[^&]", asked);
+    char body[8192], tok[160];
+    size_t n = (size_t)snprintf(body, sizeof body,
+                                "<?xml version=\"1.0\" encoding=\"UTF-8\"?>"
+                                "<ListBucketResult><IsTruncated>true</IsTruncated>");
+    if (mode == TU_LIST_SAME_TOKEN)
+        snprintf(tok, sizeof tok, "%s", asked[0] ? asked : "tok-0");
+    else
+        snprintf(tok, sizeof tok, "tok-%llu", (unsigned long long)page + 1);
+    for (int k = 0; mode != TU_LIST_SAME_TOKEN && k < 10; k++)
+        n += (size_t)snprintf(body + n, sizeof body - n,
+                              "<Contents><Key>p/x_%012llu.npy</Key><Size>1</Size></Contents>",
+                              (unsigned long long)(mode == TU_LIST_FRESH ? page * 10 + k
+                                                                         : (uint64_t)k));
+    n += (size_t)snprintf(body + n, sizeof body - n,
+                          "<NextContinuationToken>%s</NextContinuationToken>"
+                          "</ListBucketResult>", tok);
+    return reply(fd, 200, "OK", "Content-Type: application/xml\r\n", body, 0);
+}
+
 /* One request on fd: 0 to go on, -1 to close. */
 static int serve_one(tu_http *h, int fd, char *req)
 {
@@ -91,6 +122,15 @@ static int serve_one(tu_http *h, int fd, char *req)
     char method[8], path[1024];
     if (sscanf(req, "%7s %1023s", method, path) != 2)
         return -1;
+    if (atomic_load(&h->stall)) {
+        atomic_fetch_add(&h->stalled, 1);
+        while (atomic_load(&h->stall) && !atomic_load(&h->stop))
+            usleep(20000);
+        return -1; /* never answered */
+    }
+    const char *query = strchr(path, '?');
+    if (query && strstr(query, "list-type=2") && atomic_load(&h->listing) != TU_LIST_NONE)
+        return serve_listing(h, fd, query);
     if (atomic_load(&h->failclose) > 0 && atomic_fetch_sub(&h->failclose, 1) > 0)
         return -1;
     if (atomic_load(&h->fail503) > 0 && atomic_fetch_sub(&h->fail503, 1) > 0) {
@@ -128,6 +168,8 @@ static int serve_one(tu_http *h, int fd, char *req)
             if (k >= 1) {
                 ranged = 1;
                 a = x;
+                if (x == 0)
+                    atomic_fetch_add(&h->heads, 1);
                 if (k == 2 && y < b)
                     b = y;
             }
@@ -303,6 +345,16 @@ uint64_t tu_http_requests(tu_http *h) { return atomic_load(&h->requests); }
 void tu_http_hold(tu_http *h, int on) { atomic_store(&h->hold, on); }
 
 int tu_http_held(tu_http *h) { return atomic_load(&h->held); }
+
+uint64_t tu_http_heads(tu_http *h) { return atomic_load(&h->heads); }
+
+void tu_http_stall(tu_http *h, int on) { atomic_store(&h->stall, on); }
+
+uint64_t tu_http_stalled(tu_http *h) { return atomic_load(&h->stalled); }
+
+void tu_http_listing(tu_http *h, int mode) { atomic_store(&h->listing, mode); }
+
+uint64_t tu_http_pages(tu_http *h) { return atomic_load(&h->pages); }
 
 void tu_http_stop(tu_http *h)
 {

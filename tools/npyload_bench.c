@@ -44,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
@@ -247,17 +248,19 @@ static const char *plot_path(const char *p, char *buf, size_t len)
 static void add_field(nb_config *cfg, const char *a)
 {
     const char *eq = strchr(a, '=');
+    char shown[600];
+    npyload_mask_urls(a, shown, sizeof shown);
     if (!eq)
-        die_usage("unknown argument '%s'", a);
+        die_usage("unknown argument '%s'", shown);
     if (cfg->nfields == NB_MAX_FIELDS)
         die_usage("at most %d fields", NB_MAX_FIELDS);
     nb_field_info *fi = &cfg->fields[cfg->nfields++];
     size_t nl = (size_t)(eq - a);
+    snprintf(fi->glob, sizeof fi->glob, "%s", eq + 1);
     if (nl == 0 || nl >= sizeof fi->name)
-        die_usage("'%s': a field is name=GLOB", a);
+        die_usage("'%s': a field is name=GLOB", shown);
     memcpy(fi->name, a, nl);
     fi->name[nl] = 0;
-    snprintf(fi->glob, sizeof fi->glob, "%s", eq + 1);
 }
 
 /* "a:b:c" -> up to 16 floats. @return : how many. */
@@ -434,6 +437,35 @@ static void apply_opt(nb_ctx *ctx, nb_config *cfg, opts *o, int opt, const char 
     }
 }
 
+/* A file the run ends by writing (--json, --plot), checked before anything
+ * is measured, so that minutes of runs are not lost to a missing directory
+ * or a typo: its directory exists and may be written in, and the path is
+ * not a directory nor a file that may not be written. Exits 2 otherwise. */
+static void check_output(const char *opt, const char *path)
+{
+    if (!path)
+        return;
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else
+        snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        die_usage("%s %s: is a directory; give a file name", opt, path);
+    int missing = stat(dir, &st) != 0;
+    if (missing || !S_ISDIR(st.st_mode))
+        die_usage("%s %s: the directory %s %s (nothing was measured)", opt, path, dir,
+                  missing ? "does not exist" : "is not a directory");
+    if (access(dir, W_OK | X_OK) != 0)
+        die_usage("%s %s: cannot write in %s: %s (nothing was measured)", opt, path, dir,
+                  strerror(errno));
+    if (access(path, F_OK) == 0 && access(path, W_OK) != 0)
+        die_usage("%s %s: cannot be written: %s (nothing was measured)", opt, path,
+                  strerror(errno));
+}
+
 static void parse_args(int argc, char **argv, nb_ctx *ctx, nb_config *cfg, opts *o)
 {
     cfg->batch_size = 128;
@@ -480,6 +512,8 @@ static void parse_args(int argc, char **argv, nb_ctx *ctx, nb_config *cfg, opts 
         die_usage("--batches and --seconds exclude each other");
     if (cfg->batches > 0)
         cfg->seconds = 0;
+    check_output("--json", o->json);
+    check_output("--plot", o->plot);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -798,12 +832,15 @@ static int measure_grid(nb_ctx *ctx, const nb_config *cfg, const opts *o, double
     return nok;
 }
 
-/* Worker time that waited for read-ahead reads, as a share of the run's
- * worker time: high means the disk, not the cores, held the workers. */
+/* Worker time that waited for reads (read ahead, or read by the worker
+ * itself when the loader read no ahead: stored rows delivered as they are),
+ * as a share of the run's worker time: high means the disk, not the cores,
+ * held the workers. */
 static double read_wait_share(const nb_run *r)
 {
     double worker_s = r->wall_s * r->workers;
-    double share = worker_s > 0 ? (double)r->read_wait_ns / 1e9 / worker_s : 0;
+    uint64_t wait = r->read_ahead_batches ? r->read_wait_ns : r->timed.io_ns;
+    double share = worker_s > 0 ? (double)wait / 1e9 / worker_s : 0;
     return share < 1 ? share : 1; /* the counter includes the warm-up */
 }
 

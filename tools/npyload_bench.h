@@ -120,7 +120,8 @@ typedef struct nb_recommendation {
 
 typedef struct nb_field_info {
     char name[64];
-    char glob[512];
+    char glob[512];            /* as given; reports show it through
+                                  npyload_mask_urls (a URL's password) */
     char transform[128];       /* --transform SPEC as given ("" none) */
     int has_transform;
     npyload_transform t;       /* parsed; mean/std and the flip signs point

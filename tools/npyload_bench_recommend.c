@@ -343,9 +343,12 @@ void nb_format_paste(const nb_config *cfg, const nb_recommendation *r, char *py,
 {
     size_t n = 0;
     n += (size_t)snprintf(py + n, pylen - n, "npyload.Loader({");
-    for (int k = 0; k < cfg->nfields && n < pylen; k++)
+    for (int k = 0; k < cfg->nfields && n < pylen; k++) {
+        char shown[sizeof cfg->fields[k].glob + 64];
+        npyload_mask_urls(cfg->fields[k].glob, shown, sizeof shown);
         n += (size_t)snprintf(py + n, pylen - n, "%s\"%s\": \"%s\"", k ? ", " : "",
-                              cfg->fields[k].name, cfg->fields[k].glob);
+                              cfg->fields[k].name, shown);
+    }
     const char *io = !strcmp(r->io, "io_uring") ? "uring" : r->io;
     static const char *const shuffle[] = {"False", "True", "\"local\""};
     if (n < pylen)

@@ -53,11 +53,13 @@ static void nb_json_config(FILE *f, const nb_config *c)
               (unsigned long long)c->batch_bytes, c->ceiling_ref, c->note);
     for (int i = 0; i < c->nfields; i++) {
         const nb_field_info *fi = &c->fields[i];
+        char shown[sizeof fi->glob + 64];
+        npyload_mask_urls(fi->glob, shown, sizeof shown);
         fputs(i ? ",\n      " : "\n      ", f);
         nj_printf(f,
                   "{\"name\": %s, \"glob\": %s, \"files\": %zu, "
                   "\"sample_bytes\": %llu, \"descr\": %s, ",
-                  fi->name, fi->glob, fi->nfiles,
+                  fi->name, shown, fi->nfiles,
                   (unsigned long long)fi->sample_bytes, fi->descr);
         if (fi->has_transform)
             nj_printf(f, "\"transform\": %s, \"sample_shape\": [", fi->transform);

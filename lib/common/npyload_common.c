@@ -17,8 +17,101 @@ int npyl_fail(char *err, size_t errlen, int code, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(err, errlen, fmt, ap);
         va_end(ap);
+        npyl_mask_urls_in(err, errlen);
     }
     return code;
+}
+
+/* ---- URLs in messages ---------------------------------------------------- */
+
+static int scheme_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '+' || c == '-' || c == '.';
+}
+
+/* Where a URL written in running text ends: at white space, a quote or an
+ * angle bracket (none may appear in a URL unescaped). */
+static int url_end(char c) { return !c || strchr(" \t\r\n\"'<>`", c) != NULL; }
+
+size_t npyload_mask_urls(const char *text, char *buf, size_t len)
+{
+    size_t o = 0;
+#define PUT(c)                                                                 \
+    do {                                                                       \
+        char c_ = (c); /* evaluated once, whether it fits or not */            \
+        if (o + 1 < len)                                                       \
+            buf[o] = c_;                                                       \
+        o++;                                                                   \
+    } while (0)
+    const char *p = text ? text : "";
+    while (*p) {
+        const char *sep = strstr(p, "://");
+        if (!sep) {
+            while (*p)
+                PUT(*p++);
+            break;
+        }
+        const char *s = sep; /* the scheme: letters first, then [a-z0-9+.-] */
+        while (s > p && scheme_char(s[-1]))
+            s--;
+        while (s < sep && !((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z')))
+            s++;
+        while (p < sep + 3)
+            PUT(*p++);
+        if (s == sep)
+            continue; /* "://" without a scheme: not a URL */
+        const char *end = p, *auth = p, *at = NULL;
+        while (!url_end(*end))
+            end++;
+        while (auth < end && *auth != '/' && *auth != '?' && *auth != '#') {
+            if (*auth == '@')
+                at = auth; /* the last '@' ends the userinfo */
+            auth++;
+        }
+        if (at) {
+            const char *colon = memchr(p, ':', (size_t)(at - p));
+            while (p < (colon ? colon + 1 : at))
+                PUT(*p++);
+            if (colon)
+                for (const char *m = "***"; *m; m++)
+                    PUT(*m);
+            p = at;
+        }
+        const char *q = memchr(auth, '?', (size_t)(end - auth));
+        while (p < (q ? q : end))
+            PUT(*p++);
+        if (q) {
+            /* A query string (a presigned URL's signature): cut; punctuation
+             * that ends the sentence, not the URL, stays. */
+            for (const char *m = "?..."; *m; m++)
+                PUT(*m);
+            if (end - q > 1 && strchr(":,;.)]", end[-1]))
+                PUT(end[-1]);
+            p = end;
+        }
+    }
+    if (len)
+        buf[o < len ? o : len - 1] = 0;
+#undef PUT
+    return o;
+}
+
+void npyl_mask_urls_in(char *s, size_t cap)
+{
+    if (!s || !cap || !strstr(s, "://"))
+        return;
+    char small[2048];
+    size_t n = strlen(s) + 1;
+    char *copy = n <= sizeof small ? small : malloc(n);
+    if (!copy) {
+        s[0] = 0; /* never show what could not be masked */
+        return;
+    }
+    memcpy(copy, s, n);
+    npyload_mask_urls(copy, s, cap);
+    if (copy != small)
+        free(copy);
 }
 
 uint64_t npyl_now_ns(void)

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "npyload.h"
 
@@ -28,6 +29,10 @@ typedef struct npyl_req {
     uint64_t len;
     void *dst;
 } npyl_req;
+
+/* npyload_mask_urls on s in place (s holds cap bytes): what npyl_fail
+ * does to every message, for text formatted otherwise. */
+NPYL_HIDDEN void npyl_mask_urls_in(char *s, size_t cap);
 
 /* Monotonic clock in nanoseconds. */
 NPYL_HIDDEN uint64_t npyl_now_ns(void);
@@ -61,6 +66,27 @@ static inline uint64_t npyl_mix64(uint64_t z)
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
+}
+
+/* Little-endian bytes: the `bytes` (1..8) low bytes of v into p, and back.
+ * For serialised forms that must read the same on every host. On a
+ * little-endian host one store (a value written byte by byte and read back
+ * whole, as a hash does, would stall on store forwarding). */
+static inline void npyl_put_le(unsigned char *p, uint64_t v, int bytes)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(p, &v, (size_t)bytes);
+#else
+    for (int i = 0; i < bytes; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+#endif
+}
+static inline uint64_t npyl_get_le(const unsigned char *p, int bytes)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < bytes; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
 }
 
 /* a * b and a + b with overflow detection: return 0 and store the result, or

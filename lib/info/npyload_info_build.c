@@ -87,7 +87,8 @@ int npyload_get_build_info(npyload_build_info *dst, size_t size)
     bi.default_prefetch = npyload_default_prefetch(0);
     bi.default_queue_depth = DEFAULT_QUEUE_DEPTH;
     bi.default_shuffle_window = DEFAULT_WINDOW;
-    bi.default_read_ahead = 1; /* READ_AHEAD 0 is on (start.c, read_ahead()) */
+    bi.default_read_ahead = 1; /* READ_AHEAD 0 is on where a batch has work
+                                  after its reads (start.c, read_ahead()) */
 
     return npyl_sized_out(dst, size, &bi, sizeof bi, min);
 }

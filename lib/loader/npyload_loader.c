@@ -28,6 +28,7 @@ void npyl_loader_msg(npyload_loader *L, const char *msg)
 {
     pthread_mutex_lock(&L->msg_mu);
     snprintf(L->errmsg, sizeof L->errmsg, "%s", msg);
+    npyl_mask_urls_in(L->errmsg, sizeof L->errmsg); /* a path may be a URL */
     pthread_mutex_unlock(&L->msg_mu);
 }
 
@@ -295,6 +296,10 @@ void npyload_loader_destroy(npyload_loader *L)
         return;
     if (npyl_in_child(L))
         return; /* fork() child: leaked on purpose, see npyload.h */
+    /* Remote transfers in flight (a start's probe, the workers' reads, a
+     * synchronous next()) give up within NPYL_REMOTE_POLL_MS instead of
+     * waiting out a stalled server's timeouts and retries. */
+    npyl_stores_cancel(&L->stores, 1);
     /* Control calls: the one in progress finishes (they never wait for
      * anything unbounded), those waiting for their turn return
      * NPYLOAD_ESTATE. Then none is inside or can get in. */

@@ -158,6 +158,40 @@ static int f_order_is_c_order(const npyload_header *h)
  * *samples receives the field's total. */
 static int load_files(npyload_loader *L, npyl_field *f, size_t *io_next, int64_t *samples);
 
+/* ON_ERROR skip and a .npy whose file holds only part of the data its
+ * header announces (a failed copy among thousands): h as the parser filled
+ * it (rc NPYLOAD_ETRUNCATED on the data check alone). The file is loaded
+ * with the rows its header says, so that fields and indices stay as they
+ * are; the rows it lacks fail when read (the io and remote layers refuse a
+ * read past the size seen at start) and are skipped and counted like any
+ * failed read. Named once, here, in the skip log (the loader's
+ * last_skip_error; Python warns with it). A stored narrowed file cut short
+ * has lost its value table: refused, never delivered as codes. Returns 0
+ * or rc. */
+static int accept_short(npyload_loader *L, const npyl_field *f, const char *path,
+                        const npyload_header *h, int rc, size_t *nshort)
+{
+    static const char nar[] = ".narrow.npy";
+    size_t len = strlen(path), nl = sizeof nar - 1;
+    if (rc != NPYLOAD_ETRUNCATED || L->opt[NPYLOAD_OPT_ON_ERROR] != 1 || !h->descr[0] ||
+        h->ndim < 1 || h->data_offset > h->file_bytes ||
+        h->data_offset + h->data_bytes <= h->file_bytes ||
+        (len > nl && strcmp(path + len - nl, nar) == 0))
+        return rc;
+    uint64_t row = h->itemsize;
+    for (int d = 1; d < h->ndim; d++)
+        row *= (uint64_t)h->shape[d];
+    uint64_t whole = row ? (h->file_bytes - h->data_offset) / row : 0;
+    if (++*nshort == 1)
+        npyl_skip_log_note(&L->skip, 0,
+                 "field '%s': %.700s holds %" PRIu64 " of the %" PRId64 " samples its header "
+                 "says (%" PRIu64 " of %" PRIu64 " data bytes: a truncated file); with "
+                 "on_error skip the missing samples are skipped and counted when read",
+                 f->name, path, whole, h->shape[0], h->file_bytes - h->data_offset,
+                 h->data_bytes);
+    return 0;
+}
+
 static int load_field(npyload_loader *L, npyl_field *f, size_t *io_next, int64_t *samples)
 {
     f->files = calloc(f->npaths, sizeof *f->files);
@@ -236,15 +270,19 @@ static int load_files(npyload_loader *L, npyl_field *f, size_t *io_next, int64_t
 {
     char err[NPYL_ERRMSG_LEN];
     int64_t total = 0;
+    size_t nshort = 0;
     npyl_hwalk *w = malloc(sizeof *w);
     if (!w)
         return npyl_loader_fail(L, -ENOMEM, "out of memory");
     const size_t first = *io_next;
     npyl_stores_walk_begin(w, &L->stores, first, f->npaths);
-    size_t io;
+    size_t io = first;
     npyl_sheader sh;
     int rc, failed = 0;
-    while ((rc = npyl_stores_walk_next(w, &io, &sh, err, sizeof err)) == 1) {
+    while ((rc = npyl_stores_walk_next(w, &io, &sh, err, sizeof err)) != 0) {
+        if (rc < 0 && (sh.zst || sh.nx ||
+                       (rc = accept_short(L, f, f->paths[io - first], &sh.h, rc, &nshort))))
+            break;
         *io_next = io + 1;
         if ((rc = load_file(L, f, io - first, io, &sh, &total)) != 0) {
             failed = 1; /* its message is set */
@@ -257,6 +295,9 @@ static int load_files(npyload_loader *L, npyl_field *f, size_t *io_next, int64_t
         return npyl_loader_fail(L, rc, "field '%s': %s", f->name, err);
     if (rc)
         return rc;
+    if (nshort > 1)
+        npyl_skip_log_note(&L->skip, 1, " (and %zu more files of field '%s' are short)",
+                           nshort - 1, f->name);
     if (f->row_bytes == 0)
         return npyl_loader_fail(L, NPYLOAD_EUNSUPPORTED,
                                 "field '%s': %s: samples of zero bytes", f->name, f->paths[0]);
@@ -276,57 +317,119 @@ static int file_id_cmp(const void *pa, const void *pb)
     return strcmp(((const file_id *)pa)->key, ((const file_id *)pb)->key);
 }
 
+/* The file that path was made from, when path is a packed or narrowed
+ * form of another (*stem malloc'd): FILE.zst from FILE (npyload-pack), a
+ * stored narrowed FILE.narrow.npy (one the reader found a value table in)
+ * from FILE.npy (npyload-pack --narrow --store). 0 with *stem NULL for any
+ * other path; -ENOMEM. */
+static int twin_source(const char *path, const npyl_ffile *ff, char **stem, const char **form)
+{
+    static const char zst[] = ".zst", nar[] = ".narrow.npy";
+    size_t len = strlen(path), zl = sizeof zst - 1, nl = sizeof nar - 1;
+    *stem = NULL;
+    if (len > zl && strcmp(path + len - zl, zst) == 0) {
+        *form = "unpacked and packed";
+        *stem = strndup(path, len - zl);
+    } else if (ff->nx && len > nl && strcmp(path + len - nl, nar) == 0) {
+        *form = "plain and narrowed";
+        if ((*stem = malloc(len - nl + 5)))
+            snprintf(*stem, len - nl + 5, "%.*s.npy", (int)(len - nl), path);
+    } else {
+        return 0;
+    }
+    return *stem ? 0 : -ENOMEM;
+}
+
+static int twin_refused(npyload_loader *L, const npyl_field *f, const char *a, const char *b,
+                        const char *form)
+{
+    return npyl_loader_fail(L, NPYLOAD_EINVAL,
+                            "field '%s' holds both %s and %s: the same samples %s, so every "
+                            "one would be delivered twice; keep one form (a glob such as "
+                            "'*.npy', '*.npy.zst' or '*.narrow.npy', or delete the source "
+                            "files after packing: npyload-pack --rm)",
+                            f->name, a, b, form);
+}
+
+typedef struct stem_at {
+    const char *stem;
+    size_t k;
+} stem_at;
+
+static int stem_cmp(const void *pa, const void *pb)
+{
+    const stem_at *a = pa, *b = pb;
+    int c = strcmp(a->stem, b->stem);
+    return c ? c : (a->k > b->k) - (a->k < b->k);
+}
+
+/* Two derived forms of one source in field f (FILE.npy.zst and
+ * FILE.narrow.npy, the source itself gone): stems[k] as twin_source gave
+ * them, nstem of them not NULL. */
+static int check_two_forms(npyload_loader *L, const npyl_field *f, char *const *stems,
+                           size_t nstem)
+{
+    stem_at *v = malloc(nstem * sizeof *v);
+    if (!v)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    size_t n = 0;
+    for (size_t k = 0; k < f->npaths; k++)
+        if (stems[k])
+            v[n++] = (stem_at){stems[k], k};
+    qsort(v, n, sizeof *v, stem_cmp);
+    int rc = 0;
+    for (size_t i = 1; i < n && rc == 0; i++)
+        if (strcmp(v[i - 1].stem, v[i].stem) == 0)
+            rc = twin_refused(L, f, f->paths[v[i - 1].k], f->paths[v[i].k],
+                              "in two packed forms");
+    free(v);
+    return rc;
+}
+
 /* Refuses a field that holds a file and its packed twin: FILE.zst beside
- * FILE (a glob over a whole directory, packed without --rm) would
- * deliver every sample twice. FILE is looked up by identity (its store's
- * key: a local file's device and inode, an object's URL), so any spelling
- * of a local file in an explicit list is caught too. Runs after load_field
- * (identities known), before the fields' sample counts are compared (which
- * would only say "twice as many"). */
+ * FILE, or FILE.narrow.npy beside FILE.npy (a glob over a whole directory,
+ * packed without --rm) would deliver every sample twice. FILE is looked up
+ * by identity (its store's key: a local file's device and inode, an
+ * object's URL), so any spelling of a local file in an explicit list is
+ * caught too; two forms of one source whose source is gone (FILE.npy.zst
+ * and FILE.narrow.npy) by their names. Runs after load_field (identities
+ * known, value tables found), before the fields' sample counts are
+ * compared (which would only say "twice as many"). */
 static int check_packed_twins(npyload_loader *L, const npyl_field *f)
 {
-    size_t nzst = 0;
-    for (size_t k = 0; k < f->npaths; k++) {
-        size_t len = strlen(f->paths[k]);
-        nzst += len > 4 && strcmp(f->paths[k] + len - 4, ".zst") == 0;
-    }
-    if (nzst == 0 || f->npaths < 2)
+    if (f->npaths < 2)
         return 0;
     file_id *ids = malloc(f->npaths * sizeof *ids);
-    char *stem = NULL;
-    if (!ids)
-        return npyl_loader_fail(L, -ENOMEM, "out of memory");
-    for (size_t k = 0; k < f->npaths; k++) {
+    char **stems = calloc(f->npaths, sizeof *stems);
+    const char **forms = calloc(f->npaths, sizeof *forms);
+    int rc = ids && stems && forms ? 0 : npyl_loader_fail(L, -ENOMEM, "out of memory");
+    size_t nstem = 0;
+    for (size_t k = 0; k < f->npaths && rc == 0; k++) {
         npyl_stores_key(&L->stores, f->files[k].io_index, NULL, ids[k].key);
         ids[k].k = k;
-    }
-    qsort(ids, f->npaths, sizeof *ids, file_id_cmp);
-    int rc = 0;
-    for (size_t k = 0; k < f->npaths && rc == 0; k++) {
-        const char *zp = f->paths[k];
-        size_t len = strlen(zp);
-        if (len <= 4 || strcmp(zp + len - 4, ".zst") != 0)
-            continue;
-        free(stem);
-        stem = strndup(zp, len - 4);
-        if (!stem) {
+        if (twin_source(f->paths[k], &f->files[k], &stems[k], &forms[k]))
             rc = npyl_loader_fail(L, -ENOMEM, "out of memory");
-            break;
-        }
+        nstem += stems[k] != NULL;
+    }
+    if (rc == 0 && nstem)
+        qsort(ids, f->npaths, sizeof *ids, file_id_cmp);
+    for (size_t k = 0; k < f->npaths && rc == 0 && nstem; k++) {
+        const char *stem = stems[k], *zp = f->paths[k];
+        if (!stem)
+            continue;
         file_id key = {.k = 0};
         if (npyl_stores_key(&L->stores, f->files[k].io_index, stem, key.key) != 0)
             continue; /* packed with --rm, or never unpacked: fine */
         const file_id *hit = bsearch(&key, ids, f->npaths, sizeof *ids, file_id_cmp);
-        if (hit && hit->k != k) /* not the .zst itself (a hard link) */
-            rc = npyl_loader_fail(
-                L, NPYLOAD_EINVAL,
-                "field '%s' holds both %s and %s: the same samples unpacked and packed, "
-                "so every one would be delivered twice; keep one form (a glob such as "
-                "'*.npy' or '*.npy.zst', or delete the .npy files after packing: "
-                "npyload-pack --rm)",
-                f->name, f->paths[hit->k], zp);
+        if (hit && hit->k != k) /* not the packed file itself (a hard link) */
+            rc = twin_refused(L, f, f->paths[hit->k], zp, forms[k]);
     }
-    free(stem);
+    if (rc == 0 && nstem > 1)
+        rc = check_two_forms(L, f, stems, nstem);
+    for (size_t k = 0; stems && k < f->npaths; k++)
+        free(stems[k]);
+    free(stems);
+    free(forms);
     free(ids);
     return rc;
 }

@@ -101,7 +101,8 @@ static int range_of(int opt, opt_range *r)
         *r = (opt_range){-1, 1, "-1 auto, 0 never, 1 require"};
         return 0;
     case NPYLOAD_OPT_READ_AHEAD:
-        *r = (opt_range){-1, 1, "-1 off, 0 (default) or 1 on"};
+        *r = (opt_range){-1, 1, "-1 off, 0 (default: on where a batch has work after its "
+                            "reads) or 1 on"};
         return 0;
     case NPYLOAD_OPT_DEVICE_KERNELS:
         *r = (opt_range){0, 2, "0 auto, 1 ahead of time, 2 NVRTC"};
@@ -227,6 +228,14 @@ int npyload_loader_set_remote(npyload_loader *L, const npyload_remote *cfg, size
         return npyl_loader_fail(L, rc, "%s", err);
     npyl_loader_drop_loaded_fields(L); /* probed with the other client */
     npyl_loader_clear(L);
+    return 0;
+}
+
+int npyload_loader_set_interrupt(npyload_loader *L, int (*fn)(void *arg), void *arg)
+{
+    if (!L)
+        return NPYLOAD_EINVAL;
+    npyl_stores_set_interrupt(&L->stores, fn, arg);
     return 0;
 }
 

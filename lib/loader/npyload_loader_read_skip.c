@@ -5,6 +5,7 @@
  * failure behind a skip. And the end of every batch read (the .npy.zst
  * counters). */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -124,6 +125,17 @@ void npyl_skip_log_fini(npyl_skip_log *g) { pthread_mutex_destroy(&g->mu); }
 void npyl_skip_log_get(npyl_skip_log *g, char *buf, size_t len)
 {
     pthread_mutex_lock(&g->mu);
-    snprintf(buf, len, "%s", g->msg);
+    npyload_mask_urls(g->msg, buf, len); /* a path may be a URL */
+    pthread_mutex_unlock(&g->mu);
+}
+
+void npyl_skip_log_note(npyl_skip_log *g, int append, const char *fmt, ...)
+{
+    pthread_mutex_lock(&g->mu);
+    size_t m = append ? strlen(g->msg) : 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g->msg + m, sizeof g->msg - m, fmt, ap);
+    va_end(ap);
     pthread_mutex_unlock(&g->mu);
 }

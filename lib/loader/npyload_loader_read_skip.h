@@ -9,7 +9,13 @@
 
 NPYL_HIDDEN void npyl_skip_log_init(npyl_skip_log *g);
 NPYL_HIDDEN void npyl_skip_log_fini(npyl_skip_log *g);
+/* The log's text, URLs' passwords masked. Any thread. */
 NPYL_HIDDEN void npyl_skip_log_get(npyl_skip_log *g, char *buf, size_t len);
+/* Writes the log's text (append: after what it holds) from a format: what
+ * start notes of a file skipped in part (ON_ERROR skip over a file short
+ * at start). Any thread. */
+NPYL_HIDDEN void npyl_skip_log_note(npyl_skip_log *g, int append, const char *fmt, ...)
+    NPYL_PRINTF(3, 4);
 
 /* The end of every batch read: ON_ERROR skip on a failure (rc: the read's
  * result; the batch's reads retried once, then row by row, the rows that

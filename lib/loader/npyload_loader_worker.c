@@ -198,7 +198,9 @@ static void read_done(npyl_worker *w, fill_job *j, int rc, uint64_t bytes, uint6
     atomic_fetch_add(&env->st->io_ns, npyl_now_ns() - t0);
     atomic_fetch_add(&env->st->bytes, bytes);
     if (rc) {
-        h->err = rc;
+        /* -ETIMEDOUT is next_timeout()'s "no batch yet": a read that timed
+         * out (a soft NFS mount) is an I/O error, its message says which. */
+        h->err = rc == -ETIMEDOUT ? -EIO : rc;
         snprintf(h->errmsg, NPYL_ERRMSG_LEN, "batch %" PRId64 " of epoch %" PRIu64 ": %.900s",
                  h->seq, h->epoch, w->rd.errmsg);
     } else if (bind_rc) {

@@ -124,6 +124,12 @@ NPYL_HIDDEN int64_t npyl_order_num_batches(const npyl_order_params *p);
  * min(rank_len, num_batches * batch_size). */
 NPYL_HIDDEN int64_t npyl_order_delivered_len(const npyl_order_params *p);
 
+/* The position in the epoch's sequence S (0 .. n-1) of this rank's k-th
+ * sample, 0 <= k < npyl_order_rank_len(p): base + r + k*W, wrapped into the
+ * rest's head past its end (the split above). O(1); assumes
+ * npyl_order_check(p) == 0. */
+NPYL_HIDDEN int64_t npyl_order_position(const npyl_order_params *p, int64_t k);
+
 /* Fills out[0 .. npyl_order_delivered_len(p)) with this rank's global sample
  * indices for the epoch. Returns 0, NPYLOAD_EINVAL (bad parameters) or
  * -ENOMEM (it needs an n-entry scratch permutation when shuffling). */

@@ -12,7 +12,12 @@
  *   npyload_remote_list.c    globs over ListObjectsV2 (pagination)
  *   npyload_remote_xml.c     the XML of listings and S3 error bodies (expat)
  *   npyload_remote_cache.c   the block cache in cache_dir (atomic rename,
- *                            an flock'ed size record, LRU eviction)
+ *                            an flock'ed size record, LRU eviction; one
+ *                            fetch per block per node: OFD locks)
+ *   npyload_remote_bulk.c    a bulk fill of the cache: large sequential
+ *                            GETs of a list of objects, several threads
+ *   npyload_remote_prefetch.c the public npyload_prefetch over bulk (globs,
+ *                            probes, sample order), in every build
  *   npyload_remote_read.c    a worker's reads: requests -> cache blocks or
  *                            coalesced ranges -> transfers; the probe of
  *                            headers and seek tables at start
@@ -140,7 +145,7 @@ NPYL_HIDDEN void npyl_remote_ctx_destroy(npyl_remote_ctx *c);
  * (through the cache when the client has one), blocks until every one is
  * complete or one failed for good (after the retries), and never longer
  * than the configured timeouts allow. On failure returns the code (-errno
- * such as -ENOENT for 404, -EACCES for 403, -ETIMEDOUT, NPYLOAD_ECHANGED
+ * such as -ENOENT for 404, -EACCES for 403, NPYLOAD_ECHANGED
  * when the object changed since start, NPYLOAD_EREMOTE), *bad a request
  * that failed, and err "URL: what happened (bytes A-B)". *bytes_read (may
  * be NULL) accumulates the bytes that landed. */
@@ -164,6 +169,60 @@ NPYL_HIDDEN int npyl_remote_complete(npyl_remote_ctx *c, size_t *bad, uint64_t *
  * whether it was configured (s3:// allowed). */
 NPYL_HIDDEN npyl_remote *npyl_remote_client_core(const npyload_remote_client *c,
                                                  int *configured);
+
+/* Stops (on 1) every transfer of the client, on every thread, within
+ * NPYL_REMOTE_POLL_MS: they fail with -ECANCELED ("stopped"), and so does
+ * every later one until the flag is cleared (on 0). The loader sets it
+ * before it joins its workers (destroy, stop), so a stalled GET does not
+ * hold them for the timeouts. Any thread. */
+NPYL_HIDDEN void npyl_remote_cancel(npyl_remote *r, int on);
+
+/* fn (NULL: none) is called with arg, at least every NPYL_REMOTE_POLL_MS,
+ * by the work that runs on the calling thread of the client's owner
+ * (listings, start's probe and reads, the public client's inspect) while
+ * it waits for the network, never by a context's reads: non-zero makes
+ * that work give up with -ECANCELED ("interrupted"). Set it while no such
+ * work runs. */
+NPYL_HIDDEN void npyl_remote_set_interrupt(npyl_remote *r, int (*fn)(void *), void *arg);
+/* ---- bulk fill of the cache (npyload_remote_bulk.c) ---- */
+
+/* Defaults of npyl_bulk_opts (npyload.h documents them). */
+#define NPYL_BULK_INFLIGHT 16
+#define NPYL_BULK_REQUEST (32ull << 20)
+
+typedef struct npyl_bulk_opts {
+    uint64_t max_bytes;       /* the part to fill; 0 (and at most): what the
+                                 cache keeps, 90 % of its bound */
+    int inflight;             /* GETs at once; 0: NPYL_BULK_INFLIGHT */
+    uint64_t request_bytes;   /* per GET, whole blocks; 0: NPYL_BULK_REQUEST */
+} npyl_bulk_opts;
+
+/* A fill's progress: written by the fill, read by any thread (relaxed
+ * atomics: each counter is exact, a set of them a snapshot only). */
+typedef struct npyl_bulk_state {
+    _Atomic int stop;                      /* set by any thread: the fill
+                                              ends after its round */
+    _Atomic uint64_t planned_bytes, planned_blocks; /* the part */
+    _Atomic uint64_t done_bytes;           /* of it, in the cache (found,
+                                              fetched, or waited for; at
+                                              the end: counted there) */
+    _Atomic uint64_t found_blocks;         /* already in the cache */
+    _Atomic uint64_t fetched_blocks, fetched_bytes; /* by this fill */
+    _Atomic uint64_t waited_blocks;        /* another thread or process
+                                              fetched them meanwhile */
+} npyl_bulk_state;
+
+/* Fills the cache of r (a cache_dir is needed) with the blocks of
+ * objs[0 .. n) (as probed: URL, size, ETag; objects without an ETag are
+ * skipped, never cached), in that order, up to the part's budget (the
+ * first blocks in that order; npyl_bulk_opts). Coordinated with every
+ * other reader of the directory (one fetch per block per node). Blocks on
+ * the calling thread until the part is in the cache, st->stop was set
+ * (-ECANCELED), or a GET failed for good (its code; err names the URL).
+ * st must be zeroed by the caller (counters add up). */
+NPYL_HIDDEN int npyl_bulk_fill(npyl_remote *r, const npyl_remote_obj *objs, size_t n,
+                               const npyl_bulk_opts *o, npyl_bulk_state *st, char *err,
+                               size_t errlen);
 
 /* Adds the client's counters to *k. Any thread. */
 NPYL_HIDDEN void npyl_remote_counters_add(const npyl_remote *r, npyl_remote_counters *k);

@@ -20,7 +20,30 @@
  * blocks (oldest mtime: a hit refreshes it, at most every 10 s) until the
  * total is at most 90 % of the bound with the new block. flock is per open
  * file description, so this process's threads take a mutex first. Opening
- * the cache runs one pass too (a crash's leftovers, the record's drift). */
+ * the cache runs one pass too (a crash's leftovers, the record's drift).
+ *
+ * One fetch per block per node: threads and processes sharing the
+ * directory coordinate so that each block crosses the link once. A thread
+ * that misses a block claims it: first in this process's registry of
+ * in-flight blocks (threads of the process that miss it too wait for that
+ * one fetch, and get its error when it fails), then node-wide with an OFD
+ * byte-range lock (fcntl F_OFD_SETLK) on one byte of npyload-cache.fetch,
+ * the byte chosen by a hash of the block's name. The lock is held from
+ * the claim until the block is renamed into place (or the fetch failed).
+ * A process whose claim finds the byte locked does not fetch: its waiters
+ * poll (bounded; 1 ms doubling to 16 ms, and at once when a thread of the
+ * process releases a block) until the block is in the directory (then it
+ * is read from there) or the byte is free without the block (its fetcher
+ * died or failed: the kernel drops an OFD lock with the last descriptor of
+ * its holder, SIGKILL included); then one of them takes the lock and
+ * fetches it. Why locks rather than a shared index: the kernel cleans up
+ * after a dead holder (a shared table with robust mutexes needs recovery
+ * code, a fixed size and a layout every version agrees on), no file per
+ * block is created or removed, and a cache on a file system without OFD
+ * locks still works, de-duplicated per process. The byte space is 2^62:
+ * two blocks sharing a byte (practically never) only serialise their
+ * fetches. The size record (flock) and the fetch locks are separate files,
+ * so that flock emulated with fcntl locks (NFS) cannot conflict. */
 #include "npyload_remote_impl.h"
 
 #include <dirent.h>
@@ -37,18 +60,27 @@
 #include <unistd.h>
 
 #define LOCK_NAME "npyload-cache.lock"
+#define FETCH_NAME "npyload-cache.fetch"
+/* Polls for a block another process fetches: the first after 1 ms, then
+ * doubling up to this (ms). */
+#define NPYL_FETCH_POLL_MAX_MS 16
 /* An unlocked temporary file this old is an orphan (the age covers the
  * moment between its creation and its writer's flock). */
 #define NPYL_TMP_ORPHAN_S 30
 #define RECORD_TAG "NPYLCAC1"
 
-/* A block being fetched by a thread of this process. Guarded by
- * npyl_cache.fl_mu; freed by the last of the owner and the waiters. */
+/* A block being fetched: by a thread of this process (owned), or by
+ * another process (not owned: its node lock is held elsewhere, and the
+ * threads of this process that miss the block wait on this entry).
+ * Guarded by npyl_cache.fl_mu; freed by the last of the owner and the
+ * waiters. */
 struct npyl_inflight {
     npyl_inflight *next;
     char key[33];
     uint64_t k;
     int done, rc;
+    int owned;                /* a thread of this process fetches it */
+    int locked;               /* this process holds its node lock */
     int refs;                 /* the owner until release, + one per waiter */
     char msg[512];
 };
@@ -57,6 +89,8 @@ struct npyl_cache {
     char *dir;
     uint64_t bound, block;
     int lockfd;
+    int fetchfd;              /* npyload-cache.fetch: the node's fetch locks
+                                 (-1: none, de-duplication per process) */
     pthread_mutex_t mu;       /* this process's threads, around the flock */
     _Atomic uint64_t tmp_seq;
     pthread_mutex_t fl_mu;    /* the in-flight list (a leaf lock) */
@@ -114,6 +148,12 @@ int npyl_cache_open(npyl_cache **out, const char *dir, uint64_t bound, uint64_t 
         return npyl_fail(err, errlen, rc, "remote cache %s: cannot open %s: %s", dir, path,
                          npyload_strerror(rc));
     }
+    /* An open file description of this cache's own: the OFD locks taken
+     * through it conflict with every other process's (and with none of
+     * this process's threads, which the registry coordinates). Without it
+     * (a read-only directory) blocks are de-duplicated per process. */
+    snprintf(path, sizeof path, "%s/" FETCH_NAME, dir);
+    c->fetchfd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     c->bound = bound;
     c->block = block;
     pthread_mutex_init(&c->mu, NULL);
@@ -140,6 +180,8 @@ void npyl_cache_close(npyl_cache *c)
     if (!c)
         return;
     close(c->lockfd);
+    if (c->fetchfd >= 0)
+        close(c->fetchfd);
     pthread_mutex_destroy(&c->mu);
     /* Every reader is gone (the client outlives its contexts): no claim
      * is left. */
@@ -149,80 +191,9 @@ void npyl_cache_close(npyl_cache *c)
     free(c);
 }
 
-/* ---- in-flight blocks ------------------------------------------------------------ */
-
-npyl_inflight *npyl_cache_claim(npyl_cache *c, const char *key, uint64_t k, int *claim)
-{
-    pthread_mutex_lock(&c->fl_mu);
-    npyl_inflight *t = c->fl;
-    while (t && !(t->k == k && !t->done && strcmp(t->key, key) == 0))
-        t = t->next;
-    if (t) {
-        t->refs++;
-        *claim = NPYL_CLAIM_WAIT;
-    } else if ((t = calloc(1, sizeof *t))) {
-        snprintf(t->key, sizeof t->key, "%s", key);
-        t->k = k;
-        t->refs = 1;
-        t->next = c->fl;
-        c->fl = t;
-        *claim = NPYL_CLAIM_OWN;
-    } else {
-        *claim = NPYL_CLAIM_OWN; /* out of memory: fetch it, unregistered */
-    }
-    pthread_mutex_unlock(&c->fl_mu);
-    return t;
-}
-
-/* Under fl_mu: drops one reference; the last unlinks and frees. */
-static void inflight_unref(npyl_cache *c, npyl_inflight *t)
-{
-    if (--t->refs > 0)
-        return;
-    for (npyl_inflight **p = &c->fl; *p; p = &(*p)->next)
-        if (*p == t) {
-            *p = t->next;
-            break;
-        }
-    free(t);
-}
-
-void npyl_cache_release(npyl_cache *c, npyl_inflight *t, int rc, const char *msg)
-{
-    if (!t)
-        return;
-    pthread_mutex_lock(&c->fl_mu);
-    t->done = 1;
-    t->rc = rc;
-    snprintf(t->msg, sizeof t->msg, "%s", rc && msg ? msg : "");
-    inflight_unref(c, t);
-    pthread_cond_broadcast(&c->fl_cv);
-    pthread_mutex_unlock(&c->fl_mu);
-}
-
-int npyl_cache_wait(npyl_cache *c, npyl_inflight *t, long timeout_ms, char *err, size_t errlen)
-{
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&c->fl_mu);
-    int rc = 0;
-    while (!t->done && rc == 0)
-        rc = pthread_cond_timedwait(&c->fl_cv, &c->fl_mu, &dl);
-    int out = t->done ? t->rc : 1;
-    if (t->done && t->rc && err && errlen)
-        snprintf(err, errlen, "%s", t->msg);
-    inflight_unref(c, t);
-    pthread_mutex_unlock(&c->fl_mu);
-    return out;
-}
-
 uint64_t npyl_cache_block(const npyl_cache *c) { return c->block; }
+
+uint64_t npyl_cache_bound(const npyl_cache *c) { return c->bound; }
 
 /* ---- keys ---------------------------------------------------------------------- */
 
@@ -275,6 +246,188 @@ int npyl_cache_lookup(npyl_cache *c, const char *key, uint64_t k, uint64_t len)
     if (now.tv_sec - st.st_mtim.tv_sec > 10)
         (void)futimens(fd, NULL); /* LRU age; an error only ages it */
     return fd;
+}
+
+/* ---- in-flight blocks: this process's registry, the node's locks ------------------- */
+
+/* The byte of npyload-cache.fetch that stands for block k of key: below
+ * 2^62, so that the one-byte range never overflows an off_t. */
+static off_t lock_byte(const char *key, uint64_t k)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *p = key; *p; p++) {
+        h ^= (unsigned char)*p;
+        h *= 0x100000001b3ull;
+    }
+    return (off_t)(npyl_mix64(h ^ npyl_mix64(k + NPYL_GOLDEN)) >> 2);
+}
+
+/* Takes (F_WRLCK, without waiting) or drops (F_UNLCK) the node lock of
+ * block k. Returns 1 when taken, also when this cache has no lock file or
+ * its file system no OFD locks (then nothing coordinates processes: each
+ * fetches what it misses, as before), 0 when another process holds it. */
+static int node_lock(npyl_cache *c, const char *key, uint64_t k, short type)
+{
+    if (c->fetchfd < 0)
+        return 1;
+    struct flock fl;
+    memset(&fl, 0, sizeof fl); /* l_pid 0, as OFD locks require */
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = lock_byte(key, k);
+    fl.l_len = 1;
+    for (;;) {
+        if (fcntl(c->fetchfd, F_OFD_SETLK, &fl) == 0)
+            return 1;
+        if (errno != EINTR)
+            return errno == EAGAIN || errno == EACCES ? 0 : 1;
+    }
+}
+
+/* Block k of key is in the directory (renamed in whole: complete). */
+static int present(const npyl_cache *c, const char *key, uint64_t k)
+{
+    char path[4096];
+    struct stat st;
+    block_path(c, key, k, path, sizeof path);
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+npyl_inflight *npyl_cache_claim(npyl_cache *c, const char *key, uint64_t k, int *claim)
+{
+    pthread_mutex_lock(&c->fl_mu);
+    npyl_inflight *t = c->fl;
+    while (t && !(t->k == k && !t->done && strcmp(t->key, key) == 0))
+        t = t->next;
+    if (t) {
+        t->refs++;
+        *claim = NPYL_CLAIM_WAIT;
+    } else if ((t = calloc(1, sizeof *t))) {
+        snprintf(t->key, sizeof t->key, "%s", key);
+        t->k = k;
+        t->refs = 1;
+        t->next = c->fl;
+        c->fl = t;
+        *claim = NPYL_CLAIM_WAIT; /* the caller waits, unless it fetches: */
+        if (node_lock(c, key, k, F_WRLCK)) {
+            if (present(c, key, k)) {
+                /* Renamed into place since the caller's lookup: its wait
+                 * returns 0 at once and it reads the block. */
+                node_lock(c, key, k, F_UNLCK);
+                t->done = 1;
+            } else {
+                t->owned = 1;
+                t->locked = c->fetchfd >= 0;
+                *claim = NPYL_CLAIM_OWN;
+            }
+        }
+        /* else another process fetches it: the caller waits (not owned) */
+    } else {
+        *claim = NPYL_CLAIM_OWN; /* out of memory: fetch it, unregistered */
+    }
+    pthread_mutex_unlock(&c->fl_mu);
+    return t;
+}
+
+/* Under fl_mu: drops one reference; the last unlinks and frees. */
+static void inflight_unref(npyl_cache *c, npyl_inflight *t)
+{
+    if (--t->refs > 0)
+        return;
+    for (npyl_inflight **p = &c->fl; *p; p = &(*p)->next)
+        if (*p == t) {
+            *p = t->next;
+            break;
+        }
+    free(t);
+}
+
+void npyl_cache_release(npyl_cache *c, npyl_inflight *t, int rc, const char *msg)
+{
+    if (!t)
+        return;
+    pthread_mutex_lock(&c->fl_mu);
+    /* After the rename (the commit precedes the release): a process that
+     * takes the lock next finds the block. */
+    if (t->locked)
+        node_lock(c, t->key, t->k, F_UNLCK);
+    t->locked = 0;
+    t->done = 1;
+    t->rc = rc;
+    snprintf(t->msg, sizeof t->msg, "%s", rc && msg ? msg : "");
+    inflight_unref(c, t);
+    pthread_cond_broadcast(&c->fl_cv);
+    pthread_mutex_unlock(&c->fl_mu);
+}
+
+static struct timespec ts_after(struct timespec t, long ms)
+{
+    t.tv_sec += ms / 1000;
+    t.tv_nsec += (ms % 1000) * 1000000L;
+    if (t.tv_nsec >= 1000000000L) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000L;
+    }
+    return t;
+}
+
+static int ts_before(struct timespec a, struct timespec b)
+{
+    return a.tv_sec < b.tv_sec || (a.tv_sec == b.tv_sec && a.tv_nsec < b.tv_nsec);
+}
+
+int npyl_cache_wait(npyl_cache *c, npyl_inflight *t, long timeout_ms, char *err, size_t errlen)
+{
+    struct timespec now, dl;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    dl = ts_after(now, timeout_ms > 0 ? timeout_ms : 0);
+    long poll_ms = 1;
+    pthread_mutex_lock(&c->fl_mu);
+    int out;
+    for (;;) {
+        if (t->done) {
+            out = t->rc;
+            break;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (timeout_ms <= 0 || !ts_before(now, dl)) {
+            out = 1;
+            break;
+        }
+        struct timespec until = dl;
+        if (!t->owned) {
+            /* Another process fetches it: done when the block is in the
+             * directory; ours when its lock is free without the block (the
+             * fetcher died or failed). */
+            int got = present(c, t->key, t->k) ? 2 : node_lock(c, t->key, t->k, F_WRLCK);
+            if (got == 1 && present(c, t->key, t->k)) {
+                node_lock(c, t->key, t->k, F_UNLCK);
+                got = 2;
+            }
+            if (got == 2) {
+                t->done = 1;
+                pthread_cond_broadcast(&c->fl_cv);
+                continue;
+            }
+            if (got == 1) {
+                /* This thread's reference becomes the owner's. */
+                t->owned = 1;
+                t->locked = c->fetchfd >= 0;
+                pthread_mutex_unlock(&c->fl_mu);
+                return NPYL_WAIT_YOURS;
+            }
+            struct timespec next = ts_after(now, poll_ms);
+            if (ts_before(next, until))
+                until = next;
+            poll_ms = poll_ms * 2 > NPYL_FETCH_POLL_MAX_MS ? NPYL_FETCH_POLL_MAX_MS : poll_ms * 2;
+        }
+        pthread_cond_timedwait(&c->fl_cv, &c->fl_mu, &until);
+    }
+    if (t->done && t->rc && err && errlen)
+        snprintf(err, errlen, "%s", t->msg);
+    inflight_unref(c, t);
+    pthread_mutex_unlock(&c->fl_mu);
+    return out;
 }
 
 /* ---- fills ------------------------------------------------------------------------- */

@@ -131,11 +131,7 @@ char *npyl_remote_request_url(const npyl_remote *r, const char *url, const char 
 
 void npyl_remote_display(const char *url, char *buf, size_t len)
 {
-    const char *q = strchr(url, '?');
-    if (q)
-        snprintf(buf, len, "%.*s?...", (int)(q - url), url);
-    else
-        snprintf(buf, len, "%s", url);
+    npyload_mask_urls(url, buf, len);
 }
 
 /* ---- curl handles ---------------------------------------------------------- */

@@ -1,5 +1,7 @@
 /* Private to lib/remote. The layers, each using only the ones below it:
  *
+ *   npyload_remote_prefetch.c the public npyload_prefetch (over bulk)
+ *   npyload_remote_bulk.c    bulk fills of the cache (beside read)
  *   npyload_remote_read.c    a thread's reads and start's probe
  *   npyload_remote_list.c    ListObjectsV2 globs
  *   npyload_remote_xfer.c    transfers on a multi handle, retries, checks
@@ -26,6 +28,16 @@
 #define NPYL_REMOTE_CACHE_BYTES (10ull << 30)
 #define NPYL_REMOTE_CACHE_BLOCK (4ull << 20)
 #define NPYL_REMOTE_LIST_KEYS 1000
+/* A listing gives up after this many pages (100 million keys at 1000 a
+ * page: far more objects than a loader's 2^32 files could use in
+ * practice), whatever the server says. */
+#define NPYL_REMOTE_LIST_MAX_PAGES 100000
+/* ... and after this many keys (a server may put many more than max-keys
+ * on a page; a page is at most 64 MiB). */
+#define NPYL_REMOTE_LIST_MAX_KEYS 100000000
+/* How often a transfer loop looks at the stop flag and the interrupt
+ * callback, at least (ms): close() and Ctrl-C are answered within it. */
+#define NPYL_REMOTE_POLL_MS 100
 #define NPYL_REMOTE_RETRY_BASE_MS 100
 #define NPYL_REMOTE_RETRY_CAP_MS 5000
 /* A transfer covers at most this many bytes (coalesced ranges, cache
@@ -50,6 +62,10 @@ struct npyl_remote {
     long list_max_keys;
     char sigv4[96];           /* CURLOPT_AWS_SIGV4: "aws:amz:REGION:s3" */
     npyl_cache *cache;        /* NULL: no cache_dir */
+    _Atomic int cancel;       /* npyl_remote_cancel: every transfer gives up */
+    int (*interrupt)(void *); /* npyl_remote_set_interrupt: asked on the
+                                 caller's thread (listings, probes) */
+    void *interrupt_arg;
     _Atomic uint64_t bytes, requests, retried, wait_ns;
     _Atomic uint64_t cache_hits, cache_misses, cache_read_bytes, cache_write_bytes,
         cache_evictions;
@@ -76,8 +92,8 @@ NPYL_HIDDEN char *npyl_remote_request_url(const npyl_remote *r, const char *url,
  * fit. */
 NPYL_HIDDEN int npyl_remote_encode(char *dst, size_t cap, size_t *len, const char *s,
                                    int keep_slash);
-/* How a URL is named in messages: a query string (a presigned URL's
- * signature) is cut. */
+/* How a URL is named in messages: npyload_mask_urls (a userinfo's password
+ * masked, a query string, a presigned URL's signature, cut). */
 NPYL_HIDDEN void npyl_remote_display(const char *url, char *buf, size_t len);
 /* Sets up an easy handle for a GET (s3: an S3 request, signed when the
  * client has credentials): timeouts, TLS, no proxy
@@ -148,6 +164,7 @@ typedef struct npyl_xfer {
     char body[NPYL_REMOTE_ERRBODY];
     size_t body_len;
     char curlerr[CURL_ERROR_SIZE];
+    int timed_out;            /* the last attempt hit the remote timeout */
     /* probe results */
     uint64_t got_size;
     /* mode 1: the whole body into memory (listings), no Range */
@@ -168,6 +185,10 @@ typedef struct npyl_xpool {
     int begun;
     size_t next;              /* transfers started once */
     uint64_t t0;
+    int caller;               /* runs on the caller's thread (listings,
+                                 start's probe and reads): the client's
+                                 interrupt callback is asked */
+    uint64_t asked_ns;        /* when it was last asked */
 } npyl_xpool;
 
 NPYL_HIDDEN int npyl_xpool_init(npyl_xpool *p, int inflight);
@@ -177,7 +198,9 @@ NPYL_HIDDEN void npyl_xpool_fini(npyl_xpool *p);
  * transient failures; returns 0, or the first permanent failure (the
  * others are stopped) with *bad the index of the failed transfer and err
  * naming its URL and range. Successful fills are committed to the cache.
- * Every transfer is left DONE or WAIT, no handle busy. */
+ * Every transfer is left DONE or WAIT, no handle busy. Gives up with
+ * -ECANCELED within NPYL_REMOTE_POLL_MS once the client is cancelled or
+ * (a caller's pool) its interrupt callback says so (npyl_remote_stopped). */
 NPYL_HIDDEN int npyl_xfer_run(npyl_remote *r, npyl_xpool *p, npyl_xfer *x, size_t n,
                               size_t *bad, char *err, size_t errlen);
 /* Begins the run of the n transfers without waiting: as many as the pool
@@ -216,6 +239,11 @@ typedef struct xml_state {
 /* Parses body into s (keys appended: the caller frees them). Returns 0,
  * or -1 for XML that does not parse. */
 NPYL_HIDDEN int npyl_remote_xml_parse(xml_state *s, const char *body, size_t len);
+/* Whether the work on pool p must stop now: -ECANCELED with a message in
+ * err when the client was cancelled or, on a caller's pool, its interrupt
+ * callback returned non-zero (asked at most every NPYL_REMOTE_POLL_MS);
+ * else 0. */
+NPYL_HIDDEN int npyl_remote_stopped(npyl_remote *r, npyl_xpool *p, char *err, size_t errlen);
 /* The S3 error of an XML body: "Code: Message" into buf ("" when none). */
 NPYL_HIDDEN void npyl_remote_xml_error(const char *body, size_t len, char *buf, size_t buflen);
 
@@ -225,6 +253,7 @@ NPYL_HIDDEN int npyl_cache_open(npyl_cache **out, const char *dir, uint64_t boun
                                 uint64_t block, char *err, size_t errlen);
 NPYL_HIDDEN void npyl_cache_close(npyl_cache *c);
 NPYL_HIDDEN uint64_t npyl_cache_block(const npyl_cache *c);
+NPYL_HIDDEN uint64_t npyl_cache_bound(const npyl_cache *c);
 /* The key of an object version: 32 hex digits and a NUL. */
 NPYL_HIDDEN void npyl_cache_key(const npyl_cache *c, const char *url, const char *etag,
                                 uint64_t size, char key[33]);
@@ -245,24 +274,34 @@ NPYL_HIDDEN int npyl_cache_commit(npyl_cache *c, const char *tmp, const char *ke
 /* Drops a temporary file (a failed or retried transfer). */
 NPYL_HIDDEN void npyl_cache_discard(npyl_cache *c, const char *tmp);
 
-/* In-flight blocks of this process: concurrent misses of one block wait
- * for the one fetch instead of fetching it again (other processes sharing
- * the directory still may; the rename keeps that safe). A thread that
- * misses block k of `key` claims it: *claim says whether it fetches it
- * (NPYL_CLAIM_OWN: release it when the fetch is over, committed or not)
- * or another thread of this process is fetching it (NPYL_CLAIM_WAIT: wait
- * for it, then look it up). The returned ticket is for release / wait.
- * A thread never waits while it owns unreleased claims, so no cycle. */
+/* In-flight blocks, one fetch per block per node: concurrent misses of
+ * one block, by threads of this process or by other processes sharing the
+ * directory, wait for the one fetch instead of fetching it again (the
+ * cache file's header comment says how: a registry per process, an OFD
+ * lock per block node-wide). A thread that misses block k of `key` claims
+ * it: *claim says whether it fetches it (NPYL_CLAIM_OWN: release it when
+ * the fetch is over, committed or not) or another thread or process is
+ * fetching it (NPYL_CLAIM_WAIT: wait for it, then look it up). The
+ * returned ticket is for release / wait. A thread never waits while it
+ * owns unreleased claims, and a holder of a node lock never waits, so no
+ * cycle. */
 typedef struct npyl_inflight npyl_inflight;
 enum { NPYL_CLAIM_OWN = 1, NPYL_CLAIM_WAIT = 2 };
 NPYL_HIDDEN npyl_inflight *npyl_cache_claim(npyl_cache *c, const char *key, uint64_t k,
                                             int *claim);
 /* The owner's fetch is over: rc 0 (committed, or not kept: the waiter
  * looks it up and fetches it itself when absent) or its failure, with
- * msg (the message naming the URL) handed to the waiters. */
+ * msg (the message naming the URL) handed to this process's waiters. The
+ * node lock is dropped here: call it after the commit. */
 NPYL_HIDDEN void npyl_cache_release(npyl_cache *c, npyl_inflight *t, int rc, const char *msg);
-/* Waits at most timeout_ms for the owner; returns its rc (msg copied to
- * err), or 1 when the wait timed out (then fetch it). Frees the ticket. */
+/* Waits at most timeout_ms for the fetch; returns 0 when it is over (look
+ * the block up), the owner's failure (a thread of this process; msg copied
+ * to err), 1 when the wait timed out or timeout_ms <= 0 (then fetch it,
+ * outside the cache), or NPYL_WAIT_YOURS: the other process's fetcher went
+ * away (died or failed) without storing the block, and the ticket is now
+ * the caller's claim (NPYL_CLAIM_OWN: fetch it at once, before any other
+ * wait, and release it). Every other return frees the ticket. */
+enum { NPYL_WAIT_YOURS = 2 };
 NPYL_HIDDEN int npyl_cache_wait(npyl_cache *c, npyl_inflight *t, long timeout_ms, char *err,
                                 size_t errlen);
 

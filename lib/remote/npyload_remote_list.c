@@ -42,12 +42,12 @@ int npyl_remote_glob(npyl_remote *r, const char *pattern, char ***paths, size_t 
     int rc = npyl_rurl_parse(pattern, &u, err, errlen);
     if (rc)
         return rc;
-    if (u.kind != 's')
+    size_t lit = u.kind == 's' ? strcspn(u.key, "*?[") : 0;
+    if (u.kind != 's' && strcspn(pattern, "*[") < strlen(pattern))
         return npyl_fail(err, errlen, NPYLOAD_EINVAL,
                          "%s: an http(s):// URL cannot be listed: give the files as a list",
                          pattern);
-    size_t lit = strcspn(u.key, "*?[");
-    if (u.key[lit] == 0) {
+    if (u.kind != 's' || u.key[lit] == 0) {
         /* No wildcard: the object itself, as glob(3) returns a plain path
          * (whether it exists is found out at start). */
         char **one = calloc(1, sizeof *one);
@@ -78,11 +78,27 @@ int npyl_remote_glob(npyl_remote *r, const char *pattern, char ***paths, size_t 
     size_t listed = 0, pages = 0;
     char **out = NULL;
     size_t nout = 0, cap = 0;
+    char *last = NULL; /* the last key of the pages so far */
+    char sent[sizeof s->token] = ""; /* the continuation token of this page */
     if (!base) {
         free(s);
         return npyl_fail(err, errlen, -ENOMEM, "out of memory");
     }
     for (;;) {
+        /* A listing that never ends (a server that says IsTruncated with
+         * the same token, or pages that go back) must fail, not list
+         * forever: each page must move on (keys ascend, as ListObjectsV2
+         * returns them, and a token never repeats the one sent), and there
+         * is a bound on pages. */
+        if (pages >= NPYL_REMOTE_LIST_MAX_PAGES || listed >= NPYL_REMOTE_LIST_MAX_KEYS) {
+            rc = npyl_fail(err, errlen, NPYLOAD_ETOOBIG, "%s: the listing goes on past %zu "
+                           "pages and %zu keys (the bounds are %d pages, %d keys): a server "
+                           "that never ends its listing, or a prefix far too broad", pattern,
+                           pages, listed, NPYL_REMOTE_LIST_MAX_PAGES,
+                           NPYL_REMOTE_LIST_MAX_KEYS);
+            break;
+        }
+        snprintf(sent, sizeof sent, "%s", s->token);
         /* SigV4 signs the query in canonical form: names sorted, values
          * encoded. */
         char q[2048], maxk[24];
@@ -123,7 +139,17 @@ int npyl_remote_glob(npyl_remote *r, const char *pattern, char ***paths, size_t 
             break;
         }
         pages++;
-        for (size_t i = 0; i < s->nkeys; i++) {
+        if (s->nkeys && last && strcmp(s->keys[0], last) <= 0) {
+            rc = npyl_fail(err, errlen, NPYLOAD_EREMOTE, "%s: page %zu of the listing goes "
+                           "back to key '%.200s' after '%.200s' (a listing that does not "
+                           "move on; the server repeats its pages)", pattern, pages,
+                           s->keys[0], last);
+        } else if (s->nkeys) {
+            free(last);
+            if (!(last = strdup(s->keys[s->nkeys - 1])))
+                rc = npyl_fail(err, errlen, -ENOMEM, "out of memory");
+        }
+        for (size_t i = 0; i < s->nkeys && rc == 0; i++) {
             const char *key = s->keys[i];
             listed++;
             size_t kl = strlen(key);
@@ -160,7 +186,15 @@ int npyl_remote_glob(npyl_remote *r, const char *pattern, char ***paths, size_t 
                            "without a NextContinuationToken", pattern);
             break;
         }
+        if (strcmp(s->token, sent) == 0) {
+            rc = npyl_fail(err, errlen, NPYLOAD_EREMOTE, "%s: page %zu of the listing is "
+                           "truncated and gives back the continuation token it was asked "
+                           "with ('%.60s'): the listing would never end", pattern, pages,
+                           s->token);
+            break;
+        }
     }
+    free(last);
     free(s->keys);
     free(s);
     free(base);

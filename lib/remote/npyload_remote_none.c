@@ -112,3 +112,27 @@ void npyl_remote_counters_add(const npyl_remote *r, npyl_remote_counters *k)
     (void)r;
     (void)k;
 }
+
+void npyl_remote_cancel(npyl_remote *r, int on)
+{
+    (void)r;
+    (void)on;
+}
+
+void npyl_remote_set_interrupt(npyl_remote *r, int (*fn)(void *), void *arg)
+{
+    (void)r;
+    (void)fn;
+    (void)arg;
+}
+
+int npyl_bulk_fill(npyl_remote *r, const npyl_remote_obj *objs, size_t n,
+                   const npyl_bulk_opts *o, npyl_bulk_state *st, char *err, size_t errlen)
+{
+    (void)r;
+    (void)objs;
+    (void)n;
+    (void)o;
+    (void)st;
+    return npyl_fail(err, errlen, NPYLOAD_EUNSUPPORTED, "libnpyload was " NO_REMOTE);
+}

@@ -146,11 +146,52 @@ static int read_cached(int fd, const npyl_piece *p, size_t n, uint64_t k, uint64
     return 0;
 }
 
-/* The blocks other threads were fetching (c->waits[0 .. nw)): each waited
- * for (bounded by what their fetch may take), then read from the cache; a
- * fetch that failed fails these reads with its error; a block the fetch
- * did not keep (or a wait that timed out) is fetched here. rc: the
- * reader's failure so far (then only the claims are dropped). */
+/* A block whose fetcher in another process went away without storing it
+ * (NPYL_WAIT_YOURS): this thread's claim now, fetched at once into the
+ * cache (so that the processes still waiting for it find it) and
+ * released. x: a free transfer slot. */
+static int fetch_claimed(npyl_remote_ctx *c, const rwait *q, npyl_xfer *x, size_t *bad,
+                         char *err, size_t errlen)
+{
+    npyl_remote *r = c->r;
+    npyl_piece *p = &c->pieces[q->p0];
+    atomic_fetch_add_explicit(&r->cache_misses, 1, memory_order_relaxed);
+    const npyl_remote_obj *o = &c->objs[p->obj];
+    memset(x, 0, sizeof *x);
+    x->url = o->url;
+    x->size = o->size;
+    x->etag = o->etag;
+    x->a = q->k * npyl_cache_block(r->cache);
+    x->b = x->a + q->blen;
+    x->pieces = p;
+    x->npieces = q->p1 - q->p0;
+    /* The main round is over: its fill slots are free. */
+    npyl_fill *f = &c->fills[0];
+    memset(f, 0, sizeof *f);
+    memcpy(f->key, c->keys[p->obj], sizeof f->key);
+    f->k0 = q->k;
+    f->k1 = q->k + 1;
+    f->fd = -1;
+    f->tmp = &c->tmps[0];
+    c->tmps[0][0] = 0;
+    f->tk = &c->tks[0];
+    c->tks[0] = q->t;
+    x->fill = f;
+    size_t xbad = 0;
+    int rc = npyl_xfer_run(r, &c->pool, x, 1, &xbad, err, errlen);
+    if (rc)
+        *bad = p->req;
+    npyl_cache_release(r->cache, q->t, rc, rc ? err : NULL);
+    return rc;
+}
+
+/* The blocks other threads or processes were fetching (c->waits[0 ..
+ * nw)): each waited for (bounded by what their fetch may take), then read
+ * from the cache; a fetch of this process that failed fails these reads
+ * with its error; a block whose fetcher elsewhere went away is fetched
+ * here into the cache; a block the fetch did not keep (or a wait that
+ * timed out) is fetched here. rc: the reader's failure so far (then only
+ * the claims are dropped). */
 static int wait_others(npyl_remote_ctx *c, size_t nw, int rc, size_t *bad, char *err,
                        size_t errlen)
 {
@@ -168,6 +209,11 @@ static int wait_others(npyl_remote_ctx *c, size_t nw, int rc, size_t *bad, char 
         if (got < 0) {
             *bad = p->req;
             rc = npyl_fail(err, errlen, got, "%s", why);
+            continue;
+        }
+        if (got == NPYL_WAIT_YOURS) {
+            /* c->xf[nx]: past the fetches collected below (nx <= w < np). */
+            rc = fetch_claimed(c, q, &c->xf[nx], bad, err, errlen);
             continue;
         }
         int fd = got == 0 ? npyl_cache_lookup(cache, c->keys[p->obj], q->k, q->blen) : -1;
@@ -485,6 +531,7 @@ int npyl_remote_probe_all(npyl_remote *r, npyl_remote_probe *p, size_t n,
         return npyl_fail(err, errlen, -ENOMEM, "out of memory for the HTTP handles");
     }
     *bad = 0;
+    pool.caller = 1; /* start's (or inspect's) thread */
     rc = probe_round(r, &pool, p, n, 0, NULL, bad, err, errlen);
     if (rc == 0)
         rc = probe_round(r, &pool, p, n, 1, want_tail, bad, err, errlen);
@@ -499,6 +546,7 @@ int npyl_remote_get(npyl_remote *r, const npyl_remote_obj *o, uint64_t off, size
     int rc = npyl_remote_ctx_create(&c, r, o, 1, err, errlen);
     if (rc)
         return rc;
+    c->pool.caller = 1; /* start's (or inspect's) thread */
     npyl_remote_req q = {0, off, len, dst};
     rc = npyl_remote_read(c, &q, 1, NULL, NULL, err, errlen);
     npyl_remote_ctx_destroy(c);

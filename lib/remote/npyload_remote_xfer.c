@@ -416,6 +416,7 @@ static int start(npyl_remote *r, npyl_xpool *p, npyl_xfer *x)
     curl_easy_setopt(e, CURLOPT_HEADERDATA, c);
     curl_easy_setopt(e, CURLOPT_PRIVATE, (char *)c);
     x->curlerr[0] = 0;
+    x->timed_out = 0;
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, x->curlerr);
     x->status = 0;
     x->hdr_done = 0;
@@ -467,7 +468,9 @@ static int errno_of_curl(CURLcode c)
     case CURLE_COULDNT_RESOLVE_HOST:
         return -EHOSTUNREACH;
     case CURLE_OPERATION_TIMEDOUT:
-        return -ETIMEDOUT;
+        /* Not -ETIMEDOUT: npyload_loader_next_timeout() says "no batch
+         * yet" with it. The message names the URL and the timeout. */
+        return NPYLOAD_EREMOTE;
     case CURLE_SEND_ERROR:
     case CURLE_RECV_ERROR:
     case CURLE_GOT_NOTHING:
@@ -505,6 +508,7 @@ static int judge(npyl_xfer *x, CURLcode res)
     if (res != CURLE_OK) {
         fail_x(x, errno_of_curl(res), "%s%s%s", curl_easy_strerror(res),
                x->curlerr[0] ? ": " : "", x->curlerr);
+        x->timed_out = res == CURLE_OPERATION_TIMEDOUT;
         return transient_curl(res) ? 1 : x->fail;
     }
     if (x->mem_mode) {
@@ -564,17 +568,50 @@ static uint64_t backoff_ns(npyl_remote *r, npyl_xpool *p, int attempt)
     return half + next_rand(&p->rng) % (half + 1);
 }
 
-static int describe(npyl_xfer *x, int code, char *err, size_t errlen)
+static int describe(const npyl_remote *r, npyl_xfer *x, int code, char *err, size_t errlen)
 {
     char shown[512];
     npyl_remote_display(x->url, shown, sizeof shown);
     char range[64] = " (a listing page)";
     if (!x->mem_mode)
         snprintf(range, sizeof range, " bytes %" PRIu64 "-%" PRIu64, x->a, x->b - 1);
+    char tmo[96] = "";
+    if (x->timed_out) /* a stalled server: which limit gave up */
+        snprintf(tmo, sizeof tmo, "; the remote timeout is %.3g s per attempt (remote "
+                 "'timeout')", (double)r->timeout_ms / 1000);
     double secs = (double)(npyl_now_ns() - x->first_ns) / 1e9;
-    return npyl_fail(err, errlen, code, "%s: GET%s failed: %s (%d attempt%s, %.1f s)", shown,
+    return npyl_fail(err, errlen, code, "%s: GET%s failed: %s (%d attempt%s, %.1f s%s)", shown,
                      range, x->failmsg[0] ? x->failmsg : npyload_strerror(code),
-                     x->attempt + 1, x->attempt ? "s" : "", secs);
+                     x->attempt + 1, x->attempt ? "s" : "", secs, tmo);
+}
+
+int npyl_remote_stopped(npyl_remote *r, npyl_xpool *p, char *err, size_t errlen)
+{
+    if (atomic_load_explicit(&r->cancel, memory_order_acquire))
+        return npyl_fail(err, errlen, -ECANCELED, "stopped: the loader is being closed");
+    if (!p || !p->caller || !r->interrupt)
+        return 0;
+    uint64_t now = npyl_now_ns();
+    if (p->asked_ns && now - p->asked_ns < NPYL_REMOTE_POLL_MS * 1000000ull)
+        return 0;
+    p->asked_ns = now;
+    if (r->interrupt(r->interrupt_arg))
+        return npyl_fail(err, errlen, -ECANCELED, "interrupted");
+    return 0;
+}
+
+void npyl_remote_cancel(npyl_remote *r, int on)
+{
+    if (r)
+        atomic_store_explicit(&r->cancel, on, memory_order_release);
+}
+
+void npyl_remote_set_interrupt(npyl_remote *r, int (*fn)(void *), void *arg)
+{
+    if (!r)
+        return;
+    r->interrupt = fn;
+    r->interrupt_arg = arg;
 }
 
 /* Every transfer of a run WAITing for its first attempt. */
@@ -644,6 +681,22 @@ int npyl_xfer_run(npyl_remote *r, npyl_xpool *p, npyl_xfer *x, size_t n, size_t 
     }
     size_t nretry = 0; /* transfers waiting for a retry */
     while (left > 0) {
+        char why[64];
+        if ((rc = npyl_remote_stopped(r, p, why, sizeof why)) != 0) {
+            for (*bad = 0; *bad < n && x[*bad].state == NPYL_X_DONE; (*bad)++)
+                ;
+            if (*bad == n)
+                *bad = 0;
+            const npyl_xfer *t = &x[*bad];
+            char shown[512];
+            npyl_remote_display(t->url, shown, sizeof shown);
+            if (t->mem_mode) /* a listing: npyl_xfer_get_body names it */
+                rc = npyl_fail(err, errlen, rc, "%s", why);
+            else
+                rc = npyl_fail(err, errlen, rc, "%s: GET bytes %" PRIu64 "-%" PRIu64 ": %s",
+                               shown, t->a, t->b - 1, why);
+            goto stop;
+        }
         uint64_t now = npyl_now_ns(), wake = UINT64_MAX;
         if (nretry)
             for (size_t i = 0; i < next && p->nfree > 0; i++)
@@ -695,7 +748,8 @@ int npyl_xfer_run(npyl_remote *r, npyl_xpool *p, npyl_xfer *x, size_t n, size_t 
                 atomic_fetch_add_explicit(&r->retried, 1, memory_order_relaxed);
             } else {
                 *bad = (size_t)(t - x);
-                rc = describe(t, v == 1 ? (t->fail ? t->fail : NPYLOAD_EREMOTE) : v, err, errlen);
+                rc = describe(r, t, v == 1 ? (t->fail ? t->fail : NPYLOAD_EREMOTE) : v, err,
+                              errlen);
                 fill_reset(r, t->fill);
                 goto stop;
             }
@@ -703,11 +757,11 @@ int npyl_xfer_run(npyl_remote *r, npyl_xpool *p, npyl_xfer *x, size_t n, size_t 
         if (left == 0)
             break;
         now = npyl_now_ns();
-        long tmo = 1000;
+        long tmo = NPYL_REMOTE_POLL_MS; /* the stop flag is looked at this often */
         if (wake != UINT64_MAX && p->nfree > 0)
             tmo = wake <= now ? 0 : (long)((wake - now) / 1000000 + 1);
-        if (tmo > 1000)
-            tmo = 1000;
+        if (tmo > NPYL_REMOTE_POLL_MS)
+            tmo = NPYL_REMOTE_POLL_MS;
         if (next < n && p->nfree > 0)
             continue; /* handles came free: start the next transfers now */
         if (running > 0 || tmo > 0)
@@ -739,6 +793,7 @@ int npyl_xfer_get_body(npyl_remote *r, const char *url, const char *request_url,
         npyl_xpool_fini(&p);
         return npyl_fail(err, errlen, -ENOMEM, "out of memory");
     }
+    p.caller = 1; /* a listing runs on the caller's thread */
     x->mem_mode = 1;
     x->sign = strncasecmp(url, "s3://", 5) == 0;
     x->url = request_url;
@@ -750,7 +805,8 @@ int npyl_xfer_get_body(npyl_remote *r, const char *url, const char *request_url,
         char shown[512], msg[1024];
         npyl_remote_display(url, shown, sizeof shown);
         const char *tail = strstr(err ? err : "", ": GET");
-        snprintf(msg, sizeof msg, "%s%s", shown, tail ? tail : "");
+        snprintf(msg, sizeof msg, "%s%s%s", shown, tail ? "" : ": ",
+                 tail ? tail : err ? err : "");
         if (err && errlen)
             snprintf(err, errlen, "%s", msg);
         free(x->mem);

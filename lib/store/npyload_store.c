@@ -17,6 +17,8 @@ static const npyl_store_ops *const builtin[] = {
 };
 #define NBUILTIN (sizeof builtin / sizeof builtin[0])
 
+static void put(npyl_stores *set, size_t i, npyl_store *s);
+
 void npyl_stores_init(npyl_stores *set)
 {
     memset(set, 0, sizeof *set);
@@ -28,9 +30,10 @@ void npyl_stores_fini(npyl_stores *set)
 {
     npyl_stores_table(set, NULL, 0, NULL, 0);
     for (size_t i = 0; i < set->n; i++) {
-        if (set->s[i])
-            set->ops[i]->close(set->s[i]);
-        set->s[i] = NULL;
+        npyl_store *s = set->s[i];
+        put(set, i, NULL);
+        if (s)
+            set->ops[i]->close(s);
     }
 }
 
@@ -57,13 +60,26 @@ uint32_t npyl_stores_of(const npyl_stores *set, const char *path)
     return (uint32_t)(set->n - 1); /* local */
 }
 
+/* Store i's state is s from now on (NULL: none), its interrupt set; read
+ * atomically by npyl_stores_cancel on any thread. */
+static void put(npyl_stores *set, size_t i, npyl_store *s)
+{
+    if (s && set->ops[i]->interrupt)
+        set->ops[i]->interrupt(s, set->interrupt, set->interrupt_arg);
+    __atomic_store_n(&set->s[i], s, __ATOMIC_RELEASE);
+}
+
 /* Store i's state, opened with its defaults (or a registered store's
  * argument) when nothing opened it yet. */
 static int use(npyl_stores *set, uint32_t i, char *err, size_t errlen)
 {
     if (set->s[i])
         return 0;
-    return set->ops[i]->open(&set->s[i], set->arg[i], err, errlen);
+    npyl_store *s = NULL;
+    int rc = set->ops[i]->open(&s, set->arg[i], err, errlen);
+    if (rc == 0)
+        put(set, i, s);
+    return rc;
 }
 
 int npyl_stores_configure(npyl_stores *set, const char *name, const void *cfg, char *err,
@@ -81,9 +97,10 @@ int npyl_stores_configure(npyl_stores *set, const char *name, const void *cfg, c
     int rc = set->ops[i]->open(&s, cfg, err, errlen);
     if (rc)
         return rc;
-    if (set->s[i])
-        set->ops[i]->close(set->s[i]);
-    set->s[i] = s;
+    npyl_store *was = set->s[i];
+    put(set, i, s);
+    if (was)
+        set->ops[i]->close(was);
     set->configured[i] = 1;
     return 0;
 }
@@ -166,6 +183,24 @@ void npyl_stores_stats(const npyl_stores *set, npyload_stats *st)
     for (size_t i = 0; i < set->n; i++)
         if (set->s[i] && set->ops[i]->stats)
             set->ops[i]->stats(set->s[i], st);
+}
+
+void npyl_stores_cancel(npyl_stores *set, int on)
+{
+    for (size_t i = 0; i < set->n; i++) {
+        npyl_store *s = __atomic_load_n(&set->s[i], __ATOMIC_ACQUIRE);
+        if (s && set->ops[i]->cancel)
+            set->ops[i]->cancel(s, on);
+    }
+}
+
+void npyl_stores_set_interrupt(npyl_stores *set, int (*fn)(void *), void *arg)
+{
+    set->interrupt = fn;
+    set->interrupt_arg = arg;
+    for (size_t i = 0; i < set->n; i++)
+        if (set->s[i] && set->ops[i]->interrupt)
+            set->ops[i]->interrupt(set->s[i], fn, arg);
 }
 
 int npyl_stores_any_other(const npyl_stores *set)

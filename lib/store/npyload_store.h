@@ -154,6 +154,19 @@ typedef struct npyl_store_ops {
     /* Any thread: adds the store's own counters to a loader's stats. May be
      * NULL. */
     void (*stats)(const npyl_store *s, npyload_stats *st);
+    /* Any thread: on 1 every read of the store in flight, on any thread,
+     * and every later one gives up within a bounded poll (-ECANCELED,
+     * "stopped") until it is cleared (on 0): the loader sets it before it
+     * joins its workers (stop, destroy), so that a stalled server does not
+     * hold them for its timeouts. May be NULL (reads that never stall for
+     * long: local files). */
+    void (*cancel)(npyl_store *s, int on);
+    /* fn(arg) (NULL: none), asked at least every poll by the work that runs
+     * on the control thread while it waits (globs, probes, read_at), never
+     * by a context's reads: non-zero makes that work give up (-ECANCELED,
+     * "interrupted"): Ctrl-C in Python. Set while no such work runs. May be
+     * NULL. */
+    void (*interrupt)(npyl_store *s, int (*fn)(void *), void *arg);
 } npyl_store_ops;
 
 /* The built-in stores (npyload_store_local.c, npyload_store_remote.c). */
@@ -172,6 +185,9 @@ typedef struct npyl_stores {
     /* The file table, filled at start (npyl_stores_table). */
     npyl_sfile *files;
     size_t nfiles;
+    /* npyl_stores_set_interrupt's, given to every store opened. */
+    int (*interrupt)(void *);
+    void *interrupt_arg;
 } npyl_stores;
 
 /* The built-in stores, none open yet. */
@@ -214,6 +230,14 @@ NPYL_HIDDEN void npyl_stores_stats(const npyl_stores *set, npyload_stats *st);
 /* The backend NPYLOAD_IO_AUTO resolves to now (io_uring when a probe ring
  * works, else pread), with the reason io_uring was passed over in why. */
 NPYL_HIDDEN int npyl_stores_auto_backend(char *why, size_t whylen);
+/* npyl_store_ops.cancel of every open store. Any thread, destroy's
+ * included while a control call runs: a store is swapped only by
+ * npyl_stores_configure, which the loader refuses once a path of it was
+ * added, and is read here with an atomic load. */
+NPYL_HIDDEN void npyl_stores_cancel(npyl_stores *set, int on);
+/* The interrupt callback of every store, open now or later
+ * (npyl_store_ops.interrupt). Control calls only. */
+NPYL_HIDDEN void npyl_stores_set_interrupt(npyl_stores *set, int (*fn)(void *), void *arg);
 /* 1 when the table has a file of a store other than local. */
 NPYL_HIDDEN int npyl_stores_any_other(const npyl_stores *set);
 
@@ -258,7 +282,11 @@ NPYL_HIDDEN int npyl_sprobe_npy_header(const npyl_sreader *r, const char *path,
  *     npyl_stores_walk_end(&w);
  *
  * walk_next returns 1 with the next file, 0 at the end, or the failure
- * with "PATH: what is wrong" in err. */
+ * with "PATH: what is wrong" in err and *i the file it concerns. A
+ * header's failure leaves sh->h as far as the parser filled it (a .npy
+ * short of the data its header announces: NPYLOAD_ETRUNCATED with the
+ * whole header) and the walk able to go on with the next file; a probe's
+ * failure ends the walk (sh zeroed). */
 #define NPYL_HWALK_GROUP 64
 typedef struct npyl_hwalk {
     npyl_stores *set;

@@ -96,6 +96,7 @@ static int header_of(npyl_stores *set, size_t i, const npyl_sprobe *p, npyl_shea
     sh->zst = NULL;
     sh->nx = NULL;
     npyload_header *h = &sh->h;
+    memset(h, 0, sizeof *h); /* what a failure leaves: as far as the parser got */
     if (p->head_len < 4 || !npyl_zst_is_zstd(p->head)) {
         int rc = npyl_sprobe_npy_header(&r, path, h, err, errlen);
         uint64_t end = h->data_offset + h->data_bytes;
@@ -159,6 +160,8 @@ int npyl_stores_walk_next(npyl_hwalk *w, size_t *i, npyl_sheader *sh, char *err,
                                      &bad, err, errlen);
         w->g1 = g1;
         if (rc) {
+            *i = w->idx[bad < g1 - w->next ? bad : 0];
+            memset(sh, 0, sizeof *sh);
             w->next = w->end; /* the walk is over */
             return rc;
         }
@@ -166,8 +169,8 @@ int npyl_stores_walk_next(npyl_hwalk *w, size_t *i, npyl_sheader *sh, char *err,
     *i = w->next;
     const npyl_sprobe *p = &w->probe[w->next - w->g0];
     set->files[w->next].size = p->size;
-    int rc = header_of(set, w->next, p, sh, err, errlen);
-    w->next = rc ? w->end : w->next + 1;
+    w->next++; /* after a header's failure too: the caller may go on */
+    int rc = header_of(set, *i, p, sh, err, errlen);
     return rc ? rc : 1;
 }
 

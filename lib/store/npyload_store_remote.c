@@ -165,6 +165,16 @@ static void remote_stats(const npyl_store *st, npyload_stats *out)
     out->cache_evictions += k.cache_evictions;
 }
 
+static void remote_cancel(npyl_store *st, int on)
+{
+    npyl_remote_cancel(((remote_store *)st)->r, on);
+}
+
+static void remote_interrupt(npyl_store *st, int (*fn)(void *), void *arg)
+{
+    npyl_remote_set_interrupt(((remote_store *)st)->r, fn, arg);
+}
+
 const npyl_store_ops npyl_store_remote = {
     .name = "remote",
     .async = 1,
@@ -182,6 +192,8 @@ const npyl_store_ops npyl_store_remote = {
     .submit = remote_submit,
     .complete = remote_complete,
     .stats = remote_stats,
+    .cancel = remote_cancel,
+    .interrupt = remote_interrupt,
 };
 
 /* ---- npyload_remote_inspect: the public client's header facts ---- */
@@ -206,6 +218,22 @@ static int zst_remote_read(void *ctx, void *buf, size_t n, uint64_t off)
     return npyl_remote_get(s->r, &s->o, off, n, buf, NULL, 0);
 }
 
+/* One object probed through the public client as start probes it: *p
+ * (free it with npyl_remote_probe_free, whatever the result), *r the
+ * client's core. */
+static int client_probe(npyload_remote_client *c, const char *url,
+                        int (*tail)(const npyl_remote_probe *), npyl_remote **r,
+                        npyl_remote_probe *p, char *err, size_t errlen)
+{
+    memset(p, 0, sizeof *p);
+    p->url = url;
+    int configured = 0;
+    *r = npyl_remote_client_core(c, &configured);
+    int rc = npyl_remote_check_url(*r, configured, url, err, errlen);
+    size_t bad = 0;
+    return rc ? rc : npyl_remote_probe_all(*r, p, 1, tail, &bad, err, errlen);
+}
+
 int npyload_remote_inspect(npyload_remote_client *c, const char *url, npyload_header *hdr,
                            npyload_zst_file **zst, char *err, size_t errlen)
 {
@@ -213,17 +241,10 @@ int npyload_remote_inspect(npyload_remote_client *c, const char *url, npyload_he
         return npyl_fail(err, errlen, NPYLOAD_EINVAL, "npyload_remote_inspect: NULL argument");
     *zst = NULL;
     memset(hdr, 0, sizeof *hdr);
-    int configured = 0;
-    npyl_remote *r = npyl_remote_client_core(c, &configured);
-    int rc = npyl_remote_check_url(r, configured, url, err, errlen);
-    if (rc)
-        return rc;
+    npyl_remote *r = NULL;
     npyl_remote_probe p;
-    memset(&p, 0, sizeof p);
-    p.url = url;
-    size_t bad = 0;
     /* want_tail NULL would fetch every tail: only a .npy.zst's is needed. */
-    rc = npyl_remote_probe_all(r, &p, 1, zst_tail, &bad, err, errlen);
+    int rc = client_probe(c, url, zst_tail, &r, &p, err, errlen);
     if (rc) {
         npyl_remote_probe_free(&p);
         return rc;
@@ -259,6 +280,33 @@ int npyload_remote_inspect(npyload_remote_client *c, const char *url, npyload_he
                 *hdr = npyload_zst_file_facts(*zst)->hdr;
             }
         }
+    }
+    npyl_remote_probe_free(&p);
+    return rc;
+}
+
+int npyload_remote_narrow_stored(npyload_remote_client *c, const char *url,
+                                 const npyload_header *h, uint32_t *values,
+                                 uint32_t *value_itemsize, char *value_descr, char *err,
+                                 size_t errlen)
+{
+    if (!c || !url || !h)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL,
+                         "npyload_remote_narrow_stored: NULL argument");
+    if (strcmp(h->descr, "|u1") != 0 || h->file_bytes <= h->data_offset + h->data_bytes)
+        return 0; /* not the codes of a stored narrowed file: nothing to fetch */
+    npyl_remote *r = NULL;
+    npyl_remote_probe p;
+    int rc = client_probe(c, url, want_tail, &r, &p, err, errlen);
+    if (rc == 0) {
+        zst_remote_src one = {.r = r, .o = {.url = url, .size = p.size}};
+        snprintf(one.o.etag, sizeof one.o.etag, "%s", p.etag);
+        npyl_sprobe sp = {p.size, p.head, p.head_len, p.tail, p.tail_len};
+        npyl_sreader rd = {&sp, zst_remote_read, &one};
+        npyload_header now = *h;
+        now.file_bytes = p.size; /* as the object is now */
+        rc = npyl_zst_store_facts(npyl_sprobe_read, &rd, url, &now, values, value_itemsize,
+                                  value_descr, err, errlen);
     }
     npyl_remote_probe_free(&p);
     return rc;

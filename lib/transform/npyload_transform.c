@@ -22,6 +22,7 @@
 #include <string.h>
 
 #define NPYL_TBLK 2048 /* floats per stage buffer (8 KiB) */
+#define NPYL_TLUT_MAX_BYTES (64u << 10) /* lookup tables of a plan, at most */
 #define NPYL_AUG_MAX_SIDE (1 << 30) /* pad and the last two axes (the crop
                                        offset draw needs H + 2P + 1 < 2^32) */
 
@@ -417,6 +418,34 @@ static int plan_output(const char *what, const npyload_transform *t, const char 
     return 0;
 }
 
+static inline void arith(const npyl_tplan *p, float *restrict x, size_t n, uint64_t c);
+
+/* One-byte integer input: the output items of the 256 stored values, per
+ * channel when the arithmetic is, computed by the plan's own load,
+ * arithmetic and store (so the engine's lookups give its bytes exactly).
+ * No table when it would exceed NPYL_TLUT_MAX_BYTES. */
+static int plan_lut(const char *what, npyl_tplan *p, char *err, size_t errlen)
+{
+    if (p->out_dtype == NPYLOAD_DTYPE_KEEP || p->in_itemsize != 1 ||
+        (p->in_kind != 'u' && p->in_kind != 'i'))
+        return 0;
+    uint64_t tables = p->per_channel ? p->C : 1, each = 256 * p->out_itemsize;
+    if (tables > NPYL_TLUT_MAX_BYTES / each)
+        return 0;
+    if (!(p->lut = malloc((size_t)(tables * each))))
+        return npyl_fail(err, errlen, -ENOMEM, "%s: transform: out of memory", what);
+    unsigned char values[256];
+    float x[256];
+    for (int v = 0; v < 256; v++)
+        values[v] = (unsigned char)v;
+    for (uint64_t c = 0; c < tables; c++) {
+        p->load(values, 256, x);
+        arith(p, x, 256, c);
+        p->store(x, 256, p->lut + c * each);
+    }
+    return 0;
+}
+
 /* The layout: strides of (N, C, d1..dk), channels-last when asked and
  * meaningful (2+ axes, several channels and positions). */
 static int plan_layout(const char *what, const npyload_transform *t, int sndim,
@@ -482,6 +511,8 @@ static int plan(const char *what, const npyload_transform *t, const char *descr,
         rc = plan_output(what, t, descr, elems, p, allow_f16c, err, errlen);
     if (!rc)
         rc = plan_layout(what, t, sndim, sshape, elems, p, err, errlen);
+    if (!rc)
+        rc = plan_lut(what, p, err, errlen);
     if (rc)
         npyl_transform_plan_free(p);
     return rc;
@@ -510,6 +541,7 @@ void npyl_transform_plan_free(npyl_tplan *p)
     free(p->std);
     free(p->hneg);
     free(p->vneg);
+    free(p->lut);
     memset(p, 0, sizeof *p);
 }
 
@@ -634,6 +666,49 @@ static void rows_channels_last(const npyl_tplan *p, const unsigned char *src,
     }
 }
 
+/* One-byte input through the plan's tables (plan_lut): each output item
+ * is its channel's table entry for the stored byte. Channels-last walks the
+ * output in order, reading the C planes at the same position; C is a
+ * constant for 2, 3 and 4 channels, which the compiler unrolls. */
+#define NPYL_LUT_ROWS(name, T)                                                 \
+    static inline __attribute__((always_inline)) void name##_cl(               \
+        const T *restrict lut, uint64_t tstep, const unsigned char *restrict in, \
+        unsigned char *restrict out, uint64_t C, uint64_t S)                   \
+    {                                                                          \
+        for (uint64_t s = 0; s < S; s++)                                       \
+            for (uint64_t c = 0; c < C; c++)                                   \
+                memcpy(out + (s * C + c) * sizeof(T), &lut[c * tstep + in[c * S + s]], \
+                       sizeof(T));                                             \
+    }                                                                          \
+    static void name(const npyl_tplan *p, const unsigned char *restrict src,   \
+                     unsigned char *restrict dst, size_t rows)                 \
+    {                                                                          \
+        const T *lut = (const T *)(const void *)p->lut;                        \
+        const uint64_t C = p->C, S = p->S, tstep = p->per_channel ? 256 : 0;  \
+        for (size_t r = 0; r < rows; r++) {                                    \
+            const unsigned char *in = src + r * p->in_row_bytes;               \
+            unsigned char *out = dst + r * p->out_row_bytes;                   \
+            if (p->channels_last) {                                            \
+                switch (C) {                                                   \
+                case 2: name##_cl(lut, tstep, in, out, 2, S); break;           \
+                case 3: name##_cl(lut, tstep, in, out, 3, S); break;           \
+                case 4: name##_cl(lut, tstep, in, out, 4, S); break;           \
+                default: name##_cl(lut, tstep, in, out, C, S);                 \
+                }                                                              \
+                continue;                                                      \
+            }                                                                  \
+            for (uint64_t c = 0; c < C; c++) {                                 \
+                const T *t = lut + c * tstep;                                  \
+                const unsigned char *ic = in + c * S;                          \
+                unsigned char *oc = out + c * S * sizeof(T);                   \
+                for (uint64_t s = 0; s < S; s++)                               \
+                    memcpy(oc + s * sizeof(T), &t[ic[s]], sizeof(T));          \
+            }                                                                  \
+        }                                                                      \
+    }
+NPYL_LUT_ROWS(rows_lut2, uint16_t)
+NPYL_LUT_ROWS(rows_lut4, uint32_t)
+
 /* Keep + channels-last: a per-sample transpose (C, S) -> (S, C) of items. */
 #define NPYL_PERMUTE(name, T)                                                  \
     static void name(const unsigned char *src, unsigned char *dst, uint64_t C, \
@@ -684,7 +759,11 @@ void npyl_transform_rows(const npyl_tplan *p, const void *src, void *dst,
         }
         return;
     }
-    if (p->channels_last)
+    if (p->lut && p->out_itemsize == 2)
+        rows_lut2(p, s, d, rows);
+    else if (p->lut)
+        rows_lut4(p, s, d, rows);
+    else if (p->channels_last)
         rows_channels_last(p, s, d, rows);
     else
         rows_planar(p, s, d, rows);

@@ -98,6 +98,13 @@ typedef struct npyl_tplan {
     npyl_tload_fn load;
     npyl_tstore_fn store;
     int f16c;                 /* the F16C path was chosen */
+    /* One-byte integer input with a conversion: the output item of each of
+     * the 256 stored values (load, arithmetic and store run once for each
+     * at plan time), 256 items per channel when mean/std differ per
+     * channel, else 256; plan-owned. The host engine then looks items up
+     * instead of computing them: the same bytes, at a lookup's cost. NULL:
+     * computed (other inputs, or more than NPYL_TLUT_MAX_BYTES of tables). */
+    unsigned char *lut;
 } npyl_tplan;
 
 /* Checks a description on its own. Returns 0 or NPYLOAD_EINVAL with a

@@ -130,6 +130,12 @@ NPYL_HIDDEN int npyl_zst_store_trailer(const npyl_zst_narrow_scan *s, const char
 NPYL_HIDDEN int npyl_zst_store_probe(npyl_zst_read_fn rd, void *ctx, const char *name,
                                      uint64_t file_bytes, uint64_t data_end,
                                      npyl_zst_narrow **out, char *err, size_t errlen);
+/* npyload_narrow_stored over rd: for the .npy with header h (any header:
+ * only a '|u1' one with bytes after its data is probed). */
+NPYL_HIDDEN int npyl_zst_store_facts(npyl_zst_read_fn rd, void *ctx, const char *name,
+                                     const npyload_header *h, uint32_t *values,
+                                     uint32_t *value_itemsize, char *value_descr, char *err,
+                                     size_t errlen);
 /* dst[i] = the value of codes[i], for n codes; dst may hold the codes in
  * its last n bytes (expanded in place). -1 when a code is not in the
  * table (the values written for it are unspecified). */

@@ -74,6 +74,44 @@ int npyl_zst_file_over(npyl_zst_index *x, const char *name, npyl_zst_read_fn rd,
     return 0;
 }
 
+int npyl_zst_store_facts(npyl_zst_read_fn rd, void *ctx, const char *name,
+                         const npyload_header *h, uint32_t *values, uint32_t *value_itemsize,
+                         char *value_descr, char *err, size_t errlen)
+{
+    uint64_t end = h->data_offset + h->data_bytes;
+    if (strcmp(h->descr, "|u1") != 0 || h->file_bytes <= end)
+        return 0;
+    npyl_zst_narrow *nx = NULL;
+    int rc = npyl_zst_store_probe(rd, ctx, name, h->file_bytes, end, &nx, err, errlen);
+    if (rc || !nx)
+        return rc;
+    if (values)
+        *values = nx->count;
+    if (value_itemsize)
+        *value_itemsize = nx->itemsize;
+    if (value_descr)
+        memcpy(value_descr, nx->descr, NPYLOAD_DESCR_LEN);
+    free(nx);
+    return 1;
+}
+
+int npyload_narrow_stored(const char *path, const npyload_header *h, uint32_t *values,
+                          uint32_t *value_itemsize, char *value_descr, char *err, size_t errlen)
+{
+    if (!path || !h)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL, "npyload_narrow_stored: NULL %s",
+                         path ? "header" : "path");
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        return npyl_fail(err, errlen, -e, "%s: cannot open: %s", path, strerror(e));
+    }
+    int rc = npyl_zst_store_facts(npyl_zst_read_fd, &fd, path, h, values, value_itemsize,
+                                  value_descr, err, errlen);
+    close(fd);
+    return rc;
+}
+
 int npyload_zst_probe(const char *path)
 {
     if (!path)

@@ -166,8 +166,26 @@ int npyl_zst_store_probe(npyl_zst_read_fn rd, void *ctx, const char *name, uint6
     unsigned char tail[NPYL_ZST_STORE_TAIL_BYTES];
     if (file_bytes < data_end + NPYL_ZST_STORE_TAIL_BYTES ||
         rd(ctx, tail, sizeof tail, file_bytes - sizeof tail) != 0 ||
-        memcmp(tail + 4, NPYL_ZST_STORE_TAG, 8) != 0)
-        return 0; /* not a stored narrowed file: bytes after the data, as before */
+        memcmp(tail + 4, NPYL_ZST_STORE_TAG, 8) != 0) {
+        /* No trailer at the end. A stored narrowed file that lost its last
+         * bytes (the tag, the length, part of the table) still has its
+         * table's frame right after the codes: refused, never delivered as
+         * the uint8 codes. Any other bytes after the data: a plain .npy
+         * (numpy ignores them), as before. */
+        unsigned char head[NPYL_ZST_SKIP_HEADER_BYTES + TAG_BYTES];
+        uint64_t after = file_bytes - data_end;
+        size_t k = after < sizeof head ? (size_t)after : sizeof head;
+        if (k >= 4 && rd(ctx, head, k, data_end) == 0 && rd32(head) == NPYL_ZST_NARROW_MAGIC &&
+            (k < sizeof head || memcmp(head + NPYL_ZST_SKIP_HEADER_BYTES, TAG, TAG_BYTES) == 0))
+            return npyl_fail(err, errlen, NPYLOAD_ETRUNCATED,
+                             "%s: a stored narrowed file (npyload-pack --narrow --store) "
+                             "whose trailer is missing or cut: its value table follows the "
+                             "codes, but the %u bytes that must end the file (the table's "
+                             "length and the tag NPYLSTOR) are not there (the file lost its "
+                             "last bytes?); refused rather than delivering the codes",
+                             name, (unsigned)NPYL_ZST_STORE_TAIL_BYTES);
+        return 0;
+    }
     uint32_t n = rd32(tail);
     if (n > NPYL_ZST_NARROW_FRAME_MAX ||
         data_end + n + NPYL_ZST_STORE_TAIL_BYTES != file_bytes)

@@ -45,13 +45,16 @@ from ._batch import Augment, Batch, BatchTuple
 from ._ceiling import copy_ceiling, h2d_ceiling
 from ._hook import TransformError
 from ._info import build_info
-from ._inspect import inspect
+from ._inspect import inspect, inspect_manifest
 from ._loader import Loader
+from ._model import cost_model, dataset_facts
 from ._pack import pack
+from ._prefetch import prefetch
 from ._transform import Transform
 from ._write import write
 
 __all__ = ["Loader", "Batch", "BatchTuple", "Augment", "Transform", "TransformError", "NpyloadError",
-           "inspect", "load", "order_indices", "cuda_available", "build_info", "pack", "write",
+           "inspect", "inspect_manifest", "load", "order_indices", "cuda_available",
+           "build_info", "pack", "prefetch", "cost_model", "dataset_facts", "write",
            "copy_ceiling", "h2d_ceiling", "__version__"]
 __version__ = _npyload.__version__

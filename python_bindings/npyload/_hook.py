@@ -168,10 +168,35 @@ class _HookPipe:
         self._stop = False
         self._threads = [_threading.Thread(target=self._run, name="npyload-transform",
                                            daemon=True) for _ in range(workers)]
-        for t in self._threads:
-            t.start()
+        self._started: list[_threading.Thread] = []  # those start() started
+        self._running = 0        # threads inside _run's work (stop waits for none)
+
+    def start(self) -> None:
+        """Starts the threads. Interrupted (Ctrl-C lands while a thread
+        starts: Thread.start waits for it), it stops those already started
+        before raising, so that none runs on without an owner, holding
+        slots or sitting in the C loader's next()."""
+        try:
+            for t in self._threads:
+                t.start()
+                self._started.append(t)
+        except BaseException:
+            self.stop()
+            raise
 
     def _run(self) -> None:
+        with self._cv:
+            if self._stop:
+                return  # stopped before this thread began: it does nothing
+            self._running += 1
+        try:
+            self._run_loop()
+        finally:
+            with self._cv:
+                self._running -= 1
+                self._cv.notify_all()
+
+    def _run_loop(self) -> None:
         try:
             if self._stream is not None:
                 with _sys.modules["torch"].cuda.stream(self._stream):
@@ -269,7 +294,7 @@ class _HookPipe:
                     self._permits += 1
                     self._cv.notify_all()
                     return item
-                if not any(t.is_alive() for t in self._threads):
+                if not any(t.is_alive() for t in self._started):
                     raise RuntimeError("npyload: the transform thread was stopped")
                 self._cv.wait(0.1)
 
@@ -284,7 +309,12 @@ class _HookPipe:
         me = _threading.current_thread()
         if me in self._threads or _sys.is_finalizing():
             return  # (at exit the daemon threads may never run again)
-        for t in self._threads:
+        # A thread whose start() was interrupted may run all the same (it
+        # had not yet said it began): the count covers it, a join could not.
+        with self._cv:
+            while self._running:
+                self._cv.wait()
+        for t in self._started:
             t.join()
         with self._cv:
             done, self._done = self._done, {}

@@ -6,17 +6,18 @@ from __future__ import annotations
 import functools as _functools
 import logging as _logging
 import os as _os
+import warnings as _warnings
 from collections.abc import Mapping as _Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 from . import _loader_doc
 from . import _npyload
-from . import _remote
+from . import _manifest, _remote
 from ._batch import _bfloat16_numpy, _wrap_raw
 from ._hook import _HookPipe, _LoopClock, _check_hook_workers, _hook_depth
 from ._hook import _hook_prefetch, _rng_key
 from ._options import _EPOCH_MAX, _IO, _check_choices, _check_counts, _check_transforms
-from ._options import _auto_options, _int_arg, _kernel_paths, _resolve_ranks
+from ._options import _auto_options, _field_specs, _int_arg, _kernel_paths, _resolve_ranks
 from ._torch import _join_streams, _torch_or_none
 from ._iterate import _InUse, _Iterator
 from ._transform import _TDTYPES, Transform
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
         @property
         def type(self) -> str: ...
 
-    _Fields = Mapping[str, Union[_Path, Sequence[_Path]]]
+    _Fields = Union[Mapping[str, Union[_Path, Sequence[_Path]]], _Path]  # or a manifest
     _Shuffle = Union[bool, Literal["full", "local", "none"]]
     _Device = Union[str, int, _TorchDevice, None]
     _IOName = Literal["auto", "uring", "io_uring", "pread", "mmap"]
@@ -53,34 +54,6 @@ if TYPE_CHECKING:
     _T = TypeVar("_T")
 else:
     _B = TypeVar("_B")
-
-
-def _field_specs(fields: object) -> list[tuple[str, str | None, list[str] | None]]:
-    """[(name, glob or None, paths or None)] from Loader's `fields`."""
-    if not isinstance(fields, _Mapping) or len(fields) == 0:
-        raise TypeError("fields must be a non-empty mapping from field name "
-                        "to a glob string or a list of paths"
-                        if not isinstance(fields, _Mapping) else
-                        "fields must be a non-empty mapping (got an empty one)")
-    specs: list[tuple[str, str | None, list[str] | None]] = []
-    for name, spec in fields.items():
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"field names must be non-empty strings, got {name!r}")
-        if isinstance(spec, (str, bytes, _os.PathLike)):
-            specs.append((name, _os.fsdecode(spec), None))
-        elif isinstance(spec, (list, tuple)):
-            if not spec:
-                raise ValueError(f"field {name!r}: the list of paths is empty")
-            paths = []
-            for p in spec:
-                if not isinstance(p, (str, bytes, _os.PathLike)):
-                    raise TypeError(f"field {name!r}: paths must be str, bytes or os.PathLike, got {p!r}")
-                paths.append(_os.fsdecode(p))
-            specs.append((name, None, paths))
-        else:
-            raise TypeError(f"field {name!r}: expected a glob string or a list of "
-                            f"paths, got {type(spec).__name__}")
-    return specs
 
 
 def _slots_for(prefetch: int, transform: object) -> int:
@@ -213,7 +186,7 @@ class Loader(Generic[_B]):
         self._closed = False
         self._pipe: _HookPipe | None = None
         self._in_use = _InUse()
-        specs = _field_specs(fields)
+        specs = _field_specs(_manifest.fields_of(fields, remote))  # a manifest: its files
         self._remote = _remote.build(
             remote, [p for _, g, ps in specs for p in ([g] if g is not None else ps or [])])
         batch_size, seed, num_workers, prefetch, window, max_errors = _check_counts(
@@ -388,10 +361,15 @@ class Loader(Generic[_B]):
         wrap = _functools.partial(_wrap_raw, torch=self._torch, np=self._np,
                                   copy=self.copy, as_tuple=self.as_tuple,
                                   bf16=getattr(self, "_bf16", None), aug=self._aug_fields)
-        self._pipe = _HookPipe(c, wrap, self.transform, _hook_depth(self._hook_prefetch), stream,
-                               self._clock, self.transform_workers,
-                               _rng_key(self.seed, self.rank))
-        return _Iterator(self, self._gen, self._pipe)
+        pipe = self._pipe = _HookPipe(c, wrap, self.transform, _hook_depth(self._hook_prefetch),
+                                      stream, self._clock, self.transform_workers,
+                                      _rng_key(self.seed, self.rank))
+        try:
+            pipe.start()
+            return _Iterator(self, self._gen, pipe)
+        except BaseException:  # Ctrl-C while the threads start: none is left running
+            self._stop_pipe()
+            raise
 
     def state_dict(self) -> LoaderState:
         """The position after the last batch handed out (with transform=:
@@ -633,6 +611,9 @@ class Loader(Generic[_B]):
             self._n: int = c.num_samples()
             self._checked_backend = c.backend
             self._checked_engines: dict[str, tuple[str, str]] = c.field_engines()
+            short = c.stats()["last_error"]  # on_error='skip': files short at start
+            if short and self._opts[_npyload.OPT_ON_ERROR] == 1:
+                _warnings.warn(f"npyload: {short}", RuntimeWarning, stacklevel=3)
             c.stop()
             for opt, value in self._opts.items():
                 c.set(opt, value)

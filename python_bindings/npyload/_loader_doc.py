@@ -63,11 +63,14 @@ LOADER = """Batches of NPY fields, read by worker threads into reused slots.
     direct_io : bool
         O_DIRECT reads (bypass the page cache).
     read_ahead : bool
-        True (default): each worker thread has its next batch's reads in
-        flight while it decodes and transforms the current one (a read
-        thread and a second read buffer per worker; README, "Read-ahead
-        inside every worker"). False: a worker reads a batch when it starts
-        it (less memory: one read buffer and one slot per worker).
+        True (default): when a batch has work after its reads (.npy.zst
+        decode, narrowed codes, host transforms, a device copy), each
+        worker thread has its next batch's reads in flight while it does
+        that work on the current one (a read thread and a second read
+        buffer per worker; README, "Read-ahead inside every worker"); a
+        batch delivered as stored has nothing to overlap and is read by its
+        worker. False: a worker reads a batch when it starts it (less
+        memory: one read buffer and one slot per worker).
     align : 'names' or 'none'
         'names' (default): when every field has the same number of files,
         the i-th files of all fields must carry the same number as the last
@@ -76,12 +79,17 @@ LOADER = """Batches of NPY fields, read by worker threads into reused slots.
         naming both files. 'none' turns the check off.
     on_error : 'raise' or 'skip'
         'raise' (default): a failed read (I/O error, truncated, changed or
-        replaced file) raises NpyloadError from the iteration. 'skip': the
-        batch's reads are retried once, then samples that still fail are
+        replaced file) raises NpyloadError from the iteration, and a file
+        already shorter than its header says fails the constructor. 'skip':
+        the batch's reads are retried once, then samples that still fail are
         dropped from the batch (it is shorter; ``batch.indices`` lists what it
         holds), never delivered as wrong bytes, and counted in
-        ``stats()['samples_skipped']``; nothing is logged. An epoch whose reads
-        all fail still ends (its batches are empty).
+        ``stats()['samples_skipped']``; nothing is logged. A ``.npy`` already
+        shorter than its header says when the loader is built (a failed
+        copy) is loaded with the samples its header says: those it lacks
+        are skipped and counted in the same way, and the constructor warns
+        once (RuntimeWarning) naming the file. An epoch whose reads all fail
+        still ends (its batches are empty).
     max_errors : int or None
         With on_error='skip': once more than this many samples were skipped,
         the next failing batch raises anyway.
@@ -126,6 +134,8 @@ LOADER = """Batches of NPY fields, read by worker threads into reused slots.
         later epochs read them from there; ranks of a node may share it.
         Secrets never appear in messages, ``stats()`` or ``state_dict()``.
 
+    Notes
+    -----
     Per-batch hook (``transform=fn``): one thread per loader calls ``fn`` on
     each batch (a ``Batch`` or ``BatchTuple``) and queues the result; at most
     ``prefetch`` batches are ahead of the loop (queued results and the one
@@ -202,8 +212,11 @@ LOADER = """Batches of NPY fields, read by worker threads into reused slots.
     that differ between fields, misaligned file names, transforms that do
     not fit, an io backend or CUDA device that cannot be used): it starts a
     scratch loader of one row and one slot, with no worker thread, and
-    closes it at once. Every header is therefore read twice (construction
-    and first ``iter()``, where a file changed in between raises). Before the
+    stops it at once, keeping only what it read of the files (headers,
+    sizes and identities): the first ``iter()`` starts it for real without
+    reading a header again, unless a local file changed in between (then
+    the headers are read again, and the change is refused, or skipped with
+    ``on_error='skip'``, as at construction). Before the
     first ``iter()``, ``len()``, ``num_samples``, ``field_names``,
     ``num_slots`` (the slots it will have), ``backend`` (the one the check
     chose), ``state_dict()`` and ``load_state_dict()`` work as after it, and

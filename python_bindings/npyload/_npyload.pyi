@@ -108,7 +108,7 @@ class HeaderInfo(TypedDict):
     # .npy.zst with verify=True only
     verified: NotRequired[bool]
     checksums: NotRequired[bool]
-    # a narrowed .npy.zst only (descr is then the codes', '|u1')
+    # a narrowed file only, packed or stored (descr is then the codes', '|u1')
     narrow_values: NotRequired[int]
     value_descr: NotRequired[str]
 
@@ -166,6 +166,24 @@ class BuildInfo(TypedDict):
 
 # ---- the exception ----
 
+@type_check_only
+class PrefetchProgress(TypedDict):
+    objects: int
+    dataset_bytes: int
+    planned_bytes: int
+    cached_bytes: int
+    fetched_bytes: int
+    planned_blocks: int
+    found_blocks: int
+    fetched_blocks: int
+    waited_blocks: int
+    requests: int
+    received_bytes: int
+    seconds: float
+    probe_seconds: float
+    phase: str  # "idle", "probing", "filling", "done"
+    rc: int
+
 class NpyloadError(RuntimeError):
     """Raised for every failure reported by the npyload C library; ``code``
     is the library's negative error code (NPYLOAD_E* or -errno)."""
@@ -200,6 +218,7 @@ def pack_file(
     store: bool = False,
 ) -> PackResult: ...
 def strerror(code: int, /) -> str: ...
+def mask_urls(text: str, /) -> str: ...
 def default_prefetch(num_workers: int, /) -> int: ...
 def cuda_available(device: int = 0, /) -> tuple[bool, str]: ...
 def h2d_bandwidth(device: int = 0, nbytes: int = ..., iters: int = 20) -> float: ...
@@ -325,6 +344,19 @@ class Loader:
     def _set_stream_joiner(self, fn: Callable[[int, list[int]], int] | None, /) -> None: ...
     def close(self) -> None: ...
 
+@final
+class Prefetch:
+    """Low-level owner of one npyload_prefetch (see npyload.prefetch)."""
+    def __new__(cls, remote: dict[str, str | int | None]) -> Self: ...
+    @staticmethod
+    def glob(pattern: _Path, remote: dict[str, str | int | None], /) -> list[str]: ...
+    def add_field(self, pattern: _Path, /) -> None: ...
+    def add_field_files(self, urls: Sequence[_Path], /) -> None: ...
+    def set(self, option: int, value: int, /) -> None: ...
+    def run(self) -> None: ...
+    def stop(self) -> None: ...
+    def progress(self) -> PrefetchProgress: ...
+
 # ---- constants ----
 
 OPT_BATCH_SIZE: int
@@ -352,6 +384,9 @@ OPT_AUTO_CORES: int
 OPT_AUTO_FORCE: int
 AUTO: int
 
+PREFETCH_MAX_BYTES: int
+PREFETCH_INFLIGHT: int
+PREFETCH_REQUEST_BYTES: int
 PATH_NVRTC: int
 PATH_KERNEL_CACHE: int
 IO_AUTO: int

@@ -296,6 +296,34 @@ def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return rank, world_size
 
 
+def _field_specs(fields: object) -> list[tuple[str, str | None, list[str] | None]]:
+    """[(name, glob or None, paths or None)] from Loader's `fields`."""
+    if not isinstance(fields, _Mapping) or len(fields) == 0:
+        raise TypeError("fields must be a non-empty mapping from field name "
+                        "to a glob string or a list of paths"
+                        if not isinstance(fields, _Mapping) else
+                        "fields must be a non-empty mapping (got an empty one)")
+    specs: list[tuple[str, str | None, list[str] | None]] = []
+    for name, spec in fields.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"field names must be non-empty strings, got {name!r}")
+        if isinstance(spec, (str, bytes, _os.PathLike)):
+            specs.append((name, _os.fsdecode(spec), None))
+        elif isinstance(spec, (list, tuple)):
+            if not spec:
+                raise ValueError(f"field {name!r}: the list of paths is empty")
+            paths = []
+            for p in spec:
+                if not isinstance(p, (str, bytes, _os.PathLike)):
+                    raise TypeError(f"field {name!r}: paths must be str, bytes or os.PathLike, got {p!r}")
+                paths.append(_os.fsdecode(p))
+            specs.append((name, None, paths))
+        else:
+            raise TypeError(f"field {name!r}: expected a glob string or a list of "
+                            f"paths, got {type(spec).__name__}")
+    return specs
+
+
 def _check_transforms(specs: list[tuple[str, str | None, list[str] | None]],
                       transforms: object) -> list[tuple[str, Transform]]:
     """[(field, Transform)] from Loader's `transforms` mapping."""

@@ -64,6 +64,8 @@ def pack(paths: _Path | Iterable[_Path], level: int = 3, frame_size: int | None 
         (``np.load`` gives the codes) followed by a trailer holding the value
         table; the loader delivers the values and reads cost no decode.
 
+    Notes
+    -----
     Each output is written as a nameless temporary file in its directory,
     synced to disk, and only then linked under its name (the directory
     synced after): an error, Ctrl-C (KeyboardInterrupt) or a power loss

@@ -3,6 +3,8 @@ crops in the loader."""
 from __future__ import annotations
 
 import math as _math
+import numbers as _numbers
+import operator as _operator
 import struct as _struct
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +14,34 @@ if TYPE_CHECKING:
 
 
 _TDTYPES = {None: 0, "float32": 1, "float16": 2, "bfloat16": 3}
+
+
+def _real(what: str, v: Any, kind: str = "a number") -> float:
+    """v as a float: an int, a float or a numpy scalar of either (numbers.Real
+    counts numpy's), never a bool; else TypeError naming `what`."""
+    if isinstance(v, bool) or not isinstance(v, _numbers.Real):
+        raise TypeError(f"Transform: {what} must be {kind}, got {v!r}")
+    big: Any = v  # (not narrowed to Real: compared with an int below)
+    try:
+        return float(big)
+    except OverflowError:  # an int beyond the double range
+        return _math.inf if big > 0 else -_math.inf
+
+
+def _integer(what: str, v: Any, kind: str) -> int:
+    """v as an int: an int or a numpy integer (anything with __index__),
+    never a bool; else TypeError naming `what`."""
+    if isinstance(v, bool) or _is_numpy_bool(v):
+        raise TypeError(f"Transform: {what} must be {kind}, got {v!r}")
+    try:
+        return _operator.index(v)
+    except TypeError:
+        raise TypeError(f"Transform: {what} must be {kind}, got {v!r}") from None
+
+
+def _is_numpy_bool(v: Any) -> bool:
+    t = type(v)
+    return t.__module__ == "numpy" and t.__name__ in ("bool_", "bool")
 
 
 def _float32(x: float) -> float:
@@ -57,6 +87,9 @@ class Transform:
         multiplied by it when the sample is flipped (vector targets such as
         offsets (du, dv) of a float field; a sample with fewer than two axes
         is never moved, only signed).
+
+    Notes
+    -----
     The decisions are a pure function of (seed, epoch, global sample index),
     documented bit for bit in npyload.h ("Augmentation"): the same for any
     worker count, backend, world size and resume, and shared by every field
@@ -119,31 +152,31 @@ class Transform:
                 raise ValueError(f"Transform: dtype must be 'float32', 'float16', "
                                  f"'bfloat16' or None, got {dtype!r}")
             dtype = name
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise TypeError(f"Transform: scale must be a number, got {scale!r}")
+        fscale = _real("scale", scale)
         # The library computes in float32: a scale must be finite and nonzero
         # there (0 would zero the field, and the library's struct once read 0
         # as "unset", delivering x unscaled; inf and nan would poison it).
         # The default 1.0 reaches C as 1.0.
-        if _float32(scale) in (0.0, _math.inf, -_math.inf) or scale != scale:
+        if _float32(fscale) in (0.0, _math.inf, -_math.inf) or fscale != fscale:
             raise ValueError(f"Transform: scale = {scale!r} out of range: a finite "
                              "nonzero float32 (|scale| from 1.4e-45 to 3.4e38; 1.0 = "
                              "no scaling)")
         self.dtype = dtype
-        self.scale = float(scale)
+        self.scale = fscale
         self.mean = self._values("mean", mean)
         self.std = self._values("std", std)
         if self.std is not None and any(v == 0 for v in self.std):
             raise ValueError(f"Transform: std must be nonzero, got {std!r}")
-        if not isinstance(channels_last, (bool, int)):
+        if not isinstance(channels_last, (bool, int)) and not _is_numpy_bool(channels_last):
             raise TypeError(f"Transform: channels_last must be a bool, got {channels_last!r}")
         self.channels_last = bool(channels_last)
         self.hflip = self._probability("hflip", hflip)
         self.vflip = self._probability("vflip", vflip)
         self.crop = self._crop(crop)
-        if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
-            raise ValueError(f"Transform: pad must be an int >= 0, got {pad!r}")
-        self.pad = pad
+        ipad = _integer("pad", pad, "an int >= 0")
+        if ipad < 0:
+            raise ValueError(f"Transform: pad = {ipad} out of range: an int >= 0")
+        self.pad = ipad
         self.hflip_sign = self._signs("hflip_sign", hflip_sign)
         self.vflip_sign = self._signs("vflip_sign", vflip_sign)
         if dtype is None:
@@ -156,21 +189,27 @@ class Transform:
 
     @staticmethod
     def _probability(what: str, p: Any) -> float:
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
-            raise ValueError(f"Transform: {what} is a probability in [0, 1], got {p!r}")
-        return float(p)
+        fp = _real(what, p, "a probability, a number in [0, 1]")
+        if not 0 <= fp <= 1:
+            raise ValueError(f"Transform: {what} = {fp!r} out of range: a probability in "
+                             "[0, 1]")
+        return fp
 
     @staticmethod
     def _crop(crop: Any) -> tuple[int, int] | None:
         if crop is None:
             return None
-        hw = (crop, crop) if isinstance(crop, int) else tuple(crop) \
-            if isinstance(crop, (tuple, list)) else None
-        if (hw is None or len(hw) != 2 or
-                any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in hw)):
-            raise ValueError(f"Transform: crop must be None, an int or (h, w) of ints > 0, "
-                             f"got {crop!r}")
-        return (int(hw[0]), int(hw[1]))
+        kind = "None, an int or (h, w) of ints > 0"
+        if isinstance(crop, (tuple, list)):
+            if len(crop) != 2:
+                raise ValueError(f"Transform: crop must be {kind}, got {crop!r}")
+            hw = (_integer("crop", crop[0], kind), _integer("crop", crop[1], kind))
+        else:
+            h = _integer("crop", crop, kind)
+            hw = (h, h)
+        if min(hw) <= 0:
+            raise ValueError(f"Transform: crop = {hw} out of range: ints > 0")
+        return hw
 
     @classmethod
     def _signs(cls, what: str, v: Any) -> tuple[float, ...] | None:
@@ -183,11 +222,11 @@ class Transform:
     def _values(what: str, v: Any) -> tuple[float, ...] | None:
         if v is None:
             return None
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return (float(v),)
+        if isinstance(v, _numbers.Real) and not isinstance(v, bool):
+            return (float(v),)  # a number, numpy's scalars included
         try:
             vals = tuple(float(x) for x in v)
-        except TypeError:
+        except (TypeError, ValueError):
             raise TypeError(f"Transform: {what} must be None, a number or a sequence of "
                             f"numbers, got {v!r}") from None
         if not vals:

@@ -5,20 +5,25 @@ from __future__ import annotations
 import hashlib as _hashlib
 import json as _json
 import os as _os
-import re as _re
 import sys as _sys
 import threading as _threading
 import time as _time
+from collections import deque
+from functools import partial as _partial
+from itertools import chain as _chain
 from collections.abc import Mapping as _Mapping
 from concurrent.futures import ThreadPoolExecutor as _Pool
 from typing import TYPE_CHECKING, Any
 
-from ._npyload import NpyloadError, inspect as _inspect
+from . import _manifest
+from ._npyload import NpyloadError, __version__ as _version, inspect as _inspect
 from ._options import _int_arg
 from ._pack import pack as _pack
+from ._write_store import FOREIGN as _FOREIGN, JOURNAL as _JOURNAL, Entry as _Entry, \
+    LocalStore as _LocalStore
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable, Iterator, Mapping
     from concurrent.futures import Future
     from typing import Callable, Protocol, Union
 
@@ -29,12 +34,8 @@ if TYPE_CHECKING:
         def __getitem__(self, index: int, /) -> Mapping[str, Any]: ...
 
     _SampleSource = Union[Mapping[str, Any], _Dataset, Iterable[Mapping[str, Any]]]
-    _Store = Callable[[int, list[dict[str, Any]]], None]
-    _Finished = Callable[[int, int], bool]
-    _Note = Callable[[int], None]
 
 _DEFAULT_LAYOUT = "{field}/{split}_{id:04d}.npy"
-_STATE = ".npyload-write-{split}.json"   # the call's fingerprint, beside the files
 
 
 def _np() -> Any:
@@ -62,7 +63,11 @@ class _Source:
     def __init__(self, source: Any) -> None:
         self.kind: str | None = None
         self.n: int | None
-        if isinstance(source, _Mapping):
+        ray_data = _sys.modules.get("ray.data")   # never imported here: a Dataset means it is
+        if ray_data is not None and isinstance(source, ray_data.Dataset):
+            from ._write_ray import RaySource
+            self.kind, self.ray, self.n = "ray", RaySource(source), None
+        elif isinstance(source, _Mapping):
             lens = {k: len(v) for k, v in source.items()}
             if not lens:
                 raise ValueError("write: the dict of arrays is empty")
@@ -100,8 +105,13 @@ class _Spec:
         self.fields = list(first)
         if not self.fields:
             raise ValueError("write: sample 0 has no fields")
+        for k in self.fields:
+            if not isinstance(k, str) or not k or "\0" in k:
+                raise ValueError(f"write: sample 0 has the field name {k!r}: field names "
+                                 "are non-empty strings")
         self.dtype = {k: v.dtype for k, v in first.items()}
         self.shape = {k: v.shape for k, v in first.items()}
+        _check_dtypes(first)
 
     def check(self, s: dict[str, Any], i: int) -> None:
         if list(s) != self.fields:
@@ -114,13 +124,79 @@ class _Spec:
                                  f"{self.shape[k]}")
 
 
+def _check_dtypes(first: dict[str, Any]) -> None:
+    """Refuses, at sample 0, a dtype that Loader refuses: the header of each
+    field (no rows) goes through the library's own header parser, so the
+    rules are the C library's, not a copy."""
+    import tempfile
+    np = _np()
+    with tempfile.TemporaryDirectory(prefix="npyload-write-") as d:
+        for i, (k, v) in enumerate(first.items()):
+            p = _os.path.join(d, f"{i}.npy")
+            np.save(p, np.empty((0,) + v.shape, v.dtype), allow_pickle=False)
+            try:
+                _inspect(p)
+            except NpyloadError as e:
+                why = str(e).split(": ", 2)[-1] if str(e).startswith(p) else str(e)
+                raise TypeError(f"write: sample 0, field {k!r}: {why}; npyload.Loader "
+                                "cannot read it (store numbers: e.g. codes or "
+                                "int64 timestamps)") from None
+
+
 def _template(layout: str | Mapping[str, str] | None, field: str) -> str:
     t = (layout or {}).get(field, _DEFAULT_LAYOUT) if isinstance(layout, _Mapping) \
         else (layout or _DEFAULT_LAYOUT)
+    if not isinstance(t, str):
+        raise TypeError(f"write: layout for {field!r} must be a str, got {type(t).__name__}")
     if "{id" not in t:
         raise ValueError(f"write: layout for {field!r} ({t!r}) has no {{id}}: every "
                          "file needs its own name")
     return t
+
+
+class _Names:
+    """Relative file names from the layout: always inside `out` (no absolute
+    path, no '..', never the writer's own journal or lock), and never one
+    name for two files (checked for every file id, not only the first)."""
+
+    def __init__(self, out: str, templates: dict[str, str], split: str) -> None:
+        self.out, self.templates, self.split = out, templates, split
+        self.seen: dict[str, tuple[str, int]] = {}
+
+    def rel(self, field: str, fid: int) -> str:
+        t = self.templates[field]
+        try:
+            r = t.format(field=field, split=self.split, id=fid)
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"write: layout {t!r} for {field!r}: {type(e).__name__}: {e} "
+                             "(it may use {field}, {split} and {id})") from None
+        n = _os.path.normpath(r) if r else ""
+        parts = n.split(_os.sep)
+        if (not n or n == "." or _os.path.isabs(r) or ".." in r.split("/") or
+                ".." in parts or parts[-1].startswith(".npyload-write") or
+                n.endswith(_manifest.SUFFIX)):
+            raise ValueError(f"write: layout {t!r} with field {field!r} and split "
+                             f"{self.split!r} gives {r!r}, which is not a file name inside "
+                             f"{self.out}")
+        return n
+
+    def claim(self, field: str, fid: int) -> str:
+        """rel(field, fid), refused when another (field, file) has that name."""
+        r = self.rel(field, fid)
+        other = self.seen.setdefault(r, (field, fid))
+        if other != (field, fid):
+            raise ValueError(f"write: the layout gives field {field!r} file {fid} and field "
+                             f"{other[0]!r} file {other[1]} the same name {r!r}")
+        return r
+
+
+def encode(arr: Any, dtype: Any) -> tuple[str, bytes]:
+    """(sha256, NPY bytes) of one file of one field: the rows of arr, in
+    the source's dtype (np.stack and Arrow may give the native byte
+    order), as np.save writes them. Every writer (threads, Ray tasks) goes
+    through here, so their files are byte for byte the same."""
+    data = _npy_bytes(_np().ascontiguousarray(arr.astype(dtype, copy=False)))
+    return _hashlib.sha256(data).hexdigest(), data
 
 
 def _npy_bytes(arr: Any) -> bytes:
@@ -129,52 +205,6 @@ def _npy_bytes(arr: Any) -> bytes:
     b = io.BytesIO()
     _np().save(b, arr, allow_pickle=False)
     return b.getvalue()
-
-
-def _fsync_dir(d: str) -> None:
-    fd = _os.open(d, _os.O_RDONLY | _os.O_DIRECTORY)
-    try:
-        _os.fsync(fd)
-    finally:
-        _os.close(fd)
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    """data to path through a temporary name in its directory: written,
-    fsynced, renamed, the directory fsynced (npyload-pack's rules): a killed
-    write never leaves a partial file under the final name."""
-    d = _os.path.dirname(path) or "."
-    _os.makedirs(d, exist_ok=True)
-    tmp = _os.path.join(d, f".{_os.path.basename(path)}.tmp-{_os.getpid()}-"
-                           f"{_threading.get_ident()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        _os.fsync(f.fileno())
-    _os.replace(tmp, path)
-    _fsync_dir(d)
-
-
-def _finished(path: str, packed: bool, dtype: Any, shape: tuple[int, ...],
-              rows: int) -> bool:
-    """Whether a finished file for these rows is already at path (or, packed,
-    at path + '.zst'): size and header agree (the resume check)."""
-    np = _np()
-    p = path + ".zst" if packed else path
-    if not _os.path.isfile(p):
-        return False
-    try:
-        h = _inspect(p)
-    except NpyloadError:
-        return False
-    want = (rows,) + tuple(shape)
-    descr = h.get("value_descr", h["descr"])
-    if tuple(h["shape"]) != want or np.dtype(descr) != dtype:
-        return False
-    if not packed:
-        return bool(_os.path.getsize(p) == h["data_offset"] + rows * dtype.itemsize *
-                    int(np.prod(shape, dtype=np.int64)))
-    return True
 
 
 class _Progress:
@@ -200,18 +230,27 @@ class _Progress:
 
 
 def _fingerprint(spec: _Spec, spf: int, templates: dict[str, str], split: str,
-                 n: int | None, pack: bool, narrow: bool) -> str:
+                 pack: bool, narrow: bool) -> str:
     d = {"fields": spec.fields, "dtype": {k: spec.dtype[k].str for k in spec.fields},
          "shape": {k: list(spec.shape[k]) for k in spec.fields}, "samples_per_file": spf,
-         "layout": templates, "split": split, "samples": n,
-         "pack": bool(pack), "narrow": bool(narrow)}
+         "layout": templates, "split": split, "pack": bool(pack), "narrow": bool(narrow)}
     return _json.dumps(d, sort_keys=True)
+
+
+def _differences(old: str, new: str) -> str:
+    try:
+        a, b = _json.loads(old), _json.loads(new)
+        keys = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        return ", ".join(f"{k}: {a.get(k)!r} there, {b.get(k)!r} now" for k in keys)
+    except (ValueError, AttributeError):
+        return "unreadable"
 
 
 def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_file: int = 64,
           layout: str | Mapping[str, str] | None = None, split: str = "train",
           num_workers: int | None = None, pack: bool = False, narrow: bool = False,
-          overwrite: bool = False, progress: bool = True) -> dict[str, list[str]]:
+          overwrite: bool = False, progress: bool = True,
+          remote: Mapping[str, Any] | None = None) -> dict[str, list[str]]:
     """Writes `source` as NPY shards under `out` and returns the ``fields``
     mapping ``npyload.Loader`` takes (field -> the list of its files, in
     order).
@@ -224,7 +263,24 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
         arrays or tensors), or an iterable of such dicts. Field names, dtypes
         and shapes come from sample 0; every sample is checked against them (a
         mismatch raises ValueError naming the sample index, the field and both
-        shapes).
+        shapes). A dtype ``Loader`` cannot read (strings, datetime64,
+        structured, object...) is refused at sample 0, by the library's own
+        header rules.
+
+        A ``ray.data.Dataset`` whose rows are such dicts is written by Ray
+        tasks on the cluster (``pip install 'npyload[ray]'``; npyload
+        installed on every node): the same files, byte for byte, as this
+        writer gives for the same rows, whatever the nodes, workers and
+        blocks. File k holds rows [k*S, (k+1)*S) of the dataset's order:
+        the dataset is run with Ray Data's ``preserve_order`` (on a copy:
+        the caller's dataset is not changed) and the row counts of its
+        blocks, in order, give each row's index. One task per file (1 CPU)
+        writes it atomically and returns its facts; only this process
+        keeps the journal and the manifest, so a task that Ray retries
+        after its worker died leaves the same files. A local ``out`` must be
+        a filesystem every node mounts at the same path; ``s3://`` needs
+        nothing shared. As for an iterable, the length is known only at the
+        end, so each file's name is checked when the file comes.
     samples_per_file
         Samples per file (the last file may be shorter).
     layout
@@ -233,6 +289,8 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
         number, e.g. ``{id:04d}``); default ``"{field}/{split}_{id:04d}.npy"``.
         The reference layout is ``{"images": "images/{split}/{split}_{id:04d}.npy",
         "heatmaps": "labels/{split}/{split}_{id:04d}_heatmaps.npy", ...}``.
+        Every name must stay inside ``out`` (no absolute path, no ``..``,
+        no symbolic link leading out) and name one file only (ValueError).
     split
         The ``{split}`` of the layout (default ``"train"``).
     num_workers
@@ -240,26 +298,56 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
         writing files; None: the cores. Files are written in sample order; at
         most ``num_workers`` + 1 files per field are in memory. An iterable is
         consumed by one thread (its order is its own), files are written by
-        the others.
+        the others. A Ray dataset: the Ray tasks in flight at once (None:
+        the cluster's CPUs).
     pack, narrow
         ``pack``: each finished file is packed (``npyload.pack``, the C packer
         of ``npyload-pack``) and the ``.npy`` removed; ``narrow``: packed with
         lossless narrowing where the data allow (at most 256 distinct values,
         see ``npyload.pack``), plainly where they do not (implies ``pack``).
     overwrite
-        False (default) keeps the files a previous run of the
-        same call finished (checked by size and header) and writes the rest:
-        an interrupted write (Ctrl-C, kill, crash) resumes with the same call
-        and gives the same bytes as an uninterrupted one. A different call
-        over the same ``out`` (other fields, shapes, layout...) raises
-        ValueError unless ``overwrite=True``, which rewrites every file.
+        False (default): resume. A file a previous run of the same call
+        finished is kept when the new data for it are the same (the sha256
+        of its NPY bytes, recorded when it was written, equals the new one's)
+        and the file is as written (size, inode, mtime); the rest is written.
+        An interrupted write (Ctrl-C, kill, crash) resumes with the same call
+        and gives the same bytes as an uninterrupted one. Data that differ,
+        another call over the same split (other fields, shapes, layout...),
+        another sample count than a completed write, or files of another
+        split's write at this write's names (a layout without ``{split}``)
+        raise ValueError and change nothing. True: the split's previous
+        write is removed first (every file the writer made for it, also those
+        a shorter rewrite would not replace), as is any other split's write
+        whose names this write takes; then every file is written.
+        Either way, a file the writer did not make (not in its journal,
+        ``out/.npyload-write.journal``) is never replaced, removed or adopted:
+        ValueError names it.
     progress
         A progress line on stderr when it is a terminal.
+    remote
+        For ``out="s3://bucket/prefix"``: ``Loader``'s ``remote=`` mapping
+        (endpoint, region, credentials...); without it the AWS environment
+        and ``~/.aws``, as for reading. Needs boto3
+        (``pip install npyload[s3]``); objects of 64 MiB and more go up in parts. Each
+        object carries the writer's facts in its metadata (who made it, the
+        sha256 of its data), which resume and the ownership rule read;
+        there is no lock on object storage (one writer per prefix).
+
+    Notes
+    -----
+    Last, the split's manifest is written beside the files
+    (``OUT/SPLIT.manifest.json``: fields, dtype, per-sample shape, the files
+    in order with their samples, sizes and sha256, the writer's version);
+    ``npyload.Loader("OUT/train.manifest.json", ...)`` opens it without
+    listing and checks every file's size at start. A write that changes
+    anything removes the split's manifest first.
 
     Every file goes through a temporary name that is fsynced and renamed
     (npyload-pack's durability rules), so a file under its final name is
-    always complete. Writing the same source twice gives identical bytes
-    (``np.save``'s, byte for byte).
+    always complete; a failed write (a full disk) leaves no temporary file.
+    Writing the same source twice gives identical bytes (``np.save``'s,
+    byte for byte). One writer at a time per ``out``: a second raises
+    BlockingIOError naming the one that holds ``out/.npyload-write.lock``.
 
     Examples
     --------
@@ -274,89 +362,332 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
     >>> len(npyload.Loader(fields, batch_size=10))
     10
     """
-    np = _np()
-    out = _os.fspath(out)
+    out_s: str = _os.fspath(out)
+    out = out_s
     spf = _int_arg("samples_per_file", samples_per_file, 1, maximum=2 ** 31,
                    what="samples per file")
     nw = _int_arg("num_workers", num_workers, 1, allow_none=True, maximum=256,
                   what="threads") or max(1, _os.cpu_count() or 1)
     pack = bool(pack) or bool(narrow)
+    if not isinstance(split, str) or not split or "\0" in split:
+        raise ValueError(f"write: split must be a non-empty str, got {split!r}")
     src = _Source(source)
     if src.n == 0:
         raise ValueError("write: the source has no samples")
 
     # Sample 0 fixes the fields; iterables are consumed from here on.
-    first = _sample_dict(src.get(0) if src.kind != "iterable" else next(src.it), 0)
+    if src.kind == "iterable":
+        try:
+            s0 = next(src.it)
+        except StopIteration:
+            raise ValueError("write: the source has no samples") from None
+    elif src.kind == "ray":
+        s0 = src.ray.first()
+    else:
+        s0 = src.get(0)
+    first = _sample_dict(s0, 0)
     spec = _Spec(first)
     templates = {k: _template(layout, k) for k in spec.fields}
-
-    def paths_of(field: str, fid: int) -> str:
-        return _os.path.join(out, templates[field].format(field=field, split=split, id=fid))
-
-    names = {paths_of(k, 0) for k in spec.fields}
-    if len(names) != len(spec.fields):
-        raise ValueError("write: the layout gives two fields the same file name")
-    _os.makedirs(out, exist_ok=True)
-    state = _os.path.join(out, _STATE.format(split=split))
-    fp = _fingerprint(spec, spf, templates, split, src.n, pack, narrow)
-    if _os.path.exists(state) and not overwrite:
-        with open(state) as f:
-            if f.read() != fp:
-                raise ValueError(f"write: {out} holds files of a different write (see "
-                                 f"{state}); overwrite=True replaces them")
-    _write_atomic(state, fp.encode())
-
-    bar = _Progress(src.n, progress)
-    files: dict[str, list[str]] = {k: [] for k in spec.fields}
-
-    def store(fid: int, rows: list[dict[str, Any]]) -> None:
-        """Writes file fid of every field from rows (a list of sample dicts)."""
+    names = _Names(out, templates, split)
+    if src.n is not None:   # every name, before anything is touched
+        for fid in range((src.n + spf - 1) // spf):
+            for k in spec.fields:
+                names.claim(k, fid)
+    else:
         for k in spec.fields:
-            p = paths_of(k, fid)
-            # np.stack may return the native byte order: keep the source's dtype
-            arr = np.stack([r[k] for r in rows]).astype(spec.dtype[k], copy=False) \
-                if rows else np.empty((0,) + spec.shape[k], spec.dtype[k])
-            _write_atomic(p, _npy_bytes(np.ascontiguousarray(arr)))
-            if pack:
-                _pack_one(p, narrow)
+            names.claim(k, 0)
+    store: Any
+    if out.lower().startswith("s3://"):
+        from ._write_s3 import S3Store
+        store = S3Store(out_s, remote)
+        names.out = store.out
+    elif remote is not None:
+        raise ValueError(f"write: remote= applies to out='s3://...', not {out!r}")
+    else:
+        store = _LocalStore(out)
+    store.open()
+    try:
+        plan = _Plan(store, spec, names, split, overwrite, pack, narrow,
+                     _fingerprint(spec, spf, templates, split, pack, narrow))
+        plan.start(src.n)
+        if src.n is not None:   # a user's file anywhere is refused before any write
+            for fid in range((src.n + spf - 1) // spf):
+                plan.claim(fid)
+        bar = _Progress(src.n, progress)
+        if src.kind == "ray":
+            nfiles, samples = src.ray.run(plan, spf, num_workers, bar)
+            bar.add(0, final=True)
+            return plan.finish(nfiles, samples)
+        with _Pool(max_workers=nw) as pool:
+            if src.kind == "iterable":
+                jobs = _stream_jobs(src, first, spec, spf, plan)
+            else:
+                jobs = _indexed_jobs(src, first, spec, spf)
+            nfiles, samples = plan.run(jobs, pool, nw, bar)
+        bar.add(0, final=True)
+        return plan.finish(nfiles, samples)
+    finally:
+        store.close()
 
-    def finished(fid: int, rows: int) -> bool:
-        return not overwrite and all(
-            _finished(paths_of(k, fid), pack, spec.dtype[k], spec.shape[k], rows)
-            for k in spec.fields)
 
-    def note(fid: int) -> None:
-        for k in spec.fields:
-            files[k].append(paths_of(k, fid) + (".zst" if pack else ""))
+def _indexed_jobs(src: _Source, first: dict[str, Any], spec: _Spec,
+                  spf: int) -> Iterator[tuple[int, Callable[[], list[dict[str, Any]]]]]:
+    """Map-style sources: file fid holds samples [fid*spf, ...), produced by
+    the pool's thread that writes the file."""
+    n = src.n
+    assert n is not None
 
-    with _Pool(max_workers=nw) as pool:
-        if src.kind == "iterable":
-            _write_stream(src, first, spec, spf, pool, nw, store, finished, note, bar)
-        else:
-            _write_indexed(src, first, spec, spf, pool, nw, store, finished, note, bar)
-    bar.add(0, final=True)
-    _tidy(files, pack, state)
-    return files
+    def produce(i: int) -> dict[str, Any]:
+        s = first if i == 0 else _sample_dict(src.get(i), i)
+        spec.check(s, i)
+        return s
+
+    for fid in range((n + spf - 1) // spf):
+        lo, hi = fid * spf, min(n, (fid + 1) * spf)
+        yield fid, _partial(lambda a, b: [produce(i) for i in range(a, b)], lo, hi)
 
 
-def _tidy(files: dict[str, list[str]], pack: bool, state: str) -> None:
-    """Leftovers of an interrupted run: temporary files of ours (of the data
-    files and of the call's fingerprint file `state`), and .npy files whose
-    packed twin is finished."""
-    import glob as _glob
+def _stream_jobs(src: _Source, first: dict[str, Any], spec: _Spec, spf: int,
+                 plan: _Plan) -> Iterator[tuple[int, Callable[[], list[dict[str, Any]]]]]:
+    """Iterables: this thread consumes the source in order; a full file's
+    rows are handed over as they are."""
+    rows: list[dict[str, Any]] = []
+    fid = 0
+    for i, s in enumerate(_chain([first], src.it)):
+        if i:
+            s = _sample_dict(s, i)
+            spec.check(s, i)
+        rows.append(s)
+        if len(rows) == spf:
+            yield fid, _partial(list, rows)
+            rows, fid = [], fid + 1
+    if rows:
+        yield fid, _partial(list, rows)
 
-    def remove_temps(final: str) -> None:
-        d, base = _os.path.split(final)
-        for t in _glob.glob(_os.path.join(_glob.escape(d or "."),
-                                          "." + _glob.escape(base) + ".tmp-*")):
-            _os.unlink(t)
-    remove_temps(state)
-    for paths in files.values():
-        for p in paths:
-            npy = p[:-4] if pack else p
-            remove_temps(npy)
-            if pack and _os.path.exists(npy) and _os.path.exists(p):
-                _os.unlink(npy)
+
+class _Plan:
+    """What this call does with each file, decided against the store: write
+    it, keep it (resume: the same data, intact), or refuse; and, at the end,
+    what of the split's previous write goes."""
+
+    def __init__(self, store: Any, spec: _Spec, names: _Names, split: str,
+                 overwrite: bool, pack: bool, narrow: bool, fp: str) -> None:
+        self.store, self.spec, self.names, self.split = store, spec, names, split
+        self.overwrite, self.pack, self.narrow, self.fp = overwrite, pack, narrow, fp
+        self.old_samples: int | None = None
+        self.old_nfiles = 0
+        self.last_checked = -1   # files up to this one are only checked until all are
+        self.claimed: dict[int, list[tuple[str, str]]] = {}
+        self.to_drop: set[str] = set()     # other splits' writes whose names we take
+        self._begun = False
+        self._mu = _threading.Lock()
+        self.manifest = _manifest.name(split)
+
+    def where(self, rel: str) -> str:
+        return _os.path.join(self.names.out, rel)
+
+    def _drop(self, split: str) -> None:
+        """Removes every file of split's write, then forgets it."""
+        rec = self.store.records.get(split)
+        if rec is not None:
+            for e in list(rec.files.values()):
+                self.store.remove(e)
+        self.store.drop(split)
+
+    def start(self, n: int | None) -> None:
+        """Checks this call against the split's previous write; changes
+        nothing (a refused call leaves out as it was)."""
+        rec = self.store.records.get(self.split)
+        out = self.names.out
+        if self.store.entry(self.manifest) == _FOREIGN:
+            raise ValueError(f"write: {self.where(self.manifest)} exists and was not made by "
+                             "npyload.write: the writer puts the split's manifest there; "
+                             "move it away")
+        if rec is not None and not self.overwrite:
+            if rec.spec and rec.spec != self.fp:
+                raise ValueError(f"write: {out} holds a different write of split "
+                                 f"{self.split!r} ({_differences(rec.spec, self.fp)}); "
+                                 "overwrite=True replaces it")
+            if rec.samples is not None and n is not None and n != rec.samples:
+                raise ValueError(f"write: {out} holds a completed write of split "
+                                 f"{self.split!r} of {rec.samples} samples; the source has "
+                                 f"{n}: overwrite=True replaces it")
+            self.old_samples = rec.samples
+            kept = [e.fid for e in rec.files.values() if not e.pending]
+            self.last_checked = max(kept, default=-1)
+            self.old_nfiles = max((e.fid + 1 for e in rec.files.values()), default=0)
+
+    def _begin(self) -> None:
+        """Before the first change this call makes: with overwrite=True the
+        split's previous write goes (and other splits' writes whose names it
+        takes), then the split's record is started."""
+        with self._mu:
+            if self._begun:
+                return
+            m = self.store.entry(self.manifest)
+            if isinstance(m, _Entry):   # written last, gone first: never a half-changed write
+                self.store.remove(m)
+            if self.overwrite and self.split in self.store.records:
+                self._drop(self.split)
+            for other in sorted(self.to_drop):
+                self._drop(other)
+            self.to_drop.clear()
+            rec = self.store.records.get(self.split)
+            if rec is None or rec.spec != self.fp or rec.samples is not None:
+                self.store.begin(self.split, self.fp)
+            self._begun = True
+
+    def claim(self, fid: int) -> list[tuple[str, str]]:
+        """(field, relative name) of file fid for every field, in the
+        consumer's thread before any of them is written: a name taken twice,
+        a file the writer did not make, or another split's file is refused
+        (another split's write is removed first with overwrite=True)."""
+        if fid in self.claimed:
+            return self.claimed[fid]
+        out = []
+        for k in self.spec.fields:
+            rel = self.names.claim(k, fid)
+            final = rel + ".zst" if self.pack else rel
+            e = self.store.entry(final)
+            twin = self.store.entry(rel) if self.pack and e is None else None
+            for p, x in ((final, e), (rel, twin)):
+                if x == _FOREIGN:
+                    raise ValueError(
+                        f"write: {self.where(p)} exists and was not made by npyload.write "
+                        f"(it is not in {self.where(_JOURNAL)}); the writer never replaces "
+                        "or adopts a file it did not make: move it away, or write to "
+                        "another out or layout")
+                if isinstance(x, _Entry) and x.split != self.split:
+                    if not self.overwrite:
+                        raise ValueError(
+                            f"write: {self.where(p)} belongs to the write of split "
+                            f"{x.split!r} in {self.names.out} (the layout "
+                            f"{self.names.templates[k]!r} gives both splits the same "
+                            "names); put {split} in the layout, or overwrite=True to "
+                            "replace that write")
+                    self.to_drop.add(x.split)
+                    if self._begun:
+                        self._drop(x.split)
+            out.append((k, rel))
+        self.claimed[fid] = out
+        if self.old_samples is not None and fid >= self.old_nfiles:
+            raise ValueError(f"write: {self.names.out} holds a completed write of split "
+                             f"{self.split!r} of {self.old_samples} samples; the source has "
+                             "more: overwrite=True replaces it")
+        return out
+
+    def _keep(self, fid: int, k: str, rel: str, content: str) -> bool:
+        """True to keep the file at rel as it is (resume), False to write it;
+        ValueError when it holds other data of this split's write."""
+        e = self.store.entry(rel + ".zst" if self.pack else rel)
+        if not isinstance(e, _Entry) or e.pending:
+            return False
+        if e.content != content or e.fid != fid or e.field != k:
+            raise ValueError(
+                f"write: {self.where(e.path)} holds other data than file {fid} of field "
+                f"{k!r} of this source (its recorded sha256 differs): {self.names.out} holds a "
+                f"different write of split {self.split!r}; overwrite=True replaces it")
+        return bool(self.store.intact(e))
+
+    def shard(self, fid: int, fields: list[tuple[str, str]],
+              make: Callable[[], list[dict[str, Any]]]) -> tuple[int, list[Any] | None]:
+        """Produces file fid's rows, serialises each field and writes what is
+        not kept. A file up to `last_checked` is only checked: what it needs
+        written is returned and written once every such file has been
+        checked, so that data that differ are refused before anything is
+        written."""
+        np = _np()
+        rows = make()
+        todo = []
+        for k, rel in fields:
+            content, data = encode(np.stack([r[k] for r in rows]), self.spec.dtype[k])
+            if not self.overwrite and self._keep(fid, k, rel, content):
+                continue
+            todo.append((k, rel, content, data))
+        if todo and fid <= self.last_checked:
+            return len(rows), [(fid, todo)]
+        if todo:
+            self.put(fid, todo)
+        return len(rows), None
+
+    def packer(self) -> Callable[[str], None] | None:
+        """What packs a written .npy (picklable: Ray tasks run it), or None."""
+        return _partial(_pack_one, narrow=self.narrow) if self.pack else None
+
+    def put(self, fid: int, todo: list[tuple[str, str, str, bytes]]) -> None:
+        self._begin()
+        packer = self.packer()
+        for k, rel, content, data in todo:
+            self.store.put(rel, self.split, fid, k, content, data, packer)
+
+    def run(self, jobs: Iterator[tuple[int, Callable[[], list[dict[str, Any]]]]],
+            pool: _Pool, nw: int, bar: _Progress) -> tuple[int, int]:
+        """Every file through the pool, in order, at most nw in flight.
+        Returns (files, samples)."""
+        inflight: deque[tuple[int, Future[tuple[int, list[Any] | None]]]] = deque()
+        held: list[Any] = []
+        nfiles = samples = 0
+
+        def done_one() -> None:
+            nonlocal samples
+            fid, fut = inflight.popleft()
+            count, later = fut.result()
+            samples += count
+            bar.add(count)
+            held.extend(later or [])
+            if fid >= self.last_checked and held:
+                for f in [pool.submit(self.put, h[0], h[1]) for h in held]:
+                    f.result()
+                held.clear()
+
+        try:
+            for fid, make in jobs:
+                fields = self.claim(fid)
+                inflight.append((fid, pool.submit(self.shard, fid, fields, make)))
+                nfiles = fid + 1
+                if len(inflight) >= nw:
+                    done_one()
+            while inflight:
+                done_one()
+        except BaseException:
+            for _, f in inflight:
+                f.cancel()
+            raise
+        if self.old_samples is not None and samples != self.old_samples:
+            raise ValueError(f"write: {self.names.out} holds a completed write of split "
+                             f"{self.split!r} of {self.old_samples} samples; the source has "
+                             f"{samples}: overwrite=True replaces it")
+        for h in held:
+            self.put(h[0], h[1])
+        return nfiles, samples
+
+    def finish(self, nfiles: int, samples: int) -> dict[str, list[str]]:
+        """The split's previous files beyond this write's go (the writer's
+        own only), leftovers are tidied, the write is recorded complete."""
+        self._begin()
+        rec = self.store.records[self.split]
+        for e in list(rec.files.values()):
+            if e.fid >= nfiles:
+                self.store.remove(e)
+        files: dict[str, list[str]] = {k: [] for k in self.spec.fields}
+        listed: dict[str, list[tuple[str, int, int, str]]] = {k: [] for k in self.spec.fields}
+        spf = _json.loads(self.fp)["samples_per_file"]
+        for fid in range(nfiles):
+            for k in self.spec.fields:
+                rel = self.names.rel(k, fid)
+                self.store.tidy(rel, self.pack)
+                final = rel + (".zst" if self.pack else "")
+                files[k].append(self.where(final))
+                e = rec.files[final]
+                listed[k].append((final.replace(_os.sep, "/"),
+                                  min(spf, samples - fid * spf), e.size, e.sha256))
+        fields = {k: {"dtype": self.spec.dtype[k].str, "shape": list(self.spec.shape[k]),
+                      "packed": self.pack} for k in self.spec.fields}
+        data = _manifest.build(self.split, samples, spf, fields, listed, _version)
+        self.store.put(self.manifest, self.split, -1, "", _hashlib.sha256(data).hexdigest(),
+                       data, None)
+        self.store.complete(self.split, samples)
+        return files
 
 
 def _pack_one(path: str, narrow: bool) -> None:
@@ -368,72 +699,3 @@ def _pack_one(path: str, narrow: bool) -> None:
             if "narrow" not in str(e):
                 raise
     _pack(path, force=True, remove=True)
-
-
-def _write_indexed(src: _Source, first: dict[str, Any], spec: _Spec, spf: int, pool: _Pool,
-                   nw: int, store: _Store, finished: _Finished, note: _Note,
-                   bar: _Progress) -> None:
-    """Map-style sources: file fid holds samples [fid*spf, ...); samples are
-    produced by the pool, files written in order, at most nw in flight."""
-    n = src.n
-    assert n is not None
-    nfiles = (n + spf - 1) // spf
-
-    def produce(i: int) -> dict[str, Any]:
-        s = first if i == 0 else _sample_dict(src.get(i), i)
-        spec.check(s, i)
-        return s
-
-    def one(fid: int) -> int:
-        lo, hi = fid * spf, min(n, (fid + 1) * spf)
-        if finished(fid, hi - lo):
-            return hi - lo
-        rows = [produce(i) for i in range(lo, hi)]
-        store(fid, rows)
-        return hi - lo
-
-    pending: list[Future[int]] = []
-    for fid in range(nfiles):
-        pending.append(pool.submit(one, fid))
-        note(fid)
-        if len(pending) >= nw:
-            bar.add(pending.pop(0).result())
-    for f in pending:
-        bar.add(f.result())
-
-
-def _write_stream(src: _Source, first: dict[str, Any], spec: _Spec, spf: int, pool: _Pool,
-                  nw: int, store: _Store, finished: _Finished, note: _Note,
-                  bar: _Progress) -> None:
-    """Iterables: one thread (this one) consumes the source in order; full
-    files are handed to the pool (at most nw in flight). A file finished by
-    an earlier run is skipped after its samples are consumed (the iterable
-    must give the same samples again: resume needs a deterministic source)."""
-    rows, fid, i = [first], 0, 1
-    pending: list[Future[int]] = []
-
-    def flush(rows: list[dict[str, Any]], fid: int) -> Future[int]:
-        note(fid)
-        k = len(rows)
-        if finished(fid, k):
-            return pool.submit(lambda: k)
-
-        def write_file() -> int:
-            store(fid, rows)
-            return k
-        return pool.submit(write_file)
-
-    for s in src.it:
-        s = _sample_dict(s, i)
-        spec.check(s, i)
-        rows.append(s)
-        i += 1
-        if len(rows) == spf:
-            pending.append(flush(rows, fid))
-            rows, fid = [], fid + 1
-            if len(pending) >= nw:
-                bar.add(pending.pop(0).result())
-    if rows:
-        pending.append(flush(rows, fid))
-    for f in pending:
-        bar.add(f.result())

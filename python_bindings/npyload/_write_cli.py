@@ -101,8 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--pack", action="store_true", help="pack each file (.npy.zst)")
     ap.add_argument("--narrow", action="store_true", help="pack with lossless narrowing "
                     "where the data allow (implies --pack)")
-    ap.add_argument("--overwrite", action="store_true", help="rewrite every file (default: "
-                    "keep what an interrupted run of the same command finished)")
+    ap.add_argument("--overwrite", action="store_true", help="replace the split's previous "
+                    "write (default: resume: keep the files an interrupted run of the same "
+                    "command finished when their recorded checksums equal the new data's; "
+                    "other data are refused)")
     ap.add_argument("--quiet", action="store_true", help="no progress, no summary")
     a = ap.parse_args(argv)
     if a.images:

@@ -6,11 +6,13 @@
  *   _npyload_batch.c   _npyload.Batch    (owns one npyload_batch)
  *   _npyload_view.c    _npyload.View     (one field of a batch: array
  *                                          interface and DLPack exporter)
+ *   _npyload_prefetch.c _npyload.Prefetch (owns an npyload_prefetch)
  *   _npyload_util.c    the helpers below them all (the exception, strings,
  *                      int64 arguments, a batch's stream list, the remote
  *                      configuration)
- * Calls go down: module -> loader -> batch -> view -> util (checked on the
- * object files by scripts/check_calls.py when the extension is built).
+ * Calls go down: module -> loader -> batch -> view -> util, module ->
+ * prefetch -> util (checked on the object files by scripts/check_calls.py
+ * when the extension is built).
  *
  * Lifetime rule (the one thing to keep in mind when reading these files):
  *   tensor/ndarray --> View --> Batch --(npyload_batch_release)--> slot
@@ -93,6 +95,7 @@ typedef struct NpyloadPy_View {
 extern PyTypeObject NpyloadPy_LoaderType;
 extern PyTypeObject NpyloadPy_BatchType;
 extern PyTypeObject NpyloadPy_ViewType;
+extern PyTypeObject NpyloadPy_PrefetchType; /* _npyload_prefetch.c */
 
 /* New Batch owning `b` (released by the Batch's dealloc). Steals `b` even on
  * failure (then releases it). `joiner` may be NULL. */

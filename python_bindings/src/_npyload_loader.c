@@ -30,9 +30,25 @@
 
 static PyObject *loader_error(NpyloadPy_Loader *self, int rc)
 {
+    if (PyErr_Occurred())
+        return NULL; /* a KeyboardInterrupt that interrupted the call wins */
     char msg[1024];
     npyload_loader_errmsg_copy(self->L, msg, sizeof msg);
     return npyloadpy_raise(rc, msg);
+}
+
+/* npyload_loader_set_interrupt's function: add_field and start call it
+ * on this thread, without the GIL, while they wait for remote storage (an
+ * s3:// listing, start's probe). It takes the GIL to run signal handlers;
+ * one that raised (Ctrl-C: KeyboardInterrupt) stops the call, and the
+ * exception stays set for the method to return. */
+static int loader_interrupt(void *arg)
+{
+    (void)arg;
+    PyGILState_STATE g = PyGILState_Ensure();
+    int stop = PyErr_Occurred() || PyErr_CheckSignals() < 0;
+    PyGILState_Release(g);
+    return stop;
 }
 
 static const char CALL_NEXT[] = "next()";
@@ -102,6 +118,7 @@ static PyObject *loader_new(PyTypeObject *type, PyObject *args, PyObject *kw)
             return PyErr_NoMemory();
         return npyloadpy_raise(rc, NULL);
     }
+    npyload_loader_set_interrupt(self->L, loader_interrupt, NULL);
     return (PyObject *)self;
 }
 
@@ -162,7 +179,7 @@ static PyObject *loader_add_field(NpyloadPy_Loader *self, PyObject *args)
         Py_BEGIN_ALLOW_THREADS /* globbing touches the file system */
         rc = npyload_loader_add_field(L, name, glob);
         Py_END_ALLOW_THREADS
-        res = rc < 0 ? loader_error(self, rc) : none_ref();
+        res = rc < 0 || PyErr_Occurred() ? loader_error(self, rc) : none_ref();
         loader_leave(self);
     }
     Py_DECREF(name_b);
@@ -274,7 +291,7 @@ static PyObject *loader_start(NpyloadPy_Loader *self, PyObject *unused)
     rc = npyload_loader_start(L);
     Py_END_ALLOW_THREADS
     PyObject *names = NULL;
-    if (rc < 0) {
+    if (rc < 0 || PyErr_Occurred()) {
         loader_error(self, rc);
     } else {
         self->started = 1;

@@ -55,6 +55,9 @@ PyDoc_STRVAR(inspect_doc,
 "A .npy.zst (told by its first bytes) gives the facts of the .npy it holds,\n"
 "the same keys and values, plus compressed_bytes, ratio, frames (frame 0,\n"
 "the header, in) and samples_per_frame, as npyload-inspect does.\n"
+"A narrowed file, packed or stored (npyload-pack --narrow [--store]), adds\n"
+"narrow_values (codes in its table) and value_descr (the dtype the loader\n"
+"delivers; descr is its codes', '|u1').\n"
 "With verify=True every frame of a .npy.zst is also read and decoded with\n"
 "the loader's checks (sizes, checksums, zstd windows; the whole file is\n"
 "read, without the GIL) and the dict gets verified=True and checksums\n"
@@ -69,6 +72,29 @@ PyDoc_STRVAR(inspect_doc,
 "names the file, the frame index, its byte offset and what is wrong.");
 
 static PyObject *header_dict(const npyload_header *h);
+
+/* A narrowed file's keys (its header is the codes'): narrow_values and
+ * value_descr, the dtype the loader delivers. d is consumed on failure. */
+static PyObject *with_narrow(PyObject *d, uint32_t values, const char *value_descr)
+{
+    PyObject *nv = d ? PyLong_FromUnsignedLong(values) : NULL;
+    PyObject *vd = nv ? npyloadpy_str(value_descr) : NULL;
+    if (!vd || PyDict_SetItemString(d, "narrow_values", nv) < 0 ||
+        PyDict_SetItemString(d, "value_descr", vd) < 0)
+        Py_CLEAR(d);
+    Py_XDECREF(nv);
+    Py_XDECREF(vd);
+    return d;
+}
+
+/* The dict of a .npy: its header, and for the stored narrowed form
+ * (narrowed: npyload_narrow_stored's 1) the table's facts. */
+static PyObject *npy_dict(const npyload_header *h, int narrowed, uint32_t values,
+                          const char *value_descr)
+{
+    PyObject *d = header_dict(h);
+    return narrowed == 1 ? with_narrow(d, values, value_descr) : d;
+}
 
 /* The dict of an open .npy.zst: the .npy's facts plus the compression's
  * (verified: verify ran and passed). */
@@ -85,15 +111,8 @@ static PyObject *zst_dict(const npyload_zst_file *z, int verify)
     static const char *keys[6] = {"compressed_bytes", "ratio", "frames", "samples_per_frame",
                                   "verified", "checksums"};
     int nkeys = verify ? 6 : 4;
-    if (d && f->narrow_values) { /* narrowed: hdr is the codes' */
-        PyObject *nv = PyLong_FromUnsignedLong(f->narrow_values);
-        PyObject *vd = npyloadpy_str(f->value_descr);
-        if (!nv || !vd || PyDict_SetItemString(d, "narrow_values", nv) < 0 ||
-            PyDict_SetItemString(d, "value_descr", vd) < 0)
-            Py_CLEAR(d);
-        Py_XDECREF(nv);
-        Py_XDECREF(vd);
-    }
+    if (d && f->narrow_values) /* narrowed: hdr is the codes' */
+        d = with_narrow(d, f->narrow_values, f->value_descr);
     for (int i = 0; i < 6; i++) {
         if (i < nkeys && d && (!v[i] || PyDict_SetItemString(d, keys[i], v[i]) < 0))
             Py_CLEAR(d);
@@ -140,8 +159,9 @@ static PyObject *inspect_remote(const char *path, PyObject *remote, int verify)
     npyload_remote_client *c = NULL;
     npyload_zst_file *z = NULL;
     npyload_header h;
-    char err[1024];
-    int rc;
+    char err[1024], vdescr[NPYLOAD_DESCR_LEN] = "";
+    uint32_t nvalues = 0;
+    int rc, narrowed = 0;
     err[0] = 0;
     Py_BEGIN_ALLOW_THREADS
     rc = npyload_remote_client_create(&c, have ? &r : NULL, sizeof r, err, sizeof err);
@@ -149,6 +169,9 @@ static PyObject *inspect_remote(const char *path, PyObject *remote, int verify)
         rc = npyload_remote_inspect(c, path, &h, &z, err, sizeof err);
     if (rc == 0 && z && verify)
         rc = npyload_zst_file_verify(z, NULL, err, sizeof err);
+    if (rc == 0 && !z && (narrowed = npyload_remote_narrow_stored(c, path, &h, &nvalues, NULL,
+                                                                  vdescr, err, sizeof err)) < 0)
+        rc = narrowed;
     Py_END_ALLOW_THREADS
     if (have)
         npyloadpy_remote_release(keep);
@@ -158,7 +181,7 @@ static PyObject *inspect_remote(const char *path, PyObject *remote, int verify)
             snprintf(err, sizeof err, "%s: %s", path, npyload_strerror(rc));
         npyloadpy_raise(rc, err);
     } else {
-        d = z ? zst_dict(z, verify) : header_dict(&h);
+        d = z ? zst_dict(z, verify) : npy_dict(&h, narrowed, nvalues, vdescr);
     }
     npyload_zst_file_close(z);
     npyload_remote_client_destroy(c);
@@ -193,8 +216,17 @@ static PyObject *mod_inspect(PyObject *self, PyObject *args, PyObject *kw)
     Py_CLEAR(bytes);
     if (read_header(path_obj, &h, &bytes) < 0)
         return NULL;
+    char err[1024] = "", vdescr[NPYLOAD_DESCR_LEN] = "";
+    uint32_t nvalues = 0;
+    int narrowed;
+    Py_BEGIN_ALLOW_THREADS
+    narrowed = npyload_narrow_stored(PyBytes_AS_STRING(bytes), &h, &nvalues, NULL, vdescr, err,
+                                     sizeof err);
+    Py_END_ALLOW_THREADS
     Py_DECREF(bytes);
-    return header_dict(&h);
+    if (narrowed < 0)
+        return npyloadpy_raise(narrowed, err);
+    return npy_dict(&h, narrowed, nvalues, vdescr);
 }
 
 static PyObject *header_dict(const npyload_header *hp)
@@ -635,6 +667,27 @@ static PyObject *mod_pack_file(PyObject *self, PyObject *args, PyObject *kw)
     return res;
 }
 
+static PyObject *mod_mask_urls(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    PyObject *b = NULL;
+    if (!PyUnicode_FSConverter(arg, &b))
+        return NULL;
+    const char *s = PyBytes_AS_STRING(b);
+    size_t need = npyload_mask_urls(s, NULL, 0) + 1;
+    char *buf = PyMem_Malloc(need);
+    PyObject *res = NULL;
+    if (!buf) {
+        PyErr_NoMemory();
+    } else {
+        npyload_mask_urls(s, buf, need);
+        res = npyloadpy_str(buf);
+        PyMem_Free(buf);
+    }
+    Py_DECREF(b);
+    return res;
+}
+
 static PyMethodDef module_methods[] = {
     {"inspect", (PyCFunction)(void (*)(void))mod_inspect,
      METH_VARARGS | METH_KEYWORDS, inspect_doc},
@@ -644,6 +697,10 @@ static PyMethodDef module_methods[] = {
      METH_VARARGS | METH_KEYWORDS, order_doc},
     {"pack_file", (PyCFunction)(void (*)(void))mod_pack_file,
      METH_VARARGS | METH_KEYWORDS, pack_file_doc},
+    {"mask_urls", mod_mask_urls, METH_O,
+     "mask_urls(text) -> str: npyload_mask_urls(): text with every URL's "
+     "userinfo password shown as *** and its query string cut (?...), as "
+     "every message of the library is."},
     {"strerror", mod_strerror, METH_O,
      "strerror(code) -> str: npyload_strerror() of an error code."},
     {"default_prefetch", mod_default_prefetch, METH_O,
@@ -707,9 +764,9 @@ PyMODINIT_FUNC PyInit__npyload(void)
         goto fail;
     }
     PyTypeObject *types[] = {&NpyloadPy_LoaderType, &NpyloadPy_BatchType,
-                             &NpyloadPy_ViewType};
-    const char *names[] = {"Loader", "Batch", "View"};
-    for (int i = 0; i < 3; i++) {
+                             &NpyloadPy_ViewType, &NpyloadPy_PrefetchType};
+    const char *names[] = {"Loader", "Batch", "View", "Prefetch"};
+    for (int i = 0; i < 4; i++) {
         if (PyType_Ready(types[i]) < 0)
             goto fail;
         Py_INCREF(types[i]);
@@ -727,6 +784,9 @@ PyMODINIT_FUNC PyInit__npyload(void)
 #undef NPYLOAD_XX_OPT
     ADD("PATH_NVRTC", NPYLOAD_PATH_NVRTC);
     ADD("PATH_KERNEL_CACHE", NPYLOAD_PATH_KERNEL_CACHE);
+    ADD("PREFETCH_MAX_BYTES", NPYLOAD_PREFETCH_MAX_BYTES);
+    ADD("PREFETCH_INFLIGHT", NPYLOAD_PREFETCH_INFLIGHT);
+    ADD("PREFETCH_REQUEST_BYTES", NPYLOAD_PREFETCH_REQUEST_BYTES);
     ADD("IO_AUTO", NPYLOAD_IO_AUTO);
     ADD("IO_URING", NPYLOAD_IO_URING);
     ADD("IO_PREAD", NPYLOAD_IO_PREAD);

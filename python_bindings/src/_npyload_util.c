@@ -30,7 +30,11 @@ PyObject *npyloadpy_str(const char *s)
 PyObject *npyloadpy_raise(int rc, const char *detail)
 {
     const char *msg = (detail && detail[0]) ? detail : npyload_strerror(rc);
-    PyObject *text = npyloadpy_str(msg);
+    /* The library's messages are masked; this also covers what the
+     * extension formats itself with a path. */
+    char shown[2048];
+    npyload_mask_urls(msg, shown, sizeof shown);
+    PyObject *text = npyloadpy_str(shown);
     if (!text)
         return NULL;
     PyObject *exc = PyObject_CallOneArg(NpyloadPy_Error, text);

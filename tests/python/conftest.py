@@ -13,13 +13,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def built_tool(name):
-    """Path of a tool in $NPYLOAD_BUILD_DIR/tools (default <repo>/build). A
-    missing binary fails the test: it is never a reason to skip."""
+def built_tool(name, subdir="tools"):
+    """Path of a tool in $NPYLOAD_BUILD_DIR/tools (default <repo>/build), or
+    of a test driver with subdir="tests". A missing binary fails the test:
+    it is never a reason to skip."""
     build = Path(os.environ.get("NPYLOAD_BUILD_DIR", REPO / "build"))
     if not build.is_absolute() and not build.exists():
         build = REPO / build
-    exe = build / "tools" / name
+    exe = build / subdir / name
     if not exe.is_file() or not os.access(exe, os.X_OK):
         pytest.fail(
             f"{exe} not found: build it first (ninja -C {build} {name}) or "
@@ -106,6 +107,33 @@ def check_values(batches, ref):
             assert arr.dtype == ref[name].dtype, name
             assert arr.shape == (len(idx),) + ref[name].shape[1:], name
             np.testing.assert_array_equal(arr, ref[name][idx], err_msg=name)
+
+
+def file_digests(root):
+    """sha256 of every file under root but the writer's journal and lock
+    (they hold inodes and pids), by relative path."""
+    import hashlib
+    out = {}
+    for d, _, fs in os.walk(root):
+        for f in fs:
+            if f.startswith(".npyload-write."):
+                continue
+            p = os.path.join(d, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, root)] = hashlib.sha256(fh.read()).hexdigest()
+    return out
+
+
+def by_index(loader, like):
+    """One pass over the loader, each row put back at its global index:
+    {field: array shaped like like[field]} (then compare with the source)."""
+    got = {k: np.zeros_like(v) for k, v in like.items()}
+    for b in loader:
+        for r, i in enumerate(b.indices):
+            for k in like:
+                got[k][int(i)] = to_numpy(b[k][r])
+    loader.close()
+    return got
 
 
 def concat_indices(batches):

@@ -260,14 +260,54 @@ def test_torch_output_and_augment(data):
 
 
 @pytest.mark.parametrize("kw, msg", [
-    ({"hflip": 1.5}, "hflip is a probability"),
-    ({"crop": (0, 3)}, "crop must be"),
-    ({"pad": -1}, "pad must be"),
+    ({"hflip": 1.5}, r"hflip = 1.5 out of range: a probability in \[0, 1\]"),
+    ({"crop": (0, 3)}, r"crop = \(0, 3\) out of range: ints > 0"),
+    ({"pad": -1}, "pad = -1 out of range: an int >= 0"),
     ({"hflip_sign": (2,)}, r"\+1 or -1"),
 ])
 def test_bad_arguments_are_refused(kw, msg):
     with pytest.raises(ValueError, match=msg):
         npyload.Transform(**kw)
+
+
+def test_numpy_scalars_are_numbers(data):
+    """Issue 35, item 20: numpy scalars wherever Transform takes a number
+    (np.float32(0.5) was refused with "hflip is a probability in [0, 1],
+    got np.float32(0.5)"). The same Transform as with Python numbers, and
+    the same batches; wrong types and values out of range are told apart,
+    naming the value and the range it is outside of."""
+    globs, _ = data
+    py = npyload.Transform("float32", scale=1 / 255, mean=0.5, std=0.25, channels_last=True,
+                           hflip=0.5, vflip=0.25, crop=(4, 6), pad=1)
+    f32, i64 = np.float32, np.int64
+    nps = npyload.Transform("float32", scale=np.float64(1 / 255), mean=f32(0.5),
+                            std=np.float16(0.25), channels_last=np.bool_(True),
+                            hflip=f32(0.5), vflip=np.float64(0.25), crop=(i64(4), np.int32(6)),
+                            pad=np.uint8(1))
+    assert repr(nps) == repr(py)
+    assert npyload.Transform(crop=i64(5)).crop == (5, 5)
+    assert npyload.Transform("float32", mean=np.array([0.5, 0.25], np.float32)).mean == \
+        (0.5, 0.25)
+    assert npyload.Transform(hflip=0.5, hflip_sign=np.array([1, -1])).hflip_sign == (1.0, -1.0)
+    got = []
+    for t in (py, nps):
+        with make({"img": globs["img"]}, transforms={"img": t}, output="numpy") as L:
+            got.append([np.array(b["img"]) for b in L])
+    assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(*got))
+    for kw, exc, msg in [
+            ({"hflip": f32(1.5)}, ValueError, "hflip = 1.5 out of range"),
+            ({"hflip": f32("nan")}, ValueError, "hflip = nan out of range"),
+            ({"hflip": "0.5"}, TypeError, "hflip must be a probability, a number in"),
+            ({"hflip": np.bool_(True)}, TypeError, "hflip must be"),
+            ({"scale": np.float64(0)}, ValueError, r"scale = (np\.float64\()?0\.0\)? out of"),
+            ({"scale": "2"}, TypeError, "scale must be a number"),
+            ({"pad": i64(-2)}, ValueError, "pad = -2 out of range"),
+            ({"pad": f32(2)}, TypeError, "pad must be an int >= 0"),
+            ({"crop": (i64(0), 3)}, ValueError, r"crop = \(0, 3\) out of range"),
+            ({"crop": 2.5}, TypeError, "crop must be None, an int or"),
+            ({"mean": ["a"]}, TypeError, "mean must be None, a number or a sequence")]:
+        with pytest.raises(exc, match=msg):
+            npyload.Transform("float32", **kw)
 
 
 @pytest.mark.parametrize("field, t, msg", [

@@ -276,6 +276,30 @@ def test_other_plot_names_refused_before_measuring(bench, dataset, tmp_path):
     assert "ceilings" not in p.stdout  # refused before any measurement
 
 
+def test_outputs_that_cannot_be_written_are_refused_before_measuring(bench, dataset,
+                                                                   tmp_path):
+    """Issue 35, item 19: --json (or --plot) into a missing directory used to
+    measure for minutes, then fail and lose the JSON. Every output path is
+    checked first: exit 2 naming the option, the path and why, nothing
+    measured (no ceilings printed), well within a second run's time."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    cases = [("--json", tmp_path / "no" / "such" / "b.json", "does not exist"),
+             ("--plot", tmp_path / "missing" / "h.svg", "does not exist"),
+             ("--json", tmp_path, "is a directory")]
+    if os.geteuid() != 0:  # root writes anywhere
+        cases.append(("--json", ro / "b.json", "cannot write in"))
+    for opt, path, why in cases:
+        p = run(bench, *fields(dataset), "--json", tmp_path / "ok.json", opt, path,
+                "--workers", "1", "--prefetch", "1", "--seconds", "0.5")
+        assert p.returncode == 2, (opt, path, p.stdout[-500:], p.stderr)
+        assert opt in p.stderr and str(path) in p.stderr and why in p.stderr, p.stderr
+        assert "ceilings" not in p.stdout, "measured before refusing"
+        assert not (tmp_path / "ok.json").exists()
+    ro.chmod(0o755)
+
+
 def test_options_getopt_forms(bench, dataset, tmp_path):
     """--opt=value and --opt value both work; fields may follow options;
     --shuffle=local; a missing value is a usage error."""

@@ -23,9 +23,10 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed: the torchrun tests need it")
 if not torch.distributed.is_available():
     pytest.skip("torch.distributed is not available in this torch build", allow_module_level=True)
-from torch.utils.data import DistributedSampler  # noqa: E402
-
 import npyload  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from ddp_checks import check_resume, sampler_split  # noqa: E402
 
 N = 103          # samples: not a multiple of any world size or batch size used
 BS = 4
@@ -111,13 +112,6 @@ def global_sequence(epoch):
     return [int(i) for i in npyload.order_indices(N, 1, SEED, epoch, 0, 1, False, 1)]
 
 
-def sampler_split(seq, world, rank, drop_last):
-    """torch's DistributedSampler over a dataset that lists `seq` in order."""
-    s = DistributedSampler(seq, num_replicas=world, rank=rank, shuffle=False,
-                           drop_last=drop_last)
-    return [seq[i] for i in s]
-
-
 def check_epoch_against_sampler(ep, world, drop_last, seq):
     ranks = sorted(ep["ranks"], key=lambda r: r["rank"])
     assert len(ranks) == world
@@ -157,18 +151,9 @@ def test_state_saved_at_two_ranks_resumes_elsewhere(data, resume_world):
                                 "save": save}, f"save_{resume_world}")
     after = torchrun(data, resume_world, {"epochs": [0, 1], "drop_last": False,
                                           "resume": save}, f"resume_{resume_world}")
-    seq = global_sequence(0)
     consumed = [i for r in before["epochs"][0]["ranks"] for i in r["indices"]]
-    assert len(consumed) == 2 * stop * BS
     # the saved global position: the first stop*BS*2 positions of the sequence
-    assert sorted(consumed) == sorted(seq[:2 * stop * BS])
-    rest = seq[2 * stop * BS:]
-    ranks = sorted(after["epochs"][0]["ranks"], key=lambda r: r["rank"])
-    assert len({r["batches"] for r in ranks}) == 1, "unequal batch counts after resume"
-    for r in ranks:
-        assert r["indices"] == sampler_split(rest, resume_world, r["rank"], False)
-    delivered = consumed + [i for r in ranks for i in r["indices"]]
-    assert set(delivered) == set(range(N)), "samples lost across the resume"
-    assert len(delivered) - N <= resume_world - 1, "repeats beyond the new split's padding"
+    check_resume(global_sequence(0), consumed, after["epochs"][0]["ranks"], resume_world, N,
+                 2 * stop * BS)
     # the next epoch is the normal split at the new world size
     check_epoch_against_sampler(after["epochs"][1], resume_world, False, global_sequence(1))

@@ -1,15 +1,12 @@
 """PyTorch ergonomics of npyload.Loader (issue 15, item 4): as_tuple, a Batch
 iterated like a tuple, pin_memory=True without CUDA, len() after
-load_state_dict (same and other world size), batch tensors edited in place,
-the README's migration example run as written, and every other python block
-of the README run (or skipped with the reason the README gives). Independent truth:
+load_state_dict (same and other world size), batch tensors edited in place
+(the README's and the docs' examples: test_doc_examples.py). Independent truth:
 numpy's reading of the files (conftest), DistributedSampler's split written
 out (conftest.sampler_indices), and counting the batches a loop yields."""
 import glob
-import re
 import warnings
 from collections.abc import Mapping
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +14,6 @@ import pytest
 import npyload
 from conftest import N, collect, sampler_indices, to_numpy, write_dataset
 
-REPO = Path(__file__).resolve().parents[2]
 BACKENDS = ["pread", "mmap", "io_uring"]
 
 
@@ -244,115 +240,3 @@ def test_in_place_edits_are_allowed_and_do_not_leak_into_later_batches(dataset, 
     for name, g in globs.items():
         got = np.concatenate([np.load(p) for p in sorted(glob.glob(g))])
         np.testing.assert_array_equal(got, ref[name])
-
-
-# ---- the README's migration example ----
-
-def _readme_block(marker):
-    text = (REPO / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    hits = [b for b in blocks if b.startswith(marker)]
-    assert len(hits) == 1, f"README.md: one python block starting with {marker!r} expected"
-    return hits[0]
-
-
-def test_readme_migration_example_runs_as_written(tmp_path, monkeypatch):
-    torch = pytest.importorskip("torch")
-    code = _readme_block("# After: npyload")
-    assert 'torch.cuda.is_available()' in code, "the device= line works with and without a GPU"
-    # The captcha layout of the example, tiny: 3 files of 64 samples per field.
-    _readme_fixture(tmp_path)
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.chdir(tmp_path)
-    calls = []
-
-    def step(images, heatmaps, offsets):        # the trainer's, as in "Before"
-        assert images.shape == (128, 2, 8, 16) and heatmaps.shape == (128, 2, 4, 8)
-        assert offsets.shape == (128, 4, 4, 8)
-        assert images.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
-        calls.append(1)
-
-    env = {"epochs": 2, "step": step}
-    exec(compile(code, "README.md (After: npyload)", "exec"), env)
-    assert len(calls) == 2, "one batch of 128 per epoch (192 samples, drop_last)"
-
-
-# ---- every python block of the README runs ----
-#
-# Each ```python block of README.md runs in a fresh directory holding a small
-# dataset in the README's layout (data/images/train/train_NNNN.npy, the
-# labels beside it, data/x_NNNN.npy with 3 uint8 channels for the transform
-# example, a.npy and b.npy for pack), with the names the prose around the
-# blocks assumes (epochs, step, dataset, device, the torch imports). A block
-# that cannot run here says why on the line before it, which the test shows
-# as its skip reason:
-#   <!-- readme-test: skip: REASON -->   never run here
-#   <!-- readme-test: cuda -->           runs where torch sees a CUDA device
-
-_MARK = re.compile(r"<!-- readme-test: (skip: (?P<why>.+?)|(?P<cuda>cuda)) -->")
-
-
-def _readme_python_blocks():
-    lines = (REPO / "README.md").read_text().splitlines()
-    blocks, i = [], 0
-    while i < len(lines):
-        if lines[i].strip() == "```python":
-            j = i + 1
-            while lines[j].strip() != "```":
-                j += 1
-            mark = _MARK.fullmatch(lines[i - 1].strip()) if i else None
-            blocks.append(pytest.param("\n".join(lines[i + 1:j]) + "\n", mark,
-                                       id=f"README.md:{i + 1}"))
-            i = j
-        i += 1
-    return blocks
-
-
-def _readme_fixture(root):
-    rng = np.random.default_rng(0)
-    shapes = {"images": (2, 8, 16), "heatmaps": (2, 4, 8), "offsets": (4, 4, 8)}
-    for name, shape in shapes.items():
-        d = root / "data" / ("images" if name == "images" else "labels") / "train"
-        d.mkdir(parents=True, exist_ok=True)
-        for i in range(3):
-            suffix = "" if name == "images" else f"_{name}"
-            np.save(d / f"train_{i:04d}{suffix}.npy",
-                    rng.standard_normal((64,) + shape).astype(np.float32))
-    for i in range(2):
-        np.save(root / "data" / f"x_{i:04d}.npy",
-                rng.integers(0, 256, (128, 3, 8, 8), dtype=np.uint8))
-    for name in ("a", "b"):
-        np.save(root / f"{name}.npy", rng.standard_normal((10, 4)).astype(np.float32))
-    return {"images": rng.standard_normal((128, 2, 8, 16)).astype(np.float32),
-            "heatmaps": rng.standard_normal((128, 2, 4, 8)).astype(np.float32)}
-
-
-def test_readme_has_python_blocks():
-    assert len(_readme_python_blocks()) >= 5, "README.md: the python blocks were not found"
-
-
-@pytest.mark.parametrize("code,mark", _readme_python_blocks())
-def test_readme_python_block_runs(code, mark, tmp_path, monkeypatch):
-    if mark is not None and mark["why"]:
-        pytest.skip(f"README marks it: {mark['why']}")
-    torch = pytest.importorskip("torch")
-    if mark is not None and mark["cuda"] and not torch.cuda.is_available():
-        pytest.skip("README marks it: needs a CUDA device (device=\"cuda\"); torch sees none")
-    dataset = _readme_fixture(tmp_path)
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.chdir(tmp_path)
-    steps = []
-    env = {"npyload": npyload, "np": np, "torch": torch, "epochs": 2, "dataset": dataset,
-           "device": "cuda" if torch.cuda.is_available() else "cpu",
-           "step": lambda *a, **k: steps.append(1)}
-    try:
-        exec(compile(code, "README.md block", "exec"), env)
-    except Exception as e:
-        raise AssertionError(
-            f"this README block fails ({type(e).__name__}: {e}); fix the block, or mark "
-            f"why it cannot run here on the line before it: "
-            f"<!-- readme-test: skip: REASON --> (or <!-- readme-test: cuda -->)\n{code}") from e
-    if "step(" in code:
-        assert steps, "the block's loop ran no step"

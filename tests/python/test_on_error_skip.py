@@ -101,3 +101,125 @@ def test_an_epoch_of_failures_still_ends(tmp_path):
     assert sum(sizes) + L.stats()["samples_skipped"] == N
     L.set_epoch(1)                            # the next epoch ends too
     assert sum(len(b.indices) for b in L) == 0
+
+
+# ---- a file already short when the loader is built (issue 35, item 16) ----
+
+def _epoch(L):
+    """(delivered indices, rows checked against the values)."""
+    delivered = []
+    for b in L:
+        idx = np.asarray(b.indices)
+        np.testing.assert_array_equal(b["x"][:, 0], idx.astype(np.float32))
+        np.testing.assert_array_equal(b["x"][:, 63], idx.astype(np.float32))
+        np.testing.assert_array_equal(b["y"][:, 0], idx)
+        delivered.extend(idx.tolist())
+    return delivered
+
+
+@pytest.mark.parametrize("io", BACKENDS + ["direct"])
+def test_file_short_at_start_is_skipped_counted_and_named_once(tmp_path, io):
+    """A failed copy among the files: x_0001.npy holds 5 whole rows and half
+    of the 6th of its 20. With on_error='skip' the loader is built (the
+    other fields' counts still agree), warns once naming the file, and
+    every epoch delivers all other samples (numpy's values) while the 15
+    missing ones are skipped and counted, as a truncation after start is;
+    the default policy refuses it at construction, naming it."""
+    fields, d = write(tmp_path)
+    truncate(d / "x_0001.npy", 5, 64 * 4)
+    with open(d / "x_0001.npy", "ab") as f:
+        f.write(b"\0" * (64 * 2))          # half of row 6
+    with pytest.raises(npyload.NpyloadError, match="x_0001.npy"):
+        make(fields, "pread")
+    kw = {"on_error": "skip"}
+    if io == "direct":
+        io, kw["direct_io"] = "pread", True
+    with pytest.warns(RuntimeWarning) as w:
+        L = make(fields, io, **kw)
+    msgs = [str(x.message) for x in w if "x_0001.npy" in str(x.message)]
+    assert len(msgs) == 1 and "5 of the 20" in msgs[0], [str(x.message) for x in w]
+    lost = set(range(PER + 5, 2 * PER))
+    assert len(L) == -(-N // BS)
+    for epoch in range(2):
+        L.set_epoch(epoch)
+        got = _epoch(L)
+        assert sorted(got) == sorted(set(range(N)) - lost), epoch
+        assert L.stats()["samples_skipped"] == len(lost) * (epoch + 1)
+    assert "x_0001.npy" in L.stats()["last_error"]
+    L.close()
+
+
+def test_file_short_at_start_over_http(tmp_path):
+    """The same over http:// (the tests' own file server): the missing rows
+    are skipped and counted; the rest equals numpy's reading."""
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    from weed_server import FileServer
+    fields, d = write(tmp_path)
+    truncate(d / "y_0002.npy", 3, 8)
+    with FileServer(d) as fs:
+        urls = {k: [fs.url(f"{k}_{i:04d}.npy") for i in range(N // PER)] for k in ("x", "y")}
+        with pytest.warns(RuntimeWarning, match="y_0002.npy"):
+            L = npyload.Loader(urls, batch_size=BS, shuffle=True, seed=3, num_workers=2,
+                               output="numpy", on_error="skip")
+        got = _epoch(L)
+        lost = set(range(2 * PER + 3, 3 * PER))
+        assert sorted(got) == sorted(set(range(N)) - lost)
+        assert L.stats()["samples_skipped"] == len(lost)
+        L.close()
+
+
+def _inotify_opens(directory):
+    """A counter of IN_OPEN events per file name in `directory` (the
+    kernel's own count, through inotify); None where inotify is refused."""
+    import ctypes
+    import struct
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    if fd < 0:
+        return None
+    if libc.inotify_add_watch(fd, os.fsencode(str(directory)), 0x20) < 0:  # IN_OPEN
+        os.close(fd)
+        return None
+    counts = {}
+
+    def drain():
+        while True:
+            try:
+                buf = os.read(fd, 65536)
+            except BlockingIOError:
+                return dict(counts)
+            i = 0
+            while i < len(buf):
+                _, mask, _, n = struct.unpack_from("iIII", buf, i)
+                name = buf[i + 16:i + 16 + n].rstrip(b"\0").decode()
+                if name:  # (not the directory itself: a glob lists it)
+                    counts[name] = counts.get(name, 0) + 1
+                i += 16 + n
+
+    return drain, lambda: os.close(fd)
+
+
+def test_lazy_start_reads_each_header_once(tmp_path):
+    """Loader() checks the fields with a scratch start; the first iter()
+    then starts without reading any header again (the kernel's count of
+    opens, by inotify: during the first epoch of a loader with no worker
+    thread each file is opened once, for its data, where it was opened
+    three times when the headers were read again)."""
+    fields, d = write(tmp_path)
+    watch = _inotify_opens(d)
+    if watch is None:
+        pytest.skip("inotify is not available here: cannot count the opens")
+    drain, close = watch
+    try:
+        L = npyload.Loader(fields, batch_size=BS, num_workers=0, read_ahead=False,
+                           io="pread", output="numpy")
+        built = drain()
+        assert all(built.get(f"{k}_{i:04d}.npy", 0) >= 1 for k in "xy" for i in range(3)), built
+        got = _epoch(L)
+        first = {k: v - built.get(k, 0) for k, v in drain().items()}
+        assert sorted(got) == list(range(N))
+        assert first == {f"{k}_{i:04d}.npy": 1 for k in "xy" for i in range(3)}, first
+        L.close()
+    finally:
+        close()

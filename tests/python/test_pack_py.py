@@ -486,6 +486,100 @@ def test_narrow_store_damage_is_named(tmp_path):
     assert "not in the file's table" in load_err(bytes(code))
 
 
+def _file_server(root):
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    from weed_server import FileServer
+    return FileServer(root)
+
+
+def test_narrow_store_twin_is_refused(tmp_path):
+    """Issue 35, item 8: '*.npy' matches FILE.npy and FILE.narrow.npy (packed
+    with --narrow --store, no --rm), which would deliver every sample
+    twice. Refused at start naming both files, as the FILE.npy.zst twin
+    is, for a glob, a list and http:// URLs; '*.narrow.npy' alone loads the
+    values (numpy's reading of the sources)."""
+    arrs = [((np.arange(24) + 7 * i) % 5 / 4).astype(np.float32).reshape(6, 4)
+            for i in range(2)]
+    for i, a in enumerate(arrs):
+        np.save(tmp_path / f"x_{i}.npy", a)
+        npyload.pack(tmp_path / f"x_{i}.npy", narrow=True, store=True)
+
+    def refused(spec):
+        with pytest.raises(npyload.NpyloadError) as e:
+            npyload.Loader({"x": spec}, batch_size=4, output="numpy")
+        msg = str(e.value)
+        assert "twice" in msg and "narrow" in msg, msg
+        return msg
+
+    msg = refused(str(tmp_path / "x_*.npy"))
+    assert str(tmp_path / "x_0.npy") in msg and str(tmp_path / "x_0.narrow.npy") in msg, msg
+    refused([str(tmp_path / "x_1.narrow.npy"), str(tmp_path / "x_1.npy")])
+    with _file_server(tmp_path) as fs:
+        urls = [fs.url("x_0.npy"), fs.url("x_1.npy"), fs.url("x_0.narrow.npy")]
+        msg = refused(urls)
+        assert fs.url("x_0.npy") in msg and fs.url("x_0.narrow.npy") in msg, msg
+    got = _loaded(str(tmp_path / "x_*.narrow.npy"), 12)
+    assert got.tobytes() == np.concatenate(arrs).tobytes()
+
+
+def test_narrow_store_that_lost_its_last_bytes_is_refused(tmp_path):
+    """Issue 35, item 7: a stored narrowed file that lost its last 1..12
+    bytes (the trailer's tag or length) used to load silently as its uint8
+    codes. Refused naming the file, locally and over http:// (the tests'
+    own server), for every such cut; whole, it loads the values."""
+    a = (np.arange(60) % 6 / 5).astype(np.float32).reshape(12, 5)
+    np.save(tmp_path / "s.npy", a)
+    (r,) = npyload.pack(tmp_path / "s.npy", narrow=True, store=True)
+    good = Path(r["out"]).read_bytes()
+    d = tmp_path / "cut"
+    d.mkdir()
+    for lost in range(1, 13):
+        (d / f"cut_{lost:02d}.npy").write_bytes(good[:-lost])
+    with _file_server(d) as fs:
+        for lost in range(1, 13):
+            name = f"cut_{lost:02d}.npy"
+            for path in (str(d / name), fs.url(name)):
+                with pytest.raises(npyload.NpyloadError) as e:
+                    npyload.Loader({"x": [path]}, batch_size=4, output="numpy")
+                assert path in str(e.value) and "trailer" in str(e.value), str(e.value)
+    assert _loaded(r["out"], 12).tobytes() == a.tobytes()
+
+
+def test_inspect_reports_a_stored_narrowed_file_like_the_packed_form(tmp_path):
+    """Issue 35, item 18: inspect() of FILE.narrow.npy said '|u1' and no
+    more, while the loader delivers '<f4'. It now reports narrow_values and
+    value_descr (the delivered dtype) as for the packed form, locally, over
+    http:// and in npyload-inspect's text and JSON; a cut trailer raises
+    naming the file."""
+    import json
+    a = (np.arange(60) % 7 / 6).astype(np.float32).reshape(12, 5)
+    np.save(tmp_path / "s.npy", a)
+    (stored,) = npyload.pack(tmp_path / "s.npy", narrow=True, store=True)
+    (packed,) = npyload.pack(tmp_path / "s.npy", narrow=True)
+    want = {k: npyload.inspect(packed["out"])[k] for k in ("narrow_values", "value_descr",
+                                                            "descr", "shape")}
+    assert want == {"narrow_values": 7, "value_descr": "<f4", "descr": "|u1",
+                    "shape": (12, 5)}
+    with _file_server(tmp_path) as fs:
+        for where in (stored["out"], fs.url("s.narrow.npy")):
+            info = npyload.inspect(where)
+            assert {k: info[k] for k in want} == want, (where, info)
+    exe = _tool("npyload-inspect")
+    r = subprocess.run([exe, stored["out"]], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "narrow_values=7 value_descr=<f4" in r.stdout, r.stdout
+    r = subprocess.run([exe, "--json", stored["out"]], capture_output=True, text=True,
+                       timeout=60)
+    doc = json.loads(r.stdout)
+    assert doc["narrow_values"] == 7 and doc["value_descr"] == "<f4" and doc["descr"] == "|u1"
+    np.save(tmp_path / "plain.npy", a)  # a plain file has no such keys
+    assert "narrow_values" not in npyload.inspect(tmp_path / "plain.npy")
+    cut = tmp_path / "cut.npy"
+    cut.write_bytes(Path(stored["out"]).read_bytes()[:-3])
+    with pytest.raises(npyload.NpyloadError, match="cut.npy"):
+        npyload.inspect(cut)
+
+
 def test_cli_narrow_store(tmp_path):
     a = (np.arange(64) % 7 / 7).astype(np.float32).reshape(16, 4)
     np.save(tmp_path / "n.npy", a)

@@ -10,8 +10,8 @@ import npyload
 
 PKG = pathlib.Path(npyload.__file__).parent
 PUBLIC = {"Loader", "Batch", "BatchTuple", "Augment", "Transform", "TransformError", "NpyloadError",
-          "inspect", "load", "order_indices", "cuda_available", "build_info", "pack", "write",
-          "copy_ceiling", "h2d_ceiling", "__version__"}
+          "inspect", "inspect_manifest", "load", "order_indices", "cuda_available", "build_info", "pack", "write",
+          "prefetch", "cost_model", "dataset_facts", "copy_ceiling", "h2d_ceiling", "__version__"}
 
 
 def test_public_names_are_exported():

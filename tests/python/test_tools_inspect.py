@@ -403,3 +403,38 @@ def test_verify_agrees_with_zstd_t(inspect_exe, tmp_path):
         p.write_bytes(data)
         ours = run(inspect_exe, "--verify", p).returncode == 0
         assert ours == _zstd_t(p) == False, f"byte {pos}: verify {ours}"  # noqa: E712
+
+
+def test_a_manifest_lists_its_files_checked_against_it(inspect_exe, tmp_path):
+    """npyload-inspect SPLIT.manifest.json (npyload.write's): one record of
+    the dataset's facts, then each file's record (against numpy's reading
+    and the writer's own manifest); a file whose size differs from the
+    manifest's is its error, and the exit status is 1."""
+    npyload = pytest.importorskip("npyload", reason="npyload is not installed (pip install .)")
+    a = {"x": np.arange(33, dtype=np.float32).reshape(11, 3), "y": np.arange(11)}
+    f = npyload.write(a, tmp_path, samples_per_file=4, progress=False)
+    m = tmp_path / "train.manifest.json"
+    r = run(inspect_exe, "--json", m)
+    if "built without jansson" in r.stderr:
+        pytest.skip("npyload-inspect was built without jansson (libjansson-dev)")
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(line) for line in r.stdout.splitlines()]
+    want = json.loads(m.read_text())
+    assert recs[0] == {"manifest": str(m), "version": 1, "split": "train",
+                       "writer": want["writer"], "samples": 11, "samples_per_file": 4,
+                       "files": 6, "fields": ["x", "y"]}
+    assert [x["file"] for x in recs[1:]] == f["x"] + f["y"]
+    for rec in recs[1:]:
+        arr = np.load(rec["file"])
+        assert rec["shape"] == list(arr.shape) and rec["descr"] == arr.dtype.str
+        assert rec["file_bytes"] == os.path.getsize(rec["file"])
+    text = run(inspect_exe, m)
+    assert text.returncode == 0 and text.stdout.splitlines()[0].startswith(
+        f"{m}: npyload manifest v1, split train, 11 samples (4 per file), 6 files, fields x, y")
+    np.save(f["y"][1], np.arange(5))     # 5 samples where the manifest says 4
+    bad = run(inspect_exe, m)
+    assert bad.returncode == 1
+    assert re.search(r"y/train_0001.npy: \d+ bytes, the manifest says \d+", bad.stderr)
+    m.write_text(json.dumps({"format": "other"}))
+    r = run(inspect_exe, m)
+    assert r.returncode == 1 and "not an npyload manifest" in r.stderr

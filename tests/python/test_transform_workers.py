@@ -286,3 +286,95 @@ def test_fn_sees_every_batch_member_and_augment(dataset):
     for g, w in zip(got, want):
         assert g[:5] == w[:5] and "images" in g[4]
         np.testing.assert_array_equal(g[5], w[5])
+
+
+# ---- Ctrl-C while iter() starts the threads (issue 35, item 12) ----
+
+def _settled(check, timeout=HANG):
+    """Polls check() until it holds (a thread that has finished its work
+    may take a moment to end); the timeout only turns a hang into a failure."""
+    t0 = time.monotonic()
+    while not check() and time.monotonic() - t0 < timeout:
+        time.sleep(0.01)
+    return check()
+
+
+@pytest.mark.parametrize("at", [("before", 1), ("after", 1), ("after", 2), ("before", 3)])
+def test_ctrl_c_while_iter_starts_the_threads_leaves_none(dataset, monkeypatch, at):
+    """KeyboardInterrupt raised while iter() starts the transform= threads
+    (Thread.start waits for each thread, so Ctrl-C lands there): before or
+    after the k-th thread has begun. Afterwards no hook thread runs on, no
+    slot stays held (prefetch=1: a held slot fails the next epoch with
+    "every slot is held"), set_epoch is not refused "in use", and the next
+    loops deliver whole epochs in the plain loader's order."""
+    globs, _ = dataset
+    when, k = at
+    real = threading.Thread.start
+    started = []
+
+    def start(self):
+        if self.name != "npyload-transform":
+            return real(self)
+        started.append(self)
+        if when == "before" and len(started) == k:
+            raise KeyboardInterrupt
+        real(self)
+        if when == "after" and len(started) == k:
+            raise KeyboardInterrupt
+
+    kw = dict(shuffle=True, seed=5, output="numpy", prefetch=1, num_workers=1)
+    L = make(globs, transform=lambda b: to_numpy(b.indices).tolist(), transform_workers=3,
+             **kw)
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(KeyboardInterrupt):
+        iter(L)
+    monkeypatch.setattr(threading.Thread, "start", real)
+    assert _settled(lambda: hook_threads() == []), "a transform thread outlived Ctrl-C"
+    L.set_epoch(0)  # not "in use"
+    plain = [to_numpy(b.indices).tolist() for b in make(globs, **kw)]
+    for _ in range(2):
+        L.set_epoch(0)
+        assert list(L) == plain
+    L.close()
+
+
+def test_ctrl_c_at_random_moments_of_iter_and_next(dataset):
+    """A real signal handler raising KeyboardInterrupt at random moments of
+    iter() and the first next() over 30 loaders: whatever it interrupts, once
+    the iterator is dropped no hook thread runs, set_epoch works and the
+    loader still delivers a whole epoch."""
+    import signal
+    globs, _ = dataset
+    armed = [False]
+
+    def on_alarm(signum, frame):
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    rng = random.Random(35)
+    try:
+        for i in range(30):
+            L = make(globs, transform=lambda b: b.seq, transform_workers=1 + i % 4,
+                     prefetch=1, num_workers=1, output="numpy")
+            it = None
+            armed[0] = True
+            signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.0001, 0.003))
+            try:
+                it = iter(L)
+                next(it)
+                time.sleep(0.01)
+            except KeyboardInterrupt:
+                pass
+            finally:
+                armed[0] = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            del it
+            gc.collect()
+            L.set_epoch(1)
+            assert _settled(lambda: hook_threads() == []), i
+            assert list(L) == list(range(len(L)))
+            L.close()
+    finally:
+        signal.signal(signal.SIGALRM, old)

@@ -5,7 +5,9 @@ the examples and the package's own code, the stub lists what the extension has (
 and the stub's dicts have the keys and value types the functions return.
 
 mypy is in the "test" extra of pyproject.toml; without it the mypy checks
-skip, naming what to install."""
+skip, naming what to install. The two mypy --strict runs also need torch
+(mypy reads torch's types), which only the "ci" profile installs: without
+it they skip, naming it."""
 import ast
 import importlib.util
 import inspect
@@ -30,6 +32,16 @@ def _need_mypy():
                     "'test' extra of pyproject.toml)")
 
 
+def _need_torch_for_mypy():
+    """mypy --strict follows the package's torch paths (npyload._torch) and
+    the examples into torch's own types: without torch it reports "Cannot
+    find implementation or library stub for module named 'torch'"."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("mypy checks the torch paths against torch's types, and torch is not "
+                    "installed: pip install torch==2.13.0 (the 'ci' extra of pyproject.toml; "
+                    "CI runs these with it)")
+
+
 def _run(args, cwd, timeout=300):
     return subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout)
@@ -45,6 +57,7 @@ def test_mypy_strict_accepts_the_user_code(tmp_path):
     stubs or py.typed marker", and every assert_type sees Any), when an
     annotation is wrong for what a user does, or when it loses a type."""
     _need_mypy()
+    _need_torch_for_mypy()
     assert EXAMPLES, "no examples/*.py"
     # Run outside the checkout (absolute paths) with a fresh cache, so that
     # the installed package is what is checked and nothing is left behind.
@@ -59,6 +72,7 @@ def test_mypy_strict_accepts_the_package_bodies(tmp_path):
     annotated, no Any leaking into a typed return, TypedDicts built as
     declared. Fails on an unannotated def added to any module."""
     _need_mypy()
+    _need_torch_for_mypy()
     out = _run(["mypy", "--strict", "--cache-dir", str(tmp_path / "cache"),
                 "--no-color-output", "-p", "npyload"], cwd=tmp_path)
     assert out.returncode == 0, f"mypy --strict -p npyload:\n{out.stdout}{out.stderr}"
@@ -175,7 +189,10 @@ def _check_dict(d, spec, allow=()):
 def test_stub_dicts_match_what_the_functions_return(tmp_path):
     spec = _typed_dicts()
     assert set(spec) == {"LoaderState", "LoaderStats", "HeaderInfo", "PackResult",
-                         "BuildInfo"}, set(spec)
+                         "BuildInfo", "PrefetchProgress"}, set(spec)
+    if npyload.build_info()["remote_compiled"]:
+        pf = npyload._npyload.Prefetch({"cache_dir": str(tmp_path / "pcache")})
+        _check_dict(pf.progress(), spec["PrefetchProgress"])
     py = ("python", "numpy", "torch")
     _check_dict(npyload.build_info(), spec["BuildInfo"], allow=py)
     _check_dict(npyload._npyload.build_info(), spec["BuildInfo"])  # without them

@@ -3,7 +3,6 @@ Round trips against numpy's own reading and np.save's bytes, every source
 kind, layouts, a short last file, mismatches refused by index, resume after
 SIGKILL at random points giving the bytes of an uninterrupted run, pack and
 narrow."""
-import hashlib
 import os
 import random
 import signal
@@ -14,6 +13,8 @@ import time
 
 import numpy as np
 import pytest
+
+from conftest import file_digests
 
 npyload = pytest.importorskip("npyload", reason="npyload is not installed (run `pip install .`)")
 
@@ -42,13 +43,7 @@ def loaded(fields, n):
     return {k: np.stack(v) for k, v in out.items()}
 
 
-def digest(root):
-    h = {}
-    for d, _, fs in os.walk(root):
-        for f in fs:
-            p = os.path.join(d, f)
-            h[os.path.relpath(p, root)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
-    return h
+digest = file_digests   # sha256 of every file but the writer's journal and lock
 
 
 @pytest.mark.parametrize("spf", [1, 5, 23, 64])

@@ -72,8 +72,16 @@ def write_all(root: str) -> dict[str, list[str]]:
                            layout={"x": "x/train_{id:04d}.npy",
                                    "y": "y/train_{id:04d}_y.npy"},
                            split="train", num_workers=None, pack=False, narrow=False,
-                           overwrite=False, progress=False)
+                           overwrite=False, progress=False, remote=None)
     assert [len(v) for v in fields.values()] == [N // PER_FILE] * 2
+    # a manifest (written last, beside the files) opens in Loader as fields
+    manifest = npyload.Loader(os.path.join(root, "ds", "train.manifest.json"), batch_size=8)
+    assert len(manifest) == N // 8
+    manifest.close()
+    facts = npyload.inspect_manifest(os.path.join(root, "ds", "train.manifest.json"),
+                                     verify=True, remote=None)
+    assert_type(facts, dict[str, Any])
+    assert facts["samples"] == N
     return fields
 
 
@@ -276,6 +284,32 @@ def batches_of(loader: npyload.Loader) -> int:
     return n
 
 
+def remote_planning(fields: Mapping[str, list[str]], root: str) -> None:
+    """npyload.dataset_facts and cost_model on the local files; prefetch
+    against a server that is not there (an error naming the URL)."""
+    facts = npyload.dataset_facts(fields)
+    assert_type(facts, dict[str, Any])
+    assert facts["samples"] == N
+    m = npyload.cost_model(samples=facts["samples"], fields=facts["fields"], nodes=2,
+                           ranks_per_node=2, samples_per_s=1000.0, batch_size=8, workers=2,
+                           cache_bytes=1 << 30, shuffle="global", epochs=2, get_rate=5500.0,
+                           prefixes=1, link=125e6, rtt=0.01, server_s=0.0,
+                           cache_block=4096, request_bytes=1 << 20, inflight=4,
+                           max_inflight=8, local_samples_per_s=1e6)
+    assert_type(m, dict[str, Any])
+    assert m["fill"]["time_to_warm_s"] > 0 and m["dataset"]["samples"] == N
+    seen: list[dict[str, Any]] = []
+    try:
+        npyload.prefetch(["http://127.0.0.1:9/nothing.npy"], remote={"retries": 0},
+                         cache_dir=os.path.join(root, "pcache"), cache_bytes=1 << 30,
+                         cache_block=4096, max_bytes=1 << 20, inflight=2,
+                         request_bytes=1 << 16, progress=seen.append, interval=0.05)
+    except npyload.NpyloadError as e:
+        assert "127.0.0.1:9" in str(e)
+    else:
+        raise AssertionError("prefetch from a closed port succeeded")
+
+
 def main(root: str) -> None:
     assert_type(npyload.__version__, str)
     ok, why = npyload.cuda_available()
@@ -291,6 +325,7 @@ def main(root: str) -> None:
     pack_and_inspect(fields, root)
     every_loader_argument(fields)
     tuples_and_hooks(fields)
+    remote_planning(fields, root)
     with npyload.Loader(fields, 5, output="numpy") as ld:
         assert batches_of(ld) == N
         c = npyload.copy_ceiling(ld, "gather", threads=1, seconds=0.2)

@@ -210,7 +210,11 @@ class ThrottleProxy:
     leave one after the other, as on one wire). Faults: the
     first `slow_down` connections are answered "503 SlowDown" (S3's
     throttling reply) and closed, the next `reset` ones are closed at once
-    without an answer (a connection reset); `accepted` counts connections."""
+    without an answer (a connection reset); `accepted` counts connections.
+    `requests` records every request that crossed it: (method, path, first
+    byte, last byte) with the Range header's bytes (None, None without one),
+    so that a test can count the GETs of each cache block that crossed this
+    link (GETs have no body: a request ends at its blank line)."""
 
     def __init__(self, upstream_port, rate=125e6, rtt=0.010, chunk=16384, slow_down=0,
                  reset=0):
@@ -230,6 +234,8 @@ class ThrottleProxy:
         self.conns = []
         self.link_lock = threading.Lock()
         self.link_free = {"up": 0.0, "down": 0.0}  # when each direction is free
+        self.requests = []  # (method, path, first byte, last byte)
+        self.req_lock = threading.Lock()
         self.thread = threading.Thread(target=self._accept, daemon=True)
         self.thread.start()
 
@@ -313,11 +319,14 @@ class ThrottleProxy:
 
         w = threading.Thread(target=writer, daemon=True)
         w.start()
+        head = b""
         while True:
             try:
                 data = src.recv(self.chunk)
             except OSError:
                 data = b""
+            if way == "up" and data:
+                head = self._record(head + data)
             with lock:
                 if not data:
                     done[0] = True
@@ -326,6 +335,23 @@ class ThrottleProxy:
                 q.append((time.monotonic() + self.delay, data))
                 lock.notify()
         w.join(timeout=60)
+
+    def _record(self, buf):
+        """Records the complete requests at the start of buf; returns the
+        rest (a request not complete yet)."""
+        while b"\r\n\r\n" in buf:
+            req, buf = buf.split(b"\r\n\r\n", 1)
+            lines = req.decode("latin-1").split("\r\n")
+            parts = lines[0].split(" ")
+            a = b = None
+            for ln in lines[1:]:
+                k, _, v = ln.partition(":")
+                if k.strip().lower() == "range" and v.strip().startswith("bytes="):
+                    x, _, y = v.strip()[6:].partition("-")
+                    a, b = int(x), (int(y) if y else None)
+            with self.req_lock:
+                self.requests.append((parts[0], parts[1] if len(parts) > 1 else "", a, b))
+        return buf
 
     def close(self):
         self.closed = True
@@ -370,6 +396,18 @@ class FileServer:
         self.lock = threading.Lock()
         self.requests = {}
         self.ranges = []  # (path, first byte, last byte or None) of each ranged GET
+        # Hostile modes. stall: GETs get no answer at all (the connection
+        # stays open, silent) until unstalled or closed; `stalled` counts
+        # them. listing: how "?list-type=2" requests (S3 ListObjectsV2,
+        # path-style) are answered: None (404), "same_token" (truncated
+        # pages without keys that give back the token they were asked
+        # with), "fresh" (new tokens and new ascending keys on every page:
+        # it never ends); `pages` counts them.
+        self.stall = threading.Event()
+        self.unstall = threading.Event()
+        self.stalled = 0
+        self.listing = None
+        self.pages = 0
         srv = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -379,9 +417,19 @@ class FileServer:
                 pass
 
             def do_GET(self):
-                path = self.path.split("?", 1)[0]
+                path, _, query = self.path.partition("?")
                 with srv.lock:
                     srv.requests[path] = srv.requests.get(path, 0) + 1
+                if srv.stall.is_set():
+                    with srv.lock:
+                        srv.stalled += 1
+                    while srv.stall.is_set() and not srv.unstall.wait(0.05):
+                        pass
+                    self.close_connection = True
+                    return  # never answered
+                if srv.listing and "list-type=2" in query:
+                    self._listing(query)
+                    return
                 f = os.path.join(srv.root, path.lstrip("/"))
                 if ".." in path or not os.path.isfile(f):
                     self._reply(404, b"not found")
@@ -413,6 +461,25 @@ class FileServer:
                     extra["Content-Range"] = f"bytes {a}-{b}/{size}"
                 self._reply(code, body, extra)
 
+            def _listing(self, query):
+                import urllib.parse
+                asked = urllib.parse.parse_qs(query).get("continuation-token", [""])[0]
+                with srv.lock:
+                    page = srv.pages
+                    srv.pages += 1
+                if srv.listing == "same_token":
+                    token, keys = asked or "tok-0", []
+                else:
+                    token = f"tok-{page + 1}"
+                    keys = [f"p/x_{page * 10 + k:012d}.npy" for k in range(10)]
+                body = ('<?xml version="1.0" encoding="UTF-8"?><ListBucketResult>'
+                        "<IsTruncated>true</IsTruncated>" +
+                        "".join(f"<Contents><Key>{k}</Key><Size>1</Size></Contents>"
+                                for k in keys) +
+                        f"<NextContinuationToken>{token}</NextContinuationToken>"
+                        "</ListBucketResult>").encode()
+                self._reply(200, body, {"Content-Type": "application/xml"})
+
             def _reply(self, code, body, extra=None):
                 self.send_response(code)
                 for k, v in (extra or {}).items():
@@ -421,7 +488,12 @@ class FileServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(http.server.ThreadingHTTPServer):
+            # socketserver's backlog of 5 drops the SYNs of a client that
+            # opens many connections at once (a retry a second later).
+            request_queue_size = 128
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         if tls is not None:
             self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
@@ -441,6 +513,8 @@ class FileServer:
             return self.requests.get("/" + rel, 0)
 
     def close(self):
+        self.unstall.set()
+        self.stall.clear()
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(timeout=10)

@@ -49,6 +49,10 @@ static const int64_t SIZES[] = {9, 3, 17, 1, 22, 12};
 #define N 64
 static const int64_t SHAPE[] = {5, 3};
 static char *dir, glob_a[512], glob_b[512];
+/* NPYLOAD_OPT_READ_AHEAD of every loader: main runs the scenarios with 1
+ * (the read-ahead threads and their hand-offs, which the default leaves off
+ * for these stored rows delivered as they are) and with 0, the default. */
+static int64_t read_ahead;
 
 static int batch_ok(npyload_batch *b)
 {
@@ -73,7 +77,8 @@ static npyload_loader *make(int backend, int workers, int prefetch, int64_t batc
         npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, backend) ||
         set_counts(L, workers, prefetch) ||
         npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, batch) ||
-        npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1) || npyload_loader_start(L)) {
+        npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1) ||
+        npyload_loader_set(L, NPYLOAD_OPT_READ_AHEAD, read_ahead) || npyload_loader_start(L)) {
         fprintf(stderr, "setup failed: %s\n", npyload_loader_errmsg(L));
         exit(2);
     }
@@ -185,6 +190,7 @@ static void transforms_under_load(int backend, int workers)
         set_counts(L, workers, 0) ||
         npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 5) ||
         npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1) ||
+        npyload_loader_set(L, NPYLOAD_OPT_READ_AHEAD, read_ahead) ||
         npyload_loader_set_transform(L, "a", &ta, sizeof ta) ||
         npyload_loader_set_transform(L, "b", &tb, sizeof tb) || npyload_loader_start(L)) {
         fprintf(stderr, "setup failed: %s\n", npyload_loader_errmsg(L));
@@ -237,7 +243,8 @@ static npyload_loader *make_big(int backend, int workers, int prefetch, int64_t 
         set_counts(L, workers, prefetch) ||
         npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, batch) ||
         npyload_loader_set(L, NPYLOAD_OPT_SEED, BIG_SEED) ||
-        npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1) || npyload_loader_start(L)) {
+        npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1) ||
+        npyload_loader_set(L, NPYLOAD_OPT_READ_AHEAD, read_ahead) || npyload_loader_start(L)) {
         fprintf(stderr, "setup failed: %s\n", npyload_loader_errmsg(L));
         exit(2);
     }
@@ -538,9 +545,9 @@ static void failing_workers_vs_control_calls(int backend)
             char msg[1024];
             npyload_loader_errmsg_copy(L, msg, sizeof msg);
             errors++;
-            /* Empty: a set_epoch/set_state on the churn threads succeeded
-             * between this next() and the copy, and cleared the message
-             * (errmsg is the loader's last call's, npyload.h "Threads"). */
+            /* "" when a set_epoch / set_state on another thread cleared it
+             * meanwhile (each call leaves the loader's message as it ends);
+             * else the failure, naming the file. */
             if (!bad && rc == -EIO && msg[0] && !strstr(msg, "a_0002.npy: injected failure")) {
                 bad = 1;
                 snprintf(why, sizeof why, "a failed read's message: %s", msg);
@@ -658,17 +665,18 @@ int main(void)
         }
     }
     int backends[] = {NPYLOAD_IO_AUTO, NPYLOAD_IO_PREAD, NPYLOAD_IO_MMAP};
-    for (size_t i = 0; i < 3; i++) {
-        concurrent_set_epoch(backends[i]);
-        set_state_set_epoch_next(backends[i]);
-        failing_workers_vs_control_calls(backends[i]);
-        destroy_wakes_next(backends[i]);
-        epochs_out_of_order_release(backends[i]);
-        set_epoch_in_flight(backends[i]);
-        destroy_mid_epoch_release_elsewhere(backends[i]);
-        stats_while_running(backends[i]);
-        transforms_under_load(backends[i], 3);
-        transforms_under_load(backends[i], NPYLOAD_WORKERS_SYNC);
+    for (size_t i = 0; i < 6; i++) {
+        read_ahead = i < 3;
+        concurrent_set_epoch(backends[i % 3]);
+        set_state_set_epoch_next(backends[i % 3]);
+        failing_workers_vs_control_calls(backends[i % 3]);
+        destroy_wakes_next(backends[i % 3]);
+        epochs_out_of_order_release(backends[i % 3]);
+        set_epoch_in_flight(backends[i % 3]);
+        destroy_mid_epoch_release_elsewhere(backends[i % 3]);
+        stats_while_running(backends[i % 3]);
+        transforms_under_load(backends[i % 3], 3);
+        transforms_under_load(backends[i % 3], NPYLOAD_WORKERS_SYNC);
     }
     /* The same with the controller changing the counts after every batch. */
     forced_auto = 1;

@@ -7,12 +7,17 @@
  * while transfers are in flight, destroy mid-epoch; concurrent misses of
  * one block waiting for one fetch (cold cached epochs with one block per
  * object and many reading threads: every block fetched once; a fetch that
- * fails without retries fails its waiters too, never hangs them). Every delivered byte
+ * fails without retries fails its waiters too, never hangs them); one fetch
+ * per block per node (loaders with caches of their own over one directory,
+ * as processes of a node are, and a bulk fill running beside them, then
+ * stopped mid-run: every block fetched once in all). Every delivered byte
  * is checked against tu_byte(). Prints "N passed, N failed". */
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "npyload.h"
@@ -72,6 +77,9 @@ static npyload_loader *make(int workers, int prefetch, int64_t batch, int cached
         r.cache_dir = dedup_dir;
         r.cache_block = 1 << 20;
         r.retries = -1;
+    } else if (cached == 3) {
+        r.cache_dir = dedup_dir;
+        r.cache_block = 4096;
     }
     if (npyload_loader_create(&L) || npyload_loader_set_remote(L, &r, sizeof r) ||
         npyload_loader_add_field_files(L, "a", (const char *const *)urls_a, NF) ||
@@ -184,6 +192,134 @@ static void concurrent_misses_wait_for_one_fetch(tu_http *h)
     passes++;
 }
 
+/* One directory, three loaders (each its own cache object: they coordinate
+ * through the node's fetch locks, as processes do) and a bulk fill, all
+ * cold at once: each block is fetched once in all (misses + the fill's
+ * fetches = the blocks), whoever came first. Then a fill stopped at once
+ * ends with -ECANCELED, and one run to the end finds every block. */
+static const char *node_dir;
+
+static void node_epoch_run(uint64_t *misses)
+{
+    npyload_loader *L = make(2, 4, 3, 3);
+    npyload_batch *b;
+    int rc;
+    while ((rc = npyload_loader_next(L, &b)) == 0) {
+        CHECK(batch_ok(b), "bytes differ (node dedup)");
+        npyload_batch_release(b);
+    }
+    CHECK(rc == NPYLOAD_EOF, "next: %s", npyload_loader_errmsg(L));
+    npyload_stats st;
+    npyload_loader_get_stats(L, &st, sizeof st);
+    *misses = st.cache_misses;
+    npyload_loader_destroy(L);
+}
+
+static void *node_epoch(void *arg)
+{
+    node_epoch_run(arg);
+    return NULL;
+}
+
+static npyload_prefetch *node_fill(void)
+{
+    npyload_remote r;
+    memset(&r, 0, sizeof r);
+    r.cache_dir = node_dir;
+    r.cache_block = 4096;
+    r.retry_base_ms = 1;
+    r.retries = 20;
+    npyload_prefetch *P;
+    char err[512];
+    if (npyload_prefetch_create(&P, &r, sizeof r, err, sizeof err) ||
+        npyload_prefetch_add_field_files(P, (const char *const *)urls_a, NF) ||
+        npyload_prefetch_add_field_files(P, (const char *const *)urls_b, NF) ||
+        npyload_prefetch_set(P, NPYLOAD_PREFETCH_INFLIGHT, 8) || /* 2 threads */
+        npyload_prefetch_set(P, NPYLOAD_PREFETCH_REQUEST_BYTES, 8192)) {
+        fprintf(stderr, "prefetch setup failed\n");
+        exit(2);
+    }
+    return P;
+}
+
+static void node_fill_check(npyload_prefetch *P)
+{
+    CHECK(npyload_prefetch_run(P) == 0, "prefetch: %s", npyload_prefetch_errmsg(P));
+}
+
+static void *node_fill_run(void *arg)
+{
+    node_fill_check(arg);
+    return NULL;
+}
+
+/* Cache blocks of `bs` bytes of every object of both fields. */
+static uint64_t count_blocks(uint64_t bs)
+{
+    uint64_t blocks = 0;
+    for (size_t k = 0; k < NF; k++)
+        for (int f = 0; f < 2; f++) {
+            char name[64];
+            snprintf(name, sizeof name, "%s_%04zu.npy", f ? "b" : "a", k);
+            char *p = tu_path(dir, name);
+            struct stat st;
+            if (stat(p, &st) == 0)
+                blocks += ((uint64_t)st.st_size + bs - 1) / bs;
+            free(p);
+        }
+    return blocks;
+}
+
+static void one_fetch_per_block_per_node(tu_http *h)
+{
+    for (int round = 0; round < 4; round++) {
+        char sub[64];
+        snprintf(sub, sizeof sub, "node%d", round);
+        char *d = tu_path(dir, sub);
+        node_dir = dedup_dir = d;
+        uint64_t blocks = count_blocks(4096);
+        npyload_prefetch *P = node_fill();
+        pthread_t t[3], f;
+        uint64_t misses[3] = {0, 0, 0};
+        if (round & 1)
+            tu_http_faults(h, 2, 1);
+        pthread_create(&f, NULL, node_fill_run, P);
+        for (int i = 0; i < 3; i++)
+            pthread_create(&t[i], NULL, node_epoch, &misses[i]);
+        npyload_prefetch_progress pg;
+        for (int spin = 0; spin < 3; spin++) /* progress read while it runs */
+            CHECK(npyload_prefetch_get_progress(P, &pg, sizeof pg) == 0, "progress");
+        for (int i = 0; i < 3; i++)
+            pthread_join(t[i], NULL);
+        pthread_join(f, NULL);
+        CHECK(npyload_prefetch_get_progress(P, &pg, sizeof pg) == 0 &&
+                  pg.phase == NPYLOAD_PREFETCH_DONE && pg.cached_bytes == pg.planned_bytes,
+              "fill: %llu of %llu", (unsigned long long)pg.cached_bytes,
+              (unsigned long long)pg.planned_bytes);
+        uint64_t fetched = misses[0] + misses[1] + misses[2] + pg.fetched_blocks;
+        CHECK(fetched == blocks, "round %d: %llu fetches for %llu blocks (loaders %llu %llu "
+              "%llu, fill %llu)", round, (unsigned long long)fetched,
+              (unsigned long long)blocks, (unsigned long long)misses[0],
+              (unsigned long long)misses[1], (unsigned long long)misses[2],
+              (unsigned long long)pg.fetched_blocks);
+        npyload_prefetch_destroy(P);
+        /* A stop before the run: -ECANCELED at once, nothing fetched. */
+        P = node_fill();
+        npyload_prefetch_stop(P);
+        CHECK(npyload_prefetch_run(P) == -ECANCELED, "stopped run: %s",
+              npyload_prefetch_errmsg(P));
+        CHECK(npyload_prefetch_run(P) == 0, "run after a stop: %s",
+              npyload_prefetch_errmsg(P));
+        CHECK(npyload_prefetch_get_progress(P, &pg, sizeof pg) == 0 &&
+                  pg.found_blocks == blocks && pg.fetched_blocks == 0,
+              "warm fill fetched %llu", (unsigned long long)pg.fetched_blocks);
+        npyload_prefetch_destroy(P);
+        tu_http_faults(h, 0, 0);
+        free(d);
+    }
+    passes++;
+}
+
 int main(void)
 {
     dir = tu_mkdtemp("stress_remote");
@@ -211,6 +347,7 @@ int main(void)
     uint64_t t1 = now_ns();
     set_epoch_and_destroy_in_flight();
     concurrent_misses_wait_for_one_fetch(h);
+    one_fetch_per_block_per_node(h);
     fprintf(stderr, "shared cache %.2f s, set_epoch/destroy %.2f s, %llu requests\n",
             (double)(t1 - t0) / 1e9, (double)(now_ns() - t1) / 1e9,
             (unsigned long long)tu_http_requests(h));
