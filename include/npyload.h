@@ -1123,7 +1123,7 @@ typedef struct npyload_stats {
 typedef enum npyload_auto_reason {
     NPYLOAD_AUTO_START = 0,  /* the first counts, at start */
     NPYLOAD_AUTO_WAIT = 1,   /* the consumer waited above target: one more */
-    NPYLOAD_AUTO_NO_GAIN = 2, /* the worker added did not raise throughput:
+    NPYLOAD_AUTO_NO_GAIN = 2, /* the worker or slot added did not raise throughput:
                                  taken back, worker growth backs off */
     NPYLOAD_AUTO_SPARE = 3,  /* the consumer is fed with room to spare: one
                                  fewer */

@@ -23,8 +23,8 @@
 #define FORCE_MAX_WORKERS 4
 #define FORCE_MAX_SLOTS 8
 
-enum { ACT_NONE = 0, ACT_ADD_W, ACT_DROP_W, ACT_DROP_S };
-enum { B_ADD_W = 0, B_DROP_W, B_DROP_S };
+enum { ACT_NONE = 0, ACT_ADD_W, ACT_DROP_W, ACT_DROP_S, ACT_ADD_S };
+enum { B_ADD_W = 0, B_DROP_W, B_DROP_S, B_ADD_S };
 
 void npyl_auto_init(npyl_auto *a)
 {
@@ -351,8 +351,13 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
                 apply_slots(a, min_slots(a, a->workers));
             a->pending = ACT_ADD_W;
             reason = NPYLOAD_AUTO_WAIT;
-        } else if (as && a->slots < need + a->workers && apply_slots(a, a->slots + 1) != ps) {
-            reason = NPYLOAD_AUTO_WAIT; /* a deeper queue absorbs jitter */
+        } else if (as && a->slots < need + a->workers && a->win >= a->until[B_ADD_S] &&
+                   apply_slots(a, a->slots + 1) != ps) {
+            /* A deeper queue absorbs jitter, when it does: judged as a
+             * worker is (more slots are more memory to fault in and to
+             * keep in cache, and slower when the loader is the limit). */
+            a->pending = ACT_ADD_S;
+            reason = NPYLOAD_AUTO_WAIT;
         }
     } else if (w->share < a->target / 2 && ++a->calm >= CALM_WINDOWS) {
         a->calm = 0;
@@ -385,6 +390,12 @@ static int judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
         record(a, m, NPYLOAD_AUTO_NO_GAIN, pw, ps, w->share, w->rate, w->busy, w->blocked);
         return 1;
     }
+    if (act == ACT_ADD_S && w->share > a->target && w->rate < a->prev_rate * GAIN) {
+        apply_slots(a, a->slots - 1);
+        back_off(a, B_ADD_S);
+        record(a, m, NPYLOAD_AUTO_NO_GAIN, pw, ps, w->share, w->rate, w->busy, w->blocked);
+        return 1;
+    }
     if ((act == ACT_DROP_W || act == ACT_DROP_S) && w->share > a->target) {
         if (act == ACT_DROP_W) {
             apply_workers(a, a->workers + 1);
@@ -396,8 +407,8 @@ static int judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
         record(a, m, NPYLOAD_AUTO_WORSE, pw, ps, w->share, w->rate, w->busy, w->blocked);
         return 1;
     }
-    if (act == ACT_ADD_W)
-        a->backoff[B_ADD_W] = 0; /* it helped */
+    if (act == ACT_ADD_W || act == ACT_ADD_S)
+        a->backoff[act == ACT_ADD_W ? B_ADD_W : B_ADD_S] = 0; /* it helped */
     return 0;
 }
 
@@ -444,7 +455,7 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
          * counts unchanged): forget what did not help. */
         if (regime_moved(w.step_pb, a->ref_step, 1e6) || regime_moved(w.rate, a->ref_rate, 0)) {
             if (a->w_ceiling < a->cap_workers || a->backoff[0] || a->backoff[1] ||
-                a->backoff[2]) {
+                a->backoff[2] || a->backoff[3]) {
                 a->w_ceiling = a->cap_workers;
                 memset(a->backoff, 0, sizeof a->backoff);
                 memset(a->until, 0, sizeof a->until);

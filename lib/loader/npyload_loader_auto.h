@@ -78,8 +78,9 @@ typedef struct npyl_auto {
     size_t w_ceiling;        /* adding up to this did not help */
     uint64_t win, force_k, force_at;
     unsigned calm;
-    uint64_t until[3];       /* windows: add worker, drop worker, drop slot */
-    unsigned backoff[3];
+    uint64_t until[4];       /* windows: add worker, drop worker, drop slot,
+                                add slot */
+    unsigned backoff[4];
     /* published for queries */
     _Atomic size_t live_workers, live_slots, live_made;
     _Atomic uint64_t nevents;

@@ -663,8 +663,10 @@ static int create_workers(npyload_loader *L, size_t nworkers, size_t made)
 static int plan_auto(npyload_loader *L, int mode, size_t *nworkers, size_t *cap_workers,
                      size_t *prefetch, size_t *cap_slots)
 {
-    int ahead = read_ahead(L);
-    uint64_t per = ahead ? 2 : 1;
+    /* READ_AHEAD 1 reads ahead always (a worker fills two slots); the
+     * default only where a batch has work after its reads. */
+    int ahead = read_ahead(L) && L->opt[NPYLOAD_OPT_READ_AHEAD] == 1;
+    uint64_t per = read_ahead(L) ? 2 : 1;
     npyl_auto_setup su = {
         .mode = mode,
         .workers = *nworkers,
