@@ -420,11 +420,11 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
     npyl_slots_counts(a->ring, &on, &held);
     int as = (a->mode & NPYL_AUTO_SLOTS) && !a->device_mode;
     if (as) {
-        /* The caller holds all slots but one: one more now, whatever the
-         * window says (within the budget), so next() never fails for it. */
-        if (held + 1 >= on && on < a->cap_slots) {
+        /* The caller holds every slot: one more now, whatever the window
+         * says (within the budget), so next() does not fail for it. */
+        if (held >= on && on < a->cap_slots) {
             size_t ps = a->slots;
-            if (apply_slots(a, held + 2) != ps)
+            if (apply_slots(a, held + 1) != ps)
                 record(a, m, NPYLOAD_AUTO_HELD, a->workers, ps, 0, 0, 0, 0);
         } else if (on > a->slots) {
             apply_slots(a, a->slots); /* slots that were in use come out now */

@@ -549,7 +549,8 @@ static int resolve_counts(npyload_loader *L, size_t *nworkers, size_t *prefetch,
     L->sync = nw == NPYLOAD_WORKERS_SYNC;
     *mode = L->sync ? 0 : (nw <= 0 ? NPYL_AUTO_WORKERS : 0) | (pf <= 0 ? NPYL_AUTO_SLOTS : 0);
     *nworkers = L->sync ? 1 : nw > 0 ? (size_t)nw : DEFAULT_WORKERS;
-    *prefetch = pf > 0 ? (size_t)pf : (size_t)npyload_default_prefetch(nw > 0 ? nw : 0);
+    *prefetch = pf > 0 ? (size_t)pf
+                       : (size_t)npyload_default_prefetch(L->sync ? nw : nw > 0 ? nw : 0);
     if (*prefetch > MAX_PREFETCH)
         *prefetch = MAX_PREFETCH;
     L->queue_depth = L->opt[NPYLOAD_OPT_QUEUE_DEPTH] ? (unsigned)L->opt[NPYLOAD_OPT_QUEUE_DEPTH]

@@ -212,7 +212,7 @@ class Loader(Generic[_B]):
             # takes the library's default depth for the first workers.
             hook_prefetch = _hook_prefetch(
                 max(1, _npyload.default_prefetch(
-                    num_workers if isinstance(num_workers, int) and num_workers else 0) - 1),
+                    (num_workers or -1) if isinstance(num_workers, int) else 0) - 1),
                 transform_workers)
         self._opts: dict[int, int] = {
             _npyload.OPT_BATCH_SIZE: batch_size,
