@@ -81,6 +81,10 @@ class LoaderStats(TypedDict):
     cache_read_bytes: int
     cache_write_bytes: int
     cache_evictions: int
+    auto_mode: int
+    memory_budget: int
+    memory_bytes: int
+    auto_decisions: int
     # Added by npyload.Loader.stats() (not the extension's Loader):
     hook_ns: NotRequired[int]
     transform_workers: NotRequired[int]
