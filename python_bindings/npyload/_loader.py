@@ -628,7 +628,8 @@ class Loader(Generic[_B]):
         if not self._running:
             if self._pid != _os.getpid():
                 self._c = self._check_start()
-            self._c.start()
+            if not self._c.started:  # a start a Ctrl-C interrupted as it returned is kept
+                self._c.start()
             self._running = True
         return self._c
 

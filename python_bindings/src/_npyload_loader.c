@@ -291,12 +291,12 @@ static PyObject *loader_start(NpyloadPy_Loader *self, PyObject *unused)
     rc = npyload_loader_start(L);
     Py_END_ALLOW_THREADS
     PyObject *names = NULL;
-    if (rc < 0 || PyErr_Occurred()) {
+    if (rc == 0)
+        self->started = 1; /* also when a Ctrl-C came meanwhile: `started` says so */
+    if (rc < 0 || PyErr_Occurred())
         loader_error(self, rc);
-    } else {
-        self->started = 1;
+    else
         names = field_name_tuple(L);
-    }
     loader_leave(self);
     if (!names)
         return NULL;
@@ -920,6 +920,11 @@ static PyObject *loader_get_closed(NpyloadPy_Loader *self, void *closure)
     return PyBool_FromLong(self->L == NULL);
 }
 
+static PyObject *loader_get_started(NpyloadPy_Loader *self, void *closure)
+{
+    return PyBool_FromLong(self->started);
+}
+
 /* A sequence of numbers (or None) as floats in a PyMem buffer; *n its
  * length. Returns 0, or -1 with an exception naming `what`. */
 static int float_list(PyObject *obj, const char *what, float **out, size_t *n)
@@ -1139,6 +1144,9 @@ static PyGetSetDef loader_getset[] = {
     {"field_names", (getter)loader_get_field_names, NULL,
      "tuple of the field names, in the order they were added", NULL},
     {"closed", (getter)loader_get_closed, NULL, "True after close()", NULL},
+    {"started", (getter)loader_get_started, NULL,
+     "True from a start() that succeeded (even one a Ctrl-C interrupted as it "
+     "returned) until stop() or close()", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 PyTypeObject NpyloadPy_LoaderType = {
