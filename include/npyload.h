@@ -301,11 +301,20 @@ typedef enum npyload_shuffle {
  * against its step (the time between a next() returning and the following
  * call), the workers' busy and read-blocked time, and the samples
  * delivered, and changes the worker threads and batch slots while the
- * loader runs. Its aims, in order: the consumer waits less than
- * AUTO_TARGET of its loop (default 2 %); then the fewest slots; then the
- * fewest workers. It adds a worker only while that raises throughput (it
- * takes it back and backs off otherwise), stays below AUTO_CORES unless
- * reads wait for a device, keeps slots plus read buffers within
+ * loader runs. It starts from the fixed defaults scaled to the machine:
+ * min(AUTO_CORES, 2) workers and npyload_default_prefetch(0) slots (4,
+ * fewer when MEMORY_BUDGET cannot hold them). Its aims, in order: the
+ * consumer waits less than AUTO_TARGET of its loop (default 2 %); then the
+ * fewest slots; then the fewest workers. It moves only on evidence: it
+ * adds a worker or a slot after two windows in a row above the target,
+ * and keeps it only when each of the next two windows delivered at least
+ * 5 % more samples/s than the two before (it takes it back and backs off
+ * otherwise, the back-off doubling); it removes one after three windows
+ * well below the target and takes that back when the wait or the rate
+ * worsens. It stays within AUTO_CORES workers unless the workers wait for
+ * reads: blocked a share b of their time (off the CPU with a voluntary
+ * context switch; preemption does not count), AUTO_CORES / (1 - b) of
+ * them, at most twice AUTO_CORES. It keeps slots plus read buffers within
  * MEMORY_BUDGET, never takes a slot the caller holds, settles after a
  * change that did not help (the back-off doubles), and forgets its
  * back-offs when the regime changes (the step time or the throughput moves
@@ -1092,11 +1101,14 @@ typedef struct npyload_stats {
                                    loader's next() while it reads), summed */
     uint64_t num_workers;       /* worker threads (0: synchronous) */
     uint64_t read_blocked_ns;   /* off-CPU time of the threads reading
-                                   (wall minus CPU time of the reads),
-                                   summed: waiting for a device. A read from
-                                   the page cache is a copy on the CPU and
-                                   adds ~0 (with zstd, decode time inside
-                                   the read is on the CPU too) */
+                                   (wall minus CPU time of the reads, of
+                                   the reads in which the thread blocked:
+                                   a voluntary context switch), summed:
+                                   waiting for a device. A read from the
+                                   page cache is a copy on the CPU and
+                                   adds ~0, also when a busy machine
+                                   preempts it (with zstd, decode time
+                                   inside the read is on the CPU too) */
     /* Remote shards (s3://, https://; 0.3): */
     uint64_t remote_bytes;      /* body bytes received from servers (the
                                    probe at start included) */

@@ -7,11 +7,16 @@
  * byte. */
 #include <criterion/criterion.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "npyload.h"
+#include "common/npyload_common.h"
 #include "testutil.h"
 
 static const int64_t FILE_SIZES[] = {7, 1, 13, 30, 5, 8, 40, 24};
@@ -232,4 +237,158 @@ Test(auto, history_checks_its_arguments)
     cr_assert_eq(npyload_loader_auto_history(L, &ev, 1, sizeof ev, NULL), 0);
     cr_assert_str_eq(npyload_auto_reason_name(99), "?");
     npyload_loader_destroy(L);
+}
+
+/* Reads every decision (the history keeps 32: a quiet run makes fewer). */
+static int all_events(npyload_loader *L, npyload_auto_event *ev)
+{
+    uint64_t total = 0;
+    int n = npyload_loader_auto_history(L, ev, 32, sizeof *ev, &total);
+    cr_assert_geq(n, 1);
+    cr_assert_eq((uint64_t)n, total, "%" PRIu64 " decisions: more than the history keeps",
+                 total);
+    return n;
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {0, ms * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Issue 37, the safe start: a quiet workload (a consumer step of 4 ms per
+ * batch of 5 small rows from the page cache: the loader keeps up with room
+ * to spare) starts at the old defaults scaled to the machine (min(cores,
+ * 2) workers, npyload_default_prefetch(0) slots) and no decision keeps it
+ * above them: a count raised above the start is taken back by the next
+ * decision (no-gain), unless it is the last one, still being judged. */
+Test(auto, quiet_workload_keeps_the_start_or_better)
+{
+    dataset d = make_dataset();
+    npyload_loader *L = open_loader(&d, NPYLOAD_AUTO, NPYLOAD_AUTO, 0, 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_AUTO_CORES, 2), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    for (uint64_t e = 0; e < 6; e++) {
+        cr_assert_eq(npyload_loader_set_epoch(L, e), 0);
+        npyload_batch *b = NULL;
+        int rc;
+        while ((rc = npyload_loader_next(L, &b)) == 0) {
+            sleep_ms(4);
+            npyload_batch_release(b);
+        }
+        cr_assert_eq(rc, NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
+    }
+    npyload_auto_event ev[32];
+    int n = all_events(L, ev);
+    cr_assert_eq(ev[0].reason, NPYLOAD_AUTO_START);
+    uint32_t w0 = ev[0].workers, s0 = ev[0].slots;
+    cr_assert_eq(w0, 2, "the start: min(AUTO_CORES 2, 2) workers");
+    cr_assert_eq(s0, (uint32_t)npyload_default_prefetch(0), "the start: the default slots");
+    for (int i = 1; i < n; i++) {
+        const npyload_auto_event *e = &ev[i];
+        cr_assert_neq(e->reason, NPYLOAD_AUTO_HELD, "one batch held at a time");
+        cr_assert_leq(e->workers, 2, "decision %d: %u workers above AUTO_CORES", i, e->workers);
+        if (e->workers <= w0 && e->slots <= s0)
+            continue;
+        cr_assert_eq(e->reason, NPYLOAD_AUTO_WAIT, "decision %d (%s) went above the start", i,
+                     npyload_auto_reason_name(e->reason));
+        if (i + 1 < n)
+            cr_assert(ev[i + 1].reason == NPYLOAD_AUTO_NO_GAIN && ev[i + 1].workers <= w0 &&
+                      ev[i + 1].slots <= s0,
+                      "decision %d raised %u/%u above the start %u/%u and the next (%s) kept it",
+                      i, e->workers, e->slots, w0, s0, npyload_auto_reason_name(ev[i + 1].reason));
+    }
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+}
+
+/* The workers stay within AUTO_CORES while reads do not block: a consumer
+ * that does nothing (the loader is the limit, the controller wants more)
+ * reading from the page cache, AUTO_CORES 1. A worker above the cores
+ * comes only from a window whose workers were blocked in reads at least
+ * half of their time (1 / (1 - b) >= 2). */
+Test(auto, no_worker_beyond_the_cores_without_blocked_reads)
+{
+    dataset d = make_dataset();
+    npyload_loader *L = open_loader(&d, NPYLOAD_AUTO, NPYLOAD_AUTO, 0, 0);
+    cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_AUTO_CORES, 1), 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    uint64_t t0 = npyl_now_ns();
+    for (uint64_t e = 0; npyl_now_ns() - t0 < 1500000000ull; e++) {
+        cr_assert_eq(npyload_loader_set_epoch(L, e), 0);
+        npyload_batch *b = NULL;
+        int rc;
+        while ((rc = npyload_loader_next(L, &b)) == 0)
+            npyload_batch_release(b);
+        cr_assert_eq(rc, NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
+        npyload_stats st;
+        cr_assert_eq(npyload_loader_get_stats(L, &st, sizeof st), 0);
+        cr_assert_leq(st.num_workers, 2, "twice AUTO_CORES at most");
+    }
+    npyload_auto_event ev[32];
+    uint64_t total = 0;
+    int n = npyload_loader_auto_history(L, ev, 32, sizeof *ev, &total);
+    cr_assert_eq(ev[0].workers == 1 || total > 32, 1, "the start: min(AUTO_CORES 1, 2)");
+    for (int i = 0; i < n; i++)
+        if (ev[i].workers > 1 && ev[i].prev_workers <= 1)
+            cr_assert(ev[i].reason == NPYLOAD_AUTO_WAIT && ev[i].read_blocked >= 0.5,
+                      "decision %d (%s): %u workers on 1 core with reads blocked %.3f of the "
+                      "time", i, npyload_auto_reason_name(ev[i].reason), ev[i].workers,
+                      ev[i].read_blocked);
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
+}
+
+/* Blocked, not preempted: npyl_blocked_since counts the off-CPU time of a
+ * span in which the thread waited (a sleep, as a read from a device), and
+ * not that of a span in which it ran but shared its CPU with another
+ * thread (two spinners pinned to one CPU: each is preempted about half of
+ * the time). Off-CPU time from preemption must never justify a worker
+ * beyond the cores. */
+static _Atomic int spin_stop;
+
+static void *spinner(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&spin_stop))
+        ;
+    return NULL;
+}
+
+Test(auto, blocked_time_is_not_preemption)
+{
+    npyl_span s = npyl_span_begin();
+    sleep_ms(20);
+    uint64_t slept = npyl_blocked_since(s);
+    cr_assert_geq(slept, 15000000u, "a 20 ms sleep counted %" PRIu64 " ns blocked", slept);
+
+    cpu_set_t one, old;
+    cr_assert_eq(sched_getaffinity(0, sizeof old, &old), 0);
+    int cpu = 0;
+    while (!CPU_ISSET(cpu, &old))
+        cpu++;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    cr_assert_eq(pthread_attr_setaffinity_np(&at, sizeof one, &one), 0);
+    atomic_store(&spin_stop, 0);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, &at, spinner, NULL), 0);
+    pthread_attr_destroy(&at);
+    cr_assert_eq(sched_setaffinity(0, sizeof one, &one), 0);
+    sched_yield(); /* any voluntary switch of the pinning happens before the span */
+    s = npyl_span_begin();
+    uint64_t w0 = npyl_now_ns(), c0 = npyl_thread_cpu_ns();
+    while (npyl_now_ns() - w0 < 200000000ull)
+        ;
+    uint64_t blocked = npyl_blocked_since(s);
+    uint64_t off = (npyl_now_ns() - w0) - (npyl_thread_cpu_ns() - c0);
+    atomic_store(&spin_stop, 1);
+    pthread_join(t, NULL);
+    cr_assert_eq(sched_setaffinity(0, sizeof old, &old), 0);
+    if (off < 20000000u)
+        cr_skip_test("the spinner did not share the CPU (off-CPU %" PRIu64 " ns)", off);
+    cr_assert_eq(blocked, 0, "%" PRIu64 " ns of preemption (off-CPU %" PRIu64 " ns) counted "
+                 "as blocked", blocked, off);
 }

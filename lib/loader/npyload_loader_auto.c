@@ -15,7 +15,9 @@
 #define WIN_BATCHES 4
 #define WIN_MIN_NS 30000000ull
 #define WIN_LONG_NS 1000000000ull
-#define GAIN 1.05        /* a worker added must raise throughput this much */
+#define GAIN 1.05        /* an addition must raise throughput this much */
+#define HOT_WINDOWS 2    /* windows in a row above the target before one */
+#define JUDGE_WINDOWS 2  /* windows that judge a change */
 #define REGIME 0.34      /* the step or throughput moving this much */
 #define CALM_WINDOWS 3   /* windows with room to spare before a removal */
 #define BACKOFF_MAX 64u  /* windows */
@@ -180,7 +182,9 @@ void npyl_auto_begin(npyl_auto *a, npyl_ring *ring, npyl_worker *workers, size_t
     a->workers_arr = workers;
     /* A start after a stop begins a new search and a new history. */
     a->pending = ACT_NONE;
-    a->prev_rate = a->prev_share = a->ref_step = a->ref_rate = 0;
+    a->base_rate = a->seen_min_rate = a->seen_max_share = a->ref_step = a->ref_rate = 0;
+    a->judged = a->hot = 0;
+    a->hot_rate = 0;
     a->win = a->force_k = 0;
     a->calm = 0;
     memset(a->until, 0, sizeof a->until);
@@ -329,7 +333,27 @@ static int regime_moved(double now, double ref, double slack)
     return d > REGIME * ref + slack;
 }
 
-/* One decision from the window w (no change being judged). */
+/* The workers the cores keep busy: AUTO_CORES (or the process's cores),
+ * more only while the workers wait for reads. A worker blocked a share b
+ * of its time is on a CPU 1 - b of it, so cores / (1 - b) of them keep
+ * the cores busy; b counts only spans with a voluntary context switch
+ * (npyl_blocked_since), so time lost to preemption on a busy machine
+ * never justifies a thread more. b is taken at most 1/2: at most twice
+ * the cores (cap_workers). */
+static size_t worker_ceiling(const npyl_auto *a, double blocked)
+{
+    double b = blocked < 0 ? 0 : blocked > 0.5 ? 0.5 : blocked;
+    size_t c = (size_t)((double)a->core_workers / (1.0 - b) + 1e-9);
+    if (c < a->core_workers)
+        c = a->core_workers;
+    if (c > a->cap_workers)
+        c = a->cap_workers;
+    return c < a->w_ceiling ? c : a->w_ceiling;
+}
+
+/* One decision from the window w (no change being judged). A count rises
+ * only after HOT_WINDOWS windows in a row above the target; the change is
+ * then judged over JUDGE_WINDOWS windows (judge). */
 static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_t held)
 {
     size_t pw = a->workers, ps = a->slots;
@@ -338,15 +362,17 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
     int aw = a->mode & NPYL_AUTO_WORKERS, as = (a->mode & NPYL_AUTO_SLOTS) && !a->device_mode;
     if (w->share > a->target) {
         a->calm = 0;
+        a->hot_rate += w->rate;
+        if (++a->hot < HOT_WINDOWS)
+            return;
+        a->base_rate = a->hot_rate / a->hot;
+        a->hot = 0;
+        a->hot_rate = 0;
         size_t need = min_slots(a, a->workers) + (held > 1 ? held - 1 : 0);
-        /* Past the cores only while the workers wait for a device. */
-        size_t ceiling = w->blocked > 0.5 ? a->cap_workers : a->core_workers;
-        if (ceiling > a->w_ceiling)
-            ceiling = a->w_ceiling;
         if (as && a->slots < need && apply_slots(a, a->slots + 1) != ps) {
-            reason = NPYLOAD_AUTO_WAIT;
-        } else if (aw && a->workers < ceiling && a->win >= a->until[B_ADD_W] &&
-                   apply_workers(a, a->workers + 1) != pw) {
+            reason = NPYLOAD_AUTO_WAIT; /* the workers' own need: not judged */
+        } else if (aw && a->workers < worker_ceiling(a, w->blocked) &&
+                   a->win >= a->until[B_ADD_W] && apply_workers(a, a->workers + 1) != pw) {
             if (as && a->slots < min_slots(a, a->workers))
                 apply_slots(a, min_slots(a, a->workers));
             a->pending = ACT_ADD_W;
@@ -359,44 +385,60 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
             a->pending = ACT_ADD_S;
             reason = NPYLOAD_AUTO_WAIT;
         }
-    } else if (w->share < a->target / 2 && ++a->calm >= CALM_WINDOWS) {
-        a->calm = 0;
-        size_t floor = min_slots(a, a->workers) + (held > 1 ? held - 1 : 0);
-        if (as && a->slots > floor && a->win >= a->until[B_DROP_S] &&
-            apply_slots(a, a->slots - 1) != ps) {
-            a->pending = ACT_DROP_S;
-            reason = NPYLOAD_AUTO_SPARE;
-        } else if (aw && a->workers > 1 && a->win >= a->until[B_DROP_W] &&
-                   apply_workers(a, a->workers - 1) != pw) {
-            a->pending = ACT_DROP_W;
-            reason = NPYLOAD_AUTO_SPARE;
+    } else {
+        a->hot = 0;
+        a->hot_rate = 0;
+        if (w->share < a->target / 2 && ++a->calm >= CALM_WINDOWS) {
+            a->calm = 0;
+            a->base_rate = w->rate;
+            size_t floor = min_slots(a, a->workers) + (held > 1 ? held - 1 : 0);
+            if (as && a->slots > floor && a->win >= a->until[B_DROP_S] &&
+                apply_slots(a, a->slots - 1) != ps) {
+                a->pending = ACT_DROP_S;
+                reason = NPYLOAD_AUTO_SPARE;
+            } else if (aw && a->workers > 1 && a->win >= a->until[B_DROP_W] &&
+                       apply_workers(a, a->workers - 1) != pw) {
+                a->pending = ACT_DROP_W;
+                reason = NPYLOAD_AUTO_SPARE;
+            }
         }
     }
     if (reason >= 0)
         record(a, m, reason, pw, ps, w->share, w->rate, w->busy, w->blocked);
+    if (a->pending) {
+        a->judged = 0;
+        a->seen_min_rate = 0;
+        a->seen_max_share = 0;
+    }
 }
 
-/* Judges the change made one window ago: kept, or taken back. Returns 1
- * when it was taken back. */
-static int judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
+/* Judges the change being judged after JUDGE_WINDOWS windows: an addition
+ * is kept only when every one of them delivered GAIN times the rate of the
+ * windows before it; a removal is taken back when one of them waited above
+ * the target or the rate fell by as much. What is taken back backs off. */
+static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
 {
+    if (!a->judged || w->rate < a->seen_min_rate)
+        a->seen_min_rate = w->rate;
+    if (w->share > a->seen_max_share)
+        a->seen_max_share = w->share;
+    if (++a->judged < JUDGE_WINDOWS)
+        return;
     size_t pw = a->workers, ps = a->slots;
     int act = a->pending;
     a->pending = ACT_NONE;
-    if (act == ACT_ADD_W && w->share > a->target && w->rate < a->prev_rate * GAIN) {
+    int paid = a->seen_min_rate >= a->base_rate * GAIN;
+    int worse = a->seen_max_share > a->target || a->seen_min_rate * GAIN < a->base_rate;
+    if (act == ACT_ADD_W && !paid) {
         apply_workers(a, a->workers - 1);
         a->w_ceiling = a->workers; /* until the regime changes */
         back_off(a, B_ADD_W);
         record(a, m, NPYLOAD_AUTO_NO_GAIN, pw, ps, w->share, w->rate, w->busy, w->blocked);
-        return 1;
-    }
-    if (act == ACT_ADD_S && w->share > a->target && w->rate < a->prev_rate * GAIN) {
+    } else if (act == ACT_ADD_S && !paid) {
         apply_slots(a, a->slots - 1);
         back_off(a, B_ADD_S);
         record(a, m, NPYLOAD_AUTO_NO_GAIN, pw, ps, w->share, w->rate, w->busy, w->blocked);
-        return 1;
-    }
-    if ((act == ACT_DROP_W || act == ACT_DROP_S) && w->share > a->target) {
+    } else if ((act == ACT_DROP_W || act == ACT_DROP_S) && worse) {
         if (act == ACT_DROP_W) {
             apply_workers(a, a->workers + 1);
             back_off(a, B_DROP_W);
@@ -405,11 +447,9 @@ static int judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
             back_off(a, B_DROP_S);
         }
         record(a, m, NPYLOAD_AUTO_WORSE, pw, ps, w->share, w->rate, w->busy, w->blocked);
-        return 1;
+    } else if (act == ACT_ADD_W || act == ACT_ADD_S) {
+        a->backoff[act == ACT_ADD_W ? B_ADD_W : B_ADD_S] = 0; /* it paid */
     }
-    if (act == ACT_ADD_W || act == ACT_ADD_S)
-        a->backoff[act == ACT_ADD_W ? B_ADD_W : B_ADD_S] = 0; /* it helped */
-    return 0;
 }
 
 void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
@@ -450,26 +490,25 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
     a->win++;
     if (a->pending) {
         judge(a, m, &w);
-    } else {
-        /* A regime change (the step or the throughput moved with the
-         * counts unchanged): forget what did not help. */
-        if (regime_moved(w.step_pb, a->ref_step, 1e6) || regime_moved(w.rate, a->ref_rate, 0)) {
-            if (a->w_ceiling < a->cap_workers || a->backoff[0] || a->backoff[1] ||
-                a->backoff[2] || a->backoff[3]) {
-                a->w_ceiling = a->cap_workers;
-                memset(a->backoff, 0, sizeof a->backoff);
-                memset(a->until, 0, sizeof a->until);
-                record(a, m, NPYLOAD_AUTO_REGIME, a->workers, a->slots, w.share, w.rate,
-                       w.busy, w.blocked);
-            }
-        }
-        a->ref_step = w.step_pb;
-        a->ref_rate = w.rate;
-        decide(a, m, &w, held);
+        a->ref_rate = 0; /* the windows after a change set no reference */
+        return;
     }
-    a->prev_rate = w.rate;
-    a->prev_share = w.share;
-    if (a->pending) /* the next window judges it: its measurements start clean */
+    /* A regime change (the step or the throughput moved with the counts
+     * unchanged): forget what did not help. */
+    if (regime_moved(w.step_pb, a->ref_step, 1e6) || regime_moved(w.rate, a->ref_rate, 0)) {
+        if (a->w_ceiling < a->cap_workers || a->backoff[0] || a->backoff[1] ||
+            a->backoff[2] || a->backoff[3]) {
+            a->w_ceiling = a->cap_workers;
+            memset(a->backoff, 0, sizeof a->backoff);
+            memset(a->until, 0, sizeof a->until);
+            record(a, m, NPYLOAD_AUTO_REGIME, a->workers, a->slots, w.share, w.rate, w.busy,
+                   w.blocked);
+        }
+    }
+    a->ref_step = w.step_pb;
+    a->ref_rate = w.rate;
+    decide(a, m, &w, held);
+    if (a->pending) /* the windows that judge it start clean */
         a->ref_rate = 0;
 }
 

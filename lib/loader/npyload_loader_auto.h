@@ -58,7 +58,8 @@ typedef struct npyl_auto {
     int device_mode;
     size_t per;              /* slots one worker fills at once (1, 2 ahead) */
     size_t cap_workers;      /* the workers array */
-    size_t core_workers;     /* the ceiling unless reads wait for a device */
+    size_t core_workers;     /* the ceiling unless reads wait for a device
+                                (AUTO_CORES, else the process's cores) */
     size_t cap_slots;        /* staging slot structs (ring.nh) */
     uint64_t budget, slot_bytes, worker_bytes;
     double target;
@@ -74,7 +75,12 @@ typedef struct npyl_auto {
     size_t workers, slots;
     npyl_auto_meas last;     /* the window's start */
     int pending;             /* the change being judged (an action) */
-    double prev_rate, prev_share, ref_step, ref_rate;
+    unsigned judged;         /* windows seen since it was made */
+    double base_rate;        /* the rate of the windows before it */
+    double seen_min_rate, seen_max_share; /* the windows since */
+    unsigned hot;            /* windows in a row above the target */
+    double hot_rate;         /* their rates, summed */
+    double ref_step, ref_rate;
     size_t w_ceiling;        /* adding up to this did not help */
     uint64_t win, force_k, force_at;
     unsigned calm;

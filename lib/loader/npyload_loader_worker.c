@@ -248,7 +248,7 @@ static int begin_job(npyl_worker *w, fill_job *j, int here)
         return 0;
     /* Read on the worker (here): all of it was waiting for reads; handed to
      * the read-ahead thread, which counts its own. */
-    npyl_span span = here ? npyl_span_begin() : (npyl_span){0, 0};
+    npyl_span span = here ? npyl_span_begin() : (npyl_span){0, 0, 0};
     npyl_read_begin(w->env->rv, &w->rd, j->h->indices, j->h->rows, w->dst[j->k], here);
     if (here) {
         atomic_fetch_add(&w->env->st->read_wait_ns, npyl_now_ns() - span.wall);
