@@ -217,7 +217,7 @@ class Loader(Generic[_B]):
         self._opts: dict[int, int] = {
             _npyload.OPT_BATCH_SIZE: batch_size,
             _npyload.OPT_NUM_WORKERS: (_npyload.AUTO if num_workers == "auto" else
-                                       num_workers if num_workers else -1),  # -1: sync
+                                       cast(int, num_workers) or -1),  # -1: sync
             _npyload.OPT_PREFETCH: (_npyload.AUTO if prefetch == "auto" else
                                     _slots_for(cast(int, prefetch), transform)),
             _npyload.OPT_SHUFFLE: shuffle_mode,
@@ -251,7 +251,7 @@ class Loader(Generic[_B]):
         # The library's PREFETCH, as it reports it once started (host slots,
         # or device slots with a CUDA device; the range was checked).
         self.num_slots = self._opts[_npyload.OPT_PREFETCH]  # AUTO (-2): the controller's
-        self.prefetch = prefetch
+        self.prefetch = "auto" if prefetch is None else prefetch  # None was 'auto'
         self.memory_budget = memory_budget
         self.auto_target = auto_target
         self.device = dev
