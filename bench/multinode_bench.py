@@ -4,8 +4,12 @@ proxy: 1 Gbit/s, 10 ms RTT by default) and with its own cache_dir:
 
 - fill: both nodes run npyload-prefetch at once (cold caches), then epoch 1
   on 4 ranks (2 per node) from the warm caches;
-- on demand: cold caches, epoch 1 on 4 ranks straight away (the cache
-  fills as samples are read).
+- loader fill: cold caches, epoch 1 on 4 ranks straight away with the
+  loaders' own background fill (cache_fill=True): the time to a warm cache
+  is when the node's fills are done (each rank's loader fills from its
+  start; the node's claims make each block cross the link once);
+- on demand: cold caches, epoch 1 on 4 ranks straight away, no fill
+  (cache_fill=False: the cache fills as samples are read).
 
 For each: time to a warm cache, epoch-1 samples/s, bytes fetched per node
 against the dataset's size (target <= 1.05x), requests per sample (counted
@@ -61,14 +65,20 @@ cfg = json.loads(sys.argv[1])
 t0 = time.perf_counter()
 x = npyload.Loader(cfg["fields"], batch_size=cfg["batch"], shuffle=True, seed=0,
                    num_workers=cfg["workers"], output="numpy", remote=cfg["remote"],
-                   rank=cfg["rank"], world_size=cfg["world"])
+                   rank=cfg["rank"], world_size=cfg["world"], cache_fill=cfg["cache_fill"])
 n = 0
 for b in x:
     n += len(b.indices)
 t = time.perf_counter() - t0
 st = x.stats()
+while st["fill_state"] == "running":  # the loader's own fill: until the cache is warm
+    time.sleep(0.01)
+    st = x.stats()
+# The fill's own wall time (it starts with the loader, at the first iter()).
+warm = st["fill_ns"] / 1e9 if st["fill_state"] == "done" else None
 x.close()
-print(json.dumps({"rank": cfg["rank"], "samples": n, "seconds": t, "stats": st}))
+print(json.dumps({"rank": cfg["rank"], "samples": n, "seconds": t, "warm_s": warm,
+                  "stats": st}))
 """
 
 
@@ -97,13 +107,13 @@ def node_remote(srv, proxy, cache, block):
     return dict(srv.remote(), endpoint=proxy.endpoint, cache_dir=cache, cache_block=block)
 
 
-def epoch_ranks(flds, remotes, world=NODES * RANKS):
-    """Epoch 1 on `world` rank processes at once (rank i on node i // RANKS);
-    returns their outputs."""
+def epoch_ranks(flds, remotes, cache_fill, world=NODES * RANKS):
+    """Epoch 1 on `world` rank processes at once (rank i on node i // RANKS),
+    the loaders' own cache fill as `cache_fill`; returns their outputs."""
     procs = []
     for rank in range(world):
         cfg = {"fields": flds, "remote": remotes[rank // RANKS], "rank": rank,
-               "world": world, "batch": BATCH, "workers": WORKERS}
+               "world": world, "batch": BATCH, "workers": WORKERS, "cache_fill": cache_fill}
         procs.append(subprocess.Popen([sys.executable, "-c", RANK, json.dumps(cfg)],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
@@ -295,7 +305,10 @@ def main():
         res["link_measured_bytes_per_s"] = [round(c) for c in caps]
         disk = disk_write_rate([os.path.join(croot, f"disk_probe_{i}") for i in range(NODES)])
         res["cache_disk_synced_write_bytes_per_s"] = [round(d) for d in disk]
-        for mode in ("fill", "on_demand"):
+        # fill: npyload-prefetch on each node before the job; loader_fill:
+        # the loaders' own background fill (cache_fill=True) while epoch 1
+        # runs; on_demand: neither.
+        for mode in ("fill", "loader_fill", "on_demand"):
             caches = [os.path.join(croot, f"cache_{mode}_{i}") for i in range(NODES)]
             for c in caches:
                 shutil.rmtree(c, ignore_errors=True)
@@ -310,7 +323,7 @@ def main():
                                                     "requests", "planned_bytes")}
                                  for d in pf]
                 r["time_to_warm_s"] = round(max(d["seconds"] for d in pf), 2)
-            outs = epoch_ranks(s3, remotes)
+            outs = epoch_ranks(s3, remotes, cache_fill=mode == "loader_fill")
             r["nodes"] = [node_summary(outs, i, D, N) for i in range(NODES)]
             for i, p in enumerate(proxies):
                 req = object_requests(p, marks[i])
@@ -323,6 +336,15 @@ def main():
                 r["nodes"][i]["bytes_vs_dataset"] = round(got / D, 3)
             r["epoch1_samples_per_s_per_rank"] = round(
                 sum(n["samples_per_s_per_rank"] for n in r["nodes"]) / NODES, 1)
+            if mode == "loader_fill":
+                # A node is warm when its ranks' fills are done (the first
+                # done fill leaves the others only blocks to find).
+                warm = [o["warm_s"] for o in outs]
+                r["time_to_warm_s"] = (round(max(warm), 2) if None not in warm else None)
+                r["fill_states"] = sorted({o["stats"]["fill_state"] for o in outs})
+                r["fill_fetched_bytes"] = [sum(o["stats"]["fill_fetched_bytes"] for o in outs
+                                               if o["rank"] // RANKS == i)
+                                           for i in range(NODES)]
             if mode == "on_demand":
                 r["time_to_warm_s"] = round(max(n["epoch_s"] for n in r["nodes"]), 2)
                 held = [sum(os.path.getsize(os.path.join(c, q)) for q in os.listdir(c)

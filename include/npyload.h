@@ -268,21 +268,29 @@ typedef enum npyload_shuffle {
                            "the build has one that runs on the GPU, else "   \
                            "compiled at start by NVRTC; 1 ahead of time "    \
                            "only; 2 NVRTC always (see npyload_loader_set_path)") \
-    XX(MEMORY_BUDGET, 20, "bytes that batch slots plus the workers' read "   \
+    XX(CACHE_FILL, 20, "remote fields with a cache_dir: a background thread "  \
+                       "fills the cache from start, in large ranged GETs, "  \
+                       "in the order this rank's epoch needs the blocks, "   \
+                       "while the epoch reads what has arrived. 0 "          \
+                       "(default): on when the cache keeps all it would "    \
+                       "fill (the rank's epoch, and with a shuffle the "     \
+                       "whole dataset), else off; 1: on (the part the "      \
+                       "cache keeps); -1: off. Progress in stats (fill_*)")  \
+    XX(MEMORY_BUDGET, 21, "bytes that batch slots plus the workers' read "   \
                           "buffers may take when NUM_WORKERS or PREFETCH is " \
                           "auto; the controller never exceeds it. 0 = "      \
                           "default: a quarter of the memory the process "    \
                           "may use (the smaller of physical memory and the " \
                           "cgroup v2 memory.max / v1 limit_in_bytes)")       \
-    XX(AUTO_TARGET, 21, "the consumer's wait in next() the controller aims "  \
+    XX(AUTO_TARGET, 22, "the consumer's wait in next() the controller aims "  \
                         "below, in basis points of its loop (wait + step): " \
                         "1 .. 10000; 0 = default 200 (2 %)")                \
-    XX(AUTO_CORES, 22, "cores this loader's workers may keep busy (several " \
+    XX(AUTO_CORES, 23, "cores this loader's workers may keep busy (several " \
                        "loaders or ranks on a node divide the node's): the " \
                        "controller's worker ceiling, exceeded only when "   \
                        "reads wait for a device; 0 = default: the cores "   \
                        "the process may run on (sched_getaffinity)")        \
-    XX(AUTO_FORCE, 23, "testing: with auto, every this many batches the "   \
+    XX(AUTO_FORCE, 24, "testing: with auto, every this many batches the "   \
                        "controller changes workers and slots to a new "     \
                        "pseudo-random pair instead of measuring; 0 = off "  \
                        "(default)")
@@ -1122,14 +1130,52 @@ typedef struct npyload_stats {
     uint64_t cache_read_bytes;  /* bytes served from cache_dir */
     uint64_t cache_write_bytes; /* bytes written into cache_dir */
     uint64_t cache_evictions;   /* blocks removed to stay within cache_bytes */
-    /* Self-tuning (0.4; num_workers and num_slots above are the current
-     * counts, which the controller changes): */
+    /* The background cache fill (NPYLOAD_OPT_CACHE_FILL; appended after
+     * 0.3, like everything below). Counters of the fill of the current
+     * start (a stop and a new start begin another): */
+    int32_t fill_state;         /* npyload_fill_state */
+    int32_t fill_error;         /* the fill's failure (a negative code; 0
+                                   none): the epoch is not failed by it,
+                                   reads fetch on demand; the message:
+                                   npyload_loader_fill_error() */
+    uint64_t fill_wanted_bytes; /* what the fill would bring: the cache
+                                   blocks of the rank's epoch from the
+                                   position at start, then (shuffling) of
+                                   every remote file */
+    uint64_t fill_planned_bytes; /* the part it fills: the first of those
+                                    blocks that the cache keeps (90 % of
+                                    cache_bytes) */
+    uint64_t fill_planned_blocks;
+    uint64_t fill_done_bytes;   /* of the part, in the cache: found, fetched
+                                   or fetched meanwhile by a reader */
+    uint64_t fill_found_blocks; /* already in the cache when their turn came */
+    uint64_t fill_fetched_blocks; /* fetched by the fill's GETs */
+    uint64_t fill_fetched_bytes;
+    uint64_t fill_waited_blocks; /* fetched by another thread (a worker) or
+                                    process (a rank sharing cache_dir) while
+                                    the fill waited for them */
+    uint64_t fill_ns;           /* the fill's wall time (so far, while it
+                                   runs): with fill_state DONE, the time to
+                                   a warm cache */
+    /* Self-tuning (appended after the fill; num_workers and num_slots
+     * above are the current counts, which the controller changes): */
     uint64_t auto_mode;         /* 0 fixed; bit 1: the controller changes
                                    the workers, bit 2: the slots */
     uint64_t memory_budget;     /* MEMORY_BUDGET resolved (0: fixed) */
     uint64_t memory_bytes;      /* slots plus workers' read buffers now */
     uint64_t auto_decisions;    /* changes the controller made */
 } npyload_stats;
+
+/*! npyload_fill_state: npyload_stats.fill_state. */
+typedef enum npyload_fill_state {
+    NPYLOAD_FILL_OFF = 0,       /* no fill: CACHE_FILL -1, no remote field
+                                   with a cache_dir, or (CACHE_FILL 0) the
+                                   cache keeps less than it would fill */
+    NPYLOAD_FILL_RUNNING = 1,
+    NPYLOAD_FILL_DONE = 2,      /* the part is in the cache */
+    NPYLOAD_FILL_FAILED = 3,    /* a GET failed for good (fill_error) */
+    NPYLOAD_FILL_STOPPED = 4    /* stop() or destroy() came first */
+} npyload_fill_state;
 
 /*! Why the controller changed the counts (npyload_auto_event.reason). */
 typedef enum npyload_auto_reason {
@@ -1185,7 +1231,9 @@ NPYLOAD_API const char *npyload_auto_reason_name(int reason);
  * `hook_ns` is the time a per-batch hook ran on a thread of its own between
  * the loader and the loop (0 without one; then wait_ns and step_ns are the
  * loop's own). The rules, first match wins:
- *  - fewer than 2 batches delivered: nothing to judge;
+ *  - fewer than NPYLOAD_VERDICT_MIN_BATCHES (10) batches delivered, or
+ *    fewer than num_slots + 2: start-up (workers starting, slots filling),
+ *    nothing to judge;
  *  - the consumer: the loop waited at most NPYLOAD_VERDICT_IDLE (5 %) of
  *    wait_ns + step_ns: the loader keeps up, the step is the limit;
  *  - the hook: it ran at least NPYLOAD_VERDICT_HOOK (50 %) of elapsed_ns;
@@ -1195,15 +1243,19 @@ NPYLOAD_API const char *npyload_auto_reason_name(int reason);
  *    share of read_blocked_ns: a read from the page cache is a copy that
  *    keeps its thread on the CPU, not a wait for the disk; named "the
  *    object store" when remote requests were made and remote_wait_ns is
- *    at least half of those read waits), zstd decode
+ *    at least half of those read waits; a cache_dir is advised only when
+ *    cache_hits + cache_misses is 0, no cache), zstd decode
  *    (decode_ns), host
- *    transforms (transform_ns), each over elapsed_ns x workers, and the H2D
+ *    transforms (transform_ns; the advice names the GPU only when device
+ *    >= 0 or npyload_cuda_available(0) says one exists), each over
+ *    elapsed_ns x workers, and the H2D
  *    copy (h2d_ns over elapsed_ns);
  *  - else copies on the CPU (reads into the slots).
  * The line starts with "bottleneck: " and one of "none", "the consumer",
  * "the hook", "the disk", "the object store", "decode", "host transforms",
  * "the H2D copy",
  * "CPU copies". @return : 0 or NPYLOAD_EINVAL. */
+#define NPYLOAD_VERDICT_MIN_BATCHES 10
 #define NPYLOAD_VERDICT_IDLE 0.05
 #define NPYLOAD_VERDICT_HOOK 0.50
 #define NPYLOAD_VERDICT_SHARE 0.40
@@ -1216,6 +1268,13 @@ NPYLOAD_API int npyload_stats_verdict(const npyload_stats *s, uint64_t hook_ns, 
  * @return : 0 or NPYLOAD_EINVAL. */
 NPYLOAD_API int npyload_loader_last_skip_error(const npyload_loader *L, char *buf,
                                                size_t len);
+
+/*! npyload_loader_fill_error() : copies the message of the background
+ * cache fill's failure (stats.fill_state NPYLOAD_FILL_FAILED: the URL and
+ * what happened) to buf (always NUL-terminated; "" when none).
+ * Thread-safe.
+ * @return : 0 or NPYLOAD_EINVAL. */
+NPYLOAD_API int npyload_loader_fill_error(const npyload_loader *L, char *buf, size_t len);
 
 /*! npyload_loader_get_stats() : counters since start (reading them is
  * cheap and thread-safe). `size` is sizeof(npyload_stats) as the caller

@@ -218,6 +218,16 @@ Test(bench_recommend, paste_lines_carry_the_measured_run)
     cr_assert_str_eq(py, "npyload.Loader({\"images\": \"d/images/*.npy\", \"heatmaps\": "
                          "\"d/h/*.npy\"}, batch_size=64, shuffle=\"local\", num_workers=3, "
                          "prefetch=3, io=\"uring\")");
+    char tune[128];
+    cr_assert_str_eq(nb_tuning_args(&rec, tune, sizeof tune),
+                     "num_workers=3, prefetch=3, io=\"uring\"");
+    /* The user's seed and drop_last are carried (issue 40). */
+    c.seed = 7;
+    c.seed_given = 1;
+    c.drop_last = 1;
+    char py2[1024], cl2[512];
+    nb_format_paste(&c, &rec, py2, sizeof py2, cl2, sizeof cl2);
+    cr_assert(strstr(py2, "io=\"uring\", seed=7, drop_last=True)"), "%s", py2);
     cr_assert_str_eq(cl, "npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, 3); "
                          "npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, 4); "
                          "npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, NPYLOAD_IO_URING);");
@@ -463,6 +473,37 @@ Test(bench_zst, page_cache_raw_wins_and_says_when_it_would_pay)
     cr_assert_float_eq(z.expected_cold_sps, -1, 1e-12);
 }
 
+/* Like with like (issue 40): in the page cache, packed data costs the same
+ * workers the decode and the same transforms; the trial measured raw 1.7x
+ * faster than packed there, where "raw x ratio, capped by all cores'
+ * decode" promised packed faster. 1 MiB samples, ratio 2, 1 GB/s decode per
+ * core: raw 0.1 ms copy + 0.5 ms transform per sample, packed 0.05 + 1.048576
+ * + 0.5 ms. */
+Test(bench_zst, page_cache_compares_the_same_workers_with_transforms)
+{
+    nb_zst_report z = zst_estimate(2, 2.0, 100, 1305);
+    z.raw_cpu_ns_per_sample = 600000;
+    z.transform_ns_per_sample = 500000;
+    z.workers = 2;
+    nb_zst_judge(&z, 1 << 20, 0);
+    double packed = 50000 + 1048576 + 500000;
+    cr_assert_float_eq(z.packed_cpu_ns_per_sample, packed, 1e-6);
+    cr_assert_float_eq(z.expected_warm_sps, 1305 * 600000 / packed, 1e-6);
+    cr_assert_eq(z.pays, 0, "%s", z.verdict);
+    cr_assert(strstr(z.verdict, "does not pay") && strstr(z.verdict, "same 2 workers") &&
+              strstr(z.verdict, "same transforms"), "%s", z.verdict);
+    /* cold: the disk's 100 raw x ratio 2 = 200, under the workers' CPU cap */
+    cr_assert_float_eq(z.expected_cold_sps, 200, 1e-6);
+    /* disk-bound, the same CPU cap: 2 workers x 1e9 / packed ns */
+    z = zst_estimate(2, 2.0, 1100, 1305);
+    z.raw_cpu_ns_per_sample = 600000;
+    z.transform_ns_per_sample = 500000;
+    z.workers = 2;
+    nb_zst_judge(&z, 1 << 20, 1);
+    cr_assert_float_eq(z.expected_cold_sps, 2e9 / packed, 1e-6);
+    cr_assert_eq(z.pays, 0, "%s", z.verdict); /* 1251 < 1.2 x 1100 */
+}
+
 Test(bench_zst, incompressible_unknown_and_packed)
 {
     nb_zst_report z = zst_estimate(1.02, 5, 1000, 5000);
@@ -627,7 +668,10 @@ Test(bench_next_steps, follows_the_verdict)
         {"bottleneck: the disk (...)", "--cold --workers up to 4"},
         {"bottleneck: the object store (...)", "cache_dir"},
         {"bottleneck: decode (...)", "npyload-pack -l 1"},
-        {"bottleneck: host transforms (...)", "device=\"cuda\""},
+        /* the GPU only on a machine with one (issue 40) */
+        {"bottleneck: host transforms (...)", npyload_cuda_available(0, NULL, 0) == 1
+                                                  ? "device=\"cuda\""
+                                                  : "no CUDA device here"},
         {"bottleneck: the H2D copy (...)", "pinned"},
         {"bottleneck: CPU copies (...)", "90% of the machine's measured copy ceiling"},
     };
@@ -648,6 +692,10 @@ Test(bench_next_steps, follows_the_verdict)
     snprintf(rec.verdict, sizeof rec.verdict, "bottleneck: CPU copies (...)");
     nb_next_steps(&cfg, &rec, &r, NULL, 2, s, sizeof s);
     cr_assert(strstr(s, "--workers up to 2"), "%s", s);
+    cfg.device = 0; /* a CUDA loader: the GPU is the advice */
+    snprintf(rec.verdict, sizeof rec.verdict, "bottleneck: host transforms (...)");
+    nb_next_steps(&cfg, &rec, &r, NULL, 2, s, sizeof s);
+    cr_assert(strstr(s, "GPU"), "%s", s);
 }
 
 /* Remote fields: the sweep, its recommendation, a point without latency

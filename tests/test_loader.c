@@ -1652,6 +1652,61 @@ Test(loader_verdict, names_each_bottleneck_by_its_documented_rule)
     cr_assert_eq(strlen(tiny), 7);
 }
 
+/* Verdicts that know their context (issue 40): none from start-up batches,
+ * no GPU advice for a host loader on a machine without CUDA, no cache_dir
+ * advice when a cache is set. */
+Test(loader_verdict, knows_start_up_the_machine_and_the_cache)
+{
+    char v[512];
+    npyload_stats s;
+    memset(&s, 0, sizeof s);
+    s.elapsed_ns = 10000000000ull;
+    s.num_workers = 2;
+    s.num_slots = 4;
+    s.wait_ns = 3000000000ull;
+    s.step_ns = 7000000000ull;
+    s.worker_cpu_ns = 18000000000ull;
+    s.batches_delivered = 7; /* the trial's start-up verdict: "CPU copies" */
+    npyload_stats_verdict(&s, 0, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: none judged (7 batches delivered: start-up"), "%s", v);
+    s.num_slots = 12; /* more slots than the minimum: slots + 2 */
+    s.batches_delivered = 13;
+    npyload_stats_verdict(&s, 0, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: none judged (13 batches delivered: start-up; judged "
+                        "from 14)"), "%s", v);
+    s.batches_delivered = 14;
+    npyload_stats_verdict(&s, 0, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: CPU copies"), "%s", v);
+
+    s.worker_cpu_ns = 0;
+    s.transform_ns = 16000000000ull;
+    s.device = 0; /* a CUDA loader: the GPU is the advice */
+    npyload_stats_verdict(&s, 0, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: host transforms") && strstr(v, "GPU"), "%s", v);
+    s.device = -1; /* host memory: the GPU only where the machine has one */
+    npyload_stats_verdict(&s, 0, v, sizeof v);
+    cr_assert(strstr(v, "bottleneck: host transforms"), "%s", v);
+    if (npyload_cuda_available(0, NULL, 0) == 1)
+        cr_assert(strstr(v, "GPU"), "%s", v);
+    else
+        cr_assert(!strstr(v, "GPU") && !strstr(v, "device=") && strstr(v, "no CUDA device"),
+                  "%s", v);
+
+    s.transform_ns = 0;
+    s.read_wait_ns = 15000000000ull;
+    s.read_ahead_batches = 10;
+    s.read_blocked_ns = 16000000000ull;
+    s.remote_requests = 500;
+    s.remote_wait_ns = 15000000000ull;
+    npyload_stats_verdict(&s, 0, v, sizeof v);
+    cr_assert(strstr(v, "the object store") && strstr(v, "a local cache (cache_dir=)"), "%s",
+              v);
+    s.cache_misses = 40; /* a cache is set: its blocks are counted */
+    npyload_stats_verdict(&s, 0, v, sizeof v);
+    cr_assert(strstr(v, "the object store") && !strstr(v, "a local cache") &&
+              !strstr(v, "cache_dir=)"), "%s", v);
+}
+
 /* The counters behind the verdict on a running loader: the consumer's step
  * (time between next() calls) is counted in step_ns, the workers' CPU time
  * in worker_cpu_ns, and a consumer that sleeps 20 ms per batch is named. */

@@ -85,8 +85,11 @@ static const char usage[] =
     "                       slots - 1) (default 1,2,4)\n"
     "  --io LIST            auto,io_uring,pread,mmap (default auto)\n"
     "  --shuffle[=local]    full shuffle (or locality-preserving)\n"
+    "  --seed N, --drop-last  your Loader's seed and drop_last: measured with\n"
+    "                       them and carried into the pasted line\n"
     "  --device D           cpu (default) or cuda:N\n"
-    "  --seconds S          measure each configuration for S s (default 1.5)\n"
+    "  --seconds S          measure each configuration for S s (default 1.5),\n"
+    "                       and for at least 10 batches (up to 60 s)\n"
     "  --batches N          measure each configuration for N batches instead\n"
     "  --compute-ms X       simulate a training step of X ms per batch (a host\n"
     "                       sleep; with cuda a GPU busy kernel); the\n"
@@ -263,7 +266,14 @@ static void add_field(nb_config *cfg, const char *a)
         die_usage("at most %d fields", NB_MAX_FIELDS);
     nb_field_info *fi = &cfg->fields[cfg->nfields++];
     size_t nl = (size_t)(eq - a);
-    snprintf(fi->glob, sizeof fi->glob, "%s", eq + 1);
+    /* Absolute, so that the pasted line reads the same files from the
+     * training script's directory. */
+    char cwd[2048];
+    if (eq[1] != '/' && !strstr(eq + 1, "://") && getcwd(cwd, sizeof cwd))
+        snprintf(fi->glob, sizeof fi->glob, "%s/%s", cwd,
+                 strncmp(eq + 1, "./", 2) ? eq + 1 : eq + 3);
+    else
+        snprintf(fi->glob, sizeof fi->glob, "%s", eq + 1);
     if (nl == 0 || nl >= sizeof fi->name)
         die_usage("'%s': a field is name=GLOB", shown);
     memcpy(fi->name, a, nl);
@@ -377,7 +387,7 @@ static void add_transform(nb_config *cfg, const char *a)
 
 enum {
     OPT_BATCH_SIZE = 256, OPT_WORKERS, OPT_PREFETCH, OPT_IO, OPT_SHUFFLE, OPT_DEVICE,
-    OPT_BATCHES, OPT_SECONDS, OPT_COMPUTE_MS, OPT_COLD, OPT_DIRECT, OPT_NO_READ_AHEAD, OPT_NO_REPEAT, OPT_TRANSFORM, OPT_RANKS, OPT_JSON, OPT_PLOT,
+    OPT_BATCHES, OPT_SECONDS, OPT_COMPUTE_MS, OPT_COLD, OPT_DIRECT, OPT_NO_READ_AHEAD, OPT_NO_REPEAT, OPT_TRANSFORM, OPT_RANKS, OPT_JSON, OPT_PLOT, OPT_SEED, OPT_DROP_LAST,
     OPT_VERSION, OPT_AUTO,
 };
 
@@ -398,6 +408,8 @@ static const struct option longopts[] = {
     {"auto", no_argument, NULL, OPT_AUTO},
     {"transform", required_argument, NULL, OPT_TRANSFORM},
     {"ranks", required_argument, NULL, OPT_RANKS},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"drop-last", no_argument, NULL, OPT_DROP_LAST},
     {"json", required_argument, NULL, OPT_JSON},
     {"plot", required_argument, NULL, OPT_PLOT},
     {"quiet", no_argument, NULL, 'q'},
@@ -435,6 +447,11 @@ static void apply_opt(nb_ctx *ctx, nb_config *cfg, opts *o, int opt, const char 
     case OPT_NO_REPEAT: o->no_repeat = 1; break;
     case OPT_AUTO: o->auto_run = 1; break;
     case OPT_RANKS: cfg->ranks = (int)parse_int("--ranks", v, 1, 64); break;
+    case OPT_SEED:
+        cfg->seed = parse_int("--seed", v, INT64_MIN, INT64_MAX);
+        cfg->seed_given = 1;
+        break;
+    case OPT_DROP_LAST: cfg->drop_last = 1; break;
     case OPT_TRANSFORM:
         if (o->ntransforms == NB_MAX_FIELDS)
             die_usage("--transform: at most %d", NB_MAX_FIELDS);
@@ -523,6 +540,25 @@ static void parse_args(int argc, char **argv, nb_ctx *ctx, nb_config *cfg, opts 
         cfg->seconds = 0;
     check_output("--json", o->json);
     check_output("--plot", o->plot);
+}
+
+/* Runs measured by time on fewer than NB_MIN_BATCHES batches (the time
+ * limit ran out first): their p50, stall and verdict rest on too little,
+ * and the user is told why and what to do. */
+static void warn_few_batches(nb_ctx *ctx, const nb_config *cfg, const nb_run *runs,
+                             size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!runs[i].ok || runs[i].batches >= NB_MIN_BATCHES)
+            continue;
+        if (cfg->batches > 0)
+            continue; /* the count the user asked for */
+        nb_warn(ctx, "w=%d p=%d measured only %llu batches in %.0f s (the %d-second "
+                "limit per run): p50, stall and the verdict rest on too few; use a "
+                "smaller --compute-ms or --batches %d", runs[i].workers, runs[i].prefetch,
+                (unsigned long long)runs[i].batches, runs[i].wall_s, NB_MAX_RUN_S,
+                NB_MIN_BATCHES);
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -967,6 +1003,8 @@ static int report(const nb_ctx *ctx, const nb_report *rep, const opts *o, int no
                    "%.0f samples/s\n", rep->config->ranks, rep->config->ranks,
                    rep->rec->samples_per_s);
         printf("  python: %s\n  C:      %s\n", py, c);
+        printf("  or only the tuning arguments, into your own Loader(...): %s\n",
+               nb_tuning_args(rep->rec, py, sizeof py));
         printf("%s\n", rep->rec->verdict);
     }
     if (!ctx->quiet && rep->zst)
@@ -1092,6 +1130,7 @@ int main(int argc, char **argv)
     for (size_t i = nruns; i < nruns + more; i++)
         nok += runs[i].ok;
     nruns += more;
+    warn_few_batches(&ctx, &cfg, runs, nruns);
     if (!ctx.rclient) {
         nb_zst_after_grid(&ctx, &cfg, mach.cores_allowed, ceilings, nceil, runs, nruns,
                           total_bytes, &zst);

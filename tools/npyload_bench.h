@@ -101,6 +101,11 @@ typedef struct nb_machine {
  * least are equal (two runs of one configuration differ by about that on
  * a quiet machine): the recommendation takes the least memory among them. */
 #define NB_STALL_NOISE 2.0
+/* Measuring by time (--seconds), a run goes on until it has at least
+ * NB_MIN_BATCHES batches, unless that takes NB_MAX_RUN_S seconds (a warning
+ * says so then). */
+#define NB_MIN_BATCHES 10
+#define NB_MAX_RUN_S 60
 
 /* The table's column legend (printed after the table and in --help). */
 extern const char nb_legend[];
@@ -150,6 +155,9 @@ typedef struct nb_config {
     int cold;
     int direct;
     int no_read_ahead;         /* --no-read-ahead: READ_AHEAD -1 */
+    int64_t seed;              /* --seed (0 by default, as the Loader's) */
+    int seed_given;
+    int drop_last;             /* --drop-last */
     int ranks;                 /* --ranks R: R loaders at once (rank r of R), as
                                   torchrun --nproc_per_node=R runs them; a
                                   run's workers and prefetch are per rank, its
@@ -219,6 +227,14 @@ typedef struct nb_zst_report {
     double raw_cold_sps, raw_warm_sps;
     char raw_cold_source[32], raw_warm_source[32];
     double expected_cold_sps, expected_warm_sps;
+    /* Like with like: the raw runs' worker CPU time per sample (reads or
+     * copies and the transforms), the transforms' part of it, and the
+     * workers that spent it (<= 0 unknown). Packed data costs the copy of
+     * ratio-times fewer bytes, the decode and the same transforms, on the
+     * same workers. */
+    double raw_cpu_ns_per_sample, transform_ns_per_sample;
+    int workers;
+    double packed_cpu_ns_per_sample; /* the judge's estimate; < 0 unknown */
     int pays;                  /* 1 yes, 0 no, -1 not judged (packed fields) */
     char verdict[512];
     char note[256];
@@ -336,6 +352,11 @@ void nb_next_steps(const nb_config *cfg, const nb_recommendation *rec, const nb_
  * prefetch is the slots - 1 the Python loader counts) and the C
  * npyload_loader_set calls (PREFETCH in slots), with the measured run's
  * values: both build that run's loader. */
+/* The recommendation's tuning arguments alone ("num_workers=2,
+ * prefetch=3, io=\"uring\""), for a Loader(...) call the user already has.
+ * @return : buf. */
+const char *nb_tuning_args(const nb_recommendation *r, char *buf, size_t len);
+
 void nb_format_paste(const nb_config *cfg, const nb_recommendation *r, char *py,
                      size_t pylen, char *c, size_t clen);
 

@@ -181,7 +181,8 @@ static npyload_loader *run_loader(const nb_config *cfg, int workers, int prefetc
         {NPYLOAD_OPT_NUM_WORKERS, workers, "num_workers"},
         {NPYLOAD_OPT_PREFETCH, prefetch, "prefetch"},
         {NPYLOAD_OPT_SHUFFLE, cfg->shuffle, "shuffle"},
-        {NPYLOAD_OPT_SEED, 0, "seed"},
+        {NPYLOAD_OPT_SEED, cfg->seed, "seed"},
+        {NPYLOAD_OPT_DROP_LAST, cfg->drop_last, "drop_last"},
         {NPYLOAD_OPT_IO_BACKEND, io, "io"},
         {NPYLOAD_OPT_DEVICE, cfg->device, "device"},
         {NPYLOAD_OPT_DIRECT_IO, cfg->direct, "direct_io"},
@@ -297,6 +298,8 @@ static void timed_stats(npyload_loader *L, const npyload_stats *st0, uint64_t in
     d->wait_ns = in_next;
     d->step_ns = wall_ns > in_next ? wall_ns - in_next : 0;
     d->num_workers = s.num_workers;
+    d->num_slots = s.num_slots; /* the verdict's start-up rule */
+    d->device = s.device;       /* its GPU advice: a host loader has -1 */
 }
 
 /* The timed batches: each taken with next() (and synced on a GPU without a
@@ -338,7 +341,13 @@ static int run_timed(nb_ctx *ctx, npyload_loader *L, const nb_config *cfg, nb_gp
                                        : (double)el / (double)bound_ns;
         if (show)
             progress(&ctx->prog, frac, what);
-        if (cfg->batches > 0 ? (int64_t)lat->n >= cfg->batches : el >= bound_ns && lat->n >= 2)
+        /* By time: at least NB_MIN_BATCHES (a p50, a stall share and a
+         * verdict need them; a 900 ms step gives 1-2 in 1.5 s), unless
+         * even that runs past NB_MAX_RUN_S (then main warns). */
+        if (cfg->batches > 0 ? (int64_t)lat->n >= cfg->batches
+                             : el >= bound_ns && (lat->n >= NB_MIN_BATCHES ||
+                                                  (el >= NB_MAX_RUN_S * 1000000000ull &&
+                                                   lat->n >= 2)))
             break;
     }
     if (step)

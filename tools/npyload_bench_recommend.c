@@ -316,12 +316,19 @@ void nb_next_steps(const nb_config *cfg, const nb_recommendation *rec, const nb_
             "8-bit data stored wider, more cores, or raw files where the data fits in the "
             "page cache (the compression line says which).");
     } else if (strstr(v, "host transforms")) {
-        SAY("%s", cfg->device >= 0
-                      ? "Host transforms use the cores: "
-                        "give the transform to the GPU (it runs after the copy there)."
-                      : "Host transforms use the cores: on a GPU machine pass "
-                        "device=\"cuda\" so the transform runs on the GPU after the copy, "
-                        "and rerun with --device cuda:0 to measure it.");
+        if (cfg->device >= 0)
+            SAY("Host transforms use the cores: give the transform to the GPU (it runs "
+                "after the copy there).");
+        else if (npyload_cuda_available(0, NULL, 0) == 1)
+            SAY("Host transforms use the cores: this machine has a CUDA device, so pass "
+                "device=\"cuda\" (the transform runs on the GPU after the copy) and rerun "
+                "with --device cuda:0 to measure it.");
+        else
+            SAY("Host transforms use the cores (no CUDA device here to move them to): "
+                "%s a cheaper transform (keep the stored dtype, drop steps the model can "
+                "do) or store the data already transformed.",
+                r->workers < cores ? "more workers (rerun with --workers up to the cores),"
+                                   : "all cores are busy, so");
     } else if (strstr(v, "the H2D copy")) {
         SAY("The copy engine is busy: carry the stored dtype over PCIe (transform on the "
             "GPU) and keep the slots pinned.");
@@ -358,6 +365,10 @@ void nb_format_paste(const nb_config *cfg, const nb_recommendation *r, char *py,
                               shuffle[cfg->shuffle >= 0 && cfg->shuffle <= 2 ? cfg->shuffle : 0],
                               r->workers, r->prefetch - 1, io,
                               cfg->direct ? ", direct_io=True" : "");
+    if (n < pylen && (cfg->seed_given || cfg->seed))
+        n += (size_t)snprintf(py + n, pylen - n, ", seed=%lld", (long long)cfg->seed);
+    if (n < pylen && cfg->drop_last)
+        n += (size_t)snprintf(py + n, pylen - n, ", drop_last=True");
     if (n < pylen && cfg->device >= 0)
         n += (size_t)snprintf(py + n, pylen - n, ", device=\"cuda:%d\"", cfg->device);
     int nt = 0;
@@ -418,6 +429,13 @@ void nb_format_paste(const nb_config *cfg, const nb_recommendation *r, char *py,
                 snprintf(c + m, clen - m, " /* + npyload_loader_set_transform as --transform */");
             break;
         }
+}
+
+const char *nb_tuning_args(const nb_recommendation *r, char *buf, size_t len)
+{
+    snprintf(buf, len, "num_workers=%d, prefetch=%d, io=\"%s\"", r->workers, r->prefetch - 1,
+             !strcmp(r->io, "io_uring") ? "uring" : r->io);
+    return buf;
 }
 
 static void nb_format_mib(double mib, char *buf, size_t len)

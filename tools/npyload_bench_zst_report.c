@@ -37,10 +37,27 @@ void nb_zst_judge(nb_zst_report *z, uint64_t sample_bytes, int disk_bound)
         return;
     }
     double dec = z->decode_gbps * 1e9 / (double)sample_bytes;
+    /* Like with like: the same workers spend on a packed sample the copy
+     * of ratio-times fewer bytes, the decode and the same transforms
+     * (decode and transforms share the cores). The warm rate scales by the
+     * CPU time per sample; the cold one is the disk's, ratio-times more,
+     * until those workers' CPU caps it. */
+    double cap = dec, warm_gain = z->ratio;
+    z->packed_cpu_ns_per_sample = -1;
+    if (z->raw_cpu_ns_per_sample > 0 && z->decode_gbps_per_core > 0 && z->workers > 0) {
+        double t = z->transform_ns_per_sample > 0 ? z->transform_ns_per_sample : 0;
+        double copy = z->raw_cpu_ns_per_sample > t ? z->raw_cpu_ns_per_sample - t : 0;
+        double packed = copy / z->ratio + (double)sample_bytes / z->decode_gbps_per_core + t;
+        z->packed_cpu_ns_per_sample = packed;
+        cap = (double)z->workers * 1e9 / packed;
+        warm_gain = z->raw_cpu_ns_per_sample / packed;
+    }
     if (z->raw_cold_sps > 0)
-        z->expected_cold_sps = min2(z->raw_cold_sps * z->ratio, dec);
+        z->expected_cold_sps = min2(z->raw_cold_sps * z->ratio, cap);
     if (z->raw_warm_sps > 0)
-        z->expected_warm_sps = min2(z->raw_warm_sps * z->ratio, dec);
+        z->expected_warm_sps = z->packed_cpu_ns_per_sample > 0
+                                   ? z->raw_warm_sps * warm_gain
+                                   : min2(z->raw_warm_sps * z->ratio, dec);
     char *v = z->verdict;
     size_t vl = sizeof z->verdict;
     if (!z->estimate) {
@@ -65,9 +82,11 @@ void nb_zst_judge(nb_zst_report *z, uint64_t sample_bytes, int disk_bound)
         z->pays = z->expected_cold_sps >= 1.2 * z->raw_cold_sps;
         snprintf(v, vl,
                  "packing %s here: the data is read from disk; packed ~%.0f samples/s "
-                 "cold against %.0f raw (%.2fx; ratio %.2fx, the cores decode %.0f)",
+                 "cold against %.0f raw (%.2fx; ratio %.2fx, %s %.0f)",
                  z->pays ? "pays" : "does not pay", z->expected_cold_sps, z->raw_cold_sps,
-                 z->expected_cold_sps / z->raw_cold_sps, z->ratio, dec);
+                 z->expected_cold_sps / z->raw_cold_sps, z->ratio,
+                 z->packed_cpu_ns_per_sample > 0 ? "the workers decode and transform"
+                                                 : "the cores decode", cap);
         if (z->mem_available_gib > 0 && z->packed_gib < 0.6 * z->mem_available_gib &&
             z->dataset_gib >= 0.6 * z->mem_available_gib)
             vappend(v, vl, "; packed (%.1f GiB) it fits in the page cache", z->packed_gib);
@@ -79,10 +98,20 @@ void nb_zst_judge(nb_zst_report *z, uint64_t sample_bytes, int disk_bound)
         return;
     }
     z->pays = z->expected_warm_sps >= z->raw_warm_sps;
-    snprintf(v, vl,
-             "packing %s here: the data fits in the page cache, where raw reads give %.0f "
-             "samples/s and packed data ~%.0f (the cores decode %.0f)",
-             z->pays ? "pays" : "does not pay", z->raw_warm_sps, z->expected_warm_sps, dec);
+    if (z->packed_cpu_ns_per_sample > 0)
+        snprintf(v, vl,
+                 "packing %s here: the data fits in the page cache, where the loader gives "
+                 "%.0f samples/s from raw files and ~%.0f from packed ones on the same %d "
+                 "workers (%.0f us of CPU per sample raw, ~%.0f packed: decode%s on the "
+                 "same cores)",
+                 z->pays ? "pays" : "does not pay", z->raw_warm_sps, z->expected_warm_sps,
+                 z->workers, z->raw_cpu_ns_per_sample / 1e3, z->packed_cpu_ns_per_sample / 1e3,
+                 z->transform_ns_per_sample > 0 ? " and the same transforms" : "");
+    else
+        snprintf(v, vl,
+                 "packing %s here: the data fits in the page cache, where raw reads give %.0f "
+                 "samples/s and packed data ~%.0f (the cores decode %.0f)",
+                 z->pays ? "pays" : "does not pay", z->raw_warm_sps, z->expected_warm_sps, dec);
     if (z->raw_cold_sps > 0 && z->expected_cold_sps >= 1.2 * z->raw_cold_sps)
         vappend(v, vl, "; it pays once the data outgrows RAM (cold: ~%.0f packed against "
                 "%.0f raw)", z->expected_cold_sps, z->raw_cold_sps);
@@ -130,6 +159,15 @@ void nb_json_compression(FILE *f, const nb_zst_report *z)
     else
         fputs("null", f);
     num_or_null(f, "expected_warm_samples_per_s", z->expected_warm_sps);
+    /* The like-for-like figures behind expected_warm (null when the runs
+     * gave no worker CPU time): the same workers, per sample. */
+    fputs(",\n    ", f);
+    fprintf(f, "\"workers\": %d", z->packed_cpu_ns_per_sample > 0 ? z->workers : 0);
+    num_or_null(f, "raw_cpu_ns_per_sample",
+                z->packed_cpu_ns_per_sample > 0 ? z->raw_cpu_ns_per_sample : -1);
+    num_or_null(f, "transform_ns_per_sample",
+                z->packed_cpu_ns_per_sample > 0 ? z->transform_ns_per_sample : -1);
+    num_or_null(f, "packed_cpu_ns_per_sample", z->packed_cpu_ns_per_sample);
     fprintf(f, ", \"pays\": %s", z->pays < 0 ? "null" : z->pays ? "true" : "false");
     nj_printf(f, ",\n    \"verdict\": %s,\n    \"note\": %s,\n    \"fields\": [", z->verdict,
               z->note);

@@ -17,9 +17,16 @@ int npyload_stats_verdict(const npyload_stats *s, uint64_t hook_ns, char *buf, s
 {
     if (!s || !buf || len == 0)
         return NPYLOAD_EINVAL;
-    if (s->batches_delivered < 2 || s->elapsed_ns == 0) {
-        snprintf(buf, len, "bottleneck: none judged (%llu batches delivered)",
-                 (unsigned long long)s->batches_delivered);
+    /* Start-up: the first batches wait for the workers to start and the
+     * slots to fill; a verdict from them names copies that later batches
+     * do not wait for. */
+    uint64_t need = NPYLOAD_VERDICT_MIN_BATCHES;
+    if (s->num_slots + 2 > need)
+        need = s->num_slots + 2;
+    if (s->batches_delivered < need || s->elapsed_ns == 0) {
+        snprintf(buf, len, "bottleneck: none judged (%llu batches delivered: start-up; "
+                 "judged from %llu)", (unsigned long long)s->batches_delivered,
+                 (unsigned long long)need);
         return 0;
     }
     double loop = (double)s->wait_ns + (double)s->step_ns;
@@ -40,6 +47,9 @@ int npyload_stats_verdict(const npyload_stats *s, uint64_t hook_ns, char *buf, s
                  100 * hook, 100 * waited);
         return 0;
     }
+    /* A transform moves to the GPU only where there is one: the loader's
+     * device, else a CUDA device this process can open. */
+    int gpu = s->device >= 0 || npyload_cuda_available(0, NULL, 0) == 1;
     double workers = elapsed * (double)(s->num_workers > 0 ? s->num_workers : 1);
     uint64_t read_wait = s->read_ahead_batches ? s->read_wait_ns : s->io_ns;
     struct {
@@ -51,9 +61,11 @@ int npyload_stats_verdict(const npyload_stats *s, uint64_t hook_ns, char *buf, s
          "flight", share(read_wait, workers)},
         {"decode (zstd in the workers", "more cores, a faster level (npyload-pack -l 1) or "
          "--narrow, or keep hot data raw in the page cache", share(s->decode_ns, workers)},
-        {"host transforms (in the workers", "move the transform to the GPU (device=\"cuda\": "
-         "the kernel runs after the copy, PCIe carries the stored dtype)",
-         share(s->transform_ns, workers)},
+        {"host transforms (in the workers", gpu ? "move the transform to the GPU "
+         "(device=\"cuda\": the kernel runs after the copy, PCIe carries the stored dtype)"
+         : "more workers if cores are free, a cheaper transform (keep the stored dtype, "
+         "fewer steps), or store the data already transformed (no CUDA device here to "
+         "run it on)", share(s->transform_ns, workers)},
         {"the H2D copy (copy engine busy", "a narrower dtype on the wire (transform on the "
          "GPU), pinned slots", share(s->h2d_ns, elapsed)},
     };
@@ -66,9 +78,14 @@ int npyload_stats_verdict(const npyload_stats *s, uint64_t hook_ns, char *buf, s
      * the network when at least half of them were waits for transfers. */
     if (s->remote_requests > 0 && 2 * s->remote_wait_ns >= read_wait) {
         c[0].what = "the object store (workers waited for ranged GETs";
-        c[0].todo = "a local cache (cache_dir=) so later epochs read local disk, more "
-                    "requests in flight (max_inflight) or workers, or packed shards "
-                    "(npyload-pack: fewer bytes per sample)";
+        /* A cache counts its blocks, hits or misses: one is set. */
+        c[0].todo = s->cache_hits + s->cache_misses > 0
+                        ? "more requests in flight (max_inflight) or workers, or packed "
+                          "shards (npyload-pack: fewer bytes per sample); the cache_dir "
+                          "serves the blocks it holds, so later epochs wait less"
+                        : "a local cache (cache_dir=) so later epochs read local disk, more "
+                          "requests in flight (max_inflight) or workers, or packed shards "
+                          "(npyload-pack: fewer bytes per sample)";
     }
     double cpu = share(s->worker_cpu_ns, workers);
     int k = -1;

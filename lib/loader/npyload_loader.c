@@ -270,6 +270,7 @@ static void loader_free(npyload_loader *L)
         npyl_free_paths(L->fields[i].paths, L->fields[i].npaths);
     }
     free(L->fields);
+    npyl_fill_free(L);
     npyl_stores_fini(&L->stores);
     npyl_slots_fini(&L->ring);
     npyl_auto_fini(&L->ctrl);
@@ -314,6 +315,7 @@ void npyload_loader_destroy(npyload_loader *L)
      * its read first) before the workers, slots and locks go. */
     npyl_slots_stop(&L->ring, 1);
     npyl_workers_stop(L->workers, L->nworkers, &L->env);
+    npyl_fill_stop(L); /* before anything it reads (the stores) goes */
     if (npyl_slots_mark_kept(&L->ring) > 0)
         shed_held(L);
     npyl_loader_unref(L); /* the caller's reference; held batches have theirs */
@@ -451,6 +453,7 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *dst,
     out->gather_requests = c.gather_reqs;
     out->read_requests = c.read_reqs;
     npyl_stores_stats(&L->stores, out);
+    npyl_fill_stats(L, out);
     /* The first published layout ends at transform_ns (npyload.h). */
     return npyl_sized_out(dst, size, out, sizeof *out,
                           NPYL_SIZE_THROUGH(npyload_stats, transform_ns));
@@ -474,6 +477,16 @@ const char *npyload_auto_reason_name(int reason)
     static const char *const names[] = {"start", "wait", "no-gain", "spare",
                                         "worse", "held", "regime", "forced"};
     return reason >= 0 && reason < (int)(sizeof names / sizeof *names) ? names[reason] : "?";
+}
+
+int npyload_loader_fill_error(const npyload_loader *L, char *buf, size_t len)
+{
+    if (!L || !buf || len == 0)
+        return NPYLOAD_EINVAL;
+    if (npyl_in_child(L))
+        return NPYLOAD_EFORKED;
+    npyl_fill_error(L, buf, len);
+    return 0;
 }
 
 int npyload_loader_last_skip_error(const npyload_loader *L, char *buf, size_t len)

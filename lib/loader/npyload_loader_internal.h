@@ -147,6 +147,10 @@ struct npyload_loader {
     npyl_worker *workers;     /* [start.c] the array (nworkers); the first
                                  npyl_auto_made(&ctrl) are initialised */
     size_t nworkers;
+    /* [fill.c, ctl] The background cache fill (NPYLOAD_OPT_CACHE_FILL):
+     * made by the first start that fills, its thread stopped by stop and
+     * destroy, freed with the loader; read by stats on any thread. */
+    struct npyl_fill *fill;
     npyl_auto ctrl;           /* [start.c, then ctl] the controller
                                  (NPYLOAD_AUTO): npyload_loader_auto.h */
 
@@ -207,6 +211,18 @@ NPYL_HIDDEN int npyl_state_first_epoch(npyload_loader *L);
 NPYL_HIDDEN void npyl_loader_order_of(const npyload_loader *L, npyl_order_params *op);
 NPYL_HIDDEN void npyl_loader_adopt_order(npyload_loader *L, int64_t seed, int64_t shuffle,
                                          int64_t drop_last);
+
+/* npyload_loader_fill.c: the background cache fill. start (the last step,
+ * the workers running) plans it and starts its thread when the option and
+ * the stores say so (never fails: a fill is an optimisation); stop joins
+ * the thread (the caller set the stores' cancel first); free stops and
+ * frees; stats adds its progress. */
+NPYL_HIDDEN void npyl_fill_start(npyload_loader *L);
+NPYL_HIDDEN void npyl_fill_stop(npyload_loader *L);
+NPYL_HIDDEN void npyl_fill_free(npyload_loader *L);
+NPYL_HIDDEN void npyl_fill_stats(const npyload_loader *L, npyload_stats *out);
+/* Its failure's message into buf (len > 0), "" when none. Any thread. */
+NPYL_HIDDEN void npyl_fill_error(const npyload_loader *L, char *buf, size_t len);
 
 /* npyload_loader.c: frees what start allocated (the loader returns to its
  * pre-start state). */

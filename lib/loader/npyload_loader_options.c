@@ -104,6 +104,10 @@ static int range_of(int opt, opt_range *r)
         *r = (opt_range){-1, 1, "-1 off, 0 (default: on where a batch has work after its "
                             "reads) or 1 on"};
         return 0;
+    case NPYLOAD_OPT_CACHE_FILL:
+        *r = (opt_range){-1, 1, "-1 off, 0 (default: on when the cache keeps what it would "
+                            "fill) or 1 on"};
+        return 0;
     case NPYLOAD_OPT_DEVICE_KERNELS:
         *r = (opt_range){0, 2, "0 auto, 1 ahead of time, 2 NVRTC"};
         return 0;

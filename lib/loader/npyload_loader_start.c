@@ -735,6 +735,7 @@ static int start_ctl(npyload_loader *L)
         goto fail;
     }
     L->fields_loaded = 1;
+    npyl_fill_start(L);
     npyl_loader_clear(L);
     return 0;
 fail:
@@ -766,6 +767,7 @@ int npyload_loader_stop(npyload_loader *L)
          * remote objects again. Remote reads in flight give up at once. */
         npyl_stores_cancel(&L->stores, 1);
         npyl_workers_stop(L->workers, L->nworkers, &L->env);
+        npyl_fill_stop(L);
         npyl_stores_cancel(&L->stores, 0);
         L->ring.stopping = 0;
         npyl_loader_free_started_keep_fields(L);

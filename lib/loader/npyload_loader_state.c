@@ -489,19 +489,6 @@ typedef struct srec {
     uint64_t v;           /* the bits of the one value */
 } srec;
 
-static void put_le(unsigned char *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint64_t get_le(const unsigned char *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = n; i-- > 0;)
-        v = v << 8 | p[i];
-    return v;
-}
 
 int64_t npyload_loader_save_state(const npyload_loader *L, void *buf, size_t cap)
 {
@@ -537,9 +524,9 @@ int64_t npyload_loader_save_state(const npyload_loader *L, void *buf, size_t cap
         return (int64_t)len;
     unsigned char *o = buf;
     memcpy(o, "NPYS", 4);
-    put_le(o + 4, NPYL_STATE_FORMAT, 2);
-    put_le(o + 6, nrec, 2);
-    put_le(o + 8, len, 4);
+    npyl_put_le(o + 4, NPYL_STATE_FORMAT, 2);
+    npyl_put_le(o + 6, nrec, 2);
+    npyl_put_le(o + 8, len, 4);
     size_t at = 12;
     for (size_t i = 0; i < nrec; i++) {
         size_t nl = strlen(recs[i].name);
@@ -547,8 +534,8 @@ int64_t npyload_loader_save_state(const npyload_loader *L, void *buf, size_t cap
         memcpy(o + at, recs[i].name, nl);
         at += nl;
         o[at++] = (unsigned char)recs[i].type;
-        put_le(o + at, 1, 4);
-        put_le(o + at + 4, recs[i].v, 8);
+        npyl_put_le(o + at, 1, 4);
+        npyl_put_le(o + at + 4, recs[i].v, 8);
         at += 12;
     }
     return (int64_t)len;
@@ -586,7 +573,8 @@ static int parse_state(npyload_loader *L, const unsigned char *b, size_t len,
     if (len < 12 || memcmp(b, "NPYS", 4) != 0)
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: not an npyload state (no "
                                 "\"NPYS\" at its start, %zu bytes)", len);
-    uint64_t format = get_le(b + 4, 2), nrec = get_le(b + 6, 2), total = get_le(b + 8, 4);
+    uint64_t format = npyl_get_le(b + 4, 2), nrec = npyl_get_le(b + 6, 2);
+    uint64_t total = npyl_get_le(b + 8, 4);
     if (format != NPYL_STATE_FORMAT)
         return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state: format %" PRIu64
                                 ", this library reads format %d", format, NPYL_STATE_FORMAT);
@@ -614,7 +602,7 @@ static int parse_state(npyload_loader *L, const unsigned char *b, size_t len,
                                         " has a bad name (only a-z, 0-9 and _)", r + 1);
         at += nl;
         int type = b[at++];
-        uint64_t count = get_le(b + at, 4);
+        uint64_t count = npyl_get_le(b + at, 4);
         at += 4;
         if (type != 'i' && type != 'u' && type != 'f')
             return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: record '%s' has an "
@@ -640,7 +628,7 @@ static int parse_state(npyload_loader *L, const unsigned char *b, size_t len,
         if (count != 1)
             return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: record '%s' holds %"
                                     PRIu64 " values, one expected", name, count);
-        int rc = rec_value(L, which, type, get_le(values, 8), &val[which]);
+        int rc = rec_value(L, which, type, npyl_get_le(values, 8), &val[which]);
         if (rc)
             return rc;
         have[which] = 1;

@@ -195,7 +195,19 @@ typedef struct npyl_bulk_opts {
                                  cache keeps, 90 % of its bound */
     int inflight;             /* GETs at once; 0: NPYL_BULK_INFLIGHT */
     uint64_t request_bytes;   /* per GET, whole blocks; 0: NPYL_BULK_REQUEST */
+    int background;           /* beside readers that must not fail for it
+                                 (the loader's fill): a failed GET's blocks
+                                 are released as not kept, so a reader that
+                                 waited for one fetches it itself, and the
+                                 final waits for blocks others fetch give
+                                 up within 50 ms of st->stop */
 } npyl_bulk_opts;
+
+/* Blocks [k0, k1) of object obj: a piece of a fill's order. */
+typedef struct npyl_bulk_span {
+    size_t obj;
+    uint64_t k0, k1;
+} npyl_bulk_span;
 
 /* A fill's progress: written by the fill, read by any thread (relaxed
  * atomics: each counter is exact, a set of them a snapshot only). */
@@ -223,6 +235,20 @@ typedef struct npyl_bulk_state {
 NPYL_HIDDEN int npyl_bulk_fill(npyl_remote *r, const npyl_remote_obj *objs, size_t n,
                                const npyl_bulk_opts *o, npyl_bulk_state *st, char *err,
                                size_t errlen);
+
+/* npyl_bulk_fill over the blocks of spans[0 .. ns) in that order (spans
+ * index objs[0 .. n); adjacent blocks of one object, in one span or in
+ * consecutive ones, share a GET up to request_bytes); the part is the
+ * first blocks in that order within the budget. A block listed twice is
+ * found in the cache the second time. */
+NPYL_HIDDEN int npyl_bulk_fill_spans(npyl_remote *r, const npyl_remote_obj *objs, size_t n,
+                                     const npyl_bulk_span *spans, size_t ns,
+                                     const npyl_bulk_opts *o, npyl_bulk_state *st, char *err,
+                                     size_t errlen);
+/* The block size and the fill budget (90 % of the bound) of r's cache;
+ * 0 when r has no cache. */
+NPYL_HIDDEN int npyl_remote_cache_facts(const npyl_remote *r, uint64_t *block,
+                                        uint64_t *budget);
 
 /* Adds the client's counters to *k. Any thread. */
 NPYL_HIDDEN void npyl_remote_counters_add(const npyl_remote *r, npyl_remote_counters *k);

@@ -19,8 +19,11 @@
  * the first failure are looked at between rounds. A claim is therefore
  * held at most one round before its GET, and a loader that needs such a
  * block meanwhile waits for it rather than fetching it twice.
- * npyload_prefetch (the public API) runs it; the loader's background fill
- * is meant to, with the objects in the order its epoch needs them. */
+ * npyload_prefetch (the public API) runs it over whole objects; the
+ * loader's background fill (lib/store's fill, the remote store) over
+ * spans of blocks in the order its epoch needs them, as a background fill
+ * (npyl_bulk_opts.background: its failures are never handed to the
+ * readers that waited for its blocks, and a stop ends its waits). */
 #include "npyload_remote_impl.h"
 
 #include <errno.h>
@@ -51,12 +54,15 @@ typedef struct bulk {
     const npyl_remote_obj *objs;
     size_t n;
     char (*keys)[33];
+    const npyl_bulk_span *spans; /* what to fill, in order */
+    size_t ns;
     npyl_bulk_state *st;
+    int background;
     uint64_t B, R;
-    size_t end_obj;           /* the part ends before block end_k of it */
+    size_t end_span;          /* the part ends before block end_k of it */
     uint64_t end_k;
     pthread_mutex_t mu;       /* the cursor, the waits, the failure */
-    size_t i;                 /* the cursor: block k of object i is next */
+    size_t j;                 /* the cursor: block k of span j is next */
     uint64_t k;
     bwait *waits;
     size_t nw, wcap;
@@ -125,7 +131,9 @@ static int run_round(bworker *w, size_t nx, char *err, size_t errlen)
         npyl_fill *f = x->fill;
         int ok = x->state == NPYL_X_DONE;
         for (uint64_t k = f->k0; k < f->k1; k++) {
-            int failed = rc && t == xbad && !ok;
+            /* A background fill's failure is not handed to the readers
+             * waiting for its blocks: they fetch them themselves. */
+            int failed = rc && t == xbad && !ok && !b->background;
             npyl_cache_release(b->cache, f->tk[k - f->k0], failed ? rc : 0, failed ? err : NULL);
         }
         if (ok) {
@@ -182,22 +190,23 @@ static long take_round(bworker *w)
     bulk *b = w->b;
     size_t nx = 0, nb = 0;
     npyl_xfer *cur = NULL;
-    while (b->i < b->n) {
-        const npyl_remote_obj *ob = &b->objs[b->i];
-        if ((b->i == b->end_obj && b->k >= b->end_k) || !b->keys[b->i][0] ||
-            b->k * b->B >= ob->size) {
-            if (b->i == b->end_obj) {
-                b->i = b->n;
+    while (b->j < b->ns) {
+        const npyl_bulk_span *sp = &b->spans[b->j];
+        const npyl_remote_obj *ob = &b->objs[sp->obj];
+        if ((b->j == b->end_span && b->k >= b->end_k) || !b->keys[sp->obj][0] ||
+            b->k >= sp->k1 || b->k * b->B >= ob->size) {
+            if (b->j == b->end_span) {
+                b->j = b->ns;
                 break;
             }
-            b->i++;
-            b->k = 0;
-            cur = NULL;
-            continue;
+            if (++b->j < b->ns)
+                b->k = b->spans[b->j].k0;
+            continue; /* cur stays: the next span may continue its GET */
         }
-        size_t i = b->i;
+        size_t i = sp->obj;
         uint64_t k = b->k, blen = block_len(ob, k, b->B);
-        int extend = cur && cur->fill->k1 == k && cur->b - cur->a + blen <= b->R;
+        int extend = cur && cur->url == ob->url && cur->fill->k1 == k &&
+                     cur->b - cur->a + blen <= b->R;
         if (!extend && nx == w->maxx)
             break; /* the round is full */
         int fd = npyl_cache_lookup(b->cache, b->keys[i], k, blen);
@@ -281,7 +290,10 @@ static int wait_others(bworker *w, int rc, char *err, size_t errlen)
     long bound = r->timeout_ms * (r->retries + 1) + (long)NPYL_REMOTE_RETRY_CAP_MS * r->retries;
     for (size_t j = 0; j < b->nw; j++) {
         bwait *q = &b->waits[j];
-        int got = npyl_cache_wait(b->cache, q->t, rc ? 0 : bound, NULL, 0);
+        int got = npyl_cache_wait_stop(b->cache, q->t, rc ? 0 : bound,
+                                       b->background ? &b->st->stop : NULL, NULL, 0);
+        if (got == 1 && b->background && atomic_load(&b->st->stop) && rc == 0)
+            rc = npyl_fail(err, errlen, -ECANCELED, "filling the cache: stopped");
         if (rc) {
             if (got == NPYL_WAIT_YOURS)
                 npyl_cache_release(b->cache, q->t, 0, NULL);
@@ -312,8 +324,32 @@ static int wait_others(bworker *w, int rc, char *err, size_t errlen)
     return rc;
 }
 
+/* Block count of an object. */
+static uint64_t nblocks(const npyl_remote_obj *o, uint64_t B)
+{
+    return (o->size + B - 1) / B;
+}
+
 int npyl_bulk_fill(npyl_remote *r, const npyl_remote_obj *objs, size_t n,
                    const npyl_bulk_opts *o, npyl_bulk_state *st, char *err, size_t errlen)
+{
+    if (!r->cache)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL, "filling the cache needs a cache_dir in "
+                         "the remote configuration");
+    npyl_bulk_span *spans = calloc(n ? n : 1, sizeof *spans);
+    if (!spans)
+        return npyl_fail(err, errlen, -ENOMEM, "out of memory");
+    uint64_t B = npyl_cache_block(r->cache);
+    for (size_t i = 0; i < n; i++)
+        spans[i] = (npyl_bulk_span){i, 0, nblocks(&objs[i], B)};
+    int rc = npyl_bulk_fill_spans(r, objs, n, spans, n, o, st, err, errlen);
+    free(spans);
+    return rc;
+}
+
+int npyl_bulk_fill_spans(npyl_remote *r, const npyl_remote_obj *objs, size_t n,
+                         const npyl_bulk_span *spans, size_t ns, const npyl_bulk_opts *o,
+                         npyl_bulk_state *st, char *err, size_t errlen)
 {
     npyl_cache *cache = r->cache;
     if (!cache)
@@ -325,7 +361,10 @@ int npyl_bulk_fill(npyl_remote *r, const npyl_remote_obj *objs, size_t n,
     b.cache = cache;
     b.objs = objs;
     b.n = n;
+    b.spans = spans;
+    b.ns = ns;
     b.st = st;
+    b.background = o->background;
     b.B = npyl_cache_block(cache);
     uint64_t bound = npyl_cache_bound(cache), cap = bound - bound / 10;
     uint64_t budget = o->max_bytes && o->max_bytes < cap ? o->max_bytes : cap;
@@ -346,18 +385,21 @@ int npyl_bulk_fill(npyl_remote *r, const npyl_remote_obj *objs, size_t n,
         free(b.keys);
         return npyl_fail(err, errlen, -ENOMEM, "out of memory");
     }
-    /* The part: whole blocks, in the list's order, within the budget.
-     * Objects without an ETag are never cached (nothing to fill). */
+    /* Objects without an ETag are never cached (nothing to fill). */
+    for (size_t i = 0; i < n; i++)
+        if (objs[i].url && objs[i].etag[0])
+            npyl_cache_key(cache, objs[i].url, objs[i].etag, objs[i].size, b.keys[i]);
+    /* The part: whole blocks, in the spans' order, within the budget. */
     uint64_t plan_bytes = 0, plan_blocks = 0;
-    b.end_obj = n;
-    for (size_t i = 0; i < n && b.end_obj == n; i++) {
-        if (!objs[i].url || !objs[i].etag[0])
+    b.end_span = ns;
+    for (size_t j = 0; j < ns && b.end_span == ns; j++) {
+        const npyl_remote_obj *ob = &objs[spans[j].obj];
+        if (!b.keys[spans[j].obj][0])
             continue;
-        npyl_cache_key(cache, objs[i].url, objs[i].etag, objs[i].size, b.keys[i]);
-        for (uint64_t k = 0; k * b.B < objs[i].size; k++) {
-            uint64_t blen = block_len(&objs[i], k, b.B);
+        for (uint64_t k = spans[j].k0; k < spans[j].k1 && k * b.B < ob->size; k++) {
+            uint64_t blen = block_len(ob, k, b.B);
             if (plan_bytes + blen > budget) {
-                b.end_obj = i;
+                b.end_span = j;
                 b.end_k = k;
                 break;
             }
@@ -365,6 +407,7 @@ int npyl_bulk_fill(npyl_remote *r, const npyl_remote_obj *objs, size_t n,
             plan_blocks++;
         }
     }
+    b.k = ns ? spans[0].k0 : 0;
     atomic_store(&st->planned_bytes, plan_bytes);
     atomic_store(&st->planned_blocks, plan_blocks);
     pthread_mutex_init(&b.mu, NULL);
@@ -385,17 +428,21 @@ int npyl_bulk_fill(npyl_remote *r, const npyl_remote_obj *objs, size_t n,
      * have taken some already). */
     if (rc == 0) {
         uint64_t held = 0;
-        for (size_t j = 0; j < n && j <= b.end_obj; j++)
-            for (uint64_t q = 0; b.keys[j][0] && q * b.B < objs[j].size; q++) {
-                if (j == b.end_obj && q >= b.end_k)
+        for (size_t j = 0; j < ns && j <= b.end_span; j++) {
+            const npyl_remote_obj *ob = &objs[spans[j].obj];
+            const char *key = b.keys[spans[j].obj];
+            for (uint64_t q = spans[j].k0; key[0] && q < spans[j].k1 && q * b.B < ob->size;
+                 q++) {
+                if (j == b.end_span && q >= b.end_k)
                     break;
-                uint64_t blen = block_len(&objs[j], q, b.B);
-                int fd = npyl_cache_lookup(cache, b.keys[j], q, blen);
+                uint64_t blen = block_len(ob, q, b.B);
+                int fd = npyl_cache_lookup(cache, key, q, blen);
                 if (fd >= 0) {
                     close(fd);
                     held += blen;
                 }
             }
+        }
         atomic_store(&st->done_bytes, held);
     }
     for (int t = 0; t < nthreads; t++)
@@ -403,4 +450,15 @@ int npyl_bulk_fill(npyl_remote *r, const npyl_remote_obj *objs, size_t n,
     free(b.keys);
     free(b.waits);
     return rc;
+}
+
+int npyl_remote_cache_facts(const npyl_remote *r, uint64_t *block, uint64_t *budget)
+{
+    *block = *budget = 0;
+    if (!r || !r->cache)
+        return 0;
+    uint64_t bound = npyl_cache_bound(r->cache);
+    *block = npyl_cache_block(r->cache);
+    *budget = bound - bound / 10;
+    return 0;
 }

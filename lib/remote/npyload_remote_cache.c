@@ -68,6 +68,8 @@
  * moment between its creation and its writer's flock). */
 #define NPYL_TMP_ORPHAN_S 30
 #define RECORD_TAG "NPYLCAC1"
+/* A wait with a stop flag looks at it at least this often (ms). */
+#define NPYL_STOP_POLL_MS 50
 
 /* A block being fetched: by a thread of this process (owned), or by
  * another process (not owned: its node lock is held elsewhere, and the
@@ -378,6 +380,12 @@ static int ts_before(struct timespec a, struct timespec b)
 
 int npyl_cache_wait(npyl_cache *c, npyl_inflight *t, long timeout_ms, char *err, size_t errlen)
 {
+    return npyl_cache_wait_stop(c, t, timeout_ms, NULL, err, errlen);
+}
+
+int npyl_cache_wait_stop(npyl_cache *c, npyl_inflight *t, long timeout_ms, _Atomic int *stop,
+                         char *err, size_t errlen)
+{
     struct timespec now, dl;
     clock_gettime(CLOCK_MONOTONIC, &now);
     dl = ts_after(now, timeout_ms > 0 ? timeout_ms : 0);
@@ -390,11 +398,16 @@ int npyl_cache_wait(npyl_cache *c, npyl_inflight *t, long timeout_ms, char *err,
             break;
         }
         clock_gettime(CLOCK_MONOTONIC, &now);
-        if (timeout_ms <= 0 || !ts_before(now, dl)) {
+        if (timeout_ms <= 0 || !ts_before(now, dl) || (stop && atomic_load(stop))) {
             out = 1;
             break;
         }
         struct timespec until = dl;
+        if (stop) { /* looked at again within NPYL_STOP_POLL_MS */
+            struct timespec next = ts_after(now, NPYL_STOP_POLL_MS);
+            if (ts_before(next, until))
+                until = next;
+        }
         if (!t->owned) {
             /* Another process fetches it: done when the block is in the
              * directory; ours when its lock is free without the block (the

@@ -304,5 +304,10 @@ NPYL_HIDDEN void npyl_cache_release(npyl_cache *c, npyl_inflight *t, int rc, con
 enum { NPYL_WAIT_YOURS = 2 };
 NPYL_HIDDEN int npyl_cache_wait(npyl_cache *c, npyl_inflight *t, long timeout_ms, char *err,
                                 size_t errlen);
+/* npyl_cache_wait that also gives up (returns 1, the ticket freed) within
+ * 50 ms of *stop becoming non-zero: a background fill that is being
+ * stopped never waits out another process's fetch. */
+NPYL_HIDDEN int npyl_cache_wait_stop(npyl_cache *c, npyl_inflight *t, long timeout_ms,
+                                     _Atomic int *stop, char *err, size_t errlen);
 
 #endif

@@ -136,3 +136,19 @@ int npyl_bulk_fill(npyl_remote *r, const npyl_remote_obj *objs, size_t n,
     (void)st;
     return npyl_fail(err, errlen, NPYLOAD_EUNSUPPORTED, "libnpyload was " NO_REMOTE);
 }
+
+int npyl_bulk_fill_spans(npyl_remote *r, const npyl_remote_obj *objs, size_t n,
+                         const npyl_bulk_span *spans, size_t ns, const npyl_bulk_opts *o,
+                         npyl_bulk_state *st, char *err, size_t errlen)
+{
+    (void)spans;
+    (void)ns;
+    return npyl_bulk_fill(r, objs, n, o, st, err, errlen);
+}
+
+int npyl_remote_cache_facts(const npyl_remote *r, uint64_t *block, uint64_t *budget)
+{
+    (void)r;
+    *block = *budget = 0;
+    return 0;
+}

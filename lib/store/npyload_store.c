@@ -203,6 +203,28 @@ void npyl_stores_set_interrupt(npyl_stores *set, int (*fn)(void *), void *arg)
             set->ops[i]->interrupt(set->s[i], fn, arg);
 }
 
+int npyl_stores_fill_facts(const npyl_stores *set, uint64_t *unit, uint64_t *budget)
+{
+    *unit = *budget = 0;
+    for (size_t i = 0; i < set->nfiles; i++) {
+        uint32_t k = set->files[i].store;
+        if (!set->s[k] || !set->ops[k]->fill || !set->ops[k]->fill_facts)
+            continue;
+        set->ops[k]->fill_facts(set->s[k], unit, budget);
+        if (*unit)
+            return (int)k;
+    }
+    return -1;
+}
+
+int npyl_stores_fill(npyl_stores *set, int store, const npyl_srange *ranges, size_t n,
+                     const npyl_sfill_opts *o, npyl_sfill_state *st, char *err, size_t errlen)
+{
+    if (store < 0 || (size_t)store >= set->n || !set->s[store] || !set->ops[store]->fill)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL, "no store of these files keeps a cache");
+    return set->ops[store]->fill(set->s[store], ranges, n, o, st, err, errlen);
+}
+
 int npyl_stores_any_other(const npyl_stores *set)
 {
     for (size_t i = 0; i < set->nfiles; i++)

@@ -85,6 +85,17 @@ typedef struct npyl_store_counters {
     int fell_back;        /* io_uring refused at run time: reads use pread */
 } npyl_store_counters;
 
+/* A background fill of a store's cache (the remote store's block cache):
+ * a byte range of a file of the table, the options (GETs in flight, bytes
+ * per GET, the part's bound) and the progress, which are lib/remote's
+ * bulk fill's own (npyload_remote.h). */
+typedef struct npyl_srange {
+    uint32_t file;
+    uint64_t off, len;
+} npyl_srange;
+typedef npyl_bulk_opts npyl_sfill_opts;
+typedef npyl_bulk_state npyl_sfill_state;
+
 /* ---- what a store implements ----
  *
  * Every operation gets the store's state; those marked [ctx] a thread's
@@ -167,6 +178,20 @@ typedef struct npyl_store_ops {
      * "interrupted"): Ctrl-C in Python. Set while no such work runs. May be
      * NULL. */
     void (*interrupt)(npyl_store *s, int (*fn)(void *), void *arg);
+    /* A store that keeps a cache of what it reads (remote's cache_dir):
+     * fill_facts gives its unit (*unit: a cache block) and the bytes the
+     * cache keeps without evicting them again (*budget); 0 and 0 when it
+     * keeps none. fill brings ranges[0 .. n) (files of t, in that order,
+     * whole units; ranges of files not its own are skipped) into the
+     * cache, up to the budget, on the calling thread (a loader's own
+     * thread, not a context's), coordinated with the readers (a unit is
+     * fetched once; readers wait for a unit in flight), as a background
+     * fill (npyl_sfill_opts.background). Returns 0 when the part is in,
+     * -ECANCELED once st->stop or cancel was set, or the first failure.
+     * Both may be NULL (a store without a cache). */
+    void (*fill_facts)(const npyl_store *s, uint64_t *unit, uint64_t *budget);
+    int (*fill)(npyl_store *s, const npyl_srange *ranges, size_t n, const npyl_sfill_opts *o,
+                npyl_sfill_state *st, char *err, size_t errlen);
 } npyl_store_ops;
 
 /* The built-in stores (npyload_store_local.c, npyload_store_remote.c). */
@@ -238,6 +263,15 @@ NPYL_HIDDEN void npyl_stores_cancel(npyl_stores *set, int on);
 /* The interrupt callback of every store, open now or later
  * (npyl_store_ops.interrupt). Control calls only. */
 NPYL_HIDDEN void npyl_stores_set_interrupt(npyl_stores *set, int (*fn)(void *), void *arg);
+/* The store of the table's files that fills a cache (npyl_store_ops.fill
+ * and a non-zero unit from fill_facts): its index, *unit and *budget; -1
+ * when none does. */
+NPYL_HIDDEN int npyl_stores_fill_facts(const npyl_stores *set, uint64_t *unit,
+                                       uint64_t *budget);
+/* npyl_store_ops.fill of store `store` (npyl_stores_fill_facts's). */
+NPYL_HIDDEN int npyl_stores_fill(npyl_stores *set, int store, const npyl_srange *ranges,
+                                 size_t n, const npyl_sfill_opts *o, npyl_sfill_state *st,
+                                 char *err, size_t errlen);
 /* 1 when the table has a file of a store other than local. */
 NPYL_HIDDEN int npyl_stores_any_other(const npyl_stores *set);
 

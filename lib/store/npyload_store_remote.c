@@ -175,6 +175,42 @@ static void remote_interrupt(npyl_store *st, int (*fn)(void *), void *arg)
     npyl_remote_set_interrupt(((remote_store *)st)->r, fn, arg);
 }
 
+static void remote_fill_facts(const npyl_store *st, uint64_t *unit, uint64_t *budget)
+{
+    npyl_remote_cache_facts(((const remote_store *)st)->r, unit, budget);
+}
+
+/* The ranges as spans of cache blocks (a range's blocks; a span continues
+ * the one before when it starts where that one ends), then the bulk fill. */
+static int remote_fill(npyl_store *st, const npyl_srange *ranges, size_t n,
+                       const npyl_sfill_opts *o, npyl_sfill_state *fs, char *err,
+                       size_t errlen)
+{
+    remote_store *s = (remote_store *)st;
+    uint64_t B = 0, budget = 0;
+    npyl_remote_cache_facts(s->r, &B, &budget);
+    if (!B)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL, "filling the cache needs a cache_dir in "
+                         "the remote configuration");
+    npyl_bulk_span *sp = malloc((n ? n : 1) * sizeof *sp);
+    if (!sp)
+        return npyl_fail(err, errlen, -ENOMEM, "out of memory");
+    size_t ns = 0;
+    for (size_t i = 0; i < n; i++) {
+        const npyl_srange *q = &ranges[i];
+        if (q->file >= s->n || !s->objs[q->file].url || q->len == 0)
+            continue;
+        uint64_t k0 = q->off / B, k1 = (q->off + q->len + B - 1) / B;
+        if (ns && sp[ns - 1].obj == q->file && sp[ns - 1].k1 == k0)
+            sp[ns - 1].k1 = k1;
+        else
+            sp[ns++] = (npyl_bulk_span){q->file, k0, k1};
+    }
+    int rc = npyl_bulk_fill_spans(s->r, s->objs, s->n, sp, ns, o, fs, err, errlen);
+    free(sp);
+    return rc;
+}
+
 const npyl_store_ops npyl_store_remote = {
     .name = "remote",
     .async = 1,
@@ -194,6 +230,8 @@ const npyl_store_ops npyl_store_remote = {
     .stats = remote_stats,
     .cancel = remote_cancel,
     .interrupt = remote_interrupt,
+    .fill_facts = remote_fill_facts,
+    .fill = remote_fill,
 };
 
 /* ---- npyload_remote_inspect: the public client's header facts ---- */

@@ -40,12 +40,14 @@ Waits for a batch release the GIL and Ctrl-C interrupts them promptly.
 # One module per concept; this file only re-exports. Only _torch imports
 # torch (lazily), so the package imports and runs without it.
 from . import _npyload
-from ._npyload import NpyloadError, load, order_indices, cuda_available
+from ._npyload import NpyloadError, order_indices, cuda_available
 from ._batch import Augment, Batch, BatchTuple
 from ._ceiling import copy_ceiling, h2d_ceiling
+from ._habits import FlipMismatchWarning
 from ._hook import TransformError
 from ._info import build_info
 from ._inspect import inspect, inspect_manifest
+from ._load import load
 from ._loader import Loader
 from ._model import cost_model, dataset_facts
 from ._pack import pack
@@ -53,7 +55,8 @@ from ._prefetch import prefetch
 from ._transform import Transform
 from ._write import write
 
-__all__ = ["Loader", "Batch", "BatchTuple", "Augment", "Transform", "TransformError", "NpyloadError",
+__all__ = ["Loader", "Batch", "BatchTuple", "Augment", "Transform", "TransformError",
+           "FlipMismatchWarning", "NpyloadError",
            "inspect", "inspect_manifest", "load", "order_indices", "cuda_available",
            "build_info", "pack", "prefetch", "cost_model", "dataset_facts", "write",
            "copy_ceiling", "h2d_ceiling", "__version__"]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 from . import _loader_doc
 from . import _npyload
-from . import _manifest, _remote
+from . import _habits, _manifest, _remote
 from ._batch import _bfloat16_numpy, _wrap_raw
 from ._hook import _HookPipe, _LoopClock, _check_hook_workers, _hook_depth
 from ._hook import _hook_prefetch, _rng_key
@@ -67,6 +67,16 @@ def _slots_for(prefetch: int, transform: object) -> int:
     return _hook_depth(prefetch) + 3
 
 
+def _check_cache_fill(cache_fill: object) -> int:
+    """The library's CACHE_FILL of ``cache_fill=``: None (auto) 0, True 1,
+    False -1."""
+    if cache_fill is None:
+        return 0
+    if not isinstance(cache_fill, bool):
+        raise TypeError(f"cache_fill must be None, True or False, got {cache_fill!r}")
+    return 1 if cache_fill else -1
+
+
 class Loader(Generic[_B]):
     __doc__ = _loader_doc.LOADER  # parameters, hook, epochs, threads, examples
 
@@ -77,6 +87,7 @@ class Loader(Generic[_B]):
     drop_last: bool
     num_workers: int | str
     read_ahead: bool
+    cache_fill: bool | None
     num_slots: int
     prefetch: int | str
     memory_budget: int | None
@@ -106,7 +117,9 @@ class Loader(Generic[_B]):
                  as_tuple: Literal[False] = False, transform: None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
-                 memory_budget: int | None = None, auto_target: float = 0.02) -> None: ...
+                 cache_fill: bool | None = None, *,
+                 memory_budget: int | None = None, auto_target: float = 0.02,
+                 persistent_workers: bool = False, in_order: bool = True) -> None: ...
     @overload
     def __init__(self: Loader[BatchTuple], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -121,7 +134,9 @@ class Loader(Generic[_B]):
                  as_tuple: Literal[True] = ..., transform: None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
-                 memory_budget: int | None = None, auto_target: float = 0.02) -> None: ...
+                 cache_fill: bool | None = None, *,
+                 memory_budget: int | None = None, auto_target: float = 0.02,
+                 persistent_workers: bool = False, in_order: bool = True) -> None: ...
     @overload
     def __init__(self: Loader[_T], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -136,7 +151,9 @@ class Loader(Generic[_B]):
                  as_tuple: Literal[False] = False, transform: Callable[[Batch], _T] = ...,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
-                 memory_budget: int | None = None, auto_target: float = 0.02) -> None: ...
+                 cache_fill: bool | None = None, *,
+                 memory_budget: int | None = None, auto_target: float = 0.02,
+                 persistent_workers: bool = False, in_order: bool = True) -> None: ...
     @overload
     def __init__(self: Loader[_T], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -151,7 +168,9 @@ class Loader(Generic[_B]):
                  as_tuple: Literal[True] = ..., transform: Callable[[BatchTuple], _T] = ...,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
-                 memory_budget: int | None = None, auto_target: float = 0.02) -> None: ...
+                 cache_fill: bool | None = None, *,
+                 memory_budget: int | None = None, auto_target: float = 0.02,
+                 persistent_workers: bool = False, in_order: bool = True) -> None: ...
     @overload
     def __init__(self: Loader[Any], fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
@@ -166,7 +185,9 @@ class Loader(Generic[_B]):
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
-                 memory_budget: int | None = None, auto_target: float = 0.02) -> None: ...
+                 cache_fill: bool | None = None, *,
+                 memory_budget: int | None = None, auto_target: float = 0.02,
+                 persistent_workers: bool = False, in_order: bool = True) -> None: ...
     def __init__(self, fields: _Fields, batch_size: int,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int | str = "auto", prefetch: int | str | None = "auto",
@@ -180,7 +201,12 @@ class Loader(Generic[_B]):
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
-                 memory_budget: int | None = None, auto_target: float = 0.02) -> None:
+                 cache_fill: bool | None = None, *,
+                 memory_budget: int | None = None, auto_target: float = 0.02,
+                 persistent_workers: bool = False, in_order: bool = True,
+                 **dataloader_kw: Any) -> None:
+        _habits.dataloader_keywords(  # DataLoader's names, answered
+            {"persistent_workers": persistent_workers, "in_order": in_order, **dataloader_kw})
         self._running = False   # the C loader was started (the first iter())
         self._pid = _os.getpid()  # of the process that made it
         self._closed = False
@@ -232,6 +258,7 @@ class Loader(Generic[_B]):
             _npyload.OPT_ON_ERROR: 1 if on_error == "skip" else 0,
             _npyload.OPT_MAX_ERRORS: max_errors,
             _npyload.OPT_READ_AHEAD: 0 if read_ahead else -1,
+            _npyload.OPT_CACHE_FILL: _check_cache_fill(cache_fill),
         }
         self._opts.update(auto_opts)
         self._auto = bool(auto_opts)
@@ -248,6 +275,7 @@ class Loader(Generic[_B]):
         self.num_workers = num_workers
         self.read_ahead = bool(read_ahead)
         self._hook_prefetch = hook_prefetch if prefetch == "auto" else cast(int, prefetch)
+        self.cache_fill = cache_fill
         # The library's PREFETCH, as it reports it once started (host slots,
         # or device slots with a CUDA device; the range was checked).
         self.num_slots = self._opts[_npyload.OPT_PREFETCH]  # AUTO (-2): the controller's
@@ -262,6 +290,8 @@ class Loader(Generic[_B]):
         self._gen = 0  # bumped by each call that supersedes a running loop
         self._hook_state = None  # with transform=: the state the consumer is at
         self._clock = _LoopClock(transform_workers)  # with transform=: hook, loop wait, step
+        _habits.construction_warnings(specs, self._transforms, len(self), batch_size,
+                                      -(-self._n // world_size), bool(drop_last), stacklevel=3)
 
     def _pick_output(self, output: str, dev: int) -> None:
         """torch when it is importable (or asked for), else numpy."""
@@ -603,7 +633,8 @@ class Loader(Generic[_B]):
         options, and keeps what the loader reports before it starts."""
         opts = dict(self._opts)
         opts.update({_npyload.OPT_BATCH_SIZE: 1, _npyload.OPT_NUM_WORKERS: -1,
-                     _npyload.OPT_PREFETCH: 1, _npyload.OPT_READ_AHEAD: -1})
+                     _npyload.OPT_PREFETCH: 1, _npyload.OPT_READ_AHEAD: -1,
+                     _npyload.OPT_CACHE_FILL: -1})  # the check fills nothing
         c = self._new_c(opts)
         try:
             c.start()

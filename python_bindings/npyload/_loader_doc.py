@@ -133,6 +133,24 @@ LOADER = """Batches of NPY fields, read by worker threads into reused slots.
         kept on local disk (at most ``cache_bytes``, default 10 GiB) and
         later epochs read them from there; ranks of a node may share it.
         Secrets never appear in messages, ``stats()`` or ``state_dict()``.
+    cache_fill : None, True or False
+        With remote fields and a ``cache_dir``: a background thread fills
+        the cache from the first ``iter()`` on, in large ranged GETs, in
+        the order this rank's epoch needs the blocks (then, when shuffling,
+        every other block of the dataset), while the epoch reads what has
+        arrived; a block the fill is fetching is waited for, never fetched
+        twice. None (default): on when the cache keeps all of that (90 %
+        of ``cache_bytes``), else off. True: on, filling the part the cache
+        keeps. False: off (blocks are fetched as batches need them). A
+        failed fill never fails the epoch (reads fetch on demand); its
+        progress and error are in ``stats()`` (``fill_*``).
+    persistent_workers, in_order : bool, keyword only
+        DataLoader's keywords whose meaning carries over, accepted so that a
+        ported call runs: workers are threads that live from the first
+        ``iter()`` to ``close()`` (always "persistent"), and batches always
+        arrive in order. Other DataLoader keywords (``prefetch_factor``,
+        ``collate_fn``, ``sampler``, ``worker_init_fn``...) raise a
+        TypeError naming the npyload equivalent.
 
     Notes
     -----

@@ -81,6 +81,18 @@ class LoaderStats(TypedDict):
     cache_read_bytes: int
     cache_write_bytes: int
     cache_evictions: int
+    fill_state: str
+    fill_error: str
+    fill_error_code: int
+    fill_wanted_bytes: int
+    fill_planned_bytes: int
+    fill_planned_blocks: int
+    fill_done_bytes: int
+    fill_found_blocks: int
+    fill_fetched_blocks: int
+    fill_fetched_bytes: int
+    fill_waited_blocks: int
+    fill_ns: int
     auto_mode: int
     memory_budget: int
     memory_bytes: int
@@ -224,6 +236,7 @@ def pack_file(
 def strerror(code: int, /) -> str: ...
 def mask_urls(text: str, /) -> str: ...
 def default_prefetch(num_workers: int, /) -> int: ...
+def stats_verdict(stats: Mapping[str, Any], hook_ns: int = 0) -> str: ...
 def cuda_available(device: int = 0, /) -> tuple[bool, str]: ...
 def h2d_bandwidth(device: int = 0, nbytes: int = ..., iters: int = 20) -> float: ...
 def build_info() -> BuildInfo: ...
@@ -383,6 +396,7 @@ OPT_ALIGN: int
 OPT_ON_ERROR: int
 OPT_MAX_ERRORS: int
 OPT_READ_AHEAD: int
+OPT_CACHE_FILL: int
 OPT_DEVICE_KERNELS: int
 OPT_MEMORY_BUDGET: int
 OPT_AUTO_TARGET: int

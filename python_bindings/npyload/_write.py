@@ -208,25 +208,44 @@ def _npy_bytes(arr: Any) -> bytes:
 
 
 class _Progress:
+    """What the writer tells on stderr when progress is on: a progress line
+    redrawn in place (on a terminal only), and notes, a line each (resume:
+    which files a previous run finished and this one keeps). The rate
+    counts only the samples this run wrote, not those of kept files."""
+
     def __init__(self, total: int | None, enabled: bool) -> None:
-        self.total, self.done, self.t0 = total, 0, _time.monotonic()
+        self.total, self.done, self.wrote, self.t0 = total, 0, 0, _time.monotonic()
+        self.enabled = enabled
         self.on = enabled and _sys.stderr.isatty()
         self.last = 0.0
 
-    def add(self, n: int, final: bool = False) -> None:
+    def add(self, n: int, wrote: bool = True, final: bool = False) -> None:
+        """n more samples: written by this run (wrote) or kept."""
         self.done += n
+        self.wrote += n if wrote else 0
         now = _time.monotonic()
         if not self.on or (now - self.last < 0.2 and not final):
             return
         self.last = now
-        rate = self.done / max(now - self.t0, 1e-9)
-        eta = f", ETA {(self.total - self.done) / rate:.0f} s" if self.total and rate else ""
+        took = max(now - self.t0, 1e-9)
+        rate = self.wrote / took
         of = f"/{self.total}" if self.total else ""
-        _sys.stderr.write(f"\rnpyload.write: {self.done}{of} samples, {rate:.0f} samples/s"
-                          f"{eta}   ")
+        kept = f" ({self.done - self.wrote} kept)" if self.done > self.wrote else ""
         if final:
-            _sys.stderr.write("\n")
+            _sys.stderr.write(f"\rnpyload.write: {self.done}{of} samples{kept}; wrote "
+                              f"{self.wrote} in {took:.2f} s, {rate:.0f} samples/s   \n")
+        else:
+            eta = f", ETA {(self.total - self.done) / rate:.0f} s" \
+                if self.total and rate else ""
+            _sys.stderr.write(f"\rnpyload.write: {self.done}{of} samples{kept}, "
+                              f"{rate:.0f} samples/s written{eta}   ")
         _sys.stderr.flush()
+
+    def say(self, line: str) -> None:
+        """A note, on its own line (terminal or not)."""
+        if self.enabled:
+            _sys.stderr.write(f"npyload.write: {line}\n")
+            _sys.stderr.flush()
 
 
 def _fingerprint(spec: _Spec, spf: int, templates: dict[str, str], split: str,
@@ -362,6 +381,33 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
     >>> len(npyload.Loader(fields, batch_size=10))
     10
     """
+    return _write(_Report(), source, out, samples_per_file=samples_per_file, layout=layout,
+                  split=split, num_workers=num_workers, pack=pack, narrow=narrow,
+                  overwrite=overwrite, progress=progress, remote=remote)
+
+
+class _Report:
+    """What a write has done so far, for npyload-write's own messages (the
+    line an interrupted run ends with): its plan once made, None before."""
+
+    def __init__(self) -> None:
+        self.plan: _Plan | None = None
+        self.nfiles: int | None = None   # the files of the write, when known
+
+    def changed(self) -> bool:
+        """Whether the write changed anything in out (with overwrite, the
+        previous write is gone from then on: a resume must not overwrite)."""
+        return self.plan is not None and self.plan._begun
+
+    def finished(self) -> int:
+        return self.plan.finished() if self.plan is not None else 0
+
+
+def _write(report: _Report, source: _SampleSource, out: str | _os.PathLike[str], *,
+           samples_per_file: int, layout: str | Mapping[str, str] | None, split: str,
+           num_workers: int | None, pack: bool, narrow: bool, overwrite: bool,
+           progress: bool, remote: Mapping[str, Any] | None) -> dict[str, list[str]]:
+    """write(), telling `report` what it has done as it goes."""
     out_s: str = _os.fspath(out)
     out = out_s
     spf = _int_arg("samples_per_file", samples_per_file, 1, maximum=2 ** 31,
@@ -410,22 +456,32 @@ def write(source: _SampleSource, out: str | _os.PathLike[str], *, samples_per_fi
         plan = _Plan(store, spec, names, split, overwrite, pack, narrow,
                      _fingerprint(spec, spf, templates, split, pack, narrow))
         plan.start(src.n)
+        report.plan = plan
+        report.nfiles = None if src.n is None else (src.n + spf - 1) // spf
         if src.n is not None:   # a user's file anywhere is refused before any write
             for fid in range((src.n + spf - 1) // spf):
                 plan.claim(fid)
         bar = _Progress(src.n, progress)
+        if plan.previous:
+            of = f" of {report.nfiles}" if report.nfiles is not None else ""
+            article = "an" if plan.previous == "interrupted" else "a"
+            bar.say(f"{out} holds {article} {plan.previous} write of split {split!r}: "
+                    f"{plan.finished()}{of} files finished, kept where their data are "
+                    "the same")
         if src.kind == "ray":
             nfiles, samples = src.ray.run(plan, spf, num_workers, bar)
-            bar.add(0, final=True)
-            return plan.finish(nfiles, samples)
-        with _Pool(max_workers=nw) as pool:
-            if src.kind == "iterable":
-                jobs = _stream_jobs(src, first, spec, spf, plan)
-            else:
-                jobs = _indexed_jobs(src, first, spec, spf)
-            nfiles, samples = plan.run(jobs, pool, nw, bar)
+        else:
+            with _Pool(max_workers=nw) as pool:
+                if src.kind == "iterable":
+                    jobs = _stream_jobs(src, first, spec, spf, plan)
+                else:
+                    jobs = _indexed_jobs(src, first, spec, spf)
+                nfiles, samples = plan.run(jobs, pool, nw, bar)
         bar.add(0, final=True)
-        return plan.finish(nfiles, samples)
+        fields = plan.finish(nfiles, samples)
+        if plan.kept_note():
+            bar.say(plan.kept_note())
+        return fields
     finally:
         store.close()
 
@@ -479,6 +535,8 @@ class _Plan:
         self.last_checked = -1   # files up to this one are only checked until all are
         self.claimed: dict[int, list[tuple[str, str]]] = {}
         self.to_drop: set[str] = set()     # other splits' writes whose names we take
+        self.kept: dict[str, list[int]] = {k: [] for k in spec.fields}   # resume
+        self.previous = ""   # "complete" / "interrupted": a previous write to resume
         self._begun = False
         self._mu = _threading.Lock()
         self.manifest = _manifest.name(split)
@@ -515,6 +573,8 @@ class _Plan:
             self.old_samples = rec.samples
             kept = [e.fid for e in rec.files.values() if not e.pending]
             self.last_checked = max(kept, default=-1)
+            if kept:
+                self.previous = "interrupted" if rec.samples is None else "complete"
             self.old_nfiles = max((e.fid + 1 for e in rec.files.values()), default=0)
 
     def _begin(self) -> None:
@@ -587,7 +647,39 @@ class _Plan:
                 f"write: {self.where(e.path)} holds other data than file {fid} of field "
                 f"{k!r} of this source (its recorded sha256 differs): {self.names.out} holds a "
                 f"different write of split {self.split!r}; overwrite=True replaces it")
-        return bool(self.store.intact(e))
+        if not self.store.intact(e):
+            return False
+        with self._mu:
+            self.kept[k].append(fid)
+        return True
+
+    def finished(self) -> int:
+        """How many files of this write are finished for every field, as the
+        journal has it (what a resume keeps when the data are the same)."""
+        rec = self.store.records.get(self.split)
+        if rec is None or rec.spec != self.fp:
+            return 0
+        done: dict[int, int] = {}
+        for e in rec.files.values():
+            if not e.pending and e.fid >= 0:
+                done[e.fid] = done.get(e.fid, 0) + 1
+        return sum(1 for c in done.values() if c == len(self.spec.fields))
+
+    def kept_note(self) -> str:
+        """Which files this call kept from the previous write, e.g. "kept
+        the interrupted write's files 0-11 of images, labels (12 per
+        field): ..."; "" when none."""
+        runs = {k: _ranges(sorted(v)) for k, v in self.kept.items() if v}
+        if not runs:
+            return ""
+        counts = {len(v) for v in self.kept.values()}
+        if len(set(runs.values())) == 1 and len(runs) == len(self.kept):
+            which = (f"files {next(iter(runs.values()))} of {', '.join(runs)} "
+                     f"({counts.pop()} per field)")
+        else:
+            which = "; ".join(f"{k} files {r}" for k, r in runs.items())
+        return (f"kept the {self.previous} write's {which}: its journal "
+                f"{self.where(_JOURNAL)} lists them and their data are the same")
 
     def shard(self, fid: int, fields: list[tuple[str, str]],
               make: Callable[[], list[dict[str, Any]]]) -> tuple[int, list[Any] | None]:
@@ -605,10 +697,10 @@ class _Plan:
                 continue
             todo.append((k, rel, content, data))
         if todo and fid <= self.last_checked:
-            return len(rows), [(fid, todo)]
+            return len(rows), [(fid, todo, len(rows))]
         if todo:
             self.put(fid, todo)
-        return len(rows), None
+        return len(rows), [] if todo else None
 
     def packer(self) -> Callable[[str], None] | None:
         """What packs a written .npy (picklable: Ray tasks run it), or None."""
@@ -623,7 +715,8 @@ class _Plan:
     def run(self, jobs: Iterator[tuple[int, Callable[[], list[dict[str, Any]]]]],
             pool: _Pool, nw: int, bar: _Progress) -> tuple[int, int]:
         """Every file through the pool, in order, at most nw in flight.
-        Returns (files, samples)."""
+        Returns (files, samples). A file to write among those a previous
+        run finished is held until every one of them is checked (shard)."""
         inflight: deque[tuple[int, Future[tuple[int, list[Any] | None]]]] = deque()
         held: list[Any] = []
         nfiles = samples = 0
@@ -633,11 +726,12 @@ class _Plan:
             fid, fut = inflight.popleft()
             count, later = fut.result()
             samples += count
-            bar.add(count)
+            bar.add(count, wrote=later == [])
             held.extend(later or [])
             if fid >= self.last_checked and held:
-                for f in [pool.submit(self.put, h[0], h[1]) for h in held]:
+                for h, f in [(h, pool.submit(self.put, h[0], h[1])) for h in held]:
                     f.result()
+                    bar.wrote += h[2]
                 held.clear()
 
         try:
@@ -659,6 +753,7 @@ class _Plan:
                              f"{samples}: overwrite=True replaces it")
         for h in held:
             self.put(h[0], h[1])
+            bar.wrote += h[2]
         return nfiles, samples
 
     def finish(self, nfiles: int, samples: int) -> dict[str, list[str]]:
@@ -699,3 +794,14 @@ def _pack_one(path: str, narrow: bool) -> None:
             if "narrow" not in str(e):
                 raise
     _pack(path, force=True, remove=True)
+
+
+def _ranges(ids: list[int]) -> str:
+    """Sorted file numbers as runs: [0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
+    out: list[str] = []
+    for i in ids:
+        if out and int(out[-1].rsplit("-", 1)[-1]) == i - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{i}"
+        else:
+            out.append(str(i))
+    return ", ".join(out)

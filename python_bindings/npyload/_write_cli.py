@@ -3,11 +3,13 @@ of images (decoded with Pillow), or a module:function returning a Dataset."""
 import argparse
 import importlib
 import os
+import shlex
+import shutil
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ._write import write
+from ._write import _Report, _write
 
 _IMAGE_EXT = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 
@@ -76,6 +78,50 @@ def _layout(items: list[str] | None) -> dict[str, str] | None:
     return out or None
 
 
+def _program() -> list[str]:
+    """How this program was started, as a command to type: npyload-write
+    when that name finds it, else its path, else python -m."""
+    me = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if os.path.basename(me) != "npyload-write":
+        return [sys.executable, "-m", "npyload._write_cli"]
+    found = shutil.which("npyload-write")
+    return ["npyload-write"] if found and os.path.samefile(found, me) else [me]
+
+
+def _resume_command(a: argparse.Namespace, changed: bool) -> str:
+    """The command that resumes this run (the same write; absolute paths;
+    --overwrite only while the run had changed nothing: after that it would
+    start over)."""
+    cmd = _program()
+    cmd += ["--images", os.path.abspath(a.images)] if a.images else ["--source", a.source]
+    cmd += ["--out", a.out if "://" in a.out else os.path.abspath(a.out)]
+    if a.size:
+        cmd += ["--size", f"{a.size[0]},{a.size[1]}"]
+    for flag, value, default in (("--dtype", a.dtype, "uint8"), ("--mode", a.mode, "RGB"),
+                                 ("--samples-per-file", a.samples_per_file, 64),
+                                 ("--split", a.split, "train"), ("--workers", a.workers, None)):
+        if value != default:
+            cmd += [flag, str(value)]
+    for item in a.layout or []:
+        cmd += ["--layout", item]
+    cmd += [f"--{f}" for f in ("pack", "narrow", "quiet") if getattr(a, f)]
+    if a.overwrite and not changed:
+        cmd.append("--overwrite")
+    line = shlex.join(cmd)
+    # --source imports its module from the current directory.
+    return f"cd {shlex.quote(os.getcwd())} && {line}" if a.source else line
+
+
+def _interrupted(a: argparse.Namespace, report: _Report) -> str:
+    """The one line an interrupted run ends with."""
+    cmd = _resume_command(a, report.changed())
+    if report.plan is None:
+        return f"npyload-write: interrupted before writing; to start again: {cmd}"
+    of = f" of {report.nfiles}" if report.nfiles is not None else ""
+    return (f"npyload-write: interrupted: {report.finished()}{of} files are finished in "
+            f"{a.out}, and a resumed run keeps them; to resume: {cmd}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="npyload-write",
@@ -107,21 +153,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "other data are refused)")
     ap.add_argument("--quiet", action="store_true", help="no progress, no summary")
     a = ap.parse_args(argv)
-    if a.images:
-        if not a.size:
-            ap.error("--images needs --size H,W")
-        source: Any = ImageFolder(a.images, a.size, a.dtype, a.mode)
-    else:
-        mod, sep, fn = a.source.partition(":")
-        if not sep:
-            ap.error(f"--source wants MODULE:FUNCTION, got {a.source!r}")
-        sys.path.insert(0, os.getcwd())
-        source = getattr(importlib.import_module(mod), fn)()
+    if a.images and not a.size:
+        ap.error("--images needs --size H,W")
+    if a.source and ":" not in a.source:
+        ap.error(f"--source wants MODULE:FUNCTION, got {a.source!r}")
+    report = _Report()
     try:
-        fields = write(source, a.out, samples_per_file=a.samples_per_file,
-                       layout=_layout(a.layout), split=a.split, num_workers=a.workers,
-                       pack=a.pack, narrow=a.narrow, overwrite=a.overwrite,
-                       progress=not a.quiet)
+        if a.images:
+            source: Any = ImageFolder(a.images, a.size, a.dtype, a.mode)
+        else:
+            mod, _, fn = a.source.partition(":")
+            sys.path.insert(0, os.getcwd())
+            source = getattr(importlib.import_module(mod), fn)()
+        fields = _write(report, source, a.out, samples_per_file=a.samples_per_file,
+                        layout=_layout(a.layout), split=a.split, num_workers=a.workers,
+                        pack=a.pack, narrow=a.narrow, overwrite=a.overwrite,
+                        progress=not a.quiet, remote=None)
+    except KeyboardInterrupt:
+        # Ctrl-C: every finished file is journaled; one line says how to go on.
+        print(_interrupted(a, report), file=sys.stderr)
+        return 130
     except (ValueError, TypeError, OSError) as e:
         print(f"npyload-write: {e}", file=sys.stderr)
         return 1

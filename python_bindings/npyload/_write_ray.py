@@ -261,7 +261,7 @@ class RaySource:
                         held.append((fid, row0, pieces, todo))
                     else:
                         samples += count
-                        bar.add(count)
+                        bar.add(count, wrote=False)
                     continue
                 for k, rel, content, size, digest in facts:
                     final = rel + ".zst" if packer is not None else rel

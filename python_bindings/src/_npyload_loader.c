@@ -830,6 +830,15 @@ static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *args, PyObject *
                 {"cache_read_bytes", s.cache_read_bytes},
                 {"cache_write_bytes", s.cache_write_bytes},
                 {"cache_evictions", s.cache_evictions},
+                {"fill_wanted_bytes", s.fill_wanted_bytes},
+                {"fill_planned_bytes", s.fill_planned_bytes},
+                {"fill_planned_blocks", s.fill_planned_blocks},
+                {"fill_done_bytes", s.fill_done_bytes},
+                {"fill_found_blocks", s.fill_found_blocks},
+                {"fill_fetched_blocks", s.fill_fetched_blocks},
+                {"fill_fetched_bytes", s.fill_fetched_bytes},
+                {"fill_waited_blocks", s.fill_waited_blocks},
+                {"fill_ns", s.fill_ns},
                 {"auto_mode", s.auto_mode},
                 {"memory_budget", s.memory_budget},
                 {"memory_bytes", s.memory_bytes},
@@ -840,6 +849,21 @@ static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *args, PyObject *
             Py_CLEAR(d);
         Py_XDECREF(v);
     }
+    /* The background cache fill: its state by name, its failure. */
+    static const char *const fill_states[] = {"off", "running", "done", "failed", "stopped"};
+    char fill_err[1024];
+    npyload_loader_fill_error(self->L, fill_err, sizeof fill_err);
+    unsigned fs = (unsigned)s.fill_state < 5 ? (unsigned)s.fill_state : 0;
+    PyObject *fst = d ? PyUnicode_FromString(fill_states[fs]) : NULL;
+    PyObject *fe = d ? npyloadpy_str(fill_err) : NULL;
+    PyObject *fc = d ? PyLong_FromLong((long)s.fill_error) : NULL;
+    if (d && (!fst || !fe || !fc || PyDict_SetItemString(d, "fill_state", fst) < 0 ||
+              PyDict_SetItemString(d, "fill_error", fe) < 0 ||
+              PyDict_SetItemString(d, "fill_error_code", fc) < 0))
+        Py_CLEAR(d);
+    Py_XDECREF(fst);
+    Py_XDECREF(fe);
+    Py_XDECREF(fc);
     return d;
 }
 

@@ -7,6 +7,7 @@
 #include "_npyload.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <string.h>
 
 /* Reads a header with the GIL released (it is file I/O). */
@@ -532,6 +533,63 @@ static PyObject *mod_default_prefetch(PyObject *self, PyObject *arg)
     return PyLong_FromLongLong((long long)slots);
 }
 
+/* stats_verdict(stats, hook_ns=0): npyload_stats_verdict() of the counters
+ * in a mapping (Loader.stats()'s keys; a missing key counts 0, device -1):
+ * the verdict of given figures, without a loader. */
+static PyObject *mod_stats_verdict(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"stats", "hook_ns", NULL};
+    PyObject *m;
+    unsigned long long hook_ns = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|K:stats_verdict", kwlist, &m, &hook_ns))
+        return NULL;
+    if (!PyMapping_Check(m)) {
+        PyErr_SetString(PyExc_TypeError, "stats_verdict: stats must be a mapping");
+        return NULL;
+    }
+    npyload_stats s;
+    memset(&s, 0, sizeof s);
+    s.device = -1;
+    static const struct { const char *key; size_t off; } u64[] = {
+#define K(f) {#f, offsetof(npyload_stats, f)}
+        K(batches_delivered), K(samples_delivered), K(wait_ns), K(io_ns), K(h2d_ns),
+        K(num_slots), K(decode_ns), K(transform_ns), K(read_ahead_batches),
+        K(read_wait_ns), K(elapsed_ns), K(step_ns), K(worker_cpu_ns), K(num_workers),
+        K(read_blocked_ns), K(remote_requests), K(remote_wait_ns), K(cache_hits),
+        K(cache_misses),
+#undef K
+    };
+    for (size_t i = 0; i < sizeof u64 / sizeof u64[0]; i++) {
+        PyObject *v = PyMapping_GetItemString(m, u64[i].key);
+        if (!v) {
+            if (!PyErr_ExceptionMatches(PyExc_KeyError))
+                return NULL;
+            PyErr_Clear();
+            continue;
+        }
+        unsigned long long x = PyLong_AsUnsignedLongLong(v);
+        Py_DECREF(v);
+        if (x == (unsigned long long)-1 && PyErr_Occurred())
+            return NULL;
+        *(uint64_t *)(void *)((char *)&s + u64[i].off) = x;
+    }
+    PyObject *d = PyMapping_GetItemString(m, "device");
+    if (d) {
+        long dv = PyLong_AsLong(d);
+        Py_DECREF(d);
+        if (dv == -1 && PyErr_Occurred())
+            return NULL;
+        s.device = (int)dv;
+    } else if (PyErr_ExceptionMatches(PyExc_KeyError)) {
+        PyErr_Clear();
+    } else {
+        return NULL;
+    }
+    char verdict[512];
+    npyload_stats_verdict(&s, hook_ns, verdict, sizeof verdict);
+    return npyloadpy_str(verdict);
+}
+
 PyDoc_STRVAR(pack_file_doc,
 "pack_file(path, out=None, level=0, frame_size=0, threads=0, force=False,\n"
 "          checksum=True) -> dict\n\n"
@@ -703,6 +761,11 @@ static PyMethodDef module_methods[] = {
      "every message of the library is."},
     {"strerror", mod_strerror, METH_O,
      "strerror(code) -> str: npyload_strerror() of an error code."},
+    {"stats_verdict", (PyCFunction)(void (*)(void))mod_stats_verdict,
+     METH_VARARGS | METH_KEYWORDS,
+     "stats_verdict(stats, hook_ns=0) -> str: npyload_stats_verdict() of the "
+     "counters in a mapping with Loader.stats()'s keys (a missing one counts 0, "
+     "device -1): the verdict of given figures."},
     {"default_prefetch", mod_default_prefetch, METH_O,
      "default_prefetch(num_workers) -> int: npyload_default_prefetch(), the "
      "batch slots of a loader with PREFETCH 0 and NUM_WORKERS num_workers "

@@ -21,7 +21,8 @@ SCHEMA = REPO / "bench" / "schema.json"
 
 @pytest.fixture(scope="module")
 def bench():
-    build = Path(os.environ.get("NPYLOAD_BUILD_DIR", REPO / "build"))
+    # Absolute: tests run it from the data's directory (run-all.sh gives "build").
+    build = Path(os.environ.get("NPYLOAD_BUILD_DIR", REPO / "build")).resolve()
     exe = build / "tools" / "npyload-bench"
     if not exe.is_file() or not os.access(exe, os.X_OK):
         pytest.fail(
@@ -453,6 +454,40 @@ def test_ranks_run_loaders_side_by_side(bench, dataset, tmp_path):
     assert "per rank, 2 ranks (torchrun --nproc_per_node=2)" in p.stdout
     bad = run(bench, *fields(dataset), "--ranks", "2", "--device", "cuda:0")
     assert bad.returncode == 2
+
+
+def test_first_day_paste_step_and_packing(bench, dataset, tmp_path):
+    """Issue 40: with a step, every run measures at least 10 batches; the
+    pasted line carries seed and drop_last and absolute globs (the bench run
+    from the data's directory with relative globs, the line evaluated from
+    elsewhere); the packing verdict's raw rate is the loader's, not the
+    simulated step's (8 samples per 30 ms step: 267 samples/s)."""
+    out_json = tmp_path / "s.json"
+    rel = [f"images=images/*.npy", f"heatmaps=labels/*_heatmaps.npy",
+           f"offsets=labels/*_offsets.npy"]
+    p = subprocess.run([str(bench), *rel, "--workers", "1", "--prefetch", "2", "--io", "pread",
+                        "--seconds", "0.05", "--compute-ms", "30", "--batch-size", "8",
+                        "--shuffle", "--seed", "7", "--drop-last", "--no-repeat",
+                        "--json", str(out_json)],
+                       capture_output=True, text=True, timeout=300, cwd=dataset,
+                       stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(out_json.read_text())
+    assert all(r["batches"] >= 10 for r in doc["runs"] if r["ok"]), doc["runs"]
+    py = next(l for l in p.stdout.splitlines() if l.strip().startswith("python:"))
+    code = py.split("python:", 1)[1].strip()
+    assert "seed=7" in code and "drop_last=True" in code and f'"{dataset}/images/*.npy"' in code
+    import npyload
+    L = eval(code, {"npyload": npyload})  # from the tests' directory, not the data's
+    try:
+        assert L.seed == 7 and L.drop_last and len(L) == 60 // 8
+    finally:
+        L.close()
+    assert "only the tuning arguments" in p.stdout
+    z = doc["compression"]
+    if z and z.get("raw_warm_samples_per_s"):
+        assert z["raw_warm_source"] == "runs' worker CPU", z
+        assert z["raw_warm_samples_per_s"] > 2 * 1000 / 30 * 8, z
 
 
 # ---- --auto: the auto loader beside the grid (issue 37) ----

@@ -9,7 +9,8 @@ import sys
 import npyload
 
 PKG = pathlib.Path(npyload.__file__).parent
-PUBLIC = {"Loader", "Batch", "BatchTuple", "Augment", "Transform", "TransformError", "NpyloadError",
+PUBLIC = {"Loader", "Batch", "BatchTuple", "Augment", "Transform", "TransformError",
+          "FlipMismatchWarning", "NpyloadError",
           "inspect", "inspect_manifest", "load", "order_indices", "cuda_available", "build_info", "pack", "write",
           "prefetch", "cost_model", "dataset_facts", "copy_ceiling", "h2d_ceiling", "__version__"}
 

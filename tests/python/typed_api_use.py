@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -159,9 +160,10 @@ def every_loader_argument(fields: Mapping[str, list[str]]) -> None:
         prefetch=2, device="cpu", rank=0, world_size=1, io="pread", output="numpy",
         copy=False, window=2, direct_io=False, pin_memory=False, align="names",
         on_error="skip", max_errors=None, transforms={"x": t}, as_tuple=False,
-        transform=None, read_ahead=True, transform_workers=1, remote=None,
+        transform=None, read_ahead=True, transform_workers=1, remote=None, cache_fill=None,
         memory_budget=None, auto_target=0.02)
     assert_type(loader, npyload.Loader[npyload.Batch])
+    assert_type(loader.cache_fill, Optional[bool])
     auto = npyload.Loader(fields, PER_FILE, num_workers="auto", prefetch="auto",
                           memory_budget=1 << 30, auto_target=0.05)
     assert_type(auto.auto_history(), list[dict[str, Any]])
@@ -279,6 +281,10 @@ def tuples_and_hooks(fields: Mapping[str, list[str]]) -> None:
     else:
         raise AssertionError("no TransformError")
     failing.close()
+    # A flip the user means for one field only: said, and silenced by name.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=npyload.FlipMismatchWarning)
+        assert issubclass(npyload.FlipMismatchWarning, UserWarning)
 
 
 def batches_of(loader: npyload.Loader) -> int:
@@ -339,6 +345,12 @@ def main(root: str) -> None:
         assert c["gbps"] > 0 and c["threads"] == 1
     if ok:
         assert_type(npyload.h2d_ceiling(0, nbytes=1 << 20, iters=2), float)
+    # DataLoader's keywords that carry over are typed: a ported call checks.
+    ported = npyload.Loader(fields, 5, output="numpy", persistent_workers=True,
+                            in_order=True)
+    assert_type(ported, npyload.Loader[npyload.Batch])
+    with ported:
+        assert batches_of(ported) == N
 
 
 if __name__ == "__main__":
