@@ -318,11 +318,15 @@ typedef enum npyload_shuffle {
  * and keeps it only when each of the next two windows delivered at least
  * 5 % more samples/s than the two before (it takes it back and backs off
  * otherwise, the back-off doubling); it removes one after three windows
- * well below the target and takes that back when the wait or the rate
- * worsens. It stays within AUTO_CORES workers unless the workers wait for
- * reads: blocked a share b of their time (off the CPU with a voluntary
- * context switch; preemption does not count), AUTO_CORES / (1 - b) of
- * them, at most twice AUTO_CORES. It keeps slots plus read buffers within
+ * well below the target (the next one window after a removal it kept),
+ * down to the slots the workers fill plus those the caller holds, and
+ * takes that back when the wait or the rate worsens. It judges the steady
+ * state: the wait for the first batch of a pass (after start, set_epoch,
+ * set_state), which no count removes, is left out. It stays within
+ * AUTO_CORES workers unless the workers wait for reads: blocked a share b
+ * of their time (off the CPU with a voluntary context switch; preemption
+ * does not count), AUTO_CORES / (1 - b) of them, at most twice
+ * AUTO_CORES. It keeps slots plus read buffers within
  * MEMORY_BUDGET, never takes a slot the caller holds, settles after a
  * change that did not help (the back-off doubles), and forgets its
  * back-offs when the regime changes (the step time or the throughput moves

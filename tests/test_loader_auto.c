@@ -17,6 +17,7 @@
 
 #include "npyload.h"
 #include "common/npyload_common.h"
+#include "loader/npyload_loader_auto.h"
 #include "testutil.h"
 
 static const int64_t FILE_SIZES[] = {7, 1, 13, 30, 5, 8, 40, 24};
@@ -391,4 +392,181 @@ Test(auto, blocked_time_is_not_preemption)
         cr_skip_test("the spinner did not share the CPU (off-CPU %" PRIu64 " ns)", off);
     cr_assert_eq(blocked, 0, "%" PRIu64 " ns of preemption (off-CPU %" PRIu64 " ns) counted "
                  "as blocked", blocked, off);
+}
+
+/* ---- the controller alone, on injected measurements ----
+ * npyl_auto_tick fed one closed window per call (no thread, no clock):
+ * the consumer's step, its wait and the pass fills are what the test says,
+ * so the decisions are deterministic. The ring is a real one (its slots
+ * get memory and lose it as the controller says); the workers are never
+ * made: the window's reads never block, so the ceiling is AUTO_CORES 2,
+ * the two workers begin made. */
+#define SIM_SLOTS 8
+#define SIM_BATCH 128
+#define SIM_BATCHES 4 /* per window */
+
+typedef struct sim {
+    npyl_auto a;
+    npyl_ring r;
+    npyl_slot slots[SIM_SLOTS];
+    npyl_worker workers[4];
+    npyl_device dev;
+    npyl_auto_meas m;
+} sim;
+
+/* Starts as the Python default does: 2 workers, 4 slots (prefetch auto),
+ * the caller holding `held` batches while it calls next(). */
+static void sim_start(sim *s, size_t held)
+{
+    memset(s, 0, sizeof *s);
+    npyl_auto_init(&s->a);
+    npyl_slots_init(&s->r);
+    npyl_auto_setup su = {
+        .mode = NPYL_AUTO_WORKERS | NPYL_AUTO_SLOTS,
+        .workers = 2,
+        .slots = 4,
+        .cores = 2,
+        .slot_bytes = 4096,
+        .worker_bytes = 4096,
+        .budget = (2 + SIM_SLOTS) * 4096, /* room for SIM_SLOTS slots */
+    };
+    size_t w0, cw, s0, cs;
+    char err[256];
+    cr_assert_eq(npyl_auto_plan(&s->a, &su, &w0, &cw, &s0, &cs, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(w0, 2);
+    cr_assert_eq(s0, 4);
+    cr_assert_eq(cs, SIM_SLOTS);
+    s->r.hslots = s->slots;
+    s->r.nh = SIM_SLOTS;
+    for (size_t i = 0; i < SIM_SLOTS; i++) {
+        s->slots[i].state = i < s0 ? SLOT_FREE : SLOT_OFF;
+        s->slots[i].mem = i < s0 ? npyl_alloc_aligned(4096, NPYL_DIRECT_ALIGN) : NULL;
+    }
+    s->r.slots_on = s0;
+    s->r.workers_on = w0;
+    s->r.held = held;
+    npyl_worker_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    s->m.now_ns = 1000000000ull;
+    npyl_auto_begin(&s->a, &s->r, s->workers, w0, NULL, &cfg, &s->dev, &s->m);
+}
+
+static void sim_end(sim *s)
+{
+    for (size_t i = 0; i < SIM_SLOTS; i++)
+        npyl_free_aligned(s->slots[i].mem);
+    npyl_slots_fini(&s->r);
+    npyl_auto_fini(&s->a);
+}
+
+/* One window of SIM_BATCHES batches: the consumer stepped step_ms per
+ * batch and waited wait_ms in all, fill_ms of it for a pass's first batch
+ * (a fill: start or set_epoch). Then the tick that closes it. */
+static void sim_window(sim *s, double step_ms, double wait_ms, double fill_ms)
+{
+    uint64_t step = (uint64_t)(step_ms * 1e6) * SIM_BATCHES, wait = (uint64_t)(wait_ms * 1e6);
+    s->m.now_ns += step + wait;
+    s->m.batches += SIM_BATCHES;
+    s->m.samples += SIM_BATCHES * SIM_BATCH;
+    s->m.step_ns += step;
+    s->m.wait_ns += wait;
+    s->m.fill_wait_ns += (uint64_t)(fill_ms * 1e6);
+    npyl_auto_tick(&s->a, &s->m);
+}
+
+/* The history, every decision of it (fewer than it keeps). */
+static int sim_events(sim *s, npyload_auto_event *ev)
+{
+    uint64_t total = 0;
+    size_t n = npyl_auto_history(&s->a, ev, NPYL_AUTO_HISTORY, sizeof *ev, &total);
+    cr_assert_eq((uint64_t)n, total, "%" PRIu64 " decisions: more than the history keeps", total);
+    return (int)n;
+}
+
+static size_t sim_slots_on(sim *s)
+{
+    size_t on, held;
+    npyl_slots_counts(&s->r, &on, &held);
+    return on;
+}
+
+/* Issue 37, the sleep40 regime's memory: a consumer whose 40 ms step is
+ * far longer than a worker's fill never waits in the steady state (0.3 %
+ * of its step). The controller ends at one worker and the slots that
+ * worker fills plus the one the caller holds (2), as the cheapest fixed
+ * configuration (num_workers=1, prefetch=1) that waits as little; not at
+ * a third, "ready" slot nothing waits for. */
+Test(auto_sim, a_slow_consumer_ends_at_the_fewest_slots)
+{
+    sim s;
+    sim_start(&s, 1);
+    for (int i = 0; i < 16; i++)
+        sim_window(&s, 40, 0.5, 0);
+    cr_assert_eq(npyl_auto_workers(&s.a), 1);
+    cr_assert_eq(npyl_auto_slots(&s.a), 2, "%zu slots: the cheapest configuration has 2",
+                 npyl_auto_slots(&s.a));
+    cr_assert_eq(sim_slots_on(&s), 2);
+    npyload_auto_event ev[NPYL_AUTO_HISTORY];
+    int n = sim_events(&s, ev);
+    for (int i = 1; i < n; i++)
+        cr_assert_eq(ev[i].reason, NPYLOAD_AUTO_SPARE, "decision %d: %s", i,
+                     npyload_auto_reason_name(ev[i].reason));
+    /* Settled: nothing more comes of more windows like these. */
+    for (int i = 0; i < 32; i++)
+        sim_window(&s, 40, 0.5, 0);
+    uint64_t total = 0;
+    npyl_auto_history(&s.a, NULL, 0, sizeof *ev, &total);
+    cr_assert_eq(total, (uint64_t)n);
+    sim_end(&s);
+}
+
+/* The same consumer over short passes (an epoch of 16 batches, every
+ * fourth window): each pass starts with a 60 ms wait for its first batch,
+ * 27 % of that window, which no count of workers or slots removes. It is
+ * left out of the steady state: the controller settles where it does
+ * without it (one worker, two slots) and takes no removal back for it. */
+Test(auto_sim, a_pass_fill_is_not_steady_wait)
+{
+    sim s;
+    sim_start(&s, 1);
+    for (int i = 0; i < 24; i++)
+        sim_window(&s, 40, i % 4 == 0 ? 60.5 : 0.5, i % 4 == 0 ? 60 : 0);
+    npyload_auto_event ev[NPYL_AUTO_HISTORY];
+    int n = sim_events(&s, ev);
+    for (int i = 1; i < n; i++)
+        cr_assert_eq(ev[i].reason, NPYLOAD_AUTO_SPARE, "decision %d (%s): the fills were "
+                     "judged as steady wait", i, npyload_auto_reason_name(ev[i].reason));
+    cr_assert_eq(npyl_auto_workers(&s.a), 1);
+    cr_assert_eq(npyl_auto_slots(&s.a), 2);
+    sim_end(&s);
+}
+
+/* The ready slot stays where the loop needs it: a consumer that waits 5 %
+ * of its step (a steady wait, no fill) whenever fewer than three slots
+ * are on. The removal to two is judged worse and taken back, and the
+ * controller ends at three slots (or judging a retry, backed off). */
+Test(auto_sim, a_removal_that_raises_the_wait_is_taken_back)
+{
+    sim s;
+    sim_start(&s, 1);
+    for (int i = 0; i < 40; i++)
+        sim_window(&s, 40, sim_slots_on(&s) < 3 ? 8 : 0.5, 0);
+    npyload_auto_event ev[NPYL_AUTO_HISTORY];
+    int n = sim_events(&s, ev);
+    int worse = 0;
+    for (int i = 1; i < n; i++) {
+        if (ev[i].reason == NPYLOAD_AUTO_WORSE) {
+            worse++;
+            cr_assert_eq(ev[i].slots, 3, "decision %d: taken back to %u slots", i, ev[i].slots);
+        }
+        if (ev[i].slots == 2 && i + 1 < n)
+            cr_assert_eq(ev[i + 1].reason, NPYLOAD_AUTO_WORSE, "decision %d: two slots kept "
+                         "(%s) although the loop waits", i,
+                         npyload_auto_reason_name(ev[i + 1].reason));
+    }
+    cr_assert_geq(worse, 1);
+    cr_assert_eq(npyl_auto_workers(&s.a), 1);
+    cr_assert_geq(npyl_auto_slots(&s.a), 2);
+    cr_assert_leq(npyl_auto_slots(&s.a), 3);
+    sim_end(&s);
 }

@@ -76,6 +76,15 @@ static size_t process_cores(void)
  * caller holds one and one is ready. */
 static size_t min_slots(const npyl_auto *a, size_t workers) { return a->per * workers + 2; }
 
+/* The fewest host slots a removal may leave: those the workers fill and
+ * those the caller holds (at least one), without the ready one: whether
+ * the loop needs it is what the removal's judging finds out (a consumer
+ * slower than one worker's fill never waits for it). */
+static size_t floor_slots(const npyl_auto *a, size_t workers, size_t held)
+{
+    return a->per * workers + (held > 1 ? held : 1);
+}
+
 static uint64_t bytes_of(const npyl_auto *a, size_t made, size_t slots)
 {
     return made * a->worker_bytes + (a->device_mode ? 0 : slots * a->slot_bytes);
@@ -391,7 +400,7 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
         if (w->share < a->target / 2 && ++a->calm >= CALM_WINDOWS) {
             a->calm = 0;
             a->base_rate = w->rate;
-            size_t floor = min_slots(a, a->workers) + (held > 1 ? held - 1 : 0);
+            size_t floor = floor_slots(a, a->workers, held);
             if (as && a->slots > floor && a->win >= a->until[B_DROP_S] &&
                 apply_slots(a, a->slots - 1) != ps) {
                 a->pending = ACT_DROP_S;
@@ -449,6 +458,10 @@ static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
         record(a, m, NPYLOAD_AUTO_WORSE, pw, ps, w->share, w->rate, w->busy, w->blocked);
     } else if (act == ACT_ADD_W || act == ACT_ADD_S) {
         a->backoff[act == ACT_ADD_W ? B_ADD_W : B_ADD_S] = 0; /* it paid */
+    } else if ((act == ACT_DROP_W || act == ACT_DROP_S) && a->seen_max_share < a->target / 2) {
+        /* A removal kept with room to spare: its windows were calm ones,
+         * the next removal comes at the next calm window. */
+        a->calm = CALM_WINDOWS - 1;
     }
 }
 
@@ -477,11 +490,17 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
     uint64_t wall = m->now_ns - a->last.now_ns, nb = m->batches - a->last.batches;
     if (!nb || (wall < WIN_LONG_NS && (nb < WIN_BATCHES || wall < WIN_MIN_NS)))
         return;
+    /* The steady state: the wait for a pass's first batch (its fill) is
+     * left out of the wait and of the wall time the rate is taken over. */
     uint64_t wait = m->wait_ns - a->last.wait_ns, step = m->step_ns - a->last.step_ns;
+    uint64_t fill = m->fill_wait_ns - a->last.fill_wait_ns;
+    fill = fill < wait ? fill : wait;
+    wait -= fill;
+    uint64_t steady = wall > fill ? wall - fill : 1;
     double wk = (double)wall * (double)(a->workers ? a->workers : 1);
     window w = {
         .share = wait + step ? (double)wait / (double)(wait + step) : 0,
-        .rate = (double)(m->samples - a->last.samples) * 1e9 / (double)wall,
+        .rate = (double)(m->samples - a->last.samples) * 1e9 / (double)steady,
         .busy = (double)(m->busy_ns - a->last.busy_ns) / wk,
         .blocked = (double)(m->blocked_ns - a->last.blocked_ns) / wk,
         .step_pb = (double)step / (double)nb,

@@ -47,9 +47,12 @@ typedef struct npyl_auto_setup {
     uint64_t worker_bytes;  /* one worker's read buffers */
 } npyl_auto_setup;
 
-/* The loader's counters as one tick sees them (cumulative). */
+/* The loader's counters as one tick sees them (cumulative). fill_wait_ns:
+ * the part of wait_ns spent waiting for the first batch of a pass (start,
+ * set_epoch, set_state), which no count of workers or slots removes: the
+ * controller judges the steady state without it. */
 typedef struct npyl_auto_meas {
-    uint64_t now_ns, batches, samples, wait_ns, step_ns, busy_ns, blocked_ns;
+    uint64_t now_ns, batches, samples, wait_ns, fill_wait_ns, step_ns, busy_ns, blocked_ns;
 } npyl_auto_meas;
 
 typedef struct npyl_auto {

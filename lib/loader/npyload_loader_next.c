@@ -30,6 +30,7 @@ static void auto_tick(npyload_loader *L)
         .batches = atomic_load(&L->st.batches),
         .samples = atomic_load(&L->st.samples),
         .wait_ns = atomic_load(&L->st.wait_ns),
+        .fill_wait_ns = atomic_load(&L->st.fill_wait_ns),
         .step_ns = atomic_load(&L->st.step_ns),
         .busy_ns = atomic_load(&L->st.io_ns) + atomic_load(&L->st.transform_ns),
         .blocked_ns = atomic_load(&L->st.blocked_ns),
@@ -81,6 +82,8 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
         atomic_fetch_add(&L->refs, 1); /* dropped by the batch's release */
         atomic_fetch_add(&L->st.batches, 1);
         atomic_fetch_add(&L->st.samples, rows);
+        if ((*out)->first)
+            atomic_fetch_add(&L->st.fill_wait_ns, t1 - t0);
     }
     /* Rows the reader dropped count when their batch is handed out, as data
      * or as the error MAX_ERRORS made of it: a batch read ahead and dropped

@@ -270,6 +270,7 @@ static int hand_out(npyl_ring *r, npyl_slot *s, npyload_batch **out, size_t *row
     npyload_batch *b = &s->handles[++s->handouts % NPYL_HANDLES];
     b->seq = s->seq;
     b->epoch = s->epoch;
+    b->first = s->seq == r->gen_first_seq;
     atomic_store_explicit(&s->owner, b, memory_order_release);
     *out = b;
     *rows = s->rows;

@@ -103,6 +103,8 @@ struct npyload_batch {
     int device_mode;
     int64_t seq;          /* the hand-out's batch and epoch (for messages) */
     uint64_t epoch;
+    int first;            /* the first batch of its generation: its wait is
+                             the pass's fill (the controller leaves it out) */
 };
 
 typedef struct npyl_ring {
