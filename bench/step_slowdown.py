@@ -3,7 +3,7 @@
 running beside it, against the same step on preloaded batches.
 
     npyload-gen --preset captcha --out /tmp/cap --files 8
-    python3 bench/step_slowdown.py --data /tmp/cap [--steps 40] [--batch 64]
+    python3 bench/step_slowdown.py --data /tmp/cap [--steps 40] [--rounds 3] [--batch 64]
 
 For each side the script times the same model step (a small CNN over the
 captcha images, a 1x1 head against the heatmaps, Adam) three ways:
@@ -19,8 +19,11 @@ waits are not in it) and its slowdown against preloaded (the CPU the
 loader's workers take from the model: DataLoader's processes compete with
 torch's own threads), and samples/s end to end (the whole loop, waits
 included). torch's intra-op threads are left at their default.
-Timings are noisy on a shared machine: run it quiet, and compare sides of
-the same run only.
+The sides alternate over --rounds rounds (each round runs all three, in a
+rotating order) and each slowdown is taken within its round, so that a
+machine whose speed drifts moves every side alike; the median and range
+over the rounds are printed. Timings are noisy on a shared machine: run
+it quiet, and compare sides of the same run only.
 """
 import argparse
 import glob
@@ -91,7 +94,9 @@ def train(batches, steps, seed=0):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, help="npyload-gen --preset captcha --out DIR")
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=40, help="timed steps per side and round")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds; each runs every side once, in a rotating order")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2)
     a = ap.parse_args()
@@ -105,23 +110,45 @@ def main():
     for k in range(0, min(len(ds), a.batch * 8) - a.batch + 1, a.batch):
         rows = [ds[i] for i in range(k, k + a.batch)]
         pre.append({f: torch.stack([r[f] for r in rows]) for f in ("images", "heatmaps")})
-    res = {}
-    res["preloaded"] = train(pre, a.steps)
-    with npyload.Loader({"images": img, "heatmaps": hm}, batch_size=a.batch, shuffle=True,
-                        drop_last=True, num_workers=a.workers) as ld:
-        res["npyload"] = train(ld, a.steps)
-    dl = torch.utils.data.DataLoader(ds, batch_size=a.batch, shuffle=True, drop_last=True,
-                                     num_workers=a.workers, pin_memory=True,
-                                     persistent_workers=True)
-    res["DataLoader"] = train(dl, a.steps)
-    del dl
-    base = statistics.median(res["preloaded"][0])
-    print(f"{a.steps} steps of batch {a.batch}, {a.workers} loader workers, "
-          f"torch threads {torch.get_num_threads()}, {os.cpu_count()} cores")
-    print(f"{'side':<11} {'step ms (median)':>17} {'slowdown':>9} {'samples/s end to end':>21}")
-    for k, (times, sps) in res.items():
-        med = statistics.median(times)
-        print(f"{k:<11} {1e3 * med:>17.1f} {100 * (med / base - 1):>8.0f}% {sps:>21.0f}")
+
+    def npyload_side():
+        with npyload.Loader({"images": img, "heatmaps": hm}, batch_size=a.batch,
+                            shuffle=True, drop_last=True, num_workers=a.workers) as ld:
+            return train(ld, a.steps)
+
+    def dataloader_side():
+        dl = torch.utils.data.DataLoader(ds, batch_size=a.batch, shuffle=True,
+                                         drop_last=True, num_workers=a.workers,
+                                         pin_memory=True, persistent_workers=True)
+        try:
+            return train(dl, a.steps)
+        finally:
+            del dl
+
+    sides = {"preloaded": lambda: train(pre, a.steps), "npyload": npyload_side,
+             "DataLoader": dataloader_side}
+    names = list(sides)
+    # per round: each side's median step time and samples/s; the slowdown
+    # is taken within the round (against that round's preloaded step), so a
+    # machine whose speed drifts moves all three alike
+    rounds = []
+    for r in range(a.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        got = {}
+        for k in order:
+            times, sps = sides[k]()
+            got[k] = (statistics.median(times), sps)
+        rounds.append(got)
+    print(f"{a.rounds} rounds of {a.steps} steps of batch {a.batch}, {a.workers} loader "
+          f"workers, torch threads {torch.get_num_threads()}, {os.cpu_count()} cores")
+    print(f"{'side':<11} {'step ms (median)':>17} {'slowdown (median, min-max)':>28} "
+          f"{'samples/s end to end':>21}")
+    for k in names:
+        med = statistics.median(g[k][0] for g in rounds)
+        slow = [100 * (g[k][0] / g["preloaded"][0] - 1) for g in rounds]
+        sps = statistics.median(g[k][1] for g in rounds)
+        span = f"{statistics.median(slow):+.0f}% ({min(slow):+.0f} to {max(slow):+.0f})"
+        print(f"{k:<11} {1e3 * med:>17.1f} {span:>28} {sps:>21.0f}")
 
 
 if __name__ == "__main__":

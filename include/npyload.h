@@ -208,7 +208,8 @@ typedef enum npyload_shuffle {
 
 /*! NPYLOAD_OPTION_MAP: the one table of options, XX(NAME, value, doc). It
  * generates the enum below (NPYLOAD_OPT_NAME = value) and the names the
- * library's messages use. */
+ * library's messages use. A value, once given, keeps its meaning; the
+ * values need not be contiguous (one not in the table is refused). */
 #define NPYLOAD_OPTION_MAP(XX)                                                 \
     XX(BATCH_SIZE, 1, "samples per batch, >= 1; no default: start() refuses " \
                       "a loader without it (as Python's batch_size=)")       \
@@ -293,7 +294,10 @@ typedef enum npyload_shuffle {
     XX(AUTO_FORCE, 24, "testing: with auto, every this many batches the "   \
                        "controller changes workers and slots to a new "     \
                        "pseudo-random pair instead of measuring; 0 = off "  \
-                       "(default)")
+                       "(default)")                                         \
+    XX(SAMPLES_PER_EPOCH, 25, "a mixture of sources (npyload_loader_add_"   \
+                              "source): positions per epoch, T; 0 = "       \
+                              "default: every source's samples summed")
 
 /*! NPYLOAD_WORKERS_SYNC: NPYLOAD_OPT_NUM_WORKERS value for synchronous
  * reads. No thread is started; npyload_loader_next() reads (and
@@ -429,6 +433,90 @@ NPYLOAD_API int npyload_loader_add_field_files(npyload_loader *L,
                                                const char *const *paths,
                                                size_t n);
 
+/*! Mixing sources (0.4; docs/mixing.md has the semantics in full).
+ * A mixture delivers rows of K >= 1 sources in one stream, in proportion to
+ * their weights. Each source is a set of fields with the same names,
+ * per-sample shapes and dtypes as every other source's (and the same
+ * sample count across its own fields).
+ *
+ * Which source and which of its samples position p of epoch e holds is a
+ * pure function of (seed, epoch, position) and the weights' history: each
+ * source keeps its own permutation and pass counter (a small source cycles,
+ * a new permutation each pass; a large one is read once, across epochs,
+ * before any sample repeats), and an interleave (Bresenham over a tree of
+ * the sources, shuffled in blocks of 64 positions) chooses the source of
+ * every position with no drift of the proportions. An epoch is T positions
+ * (NPYLOAD_OPT_SAMPLES_PER_EPOCH, default the sum of the sources' sizes);
+ * ranks, drop_last, padding, batches and elastic resume are the
+ * single-source rules with these T positions in place of the permutation.
+ * The rule is written in lib/order/npyload_mix.h. */
+
+/*! npyload_loader_add_source() :
+ * Begins source number K (0, 1, ... in the order of the calls) named
+ * `name`: the fields added after it, up to the next add_source, are this
+ * source's. Before the first add_source there is no mixture (the 0.3
+ * loader); a field added before it is an error once a source exists. Every
+ * source must add the fields of source 0, by the same names (any order); a
+ * field of another name, or a field missing, fails (here or at start) with
+ * a message naming the source and the field. At start a shape or dtype
+ * that differs between sources fails naming both sources and both values.
+ * Until npyload_loader_set_weights, each source's weight is its sample
+ * count (so an epoch of the default length reads about every sample once).
+ * @return : 0; NPYLOAD_EINVAL (empty or duplicate name, more than 65536
+ *           sources, fields added before the first source); NPYLOAD_ESTATE
+ *           after start. Setup call (see "Threads"). */
+NPYLOAD_API int npyload_loader_add_source(npyload_loader *L, const char *name);
+
+/*! npyload_loader_num_sources(), npyload_loader_source_name() : K (0 when
+ * the loader has no mixture) and source k's name (NULL out of range). */
+NPYLOAD_API size_t npyload_loader_num_sources(const npyload_loader *L);
+NPYLOAD_API const char *npyload_loader_source_name(const npyload_loader *L,
+                                                   size_t k);
+
+/*! npyload_loader_set_weights() :
+ * The sources' weights, w[0 .. k) (k = the number of sources): finite,
+ * >= 0, at least one > 0, a positive weight only on a source that holds
+ * samples. Only their ratios count (quantised to 2^-30 of the total).
+ * Before start: the weights in force from epoch 0 (a state restored before
+ * start brings its own history; weights set after load_state then apply
+ * from the restored position on). After start: in force from the next
+ * batch next() hands out, exactly: the change point is the epoch's global
+ * position P = base + consumed * world_size (consumed: this rank's rows
+ * handed out), the rest of the epoch (P .. T-1) is split over the ranks as
+ * after an elastic resume at P, and the state records the change, so a
+ * resume reproduces it. At the end of a pass (or P = T) the change applies
+ * from the next epoch's first position. Setting the weights in force again
+ * changes nothing (a curriculum may set its schedule before every epoch).
+ * With world_size > 1 every rank must call it after the same number of
+ * batches. Batches already read ahead are discarded.
+ * @return : 0; NPYLOAD_EINVAL (bad weights, k differs from the sources, no
+ *           mixture: the message says which); NPYLOAD_ESTATE (a change
+ *           before the start of the weights now in force); -ENOMEM.
+ *           On failure nothing changes. Thread-safe like set_epoch. */
+NPYLOAD_API int npyload_loader_set_weights(npyload_loader *L, const double *w,
+                                           size_t k);
+
+/*! npyload_loader_source_samples() :
+ * The rows of source k handed out by next() since start (over every epoch).
+ * Any thread. @return : the count, or NPYLOAD_EINVAL (k out of range). */
+NPYLOAD_API int64_t npyload_loader_source_samples(const npyload_loader *L, size_t k);
+
+/*! npyload_loader_digest() :
+ * The running digest of the rows next() handed out, from the run's first
+ * row (or from the state it resumed), and how many rows it covers: XXH3
+ * chained over each row's (source, index within the source, augmentation
+ * decisions of every augmented field), as lib/order/npyload_digest.h
+ * documents byte for byte (also without a mixture: source 0, the global
+ * index). A function of the rows alone, not of batch size, workers,
+ * backend or device. Saved and restored with the state (records _digest,
+ * _digest_rows); two runs that hand out the same rows have the same pair.
+ * After a restore at another world size each rank continues the saved
+ * rank's digest: compare sums of rows, or runs at the same world size.
+ * Any thread; with a next() running concurrently it may not yet include
+ * the batch being handed out. @return : 0, NPYLOAD_EINVAL (NULL). */
+NPYLOAD_API int npyload_loader_digest(const npyload_loader *L, uint64_t *digest,
+                                      uint64_t *rows);
+
 /*! Transforms: per field, the loader converts each batch before handing it
  * out. Per element, in float32: y = (x * scale - mean[c]) / std[c], where c
  * is the channel (axis 0 of a sample, axis 1 of the batch), three correctly
@@ -538,6 +626,30 @@ typedef struct npyload_transform {
 NPYLOAD_API int npyload_loader_set_transform(npyload_loader *L, const char *field,
                                              const npyload_transform *t,
                                              size_t size);
+
+/*! npyload_loader_set_source_transform() :
+ * A mixture (npyload_loader_add_source): sets (or, with t == NULL,
+ * removes) source `source`'s own transform of field `field`: that
+ * source's rows of the field take t in place of the field's transform
+ * (npyload_loader_set_transform; a source without its own takes the
+ * field's, or none). Checked and copied as set_transform's. The
+ * augmentation decisions of a row are drawn with its own source's
+ * transform (probabilities, crop), by the rule above. At start every
+ * source's transform of a field must deliver the same dtype, per-sample
+ * shape and layout (they may differ in scale, mean, std, flips and
+ * signs). Such a field runs in the host engine, also in device mode
+ * (npyload_loader_field_engine says so): the kernels take one plan per
+ * batch.
+ * @return : 0; NPYLOAD_EINVAL for an unknown source or field or a bad
+ *           description (the message names the source, the field and the
+ *           member); NPYLOAD_ESTATE after start. At start:
+ *           NPYLOAD_EMISMATCH naming the field, both sources and what each
+ *           delivers, and the errors of set_transform. Setup call (see
+ *           "Threads"). */
+NPYLOAD_API int npyload_loader_set_source_transform(npyload_loader *L, const char *source,
+                                                    const char *field,
+                                                    const npyload_transform *t,
+                                                    size_t size);
 
 /*! Paths for npyload_loader_set_path().
  *  NVRTC        : libnvrtc for device transforms compiled at run time
@@ -748,8 +860,12 @@ NPYLOAD_API int npyload_loader_stop(npyload_loader *L);
  * one that returns last decides the order, and every batch next() hands out
  * after it returns, get_state() and num_batches() agree with it) and
  * against next() on another thread; see "Threads".
+ * A mixture knows its weights from the point they were put in force on
+ * (npyload_loader_set_weights): an epoch before that point is refused
+ * (load a state saved then to go back).
  * @return : 0, -ENOMEM (the loader then keeps its previous order), or
- *           NPYLOAD_ESTATE when destroy has begun on another thread. */
+ *           NPYLOAD_ESTATE when destroy has begun on another thread, or
+ *           (a mixture) for an epoch before the weights in force began. */
 NPYLOAD_API int npyload_loader_set_epoch(npyload_loader *L, uint64_t epoch);
 
 /*! npyload_loader_num_batches() : batches per epoch for this rank (of the
@@ -895,8 +1011,13 @@ typedef struct npyload_array {
 /*! npyload_batch_size() : rows (samples) in the batch. */
 NPYLOAD_API size_t npyload_batch_size(const npyload_batch *b);
 
-/*! npyload_batch_indices() : the global sample index of each row. */
+/*! npyload_batch_indices() : the global sample index of each row; with a
+ * mixture (npyload_loader_add_source), each row's index within its source. */
 NPYLOAD_API const int64_t *npyload_batch_indices(const npyload_batch *b);
+
+/*! npyload_batch_sources() : each row's source (0 .. K-1, in the order the
+ * sources were added); NULL when the loader has no mixture. */
+NPYLOAD_API const uint32_t *npyload_batch_sources(const npyload_batch *b);
 
 /*! npyload_batch_num_fields(), npyload_batch_field() : the fields in the
  * order they were added; NULL for an index out of range. */

@@ -128,11 +128,13 @@ typedef struct site {
     char *local[NF], *url[NF];
 } site;
 
-static void site_up(site *s, int packed)
+/* NF files of field x, sizes[k] samples in file k (packed: their .npy.zst
+ * twins), in a fresh directory served over http://. */
+static void site_up_sized(site *s, int packed, const int64_t *sizes)
 {
     s->dir = tu_mkdtemp("remote");
     cr_assert_not_null(s->dir);
-    cr_assert_eq(tu_write_field(s->dir, "x", 3, "<f4", 4, 2, SHAPE, SIZES, NF, 64), 0);
+    cr_assert_eq(tu_write_field(s->dir, "x", 3, "<f4", 4, 2, SHAPE, sizes, NF, 64), 0);
     cr_assert_eq(tu_http_start(&s->h, s->dir), 0);
     for (size_t k = 0; k < NF; k++) {
         char name[64], u[256];
@@ -155,6 +157,8 @@ static void site_up(site *s, int packed)
         s->url[k] = strdup(u);
     }
 }
+
+static void site_up(site *s, int packed) { site_up_sized(s, packed, SIZES); }
 
 static void site_down(site *s)
 {
@@ -964,19 +968,19 @@ Test(remote, prefetch_errors_name_what_is_wrong)
 /* Larger objects than SIZES' (several 4 KiB blocks each). */
 static const int64_t BIG[] = {300, 200, 500, 100};
 
-static void big_site_up(site *s)
+static void big_site_up(site *s) { site_up_sized(s, 0, BIG); }
+
+/* The cache-fill tests' site: the big objects, and a remote description
+ * with a cache under the site's directory in 4 KiB blocks. Returns the
+ * cache's path (the caller frees it). */
+static char *fill_site_up(site *s, npyload_remote *r)
 {
-    s->dir = tu_mkdtemp("remote");
-    cr_assert_not_null(s->dir);
-    cr_assert_eq(tu_write_field(s->dir, "x", 3, "<f4", 4, 2, SHAPE, BIG, NF, 64), 0);
-    cr_assert_eq(tu_http_start(&s->h, s->dir), 0);
-    for (size_t k = 0; k < NF; k++) {
-        char name[64], u[256];
-        snprintf(name, sizeof name, "x_%04zu.npy", k);
-        s->local[k] = tu_path(s->dir, name);
-        snprintf(u, sizeof u, "http://127.0.0.1:%d/%s", tu_http_port(s->h), name);
-        s->url[k] = strdup(u);
-    }
+    big_site_up(s);
+    char *cache = tu_path(s->dir, "cache");
+    memset(r, 0, sizeof *r);
+    r->cache_dir = cache;
+    r->cache_block = 4096;
+    return cache;
 }
 
 static uint64_t objects_bytes(const site *s)
@@ -1013,13 +1017,9 @@ Test(remote, loader_fill_fetches_each_block_once_while_the_epoch_runs)
     if (!npyl_remote_built(NULL, 0))
         cr_skip_test("built without libcurl");
     site s;
-    big_site_up(&s);
-    char *cache = tu_path(s.dir, "cache");
-    uint64_t objects = objects_bytes(&s);
     npyload_remote r;
-    memset(&r, 0, sizeof r);
-    r.cache_dir = cache;
-    r.cache_block = 4096;
+    char *cache = fill_site_up(&s, &r);
+    uint64_t objects = objects_bytes(&s);
     npyload_loader *a = loader(s.local, NULL, 2), *b = loader(s.url, &r, 2);
     cr_assert_eq(npyload_loader_set(b, NPYLOAD_OPT_CACHE_FILL, 0), 0); /* default: fits */
     cr_assert_eq(npyload_loader_start(a), 0);
@@ -1060,12 +1060,8 @@ Test(remote, loader_fill_of_a_small_cache_fills_its_part_in_epoch_order)
     if (!npyl_remote_built(NULL, 0))
         cr_skip_test("built without libcurl");
     site s;
-    big_site_up(&s);
-    char *cache = tu_path(s.dir, "cache");
     npyload_remote r;
-    memset(&r, 0, sizeof r);
-    r.cache_dir = cache;
-    r.cache_block = 4096;
+    char *cache = fill_site_up(&s, &r);
     r.cache_bytes = 4 * 4096; /* keeps 3 blocks of 4 KiB */
     npyload_loader *b = loader(s.url, &r, NPYLOAD_WORKERS_SYNC);
     uint64_t before = tu_http_requests(s.h);
@@ -1149,12 +1145,8 @@ Test(remote, loader_fill_failure_leaves_the_epoch_correct)
     if (!npyl_remote_built(NULL, 0))
         cr_skip_test("built without libcurl");
     site s;
-    big_site_up(&s);
-    char *cache = tu_path(s.dir, "cache");
     npyload_remote r;
-    memset(&r, 0, sizeof r);
-    r.cache_dir = cache;
-    r.cache_block = 4096;
+    char *cache = fill_site_up(&s, &r);
     r.retries = -1;
     npyload_loader *a = loader(s.local, NULL, 2);
     npyload_loader *b = probed_loader(&s, &r, NPYLOAD_WORKERS_SYNC);
@@ -1184,13 +1176,9 @@ Test(remote, loader_fill_stops_at_once_mid_fill)
     if (!npyl_remote_built(NULL, 0))
         cr_skip_test("built without libcurl");
     site s;
-    big_site_up(&s);
-    char *cache = tu_path(s.dir, "cache");
-    uint64_t objects = objects_bytes(&s);
     npyload_remote r;
-    memset(&r, 0, sizeof r);
-    r.cache_dir = cache;
-    r.cache_block = 4096;
+    char *cache = fill_site_up(&s, &r);
+    uint64_t objects = objects_bytes(&s);
     r.timeout_ms = 30000;
     for (int destroy = 0; destroy < 2; destroy++) {
         char sub[32];

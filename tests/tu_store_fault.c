@@ -81,6 +81,15 @@ static int read_exact(const char *path, void *buf, size_t n, uint64_t off)
     return 0;
 }
 
+/* The probe's reader: n bytes at off of fault://PATH (ctx). */
+static int probe_read(void *ctx, void *buf, size_t n, uint64_t off, char *err, size_t errlen)
+{
+    const char *path = ctx;
+    int rc = read_exact(local_of(path), buf, n, off);
+    return rc ? npyl_fail(err, errlen, rc, "%s: probe failed: %s", path, npyload_strerror(rc))
+              : 0;
+}
+
 static int f_probe(npyl_store *st, const npyl_sfile *t, const uint32_t *idx, size_t n,
                    npyl_sprobe *out, size_t *bad, char *err, size_t errlen)
 {
@@ -92,23 +101,12 @@ static int f_probe(npyl_store *st, const npyl_sfile *t, const uint32_t *idx, siz
             *bad = k;
             return npyl_fail(err, errlen, -ENOENT, "%s: no such regular file", path);
         }
-        npyl_sprobe *p = &out[k];
-        p->size = s->size[idx[k]] = (uint64_t)sb.st_size;
-        p->head_len = p->size < NPYL_STORE_HEAD_BYTES ? (size_t)p->size : NPYL_STORE_HEAD_BYTES;
-        p->head = malloc(p->head_len ? p->head_len : 1);
-        int rc = p->head ? read_exact(local_of(path), p->head, p->head_len, 0) : -ENOMEM;
-        if (rc == 0 && npyl_stores_want_tail(p->head, p->head_len, p->size)) {
-            p->tail_len = p->size < NPYL_STORE_TAIL_BYTES ? (size_t)p->size
-                                                          : NPYL_STORE_TAIL_BYTES;
-            p->tail = malloc(p->tail_len ? p->tail_len : 1);
-            rc = p->tail ? read_exact(local_of(path), p->tail, p->tail_len,
-                                      p->size - p->tail_len)
-                         : -ENOMEM;
-        }
+        s->size[idx[k]] = (uint64_t)sb.st_size;
+        int rc = npyl_sprobe_fill(&out[k], (uint64_t)sb.st_size, probe_read, (void *)path,
+                                  path, err, errlen);
         if (rc) {
             *bad = k;
-            return npyl_fail(err, errlen, rc, "%s: probe failed: %s", path,
-                             npyload_strerror(rc));
+            return rc;
         }
     }
     return 0;
@@ -151,17 +149,6 @@ static int f_ctx_open(npyl_store *st, const npyl_sfile *t, size_t nfiles,
 
 static void f_ctx_close(npyl_store_ctx *c) { free(c); }
 
-static int f_submit(npyl_store_ctx *c, const npyl_req *reqs, size_t n, char *err,
-                    size_t errlen)
-{
-    (void)c;
-    (void)reqs;
-    (void)n;
-    (void)err;
-    (void)errlen;
-    return 0; /* read in complete */
-}
-
 static int f_complete(npyl_store_ctx *ct, const npyl_req *reqs, size_t n, uint64_t *done,
                       size_t *bad, uint64_t *landed, char *err, size_t errlen)
 {
@@ -174,11 +161,13 @@ static int f_complete(npyl_store_ctx *ct, const npyl_req *reqs, size_t n, uint64
         struct timespec ts = {f->latency_us / 1000000, (long)(f->latency_us % 1000000) * 1000};
         nanosleep(&ts, NULL);
     }
+    int short_any = 0;
     for (size_t i = 0; i < n; i++) {
         const npyl_req *q = &reqs[i];
         const char *path = c->t[q->file].path;
         if (f->fail_path && strstr(path, f->fail_path) && q->offset < f->fail_to &&
-            q->offset + q->len > f->fail_from) {
+            q->offset + q->len > f->fail_from &&
+            (!f->fail_limit || atomic_fetch_add(&f->budget_used, 1) < f->fail_limit)) {
             atomic_fetch_add(&f->failures, 1);
             *bad = i;
             return npyl_fail(err, errlen, f->fail_code, "%s: injected failure reading %" PRIu64
@@ -188,6 +177,7 @@ static int f_complete(npyl_store_ctx *ct, const npyl_req *reqs, size_t n, uint64
         if (f->short_max && len > f->short_max) {
             len = f->short_max;
             atomic_fetch_add(&f->shorts, 1);
+            short_any = 1;
         }
         int rc = read_exact(local_of(path), q->dst, (size_t)len, q->offset);
         if (rc) {
@@ -198,7 +188,7 @@ static int f_complete(npyl_store_ctx *ct, const npyl_req *reqs, size_t n, uint64
         done[i] = len;
         *landed += len;
     }
-    return 0;
+    return short_any ? NPYL_STORE_SHORT : 0;
 }
 
 static int f_glob(npyl_store *st, const char *pattern, char ***paths, size_t *n, char *err,
@@ -231,6 +221,6 @@ const npyl_store_ops tu_store_fault = {
     .key = f_key,
     .ctx_open = f_ctx_open,
     .ctx_close = f_ctx_close,
-    .submit = f_submit,
+    .submit = NULL, /* read in complete */
     .complete = f_complete,
 };

@@ -19,11 +19,14 @@ typedef struct tu_fault {
     uint64_t fail_from;      /* touching bytes [fail_from, fail_to), */
     uint64_t fail_to;
     int fail_code;           /* fail with this code (e.g. -EIO) */
+    uint64_t fail_limit;     /* > 0: fail only the first fail_limit such
+                                reads (then read them as they are) */
     /* Called at the start of every complete (may be NULL). */
     void (*on_complete)(void *arg);
     void *arg;
     /* What happened, for the tests to read. */
     _Atomic uint64_t completes, shorts, failures;
+    _Atomic uint64_t budget_used; /* fail_limit's count */
 } tu_fault;
 
 extern const npyl_store_ops tu_store_fault;

@@ -79,6 +79,13 @@ static const char usage[] =
     "                       fields get the cores' decode ceiling (zst_decode),\n"
     "                       raw .npy fields an estimate of what npyload-pack\n"
     "                       would give here and whether packing pays\n"
+    "  --source NAME=FIELD=GLOB[,FIELD=GLOB...]\n"
+    "                       a mixture (instead of name=GLOB fields): one source,\n"
+    "                       its fields; repeat per source, each with the same\n"
+    "                       fields (as npyload.Loader(sources=...))\n"
+    "  --weights NAME=W[,NAME=W...]\n"
+    "                       the sources' weights (default: their sample counts);\n"
+    "                       the report counts the rows each source gave\n"
     "  --batch-size N       samples per batch (default 128)\n"
     "  --workers LIST       worker counts, e.g. 1,2,4 (default 1,2)\n"
     "  --prefetch LIST      batch slots, as C's PREFETCH (Python prefetch =\n"
@@ -147,6 +154,7 @@ typedef struct opts {
     int auto_run;             /* --auto */
     const char *json, *plot;
     char plot_svg[4096];      /* --plot FILE.png: FILE.svg */
+    const char *weights;      /* --weights, read after the sources */
 } opts;
 
 /* The shared number parser's message is printed; add the hint and stop. */
@@ -254,8 +262,8 @@ static const char *plot_path(const char *p, char *buf, size_t len)
     return buf;
 }
 
-/* name=GLOB: one field. */
-static void add_field(nb_config *cfg, const char *a)
+/* name=GLOB: one field (of source `source`, -1 without --source). */
+static void add_field(nb_config *cfg, const char *a, int source)
 {
     const char *eq = strchr(a, '=');
     char shown[600];
@@ -263,8 +271,10 @@ static void add_field(nb_config *cfg, const char *a)
     if (!eq)
         die_usage("unknown argument '%s'", shown);
     if (cfg->nfields == NB_MAX_FIELDS)
-        die_usage("at most %d fields", NB_MAX_FIELDS);
+        die_usage("at most %d fields (with --source, all the sources' together)",
+                  NB_MAX_FIELDS);
     nb_field_info *fi = &cfg->fields[cfg->nfields++];
+    fi->source = source;
     size_t nl = (size_t)(eq - a);
     /* Absolute, so that the pasted line reads the same files from the
      * training script's directory. */
@@ -278,6 +288,86 @@ static void add_field(nb_config *cfg, const char *a)
         die_usage("'%s': a field is name=GLOB", shown);
     memcpy(fi->name, a, nl);
     fi->name[nl] = 0;
+}
+
+/* --source NAME=FIELD=GLOB[,FIELD=GLOB...]: a source and its fields. */
+static void add_source(nb_config *cfg, const char *a)
+{
+    const char *eq = strchr(a, '=');
+    char shown[600];
+    npyload_mask_urls(a, shown, sizeof shown);
+    if (!eq || eq == a || (size_t)(eq - a) >= sizeof cfg->sources[0] || !eq[1])
+        die_usage("--source %s: NAME=FIELD=GLOB[,FIELD=GLOB...]", shown);
+    if (cfg->nsources == NB_MAX_SOURCES)
+        die_usage("--source: at most %d sources", NB_MAX_SOURCES);
+    int k = cfg->nsources;
+    snprintf(cfg->sources[k], sizeof cfg->sources[k], "%.*s", (int)(eq - a), a);
+    for (int j = 0; j < k; j++)
+        if (!strcmp(cfg->sources[j], cfg->sources[k]))
+            die_usage("--source %s: a second source named '%s'", shown, cfg->sources[k]);
+    cfg->nsources++;
+    char list[4096];
+    snprintf(list, sizeof list, "%s", eq + 1);
+    char *save = NULL;
+    for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+        add_field(cfg, tok, k);
+}
+
+/* After the arguments: every source has source 0's fields (by name, each
+ * once), and --weights names every source once. */
+static void check_sources(nb_config *cfg, const char *weights)
+{
+    if (!cfg->nsources) {
+        if (weights)
+            die_usage("--weights needs --source (a mixture)");
+        return;
+    }
+    int per[NB_MAX_SOURCES] = {0};
+    for (int i = 0; i < cfg->nfields; i++) {
+        const nb_field_info *fi = &cfg->fields[i];
+        if (fi->source < 0)
+            die_usage("'%s=...': with --source, every field belongs to a source "
+                      "(--source NAME=%s=GLOB)", fi->name, fi->name);
+        per[fi->source]++;
+        int found = fi->source == 0;
+        for (int j = 0; !found && j < cfg->nfields; j++)
+            found = cfg->fields[j].source == 0 && !strcmp(cfg->fields[j].name, fi->name);
+        if (!found)
+            die_usage("--source %s: field '%s' is not a field of source '%s'",
+                      cfg->sources[fi->source], fi->name, cfg->sources[0]);
+        for (int j = 0; j < i; j++)
+            if (cfg->fields[j].source == fi->source && !strcmp(cfg->fields[j].name, fi->name))
+                die_usage("--source %s: field '%s' twice", cfg->sources[fi->source], fi->name);
+    }
+    for (int k = 1; k < cfg->nsources; k++)
+        if (per[k] != per[0])
+            die_usage("--source %s: %d fields, source '%s' %d: every source has the same "
+                      "fields", cfg->sources[k], per[k], cfg->sources[0], per[0]);
+    if (!weights)
+        return;
+    char list[4096];
+    snprintf(list, sizeof list, "%s", weights);
+    int given[NB_MAX_SOURCES] = {0};
+    char *save = NULL;
+    for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq)
+            die_usage("--weights %s: NAME=W[,NAME=W...]", weights);
+        *eq = 0;
+        int k = 0;
+        while (k < cfg->nsources && strcmp(cfg->sources[k], tok))
+            k++;
+        if (k == cfg->nsources)
+            die_usage("--weights: no source named '%s'", tok);
+        if (given[k]++)
+            die_usage("--weights: '%s' twice", tok);
+        cfg->weights[k] = parse_num("--weights", eq + 1, 0, 1e300);
+    }
+    for (int k = 0; k < cfg->nsources; k++)
+        if (!given[k])
+            die_usage("--weights: no weight for source '%s' (name every source)",
+                      cfg->sources[k]);
+    cfg->weights_given = 1;
 }
 
 /* "a:b:c" -> up to 16 floats. @return : how many. */
@@ -388,7 +478,7 @@ static void add_transform(nb_config *cfg, const char *a)
 enum {
     OPT_BATCH_SIZE = 256, OPT_WORKERS, OPT_PREFETCH, OPT_IO, OPT_SHUFFLE, OPT_DEVICE,
     OPT_BATCHES, OPT_SECONDS, OPT_COMPUTE_MS, OPT_COLD, OPT_DIRECT, OPT_NO_READ_AHEAD, OPT_NO_REPEAT, OPT_TRANSFORM, OPT_RANKS, OPT_JSON, OPT_PLOT, OPT_SEED, OPT_DROP_LAST,
-    OPT_VERSION, OPT_AUTO,
+    OPT_VERSION, OPT_AUTO, OPT_SOURCE, OPT_WEIGHTS,
 };
 
 static const struct option longopts[] = {
@@ -410,6 +500,8 @@ static const struct option longopts[] = {
     {"ranks", required_argument, NULL, OPT_RANKS},
     {"seed", required_argument, NULL, OPT_SEED},
     {"drop-last", no_argument, NULL, OPT_DROP_LAST},
+    {"source", required_argument, NULL, OPT_SOURCE},
+    {"weights", required_argument, NULL, OPT_WEIGHTS},
     {"json", required_argument, NULL, OPT_JSON},
     {"plot", required_argument, NULL, OPT_PLOT},
     {"quiet", no_argument, NULL, 'q'},
@@ -457,6 +549,8 @@ static void apply_opt(nb_ctx *ctx, nb_config *cfg, opts *o, int opt, const char 
             die_usage("--transform: at most %d", NB_MAX_FIELDS);
         o->transforms[o->ntransforms++] = v;
         break;
+    case OPT_SOURCE: add_source(cfg, v); break;
+    case OPT_WEIGHTS: o->weights = v; break;
     case OPT_JSON: o->json = v; break;
     case OPT_PLOT: o->plot = plot_path(v, o->plot_svg, sizeof o->plot_svg); break;
     case 'q': ctx->quiet = 1; break;
@@ -527,13 +621,14 @@ static void parse_args(int argc, char **argv, nb_ctx *ctx, nb_config *cfg, opts 
         apply_opt(ctx, cfg, o, opt, optarg);
     }
     for (int i = optind; i < argc; i++)
-        add_field(cfg, argv[i]);
+        add_field(cfg, argv[i], -1);
+    check_sources(cfg, o->weights);
     for (int i = 0; i < o->ntransforms; i++)
         add_transform(cfg, o->transforms[i]);
     if (cfg->ranks > 1 && cfg->device >= 0)
         die_usage("--ranks with --device: one GPU per rank is not measured here yet");
     if (cfg->nfields == 0)
-        die_usage("no field given (name=GLOB)");
+        die_usage("no field given (name=GLOB, or --source NAME=FIELD=GLOB)");
     if (cfg->batches > 0 && o->seconds_given)
         die_usage("--batches and --seconds exclude each other");
     if (cfg->batches > 0)
@@ -610,25 +705,37 @@ static void machine_info(nb_machine *m)
 /* The steps of a bench                                                       */
 /* ------------------------------------------------------------------------ */
 
-/* The fields' files and sizes. @return : the dataset's bytes. */
+/* The fields' files and sizes. A mixture (--source): a sample is one of
+ * source 0's fields' rows (every source has the same shapes), an epoch
+ * the sources' samples summed (the loader's default). @return : the
+ * dataset's bytes. */
 static uint64_t setup_data(nb_ctx *ctx, nb_config *cfg)
 {
     uint64_t sample_bytes = 0, total_bytes = 0;
-    cfg->num_samples = -1;
+    int64_t per_source[NB_MAX_SOURCES + 1];
+    for (int s = 0; s <= NB_MAX_SOURCES; s++)
+        per_source[s] = -1;
     ctx->nfields = cfg->nfields;
     for (int k = 0; k < cfg->nfields; k++) {
         const nb_data *d = &ctx->data[k];
+        const int s = cfg->fields[k].source < 0 ? 0 : cfg->fields[k].source;
         if (nb_load_field(ctx, &cfg->fields[k], &ctx->data[k]) != 0)
             exit(2);
-        sample_bytes += d->sample_bytes;
+        if (s == 0)
+            sample_bytes += d->sample_bytes;
         total_bytes += d->sample_bytes * (uint64_t)d->nsamples;
-        if (cfg->num_samples < 0 || d->nsamples < cfg->num_samples) {
-            if (cfg->num_samples >= 0)
-                nb_warn(ctx, "fields hold different sample counts (%s: %lld); the loader "
-                        "will refuse them", cfg->fields[k].name, (long long)d->nsamples);
-            cfg->num_samples = d->nsamples;
+        if (per_source[s] < 0 || d->nsamples < per_source[s]) {
+            if (per_source[s] >= 0)
+                nb_warn(ctx, "fields hold different sample counts (%s%s%s: %lld); the "
+                        "loader will refuse them", cfg->nsources ? cfg->sources[s] : "",
+                        cfg->nsources ? " " : "", cfg->fields[k].name,
+                        (long long)d->nsamples);
+            per_source[s] = d->nsamples;
         }
     }
+    cfg->num_samples = 0;
+    for (int s = 0; s < (cfg->nsources ? cfg->nsources : 1); s++)
+        cfg->num_samples += per_source[s] > 0 ? per_source[s] : 0;
     cfg->batch_bytes = sample_bytes * (uint64_t)cfg->batch_size;
     if (cfg->num_samples < cfg->batch_size)
         nb_warn(ctx, "%lld samples is less than one batch of %d", (long long)cfg->num_samples,
@@ -871,6 +978,7 @@ static int measure_grid(nb_ctx *ctx, const nb_config *cfg, const opts *o, double
                 nok += r->ok;
                 if (!ctx->quiet) {
                     nb_print_run(stdout, r);
+                    nb_print_sources(stdout, cfg, r);
                     fflush(stdout);
                 }
             }
@@ -930,6 +1038,7 @@ static size_t extend_grid(nb_ctx *ctx, nb_config *cfg, const opts *o, double ref
         nb_run_one(ctx, cfg, w, o->prefetch[pi], io, ref, r);
         if (!ctx->quiet) {
             nb_print_run(stdout, r);
+            nb_print_sources(stdout, cfg, r);
             fflush(stdout);
         }
     }
@@ -955,6 +1064,7 @@ static void repeat_close(nb_ctx *ctx, nb_config *cfg, const opts *o, double ref,
         nb_run_one(ctx, cfg, r->workers, r->prefetch, r->io_requested, ref, &again);
         if (!ctx->quiet) {
             nb_print_run(stdout, &again);
+            nb_print_sources(stdout, cfg, &again);
             fflush(stdout);
         }
         nb_merge_repeat(r, &again, cfg->compute_ms);

@@ -18,6 +18,7 @@
 #define NB_MAX_FIELDS 16
 #define NB_MAX_GRID 32   /* values per list option (--workers, --prefetch) */
 #define NB_MAX_IO 4
+#define NB_MAX_SOURCES 16 /* --source */
 
 /* One measured configuration of the workers x prefetch x io grid. */
 typedef struct nb_run {
@@ -62,6 +63,10 @@ typedef struct nb_run {
     npyload_stats timed;            /* the loader's counters over the timed
                                        part (summed over ranks; elapsed_ns
                                        the longest), for the verdict */
+    int64_t source_samples[NB_MAX_SOURCES]; /* --source: rows of each source
+                                       handed out in the timed part
+                                       (npyload_loader_source_samples;
+                                       summed over ranks) */
 
     /* --auto: the controller's counts at the end of the run (per rank) and
      * its decisions (npyload_stats); any run fills them. */
@@ -143,6 +148,7 @@ typedef struct nb_field_info {
     char descr[NPYLOAD_DESCR_LEN];
     int ndim;                  /* per-sample ndim */
     int64_t shape[8];
+    int source;                /* --source: the source's index; -1 without */
 } nb_field_info;
 
 typedef struct nb_config {
@@ -163,7 +169,15 @@ typedef struct nb_config {
                                   run's workers and prefetch are per rank, its
                                   samples/s the node's total */
     int nfields;
-    nb_field_info fields[NB_MAX_FIELDS];
+    nb_field_info fields[NB_MAX_FIELDS]; /* with --source, every source's
+                                            fields, source by source */
+    /* A mixture (--source NAME=FIELD=GLOB,..., --weights NAME=W,...): the
+     * sources in order, their weights (weights_given 0: the library's
+     * default, each source's sample count). */
+    int nsources;
+    char sources[NB_MAX_SOURCES][64];
+    double weights[NB_MAX_SOURCES];
+    int weights_given;
     int64_t num_samples;
     uint64_t batch_bytes;      /* batch_size x bytes per sample, all fields */
     char ceiling_ref[32];      /* the ceiling runs are compared with ("" none) */
@@ -173,6 +187,13 @@ typedef struct nb_config {
      * the secret); NULL when every field is local. */
     const npyload_remote *remote;
 } nb_config;
+
+/* The source of field k (--source), or -1 without sources (a config
+ * zeroed by hand has none). */
+static inline int nb_field_source(const nb_config *c, int k)
+{
+    return c->nsources ? c->fields[k].source : -1;
+}
 
 /* Remote fields: the store's ranged-GET sweep (the experimental
  * npyload_rget_measure) and the workers and requests in flight it
@@ -373,6 +394,9 @@ void nb_print_setup(FILE *f, const nb_config *c, const nb_machine *m, uint64_t t
 void nb_print_ceilings(FILE *f, const nb_ceiling *ce, size_t n, const char *ref);
 void nb_print_table_header(FILE *f);
 void nb_print_run(FILE *f, const nb_run *r);
+/* --source: the rows each source gave in run r's timed part, and their
+ * shares, on one line (nothing without sources or for a failed run). */
+void nb_print_sources(FILE *f, const nb_config *c, const nb_run *r);
 
 /* ---- npyload_bench_zst_report.c ---- */
 

@@ -32,9 +32,15 @@ static npyload_loader *ceiling_loader(const nb_ctx *ctx, const nb_config *cfg, i
         }
         for (size_t i = 0; i < d->nfiles; i++)
             paths[i] = d->files[i].path;
-        rc = npyload_loader_add_field_files(L, cfg->fields[k].name, paths, d->nfiles);
+        const int src = nb_field_source(cfg, k); /* --source: the loader's mixture */
+        if (src >= 0 && (k == 0 || cfg->fields[k - 1].source != src))
+            rc = npyload_loader_add_source(L, cfg->sources[src]);
+        if (rc == 0)
+            rc = npyload_loader_add_field_files(L, cfg->fields[k].name, paths, d->nfiles);
         free(paths);
     }
+    if (rc == 0 && cfg->nsources && cfg->weights_given)
+        rc = npyload_loader_set_weights(L, cfg->weights, (size_t)cfg->nsources);
     const struct { npyload_option opt; int64_t v; } set[] = {
         {NPYLOAD_OPT_BATCH_SIZE, batch}, {NPYLOAD_OPT_SHUFFLE, cfg->shuffle},
         {NPYLOAD_OPT_NUM_WORKERS, NPYLOAD_WORKERS_SYNC}, {NPYLOAD_OPT_PREFETCH, 1},

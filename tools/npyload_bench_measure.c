@@ -173,8 +173,18 @@ static npyload_loader *run_loader(const nb_config *cfg, int workers, int prefetc
         rc = npyload_loader_set_remote(L, cfg->remote, sizeof *cfg->remote);
     }
     for (int k = 0; rc == 0 && k < cfg->nfields; k++) {
+        const int src = nb_field_source(cfg, k);
+        if (src >= 0 && (k == 0 || cfg->fields[k - 1].source != src)) {
+            stage = "add_source"; /* --source: the fields after it are its own */
+            rc = npyload_loader_add_source(L, cfg->sources[src]);
+        }
         stage = "add_field";
-        rc = npyload_loader_add_field(L, cfg->fields[k].name, cfg->fields[k].glob);
+        if (rc == 0)
+            rc = npyload_loader_add_field(L, cfg->fields[k].name, cfg->fields[k].glob);
+    }
+    if (rc == 0 && cfg->nsources && cfg->weights_given) {
+        stage = "set_weights";
+        rc = npyload_loader_set_weights(L, cfg->weights, (size_t)cfg->nsources);
     }
     const struct { npyload_option opt; int64_t v; const char *name; } set[] = {
         {NPYLOAD_OPT_BATCH_SIZE, cfg->batch_size, "batch_size"},
@@ -315,6 +325,9 @@ static int run_timed(nb_ctx *ctx, npyload_loader *L, const nb_config *cfg, nb_gp
     npyload_stats st0;
     if (npyload_loader_get_stats(L, &st0, sizeof st0) != 0)
         memset(&st0, 0, sizeof st0);
+    int64_t src0[NB_MAX_SOURCES];
+    for (int k = 0; k < cfg->nsources; k++)
+        src0[k] = npyload_loader_source_samples(L, (size_t)k);
     uint64_t t0 = nb_now_ns();
     int rc;
     for (;;) {
@@ -359,6 +372,8 @@ static int run_timed(nb_ctx *ctx, npyload_loader *L, const nb_config *cfg, nb_gp
         r->cpu_pct = 100.0 * (rusage_cpu_s() - cpu0) / r->wall_s;
     }
     timed_stats(L, &st0, in_next, nb_now_ns() - t0, r);
+    for (int k = 0; k < cfg->nsources; k++)
+        r->source_samples[k] += npyload_loader_source_samples(L, (size_t)k) - src0[k];
     return rc;
 }
 
@@ -549,6 +564,8 @@ static void run_ranks(nb_ctx *ctx, const nb_config *cfg, int workers, int prefet
         r->samples += j[k].r.samples;
         r->wall_s = j[k].r.wall_s > r->wall_s ? j[k].r.wall_s : r->wall_s;
         add_timed(&j[k].r.timed, &r->timed);
+        for (int i = 0; i < cfg->nsources; i++)
+            r->source_samples[i] += j[k].r.source_samples[i];
         stall += j[k].r.stall_pct / R;
         cpu = j[k].r.cpu_pct > cpu ? j[k].r.cpu_pct : cpu; /* process-wide already */
         for (size_t i = 0; i < j[k].lat.n; i++)

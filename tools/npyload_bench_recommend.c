@@ -224,6 +224,8 @@ void nb_merge_repeat(nb_run *a, const nb_run *b, double compute_ms)
     a->batches += b->batches;
     a->samples += b->samples;
     a->bytes += b->bytes;
+    for (int k = 0; k < NB_MAX_SOURCES; k++)
+        a->source_samples[k] += b->source_samples[k];
     a->peak_rss_mib = b->peak_rss_mib > a->peak_rss_mib ? b->peak_rss_mib : a->peak_rss_mib;
     a->repeats = na + 1;
 }
@@ -349,13 +351,26 @@ void nb_format_paste(const nb_config *cfg, const nb_recommendation *r, char *py,
                      size_t pylen, char *c, size_t clen)
 {
     size_t n = 0;
-    n += (size_t)snprintf(py + n, pylen - n, "npyload.Loader({");
+    n += (size_t)snprintf(py + n, pylen - n, cfg->nsources ? "npyload.Loader(sources={"
+                                                           : "npyload.Loader({");
     for (int k = 0; k < cfg->nfields && n < pylen; k++) {
         char shown[sizeof cfg->fields[k].glob + 64];
         npyload_mask_urls(cfg->fields[k].glob, shown, sizeof shown);
-        n += (size_t)snprintf(py + n, pylen - n, "%s\"%s\": \"%s\"", k ? ", " : "",
-                              cfg->fields[k].name, shown);
+        const int src = nb_field_source(cfg, k);
+        if (src >= 0 && (k == 0 || cfg->fields[k - 1].source != src)) /* a source begins */
+            n += (size_t)snprintf(py + n, pylen - n, "%s\"%s\": {", k ? "}, " : "",
+                                  cfg->sources[src]);
+        else if (k)
+            n += (size_t)snprintf(py + n, pylen - n, ", ");
+        if (n < pylen)
+            n += (size_t)snprintf(py + n, pylen - n, "\"%s\": \"%s\"", cfg->fields[k].name,
+                                  shown);
     }
+    if (cfg->nsources && n < pylen)
+        n += (size_t)snprintf(py + n, pylen - n, "}");
+    for (int k = 0; cfg->weights_given && k < cfg->nsources && n < pylen; k++)
+        n += (size_t)snprintf(py + n, pylen - n, "%s\"%s\": %.9g", k ? ", " : "}, weights={",
+                              cfg->sources[k], cfg->weights[k]);
     const char *io = !strcmp(r->io, "io_uring") ? "uring" : r->io;
     static const char *const shuffle[] = {"False", "True", "\"local\""};
     if (n < pylen)

@@ -61,6 +61,8 @@ static void nb_json_config(FILE *f, const nb_config *c)
                   "\"sample_bytes\": %llu, \"descr\": %s, ",
                   fi->name, shown, fi->nfiles,
                   (unsigned long long)fi->sample_bytes, fi->descr);
+        if (nb_field_source(c, i) >= 0)
+            nj_printf(f, "\"source\": %s, ", c->sources[fi->source]);
         if (fi->has_transform)
             nj_printf(f, "\"transform\": %s, \"sample_shape\": [", fi->transform);
         else
@@ -69,7 +71,16 @@ static void nb_json_config(FILE *f, const nb_config *c)
             fprintf(f, "%s%lld", d ? ", " : "", (long long)fi->shape[d]);
         fputs("]}", f);
     }
-    fputs(c->nfields ? "\n    ]\n  }" : "]\n  }", f);
+    fputs(c->nfields ? "\n    ]" : "]", f);
+    /* --source: the sources in order and their weights (null: the
+     * library's default, the sources' sample counts). */
+    fputs(",\n    \"sources\": [", f);
+    for (int k = 0; k < c->nsources; k++)
+        nj_printf(f, k ? ", %s" : "%s", c->sources[k]);
+    fputs("],\n    \"weights\": ", f);
+    for (int k = 0; k < c->nsources && c->weights_given; k++)
+        fprintf(f, "%s%.17g", k ? ", " : "[", c->weights[k]);
+    fputs(c->nsources && c->weights_given ? "]\n  }" : "null\n  }", f);
 }
 
 static void nb_json_ceilings(FILE *f, const nb_ceiling *ce, size_t n)
@@ -106,7 +117,7 @@ static void nb_json_time(FILE *f, const npyload_stats *t)
               (double)t->worker_cpu_ns / k);
 }
 
-static void nb_json_run(FILE *f, const nb_run *r)
+static void nb_json_run(FILE *f, const nb_run *r, const nb_config *c)
 {
     nj_printf(f,
               "\n    {\n      \"workers\": %d, \"prefetch\": %d, \"io_requested\": %s, "
@@ -142,6 +153,11 @@ static void nb_json_run(FILE *f, const nb_run *r)
               (unsigned long long)t->remote_retries, (unsigned long long)t->remote_wait_ns,
               (unsigned long long)t->cache_hits, (unsigned long long)t->cache_misses,
               (unsigned long long)t->cache_read_bytes, (unsigned long long)t->cache_write_bytes);
+    fputs(",\n      \"source_samples\": {", f);
+    for (int k = 0; c && k < c->nsources; k++)
+        nj_printf(f, k ? ", %s: %lld" : "%s: %lld", c->sources[k],
+                  (long long)r->source_samples[k]);
+    fputs("}", f);
     fputs(",\n      \"gpu\": ", f);
     if (r->gpu_samples > 0)
         nj_printf(f,
@@ -257,7 +273,7 @@ int nb_write_json(FILE *f, const nb_report *rep)
     for (size_t i = 0; i < rep->nruns; i++) {
         if (i)
             fputc(',', f);
-        nb_json_run(f, &rep->runs[i]);
+        nb_json_run(f, &rep->runs[i], rep->config);
     }
     fputs(rep->nruns ? "\n  ]" : "]", f);
     nb_json_recommendation(f, rep->rec, rep->config->compute_ms);
@@ -290,6 +306,8 @@ void nb_print_setup(FILE *f, const nb_config *c, const nb_machine *m, uint64_t t
             m->mem_total_gib, m->kernel);
     for (int k = 0; k < c->nfields; k++) {
         const nb_field_info *fi = &c->fields[k];
+        if (nb_field_source(c, k) >= 0)
+            fprintf(f, "  source %s:", c->sources[fi->source]);
         fprintf(f, "  field %-10s %zu files, %lld samples, %s (", fi->name, fi->nfiles,
                 (long long)fi->nsamples, fi->descr);
         for (int d = 0; d < fi->ndim; d++)
@@ -320,6 +338,21 @@ const char nb_legend[] =
     "  between batches; stall% the step's time spent waiting in next()\n"
     "  (--compute-ms only, else -); cpu% of one core; rss MiB peak; slots MiB\n"
     "  the loader's batch memory; gath% bytes copied from mappings.\n";
+
+void nb_print_sources(FILE *f, const nb_config *c, const nb_run *r)
+{
+    if (!c->nsources || !r->ok)
+        return;
+    int64_t total = 0;
+    for (int k = 0; k < c->nsources; k++)
+        total += r->source_samples[k];
+    fprintf(f, "%28s rows per source:", "");
+    for (int k = 0; k < c->nsources; k++)
+        fprintf(f, "%s %s %lld (%.1f%%)", k ? "," : "", c->sources[k],
+                (long long)r->source_samples[k],
+                total ? 100.0 * (double)r->source_samples[k] / (double)total : 0.0);
+    fputc('\n', f);
+}
 
 void nb_print_table_header(FILE *f)
 {

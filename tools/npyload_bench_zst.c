@@ -536,9 +536,10 @@ void nb_zst_after_grid(nb_ctx *ctx, const nb_config *cfg, int threads, const nb_
                        size_t nce, const nb_run *runs, size_t nruns, uint64_t total_bytes,
                        nb_zst_report *z)
 {
-    uint64_t sb = 0;
+    uint64_t sb = 0; /* a sample's bytes (--source: one source's fields) */
     for (int k = 0; k < ctx->nfields; k++)
-        sb += ctx->data[k].sample_bytes;
+        if (nb_field_source(cfg, k) <= 0)
+            sb += ctx->data[k].sample_bytes;
     int packed = nb_zst_any(ctx);
     if (!packed) {
         memset(z, 0, sizeof *z);

@@ -88,6 +88,7 @@ int npyload_loader_create(npyload_loader **out)
     npyl_stores_init(&L->stores);
     pthread_mutex_init(&L->ctl, NULL);
     pthread_mutex_init(&L->msg_mu, NULL);
+    pthread_mutex_init(&L->dig_mu, NULL);
     pthread_cond_init(&L->ctl_cv, &ca);
     pthread_condattr_destroy(&ca);
     /* BATCH_SIZE stays 0 (unset): start() refuses it. */
@@ -124,6 +125,9 @@ static void free_slot(npyload_loader *L, npyl_slot *s, int device_slot, int keep
             npyl_free_aligned(s->mem);
     }
     free(s->indices);
+    free(s->mrows);
+    free(s->local);
+    free(s->src);
     free(s->arrays);
     free(s->errmsg);
     if (!keep_handles) {
@@ -134,6 +138,9 @@ static void free_slot(npyload_loader *L, npyl_slot *s, int device_slot, int keep
     s->ev_done = s->ev_release = NULL;
     s->release_pending = 0;
     s->indices = NULL;
+    s->mrows = NULL;
+    s->local = NULL;
+    s->src = NULL;
     s->arrays = NULL;
     s->errmsg = NULL;
 }
@@ -162,6 +169,14 @@ static void free_tables(npyload_loader *L, int keep_fields)
     free(L->ring.seqbuf);
     free(L->ring.seqspare);
     L->ring.seqbuf = L->ring.seqspare = NULL;
+    free(L->ring.mixbuf);
+    free(L->ring.mixspare);
+    L->ring.mixbuf = L->ring.mixspare = NULL;
+    npyl_mix_destroy(L->ring.mix);
+    L->ring.mix = NULL;
+    L->ring.src_off = NULL;
+    free(L->src_samples);
+    L->src_samples = NULL;
     if (!keep_fields)
         free_field_tables(L);
 }
@@ -233,6 +248,10 @@ static void free_started(npyload_loader *L, int keep_fields)
     for (size_t i = 0; i < L->nfields; i++) {
         npyl_field *f = &L->fields[i];
         npyl_transform_plan_free(&f->tplan);
+        for (size_t k = 0; f->splans && k < L->nsources; k++)
+            npyl_transform_plan_free(&f->splans[k]);
+        free(f->splans);
+        f->splans = NULL;
         f->xform = f->hxform = f->dxform = f->dnarrow = f->drows = 0;
         f->engine[0] = 0;
     }
@@ -267,10 +286,23 @@ static void loader_free(npyload_loader *L)
         free(L->fields[i].name);
         for (int k = 0; k < 4; k++)
             free(L->fields[i].tvals[k]);
+        for (size_t j = 0; j < L->fields[i].nsxf; j++)
+            for (int k = 0; k < 4; k++)
+                free(L->fields[i].sxf[j].tvals[k]);
+        free(L->fields[i].sxf);
         npyl_free_paths(L->fields[i].paths, L->fields[i].npaths);
+        free(L->fields[i].src_first);
     }
     free(L->fields);
     npyl_fill_free(L);
+    for (size_t k = 0; k < L->nsources; k++)
+        free(L->src_names[k]);
+    free(L->src_names);
+    free(L->weights);
+    free(L->src_n);
+    free(L->src_off);
+    free(L->mix_pending);
+    pthread_mutex_destroy(&L->dig_mu);
     npyl_stores_fini(&L->stores);
     npyl_slots_fini(&L->ring);
     npyl_auto_fini(&L->ctrl);

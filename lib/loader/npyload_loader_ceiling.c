@@ -95,6 +95,7 @@ static int64_t *ceiling_order(npyload_loader *L, int64_t *n)
         op = pos.op;
     } else {
         npyl_loader_order_of(L, &op);
+        op.n = L->n; /* a mixture before start: its fields' samples in order */
     }
     /* LOCAL shuffling needs the file sizes: the first field's. */
     int64_t *sizes = malloc((L->fields[0].npaths ? L->fields[0].npaths : 1) * sizeof *sizes);
@@ -106,10 +107,16 @@ static int64_t *ceiling_order(npyload_loader *L, int64_t *n)
     op.nfiles = L->fields[0].npaths;
     *n = npyl_order_delivered_len(&op);
     int64_t *seq = malloc((size_t)(*n ? *n : 1) * sizeof *seq);
-    if (seq && npyl_order_build(&op, seq) != 0) {
+    /* A started mixture: its rows, as the ring builds them (ctl held). */
+    npyl_mix_row *mrows = L->started && L->ring.mix
+                        ? malloc((size_t)(*n ? *n : 1) * sizeof *mrows) : NULL;
+    int bad = !seq || (L->started && L->ring.mix && !mrows);
+    if (bad || (L->started ? npyl_slots_build(&L->ring, &op, seq, mrows)
+                           : npyl_order_build(&op, seq)) != 0) {
         free(seq);
         seq = NULL;
     }
+    free(mrows);
     free(sizes);
     return seq;
 }

@@ -15,9 +15,13 @@
 static const npyl_tdev_row *stage_records(const npyl_field *f, npyl_slot *h)
 {
     npyl_tdev_row *rec = (npyl_tdev_row *)(h->mem + f->rec_host_off);
-    for (size_t r = 0; r < h->rows; r++)
-        npyl_tdev_row_fill(&f->tplan, h->seed, h->epoch, h->indices[r],
+    for (size_t r = 0; r < h->rows; r++) {
+        int64_t seed, index;
+        uint64_t epoch;
+        npyl_slot_aug_key(h, r, &seed, &epoch, &index);
+        npyl_tdev_row_fill(&f->tplan, seed, epoch, index,
                            f->dnarrow ? (uint32_t)npyl_field_file_of(f, h->indices[r]) : 0, &rec[r]);
+    }
     return rec;
 }
 

@@ -21,15 +21,147 @@ static int check_new_field(npyload_loader *L, const char *name)
         return npyl_loader_fail(L, NPYLOAD_ESTATE, "fields cannot be added after start");
     if (!name || !*name)
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "a field needs a non-empty name");
+    if (L->nsources > 1)
+        return 0; /* a later source's field: src_field checks it */
     for (size_t i = 0; i < L->nfields; i++)
         if (strcmp(L->fields[i].name, name) == 0)
-            return npyl_loader_fail(L, NPYLOAD_EINVAL, "field '%s' was already added", name);
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "%s%s%sfield '%s' was already added",
+                                    L->nsources ? "source '" : "",
+                                    L->nsources ? L->src_names[0] : "",
+                                    L->nsources ? "': " : "", name);
     return 0;
+}
+
+/* ---- sources (a mixture) ---- */
+
+int npyload_loader_add_source(npyload_loader *L, const char *name)
+{
+    if (!L)
+        return NPYLOAD_EINVAL;
+    int rc = npyl_loader_forked(L);
+    if (rc)
+        return rc;
+    if (L->started)
+        return npyl_loader_fail(L, NPYLOAD_ESTATE, "sources cannot be added after start");
+    if (!name || !*name)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "a source needs a non-empty name");
+    if (L->nsources == 0 && L->nfields)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "source '%s': fields were added before "
+                                "the first source (with sources, every field belongs to "
+                                "one: add the source first)", name);
+    if (L->nsources >= NPYL_MIX_MAX_SOURCES)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "source '%s': more than %d sources",
+                                name, NPYL_MIX_MAX_SOURCES);
+    for (size_t k = 0; k < L->nsources; k++)
+        if (strcmp(L->src_names[k], name) == 0)
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "source '%s' was already added", name);
+    if ((rc = npyl_loader_sources_complete(L)))
+        return rc;
+    if (L->nsources == L->cap_sources) {
+        size_t cap = L->cap_sources ? 2 * L->cap_sources : 4;
+        char **nm = realloc(L->src_names, cap * sizeof *nm);
+        if (nm)
+            L->src_names = nm;
+        double *w = nm ? realloc(L->weights, cap * sizeof *w) : NULL;
+        if (w)
+            L->weights = w;
+        if (!nm || !w)
+            return npyl_loader_fail(L, -ENOMEM, "out of memory adding source '%s'", name);
+        L->cap_sources = cap;
+    }
+    char *copy = strdup(name);
+    if (!copy)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory adding source '%s'", name);
+    npyl_loader_drop_loaded_fields(L);
+    L->src_names[L->nsources] = copy;
+    L->weights[L->nsources] = 1.0;
+    L->nsources++;
+    npyl_loader_clear(L);
+    return 0;
+}
+
+size_t npyload_loader_num_sources(const npyload_loader *L) { return L ? L->nsources : 0; }
+
+const char *npyload_loader_source_name(const npyload_loader *L, size_t k)
+{
+    return L && k < L->nsources ? L->src_names[k] : NULL;
+}
+
+/* Whether every field of source 0 was added by the last source begun. */
+int npyl_loader_sources_complete(npyload_loader *L)
+{
+    if (L->nsources == 0)
+        return 0;
+    size_t last = L->nsources - 1;
+    if (L->nfields == 0)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "source '%s' has no fields",
+                                L->src_names[last]);
+    for (size_t i = 0; i < L->nfields; i++)
+        if (L->fields[i].nsrc != L->nsources)
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "source '%s' lacks field '%s' (every "
+                                    "source has the fields of source '%s')",
+                                    L->src_names[last], L->fields[i].name, L->src_names[0]);
+    return 0;
+}
+
+/* Records that field f's paths from `first` on are the current source's. */
+static int src_mark(npyload_loader *L, npyl_field *f, size_t first)
+{
+    size_t *sf = realloc(f->src_first, (f->nsrc + 1) * sizeof *sf);
+    if (!sf)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    f->src_first = sf;
+    sf[f->nsrc++] = first;
+    return 0;
+}
+
+/* A field added for source k >= 1: one of source 0's, once per source.
+ * Appends the paths (ownership taken) to it. */
+static int src_field(npyload_loader *L, const char *name, char **paths, size_t n)
+{
+    const char *src = L->src_names[L->nsources - 1];
+    npyl_field *f = NULL;
+    for (size_t i = 0; i < L->nfields && !f; i++)
+        if (strcmp(L->fields[i].name, name) == 0)
+            f = &L->fields[i];
+    int rc = 0;
+    if (!f)
+        rc = npyl_loader_fail(L, NPYLOAD_EINVAL, "source '%s': field '%s' is not a field of "
+                              "source '%s' (every source has the same fields)", src, name,
+                              L->src_names[0]);
+    else if (f->nsrc == L->nsources)
+        rc = npyl_loader_fail(L, NPYLOAD_EINVAL, "source '%s': field '%s' was already added",
+                              src, name);
+    char **all = rc ? NULL : realloc(f->paths, (f->npaths + n) * sizeof *all);
+    if (!rc && !all)
+        rc = npyl_loader_fail(L, -ENOMEM, "out of memory adding field '%s'", name);
+    if (!rc)
+        f->paths = all;
+    if (!rc && (rc = src_mark(L, f, f->npaths)) == 0) {
+        memcpy(f->paths + f->npaths, paths, n * sizeof *paths);
+        f->npaths += n;
+        free(paths);
+        npyl_loader_drop_loaded_fields(L);
+        npyl_loader_clear(L);
+        return 0;
+    }
+    npyl_free_paths(paths, n);
+    return rc;
+}
+
+int64_t npyl_loader_epoch_len(const npyload_loader *L)
+{
+    if (!L->nsources)
+        return L->n;
+    return L->opt[NPYLOAD_OPT_SAMPLES_PER_EPOCH] ? L->opt[NPYLOAD_OPT_SAMPLES_PER_EPOCH]
+                                                  : L->n;
 }
 
 /* Takes ownership of paths (an npyl_glob_sorted-style array). */
 static int push_field(npyload_loader *L, const char *name, char **paths, size_t n)
 {
+    if (L->nsources > 1)
+        return src_field(L, name, paths, n);
     npyl_loader_drop_loaded_fields(L); /* a stopped loader's: another field now */
     if (L->nfields == L->cap_fields) {
         size_t cap = L->cap_fields ? 2 * L->cap_fields : 4;
@@ -51,6 +183,9 @@ static int push_field(npyload_loader *L, const char *name, char **paths, size_t 
     f->paths = paths;
     f->npaths = n;
     L->nfields++;
+    int rc;
+    if (L->nsources && (rc = src_mark(L, f, 0)))
+        return rc;
     npyl_loader_clear(L);
     return 0;
 }
@@ -152,6 +287,15 @@ static int f_order_is_c_order(const npyload_header *h)
     return longer <= 1;
 }
 
+/* The source of field f's file k (a mixture: f->nsrc > 0). */
+static size_t src_of_file(const npyl_field *f, size_t k)
+{
+    size_t sk = 0;
+    while (sk + 1 < f->nsrc && f->src_first[sk + 1] <= k)
+        sk++;
+    return sk;
+}
+
 /* Reads the headers of field f's files (through their stores: the file
  * table's entries from *io_next on), checks they agree, and records the
  * files. *io_next is the field's first file in the table, advanced past it;
@@ -241,6 +385,19 @@ static int load_file(npyload_loader *L, npyl_field *f, size_t k, size_t io, npyl
         f->sndim = h.ndim - 1;
         memcpy(f->sshape, h.shape + 1, sizeof(int64_t) * (size_t)f->sndim);
         f->row_bytes = row;
+    } else if (f->nsrc > 1 && src_of_file(f, k) > 0) {
+        size_t sk = src_of_file(f, k);
+        char a[256], b[256];
+        fmt_shape(a, sizeof a, h.ndim - 1, h.shape + 1);
+        fmt_shape(b, sizeof b, f->sndim, f->sshape);
+        if (strcmp(h.descr, f->descr) != 0 || h.ndim - 1 != f->sndim ||
+            memcmp(h.shape + 1, f->sshape, sizeof(int64_t) * (size_t)f->sndim) != 0)
+            return npyl_loader_fail(L, NPYLOAD_EMISMATCH,
+                                    "source '%s', field '%s': %s holds samples of shape %s "
+                                    "and dtype %s; source '%s' has shape %s and dtype %s "
+                                    "(%s): every source's field has the same shape and dtype",
+                                    L->src_names[sk], f->name, path, a, h.descr,
+                                    L->src_names[0], b, f->descr, f->paths[0]);
     } else {
         if (strcmp(h.descr, f->descr) != 0)
             return npyl_loader_fail(L, NPYLOAD_EMISMATCH,
@@ -494,8 +651,49 @@ static int check_alignment(npyload_loader *L)
     return 0;
 }
 
+/* A mixture: each source's samples and first global index, the same in
+ * every field (named when not). */
+static int load_sources(npyload_loader *L)
+{
+    free(L->src_n);
+    free(L->src_off);
+    L->src_n = L->src_off = NULL;
+    if (!L->nsources)
+        return 0;
+    size_t K = L->nsources;
+    L->src_n = calloc(K, sizeof *L->src_n);
+    L->src_off = calloc(K, sizeof *L->src_off);
+    if (!L->src_n || !L->src_off)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    for (size_t i = 0; i < L->nfields; i++) {
+        const npyl_field *f = &L->fields[i];
+        for (size_t k = 0; k < K; k++) {
+            size_t a = f->src_first[k], b = k + 1 < K ? f->src_first[k + 1] : f->npaths;
+            int64_t first = a < f->npaths ? f->files[a].first : L->n;
+            int64_t end = b < f->npaths ? f->files[b].first : L->n;
+            if (i == 0) {
+                L->src_off[k] = first;
+                L->src_n[k] = end - first;
+            } else if (end - first != L->src_n[k]) {
+                return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "source '%s': field '%s' holds "
+                                        "%" PRId64 " samples, field '%s' %" PRId64 " (a "
+                                        "source's fields hold the same number)",
+                                        L->src_names[k], L->fields[0].name, L->src_n[k],
+                                        f->name, end - first);
+            }
+        }
+    }
+    if (!L->weights_given) /* the default: every sample about once an epoch */
+        for (size_t k = 0; k < K; k++)
+            L->weights[k] = (double)L->src_n[k];
+    return 0;
+}
+
 int npyl_load_fields(npyload_loader *L)
 {
+    int src_rc = npyl_loader_sources_complete(L);
+    if (src_rc)
+        return src_rc;
     if (L->nfields == 0)
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "no fields: add at least one before start");
     size_t nfiles = 0;
@@ -553,5 +751,5 @@ int npyl_load_fields(npyload_loader *L)
         }
     }
     L->n = n0;
-    return 0;
+    return load_sources(L);
 }

@@ -41,6 +41,7 @@
 #include "../cuda/npyload_cuda.h"
 #include "../cuda/npyload_cuda_transform.h"
 #include "../order/npyload_order.h"
+#include "../order/npyload_mix.h"
 #include "../store/npyload_store.h"
 #include "../zst/npyload_zst.h"
 #include "../transform/npyload_transform.h"
@@ -59,11 +60,14 @@
 #define MAX_QUEUE_DEPTH 4096
 #define DEV_ALIGN 256u
 
-/* One past the largest npyload_option: the table's values are 1 .. count
- * (checked by static assertions next to opt_name). */
-#define NPYL_XX_COUNT(name, value, doc) +1
-enum { NPYL_NUM_OPTS = 1 NPYLOAD_OPTION_MAP(NPYL_XX_COUNT) };
-#undef NPYL_XX_COUNT
+/* One past the largest npyload_option. The table's values are positive
+ * but need not be contiguous: a union of one char[value] per option is as
+ * large as the largest value (checked by static assertions next to
+ * opt_name). */
+#define NPYL_XX_SIZE(name, value, doc) char name[value];
+union npyl_opt_largest { NPYLOAD_OPTION_MAP(NPYL_XX_SIZE) };
+#undef NPYL_XX_SIZE
+enum { NPYL_NUM_OPTS = (int)sizeof(union npyl_opt_largest) + 1 };
 
 /* npyload_loader_set_path: one past the largest npyload_path_option, and
  * the longest path (with its NUL). */
@@ -111,6 +115,34 @@ struct npyload_loader {
      * set_transform; their plans, at start: start.c). */
     npyl_field *fields;
     size_t nfields, cap_fields;
+    /* [fields.c] A mixture (npyload_loader_add_source): the sources'
+     * names in order (K = nsources; 0: no mixture); at start (fields.c)
+     * each source's samples and first global sample index: the fields are
+     * each source's files in source order, so source k's sample i is the
+     * fields' global sample src_off[k] + i. */
+    char **src_names;
+    size_t nsources, cap_sources;
+    int64_t *src_n, *src_off;
+    /* [state.c, ctl] The weights given (K doubles; 1.0 each until
+     * set_weights), and whether set_weights came after a state restored
+     * before start (then start applies them at the restored position). */
+    double *weights;
+    int weights_given;        /* set_weights was called (else, at start, each
+                                 source's weight is its sample count) */
+    int weights_after_state;
+    /* [state.c, ctl] A restored state's mixture (npyl_mix_state_save's
+     * form) waiting for start; and from start the mixture itself, used by
+     * the ctl holder only (it builds each generation's order through the
+     * ring, npyl_slots_reset). */
+    unsigned char *mix_pending;
+    size_t mix_pending_len;
+    npyl_mix *mix;
+    /* [next.c] rows handed out per source (K atomics, from start) and the
+     * running digest (npyload_loader_digest) under dig_mu, a leaf lock;
+     * state.c restores it. */
+    _Atomic uint64_t *src_samples;
+    pthread_mutex_t dig_mu;
+    uint64_t digest, digest_rows;
     /* [fields.c, options.c, through lib/store] The stores the fields' files
      * are read through: their configurations (set_remote), the stores
      * opened by add_field, and from start the file table. Closed (a remote
@@ -204,6 +236,20 @@ NPYL_HIDDEN int npyl_load_fields(npyload_loader *L);
 /* npyload_loader_state.c: the first generation of a start, at the
  * position set_epoch or set_state chose before it. */
 NPYL_HIDDEN int npyl_state_first_epoch(npyload_loader *L);
+
+/* npyload_loader_fields.c: 0 when the last source begun added every field
+ * of source 0 (or there are no sources), else fails naming the field. */
+NPYL_HIDDEN int npyl_loader_sources_complete(npyload_loader *L);
+
+/* npyload_loader_fields.c: the positions of one epoch: T of a mixture
+ * (SAMPLES_PER_EPOCH or the sources' samples summed), else L->n. */
+NPYL_HIDDEN int64_t npyl_loader_epoch_len(const npyload_loader *L);
+
+/* npyload_loader_state.c: a new mixture of the loader's sources (their
+ * sizes and the first field's file sizes), its weights and epoch length,
+ * with seed and shuffle (the order's), in its first segment. */
+NPYL_HIDDEN int npyl_state_mix_new(npyload_loader *L, int64_t seed, int shuffle,
+                                   npyl_mix **out);
 
 /* npyload_loader_options.c: the order the options give (epoch L->epoch,
  * base 0, no file sizes), and the order options a restored state brings

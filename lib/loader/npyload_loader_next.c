@@ -10,6 +10,54 @@
 #include <time.h>
 
 #include "npyload_loader_internal.h"
+#include "../order/npyload_digest.h"
+
+/* At hand-out, on next()'s thread: a mixture's rows as the accessors give
+ * them (index within the source, source), the rows per source, and the
+ * running digest over (source, index, augmentation decisions) of each row
+ * (npyload_digest.h), under dig_mu. */
+static void hand_out_rows(npyload_loader *L, npyl_slot *s)
+{
+    if (s->mrows) {
+        for (size_t r = 0; r < s->rows; r++) {
+            s->local[r] = s->mrows[r].index;
+            s->src[r] = s->mrows[r].source;
+            atomic_fetch_add_explicit(&L->src_samples[s->src[r]], 1, memory_order_relaxed);
+        }
+    }
+    npyl_digest_aug aug[8];
+    size_t naug = 0;
+    for (size_t i = 0; i < L->nfields; i++)
+        naug += npyl_field_transformed(&L->fields[i]) && L->fields[i].tplan.aug;
+    npyl_digest_aug *a = naug <= 8 ? aug : malloc(naug * sizeof *a);
+    pthread_mutex_lock(&L->dig_mu);
+    uint64_t d = L->digest;
+    for (size_t r = 0; r < s->rows; r++) {
+        int64_t seed, index;
+        uint64_t epoch;
+        npyl_slot_aug_key(s, r, &seed, &epoch, &index);
+        size_t j = 0;
+        for (size_t i = 0; a && i < L->nfields; i++) {
+            const npyl_field *f = &L->fields[i];
+            if (!(npyl_field_transformed(f) && f->tplan.aug))
+                continue;
+            npyl_aug x; /* by the row's source's plan */
+            npyl_aug_decide(npyl_field_plan(f, s->mrows ? (int64_t)s->mrows[r].source : -1),
+                            seed, epoch, index, &x);
+            a[j++] = (npyl_digest_aug){.hflip = (uint8_t)x.hflip, .vflip = (uint8_t)x.vflip,
+                                       .top = x.top, .left = x.left};
+        }
+        /* Out of memory for many augmented fields: hashed without them
+         * (never reached with 8 or fewer). */
+        d = npyl_digest_row(d, s->mrows ? s->mrows[r].source : 0, index, a,
+                            a ? naug : 0);
+    }
+    L->digest = d;
+    L->digest_rows += s->rows;
+    pthread_mutex_unlock(&L->dig_mu);
+    if (a != aug)
+        free(a);
+}
 
 /* The controller's tick (NPYLOAD_AUTO), in the control turn when it is
  * free: a control call in progress (set_epoch, set_state, stop, destroy)
@@ -64,7 +112,8 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
     npyl_slots_enter_next(&L->ring); /* destroy waits for it to leave */
     size_t rows = 0, dropped = 0;
     int rc, try = 1;
-    char msg[NPYL_ERRMSG_LEN] = "";
+    char msg[NPYL_ERRMSG_LEN];
+    msg[0] = '\0'; /* not `= ""`, which zeroes all of it on every next() */
     /* A synchronous loader reads on this thread when nothing is ready, and
      * asks again; when nothing can be read now either, it fails. */
     while ((rc = npyl_slots_take_ready(&L->ring, timeout_ns >= 0 ? &deadline : NULL, L->sync,
@@ -79,6 +128,7 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
     atomic_fetch_add(&L->st.wait_ns, t1 - t0);
     atomic_store(&L->st.last_return_ns, t1);
     if (*out) {
+        hand_out_rows(L, (*out)->slot);
         atomic_fetch_add(&L->refs, 1); /* dropped by the batch's release */
         atomic_fetch_add(&L->st.batches, 1);
         atomic_fetch_add(&L->st.samples, rows);
@@ -104,7 +154,33 @@ size_t npyload_batch_size(const npyload_batch *b) { return b ? b->slot->rows : 0
 
 const int64_t *npyload_batch_indices(const npyload_batch *b)
 {
-    return b ? b->slot->indices : NULL;
+    return b ? (b->slot->local ? b->slot->local : b->slot->indices) : NULL;
+}
+
+const uint32_t *npyload_batch_sources(const npyload_batch *b)
+{
+    return b ? b->slot->src : NULL;
+}
+
+int64_t npyload_loader_source_samples(const npyload_loader *L, size_t k)
+{
+    if (!L || k >= L->nsources)
+        return NPYLOAD_EINVAL;
+    if (!L->src_samples) /* not started */
+        return 0;
+    return (int64_t)atomic_load_explicit(&L->src_samples[k], memory_order_relaxed);
+}
+
+int npyload_loader_digest(const npyload_loader *L, uint64_t *digest, uint64_t *rows)
+{
+    if (!L || !digest || !rows)
+        return NPYLOAD_EINVAL;
+    npyload_loader *M = (npyload_loader *)L; /* the lock is not part of the value */
+    pthread_mutex_lock(&M->dig_mu);
+    *digest = L->digest;
+    *rows = L->digest_rows;
+    pthread_mutex_unlock(&M->dig_mu);
+    return 0;
 }
 
 size_t npyload_batch_num_fields(const npyload_batch *b) { return b ? b->nfields : 0; }
@@ -130,8 +206,13 @@ int npyload_batch_augment(const npyload_batch *b, size_t index, uint8_t *hflip,
     const npyl_field *f = &b->owner->fields[index];
     for (size_t r = 0; r < s->rows; r++) {
         npyl_aug a = {0, 0, 0, 0};
-        if (f->has_transform)
-            npyl_aug_decide(&f->tplan, s->seed, s->epoch, s->indices[r], &a);
+        if (npyl_field_transformed(f)) {
+            int64_t seed, idx;
+            uint64_t epoch;
+            npyl_slot_aug_key(s, r, &seed, &epoch, &idx);
+            npyl_aug_decide(npyl_field_plan(f, s->mrows ? (int64_t)s->mrows[r].source : -1),
+                            seed, epoch, idx, &a);
+        }
         if (hflip)
             hflip[r] = (uint8_t)a.hflip;
         if (vflip)

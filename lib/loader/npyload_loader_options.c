@@ -111,6 +111,9 @@ static int range_of(int opt, opt_range *r)
     case NPYLOAD_OPT_DEVICE_KERNELS:
         *r = (opt_range){0, 2, "0 auto, 1 ahead of time, 2 NVRTC"};
         return 0;
+    case NPYLOAD_OPT_SAMPLES_PER_EPOCH:
+        *r = (opt_range){0, INT64_C(1) << 62, "0 (default: the sources' samples) .. 2^62"};
+        return 0;
     case NPYLOAD_OPT_MAX_ERRORS:
         *r = (opt_range){0, INT64_MAX, ">= 0 samples (0 = no limit)"};
         return 0;
@@ -246,7 +249,7 @@ int npyload_loader_set_interrupt(npyload_loader *L, int (*fn)(void *arg), void *
 void npyl_loader_order_of(const npyload_loader *L, npyl_order_params *op)
 {
     memset(op, 0, sizeof *op);
-    op->n = L->n;
+    op->n = npyl_loader_epoch_len(L);
     op->shuffle = (int)L->opt[NPYLOAD_OPT_SHUFFLE];
     op->seed = L->opt[NPYLOAD_OPT_SEED];
     op->rank = L->opt[NPYLOAD_OPT_RANK];
@@ -293,6 +296,78 @@ int npyload_loader_get(const npyload_loader *L, npyload_option opt, int64_t *val
 
 /* ---- transforms ---- */
 
+/* The field named `field`, or NULL. */
+static npyl_field *field_named(npyload_loader *L, const char *field)
+{
+    for (size_t i = 0; i < L->nfields; i++)
+        if (!strcmp(L->fields[i].name, field))
+            return &L->fields[i];
+    return NULL;
+}
+
+/* t (size bytes, the caller's layout) checked on its own into *d, its
+ * value arrays copied into copies[4] (mean, std, hflip_sign, vflip_sign).
+ * `what` names the field (and the source) in messages. */
+static int check_transform(npyload_loader *L, const char *what, const npyload_transform *t,
+                           size_t size, npyload_transform *d, float *copies[4])
+{
+    /* The caller's struct may be older (shorter) or newer than ours: the
+     * sized-struct rule of npyload.h. The first layout ends at
+     * channels_last. */
+    int src = npyl_sized_in(d, sizeof *d, t, size,
+                            NPYL_SIZE_THROUGH(npyload_transform, channels_last));
+    if (src == NPYLOAD_EINVAL)
+        return npyl_loader_fail(L, src, "%s: set_transform: size %zu is smaller "
+                                "than the first npyload_transform layout (%zu "
+                                "bytes); pass sizeof(npyload_transform)", what,
+                                size, NPYL_SIZE_THROUGH(npyload_transform, channels_last));
+    if (src)
+        return npyl_loader_fail(L, src, "%s: set_transform: the struct (%zu bytes) "
+                                "sets members this library (%zu bytes, version %s) "
+                                "does not know", what, size, sizeof *d,
+                                NPYLOAD_VERSION_STRING);
+    char err[512];
+    int rc = npyl_transform_check(what, d, err, sizeof err);
+    if (rc)
+        return npyl_loader_fail(L, rc, "%s", err);
+    /* The value arrays are the caller's: keep copies (the check above
+     * refused a NULL array with a count, and counts over 2^24). */
+    const float **arr[4] = {&d->mean, &d->std, &d->hflip_sign, &d->vflip_sign};
+    const size_t cnt[4] = {d->n_mean, d->n_std, d->n_hflip_sign, d->n_vflip_sign};
+    for (int k = 0; k < 4; k++) {
+        if (!cnt[k])
+            continue;
+        if (!(copies[k] = malloc(cnt[k] * sizeof(float)))) {
+            for (int j = 0; j < k; j++)
+                free(copies[j]);
+            return npyl_loader_fail(L, -ENOMEM, "out of memory");
+        }
+        memcpy(copies[k], *arr[k], cnt[k] * sizeof(float));
+        *arr[k] = copies[k];
+    }
+    return 0;
+}
+
+/* set_transform's and set_source_transform's: t checked and copied into
+ * *out and tvals[4] (their previous copies freed); t NULL: *out zeroed.
+ * On an error nothing changes. */
+static int keep_transform(npyload_loader *L, const char *what, const npyload_transform *t,
+                          size_t size, npyload_transform *out, float *tvals[4])
+{
+    float *copies[4] = {NULL, NULL, NULL, NULL};
+    npyload_transform d;
+    memset(&d, 0, sizeof d);
+    int rc = t ? check_transform(L, what, t, size, &d, copies) : 0;
+    if (rc)
+        return rc;
+    *out = d;
+    for (int k = 0; k < 4; k++) {
+        free(tvals[k]);
+        tvals[k] = copies[k];
+    }
+    return 0;
+}
+
 int npyload_loader_set_transform(npyload_loader *L, const char *field,
                                  const npyload_transform *t, size_t size)
 {
@@ -303,64 +378,62 @@ int npyload_loader_set_transform(npyload_loader *L, const char *field,
         return frc;
     if (!field)
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "set_transform: field name is NULL");
-    npyl_field *f = NULL;
-    for (size_t i = 0; i < L->nfields && !f; i++)
-        if (!strcmp(L->fields[i].name, field))
-            f = &L->fields[i];
+    npyl_field *f = field_named(L, field);
     if (!f)
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "set_transform: no field named '%s' "
                                 "(add the field first)", field);
     if (L->started)
         return npyl_loader_fail(L, NPYLOAD_ESTATE, "%s: a transform cannot change after "
                                 "start", field);
-    float *copies[4] = {NULL, NULL, NULL, NULL}; /* mean, std, hflip_sign, vflip_sign */
-    if (t) {
-        /* The caller's struct may be older (shorter) or newer than ours:
-         * the sized-struct rule of npyload.h. The first layout ends at
-         * channels_last. */
-        npyload_transform d;
-        int src = npyl_sized_in(&d, sizeof d, t, size,
-                                NPYL_SIZE_THROUGH(npyload_transform, channels_last));
-        if (src == NPYLOAD_EINVAL)
-            return npyl_loader_fail(L, src, "%s: set_transform: size %zu is smaller "
-                                    "than the first npyload_transform layout (%zu "
-                                    "bytes); pass sizeof(npyload_transform)", field,
-                                    size, NPYL_SIZE_THROUGH(npyload_transform, channels_last));
-        if (src)
-            return npyl_loader_fail(L, src, "%s: set_transform: the struct (%zu bytes) "
-                                    "sets members this library (%zu bytes, version %s) "
-                                    "does not know", field, size, sizeof d,
-                                    NPYLOAD_VERSION_STRING);
-        char err[512];
-        int rc = npyl_transform_check(field, &d, err, sizeof err);
-        if (rc)
-            return npyl_loader_fail(L, rc, "%s", err);
-        /* The value arrays are the caller's: keep copies (the check above
-         * refused a NULL array with a count, and counts over 2^24). */
-        const float **arr[4] = {&d.mean, &d.std, &d.hflip_sign, &d.vflip_sign};
-        const size_t cnt[4] = {d.n_mean, d.n_std, d.n_hflip_sign, d.n_vflip_sign};
-        for (int k = 0; k < 4; k++) {
-            if (!cnt[k]) {
-                copies[k] = NULL;
-                continue;
-            }
-            if (!(copies[k] = malloc(cnt[k] * sizeof(float)))) {
-                for (int j = 0; j < k; j++)
-                    free(copies[j]);
-                return npyl_loader_fail(L, -ENOMEM, "out of memory");
-            }
-            memcpy(copies[k], *arr[k], cnt[k] * sizeof(float));
-            *arr[k] = copies[k];
-        }
-        f->tdesc = d;
-    } else {
-        memset(&f->tdesc, 0, sizeof f->tdesc);
-    }
-    for (int k = 0; k < 4; k++) {
-        free(f->tvals[k]);
-        f->tvals[k] = copies[k];
-    }
+    int rc = keep_transform(L, field, t, size, &f->tdesc, f->tvals);
+    if (rc)
+        return rc;
     f->has_transform = t != NULL;
+    npyl_loader_clear(L);
+    return 0;
+}
+
+int npyload_loader_set_source_transform(npyload_loader *L, const char *source,
+                                        const char *field, const npyload_transform *t,
+                                        size_t size)
+{
+    if (!L)
+        return NPYLOAD_EINVAL;
+    int frc = npyl_loader_forked(L);
+    if (frc)
+        return frc;
+    if (!source || !field)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "set_source_transform: %s name is NULL",
+                                source ? "field" : "source");
+    size_t k = 0;
+    while (k < L->nsources && strcmp(L->src_names[k], source))
+        k++;
+    if (k == L->nsources)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "set_source_transform: no source named "
+                                "'%s' (add the source first: npyload_loader_add_source)",
+                                source);
+    npyl_field *f = field_named(L, field);
+    if (!f)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "set_source_transform: source '%s': no "
+                                "field named '%s' (add the field first)", source, field);
+    if (L->started)
+        return npyl_loader_fail(L, NPYLOAD_ESTATE, "source '%s', field '%s': a transform "
+                                "cannot change after start", source, field);
+    if (f->nsxf < L->nsources) {
+        npyl_sxf *grown = realloc(f->sxf, L->nsources * sizeof *grown);
+        if (!grown)
+            return npyl_loader_fail(L, -ENOMEM, "out of memory");
+        memset(grown + f->nsxf, 0, (L->nsources - f->nsxf) * sizeof *grown);
+        f->sxf = grown;
+        f->nsxf = L->nsources;
+    }
+    char what[512];
+    snprintf(what, sizeof what, "%.200s (source '%.200s')", field, source);
+    npyl_sxf *x = &f->sxf[k];
+    int rc = keep_transform(L, what, t, size, &x->tdesc, x->tvals);
+    if (rc)
+        return rc;
+    x->set = t != NULL;
     npyl_loader_clear(L);
     return 0;
 }

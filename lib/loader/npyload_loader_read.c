@@ -242,8 +242,9 @@ int npyl_read_ctx_init(npyl_read_ctx *c, const npyl_read_view *v, const npyl_sto
      * the slots are sized: a huge BATCH_SIZE over a small field reserves
      * nothing more. */
     size_t B = rows;
+    c->kept = malloc((B ? B : 1) * sizeof *c->kept);
     for (int i = 0; i < 1 + (ahead != 0); i++)
-        if (buf_init(&c->buf[i], v, B, zsz))
+        if (!c->kept || buf_init(&c->buf[i], v, B, zsz))
             return npyl_fail(err, errlen, -ENOMEM, "out of memory for the read buffers "
                              "(%zu rows x %zu fields%s)", B, v->nfields,
                              zsz->any ? ", .npy.zst frames" : "");
@@ -272,6 +273,8 @@ void npyl_read_ctx_fini(npyl_read_ctx *c)
     buf_fini(&c->buf[1]);
     npyl_zst_dctx_free(c->dctx);
     free(c->zdst);
+    free(c->kept);
+    c->kept = NULL;
     c->dctx = NULL;
     c->zdst = NULL;
     c->zdst_cap = 0;

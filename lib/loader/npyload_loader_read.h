@@ -40,7 +40,9 @@ NPYL_HIDDEN void npyl_read_ctx_counters(const npyl_read_ctx *c, npyl_store_count
 
 /* Reads rows indices[0 .. *rows) of every field fi to dst[fi] + row *
  * row_bytes, through c. With ON_ERROR skip, failed rows are dropped (*rows
- * and indices shrink, the good rows packed to the front). Returns 0 or the
+ * and indices shrink, the good rows packed to the front; c->kept[r] is
+ * then the position the row now at r had in indices as given, for the
+ * caller's own per-row data). Returns 0 or the
  * error, with the message in c->errmsg; *bytes accumulates what landed.
  * No lock held. */
 NPYL_HIDDEN int npyl_read_batch(const npyl_read_view *v, npyl_read_ctx *c, int64_t *indices,

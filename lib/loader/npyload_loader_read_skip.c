@@ -80,6 +80,7 @@ static int read_skipping(const npyl_read_view *v, npyl_read_ctx *c, int64_t *ind
         int64_t s = indices[r];
         int rrc = read_row(v, c, s, kept, dst, bytes, zs);
         if (rrc == 0) {
+            c->kept[kept] = r;
             indices[kept++] = s;
             continue;
         }

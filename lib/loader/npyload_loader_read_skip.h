@@ -19,7 +19,8 @@ NPYL_HIDDEN void npyl_skip_log_note(npyl_skip_log *g, int append, const char *fm
 
 /* The end of every batch read: ON_ERROR skip on a failure (rc: the read's
  * result; the batch's reads retried once, then row by row, the rows that
- * still fail dropped: *rows and indices shrink), the .npy.zst counters.
+ * still fail dropped: *rows and indices shrink, c->kept[r] the position
+ * row r had before), the .npy.zst counters.
  * Returns 0 or the error (more than MAX_ERRORS samples skipped, or no
  * skipping), with c->errmsg. */
 NPYL_HIDDEN int npyl_rskip_finish(const npyl_read_view *v, npyl_read_ctx *c, int64_t *indices,

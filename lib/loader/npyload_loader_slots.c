@@ -80,6 +80,8 @@ static void claim_into(npyl_ring *r, npyl_slot *h, int *copy_pending)
     h->rows = h->planned = (size_t)(hi - lo);
     h->err = 0;
     memcpy(h->indices, r->seqbuf + lo, h->rows * sizeof *h->indices);
+    if (h->mrows && r->mixbuf)
+        memcpy(h->mrows, r->mixbuf + lo, h->rows * sizeof *h->mrows);
     *copy_pending = h->copy_pending;
 }
 
@@ -170,6 +172,8 @@ npyl_slot *npyl_slots_take_device(npyl_ring *r, npyl_slot *h, int copy_pending,
     d->rows = h->rows;
     d->planned = h->planned;
     memcpy(d->indices, h->indices, h->rows * sizeof *h->indices);
+    if (d->mrows && h->mrows)
+        memcpy(d->mrows, h->mrows, h->rows * sizeof *h->mrows);
     d->err = h->err;
     if (h->err)
         memcpy(d->errmsg, h->errmsg, NPYL_ERRMSG_LEN);
@@ -362,6 +366,32 @@ void npyl_slots_give_back(npyl_ring *r, npyl_slot *s, int ordered, int recorded,
 
 /* ---- control ---- */
 
+int npyl_slots_build(npyl_ring *r, const npyl_order_params *op, int64_t *out,
+                     npyl_mix_row *mrows)
+{
+    if (!r->mix)
+        return npyl_order_build(op, out);
+    int rc = npyl_mix_build(r->mix, op, mrows);
+    if (rc)
+        return rc;
+    int64_t n = npyl_order_delivered_len(op);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = r->src_off[mrows[i].source] + mrows[i].index;
+    return 0;
+}
+
+void npyl_slots_mix_keep(npyl_slot *s, const size_t *kept)
+{
+    /* By position, never by sample index: a sample twice in one batch (a
+     * small source's passes) has a row per copy, each with its own pass,
+     * and one copy's read may fail while the other's succeeds. kept[] is
+     * increasing, kept[r] >= r: moving rows down overwrites none unread. */
+    if (!s->mrows || s->rows == s->planned)
+        return;
+    for (size_t r = 0; r < s->rows; r++)
+        s->mrows[r] = s->mrows[kept[r]];
+}
+
 int npyl_slots_reset(npyl_ring *r, const npyl_order_params *op, int64_t first_seq,
                      int ended)
 {
@@ -370,13 +400,16 @@ int npyl_slots_reset(npyl_ring *r, const npyl_order_params *op, int64_t first_se
      * used to share it: set_epoch(5) || set_epoch(7) could install the
      * previous epoch's order), then swap it in under mu. Workers read seqbuf
      * only under mu. */
-    int rc = npyl_order_build(op, r->seqspare);
+    int rc = npyl_slots_build(r, op, r->seqspare, r->mixspare);
     if (rc)
         return rc; /* r->op, gen and the position unchanged */
     pthread_mutex_lock(&r->mu);
     int64_t *old = r->seqbuf;
     r->seqbuf = r->seqspare;
     r->seqspare = old;
+    npyl_mix_row *oldm = r->mixbuf;
+    r->mixbuf = r->mixspare;
+    r->mixspare = oldm;
     r->op = *op;
     r->delivered = npyl_order_delivered_len(op);
     r->nbatches = npyl_order_num_batches(op);

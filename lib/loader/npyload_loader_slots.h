@@ -45,6 +45,7 @@
 #include <stdatomic.h>
 #include <time.h>
 
+#include "../order/npyload_mix.h"
 #include "../order/npyload_order.h"
 #include "npyload_loader_types.h"
 
@@ -70,6 +71,14 @@ typedef struct npyl_slot {
     size_t rows;          /* the rows it holds (ON_ERROR skip drops some) */
     size_t planned;       /* the rows its batch was claimed with */
     int64_t *indices;     /* slot_rows entries */
+    /* A mixture (NULL otherwise; slot_rows entries each): each row's
+     * mixture row as claimed (source, index within it, pass), kept in step
+     * with `indices` when ON_ERROR skip drops rows (npyl_slots_mix_keep);
+     * at hand-out (next.c) `local` and `src` are what the batch accessors
+     * give: the index within the source and the source. */
+    npyl_mix_row *mrows;
+    int64_t *local;
+    uint32_t *src;
     int err;              /* a failed batch carries its error in order */
     char *errmsg;         /* NPYL_ERRMSG_LEN, only when err != 0 */
     uint8_t *mem;
@@ -119,6 +128,13 @@ typedef struct npyl_ring {
     int64_t *seqbuf;          /* this rank's delivered indices for the epoch */
     int64_t *seqspare;        /* the next order is built here (by the ctl
                                  holder only, without mu), then swapped */
+    /* A mixture: the mixture whose rows each generation delivers (NULL:
+     * the single-source order), used and replaced by the ctl holder only;
+     * the sources' first global indices (src_off[k]); each row of seqbuf as
+     * a mixture row (mixbuf, [mu]) and its spare. */
+    npyl_mix *mix;
+    const int64_t *src_off;
+    npyl_mix_row *mixbuf, *mixspare;
     int64_t delivered;        /* entries in seqbuf */
     int64_t nbatches;
     uint64_t gen;
@@ -205,6 +221,34 @@ NPYL_HIDDEN void npyl_slots_give_back(npyl_ring *r, npyl_slot *s, int ordered, i
  * its end). Returns 0 or -ENOMEM, in which case nothing changed. */
 NPYL_HIDDEN int npyl_slots_reset(npyl_ring *r, const npyl_order_params *op, int64_t first_seq,
                                  int ended);
+/* The order of `op` into out[0 .. npyl_order_delivered_len(op)) as
+ * global sample indices (and, with a mixture, its rows into mrows): the
+ * builder reset uses, for other readers of the order (the ceiling). The
+ * ctl holder only. Returns 0, -ENOMEM, or the mixture's error (its
+ * message: npyl_mix_errmsg(r->mix)). */
+NPYL_HIDDEN int npyl_slots_build(npyl_ring *r, const npyl_order_params *op, int64_t *out,
+                                 npyl_mix_row *mrows);
+/* A row's augmentation key: the seed, epoch and index its decisions draw
+ * from (npyload.h, "Augmentation"; with a mixture the source's seed, the
+ * row's pass and its index within the source: npyload_mix.h). */
+static inline void npyl_slot_aug_key(const npyl_slot *s, size_t r, int64_t *seed,
+                                     uint64_t *epoch, int64_t *index)
+{
+    if (s->mrows) {
+        *seed = npyl_mix_source_seed(s->seed, s->mrows[r].source);
+        *epoch = s->mrows[r].pass;
+        *index = s->mrows[r].index;
+    } else {
+        *seed = s->seed;
+        *epoch = s->epoch;
+        *index = s->indices[r];
+    }
+}
+/* After ON_ERROR skip compacted s->indices (rows < planned): drops the
+ * mixture rows of the rows dropped, so mrows[r] is again indices[r]'s
+ * (kept[r]: the planned position of the row now at r, npyl_read_ctx's
+ * kept). */
+NPYL_HIDDEN void npyl_slots_mix_keep(npyl_slot *s, const size_t *kept);
 /* Marks the generation's pass as not ended (set_epoch keeping a restored
  * position). */
 NPYL_HIDDEN void npyl_slots_reopen(npyl_ring *r);

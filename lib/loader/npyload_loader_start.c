@@ -135,7 +135,8 @@ static int plan_rows(npyload_loader *L)
                                 (uint64_t)NPYLOAD_MAX_SAMPLE_BYTES);
     }
     int64_t B = L->opt[NPYLOAD_OPT_BATCH_SIZE], W = L->opt[NPYLOAD_OPT_WORLD_SIZE];
-    int64_t per_rank = L->n / W + (L->n % W != 0);
+    int64_t T = npyl_loader_epoch_len(L);
+    int64_t per_rank = T / W + (T % W != 0);
     L->slot_rows = per_rank < B ? per_rank : B;
     return 0;
 }
@@ -190,6 +191,75 @@ static void describe_engine(npyl_field *f, int device, const char *why, const ch
                  codes[0] ? "; narrowed codes expanded on the host: " : "", codes);
 }
 
+/* The shape of plan p's delivered sample, "(3, 32, 32)", into buf. */
+static void plan_shape(const npyl_tplan *p, char *buf, size_t len)
+{
+    int at = snprintf(buf, len, "(");
+    for (int d = 0; d < p->sndim && at < (int)len - 24; d++)
+        at += snprintf(buf + at, len - (size_t)at, "%s%" PRId64, d ? ", " : "", p->sshape[d]);
+    snprintf(buf + at, len - (size_t)at, "%s)", p->sndim == 1 ? "," : "");
+}
+
+/* A mixture whose sources have their own transforms of f
+ * (npyload_loader_set_source_transform): one plan per source in
+ * f->splans (a source without one: the field's transform, or the
+ * identity), every one delivering what source 0's does (dtype, shape,
+ * layout), else NPYLOAD_EMISMATCH naming both sources; *rep: the source
+ * whose description plans f->tplan (the first that augments, else the
+ * first that transforms, else 0), so that tplan's flags and row sizes are
+ * the field's. */
+static int plan_sources(npyload_loader *L, npyl_field *f, size_t *rep)
+{
+    const npyload_transform identity = NPYLOAD_TRANSFORM_INIT;
+    const size_t K = L->nsources;
+    if (!(f->splans = calloc(K, sizeof *f->splans)))
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    size_t aug = K, xf = K;
+    for (size_t k = 0; k < K; k++) {
+        const npyload_transform *t = k < f->nsxf && f->sxf[k].set ? &f->sxf[k].tdesc
+                                     : f->has_transform     ? &f->tdesc
+                                                            : &identity;
+        char what[512], err[512];
+        snprintf(what, sizeof what, "%.200s (source '%.200s')", f->name, L->src_names[k]);
+        npyl_tplan *p = &f->splans[k];
+        int rc = npyl_transform_plan(what, t, f->descr, f->sndim, f->sshape, p, err,
+                                     sizeof err);
+        if (rc)
+            return npyl_loader_fail(L, rc, "%s", err);
+        if (p->aug && aug == K)
+            aug = k;
+        if (!npyl_transform_is_identity(p) && xf == K)
+            xf = k;
+        const npyl_tplan *p0 = &f->splans[0];
+        if (k && (strcmp(p->out_descr, p0->out_descr) || p->sndim != p0->sndim ||
+                  memcmp(p->sshape, p0->sshape, sizeof p->sshape[0] * (size_t)p->sndim) ||
+                  memcmp(p->byte_strides, p0->byte_strides,
+                         sizeof p->byte_strides[0] * (size_t)(p->sndim + 1)))) {
+            char s0[256], sk[256];
+            plan_shape(p0, s0, sizeof s0);
+            plan_shape(p, sk, sizeof sk);
+            return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "field '%s': source '%s' delivers "
+                                    "%s %s%s, source '%s' %s %s%s: every source's transform "
+                                    "of a field must deliver the same dtype, shape and "
+                                    "layout", f->name, L->src_names[0], p0->out_descr, s0,
+                                    p0->channels_last ? " channels-last" : "",
+                                    L->src_names[k], p->out_descr, sk,
+                                    p->channels_last ? " channels-last" : "");
+        }
+    }
+    *rep = aug < K ? aug : xf < K ? xf : 0;
+    return 0;
+}
+
+/* Whether a source of the mixture has its own transform of f. */
+static int has_source_transforms(const npyl_field *f)
+{
+    for (size_t k = 0; k < f->nsxf; k++)
+        if (f->sxf[k].set)
+            return 1;
+    return 0;
+}
+
 /* Where field f's transform and the expansion of its narrowed codes run.
  * Host mode: the host engine. Device mode: a transform without
  * augmentation runs as kernels after the copy, or start fails (the kernels
@@ -200,24 +270,38 @@ static int plan_field(npyload_loader *L, npyl_field *f)
 {
     const int device = L->opt[NPYLOAD_OPT_DEVICE] >= 0;
     const size_t narrowed = device ? narrowed_files(f) : 0;
+    const int per_source = has_source_transforms(f);
     snprintf(f->engine, sizeof f->engine, "none: the stored rows are delivered");
-    if (!f->has_transform && !narrowed)
+    if (!f->has_transform && !narrowed && !per_source)
         return 0;
     char err[512], why[384] = "";
     const npyload_transform identity = NPYLOAD_TRANSFORM_INIT;
-    int rc = npyl_transform_plan(f->name, f->has_transform ? &f->tdesc : &identity, f->descr,
-                                 f->sndim, f->sshape, &f->tplan, err, sizeof err);
+    const npyload_transform *t = f->has_transform ? &f->tdesc : &identity;
+    size_t rep = 0;
+    int rc = per_source ? plan_sources(L, f, &rep) : 0;
+    if (rc)
+        return rc;
+    if (per_source && rep < f->nsxf && f->sxf[rep].set)
+        t = &f->sxf[rep].tdesc;
+    rc = npyl_transform_plan(f->name, t, f->descr, f->sndim, f->sshape, &f->tplan, err,
+                             sizeof err);
     if (rc)
         return npyl_loader_fail(L, rc, "%s", err);
     f->out_row_bytes = f->tplan.out_row_bytes;
     const int xf = !npyl_transform_is_identity(&f->tplan);
-    rc = xf && device ? npyl_tdev_plan_check(f->name, &f->tplan, err, sizeof err) : 0;
+    /* Per-source plans run in the host engine: the kernels take one plan
+     * per batch. */
+    rc = xf && device && !per_source
+             ? npyl_tdev_plan_check(f->name, &f->tplan, err, sizeof err) : 0;
     if (rc && !f->tplan.aug)
         return npyl_loader_fail(L, rc, "%s", err);
-    f->dxform = xf && device && !rc;
+    f->dxform = xf && device && !rc && !per_source;
     f->hxform = xf && !f->dxform;
     if (rc)
         snprintf(why, sizeof why, "%.300s", err);
+    else if (xf && device && per_source)
+        snprintf(why, sizeof why, "the sources have their own transforms (one plan per "
+                 "row's source: the host engine)");
     char codes[384] = "";
     if (narrowed)
         plan_codes(f, narrowed, codes, sizeof codes);
@@ -352,7 +436,13 @@ static int init_slot(npyload_loader *L, npyl_slot *s, int device_slot, int with_
     s->arrays = calloc(L->nfields, sizeof *s->arrays);
     s->errmsg = calloc(1, NPYL_ERRMSG_LEN);
     s->handles = calloc(NPYL_HANDLES, sizeof *s->handles);
-    if (!s->indices || !s->arrays || !s->errmsg || !s->handles)
+    if (L->nsources) {
+        s->mrows = malloc(rows * sizeof *s->mrows);
+        s->local = malloc(rows * sizeof *s->local);
+        s->src = malloc(rows * sizeof *s->src);
+    }
+    if (!s->indices || !s->arrays || !s->errmsg || !s->handles ||
+        (L->nsources && (!s->mrows || !s->local || !s->src)))
         return npyl_loader_fail(L, -ENOMEM, "out of memory allocating slots");
     for (size_t k = 0; k < NPYL_HANDLES; k++) {
         s->handles[k].owner = L;
@@ -594,6 +684,36 @@ static int plan_order(npyload_loader *L)
     return 0;
 }
 
+/* Step: a mixture (sources added): the mixture of the sources' sizes and
+ * the weights given (epoch 0 on; npyl_state_first_epoch puts a restored
+ * state's history in force), the ring's row buffers, the per-source
+ * counters. */
+static int plan_mix(npyload_loader *L)
+{
+    if (!L->nsources)
+        return 0;
+    L->src_samples = calloc(L->nsources, sizeof *L->src_samples);
+    if (!L->src_samples)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    const npyl_order_params *op = &L->ring.op;
+    int rc = npyl_state_mix_new(L, op->seed, op->shuffle, &L->ring.mix);
+    if (rc)
+        return rc;
+    L->ring.src_off = L->src_off;
+    size_t cap = 1;
+    npyl_order_params keep = *op;
+    keep.drop_last = 0;
+    int64_t n = npyl_order_delivered_len(&keep);
+    if (n > 0)
+        cap = (size_t)n;
+    L->ring.mixbuf = malloc(cap * sizeof *L->ring.mixbuf);
+    L->ring.mixspare = malloc(cap * sizeof *L->ring.mixspare);
+    if (!L->ring.mixbuf || !L->ring.mixspare)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory for the epoch's order (%" PRId64
+                                " samples)", n);
+    return 0;
+}
+
 /* Step: what the batch reader sees of the loader. */
 static int fill_read_view(npyload_loader *L)
 {
@@ -721,6 +841,7 @@ static int start_ctl(npyload_loader *L)
         (rc = resolve_backend(L)) || (rc = open_cuda(L)) || (rc = open_tdev(L)) ||
         (rc = plan_layout(L)) || (rc = plan_auto(L, mode, &nworkers, &cap_workers, &prefetch,
                                                  &cap_slots)) || (rc = plan_order(L)) ||
+        (rc = plan_mix(L)) ||
         (rc = alloc_slots(L, cap_workers, L->dev.device >= 0 ? prefetch : cap_slots,
                           prefetch)) || (rc = upload_all_tables(L)) ||
         (rc = fill_read_view(L)) || (rc = create_workers(L, cap_workers, nworkers)) ||

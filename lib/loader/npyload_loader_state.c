@@ -184,7 +184,7 @@ static int position_of(const npyload_loader *L, posnow *p)
         /* Checked by set_state against these fields: only computed here. */
         char keep[NPYL_ERRMSG_LEN];
         npyload_loader_errmsg_copy(L, keep, sizeof keep);
-        if (state_check(M, &L->pending, L->n, &p->op, &p->first_seq) != 0) {
+        if (state_check(M, &L->pending, npyl_loader_epoch_len(L), &p->op, &p->first_seq) != 0) {
             npyl_loader_msg(M, keep);
             return NPYLOAD_ESTATE;
         }
@@ -210,7 +210,7 @@ static void state_of(const npyload_loader *L, const posnow *p, npyload_state *ou
     out->seed = op->seed;
     out->epoch = op->epoch;
     out->consumed = (uint64_t)consumed;
-    out->num_samples = L->n;
+    out->num_samples = npyl_loader_epoch_len(L);
     out->batch_size = op->batch_size;
     out->world_size = op->world_size;
     out->rank = op->rank;
@@ -262,6 +262,215 @@ int npyload_loader_get_state(const npyload_loader *L, npyload_state *out)
     return 0;
 }
 
+/* A generation that could not be built: out of memory, or the mixture's
+ * refusal (an epoch before its weights' history: its message). */
+static int reset_failed(npyload_loader *L, int rc, const char *what, uint64_t epoch)
+{
+    if (rc == -ENOMEM || !L->ring.mix)
+        return npyl_loader_fail(L, rc, "out of memory %s %" PRIu64, what, epoch);
+    return npyl_loader_fail(L, rc, "%s %" PRIu64 ": %s", what, epoch,
+                            npyl_mix_errmsg(L->ring.mix));
+}
+
+/* ---- the mixture ---- */
+
+int npyl_state_mix_new(npyload_loader *L, int64_t seed, int shuffle, npyl_mix **out)
+{
+    size_t K = L->nsources;
+    const npyl_field *f0 = &L->fields[0];
+    npyl_mix_source *src = calloc(K, sizeof *src);
+    int64_t *sizes = malloc((f0->npaths ? f0->npaths : 1) * sizeof *sizes);
+    if (!src || !sizes) {
+        free(src);
+        free(sizes);
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    }
+    for (size_t k = 0; k < f0->npaths; k++)
+        sizes[k] = f0->files[k].count;
+    for (size_t k = 0; k < K; k++) {
+        size_t a = f0->src_first[k], b = k + 1 < K ? f0->src_first[k + 1] : f0->npaths;
+        src[k] = (npyl_mix_source){.n = L->src_n[k], .file_sizes = sizes + a,
+                                   .nfiles = b - a};
+    }
+    int64_t window = L->opt[NPYLOAD_OPT_SHUFFLE_WINDOW];
+    npyl_mix_params mp = {.sources = src, .nsources = K, .weights = L->weights,
+                          .samples_per_epoch = npyl_loader_epoch_len(L), .shuffle = shuffle,
+                          .seed = seed, .window = window ? window : DEFAULT_WINDOW};
+    char err[NPYL_ERRMSG_LEN - 64];
+    int rc = npyl_mix_create(&mp, out, err, sizeof err);
+    free(src);
+    free(sizes);
+    return rc ? npyl_loader_fail(L, rc, "%s", err) : 0;
+}
+
+/* The mixture's part of a saved state, parsed (its records as found). */
+typedef struct mixrec {
+    int have;                 /* any mix_* record */
+    const unsigned char *n, *w, *d; /* K values each: mix_samples, _weights, _draws */
+    uint64_t count_n, count_w, count_d;
+    uint64_t block, epoch, position;
+    int have_block, have_epoch, have_position;
+    int have_digest;
+    uint64_t digest, digest_rows;
+} mixrec;
+
+/* The state's mixture as npyl_mix_state_save's form (npyload_mix.h,
+ * "Resume"), T = num_samples: malloc'd into *out, or fails naming what is
+ * missing. Checked in full by npyl_mix_state_load. */
+static int mix_bytes(npyload_loader *L, const mixrec *m, int64_t T, unsigned char **out,
+                     size_t *len)
+{
+    size_t K = L->nsources;
+    if (!K && m->have)
+        return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state is of a mixture of %"
+                                PRIu64 " sources; this loader has no sources",
+                                m->count_n);
+    if (!K)
+        return 0;
+    if (!m->have)
+        return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state has no mixture (a loader "
+                                "without sources); this loader mixes %zu sources", K);
+    if (!m->n || !m->w || !m->d || !m->have_block || !m->have_epoch || !m->have_position)
+        return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state lacks one of mix_samples, "
+                                "mix_weights, mix_draws, mix_block, mix_epoch, mix_position");
+    if (m->count_n != K || m->count_w != K || m->count_d != K)
+        return npyl_loader_fail(L, NPYLOAD_EMISMATCH, "saved state is of a mixture of %"
+                                PRIu64 " sources; this loader mixes %zu", m->count_n, K);
+    size_t n = NPYL_MIX_STATE_HEADER + K * NPYL_MIX_STATE_RECORD;
+    unsigned char *b = calloc(1, n);
+    if (!b)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    memcpy(b, "NPYLMIX", 8);
+    npyl_put_le(b + 8, NPYL_MIX_STATE_VERSION, 4);
+    npyl_put_le(b + 12, K, 4);
+    npyl_put_le(b + 16, (uint64_t)T, 8);
+    npyl_put_le(b + 24, m->block, 8);
+    npyl_put_le(b + 32, m->epoch, 8);
+    npyl_put_le(b + 40, m->position, 8);
+    for (size_t k = 0; k < K; k++) {
+        unsigned char *r = b + NPYL_MIX_STATE_HEADER + k * NPYL_MIX_STATE_RECORD;
+        uint64_t u = npyl_get_le(m->w + 8 * k, 8);
+        if (u > UINT32_MAX) {
+            free(b);
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: mix_weights[%zu] = %"
+                                    PRIu64 " out of range", k, u);
+        }
+        npyl_put_le(r, npyl_get_le(m->n + 8 * k, 8), 8);
+        npyl_put_le(r + 8, npyl_get_le(m->d + 8 * k, 8), 8);
+        npyl_put_le(r + 16, u, 4);
+    }
+    *out = b;
+    *len = n;
+    return 0;
+}
+
+/* Puts a saved mixture in force on a new mixture of seed and shuffle
+ * (*out; NULL without sources). */
+static int mix_restore(npyload_loader *L, const unsigned char *b, size_t len, int64_t seed,
+                       int shuffle, npyl_mix **out)
+{
+    *out = NULL;
+    if (!b)
+        return 0;
+    int rc = npyl_state_mix_new(L, seed, shuffle, out);
+    if (rc)
+        return rc;
+    if ((rc = npyl_mix_state_load(*out, b, len)) != 0) {
+        npyl_loader_fail(L, rc, "saved state: %s", npyl_mix_errmsg(*out));
+        npyl_mix_destroy(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+/* The point a weight change takes effect: the generation's global position
+ * after the batches handed out, (epoch, T) when its pass ended. */
+static int64_t change_point(const npyl_order_params *op, int64_t delivered, int64_t next_seq,
+                            int ended, int64_t T)
+{
+    if (ended)
+        return T;
+    int64_t consumed = next_seq * op->batch_size;
+    if (consumed > delivered)
+        consumed = delivered;
+    uint64_t rest = (uint64_t)(T - op->base), W = (uint64_t)op->world_size;
+    if ((uint64_t)consumed >= (rest + W - 1) / W)
+        return T;
+    uint64_t P = (uint64_t)op->base + (uint64_t)consumed * W;
+    return P > (uint64_t)T ? T : (int64_t)P;
+}
+
+/* Puts w in force at (epoch, P) on L->ring.mix; *moved: the mixture
+ * changed (the same weights change nothing). */
+static int mix_change(npyload_loader *L, uint64_t epoch, int64_t P, const double *w, int *moved)
+{
+    uint64_t e0, e1;
+    int64_t p0, p1;
+    npyl_mix_segment(L->ring.mix, &e0, &p0, NULL, NULL);
+    int rc = npyl_mix_set_weights(L->ring.mix, epoch, P, w);
+    if (rc)
+        return npyl_loader_fail(L, rc, "set_weights at position %" PRId64 " of epoch %" PRIu64
+                                ": %s", P, epoch, npyl_mix_errmsg(L->ring.mix));
+    npyl_mix_segment(L->ring.mix, &e1, &p1, NULL, NULL);
+    *moved = e1 != e0 || p1 != p0;
+    return 0;
+}
+
+static int set_weights_ctl(npyload_loader *L, const double *w)
+{
+    size_t K = L->nsources;
+    char err[NPYL_ERRMSG_LEN - 64];
+    uint32_t *u = malloc(K * sizeof *u);
+    if (!u)
+        return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    int rc = npyl_mix_quantize(w, K, L->fields_loaded ? L->src_n : NULL, u, err, sizeof err);
+    free(u);
+    if (rc)
+        return npyl_loader_fail(L, rc, "set_weights: %s", err);
+    if (L->started) {
+        npyl_position pos;
+        npyl_slots_position(&L->ring, &pos);
+        int64_t T = npyl_loader_epoch_len(L);
+        int64_t P = change_point(&pos.op, pos.delivered, pos.next_seq, pos.pass_ended, T);
+        int moved = 0;
+        if ((rc = mix_change(L, pos.op.epoch, P, w, &moved)))
+            return rc;
+        if (moved && P < T) {
+            /* The rest of the epoch from P, split as an elastic resume at P. */
+            npyl_order_params op = pos.op;
+            op.base = P;
+            if ((rc = npyl_slots_reset(&L->ring, &op, 0, 0)))
+                return reset_failed(L, rc, "set_weights: building the rest of epoch",
+                                    op.epoch);
+        }
+    } else {
+        L->weights_after_state = L->state_pending;
+    }
+    memcpy(L->weights, w, K * sizeof *w);
+    L->weights_given = 1;
+    npyl_loader_clear(L);
+    return 0;
+}
+
+int npyload_loader_set_weights(npyload_loader *L, const double *w, size_t k)
+{
+    if (!L || !w)
+        return NPYLOAD_EINVAL;
+    int rc = npyl_loader_forked(L);
+    if (rc || (rc = npyl_ctl_enter(L)))
+        return rc;
+    if (!L->nsources)
+        rc = npyl_loader_fail(L, NPYLOAD_EINVAL, "set_weights: the loader has no sources "
+                              "(npyload_loader_add_source)");
+    else if (k != L->nsources)
+        rc = npyl_loader_fail(L, NPYLOAD_EINVAL, "set_weights: %zu weights for %zu sources",
+                              k, L->nsources);
+    else
+        rc = set_weights_ctl(L, w);
+    npyl_ctl_leave(L);
+    return rc;
+}
+
 /* ---- set_epoch, begin_pass ---- */
 
 /* set_epoch's body; the caller holds the control turn (npyl_ctl_enter). */
@@ -291,6 +500,9 @@ static int set_epoch_ctl(npyload_loader *L, uint64_t epoch)
     if (!L->started) {
         L->epoch = epoch;
         L->state_pending = 0;
+        free(L->mix_pending);
+        L->mix_pending = NULL;
+        L->weights_after_state = 0;
         L->pending_ended = 0;
         npyl_loader_clear(L);
         return 0;
@@ -310,8 +522,7 @@ static int set_epoch_ctl(npyload_loader *L, uint64_t epoch)
     op.base = 0; /* a new epoch is the normal split */
     int rc = npyl_slots_reset(&L->ring, &op, 0, 0);
     if (rc)
-        return npyl_loader_fail(L, rc, "out of memory building the order of epoch %" PRIu64,
-                                epoch);
+        return reset_failed(L, rc, "building the order of epoch", epoch);
     npyl_loader_clear(L);
     return 0;
 }
@@ -388,7 +599,8 @@ int npyload_loader_pass_rule(const npyload_loader *L)
 
 /* set_state's body (ended: the saved pass had run out); the caller holds
  * the control turn. */
-static int set_state_ctl(npyload_loader *L, const npyload_state *st, int ended)
+static int set_state_ctl(npyload_loader *L, const npyload_state *st, int ended,
+                         unsigned char *mb, size_t mlen, const mixrec *m)
 {
     npyl_order_params op;
     int64_t first_seq;
@@ -396,9 +608,21 @@ static int set_state_ctl(npyload_loader *L, const npyload_state *st, int ended)
         /* Checked now; against the fields' count when they were read
          * already (start, or start and stop), else at start. */
         memset(&op, 0, sizeof op);
-        int rc = state_check(L, st, L->fields_loaded ? L->n : -1, &op, &first_seq);
+        int rc = state_check(L, st, L->fields_loaded ? npyl_loader_epoch_len(L) : -1, &op,
+                             &first_seq);
         if (rc)
             return rc;
+        if (mb && L->fields_loaded) {
+            npyl_mix *check = NULL; /* the mixture's checks, now */
+            if ((rc = mix_restore(L, mb, mlen, st->seed, (int)st->shuffle, &check)))
+                return rc;
+            npyl_mix_destroy(check);
+        }
+        free(L->mix_pending);
+        L->mix_pending = mb; /* ours now (NULL without sources) */
+        L->mix_pending_len = mlen;
+        mb = NULL;
+        L->weights_after_state = 0;
         npyl_loader_adopt_order(L, st->seed, st->shuffle, st->drop_last);
         L->pending = *st;
         if (st->version < 2)
@@ -411,14 +635,33 @@ static int set_state_ctl(npyload_loader *L, const npyload_state *st, int ended)
          * only the ctl holder changes L->ring.op, so reading it here needs
          * no mu). */
         op = L->ring.op;
-        int rc = state_check(L, st, L->n, &op, &first_seq);
-        if (rc)
+        int rc = state_check(L, st, npyl_loader_epoch_len(L), &op, &first_seq);
+        npyl_mix *mix = NULL, *was = L->ring.mix;
+        if (rc || (rc = mix_restore(L, mb, mlen, st->seed, (int)st->shuffle, &mix))) {
+            free(mb);
             return rc;
+        }
+        free(mb);
+        mb = NULL;
+        if (mix)
+            L->ring.mix = mix; /* the saved history, with the saved seed and shuffle */
         rc = npyl_slots_reset(&L->ring, &op, first_seq, ended);
-        if (rc)
+        if (rc) {
+            L->ring.mix = was;
+            npyl_mix_destroy(mix);
             return npyl_loader_fail(L, rc, "out of memory restoring the state");
+        }
+        if (mix)
+            npyl_mix_destroy(was);
         npyl_loader_adopt_order(L, st->seed, st->shuffle, st->drop_last);
     }
+    if (m && m->have_digest) {
+        pthread_mutex_lock(&L->dig_mu);
+        L->digest = m->digest;
+        L->digest_rows = m->digest_rows;
+        pthread_mutex_unlock(&L->dig_mu);
+    }
+    free(mb);
     L->pass_rule = ended ? NPYL_PASS_ADVANCE : NPYL_PASS_RESUME;
     L->keep_restored = 1;
     npyl_loader_clear(L);
@@ -432,7 +675,12 @@ int npyload_loader_set_state(npyload_loader *L, const npyload_state *st)
     int rc = npyl_loader_forked(L);
     if (rc || (rc = npyl_ctl_enter(L)))
         return rc;
-    rc = set_state_ctl(L, st, 0);
+    if (L->nsources)
+        rc = npyl_loader_fail(L, NPYLOAD_EINVAL, "set_state: a mixture's position holds its "
+                              "weights' history, which npyload_state cannot: use "
+                              "npyload_loader_save_state / npyload_loader_load_state");
+    else
+        rc = set_state_ctl(L, st, 0, NULL, 0, NULL);
     npyl_ctl_leave(L);
     return rc;
 }
@@ -443,15 +691,40 @@ int npyl_state_first_epoch(npyload_loader *L)
     first.epoch = L->epoch;
     int64_t first_seq = 0;
     if (L->state_pending) {
-        int rc = state_check(L, &L->pending, L->n, &first, &first_seq);
+        int rc = state_check(L, &L->pending, npyl_loader_epoch_len(L), &first, &first_seq);
         if (rc)
             return rc;
         L->state_pending = 0;
     }
-    int rc = npyl_slots_reset(&L->ring, &first, first_seq, L->pending_ended);
+    int ended = L->pending_ended;
+    if (L->ring.mix && L->mix_pending) {
+        /* The restored history (the mixture was made with the state's seed
+         * and shuffle, adopted by set_state). */
+        int rc = npyl_mix_state_load(L->ring.mix, L->mix_pending, L->mix_pending_len);
+        if (rc)
+            return npyl_loader_fail(L, rc, "saved state: %s", npyl_mix_errmsg(L->ring.mix));
+    }
+    if (L->ring.mix && L->weights_after_state) {
+        /* Weights set after the state was restored: from its position on. */
+        int64_t T = npyl_loader_epoch_len(L);
+        int64_t delivered = npyl_order_delivered_len(&first);
+        int64_t P = change_point(&first, delivered, first_seq, ended, T);
+        int moved = 0;
+        int rc = mix_change(L, first.epoch, P, L->weights, &moved);
+        if (rc)
+            return rc;
+        if (moved && P < T) {
+            first.base = P;
+            first_seq = 0;
+        }
+    }
+    int rc = npyl_slots_reset(&L->ring, &first, first_seq, ended);
     L->pending_ended = 0;
     if (rc)
-        return npyl_loader_fail(L, rc, "out of memory building the epoch's order");
+        return reset_failed(L, rc, "building the order of epoch", first.epoch);
+    free(L->mix_pending);
+    L->mix_pending = NULL;
+    L->weights_after_state = 0;
     return 0;
 }
 
@@ -487,8 +760,63 @@ typedef struct srec {
     const char *name;
     char type;
     uint64_t v;           /* the bits of the one value */
+    size_t count;         /* 0: one value, v; else count values at vals */
+    const uint64_t *vals;
 } srec;
 
+/* A mixture's segment as the state saves it (n, U, D per source; block,
+ * epoch, position): the running mixture's, a restored one still pending,
+ * or before start the first segment of the weights given. */
+static int mix_segment_now(const npyload_loader *L, const posnow *p, uint64_t *n, uint64_t *u,
+                           uint64_t *d, uint64_t *block, uint64_t *epoch, uint64_t *position)
+{
+    (void)p;
+    size_t K = L->nsources;
+    for (size_t k = 0; k < K; k++)
+        n[k] = (uint64_t)L->src_n[k];
+    if (L->started && L->ring.mix) {
+        uint32_t *uu = malloc(K * sizeof *uu);
+        int64_t *dd = malloc(K * sizeof *dd);
+        if (!uu || !dd) {
+            free(uu);
+            free(dd);
+            return -ENOMEM;
+        }
+        int64_t pos;
+        npyl_mix_segment(L->ring.mix, epoch, &pos, uu, dd);
+        for (size_t k = 0; k < K; k++)
+            u[k] = uu[k], d[k] = (uint64_t)dd[k];
+        *position = (uint64_t)pos;
+        *block = (uint64_t)npyl_mix_block(L->ring.mix);
+        free(uu);
+        free(dd);
+        return 0;
+    }
+    if (L->mix_pending) {
+        const unsigned char *b = L->mix_pending;
+        *block = npyl_get_le(b + 24, 8);
+        *epoch = npyl_get_le(b + 32, 8);
+        *position = npyl_get_le(b + 40, 8);
+        for (size_t k = 0; k < K; k++) {
+            const unsigned char *r = b + NPYL_MIX_STATE_HEADER + k * NPYL_MIX_STATE_RECORD;
+            d[k] = npyl_get_le(r + 8, 8);
+            u[k] = npyl_get_le(r + 16, 4);
+        }
+        return 0;
+    }
+    uint32_t *uu = malloc(K * sizeof *uu);
+    char err[256];
+    if (!uu)
+        return -ENOMEM;
+    int rc = npyl_mix_quantize(L->weights, K, NULL, uu, err, sizeof err);
+    for (size_t k = 0; k < K; k++)
+        u[k] = rc ? 0 : uu[k], d[k] = 0;
+    free(uu);
+    *block = NPYL_MIX_DEFAULT_BLOCK;
+    *epoch = 0;
+    *position = 0;
+    return rc;
+}
 
 int64_t npyload_loader_save_state(const npyload_loader *L, void *buf, size_t cap)
 {
@@ -496,32 +824,68 @@ int64_t npyload_loader_save_state(const npyload_loader *L, void *buf, size_t cap
         return NPYLOAD_EINVAL;
     if (npyl_in_child(L))
         return NPYLOAD_EFORKED;
+    /* The position, the mixture's segment and the digest in one turn of
+     * the control lock: load_state / set_weights on another thread replace
+     * the mixture (and free the old one) only while holding the turn. */
+    size_t K = L->nsources;
+    uint64_t *mv = K ? calloc(3 * K, sizeof *mv) : NULL;
+    if (K && !mv)
+        return -ENOMEM;
+    uint64_t mblock = 0, mepoch = 0, mposition = 0, dig = 0, dig_rows = 0;
     posnow p;
-    int rc = position_now(L, &p);
-    if (rc)
+    npyload_loader *M = read_begin(L);
+    int rc = position_of(L, &p);
+    if (rc == 0 && K)
+        rc = mix_segment_now(L, &p, mv, mv + K, mv + 2 * K, &mblock, &mepoch, &mposition);
+    if (rc == 0)
+        npyload_loader_digest(L, &dig, &dig_rows);
+    read_end(M);
+    if (rc) {
+        free(mv);
         return rc;
+    }
     npyload_state st;
     state_of(L, &p, &st);
     const srec recs[] = {
-        {"version", 'i', NPYLOAD_STATE_VERSION},
-        {"seed", 'i', (uint64_t)st.seed},
-        {"epoch", 'u', st.epoch},
-        {"consumed", 'u', st.consumed},
-        {"num_samples", 'i', (uint64_t)st.num_samples},
-        {"batch_size", 'i', (uint64_t)st.batch_size},
-        {"world_size", 'i', (uint64_t)st.world_size},
-        {"rank", 'i', (uint64_t)st.rank},
-        {"shuffle", 'i', (uint64_t)st.shuffle},
-        {"drop_last", 'i', (uint64_t)st.drop_last},
-        {"base", 'i', (uint64_t)st.base},
-        {"loop_ended", 'i', (uint64_t)p.ended},
+        {"version", 'i', NPYLOAD_STATE_VERSION, 0, NULL},
+        {"seed", 'i', (uint64_t)st.seed, 0, NULL},
+        {"epoch", 'u', st.epoch, 0, NULL},
+        {"consumed", 'u', st.consumed, 0, NULL},
+        {"num_samples", 'i', (uint64_t)st.num_samples, 0, NULL},
+        {"batch_size", 'i', (uint64_t)st.batch_size, 0, NULL},
+        {"world_size", 'i', (uint64_t)st.world_size, 0, NULL},
+        {"rank", 'i', (uint64_t)st.rank, 0, NULL},
+        {"shuffle", 'i', (uint64_t)st.shuffle, 0, NULL},
+        {"drop_last", 'i', (uint64_t)st.drop_last, 0, NULL},
+        {"base", 'i', (uint64_t)st.base, 0, NULL},
+        {"loop_ended", 'i', (uint64_t)p.ended, 0, NULL},
+        /* a mixture (filled below) */
+        {"mix_samples", 'i', 0, 0, NULL}, {"mix_weights", 'u', 0, 0, NULL}, {"mix_draws", 'i', 0, 0, NULL},
+        {"mix_block", 'i', mblock, 0, NULL}, {"mix_epoch", 'u', mepoch, 0, NULL},
+        {"mix_position", 'i', mposition, 0, NULL},
+        /* may be dropped: delivers the same rows */
+        {"_digest", 'u', dig, 0, NULL}, {"_digest_rows", 'u', dig_rows, 0, NULL},
     };
-    const size_t nrec = sizeof recs / sizeof recs[0];
+    srec rec[sizeof recs / sizeof recs[0]];
+    memcpy(rec, recs, sizeof recs);
+    size_t nrec = sizeof recs / sizeof recs[0];
+    size_t at_mix = 12;
+    if (K) {
+        for (int j = 0; j < 3; j++) {
+            rec[at_mix + (size_t)j].count = K;
+            rec[at_mix + (size_t)j].vals = mv + (size_t)j * K;
+        }
+    } else {
+        memmove(rec + at_mix, rec + at_mix + 6, 2 * sizeof *rec);
+        nrec -= 6;
+    }
     size_t len = 12;
     for (size_t i = 0; i < nrec; i++)
-        len += 1 + strlen(recs[i].name) + 1 + 4 + 8;
-    if (cap < len)
+        len += 1 + strlen(rec[i].name) + 1 + 4 + 8 * (rec[i].count ? rec[i].count : 1);
+    if (cap < len) {
+        free(mv);
         return (int64_t)len;
+    }
     unsigned char *o = buf;
     memcpy(o, "NPYS", 4);
     npyl_put_le(o + 4, NPYL_STATE_FORMAT, 2);
@@ -529,15 +893,18 @@ int64_t npyload_loader_save_state(const npyload_loader *L, void *buf, size_t cap
     npyl_put_le(o + 8, len, 4);
     size_t at = 12;
     for (size_t i = 0; i < nrec; i++) {
-        size_t nl = strlen(recs[i].name);
+        size_t nl = strlen(rec[i].name);
         o[at++] = (unsigned char)nl;
-        memcpy(o + at, recs[i].name, nl);
+        memcpy(o + at, rec[i].name, nl);
         at += nl;
-        o[at++] = (unsigned char)recs[i].type;
-        npyl_put_le(o + at, 1, 4);
-        npyl_put_le(o + at + 4, recs[i].v, 8);
-        at += 12;
+        o[at++] = (unsigned char)rec[i].type;
+        size_t count = rec[i].count ? rec[i].count : 1;
+        npyl_put_le(o + at, count, 4);
+        at += 4;
+        for (size_t j = 0; j < count; j++, at += 8)
+            npyl_put_le(o + at, rec[i].count ? rec[i].vals[j] : rec[i].v, 8);
     }
+    free(mv);
     return (int64_t)len;
 }
 
@@ -567,8 +934,11 @@ static int rec_value(npyload_loader *L, int which, int type, uint64_t bits, uint
 }
 
 /* Parses a saved byte string into the struct and the pass flag. */
+static int parse_mix_record(npyload_loader *L, const char *name, int type, uint64_t count,
+                            const unsigned char *values, mixrec *m);
+
 static int parse_state(npyload_loader *L, const unsigned char *b, size_t len,
-                       npyload_state *st, int *ended)
+                       npyload_state *st, int *ended, mixrec *m)
 {
     if (len < 12 || memcmp(b, "NPYS", 4) != 0)
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: not an npyload state (no "
@@ -615,6 +985,12 @@ static int parse_state(npyload_loader *L, const unsigned char *b, size_t len,
         int which = 0;
         while (which < R_COUNT && strcmp(rec_names[which], name) != 0)
             which++;
+        int mrc = which == R_COUNT ? parse_mix_record(L, name, type, count, values, m) : 1;
+        if (mrc <= 0) {
+            if (mrc < 0)
+                return mrc;
+            continue;
+        }
         if (which == R_COUNT) {
             if (name[0] == '_')
                 continue; /* may be dropped: it changes nothing delivered */
@@ -664,6 +1040,50 @@ static int parse_state(npyload_loader *L, const unsigned char *b, size_t len,
     return 0;
 }
 
+/* The mixture's records and the digest: 0 when `name` is one of them
+ * (stored in m), 1 when it is not, or the failure. */
+static int parse_mix_record(npyload_loader *L, const char *name, int type, uint64_t count,
+                            const unsigned char *values, mixrec *m)
+{
+    static const char *const arrays[] = {"mix_samples", "mix_weights", "mix_draws"};
+    static const char *const ones[] = {"mix_block", "mix_epoch", "mix_position", "_digest",
+                                       "_digest_rows"};
+    for (int i = 0; i < 3; i++) {
+        if (strcmp(name, arrays[i]) != 0)
+            continue;
+        const unsigned char **slot = i == 0 ? &m->n : i == 1 ? &m->w : &m->d;
+        uint64_t *c = i == 0 ? &m->count_n : i == 1 ? &m->count_w : &m->count_d;
+        if (*slot)
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: record '%s' twice", name);
+        if (type == 'f')
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: %s must be integers",
+                                    name);
+        *slot = values;
+        *c = count;
+        m->have = 1;
+        return 0;
+    }
+    for (int i = 0; i < 5; i++) {
+        if (strcmp(name, ones[i]) != 0)
+            continue;
+        if (count != 1 || type == 'f')
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: record '%s' must be one "
+                                    "integer", name);
+        uint64_t v = npyl_get_le(values, 8);
+        int *have[] = {&m->have_block, &m->have_epoch, &m->have_position, &m->have_digest,
+                       &m->have_digest};
+        uint64_t *dst[] = {&m->block, &m->epoch, &m->position, &m->digest, &m->digest_rows};
+        if (i < 3 && *have[i])
+            return npyl_loader_fail(L, NPYLOAD_EINVAL, "saved state: record '%s' twice", name);
+        *have[i] = 1;
+        *dst[i] = v;
+        if (i < 3)
+            m->have = 1;
+        return 0;
+    }
+    return 1;
+}
+
 int npyload_loader_load_state(npyload_loader *L, const void *buf, size_t len)
 {
     if (!L || !buf)
@@ -673,9 +1093,15 @@ int npyload_loader_load_state(npyload_loader *L, const void *buf, size_t len)
         return rc;
     npyload_state st;
     int ended = 0;
-    rc = parse_state(L, buf, len, &st, &ended);
+    mixrec m;
+    memset(&m, 0, sizeof m);
+    unsigned char *mb = NULL;
+    size_t mlen = 0;
+    rc = parse_state(L, buf, len, &st, &ended, &m);
     if (rc == 0)
-        rc = set_state_ctl(L, &st, ended);
+        rc = mix_bytes(L, &m, st.num_samples, &mb, &mlen);
+    if (rc == 0)
+        rc = set_state_ctl(L, &st, ended, mb, mlen, &m); /* takes mb */
     npyl_ctl_leave(L);
     return rc;
 }

@@ -30,10 +30,21 @@ typedef struct npyl_ffile {
                              expanded; NULL otherwise */
 } npyl_ffile;
 
+/* One source's own transform of a field (npyl_field.sxf). */
+typedef struct npyl_sxf {
+    int set;
+    npyload_transform tdesc;
+    float *tvals[4];      /* its own copies of mean, std, hflip_sign, vflip_sign */
+} npyl_sxf;
+
 typedef struct npyl_field {
     char *name;
     char **paths;         /* as added (glob already expanded, sorted) */
     size_t npaths;
+    size_t *src_first;    /* a mixture: the first path of each source, in
+                             source order (nsrc entries, one per source
+                             that added the field so far) */
+    size_t nsrc;
     /* Known after start: */
     npyl_ffile *files;
     char descr[NPYLOAD_DESCR_LEN];
@@ -51,6 +62,17 @@ typedef struct npyl_field {
     int has_transform;
     npyload_transform tdesc;
     float *tvals[4];      /* its own copies of mean, std, hflip_sign, vflip_sign */
+    /* A mixture's per-source transforms (npyload_loader_set_source_
+     * transform): nsxf entries (the sources when last set); sxf[k].set:
+     * source k's rows take sxf[k].tdesc instead of tdesc. At start, when
+     * any is set: splans, one plan per source (nsources entries, those
+     * not set planned from tdesc or the identity), every one delivering
+     * the same dtype, shape and layout; tplan is then the plan of the
+     * first source that augments (else that transforms, else source 0),
+     * so its flags (aug, identity) and row sizes are the field's. */
+    struct npyl_sxf *sxf;
+    size_t nsxf;
+    npyl_tplan *splans;
     npyl_tplan tplan;     /* with has_transform, or the identity plan of a
                              field whose codes the device expands */
     int xform;            /* hxform or dxform */
@@ -84,6 +106,22 @@ typedef struct npyl_field {
     uint64_t raw_off;
     uint64_t rec_host_off, rec_raw_off;
 } npyl_field;
+
+/* Whether rows of f go through a transform plan: its own transform, or
+ * a source's (a field without either may still have the identity plan of
+ * narrowed codes). */
+static inline int npyl_field_transformed(const npyl_field *f)
+{
+    return f->has_transform || f->splans;
+}
+
+/* The plan of row r of a batch, by its source (src: the row's source,
+ * or -1 outside a mixture): splans[src] with per-source transforms, else
+ * tplan. */
+static inline const npyl_tplan *npyl_field_plan(const npyl_field *f, int64_t src)
+{
+    return f->splans && src >= 0 ? &f->splans[src] : &f->tplan;
+}
 
 /* The index in f->files of the file holding global sample s (files are in
  * sample order; s < the field's total). */
@@ -196,6 +234,9 @@ typedef struct npyl_read_ctx {
     size_t zdst_cap;
     struct npyl_ahead *ahead; /* NULL: no read-ahead */
     int read_here;        /* the batch begun was read by npyl_read_begin */
+    size_t *kept;         /* ON_ERROR skip: after a read that dropped rows,
+                             kept[r] is the position, in the batch as given,
+                             of the row now at r (read_skip.c) */
     char errmsg[NPYL_ERRMSG_LEN];
 } npyl_read_ctx;
 

@@ -80,11 +80,11 @@ static void fill_arrays(const npyl_work_env *env, npyl_slot *s, int device_slot)
         a->ndim = f->sndim + 1;
         a->shape[0] = (int64_t)s->rows;
         /* The delivered shape: a crop changes the last two axes. */
-        memcpy(a->shape + 1, f->has_transform ? f->tplan.sshape : f->sshape,
+        memcpy(a->shape + 1, npyl_field_transformed(f) ? f->tplan.sshape : f->sshape,
                sizeof(int64_t) * (size_t)f->sndim);
         a->device = device_slot ? env->dev->device : -1;
         a->nbytes = (size_t)(s->rows * f->out_row_bytes);
-        if (f->has_transform) {
+        if (npyl_field_transformed(f)) {
             /* The delivered dtype and layout (channels-last strides). */
             memcpy(a->descr, f->tplan.out_descr, sizeof a->descr);
             a->itemsize = f->tplan.out_itemsize;
@@ -114,6 +114,22 @@ static void transform_host(const npyl_worker *w, const uint8_t *raw, npyl_slot *
             continue;
         if (!t0)
             t0 = npyl_now_ns();
+        if (h->mrows && (f->tplan.aug || f->splans)) {
+            /* A mixture: each row draws with its own source's seed and its
+             * pass (npyl_slot_aug_key), through its source's plan (the
+             * sources' plans share the stored and the delivered row
+             * sizes), one row at a time. */
+            for (size_t r = 0; r < h->rows; r++) {
+                const npyl_tplan *p = npyl_field_plan(f, h->mrows[r].source);
+                int64_t seed, index;
+                uint64_t epoch;
+                npyl_slot_aug_key(h, r, &seed, &epoch, &index);
+                npyl_transform_rows_aug(p, raw + f->raw_off + r * f->tplan.stored_row_bytes,
+                                        h->mem + f->host_off + r * f->tplan.out_row_bytes, 1,
+                                        seed, epoch, &index, w->aug);
+            }
+            continue;
+        }
         npyl_transform_rows_aug(&f->tplan, raw + f->raw_off, h->mem + f->host_off, h->rows,
                                 h->seed, h->epoch, h->indices, w->aug);
     }
@@ -197,6 +213,7 @@ static void read_done(npyl_worker *w, fill_job *j, int rc, uint64_t bytes, uint6
     npyl_slot *h = j->h;
     atomic_fetch_add(&env->st->io_ns, npyl_now_ns() - t0);
     atomic_fetch_add(&env->st->bytes, bytes);
+    npyl_slots_mix_keep(h, w->rd.kept); /* rows ON_ERROR skip dropped */
     if (rc) {
         /* -ETIMEDOUT is next_timeout()'s "no batch yet": a read that timed
          * out (a soft NFS mount) is an I/O error, its message says which. */

@@ -43,6 +43,9 @@
 /* Stores in one set: the built-in ones and those registered. */
 #define NPYL_STORE_MAX 6
 
+/* What npyl_store_ops.complete returns when a request came short. */
+#define NPYL_STORE_SHORT 1
+
 typedef struct npyl_store npyl_store;         /* a store's state for one loader */
 typedef struct npyl_store_ctx npyl_store_ctx; /* a store's context for one thread */
 
@@ -140,11 +143,15 @@ typedef struct npyl_store_ops {
     void (*ctx_close)(npyl_store_ctx *c);
     /* [ctx] A round: submit may start the n requests and return at once;
      * complete waits for them. Every submit is followed by one complete
-     * with the same requests (valid and untouched until then). On success
-     * done[i] is the bytes of request i that landed: all of them, or fewer
-     * (a short read: the round asks for the rest; 0 means none could be
-     * read). On failure *bad is the failed request, *landed the bytes that
-     * landed anyway. submit's failure may wait for complete. */
+     * with the same requests (valid and untouched until then). complete
+     * returns 0 when every request landed whole (done[] untouched: the
+     * common case costs nothing per request), NPYL_STORE_SHORT when
+     * done[i] says the bytes of each request i that landed: all of them,
+     * or fewer (a short read: the round asks for the rest; 0 means none
+     * could be read). On failure (negative) *bad is the failed request,
+     * *landed the bytes that landed anyway. submit's failure may wait for
+     * complete. submit may be NULL: the store starts nothing before
+     * complete (it reads inside it, as the local store does). */
     int (*submit)(npyl_store_ctx *c, const npyl_req *reqs, size_t n, char *err,
                   size_t errlen);
     int (*complete)(npyl_store_ctx *c, const npyl_req *reqs, size_t n, uint64_t *done,
@@ -293,6 +300,16 @@ typedef struct npyl_sheader {
                              (malloc'd, owned by the caller), else NULL */
 } npyl_sheader;
 
+/* A probe of one file of `size` bytes read with rd (0, or a negative code
+ * with "PATH: what happened" in err): its head and, when
+ * npyl_stores_want_tail says so, its tail, into malloc'd buffers of p
+ * (the caller's to free, also on failure). For the stores that probe a
+ * file at a time (local; the tests' fault store). */
+typedef int (*npyl_sprobe_read_fn)(void *ctx, void *buf, size_t n, uint64_t off, char *err,
+                                   size_t errlen);
+NPYL_HIDDEN int npyl_sprobe_fill(npyl_sprobe *p, uint64_t size, npyl_sprobe_read_fn rd,
+                                 void *ctx, const char *path, char *err, size_t errlen);
+
 /* A probed file as a reader (npyl_zst_read_fn over an npyl_sreader): the
  * probe's bytes, else `rest` (the store's reads). */
 typedef struct npyl_sreader {
@@ -346,6 +363,9 @@ typedef struct npyl_sbuf {
 typedef struct npyl_sctx {
     const npyl_stores *set;
     npyl_store_ctx *c[NPYL_STORE_MAX];
+    int only;             /* the store of every file of the table, else -1:
+                             its rounds go to it with no look at each
+                             request's store */
     npyl_sbuf buf[3];     /* a round split by store; the rest of requests
                              completed short (two, used in turn) */
     uint64_t *done;       /* bytes that landed per request of a part */

@@ -21,6 +21,22 @@ int npyl_stores_want_tail(const unsigned char *head, size_t head_len, uint64_t s
     return strcmp(h.descr, "|u1") == 0 && size > h.data_offset + h.data_bytes;
 }
 
+int npyl_sprobe_fill(npyl_sprobe *p, uint64_t size, npyl_sprobe_read_fn rd, void *ctx,
+                     const char *path, char *err, size_t errlen)
+{
+    p->size = size;
+    p->head_len = (size_t)(size < NPYL_STORE_HEAD_BYTES ? size : NPYL_STORE_HEAD_BYTES);
+    if (!(p->head = malloc(p->head_len ? p->head_len : 1)))
+        return npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+    int rc = rd(ctx, p->head, p->head_len, 0, err, errlen);
+    if (rc || !npyl_stores_want_tail(p->head, p->head_len, size))
+        return rc;
+    p->tail_len = (size_t)(size < NPYL_STORE_TAIL_BYTES ? size : NPYL_STORE_TAIL_BYTES);
+    if (!(p->tail = malloc(p->tail_len ? p->tail_len : 1)))
+        return npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+    return rd(ctx, p->tail, p->tail_len, size - p->tail_len, err, errlen);
+}
+
 int npyl_sprobe_read(void *ctx, void *buf, size_t n, uint64_t off)
 {
     const npyl_sreader *r = ctx;

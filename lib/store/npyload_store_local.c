@@ -113,21 +113,23 @@ static int open_regular(const char *path, int *fd, struct stat *st, char *err, s
     return rc;
 }
 
-/* Reads [off, off + n) of fd into a malloc'd *buf. */
-static int read_part(int fd, const char *path, uint64_t off, size_t n, unsigned char **buf,
-                     char *err, size_t errlen)
+/* A probe's reader: exactly n bytes at off of an open file. */
+typedef struct open_file {
+    int fd;
+    const char *path;
+} open_file;
+
+static int read_part(void *ctx, void *buf, size_t n, uint64_t off, char *err, size_t errlen)
 {
-    *buf = malloc(n ? n : 1);
-    if (!*buf)
-        return npyl_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
-    ssize_t got = pread_full(fd, *buf, n, off);
+    const open_file *f = ctx;
+    ssize_t got = pread_full(f->fd, buf, n, off);
     if (got < 0)
         return npyl_fail(err, errlen, (int)got, "%s: read failed at offset %" PRIu64 ": %s",
-                         path, off, npyload_strerror((int)got));
+                         f->path, off, npyload_strerror((int)got));
     if ((size_t)got < n)
         return npyl_fail(err, errlen, NPYLOAD_ECHANGED, "%s: %zu bytes at offset %" PRIu64
                          " expected, the file ends after %zd (changed while being read)",
-                         path, n, off, got);
+                         f->path, n, off, got);
     return 0;
 }
 
@@ -143,14 +145,8 @@ static int probe_one(local_store *s, const char *path, uint32_t i, npyl_sprobe *
         close(fd);
         return npyl_fail(err, errlen, rc, "%s: %s", path, npyload_strerror(rc));
     }
-    p->size = s->fi[i].size;
-    p->head_len = (size_t)(p->size < NPYL_STORE_HEAD_BYTES ? p->size : NPYL_STORE_HEAD_BYTES);
-    rc = read_part(fd, path, 0, p->head_len, &p->head, err, errlen);
-    if (rc == 0 && npyl_stores_want_tail(p->head, p->head_len, p->size)) {
-        p->tail_len = (size_t)(p->size < NPYL_STORE_TAIL_BYTES ? p->size
-                                                               : NPYL_STORE_TAIL_BYTES);
-        rc = read_part(fd, path, p->size - p->tail_len, p->tail_len, &p->tail, err, errlen);
-    }
+    open_file f = {fd, path};
+    rc = npyl_sprobe_fill(p, s->fi[i].size, read_part, &f, path, err, errlen);
     close(fd);
     return rc;
 }
@@ -257,25 +253,12 @@ static void local_ctx_close(npyl_store_ctx *ct)
     free(c);
 }
 
-static int local_submit(npyl_store_ctx *c, const npyl_req *reqs, size_t n, char *err,
-                        size_t errlen)
-{
-    (void)c;
-    (void)reqs;
-    (void)n;
-    (void)err;
-    (void)errlen;
-    return 0; /* lib/io reads in complete */
-}
-
 static int local_complete(npyl_store_ctx *ct, const npyl_req *reqs, size_t n, uint64_t *done,
                           size_t *bad, uint64_t *landed, char *err, size_t errlen)
 {
+    (void)done; /* lib/io reads every request whole, or fails */
     local_ctx *c = (local_ctx *)ct;
-    int rc = npyl_io_read(c->io, reqs, n, bad, landed, err, errlen);
-    for (size_t i = 0; rc == 0 && i < n; i++)
-        done[i] = reqs[i].len;
-    return rc;
+    return npyl_io_read(c->io, reqs, n, bad, landed, err, errlen);
 }
 
 static void local_ctx_counters(const npyl_store_ctx *ct, npyl_store_counters *k)
@@ -305,7 +288,7 @@ const npyl_store_ops npyl_store_local = {
     .changed = local_changed,
     .ctx_open = local_ctx_open,
     .ctx_close = local_ctx_close,
-    .submit = local_submit,
+    .submit = NULL, /* lib/io reads in complete */
     .complete = local_complete,
     .ctx_counters = local_ctx_counters,
 };

@@ -1,13 +1,15 @@
 /* A thread's reads through the stores: its contexts (one per store with
  * files), and a round of requests over them. A round that touches one
- * store goes straight to it. A round that touches several is split by
- * store; every part is submitted before any is waited for (the stores
- * that start their reads in submit, the remote one, first) and completed
- * in the reverse order (the stores that read inside complete, the local
- * one, first), so the remote GETs are in flight while the local reads
- * run. A request a store completes short is asked again for the rest
- * (a store may do that; none of the built-in ones does, the tests' fault
- * store does). */
+ * store goes straight to it (when every file of the table is one store's,
+ * without a look at each request: one dispatch per round, not per
+ * request). A round that touches several is split by store; every part
+ * is submitted before any is waited for (the stores that start their
+ * reads in submit, the remote one, first) and completed in the reverse
+ * order (the stores that read inside complete, the local one, first), so
+ * the remote GETs are in flight while the local reads run. A request a
+ * store completes short is asked again for the rest (a store may do
+ * that, saying so with NPYL_STORE_SHORT; none of the built-in ones does,
+ * the tests' fault store does). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -21,12 +23,14 @@ int npyl_sctx_open(npyl_sctx *c, const npyl_stores *set, const npyl_store_cfg *c
 {
     memset(c, 0, sizeof *c);
     c->set = set;
-    int has[NPYL_STORE_MAX] = {0};
+    c->only = -1;
+    int has[NPYL_STORE_MAX] = {0}, stores = 0;
     for (size_t k = 0; k < set->nfiles; k++)
         has[set->files[k].store] = 1;
     for (size_t i = 0; i < set->n; i++) {
         if (!has[i])
             continue;
+        c->only = stores++ ? -1 : (int)i;
         int rc = set->ops[i]->ctx_open(set->s[i], set->files, set->nfiles, cfg, &c->c[i], err,
                                        errlen);
         if (rc)
@@ -119,10 +123,12 @@ static int complete_part(npyl_sctx *c, uint32_t st, const npyl_req *reqs, const 
     for (int turn = 1;; turn = 3 - turn) {
         size_t b = 0;
         int rc = o->complete(c->c[st], reqs, n, c->done, &b, landed, err, errlen);
-        if (rc) {
+        if (rc < 0) {
             *bad = idx ? idx[b] : b;
             return rc;
         }
+        if (rc != NPYL_STORE_SHORT)
+            return 0; /* every request whole */
         npyl_sbuf *rest = &c->buf[turn];
         long m = short_rest(c, reqs, idx, n, rest, bad, err, errlen);
         if (m <= 0)
@@ -130,7 +136,7 @@ static int complete_part(npyl_sctx *c, uint32_t st, const npyl_req *reqs, const 
         reqs = rest->reqs;
         idx = rest->at;
         n = (size_t)m;
-        if ((rc = o->submit(c->c[st], reqs, n, err, errlen)) != 0) {
+        if (o->submit && (rc = o->submit(c->c[st], reqs, n, err, errlen)) != 0) {
             o->complete(c->c[st], reqs, n, c->done, &b, landed, c->scratch, sizeof c->scratch);
             *bad = idx[b < n ? b : 0];
             return rc;
@@ -156,13 +162,19 @@ int npyl_sctx_read(npyl_sctx *c, const npyl_req *reqs, size_t n, size_t *bad, ui
         return rc;
     }
     size_t count[NPYL_STORE_MAX] = {0};
-    for (size_t k = 0; k < n; k++)
-        count[set->files[reqs[k].file].store]++;
-    uint32_t first = set->files[reqs[0].file].store;
+    uint32_t first;
+    if (c->only >= 0) {
+        first = (uint32_t)c->only; /* every file is one store's: no look per request */
+        count[first] = n;
+    } else {
+        for (size_t k = 0; k < n; k++)
+            count[set->files[reqs[k].file].store]++;
+        first = set->files[reqs[0].file].store;
+    }
     if (count[first] == n) {
         /* One store: straight to it. */
         const npyl_store_ops *o = set->ops[first];
-        if ((rc = o->submit(c->c[first], reqs, n, err, errlen)) != 0) {
+        if (o->submit && (rc = o->submit(c->c[first], reqs, n, err, errlen)) != 0) {
             o->complete(c->c[first], reqs, n, c->done, bad, landed, c->scratch,
                         sizeof c->scratch);
             return rc;
@@ -195,7 +207,8 @@ int npyl_sctx_read(npyl_sctx *c, const npyl_req *reqs, size_t n, size_t *bad, ui
     int submitted[NPYL_STORE_MAX] = {0}, failed = -1;
     for (size_t j = 0; j < no && rc == 0; j++) {
         size_t i = order[j];
-        rc = set->ops[i]->submit(c->c[i], split->reqs + start[i], count[i], err, errlen);
+        if (set->ops[i]->submit)
+            rc = set->ops[i]->submit(c->c[i], split->reqs + start[i], count[i], err, errlen);
         submitted[i] = 1; /* even when it failed: complete follows every submit */
         if (rc)
             failed = (int)i;

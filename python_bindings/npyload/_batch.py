@@ -48,7 +48,10 @@ class Batch(_Mapping[str, Any]):
     """One batch: a read-only mapping from field name to array or tensor.
 
     Attributes: ``indices`` (global sample index of each row; an int64 numpy
-    array or torch tensor, an owned copy), ``epoch``, ``seq`` (the batch's
+    array or torch tensor, an owned copy; with ``sources=``, each row's index
+    within its source), ``source`` (with ``sources=``, each row's source
+    index in the order of ``sources``' keys, int64 like ``indices``; None
+    without), ``epoch``, ``seq`` (the batch's
     position in this rank's epoch), ``num_samples`` (rows) and ``augment``
     ({field: :class:`Augment`} for the fields whose Transform flips or
     crops; empty otherwise) and ``rng`` (inside a ``transform=`` hook, the
@@ -71,12 +74,13 @@ class Batch(_Mapping[str, Any]):
     """
 
     __slots__ = ("_data", "indices", "epoch", "seq", "num_samples", "_raw", "augment",
-                 "rng")
+                 "rng", "source")
 
     def __init__(self, data: dict[str, Any], indices: Any, epoch: int, seq: int,
                  num_samples: int, raw: _npyload.Batch | None,
-                 augment: dict[str, Augment] | None = None) -> None:
+                 augment: dict[str, Augment] | None = None, source: Any = None) -> None:
         self.augment = augment if augment is not None else {}
+        self.source = source
         self.rng: Any = None
         self._data = data
         self.indices = indices
@@ -135,7 +139,7 @@ class Batch(_Mapping[str, Any]):
 class BatchTuple(tuple[Any, ...]):
     """One batch with ``as_tuple=True``: a tuple of the fields' arrays or
     tensors in the order the fields were given, so ``images, labels = batch``
-    works. Carries the same ``indices``, ``epoch``, ``seq``, ``num_samples``
+    works. Carries the same ``indices``, ``source``, ``epoch``, ``seq``, ``num_samples``
     and ``wait_stream()`` as :class:`Batch`, and ``field_names``.
 
     Examples
@@ -154,6 +158,7 @@ class BatchTuple(tuple[Any, ...]):
     # Set by _wrap_raw on each instance (declared for type checkers).
     field_names: tuple[str, ...]
     indices: Any
+    source: Any
     epoch: int
     seq: int
     num_samples: int
@@ -203,6 +208,9 @@ def _wrap_raw(raw: _npyload.Batch, torch: Any, np: Any, copy: bool, as_tuple: bo
             data[name] = t.clone() if copy else t
         indices = torch.frombuffer(raw.indices_bytes(), dtype=torch.int64) \
             if raw.size else torch.empty(0, dtype=torch.int64)
+        sb = raw.sources_bytes()
+        source = None if sb is None else (torch.frombuffer(sb, dtype=torch.int64) if raw.size
+                                          else torch.empty(0, dtype=torch.int64))
     else:
         for i, name in enumerate(names):
             view = raw.field(i)
@@ -211,6 +219,8 @@ def _wrap_raw(raw: _npyload.Batch, torch: Any, np: Any, copy: bool, as_tuple: bo
                 a = a.view(bf16)  # the array interface gives uint16 bits
             data[name] = a.copy() if copy else a
         indices = np.frombuffer(raw.indices_bytes(), dtype=np.int64)
+        sb = raw.sources_bytes()
+        source = None if sb is None else np.frombuffer(sb, dtype=np.int64)
     epoch, seq, n = raw.epoch, raw.seq, raw.size
     augment = _augment_of(raw, names, aug) if aug else {}
     keep: _npyload.Batch | None = raw
@@ -223,6 +233,7 @@ def _wrap_raw(raw: _npyload.Batch, torch: Any, np: Any, copy: bool, as_tuple: bo
         t.field_names = tuple(names)
         t.indices, t.epoch, t.seq, t.num_samples, t._raw = indices, epoch, seq, n, keep
         t.augment = augment
+        t.source = source
         t.rng = None
         return t
-    return Batch(data, indices, epoch, seq, n, keep, augment)
+    return Batch(data, indices, epoch, seq, n, keep, augment, source)

@@ -125,10 +125,35 @@ class _LoopClock:
         return self.hook_ns // self.workers
 
 
+def _interrupt_of(e: BaseException) -> BaseException:
+    """The exception the user should see for e. CPython's Condition.wait,
+    when Ctrl-C lands while it takes its lock back, leaves its `with`
+    without the lock and raises RuntimeError ("release unlocked lock", or
+    "cannot release un-acquired lock" for an RLock), the KeyboardInterrupt
+    as its context: the user pressed Ctrl-C, so that
+    is what they get (the lock is left released, as after any `with`)."""
+    ki = e.__context__
+    if (isinstance(e, RuntimeError) and isinstance(ki, KeyboardInterrupt)
+            and ("unlocked lock" in str(e) or "un-acquired lock" in str(e))):
+        return ki
+    return e
+
+
 def _hook_depth(prefetch: int) -> int:
     """Results queued by the transform= threads: with the one fn works on,
     `prefetch` batches ahead of the loop (at least one queued)."""
     return max(1, prefetch - 1)
+
+
+def _slots_for(prefetch: int, transform: object) -> int:
+    """The library's PREFETCH (batch slots) for `prefetch` batches ahead.
+    With transform=, the loop body may hold two batches for a moment (the
+    previous one and the one just taken from the queue, before the `for`
+    rebinds its variable), the queue holds its results, and the thread's
+    next() needs a free slot to read into."""
+    if transform is None:
+        return prefetch + 1
+    return _hook_depth(prefetch) + 3
 
 
 class _HookPipe:
@@ -180,9 +205,12 @@ class _HookPipe:
             for t in self._threads:
                 t.start()
                 self._started.append(t)
-        except BaseException:
+        except BaseException as e:
             self.stop()
-            raise
+            ki = _interrupt_of(e)
+            if ki is e:
+                raise
+            raise ki from None
 
     def _run(self) -> None:
         with self._cv:
@@ -286,6 +314,15 @@ class _HookPipe:
 
     def get(self) -> tuple[Any, Any, Any]:
         """The next result in order: (error or _EOF or None, result, state)."""
+        try:
+            return self._get()
+        except RuntimeError as e:
+            ki = _interrupt_of(e)
+            if ki is e:
+                raise
+            raise ki from None
+
+    def _get(self) -> tuple[Any, Any, Any]:
         with self._cv:
             while True:
                 item = self._done.pop(self._given, None)

@@ -7,26 +7,26 @@ import functools as _functools
 import logging as _logging
 import os as _os
 import warnings as _warnings
-from collections.abc import Mapping as _Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 from . import _loader_doc
 from . import _npyload
-from . import _habits, _manifest, _remote
-from ._batch import _bfloat16_numpy, _wrap_raw
+from . import _habits, _mix, _remote
+from ._batch import _wrap_raw
 from ._hook import _HookPipe, _LoopClock, _check_hook_workers, _hook_depth
-from ._hook import _hook_prefetch, _rng_key
-from ._options import _EPOCH_MAX, _IO, _check_choices, _check_counts, _check_transforms
-from ._options import _auto_options, _field_specs, _int_arg, _kernel_paths, _resolve_ranks
-from ._torch import _join_streams, _torch_or_none
+from ._hook import _hook_prefetch, _rng_key, _slots_for
+from ._options import _EPOCH_MAX, _IO, _auto_options, _check_cache_fill, _check_choices
+from ._options import _check_counts, _check_state, _int_arg, _kernel_paths, _output_libs
+from ._options import _resolve_ranks
+from ._torch import _join_streams
 from ._iterate import _InUse, _Iterator
-from ._transform import _TDTYPES, Transform
+from ._transform import Transform
 
 _auto_log = _logging.getLogger("npyload")
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping, Sequence
-    from typing import Literal, Protocol, Union
+    from typing import Literal, Optional, Protocol, Union
 
     from typing_extensions import Self
     from typing_extensions import TypeVar as _TypeVarDefault
@@ -40,6 +40,9 @@ if TYPE_CHECKING:
         def type(self) -> str: ...
 
     _Fields = Union[Mapping[str, Union[_Path, Sequence[_Path]]], _Path]  # or a manifest
+    _Sources = Optional[Mapping[str, _Fields]]  # Loader(sources=...)
+    _Weights = Optional[Mapping[str, float]]
+    _Transforms = Mapping[str, Union[Transform, Mapping[str, Transform]]]  # or per source
     _Shuffle = Union[bool, Literal["full", "local", "none"]]
     _Device = Union[str, int, _TorchDevice, None]
     _IOName = Literal["auto", "uring", "io_uring", "pread", "mmap"]
@@ -54,27 +57,6 @@ if TYPE_CHECKING:
     _T = TypeVar("_T")
 else:
     _B = TypeVar("_B")
-
-
-def _slots_for(prefetch: int, transform: object) -> int:
-    """The library's PREFETCH (batch slots) for `prefetch` batches ahead.
-    With transform=, the loop body may hold two batches for a moment (the
-    previous one and the one just taken from the queue, before the `for`
-    rebinds its variable), the queue holds its results, and the thread's
-    next() needs a free slot to read into."""
-    if transform is None:
-        return prefetch + 1
-    return _hook_depth(prefetch) + 3
-
-
-def _check_cache_fill(cache_fill: object) -> int:
-    """The library's CACHE_FILL of ``cache_fill=``: None (auto) 0, True 1,
-    False -1."""
-    if cache_fill is None:
-        return 0
-    if not isinstance(cache_fill, bool):
-        raise TypeError(f"cache_fill must be None, True or False, got {cache_fill!r}")
-    return 1 if cache_fill else -1
 
 
 class Loader(Generic[_B]):
@@ -98,13 +80,16 @@ class Loader(Generic[_B]):
     copy: bool
     as_tuple: bool
     field_names: tuple[str, ...]
+    source_names: tuple[str, ...]  # sources=' names, in their order
     transform: Callable[[Any], Any] | None
     transform_workers: int
 
     # The type of a batch follows as_tuple and transform: Loader[Batch],
-    # Loader[BatchTuple], or Loader[R] for a transform= returning R.
+    # Loader[BatchTuple], or Loader[R] for a transform= returning R. Only
+    # overloads map as_tuple=True to BatchTuple; the price is mypy's "No overload
+    # variant" (no argument named) for a wrongly typed argument (docs/python-api.md).
     @overload
-    def __init__(self: Loader[Batch], fields: _Fields, batch_size: int,
+    def __init__(self: Loader[Batch], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int | str = "auto", prefetch: int | str | None = "auto",
                  device: _Device = "cpu",
@@ -113,15 +98,16 @@ class Loader(Generic[_B]):
                  window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
                  align: _Align = "names", on_error: _OnError = "raise",
                  max_errors: int | None = None,
-                 transforms: Mapping[str, Transform] | None = None,
+                 transforms: _Transforms | None = None,
                  as_tuple: Literal[False] = False, transform: None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
                  cache_fill: bool | None = None, *,
                  memory_budget: int | None = None, auto_target: float = 0.02,
-                 persistent_workers: bool = False, in_order: bool = True) -> None: ...
+                 persistent_workers: bool = False, in_order: bool = True, sources: _Sources = None,
+                 weights: _Weights = None, samples_per_epoch: int | None = None) -> None: ...
     @overload
-    def __init__(self: Loader[BatchTuple], fields: _Fields, batch_size: int,
+    def __init__(self: Loader[BatchTuple], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int | str = "auto", prefetch: int | str | None = "auto",
                  device: _Device = "cpu",
@@ -130,15 +116,16 @@ class Loader(Generic[_B]):
                  window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
                  align: _Align = "names", on_error: _OnError = "raise",
                  max_errors: int | None = None,
-                 transforms: Mapping[str, Transform] | None = None,
+                 transforms: _Transforms | None = None,
                  as_tuple: Literal[True] = ..., transform: None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
                  cache_fill: bool | None = None, *,
                  memory_budget: int | None = None, auto_target: float = 0.02,
-                 persistent_workers: bool = False, in_order: bool = True) -> None: ...
+                 persistent_workers: bool = False, in_order: bool = True, sources: _Sources = None,
+                 weights: _Weights = None, samples_per_epoch: int | None = None) -> None: ...
     @overload
-    def __init__(self: Loader[_T], fields: _Fields, batch_size: int,
+    def __init__(self: Loader[_T], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int | str = "auto", prefetch: int | str | None = "auto",
                  device: _Device = "cpu",
@@ -147,15 +134,16 @@ class Loader(Generic[_B]):
                  window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
                  align: _Align = "names", on_error: _OnError = "raise",
                  max_errors: int | None = None,
-                 transforms: Mapping[str, Transform] | None = None,
+                 transforms: _Transforms | None = None,
                  as_tuple: Literal[False] = False, transform: Callable[[Batch], _T] = ...,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
                  cache_fill: bool | None = None, *,
                  memory_budget: int | None = None, auto_target: float = 0.02,
-                 persistent_workers: bool = False, in_order: bool = True) -> None: ...
+                 persistent_workers: bool = False, in_order: bool = True, sources: _Sources = None,
+                 weights: _Weights = None, samples_per_epoch: int | None = None) -> None: ...
     @overload
-    def __init__(self: Loader[_T], fields: _Fields, batch_size: int,
+    def __init__(self: Loader[_T], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int | str = "auto", prefetch: int | str | None = "auto",
                  device: _Device = "cpu",
@@ -164,15 +152,16 @@ class Loader(Generic[_B]):
                  window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
                  align: _Align = "names", on_error: _OnError = "raise",
                  max_errors: int | None = None,
-                 transforms: Mapping[str, Transform] | None = None,
+                 transforms: _Transforms | None = None,
                  as_tuple: Literal[True] = ..., transform: Callable[[BatchTuple], _T] = ...,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
                  cache_fill: bool | None = None, *,
                  memory_budget: int | None = None, auto_target: float = 0.02,
-                 persistent_workers: bool = False, in_order: bool = True) -> None: ...
+                 persistent_workers: bool = False, in_order: bool = True, sources: _Sources = None,
+                 weights: _Weights = None, samples_per_epoch: int | None = None) -> None: ...
     @overload
-    def __init__(self: Loader[Any], fields: _Fields, batch_size: int,
+    def __init__(self: Loader[Any], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int | str = "auto", prefetch: int | str | None = "auto",
                  device: _Device = "cpu",
@@ -181,14 +170,15 @@ class Loader(Generic[_B]):
                  window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
                  align: _Align = "names", on_error: _OnError = "raise",
                  max_errors: int | None = None,
-                 transforms: Mapping[str, Transform] | None = None,
+                 transforms: _Transforms | None = None,
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
                  cache_fill: bool | None = None, *,
                  memory_budget: int | None = None, auto_target: float = 0.02,
-                 persistent_workers: bool = False, in_order: bool = True) -> None: ...
-    def __init__(self, fields: _Fields, batch_size: int,
+                 persistent_workers: bool = False, in_order: bool = True, sources: _Sources = None,
+                 weights: _Weights = None, samples_per_epoch: int | None = None) -> None: ...
+    def __init__(self, fields: _Fields | None = None, batch_size: Any = None,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
                  num_workers: int | str = "auto", prefetch: int | str | None = "auto",
                  device: _Device = "cpu",
@@ -197,13 +187,14 @@ class Loader(Generic[_B]):
                  window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
                  align: _Align = "names", on_error: _OnError = "raise",
                  max_errors: int | None = None,
-                 transforms: Mapping[str, Transform] | None = None,
+                 transforms: _Transforms | None = None,
                  as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
                  cache_fill: bool | None = None, *,
                  memory_budget: int | None = None, auto_target: float = 0.02,
-                 persistent_workers: bool = False, in_order: bool = True,
+                 persistent_workers: bool = False, in_order: bool = True, sources: _Sources = None,
+                 weights: _Weights = None, samples_per_epoch: int | None = None,
                  **dataloader_kw: Any) -> None:
         _habits.dataloader_keywords(  # DataLoader's names, answered
             {"persistent_workers": persistent_workers, "in_order": in_order, **dataloader_kw})
@@ -212,9 +203,11 @@ class Loader(Generic[_B]):
         self._closed = False
         self._pipe: _HookPipe | None = None
         self._in_use = _InUse()
-        specs = _field_specs(_manifest.fields_of(fields, remote))  # a manifest: its files
-        self._remote = _remote.build(
-            remote, [p for _, g, ps in specs for p in ([g] if g is not None else ps or [])])
+        # specs: the fields (of sources=' first source); files: every source's
+        specs, files, self._sources, self._weights = _mix.check_args(
+            fields, batch_size, sources, weights, samples_per_epoch, remote)
+        self.source_names = tuple(name for name, _ in self._sources or ())
+        self._remote = _remote.build(remote, files)
         batch_size, seed, num_workers, prefetch, window, max_errors = _check_counts(
             batch_size, seed, num_workers, prefetch, window, max_errors, transform)
         shuffle_mode, dev, pin_memory = _check_choices(
@@ -222,12 +215,13 @@ class Loader(Generic[_B]):
             align, on_error, transform)
         transform_workers = _check_hook_workers(transform_workers, transform)
         rank, world_size = _resolve_ranks(rank, world_size)
-        self._pick_output(output, dev)
+        self._torch, self._np, self._bf16 = _output_libs(output, dev)
         self._specs = specs
-        self._transforms = _check_transforms(specs, transforms)
+        self._transforms, self._src_transforms = _mix.check_transforms(
+            specs, transforms, self._sources)  # {field: T}, or per source
         # Fields whose batches carry augmentation decisions (batch.augment).
         self._aug_fields = frozenset(
-            name for name, t in self._transforms
+            name for name, t in self._transforms + [(n, t) for _, n, t in self._src_transforms]
             if t.hflip or t.vflip or t.crop is not None or t.pad)
         self.transform = transform
         self.transform_workers = transform_workers
@@ -259,6 +253,7 @@ class Loader(Generic[_B]):
             _npyload.OPT_MAX_ERRORS: max_errors,
             _npyload.OPT_READ_AHEAD: 0 if read_ahead else -1,
             _npyload.OPT_CACHE_FILL: _check_cache_fill(cache_fill),
+            _npyload.OPT_SAMPLES_PER_EPOCH: samples_per_epoch or 0,  # 0: the sources' sum
         }
         self._opts.update(auto_opts)
         self._auto = bool(auto_opts)
@@ -292,27 +287,6 @@ class Loader(Generic[_B]):
         self._clock = _LoopClock(transform_workers)  # with transform=: hook, loop wait, step
         _habits.construction_warnings(specs, self._transforms, len(self), batch_size,
                                       -(-self._n // world_size), bool(drop_last), stacklevel=3)
-
-    def _pick_output(self, output: str, dev: int) -> None:
-        """torch when it is importable (or asked for), else numpy."""
-        torch: Any = None
-        if output in ("auto", "torch"):
-            torch = _torch_or_none()
-            if torch is None and output == "torch":
-                raise ImportError("output='torch' needs torch, which is not importable")
-        if torch is None:
-            if dev >= 0:
-                raise ValueError("device memory needs torch output (numpy cannot view "
-                                 "CUDA memory): install torch or use device='cpu'")
-            try:
-                import numpy
-            except ImportError:
-                raise ImportError("npyload.Loader needs numpy or torch to yield arrays") from None
-            self._np: Any = numpy
-            self._bf16 = _bfloat16_numpy()
-        else:
-            self._np = None
-        self._torch = torch
 
     # ---- DataLoader-like surface ----
 
@@ -401,6 +375,8 @@ class Loader(Generic[_B]):
             self._stop_pipe()
             raise
 
+    set_weights = _mix.set_weights  # with sources=
+
     def state_dict(self) -> LoaderState:
         """The position after the last batch handed out (with transform=:
         the last batch the loop received), as a dict of ints (save it with
@@ -432,14 +408,7 @@ class Loader(Generic[_B]):
         normal split. Before the first iter() the state is checked now and
         applied when the loader starts. Raises RuntimeError ("in use") while
         another call on this loader runs, changing nothing."""
-        if not isinstance(state, _Mapping):
-            raise TypeError("state must be the dict returned by state_dict()")
-        for key in ("epoch", "consumed", "seed", "shuffle", "drop_last"):
-            if key not in state:
-                raise ValueError(f"state lacks the key {key!r} (expected the dict "
-                                 "returned by state_dict())")
-            _int_arg(f"state[{key!r}]", state[key], 0 if key in ("epoch", "consumed") else None)
-        _int_arg("state['loop_ended']", state.get("loop_ended", 0), 0, maximum=1)
+        _check_state(state)
         with self._in_use("load_state_dict()"):
             self._load_state_dict(dict(state))
 
@@ -550,17 +519,17 @@ class Loader(Generic[_B]):
             st["device"] = self.device
             st["hook_ns"] = st["loop_wait_ns"] = st["loop_step_ns"] = 0
             st["transform_workers"] = 0 if self.transform is None else self.transform_workers
-            return st
+            return _mix.add_stats(c, self._sources, st)
         if self.transform is None:
             st = cast("LoaderStats", c.stats())
             st["hook_ns"] = st["transform_workers"] = 0
             st["loop_wait_ns"], st["loop_step_ns"] = st["wait_ns"], st["step_ns"]
-            return st
+            return _mix.add_stats(c, self._sources, st)
         st = cast("LoaderStats", c.stats(hook_ns=k.verdict_hook_ns(), loop_wait_ns=k.wait_ns,
                                          loop_step_ns=k.step_ns))
         st["hook_ns"], st["loop_wait_ns"], st["loop_step_ns"] = k.hook_ns, k.wait_ns, k.step_ns
         st["transform_workers"] = self.transform_workers
-        return st
+        return _mix.add_stats(c, self._sources, st)
 
     def close(self) -> None:
         """Stops the workers and frees the loader at once (threads, open
@@ -601,22 +570,14 @@ class Loader(Generic[_B]):
                 c._set_stream_joiner(_join_streams)
             if self._remote is not None:
                 c.set_remote(self._remote)
-            for name, glob, paths in self._specs:
-                if paths is None:
-                    assert glob is not None  # _field_specs gives one of the two
-                    c.add_field(name, glob)
-                else:
-                    c.add_field_files(name, paths)
+            _mix.add_fields(c, self._specs, self._sources, self._weights, self._src_transforms)
             for opt, value in opts.items():
                 c.set(opt, value)
             if opts[_npyload.OPT_DEVICE] >= 0 and self._transforms:
                 for which, path in _kernel_paths():
                     c.set_path(which, path)
             for name, t in self._transforms:
-                crop = t.crop or (0, 0)
-                c.set_transform(name, _TDTYPES[t.dtype], t.scale, t.mean, t.std,
-                                t.channels_last, t.hflip, t.vflip, crop[0], crop[1], t.pad,
-                                t.hflip_sign, t.vflip_sign)
+                t._set_on(c, name)
         except BaseException:
             c.close()
             raise

@@ -101,6 +101,10 @@ LOADER = """Batches of NPY fields, read by worker threads into reused slots.
     transforms : mapping from field name to Transform, or None
         Conversions done by the loader (see Transform): in the worker
         threads for device='cpu', on the GPU after the copy otherwise.
+        With ``sources``, a key naming a source takes a mapping
+        ``{field: Transform}``: that source's own, in place of the field's
+        for its rows (every source's must deliver the same dtype, shape
+        and layout; such a field runs in the host engine).
     as_tuple : bool
         True: each batch is a :class:`BatchTuple`, the fields' tensors in the
         order ``fields`` gave them (``for images, labels in loader``). False
@@ -151,6 +155,19 @@ LOADER = """Batches of NPY fields, read by worker threads into reused slots.
         arrive in order. Other DataLoader keywords (``prefetch_factor``,
         ``collate_fn``, ``sampler``, ``worker_init_fn``...) raise a
         TypeError naming the npyload equivalent.
+    sources : mapping name -> fields, keyword only
+        A mixture (instead of ``fields``): each source's fields, the mapping
+        ``fields`` takes; every source has the same field names, per-sample
+        shapes and dtypes. ``batch.source`` gives each row's source (an
+        index into ``source_names``), ``batch.indices`` its index within
+        that source; ``stats()`` counts the rows per source.
+    weights : mapping name -> float, keyword only
+        Over every source; only ratios count. Default: each source's sample
+        count. ``set_weights()`` changes them, exactly from the next batch.
+    samples_per_epoch : int, keyword only
+        With sources: the positions of one epoch (default: every source's
+        samples summed). The order, resume and the digest are in the
+        guide's Mixing sources page.
 
     Notes
     -----

@@ -36,6 +36,17 @@ class LoaderState(TypedDict):
     # 1 when the saved loop had run to its end (a resumed loader starts the
     # next epoch). A 0.3 dict may lack it (read as 0).
     loop_ended: int
+    # A mixture (Loader(sources=...)): the weights' history in force, a list
+    # with one value per source (an int with one source).
+    mix_samples: NotRequired[int | list[int]]
+    mix_weights: NotRequired[int | list[int]]
+    mix_draws: NotRequired[int | list[int]]
+    mix_block: NotRequired[int]
+    mix_epoch: NotRequired[int]
+    mix_position: NotRequired[int]
+    # The running digest of the rows handed out, and how many rows it covers.
+    _digest: int
+    _digest_rows: int
 
 @type_check_only
 class LoaderStats(TypedDict):
@@ -102,6 +113,9 @@ class LoaderStats(TypedDict):
     transform_workers: NotRequired[int]
     loop_wait_ns: NotRequired[int]
     loop_step_ns: NotRequired[int]
+    source_samples: NotRequired[dict[str, int]]
+    digest: NotRequired[int]
+    digest_rows: NotRequired[int]
 
 @type_check_only
 class HeaderInfo(TypedDict):
@@ -297,6 +311,7 @@ class Batch:
     def field(self, name_or_index: str | int, /) -> View: ...
     def indices_view(self) -> View: ...
     def indices_bytes(self) -> bytearray: ...
+    def sources_bytes(self) -> bytearray | None: ...
     def indices_list(self) -> list[int]: ...
     def augment_bytes(self, index: int, /) -> bytearray: ...
     def wait_stream(self, stream: int | None, /) -> None: ...
@@ -318,12 +333,33 @@ class Loader:
     def closed(self) -> bool: ...
     @property
     def started(self) -> bool: ...
+    def add_source(self, name: str, /) -> None: ...
+    def set_weights(self, weights: Sequence[float], /) -> None: ...
+    def mix_stats(self) -> tuple[list[int], int, int]: ...
     def add_field(self, name: _Path, glob: _Path, /) -> None: ...
     def add_field_files(self, name: _Path, paths: Sequence[_Path], /) -> None: ...
     def set(self, option: int, value: int, /) -> None: ...
     def set_path(self, which: int, path: str, /) -> None: ...
     def set_transform(
         self,
+        field: _Path,
+        dtype: int,
+        scale: float,
+        mean: Sequence[float] | None,
+        std: Sequence[float] | None,
+        channels_last: bool,
+        hflip: float = ...,
+        vflip: float = ...,
+        crop_h: int = ...,
+        crop_w: int = ...,
+        pad: int = ...,
+        hflip_sign: Sequence[float] | None = ...,
+        vflip_sign: Sequence[float] | None = ...,
+        /,
+    ) -> None: ...
+    def set_source_transform(
+        self,
+        source: str,
         field: _Path,
         dtype: int,
         scale: float,
@@ -397,6 +433,7 @@ OPT_ON_ERROR: int
 OPT_MAX_ERRORS: int
 OPT_READ_AHEAD: int
 OPT_CACHE_FILL: int
+OPT_SAMPLES_PER_EPOCH: int
 OPT_DEVICE_KERNELS: int
 OPT_MEMORY_BUDGET: int
 OPT_AUTO_TARGET: int

@@ -6,9 +6,11 @@ import os as _os
 import sys as _sys
 import warnings as _warnings
 from collections.abc import Mapping as _Mapping
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 from . import _npyload
+from ._batch import _bfloat16_numpy
+from ._torch import _torch_or_none
 from ._transform import Transform
 
 
@@ -343,3 +345,46 @@ def _check_transforms(specs: list[tuple[str, str | None, list[str] | None]],
                             f"got {type(t).__name__}")
         out.append((name, t))
     return out
+
+
+def _check_cache_fill(cache_fill: object) -> int:
+    """The library's CACHE_FILL of ``cache_fill=``: None (auto) 0, True 1,
+    False -1."""
+    if cache_fill is None:
+        return 0
+    if not isinstance(cache_fill, bool):
+        raise TypeError(f"cache_fill must be None, True or False, got {cache_fill!r}")
+    return 1 if cache_fill else -1
+
+
+def _output_libs(output: str, dev: int) -> tuple[Any, Any, Any]:
+    """(torch, numpy, numpy's bfloat16 or None) for ``output=``: torch when
+    it is importable (or asked for), else numpy (the other one None)."""
+    torch: Any = None
+    if output in ("auto", "torch"):
+        torch = _torch_or_none()
+        if torch is None and output == "torch":
+            raise ImportError("output='torch' needs torch, which is not importable")
+    if torch is not None:
+        return torch, None, None
+    if dev >= 0:
+        raise ValueError("device memory needs torch output (numpy cannot view "
+                         "CUDA memory): install torch or use device='cpu'")
+    try:
+        import numpy
+    except ImportError:
+        raise ImportError("npyload.Loader needs numpy or torch to yield arrays") from None
+    return None, numpy, _bfloat16_numpy()
+
+
+def _check_state(state: object) -> None:
+    """load_state_dict's argument: a mapping with the keys state_dict()
+    writes, each an int in range (the library checks it against the fields)."""
+    if not isinstance(state, _Mapping):
+        raise TypeError("state must be the dict returned by state_dict()")
+    for key in ("epoch", "consumed", "seed", "shuffle", "drop_last"):
+        if key not in state:
+            raise ValueError(f"state lacks the key {key!r} (expected the dict "
+                             "returned by state_dict())")
+        _int_arg(f"state[{key!r}]", state[key], 0 if key in ("epoch", "consumed") else None)
+    _int_arg("state['loop_ended']", state.get("loop_ended", 0), 0, maximum=1)

@@ -233,6 +233,19 @@ class Transform:
             raise ValueError(f"Transform: {what} is empty")
         return vals
 
+    def _set_on(self, c: Any, field: str, source: str | None = None) -> None:
+        """Sets this transform on the C loader `c`: field's
+        (npyload_loader_set_transform), or source's own transform of field
+        (npyload_loader_set_source_transform)."""
+        crop = self.crop or (0, 0)
+        args = (field, _TDTYPES[self.dtype], self.scale, self.mean, self.std,
+                self.channels_last, self.hflip, self.vflip, crop[0], crop[1], self.pad,
+                self.hflip_sign, self.vflip_sign)
+        if source is None:
+            c.set_transform(*args)
+        else:
+            c.set_source_transform(source, *args)
+
     def __repr__(self) -> str:
         aug = "".join(f", {k}={getattr(self, k)!r}" for k, off in (
             ("hflip", 0.0), ("vflip", 0.0), ("crop", None), ("pad", 0),

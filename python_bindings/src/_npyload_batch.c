@@ -178,6 +178,25 @@ static PyObject *batch_indices_bytes(NpyloadPy_Batch *self, PyObject *unused)
                                          (Py_ssize_t)(n * sizeof(int64_t)));
 }
 
+/* npyload_batch_sources as int64 bytes (a bytearray), or None without a
+ * mixture. */
+static PyObject *batch_sources_bytes(NpyloadPy_Batch *self, PyObject *unused)
+{
+    if (batch_check(self) < 0)
+        return NULL;
+    size_t n = npyload_batch_size(self->b);
+    const uint32_t *src = npyload_batch_sources(self->b);
+    if (!src)
+        Py_RETURN_NONE;
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(n * sizeof(int64_t)));
+    if (!out)
+        return NULL;
+    int64_t *o = (int64_t *)(void *)PyByteArray_AS_STRING(out);
+    for (size_t i = 0; i < n; i++)
+        o[i] = src[i];
+    return out;
+}
+
 /* npyload_batch_augment of field `index`: n int64 tops, n int64 lefts, then
  * n hflip and n vflip bytes, in one bytearray (the package splits it). */
 static PyObject *batch_augment_bytes(NpyloadPy_Batch *self, PyObject *arg)
@@ -352,6 +371,8 @@ static PyMethodDef batch_methods[] = {
     {"field", (PyCFunction)batch_field, METH_O,
      "field(name_or_index) -> View: zero-copy view of one field; the view "
      "keeps the batch (and its slot) alive."},
+    {"sources_bytes", (PyCFunction)batch_sources_bytes, METH_NOARGS,
+     "sources_bytes() -> bytearray of int64 (each row's source), or None without sources."},
     {"indices_view", (PyCFunction)batch_indices_view, METH_NOARGS,
      "indices_view() -> View of the global sample indices (host, int64)."},
     {"indices_bytes", (PyCFunction)batch_indices_bytes, METH_NOARGS,

@@ -187,6 +187,74 @@ static PyObject *loader_add_field(NpyloadPy_Loader *self, PyObject *args)
     return res;
 }
 
+static PyObject *loader_add_source(NpyloadPy_Loader *self, PyObject *args)
+{
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s:add_source", &name))
+        return NULL;
+    if (loader_enter(self, "add_source()") < 0)
+        return NULL;
+    int rc = npyload_loader_add_source(self->L, name);
+    PyObject *res = rc < 0 ? loader_error(self, rc) : none_ref();
+    loader_leave(self);
+    return res;
+}
+
+/* set_weights(list of floats): npyload_loader_set_weights. */
+static PyObject *loader_set_weights(NpyloadPy_Loader *self, PyObject *arg)
+{
+    PyObject *seq = PySequence_Fast(arg, "weights must be a sequence of numbers");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    double *w = PyMem_Calloc((size_t)(n ? n : 1), sizeof *w);
+    PyObject *res = NULL;
+    if (!w) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        w[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
+        if (w[i] == -1.0 && PyErr_Occurred())
+            goto done;
+    }
+    if (loader_enter(self, "set_weights()") == 0) {
+        int rc;
+        npyload_loader *L = self->L;
+        Py_BEGIN_ALLOW_THREADS /* may rebuild the rest of the epoch's order */
+        rc = npyload_loader_set_weights(L, w, (size_t)n);
+        Py_END_ALLOW_THREADS
+        res = rc < 0 ? loader_error(self, rc) : none_ref();
+        loader_leave(self);
+    }
+done:
+    PyMem_Free(w);
+    Py_DECREF(seq);
+    return res;
+}
+
+/* mix_stats() -> (source_samples list, digest, digest_rows): shared like
+ * stats(). */
+static PyObject *loader_mix_stats(NpyloadPy_Loader *self, PyObject *unused)
+{
+    if (loader_share(self, "stats()") < 0)
+        return NULL;
+    size_t K = npyload_loader_num_sources(self->L);
+    PyObject *l = PyList_New((Py_ssize_t)K);
+    for (size_t k = 0; l && k < K; k++) {
+        PyObject *v = PyLong_FromLongLong(npyload_loader_source_samples(self->L, k));
+        if (!v)
+            Py_CLEAR(l);
+        else
+            PyList_SET_ITEM(l, (Py_ssize_t)k, v);
+    }
+    uint64_t d = 0, rows = 0;
+    npyload_loader_digest(self->L, &d, &rows);
+    if (!l)
+        return NULL;
+    return Py_BuildValue("NKK", l, (unsigned long long)d, (unsigned long long)rows);
+}
+
 static PyObject *loader_add_field_files(NpyloadPy_Loader *self, PyObject *args)
 {
     PyObject *name_b = NULL, *paths_obj;
@@ -982,13 +1050,17 @@ static int float_list(PyObject *obj, const char *what, float **out, size_t *n)
     return 0;
 }
 
-static PyObject *loader_set_transform(NpyloadPy_Loader *self, PyObject *args)
+/* set_transform(field, ...) and set_source_transform(source, field, ...):
+ * the description from Python's arguments (`args` from the field on);
+ * source NULL: the field's own transform. */
+static PyObject *set_transform_of(NpyloadPy_Loader *self, const char *source, PyObject *args,
+                                  const char *fmt)
 {
     PyObject *name_b = NULL, *mean_obj, *std_obj, *hsign_obj = Py_None, *vsign_obj = Py_None;
     int dtype, channels_last;
     double scale, hflip = 0.0, vflip = 0.0;
     long long crop_h = 0, crop_w = 0, pad = 0;
-    if (!PyArg_ParseTuple(args, "O&idOOp|ddLLLOO:set_transform", PyUnicode_FSConverter,
+    if (!PyArg_ParseTuple(args, fmt, PyUnicode_FSConverter,
                           &name_b, &dtype, &scale, &mean_obj, &std_obj, &channels_last,
                           &hflip, &vflip, &crop_h, &crop_w, &pad, &hsign_obj, &vsign_obj))
         return NULL;
@@ -1004,14 +1076,17 @@ static PyObject *loader_set_transform(NpyloadPy_Loader *self, PyObject *args)
                    &t.n_hflip_sign) < 0 ||
         float_list(vsign_obj, "vflip_sign must be a sequence of numbers", &vsign,
                    &t.n_vflip_sign) < 0 ||
-        loader_enter(self, "set_transform()") < 0)
+        loader_enter(self, source ? "set_source_transform()" : "set_transform()") < 0)
         goto out;
     t.mean = mean;
     t.std = std;
     t.hflip_sign = hsign;
     t.vflip_sign = vsign;
-    int rc = npyload_loader_set_transform(self->L, PyBytes_AS_STRING(name_b), &t,
-                                          sizeof t);
+    int rc = source ? npyload_loader_set_source_transform(self->L, source,
+                                                          PyBytes_AS_STRING(name_b), &t,
+                                                          sizeof t)
+                    : npyload_loader_set_transform(self->L, PyBytes_AS_STRING(name_b), &t,
+                                                   sizeof t);
     ret = rc < 0 ? loader_error(self, rc) : none_ref();
     loader_leave(self);
 out:
@@ -1020,6 +1095,27 @@ out:
     PyMem_Free(hsign);
     PyMem_Free(vsign);
     Py_DECREF(name_b);
+    return ret;
+}
+
+static PyObject *loader_set_transform(NpyloadPy_Loader *self, PyObject *args)
+{
+    return set_transform_of(self, NULL, args, "O&idOOp|ddLLLOO:set_transform");
+}
+
+static PyObject *loader_set_source_transform(NpyloadPy_Loader *self, PyObject *args)
+{
+    Py_ssize_t n = PyTuple_Size(args);
+    if (n < 1 || !PyUnicode_Check(PyTuple_GET_ITEM(args, 0)))
+        return PyErr_Format(PyExc_TypeError, "set_source_transform(source, field, ...): "
+                            "source must be a str");
+    const char *source = PyUnicode_AsUTF8(PyTuple_GET_ITEM(args, 0));
+    PyObject *rest = source ? PyTuple_GetSlice(args, 1, n) : NULL;
+    if (!rest)
+        return NULL;
+    PyObject *ret = set_transform_of(self, source, rest,
+                                     "O&idOOp|ddLLLOO:set_source_transform");
+    Py_DECREF(rest);
     return ret;
 }
 
@@ -1097,6 +1193,12 @@ static PyObject *loader_option_ranges(PyObject *unused_cls, PyObject *unused)
 static PyMethodDef loader_methods[] = {
     {"option_ranges", (PyCFunction)loader_option_ranges, METH_NOARGS | METH_STATIC,
      option_ranges_doc},
+    {"add_source", (PyCFunction)loader_add_source, METH_VARARGS,
+     "add_source(name): begins a source; the fields added next are its own."},
+    {"set_weights", (PyCFunction)loader_set_weights, METH_O,
+     "set_weights(weights): the sources' weights (npyload_loader_set_weights)."},
+    {"mix_stats", (PyCFunction)loader_mix_stats, METH_NOARGS,
+     "mix_stats() -> (rows per source, digest, digest_rows)."},
     {"add_field", (PyCFunction)loader_add_field, METH_VARARGS,
      "add_field(name, glob): a field made of the files matching glob, sorted."},
     {"add_field_files", (PyCFunction)loader_add_field_files, METH_VARARGS,
@@ -1107,6 +1209,10 @@ static PyMethodDef loader_methods[] = {
      "set_transform(field, dtype, scale, mean, std, channels_last): "
      "npyload_loader_set_transform (before start); dtype 0 keep, 1 float32, "
      "2 float16, 3 bfloat16; mean/std None or sequences of numbers."},
+    {"set_source_transform", (PyCFunction)loader_set_source_transform, METH_VARARGS,
+     "set_source_transform(source, field, dtype, scale, mean, std, channels_last, ...): "
+     "npyload_loader_set_source_transform (before start): source's own transform of "
+     "field, the arguments of set_transform after the source"},
     {"set_remote", (PyCFunction)loader_set_remote, METH_O,
      "set_remote(config: dict) -> None: npyload_loader_set_remote()"},
     {"set_path", (PyCFunction)loader_set_path, METH_VARARGS,

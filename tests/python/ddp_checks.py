@@ -1,6 +1,33 @@
 """The checks of the torchrun tests (test_elastic_torchrun.py,
-test_multinode.py) against torch's own DistributedSampler: one copy. torch
-is imported when a check runs (the callers skip without it)."""
+test_multinode.py, test_mix_torchrun.py) against torch's own
+DistributedSampler, and their launcher: one copy. torch is imported when a
+check runs (the callers skip without it)."""
+import json
+import os
+import subprocess
+import sys
+
+
+def torchrun(script, nproc, cfg, timeout):
+    """Runs `script` under `torchrun --standalone --nproc_per_node=nproc`
+    (its one argument: cfg as JSON) without the caller's rank variables,
+    one OpenMP thread per rank; returns the JSON the script wrote to
+    cfg["out"]. A non-zero exit or a run past `timeout` seconds (a hang)
+    fails the test with the end of its output."""
+    import pytest
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", str(script), json.dumps(cfg)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"torchrun with {nproc} ranks did not finish in {timeout}s "
+                    f"(a hang?): {e.stderr!r}"[-3000:])
+    assert r.returncode == 0, f"torchrun failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    with open(cfg["out"]) as f:
+        return json.load(f)
 
 
 def sampler_split(seq, world, rank, drop_last=False):

@@ -564,3 +564,62 @@ def test_without_auto_the_json_says_null(bench, dataset, tmp_path):
     doc = json.loads(out_json.read_text())
     check_schema(doc)
     assert doc["auto"] is None
+
+
+def test_a_mixture_is_measured_per_source_and_pasted(bench, dataset, tmp_path):
+    """--source NAME=FIELD=GLOB,... per source and --weights: the loaders
+    of the grid mix the sources, every run counts the rows each source gave
+    in its timed part (JSON source_samples, the table's 'rows per source'
+    line) in the weights' proportion (the order's interleave: within a row
+    or two), and the python line builds the same mixture."""
+    img, lab = dataset / "images", dataset / "labels"
+    real = f"real=images={img}/train_0000.npy,heatmaps={lab}/train_0000_heatmaps.npy"
+    synth = (f"synth=images={img}/train_000[12].npy,"
+             f"heatmaps={lab}/train_000[12]_heatmaps.npy")
+    out_json = tmp_path / "mix.json"
+    p = run(bench, "--source", real, "--source", synth, "--weights", "real=1,synth=3",
+            "--workers", "1,2", "--prefetch", "2", "--io", "pread", "--batches", "6",
+            "--batch-size", "8", "--json", out_json)  # in order: the interleave alone
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(out_json.read_text())
+    check_schema(doc)
+    cfg = doc["config"]
+    assert cfg["sources"] == ["real", "synth"] and cfg["weights"] == [1, 3]
+    assert [(f["source"], f["name"]) for f in cfg["fields"]] == [
+        ("real", "images"), ("real", "heatmaps"), ("synth", "images"), ("synth", "heatmaps")]
+    assert cfg["num_samples"] == 60  # the sources' samples together
+    assert cfg["batch_bytes"] == 8 * (2 * 16 * 32 + 2 * 4 * 8) * 4  # one source's fields
+    runs = [r for r in doc["runs"] if r["ok"]]
+    assert runs
+    for r in runs:
+        got = r["source_samples"]
+        assert set(got) == {"real", "synth"} and sum(got.values()) == r["samples"], r
+        assert abs(got["synth"] - 0.75 * r["samples"]) <= 2, got
+    assert "rows per source: real " in p.stdout
+    py = next(l for l in p.stdout.splitlines() if l.strip().startswith("python:"))
+    code = py.split("python:", 1)[1].strip()
+    assert 'sources={"real": {"images": ' in code and 'weights={"real": 1, "synth": 3}' in code
+    import npyload
+    L = eval(code, {"npyload": npyload})
+    try:
+        assert L.source_names == ("real", "synth")
+        assert L.state_dict()["mix_samples"] == [20, 40]
+    finally:
+        L.close()
+
+
+@pytest.mark.parametrize("args, why", [
+    (["--source", "a=images={d}/images/*.npy", "--source", "b=heatmaps={d}/labels/*_h*.npy"],
+     "field 'heatmaps' is not a field of source 'a'"),
+    (["--source", "a=images={d}/images/*.npy", "--source", "b=images={d}/images/*.npy",
+      "--weights", "a=1"], "no weight for source 'b'"),
+    (["--source", "a=images={d}/images/*.npy", "--weights", "z=1"], "no source named 'z'"),
+    (["images={d}/images/*.npy", "--weights", "a=1"], "--weights needs --source"),
+    (["--source", "a=images={d}/images/*.npy", "heatmaps={d}/labels/*_h*.npy"],
+     "every field belongs to a source"),
+    (["--source", "a=images={d}/images/*.npy", "--source", "a=images={d}/images/*.npy"],
+     "a second source named 'a'"),
+])
+def test_mixture_arguments_are_checked(bench, dataset, args, why):
+    p = run(bench, *[a.format(d=dataset) for a in args])
+    assert p.returncode == 2 and why in p.stderr, p.stderr

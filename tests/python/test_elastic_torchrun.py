@@ -11,9 +11,7 @@ nothing repeated except the new split's padding, equal batch counts).
 
 Skipped visibly without torch or torch.distributed.
 """
-import json
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -26,6 +24,7 @@ if not torch.distributed.is_available():
 import npyload  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
+import ddp_checks  # noqa: E402
 from ddp_checks import check_resume, sampler_split  # noqa: E402
 
 N = 103          # samples: not a multiple of any world size or batch size used
@@ -92,19 +91,7 @@ def data(tmp_path_factory):
 def torchrun(data, nproc, cfg, tag):
     cfg = dict(cfg, fields=data["fields"], bs=BS, seed=SEED,
                out=str(data["root"] / f"out_{tag}.json"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", data["script"], json.dumps(cfg)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"torchrun with {nproc} ranks did not finish in {TIMEOUT}s "
-                    f"(a hang?): {e.stderr!r}"[-3000:])
-    assert r.returncode == 0, f"torchrun failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    with open(cfg["out"]) as f:
-        return json.load(f)
+    return ddp_checks.torchrun(data["script"], nproc, cfg, TIMEOUT)
 
 
 def global_sequence(epoch):

@@ -172,14 +172,23 @@ def test_http_list_equals_local(server, data):
                        batch_size=2)
 
 
-def test_cache_second_epoch_fetches_nothing(server, data, tmp_path):
+@pytest.mark.parametrize("fill", [False, True])
+def test_cache_second_epoch_fetches_nothing(server, data, tmp_path, fill):
     ref = data[3]
     for kind in ("raw", "zst"):
         cache = tmp_path / f"cache_{kind}"
         x = npyload.Loader(s3_globs(kind), batch_size=5, shuffle=True, seed=2, output="numpy",
-                           remote=server.remote(cache_dir=str(cache), cache_block=4096))
+                           remote=server.remote(cache_dir=str(cache), cache_block=4096),
+                           cache_fill=fill)
         check_epoch(x, ref, 0)
+        # with the background fill, its last GET may still be under way
+        # after epoch 0's last batch: the snapshot waits for the fill's end
+        t0 = time.monotonic()
+        while x.stats()["fill_state"] == "running" and time.monotonic() - t0 < 30:
+            time.sleep(0.01)
         s0 = x.stats()
+        assert s0["fill_state"] == ("done" if fill else "off"), (s0["fill_state"],
+                                                                  s0["fill_error"])
         assert s0["cache_misses"] > 0 and s0["cache_write_bytes"] > 0
         check_epoch(x, ref, 1)
         s1 = x.stats()

@@ -343,6 +343,48 @@ def test_ctrl_c_while_iter_starts_the_threads_leaves_none(dataset, monkeypatch, 
     L.close()
 
 
+def test_ctrl_c_as_a_wait_takes_its_lock_back_is_a_keyboard_interrupt(dataset):
+    """Ctrl-C landing in CPython's Condition.wait just before it takes its
+    lock back (next() waits for the transform threads) makes the `with`
+    release an unlocked lock: RuntimeError, the KeyboardInterrupt as its
+    context (CI met it at random). The user pressed Ctrl-C: next() raises
+    KeyboardInterrupt, the threads stop with the iterator, and the loader
+    delivers a whole epoch afterwards."""
+    globs, _ = dataset
+    go = threading.Event()
+
+    def fn(b):
+        go.wait(HANG)
+        return b.seq
+
+    L = make(globs, transform=fn, transform_workers=2, prefetch=1, num_workers=1,
+             output="numpy")
+    it = iter(L)
+    cv = L._pipe._cv
+    real = cv._acquire_restore
+    fired = []
+
+    def acquire_restore(x):
+        if threading.current_thread() is threading.main_thread() and not fired:
+            fired.append(1)
+            raise KeyboardInterrupt  # before the lock is taken back
+        return real(x)
+
+    cv._acquire_restore = acquire_restore
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            next(it)
+    finally:
+        go.set()
+    assert fired
+    del it
+    gc.collect()
+    assert _settled(lambda: hook_threads() == []), "a transform thread outlived Ctrl-C"
+    L.set_epoch(1)
+    assert list(L) == list(range(len(L)))
+    L.close()
+
+
 def test_ctrl_c_at_random_moments_of_iter_and_next(dataset):
     """A real signal handler raising KeyboardInterrupt at random moments of
     iter() and the first next() over 30 loaders: whatever it interrupts, once

@@ -1,7 +1,8 @@
 """The package is typed (PEP 561): py.typed and the extension's stub are
 installed, ``mypy --strict`` accepts a user's use of the whole public API
 (tests/python/typed_api_use.py, which pins the types down with assert_type),
-the examples and the package's own code, the stub lists what the extension has (mypy's stubtest),
+the examples and the package's own code, and refuses wrong calls (WRONG_USE),
+the stub lists what the extension has (mypy's stubtest),
 and the stub's dicts have the keys and value types the functions return.
 
 mypy is in the "test" extra of pyproject.toml; without it the mypy checks
@@ -52,19 +53,68 @@ def test_marker_and_stub_are_installed():
     assert (PKG / "_npyload.pyi").is_file(), f"{PKG}/_npyload.pyi is not installed"
 
 
-def test_mypy_strict_accepts_the_user_code(tmp_path):
-    """Fails when py.typed or the stub is missing (mypy: "missing library
-    stubs or py.typed marker", and every assert_type sees Any), when an
-    annotation is wrong for what a user does, or when it loses a type."""
+# Calls a type checker must refuse (line: what the error must show): a
+# wrongly typed argument (mypy names the argument types in call order, see
+# test_mypy_strict_refuses_wrong_calls) and a DataLoader keyword npyload does
+# not have. An Any-typed fallback overload or a **kwargs in an overload would
+# let them through.
+WRONG_USE = """import npyload
+
+npyload.Loader({"x": "x_*.npy"}, batch_size="64")
+npyload.Loader({"x": "x_*.npy"}, 64, prefetch_factor=2)
+"""
+WRONG_LINES = {3: '"str"', 4: '"prefetch_factor"'}
+
+
+@pytest.fixture(scope="module")
+def user_mypy(tmp_path_factory):
+    """One mypy --strict run over typed_api_use.py, the examples and
+    WRONG_USE: (path of the WRONG_USE file, the completed process)."""
     _need_mypy()
     _need_torch_for_mypy()
     assert EXAMPLES, "no examples/*.py"
+    d = tmp_path_factory.mktemp("mypy_user")
+    wrong = d / "wrong_use.py"
+    wrong.write_text(WRONG_USE)
     # Run outside the checkout (absolute paths) with a fresh cache, so that
     # the installed package is what is checked and nothing is left behind.
-    out = _run(["mypy", "--strict", "--cache-dir", str(tmp_path / "cache"),
-                "--no-color-output", str(USE), *map(str, EXAMPLES)], cwd=tmp_path)
-    assert out.returncode == 0, f"mypy --strict failed:\n{out.stdout}{out.stderr}"
-    assert f"no issues found in {1 + len(EXAMPLES)} source files" in out.stdout, out.stdout
+    out = _run(["mypy", "--strict", "--cache-dir", str(d / "cache"), "--no-color-output",
+                str(USE), *map(str, EXAMPLES), str(wrong)], cwd=d)
+    return wrong, out
+
+
+def _checked(out):
+    """mypy's summary says it checked typed_api_use, the examples and WRONG_USE."""
+    n = 2 + len(EXAMPLES)
+    return f"checked {n} source files" in out.stdout or f"in {n} source files" in out.stdout
+
+
+def _errors(out):
+    return [ln for ln in out.stdout.splitlines() if ": error:" in ln]
+
+
+def test_mypy_strict_accepts_the_user_code(user_mypy):
+    """Fails when py.typed or the stub is missing (mypy: "missing library
+    stubs or py.typed marker", and every assert_type sees Any), when an
+    annotation is wrong for what a user does, or when it loses a type."""
+    wrong, out = user_mypy
+    others = [ln for ln in _errors(out) if not ln.startswith(f"{wrong.name}:")]
+    assert out.returncode in (0, 1) and others == [] and _checked(out), \
+        f"mypy --strict failed:\n{out.stdout}{out.stderr}"
+
+
+def test_mypy_strict_refuses_wrong_calls(user_mypy):
+    """Each call of WRONG_USE is an error on its line, and its other lines
+    are not: the overloads accept no Any and no unknown keyword."""
+    wrong, out = user_mypy
+    assert out.returncode == 1, out.stdout + out.stderr
+    by_line: dict[int, list[str]] = {}
+    for ln in _errors(out):
+        if ln.startswith(f"{wrong.name}:"):  # mypy prints it relative to its cwd
+            by_line.setdefault(int(ln[len(f"{wrong.name}:"):].split(":")[0]), []).append(ln)
+    assert set(by_line) == set(WRONG_LINES) and _checked(out), out.stdout
+    for line, shows in WRONG_LINES.items():
+        assert any(shows in ln for ln in by_line[line]), (line, shows, out.stdout)
 
 
 def test_mypy_strict_accepts_the_package_bodies(tmp_path):
@@ -180,6 +230,11 @@ def _check_dict(d, spec, allow=()):
             assert type(v) is exact[ann], (k, ann, v)
         elif ann == "str | None":
             assert v is None or type(v) is str, (k, ann, v)
+        elif ann == "dict[str, int]":
+            assert type(v) is dict and all(type(a) is str and type(b) is int
+                                           for a, b in v.items()), (k, v)
+        elif ann == "int | list[int]":
+            assert type(v) is int or (type(v) is list and all(type(x) is int for x in v)), (k, v)
         elif ann == "tuple[int, ...]" or ann == "tuple[int, int]":
             assert type(v) is tuple and all(type(x) is int for x in v), (k, v)
             assert ann.endswith("...]") or len(v) == 2, (k, v)
@@ -207,8 +262,15 @@ def test_stub_dicts_match_what_the_functions_return(tmp_path):
         _check_dict(ld.state_dict(), spec["LoaderState"], allow=("loop_ended",))
         _check_dict(ld._live().get_state(), spec["LoaderState"])  # the extension's
         loop = ("hook_ns", "transform_workers", "loop_wait_ns", "loop_step_ns")
-        _check_dict(ld.stats(), spec["LoaderStats"], allow=loop)
+        mix = ("source_samples", "digest", "digest_rows")  # Python's, with or without sources
+        _check_dict(ld.stats(), spec["LoaderStats"], allow=loop + mix)
         _check_dict(ld._c.stats(), spec["LoaderStats"])  # the extension's: without them
+    two = {"a": {"x": str(tmp_path / "x_*.npy")}, "b": {"x": str(tmp_path / "x_*.npy")}}
+    with npyload.Loader(sources=two, batch_size=4, num_workers=1, output="numpy") as ld:
+        next(iter(ld))
+        rec = ("loop_ended", "mix_samples", "mix_weights", "mix_draws", "mix_block",
+               "mix_epoch", "mix_position")
+        _check_dict(ld.state_dict(), spec["LoaderState"], allow=rec)
 
     h = spec["HeaderInfo"]
     zst = ("compressed_bytes", "ratio", "frames", "samples_per_frame")

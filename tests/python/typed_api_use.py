@@ -234,6 +234,39 @@ def every_loader_argument(fields: Mapping[str, list[str]]) -> None:
     loader.close()
 
 
+def mixture(fields: Mapping[str, list[str]]) -> None:
+    """sources=, weights=, samples_per_epoch=, set_weights, batch.source,
+    source_names and the mixture's stats."""
+    halves = {"a": {k: v[:1] for k, v in fields.items()},
+              "b": {k: v[1:] for k, v in fields.items()}}
+    with npyload.Loader(sources=halves, weights={"a": 1.0, "b": 3}, samples_per_epoch=N,
+                        batch_size=PER_FILE, shuffle=True, output="numpy") as mixed:
+        assert_type(mixed.source_names, tuple[str, ...])
+        assert mixed.source_names == ("a", "b") and len(mixed) == N // PER_FILE
+        for batch in mixed:
+            assert_type(batch.source, Any)
+            assert [int(v) for v in batch["y"]] == [int(i) + (PER_FILE if int(s) else 0)
+                                                    for s, i in zip(batch.source,
+                                                                    batch.indices)]
+            mixed.set_weights({"a": 1, "b": 1})
+        s = mixed.stats()
+        assert_type(s["source_samples"], dict[str, int])
+        assert_type(s["digest"], int)
+        assert sum(s["source_samples"].values()) == s["digest_rows"] == N
+        st = mixed.state_dict()
+        assert_type(st["_digest"], int)
+        assert st["_digest"] == s["digest"]
+    # A transform per source: {source: {field: Transform}}.
+    own = {"a": {"y": npyload.Transform("float32", scale=2.0)},
+           "b": {"y": npyload.Transform("float32")}}
+    with npyload.Loader(sources=halves, transforms=own, batch_size=PER_FILE,
+                        output="numpy") as per_source:
+        for batch in per_source:
+            assert [float(v) for v in batch["y"]] == [
+                2.0 * int(i) if not int(s) else float(int(i) + PER_FILE)
+                for s, i in zip(batch.source, batch.indices)]
+
+
 def tuples_and_hooks(fields: Mapping[str, list[str]]) -> None:
     """as_tuple=True, transform= (typed by what it returns), TransformError."""
     tl = npyload.Loader(fields, 4, output="numpy", as_tuple=True)
@@ -337,6 +370,7 @@ def main(root: str) -> None:
     pack_and_inspect(fields, root)
     every_loader_argument(fields)
     tuples_and_hooks(fields)
+    mixture(fields)
     remote_planning(fields, root)
     with npyload.Loader(fields, 5, output="numpy") as ld:
         assert batches_of(ld) == N
