@@ -242,16 +242,17 @@ static void nb_json_warnings(FILE *f, const char *warnings)
 }
 
 /* --auto: the auto loader's run and its comparison with the grid. */
-static void nb_json_auto(FILE *f, const nb_auto_cmp *c, const nb_run *runs, double compute_ms)
+static void nb_json_auto(FILE *f, const nb_auto_cmp *c, const nb_run *runs,
+                         const nb_config *cfg)
 {
     if (!c) {
         fputs(",\n  \"auto\": null", f);
         return;
     }
     char line[768];
-    nb_format_auto(c, runs, compute_ms, line, sizeof line);
+    nb_format_auto(c, runs, cfg->compute_ms, line, sizeof line);
     fputs(",\n  \"auto\": {\n  \"run\":", f);
-    nb_json_run(f, &c->run);
+    nb_json_run(f, &c->run, cfg);
     nj_printf(f,
               ",\n    \"final_workers\": %d, \"final_slots\": %d, \"decisions\": %llu,"
               "\n    \"best_run_index\": %d, \"ratio_to_best\": %g,"
@@ -279,7 +280,7 @@ int nb_write_json(FILE *f, const nb_report *rep)
     nb_json_recommendation(f, rep->rec, rep->config->compute_ms);
     nb_json_compression(f, rep->zst);
     nb_json_remote(f, rep->remote);
-    nb_json_auto(f, rep->autocmp, rep->runs, rep->config->compute_ms);
+    nb_json_auto(f, rep->autocmp, rep->runs, rep->config);
     nb_json_warnings(f, rep->warnings);
     return ferror(f) ? -1 : 0;
 }
