@@ -1311,11 +1311,18 @@ typedef enum npyload_auto_reason {
     NPYLOAD_AUTO_SPARE = 3,  /* the consumer is fed with room to spare: one
                                  fewer */
     NPYLOAD_AUTO_WORSE = 4,  /* the last removal made the wait exceed the
-                                target: taken back, that removal backs off */
+                                target (an UNUSED one: the throughput
+                                fall): taken back, that removal backs off */
     NPYLOAD_AUTO_HELD = 5,   /* the caller holds nearly every slot: one more */
     NPYLOAD_AUTO_REGIME = 6, /* the step or the throughput moved: back-offs
                                 forgotten (no count changes) */
-    NPYLOAD_AUTO_FORCED = 7  /* AUTO_FORCE (testing) */
+    NPYLOAD_AUTO_FORCED = 7, /* AUTO_FORCE (testing) */
+    NPYLOAD_AUTO_UNUSED = 8  /* the loader is the limit (the consumer waits,
+                                no worker or slot more is tried) and holds
+                                slots beyond those its workers fill, those
+                                the loop holds and one ready: one fewer,
+                                taken back (WORSE) when the throughput
+                                falls */
 } npyload_auto_reason;
 
 /*! One decision of the controller (npyload_loader_auto_history), with the
@@ -1348,7 +1355,7 @@ NPYLOAD_API int npyload_loader_auto_history(const npyload_loader *L, npyload_aut
                                             size_t n, size_t size, uint64_t *total);
 
 /*! npyload_auto_reason_name() : "start", "wait", "no-gain", "spare", "worse",
- * "held", "regime", "forced", or "?" for an unknown value. */
+ * "held", "regime", "forced", "unused", or "?" for an unknown value. */
 NPYLOAD_API const char *npyload_auto_reason_name(int reason);
 
 /*! npyload_stats_verdict() : one line naming where the time of `s` went

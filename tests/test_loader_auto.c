@@ -570,3 +570,78 @@ Test(auto_sim, a_removal_that_raises_the_wait_is_taken_back)
     cr_assert_leq(npyl_auto_slots(&s.a), 3);
     sim_end(&s);
 }
+
+/* The loader as the limit: the loop waits a third of its time whatever
+ * the counts (a slow disk; the two workers are AUTO_CORES' two). Eight
+ * windows with the caller holding three batches grow the slots to 6 (the
+ * workers' own need then); then it holds one. */
+static void sim_limit_start(sim *s)
+{
+    sim_start(s, 3);
+    for (int i = 0; i < 8; i++)
+        sim_window(s, 5, 10, 0);
+    cr_assert_eq(npyl_auto_slots(&s->a), 6, "%zu slots while 3 are held",
+                 npyl_auto_slots(&s->a));
+    s->r.held = 1;
+}
+
+/* Issue 37, the loader as the limit (sim_limit_start): the slots grown
+ * while the caller held three batches are not used once it holds one.
+ * The controller takes them out, one per decision (UNUSED), down to those
+ * the workers fill plus the one held and the ready one (4), and keeps them
+ * out (a retried slot more is taken back, NO_GAIN). Before, a loop that
+ * waits never lost a slot. */
+Test(auto_sim, the_loader_as_the_limit_gives_unused_slots_back)
+{
+    sim s;
+    sim_limit_start(&s);
+    size_t at4 = 0, most = 0;
+    for (int i = 0; i < 48; i++) {
+        sim_window(&s, 5, 10, 0);
+        size_t on = sim_slots_on(&s);
+        most = i >= 16 && on > most ? on : most;
+        at4 += i >= 16 && on == 4;
+    }
+    cr_assert_eq(npyl_auto_workers(&s.a), 2);
+    cr_assert_eq(most, (size_t)(4 + (at4 < 32)), "at most %zu slots on in the last 32 windows",
+                 most);
+    cr_assert_geq(at4, 24, "%zu of the last 32 windows at 4 slots", at4);
+    npyload_auto_event ev[NPYL_AUTO_HISTORY];
+    int n = sim_events(&s, ev), unused = 0;
+    for (int i = 1; i < n; i++) {
+        unused += ev[i].reason == NPYLOAD_AUTO_UNUSED;
+        if (ev[i].reason == NPYLOAD_AUTO_UNUSED)
+            cr_assert_eq(ev[i].slots + 1, ev[i].prev_slots);
+        cr_assert_neq(ev[i].reason, NPYLOAD_AUTO_WORSE, "decision %d: a trim taken back "
+                      "although the throughput held", i);
+    }
+    cr_assert_eq(unused, 2, "%d slots trimmed (6 -> 4)", unused);
+    cr_assert_str_eq(npyload_auto_reason_name(NPYLOAD_AUTO_UNUSED), "unused");
+    sim_end(&s);
+}
+
+/* The same limit, where the fifth slot does carry: without it the loop
+ * waits twice as long (a quarter less throughput). The trim to four is
+ * judged worse and taken back; four slots are never kept. */
+Test(auto_sim, a_trim_that_lowers_the_throughput_is_taken_back)
+{
+    sim s;
+    sim_limit_start(&s);
+    for (int i = 0; i < 48; i++)
+        sim_window(&s, 5, sim_slots_on(&s) < 5 ? 20 : 10, 0);
+    npyload_auto_event ev[NPYL_AUTO_HISTORY];
+    int n = sim_events(&s, ev), worse = 0;
+    for (int i = 1; i < n; i++) {
+        if (ev[i].reason == NPYLOAD_AUTO_WORSE) {
+            worse++;
+            cr_assert_eq(ev[i].slots, 5, "decision %d: taken back to %u slots", i, ev[i].slots);
+        }
+        if (ev[i].slots == 4 && i + 1 < n)
+            cr_assert_eq(ev[i + 1].reason, NPYLOAD_AUTO_WORSE, "decision %d: four slots kept "
+                         "(%s) although the throughput fell", i,
+                         npyload_auto_reason_name(ev[i + 1].reason));
+    }
+    cr_assert_geq(worse, 1);
+    cr_assert_geq(npyl_auto_slots(&s.a), 5);
+    sim_end(&s);
+}

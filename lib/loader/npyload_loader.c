@@ -507,7 +507,8 @@ int npyload_loader_auto_history(const npyload_loader *L, npyload_auto_event *ev,
 const char *npyload_auto_reason_name(int reason)
 {
     static const char *const names[] = {"start", "wait", "no-gain", "spare",
-                                        "worse", "held", "regime", "forced"};
+                                        "worse", "held", "regime", "forced",
+                                        "unused"};
     return reason >= 0 && reason < (int)(sizeof names / sizeof *names) ? names[reason] : "?";
 }
 

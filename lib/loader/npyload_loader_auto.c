@@ -25,7 +25,8 @@
 #define FORCE_MAX_WORKERS 4
 #define FORCE_MAX_SLOTS 8
 
-enum { ACT_NONE = 0, ACT_ADD_W, ACT_DROP_W, ACT_DROP_S, ACT_ADD_S };
+/* ACT_TRIM_S: a slot removed while the loader is the limit (UNUSED). */
+enum { ACT_NONE = 0, ACT_ADD_W, ACT_DROP_W, ACT_DROP_S, ACT_ADD_S, ACT_TRIM_S };
 enum { B_ADD_W = 0, B_DROP_W, B_DROP_S, B_ADD_S };
 
 void npyl_auto_init(npyl_auto *a)
@@ -393,6 +394,15 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
              * keep in cache, and slower when the loader is the limit). */
             a->pending = ACT_ADD_S;
             reason = NPYLOAD_AUTO_WAIT;
+        } else if (as && a->slots > need && a->win >= a->until[B_DROP_S] &&
+                   apply_slots(a, a->slots - 1) != ps) {
+            /* Nothing more is tried: the loader is the limit, the loop
+             * takes each batch as it lands and the slots beyond those the
+             * workers fill, the one it holds and the ready one stay
+             * empty. Judged on the throughput alone (the wait stays above
+             * the target whatever the slots). */
+            a->pending = ACT_TRIM_S;
+            reason = NPYLOAD_AUTO_UNUSED;
         }
     } else {
         a->hot = 0;
@@ -424,7 +434,9 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
 /* Judges the change being judged after JUDGE_WINDOWS windows: an addition
  * is kept only when every one of them delivered GAIN times the rate of the
  * windows before it; a removal is taken back when one of them waited above
- * the target or the rate fell by as much. What is taken back backs off. */
+ * the target or the rate fell by as much, a slot trimmed while the loader
+ * is the limit (the wait above the target before and after) only when the
+ * rate fell. What is taken back backs off. */
 static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
 {
     if (!a->judged || w->rate < a->seen_min_rate)
@@ -447,7 +459,8 @@ static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
         apply_slots(a, a->slots - 1);
         back_off(a, B_ADD_S);
         record(a, m, NPYLOAD_AUTO_NO_GAIN, pw, ps, w->share, w->rate, w->busy, w->blocked);
-    } else if ((act == ACT_DROP_W || act == ACT_DROP_S) && worse) {
+    } else if (((act == ACT_DROP_W || act == ACT_DROP_S) && worse) ||
+               (act == ACT_TRIM_S && a->seen_min_rate * GAIN < a->base_rate)) {
         if (act == ACT_DROP_W) {
             apply_workers(a, a->workers + 1);
             back_off(a, B_DROP_W);
@@ -456,6 +469,10 @@ static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
             back_off(a, B_DROP_S);
         }
         record(a, m, NPYLOAD_AUTO_WORSE, pw, ps, w->share, w->rate, w->busy, w->blocked);
+    } else if (act == ACT_TRIM_S) {
+        /* The slot was unused: adding one back waits, as after a slot
+         * added in vain. */
+        back_off(a, B_ADD_S);
     } else if (act == ACT_ADD_W || act == ACT_ADD_S) {
         a->backoff[act == ACT_ADD_W ? B_ADD_W : B_ADD_S] = 0; /* it paid */
     } else if ((act == ACT_DROP_W || act == ACT_DROP_S) && a->seen_max_share < a->target / 2) {

@@ -462,7 +462,7 @@ class Loader(Generic[_B]):
         """The controller's last decisions (at most 32), oldest first: dicts
         with t (seconds since the first iter()), batch, workers, slots,
         prev_workers, prev_slots, reason ("start", "wait", "no-gain",
-        "spare", "worse", "held", "regime", "forced") and the window's
+        "spare", "worse", "held", "regime", "forced", "unused") and the window's
         measurements behind it: wait_share (the loop's wait in next() over
         wait + step), samples_per_s, worker_busy and read_blocked (shares of
         the workers' time). Empty before the first iter() and with explicit
