@@ -134,3 +134,55 @@ def test_local_world_size_divides_the_cores(monkeypatch):
     # A rank whose affinity is already its own share keeps it.
     monkeypatch.setattr(_options, "_process_cores", lambda: 3)
     assert _options._auto_cores() == 3
+
+
+@pytest.mark.parametrize("force", [0, 2], ids=["measured", "forced"])
+def test_a_mixture_under_the_controller_delivers_the_fixed_order(tmp_path, force):
+    """Loader(sources=...) with num_workers and prefetch 'auto', two epochs
+    (other weights for the second, and a change after its third batch,
+    with batches read ahead), against num_workers=2, prefetch=3 (no
+    controller) over the same sources:
+    the same (source, index) rows in the same order, the bytes the files
+    hold and the same running digest. Forced, the controller changes
+    workers and slots every two batches."""
+    from test_mix_loader import TAG, make_sources
+    sources, _ = make_sources(tmp_path, [90, 230])
+    kw = dict(sources=sources, weights={"src0": 1, "src1": 3}, batch_size=16,
+              shuffle=True, seed=11)
+    fixed = npyload.Loader(num_workers=2, prefetch=3, **kw)  # no controller
+    auto = npyload.Loader(**kw)
+    assert auto.num_workers == "auto" and auto.prefetch == "auto"
+    if force:
+        _forced(auto, force)
+    counts = set()
+
+    def epoch_rows(loader, epoch):
+        if epoch:
+            loader.set_weights({"src0": 2, "src1": 1})
+        loader.set_epoch(epoch)
+        out = []
+        for n, b in enumerate(loader, 1):
+            src, idx = np.asarray(b.source), np.asarray(b.indices)
+            assert np.array_equal(np.asarray(b["x"]), src * TAG + idx)
+            assert np.array_equal(np.asarray(b["y"])[:, 1, 2], -(src * TAG + idx))
+            out.extend(zip(src.tolist(), idx.tolist()))
+            if epoch and n == 3:
+                loader.set_weights({"src0": 1, "src1": 1})
+            if loader is auto:
+                st = auto.stats()
+                counts.add((st["num_workers"], st["num_slots"]))
+        return out
+
+    for epoch in range(2):
+        want, got = epoch_rows(fixed, epoch), epoch_rows(auto, epoch)
+        assert got == want, f"epoch {epoch}: the auto loader's rows differ"
+        assert len(want) == 320 and {s for s, _ in want} == {0, 1}
+    a, f = auto.stats(), fixed.stats()
+    assert (a["digest"], a["digest_rows"]) == (f["digest"], f["digest_rows"])
+    assert a["source_samples"] == f["source_samples"]
+    assert a["auto_mode"] == 3 and f["auto_mode"] == 0
+    if force:
+        assert len(counts) >= 3, counts
+        assert any(h["reason"] == "forced" for h in auto.auto_history())
+    auto.close()
+    fixed.close()

@@ -32,7 +32,7 @@ static int failures, passes;
 /* Second pass (issue 37): every threaded loader is an auto loader whose
  * controller changes workers and slots after every batch (AUTO_FORCE 1)
  * while the scenarios below run: next, set_epoch, set_state, save and
- * restore, stats, destroy with batches held. */
+ * restore, stats, destroy with batches held, a mixture's set_weights. */
 static int forced_auto;
 
 static int set_counts(npyload_loader *L, int64_t workers, int64_t prefetch)
@@ -632,9 +632,7 @@ static npyload_loader *make_mix(int backend, int workers)
         }
     }
     if (npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, backend) ||
-        npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, workers) ||
-        npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, 4) ||
-        npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 5) ||
+        set_counts(L, workers, 4) || npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 5) ||
         npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1) ||
         npyload_loader_set(L, NPYLOAD_OPT_SAMPLES_PER_EPOCH, 90) ||
         npyload_loader_set(L, NPYLOAD_OPT_READ_AHEAD, read_ahead) || npyload_loader_start(L))
@@ -917,6 +915,7 @@ int main(void)
         concurrent_set_epoch(backends[i]);
         set_state_set_epoch_next(backends[i]);
         failing_workers_vs_control_calls(backends[i]);
+        mixture_vs_control_calls(backends[i], 3);
         destroy_wakes_next(backends[i]);
         epochs_out_of_order_release(backends[i]);
         set_epoch_in_flight(backends[i]);
