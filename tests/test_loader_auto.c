@@ -490,6 +490,27 @@ static size_t sim_slots_on(sim *s)
     return on;
 }
 
+/* The removals to `low` slots in the history: each is taken back
+ * (WORSE, to low + 1 slots) by the decision after it, and no WORSE goes
+ * anywhere else. Returns the WORSE decisions. */
+static int sim_taken_back(sim *s, uint32_t low)
+{
+    npyload_auto_event ev[NPYL_AUTO_HISTORY];
+    int n = sim_events(s, ev), worse = 0;
+    for (int i = 1; i < n; i++) {
+        if (ev[i].reason == NPYLOAD_AUTO_WORSE) {
+            worse++;
+            cr_assert_eq(ev[i].slots, low + 1, "decision %d: taken back to %u slots", i,
+                         ev[i].slots);
+        }
+        if (ev[i].slots == low && i + 1 < n)
+            cr_assert_eq(ev[i + 1].reason, NPYLOAD_AUTO_WORSE, "decision %d: %u slots kept "
+                         "(%s) although the loop got worse", i, low,
+                         npyload_auto_reason_name(ev[i + 1].reason));
+    }
+    return worse;
+}
+
 /* Issue 37, the sleep40 regime's memory: a consumer whose 40 ms step is
  * far longer than a worker's fill never waits in the steady state (0.3 %
  * of its step). The controller ends at one worker and the slots that
@@ -551,20 +572,7 @@ Test(auto_sim, a_removal_that_raises_the_wait_is_taken_back)
     sim_start(&s, 1);
     for (int i = 0; i < 40; i++)
         sim_window(&s, 40, sim_slots_on(&s) < 3 ? 8 : 0.5, 0);
-    npyload_auto_event ev[NPYL_AUTO_HISTORY];
-    int n = sim_events(&s, ev);
-    int worse = 0;
-    for (int i = 1; i < n; i++) {
-        if (ev[i].reason == NPYLOAD_AUTO_WORSE) {
-            worse++;
-            cr_assert_eq(ev[i].slots, 3, "decision %d: taken back to %u slots", i, ev[i].slots);
-        }
-        if (ev[i].slots == 2 && i + 1 < n)
-            cr_assert_eq(ev[i + 1].reason, NPYLOAD_AUTO_WORSE, "decision %d: two slots kept "
-                         "(%s) although the loop waits", i,
-                         npyload_auto_reason_name(ev[i + 1].reason));
-    }
-    cr_assert_geq(worse, 1);
+    cr_assert_geq(sim_taken_back(&s, 2), 1);
     cr_assert_eq(npyl_auto_workers(&s.a), 1);
     cr_assert_geq(npyl_auto_slots(&s.a), 2);
     cr_assert_leq(npyl_auto_slots(&s.a), 3);
@@ -629,19 +637,7 @@ Test(auto_sim, a_trim_that_lowers_the_throughput_is_taken_back)
     sim_limit_start(&s);
     for (int i = 0; i < 48; i++)
         sim_window(&s, 5, sim_slots_on(&s) < 5 ? 20 : 10, 0);
-    npyload_auto_event ev[NPYL_AUTO_HISTORY];
-    int n = sim_events(&s, ev), worse = 0;
-    for (int i = 1; i < n; i++) {
-        if (ev[i].reason == NPYLOAD_AUTO_WORSE) {
-            worse++;
-            cr_assert_eq(ev[i].slots, 5, "decision %d: taken back to %u slots", i, ev[i].slots);
-        }
-        if (ev[i].slots == 4 && i + 1 < n)
-            cr_assert_eq(ev[i + 1].reason, NPYLOAD_AUTO_WORSE, "decision %d: four slots kept "
-                         "(%s) although the throughput fell", i,
-                         npyload_auto_reason_name(ev[i + 1].reason));
-    }
-    cr_assert_geq(worse, 1);
+    cr_assert_geq(sim_taken_back(&s, 4), 1);
     cr_assert_geq(npyl_auto_slots(&s.a), 5);
     sim_end(&s);
 }
