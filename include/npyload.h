@@ -213,14 +213,19 @@ typedef enum npyload_shuffle {
 #define NPYLOAD_OPTION_MAP(XX)                                                 \
     XX(BATCH_SIZE, 1, "samples per batch, >= 1; no default: start() refuses " \
                       "a loader without it (as Python's batch_size=)")       \
-    XX(NUM_WORKERS, 2, "worker threads, >= 1; 0 = default 2; "               \
+    XX(NUM_WORKERS, 2, "worker threads, >= 1 (exactly that many, no "         \
+                       "controller); 0 or NPYLOAD_AUTO (-2) = auto (the "    \
+                       "default): the controller chooses and changes the "   \
+                       "count at run time (see NPYLOAD_AUTO); "              \
                        "NPYLOAD_WORKERS_SYNC (-1) = no worker thread: "      \
                        "next() reads each batch on the calling thread "      \
                        "(debugging, like DataLoader's num_workers=0, which " \
-                       "is Python's num_workers=0: Python has no 'default' " \
-                       "value, its default is 2)")                           \
-    XX(PREFETCH, 3, "batch slots, >= 1; 0 = default 2 x workers. Memory is "  \
-                    "PREFETCH x batch bytes. Python's prefetch= counts the " \
+                       "is Python's num_workers=0)")                         \
+    XX(PREFETCH, 3, "batch slots, >= 1 (exactly that many, no controller); " \
+                    "0 or NPYLOAD_AUTO (-2) = auto (the default): the "      \
+                    "controller chooses and changes the count within "      \
+                    "MEMORY_BUDGET. Memory is slots x batch bytes. "        \
+                    "Python's prefetch= counts the "                         \
                     "batches read ahead of the one the loop holds, as "      \
                     "DataLoader's prefetch_factor x workers does: Python "   \
                     "prefetch = PREFETCH - 1 (npyload-bench prints both)")   \
@@ -271,7 +276,25 @@ typedef enum npyload_shuffle {
                        "(default): on when the cache keeps all it would "    \
                        "fill (the rank's epoch, and with a shuffle the "     \
                        "whole dataset), else off; 1: on (the part the "      \
-                       "cache keeps); -1: off. Progress in stats (fill_*)") \
+                       "cache keeps); -1: off. Progress in stats (fill_*)")  \
+    XX(MEMORY_BUDGET, 21, "bytes that batch slots plus the workers' read "   \
+                          "buffers may take when NUM_WORKERS or PREFETCH is " \
+                          "auto; the controller never exceeds it. 0 = "      \
+                          "default: a quarter of the memory the process "    \
+                          "may use (the smaller of physical memory and the " \
+                          "cgroup v2 memory.max / v1 limit_in_bytes)")       \
+    XX(AUTO_TARGET, 22, "the consumer's wait in next() the controller aims "  \
+                        "below, in basis points of its loop (wait + step): " \
+                        "1 .. 10000; 0 = default 200 (2 %)")                \
+    XX(AUTO_CORES, 23, "cores this loader's workers may keep busy (several " \
+                       "loaders or ranks on a node divide the node's): the " \
+                       "controller's worker ceiling, exceeded only when "   \
+                       "reads wait for a device; 0 = default: the cores "   \
+                       "the process may run on (sched_getaffinity)")        \
+    XX(AUTO_FORCE, 24, "testing: with auto, every this many batches the "   \
+                       "controller changes workers and slots to a new "     \
+                       "pseudo-random pair instead of measuring; 0 = off "  \
+                       "(default)")                                         \
     XX(SAMPLES_PER_EPOCH, 25, "a mixture of sources (npyload_loader_add_"   \
                               "source): positions per epoch, T; 0 = "       \
                               "default: every source's samples summed")
@@ -283,6 +306,38 @@ typedef enum npyload_shuffle {
  * bytes and errors are those of any worker count. PREFETCH still bounds the
  * slots (default 2) since batches may be held. */
 #define NPYLOAD_WORKERS_SYNC (-1)
+
+/*! NPYLOAD_AUTO: NPYLOAD_OPT_NUM_WORKERS and NPYLOAD_OPT_PREFETCH value
+ * (also their default, 0) that hands the count to the loader's controller.
+ * It measures, per window of batches, the consumer's wait in next()
+ * against its step (the time between a next() returning and the following
+ * call), the workers' busy and read-blocked time, and the samples
+ * delivered, and changes the worker threads and batch slots while the
+ * loader runs. It starts from the fixed defaults scaled to the machine:
+ * min(AUTO_CORES, 2) workers and npyload_default_prefetch(0) slots (4,
+ * fewer when MEMORY_BUDGET cannot hold them). Its aims, in order: the
+ * consumer waits less than AUTO_TARGET of its loop (default 2 %); then the
+ * fewest slots; then the fewest workers. It moves only on evidence: it
+ * adds a worker or a slot after two windows in a row above the target,
+ * and keeps it only when each of the next two windows delivered at least
+ * 5 % more samples/s than the two before (it takes it back and backs off
+ * otherwise, the back-off doubling); it removes one after three windows
+ * well below the target (the next one window after a removal it kept),
+ * down to the slots the workers fill plus those the caller holds, and
+ * takes that back when the wait or the rate worsens. It judges the steady
+ * state: the wait for the first batch of a pass (after start, set_epoch,
+ * set_state), which no count removes, is left out. It stays within
+ * AUTO_CORES workers unless the workers wait for reads: blocked a share b
+ * of their time (off the CPU with a voluntary context switch; preemption
+ * does not count), AUTO_CORES / (1 - b) of them, at most twice
+ * AUTO_CORES. It keeps slots plus read buffers within
+ * MEMORY_BUDGET, never takes a slot the caller holds, settles after a
+ * change that did not help (the back-off doubles), and forgets its
+ * back-offs when the regime changes (the step time or the throughput moves
+ * by more than a third). Order and bytes never depend on it. Device mode:
+ * the controller changes the workers; the device slots stay at their
+ * first count. npyload_loader_auto_history() lists its decisions. */
+#define NPYLOAD_AUTO (-2)
 
 /*! Options for npyload_loader_set(), generated from NPYLOAD_OPTION_MAP. 0
  * means "default" where a default is documented. All options must be set
@@ -1179,11 +1234,14 @@ typedef struct npyload_stats {
                                    loader's next() while it reads), summed */
     uint64_t num_workers;       /* worker threads (0: synchronous) */
     uint64_t read_blocked_ns;   /* off-CPU time of the threads reading
-                                   (wall minus CPU time of the reads),
-                                   summed: waiting for a device. A read from
-                                   the page cache is a copy on the CPU and
-                                   adds ~0 (with zstd, decode time inside
-                                   the read is on the CPU too) */
+                                   (wall minus CPU time of the reads, of
+                                   the reads in which the thread blocked:
+                                   a voluntary context switch), summed:
+                                   waiting for a device. A read from the
+                                   page cache is a copy on the CPU and
+                                   adds ~0, also when a busy machine
+                                   preempts it (with zstd, decode time
+                                   inside the read is on the CPU too) */
     /* Remote shards (s3://, https://; 0.3): */
     uint64_t remote_bytes;      /* body bytes received from servers (the
                                    probe at start included) */
@@ -1224,6 +1282,13 @@ typedef struct npyload_stats {
     uint64_t fill_ns;           /* the fill's wall time (so far, while it
                                    runs): with fill_state DONE, the time to
                                    a warm cache */
+    /* Self-tuning (appended after the fill; num_workers and num_slots
+     * above are the current counts, which the controller changes): */
+    uint64_t auto_mode;         /* 0 fixed; bit 1: the controller changes
+                                   the workers, bit 2: the slots */
+    uint64_t memory_budget;     /* MEMORY_BUDGET resolved (0: fixed) */
+    uint64_t memory_bytes;      /* slots plus workers' read buffers now */
+    uint64_t auto_decisions;    /* changes the controller made */
 } npyload_stats;
 
 /*! npyload_fill_state: npyload_stats.fill_state. */
@@ -1236,6 +1301,62 @@ typedef enum npyload_fill_state {
     NPYLOAD_FILL_FAILED = 3,    /* a GET failed for good (fill_error) */
     NPYLOAD_FILL_STOPPED = 4    /* stop() or destroy() came first */
 } npyload_fill_state;
+
+/*! Why the controller changed the counts (npyload_auto_event.reason). */
+typedef enum npyload_auto_reason {
+    NPYLOAD_AUTO_START = 0,  /* the first counts, at start */
+    NPYLOAD_AUTO_WAIT = 1,   /* the consumer waited above target: one more */
+    NPYLOAD_AUTO_NO_GAIN = 2, /* the worker or slot added did not raise throughput:
+                                 taken back, worker growth backs off */
+    NPYLOAD_AUTO_SPARE = 3,  /* the consumer is fed with room to spare: one
+                                 fewer */
+    NPYLOAD_AUTO_WORSE = 4,  /* the last removal made the wait exceed the
+                                target (an UNUSED one: the throughput
+                                fall): taken back, that removal backs off */
+    NPYLOAD_AUTO_HELD = 5,   /* the caller holds nearly every slot: one more */
+    NPYLOAD_AUTO_REGIME = 6, /* the step or the throughput moved: back-offs
+                                forgotten (no count changes) */
+    NPYLOAD_AUTO_FORCED = 7, /* AUTO_FORCE (testing) */
+    NPYLOAD_AUTO_UNUSED = 8  /* the loader is the limit (the consumer waits,
+                                no worker or slot more is tried) and holds
+                                slots beyond those its workers fill, those
+                                the loop holds and one ready: one fewer,
+                                taken back (WORSE) when the throughput
+                                falls */
+} npyload_auto_reason;
+
+/*! One decision of the controller (npyload_loader_auto_history), with the
+ * measurements of the window behind it. Crosses the API with the caller's
+ * sizeof (a public struct that grows). */
+typedef struct npyload_auto_event {
+    uint64_t t_ns;              /* since start() */
+    uint64_t batch;             /* batches delivered when it was made */
+    uint32_t workers, slots;    /* the counts after it */
+    uint32_t prev_workers, prev_slots; /* and before */
+    int32_t reason;             /* npyload_auto_reason */
+    int32_t pad_;
+    double wait_share;          /* consumer wait / (wait + step) */
+    double samples_per_s;       /* delivered */
+    double worker_busy;         /* workers' read + decode + transform time
+                                   over workers x wall */
+    double read_blocked;        /* workers' off-CPU read time over the same */
+} npyload_auto_event;
+
+/*! npyload_loader_auto_history() : the controller's last decisions
+ * (at most 32 are kept), oldest first.
+ * @ev    : room for `n` events of `size` bytes each (sizeof(npyload_auto_event));
+ *          may be NULL when n is 0.
+ * @total : if not NULL, receives the number of decisions made since start
+ *          (a caller polling it learns of new ones cheaply).
+ * @return : the number of events written, or NPYLOAD_EINVAL (size below the
+ *           first layout), NPYLOAD_EFORKED.
+ * Thread-safety: a query (may overlap next() and control calls). */
+NPYLOAD_API int npyload_loader_auto_history(const npyload_loader *L, npyload_auto_event *ev,
+                                            size_t n, size_t size, uint64_t *total);
+
+/*! npyload_auto_reason_name() : "start", "wait", "no-gain", "spare", "worse",
+ * "held", "regime", "forced", "unused", or "?" for an unknown value. */
+NPYLOAD_API const char *npyload_auto_reason_name(int reason);
 
 /*! npyload_stats_verdict() : one line naming where the time of `s` went
  * (the bottleneck) and what to do about it, for logs and bug reports.

@@ -535,8 +535,8 @@ Test(bench_zst, json_object_and_null)
     nb_recommend(runs, 1, 0, &rec);
     nb_report rep = {.config = &c, .machine = &m, .runs = runs, .nruns = 1, .rec = &rec};
     char *text = write_json(&rep);
-    cr_assert(strstr(text, "\"compression\": null,\n  \"remote\": null,\n  \"warnings\""), "%s",
-              text);
+    cr_assert(strstr(text, "\"compression\": null,\n  \"remote\": null,\n  \"auto\": null,"
+                           "\n  \"warnings\""), "%s", text);
     free(text);
 
     nb_zst_report z = zst_estimate(8, 2.097152, -1, 5000);
@@ -722,4 +722,60 @@ Test(bench_remote, json_block)
     cr_assert(strstr(text, "\"recommended_workers\": 2, \"recommended_max_inflight\": 2"), "%s",
               text);
     free(text);
+}
+
+/* ---- --auto ---- */
+
+/* The auto run against the grid: the fastest succeeded run (a failed one
+ * is ignored however fast), the ratio, and with a step the least stall and
+ * the points over it; the line and the JSON say the same. */
+Test(bench_auto, compares_with_the_best_fixed_run)
+{
+    nb_run runs[4] = {mk(1, 2, "auto", 1.0, 30, 1), mk(2, 2, "auto", 2.0, 12, 1),
+                      mk(2, 4, "auto", 1.5, 4, 1), mk(4, 4, "auto", 9.0, 0, 0)};
+    nb_auto_cmp c;
+    memset(&c, 0, sizeof c);
+    c.run = mk(2, 3, "auto", 1.9, 5.5, 1);
+    c.run.final_workers = 2;
+    c.run.final_slots = 3;
+    c.run.auto_decisions = 4;
+    nb_auto_compare(runs, 4, 0, &c);
+    cr_assert_eq(c.best_index, 1);
+    cr_assert_float_eq(c.ratio, 0.95, 1e-9);
+    cr_assert_eq(c.least_stall_index, -1, "no step: no stall compared");
+    cr_assert(isnan(c.stall_points));
+    char line[768];
+    nb_format_auto(&c, runs, 0, line, sizeof line);
+    cr_assert(strstr(line, "auto: 2 workers, 3 slots at the end (4 decisions): "), "%s", line);
+    cr_assert(strstr(line, " = 0.95 of the best fixed (w=2 p=2, "), "%s", line);
+    cr_assert_null(strstr(line, "stall"), "%s", line);
+
+    nb_auto_compare(runs, 4, 40, &c);
+    cr_assert_eq(c.least_stall_index, 2);
+    cr_assert_float_eq(c.stall_points, 1.5, 1e-9);
+    nb_format_auto(&c, runs, 40, line, sizeof line);
+    cr_assert(strstr(line, "; stall 5.5% = +1.5 points over the least (w=2 p=4, 4.0%)"), "%s",
+              line);
+
+    nb_config cfg = test_config();
+    cfg.compute_ms = 40;
+    nb_machine m = {.cores_online = 2, .cores_allowed = 2};
+    nb_recommendation rec;
+    nb_recommend(runs, 4, 40, &rec);
+    nb_report rep = {.config = &cfg, .machine = &m, .runs = runs, .nruns = 4, .rec = &rec,
+                     .autocmp = &c};
+    char *text = write_json(&rep);
+    cr_assert(strstr(text, "\"final_workers\": 2, \"final_slots\": 3, \"decisions\": 4,"), "%s",
+              text);
+    cr_assert(strstr(text, "\"best_run_index\": 1, \"ratio_to_best\": 0.95,"), "%s", text);
+    cr_assert(strstr(text, "\"least_stall_run_index\": 2, \"stall_points_over_least\": 1.5,"),
+              "%s", text);
+    free(text);
+
+    c.run.ok = 0; /* a failed auto run: no ratio */
+    snprintf(c.run.error, sizeof c.run.error, "start: boom");
+    nb_auto_compare(runs, 4, 0, &c);
+    cr_assert_lt(c.ratio, 0);
+    nb_format_auto(&c, runs, 0, line, sizeof line);
+    cr_assert_str_eq(line, "auto: failed: start: boom");
 }

@@ -119,6 +119,12 @@ static const char usage[] =
     "                       (by default up to 3 runs as good as the pick\n"
     "                       within noise are repeated and averaged before\n"
     "                       the recommendation is final)\n"
+    "  --auto               also run the auto loader (num_workers and prefetch\n"
+    "                       'auto': the controller tunes them as it runs), as\n"
+    "                       long as a grid run and without warm-up, and print\n"
+    "                       its samples/s as a ratio to the best fixed run\n"
+    "                       (with --compute-ms also its stall against the\n"
+    "                       least); in --json as \"auto\"\n"
     "  --no-read-ahead      workers read each batch only when they start it\n"
     "                       (READ_AHEAD -1), to compare with the default\n"
     "  --json FILE          every run, the ceilings and the machine (schema:\n"
@@ -145,6 +151,7 @@ typedef struct opts {
     int io[NB_MAX_IO], nio;
     int seconds_given;
     int no_repeat;            /* --no-repeat */
+    int auto_run;             /* --auto */
     const char *json, *plot;
     char plot_svg[4096];      /* --plot FILE.png: FILE.svg */
     const char *weights;      /* --weights, read after the sources */
@@ -471,7 +478,7 @@ static void add_transform(nb_config *cfg, const char *a)
 enum {
     OPT_BATCH_SIZE = 256, OPT_WORKERS, OPT_PREFETCH, OPT_IO, OPT_SHUFFLE, OPT_DEVICE,
     OPT_BATCHES, OPT_SECONDS, OPT_COMPUTE_MS, OPT_COLD, OPT_DIRECT, OPT_NO_READ_AHEAD, OPT_NO_REPEAT, OPT_TRANSFORM, OPT_RANKS, OPT_JSON, OPT_PLOT, OPT_SEED, OPT_DROP_LAST,
-    OPT_VERSION, OPT_SOURCE, OPT_WEIGHTS,
+    OPT_VERSION, OPT_AUTO, OPT_SOURCE, OPT_WEIGHTS,
 };
 
 static const struct option longopts[] = {
@@ -488,6 +495,7 @@ static const struct option longopts[] = {
     {"direct", no_argument, NULL, OPT_DIRECT},
     {"no-read-ahead", no_argument, NULL, OPT_NO_READ_AHEAD},
     {"no-repeat", no_argument, NULL, OPT_NO_REPEAT},
+    {"auto", no_argument, NULL, OPT_AUTO},
     {"transform", required_argument, NULL, OPT_TRANSFORM},
     {"ranks", required_argument, NULL, OPT_RANKS},
     {"seed", required_argument, NULL, OPT_SEED},
@@ -529,6 +537,7 @@ static void apply_opt(nb_ctx *ctx, nb_config *cfg, opts *o, int opt, const char 
     case OPT_DIRECT: cfg->direct = 1; break;
     case OPT_NO_READ_AHEAD: cfg->no_read_ahead = 1; break;
     case OPT_NO_REPEAT: o->no_repeat = 1; break;
+    case OPT_AUTO: o->auto_run = 1; break;
     case OPT_RANKS: cfg->ranks = (int)parse_int("--ranks", v, 1, 64); break;
     case OPT_SEED:
         cfg->seed = parse_int("--seed", v, INT64_MIN, INT64_MAX);
@@ -1064,6 +1073,28 @@ static void repeat_close(nb_ctx *ctx, nb_config *cfg, const opts *o, double ref,
     nb_format_close(runs, nruns, idx, n, cfg->compute_ms, rec);
 }
 
+/* --auto: the auto loader measured as a grid run is, on the recommended
+ * io (else the first asked), compared with the grid. */
+static void measure_auto(nb_ctx *ctx, const nb_config *cfg, const opts *o, double ref,
+                         const nb_run *runs, size_t nruns, const nb_recommendation *rec,
+                         nb_auto_cmp *c)
+{
+    int io = rec->valid ? runs[rec->run_index].io_requested : o->io[0];
+    nb_progress_start(&ctx->prog, 1, ctx->quiet);
+    if (!ctx->quiet) {
+        printf("the auto loader (w and p: its counts at the end):\n");
+        fflush(stdout);
+    }
+    nb_run_one(ctx, cfg, NPYLOAD_AUTO, NPYLOAD_AUTO, io, ref, &c->run);
+    c->run.workers = c->run.final_workers;
+    c->run.prefetch = c->run.final_slots;
+    if (!ctx->quiet) {
+        nb_print_run(stdout, &c->run);
+        fflush(stdout);
+    }
+    nb_auto_compare(runs, nruns, cfg->compute_ms, c);
+}
+
 /* The recommendation line and the files. @return : the exit status. */
 static int report(const nb_ctx *ctx, const nb_report *rep, const opts *o, int nok)
 {
@@ -1088,6 +1119,11 @@ static int report(const nb_ctx *ctx, const nb_report *rep, const opts *o, int no
     }
     if (!ctx->quiet && rep->zst)
         printf("%s\n", rep->zst->verdict);
+    if (rep->autocmp) { /* asked for: printed with --quiet too */
+        char al[768];
+        nb_format_auto(rep->autocmp, rep->runs, rep->config->compute_ms, al, sizeof al);
+        printf("%s\n", al);
+    }
     const nb_remote_report *rr = rep->remote;
     if (rr && rr->measured)
         printf("remote: ranged GETs of %llu bytes reach %.1f MB/s from %d in flight: "
@@ -1219,10 +1255,14 @@ int main(int argc, char **argv)
         nb_next_steps(&cfg, &rec, &runs[rec.run_index], &zst, mach.cores_allowed,
                       rec.next_steps, sizeof rec.next_steps);
     }
+    static nb_auto_cmp autocmp;
+    if (o.auto_run)
+        measure_auto(&ctx, &cfg, &o, ref, runs, nruns, &rec, &autocmp);
     nb_report rep = {.config = &cfg, .machine = &mach, .ceilings = ceilings,
                      .nceilings = nceil, .runs = runs, .nruns = nruns, .rec = &rec,
                      .warnings = ctx.warnings, .zst = ctx.rclient ? NULL : &zst,
-                     .remote = ctx.rclient ? &rrep : NULL};
+                     .remote = ctx.rclient ? &rrep : NULL,
+                     .autocmp = o.auto_run ? &autocmp : NULL};
     int status = report(&ctx, &rep, &o, nok);
     npyload_nvml_close(ctx.nvml);
     npyload_remote_client_destroy(ctx.rclient);

@@ -68,6 +68,11 @@ typedef struct nb_run {
                                        (npyload_loader_source_samples;
                                        summed over ranks) */
 
+    /* --auto: the controller's counts at the end of the run (per rank) and
+     * its decisions (npyload_stats); any run fills them. */
+    int final_workers, final_slots;
+    uint64_t auto_decisions;
+
     /* GPU monitoring (NVML), when sampled. */
     int gpu_samples;
     double gpu_util_avg_pct, gpu_util_max_pct;
@@ -267,7 +272,19 @@ typedef struct nb_report {
     const char *warnings;      /* newline-separated, may be NULL */
     const nb_zst_report *zst;  /* NULL: "compression": null */
     const nb_remote_report *remote; /* NULL: "remote": null (local fields) */
+    const struct nb_auto_cmp *autocmp; /* --auto; NULL: "auto": null */
 } nb_report;
+
+/* --auto: the auto loader (NUM_WORKERS and PREFETCH NPYLOAD_AUTO) measured
+ * as a grid run is, against the best fixed configuration of the grid. */
+typedef struct nb_auto_cmp {
+    nb_run run;                /* workers/prefetch: its counts at the end */
+    int best_index;            /* the grid's fastest run (samples/s); -1 none */
+    double ratio;              /* run.samples_per_s / the best's; < 0 none */
+    int least_stall_index;     /* with a step: the grid's least stall; -1 */
+    double stall_points;       /* with a step: run.stall_pct minus that
+                                  run's stall (points); NAN without */
+} nb_auto_cmp;
 
 /* ---- npyload_bench_recommend.c ---- */
 
@@ -319,6 +336,17 @@ void nb_format_close(const nb_run *runs, size_t n_all, const int *idx, size_t n,
  * measurements when that is more. nb_recommend and the close candidates
  * use it. */
 double nb_noise(const nb_run *runs, size_t n, double compute_ms);
+
+/* --auto: fills c's comparison of c->run with the succeeded runs of the
+ * grid: the fastest (best_index, ratio), and with a step (compute_ms > 0)
+ * the least stall (least_stall_index, stall_points). */
+void nb_auto_compare(const nb_run *runs, size_t n, double compute_ms, nb_auto_cmp *c);
+
+/* One line: "auto: 2 workers, 4 slots at the end (3 decisions): 9100
+ * samples/s = 0.97 of the best fixed (w=2 p=4, 9400 samples/s)", with a
+ * step also "; stall 1.2% = +0.9 points over the least (w=1 p=4)". */
+void nb_format_auto(const nb_auto_cmp *c, const nb_run *runs, double compute_ms, char *buf,
+                    size_t len);
 
 /* One line: "recommend: num_workers=2 prefetch=4 (1.93 GB/s, 97% of best,
  * 512 MiB of slots)". */

@@ -227,7 +227,8 @@ static npyload_loader *run_loader(const nb_config *cfg, int workers, int prefetc
 static int run_warmup(npyload_loader *L, const nb_config *cfg, int prefetch)
 {
     int64_t nbatches = npyload_loader_num_batches(L);
-    int warm = cfg->cold ? 1 : (prefetch + 1 < 4 ? prefetch + 1 : 4);
+    /* Auto (prefetch NPYLOAD_AUTO): none, its convergence counts. */
+    int warm = prefetch < 0 ? 0 : cfg->cold ? 1 : (prefetch + 1 < 4 ? prefetch + 1 : 4);
     if (nbatches > 0 && warm > nbatches / 2)
         warm = nbatches / 2 > 0 ? (int)(nbatches / 2) : 0;
     for (int i = 0; i < warm; i++) {
@@ -431,6 +432,9 @@ static void add_stats(npyload_loader *L, nb_run *r)
         return;
     r->pinned = st.pinned;
     r->direct_io = st.direct_io;
+    r->final_workers = (int)st.num_workers;
+    r->final_slots = (int)st.num_slots;
+    r->auto_decisions = st.auto_decisions;
     r->gather_bytes += st.gather_bytes;
     r->gather_requests += st.gather_requests;
     r->read_requests += st.read_requests;

@@ -486,3 +486,56 @@ void nb_format_recommendation(const nb_recommendation *r, double compute_ms,
                  "%s of slots)",
                  r->workers, r->prefetch, r->gbps, 100.0 * r->frac_of_best, mem);
 }
+
+void nb_auto_compare(const nb_run *runs, size_t n, double compute_ms, nb_auto_cmp *c)
+{
+    c->best_index = c->least_stall_index = -1;
+    c->ratio = -1;
+    c->stall_points = NAN;
+    for (size_t i = 0; i < n; i++) {
+        if (!runs[i].ok)
+            continue;
+        if (c->best_index < 0 || runs[i].samples_per_s > runs[c->best_index].samples_per_s)
+            c->best_index = (int)i;
+        if (compute_ms > 0 && !isnan(runs[i].stall_pct) &&
+            (c->least_stall_index < 0 ||
+             runs[i].stall_pct < runs[c->least_stall_index].stall_pct))
+            c->least_stall_index = (int)i;
+    }
+    if (!c->run.ok)
+        return;
+    if (c->best_index >= 0 && runs[c->best_index].samples_per_s > 0)
+        c->ratio = c->run.samples_per_s / runs[c->best_index].samples_per_s;
+    if (c->least_stall_index >= 0 && !isnan(c->run.stall_pct))
+        c->stall_points = c->run.stall_pct - runs[c->least_stall_index].stall_pct;
+}
+
+void nb_format_auto(const nb_auto_cmp *c, const nb_run *runs, double compute_ms, char *buf,
+                    size_t len)
+{
+    const nb_run *r = &c->run;
+    if (!r->ok) {
+        snprintf(buf, len, "auto: failed: %s", r->error);
+        return;
+    }
+    int k = snprintf(buf, len, "auto: %d workers, %d slots at the end (%llu decisions): "
+                     "%.0f samples/s", r->final_workers, r->final_slots,
+                     (unsigned long long)r->auto_decisions, r->samples_per_s);
+    if (k < 0 || (size_t)k >= len)
+        return;
+    if (c->best_index >= 0) {
+        const nb_run *b = &runs[c->best_index];
+        k += snprintf(buf + k, len - (size_t)k, " = %.2f of the best fixed (w=%d p=%d, %.0f "
+                      "samples/s)", c->ratio, b->workers, b->prefetch, b->samples_per_s);
+    } else {
+        k += snprintf(buf + k, len - (size_t)k, " (no fixed run succeeded)");
+    }
+    if (k < 0 || (size_t)k >= len)
+        return;
+    if (compute_ms > 0 && c->least_stall_index >= 0 && !isnan(c->stall_points)) {
+        const nb_run *b = &runs[c->least_stall_index];
+        snprintf(buf + k, len - (size_t)k, "; stall %.1f%% = %+.1f points over the least "
+                 "(w=%d p=%d, %.1f%%)", r->stall_pct, c->stall_points, b->workers,
+                 b->prefetch, b->stall_pct);
+    }
+}

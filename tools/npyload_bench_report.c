@@ -241,6 +241,28 @@ static void nb_json_warnings(FILE *f, const char *warnings)
     fputs(n ? "\n  ]\n}\n" : "]\n}\n", f);
 }
 
+/* --auto: the auto loader's run and its comparison with the grid. */
+static void nb_json_auto(FILE *f, const nb_auto_cmp *c, const nb_run *runs,
+                         const nb_config *cfg)
+{
+    if (!c) {
+        fputs(",\n  \"auto\": null", f);
+        return;
+    }
+    char line[768];
+    nb_format_auto(c, runs, cfg->compute_ms, line, sizeof line);
+    fputs(",\n  \"auto\": {\n  \"run\":", f);
+    nb_json_run(f, &c->run, cfg);
+    nj_printf(f,
+              ",\n    \"final_workers\": %d, \"final_slots\": %d, \"decisions\": %llu,"
+              "\n    \"best_run_index\": %d, \"ratio_to_best\": %g,"
+              "\n    \"least_stall_run_index\": %d, \"stall_points_over_least\": %g,"
+              "\n    \"line\": %s\n  }",
+              c->run.final_workers, c->run.final_slots,
+              (unsigned long long)c->run.auto_decisions, c->best_index,
+              c->ratio >= 0 ? c->ratio : NAN, c->least_stall_index, c->stall_points, line);
+}
+
 int nb_write_json(FILE *f, const nb_report *rep)
 {
     nj_printf(f, "{\n  \"tool\": %s,\n  \"schema_version\": %d", "npyload-bench", 1);
@@ -258,6 +280,7 @@ int nb_write_json(FILE *f, const nb_report *rep)
     nb_json_recommendation(f, rep->rec, rep->config->compute_ms);
     nb_json_compression(f, rep->zst);
     nb_json_remote(f, rep->remote);
+    nb_json_auto(f, rep->autocmp, rep->runs, rep->config);
     nb_json_warnings(f, rep->warnings);
     return ferror(f) ? -1 : 0;
 }

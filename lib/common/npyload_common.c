@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <time.h>
@@ -137,14 +138,27 @@ void npyl_count_cpu(_Atomic uint64_t *sum, uint64_t *mark)
     *mark = now;
 }
 
+/* The calling thread's voluntary context switches (UINT64_MAX when
+ * unknown: then every span's off-CPU time counts as blocked). */
+static uint64_t thread_vcsw(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_THREAD, &ru) != 0)
+        return UINT64_MAX;
+    return (uint64_t)ru.ru_nvcsw;
+}
+
 npyl_span npyl_span_begin(void)
 {
-    return (npyl_span){npyl_now_ns(), npyl_thread_cpu_ns()};
+    return (npyl_span){npyl_now_ns(), npyl_thread_cpu_ns(), thread_vcsw()};
 }
 
 uint64_t npyl_blocked_since(npyl_span m)
 {
     uint64_t wall = npyl_now_ns() - m.wall, cpu = npyl_thread_cpu_ns() - m.cpu;
+    uint64_t v = thread_vcsw();
+    if (v == m.vcsw && v != UINT64_MAX)
+        return 0; /* off the CPU only when preempted: not a wait */
     return wall > cpu ? wall - cpu : 0;
 }
 

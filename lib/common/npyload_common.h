@@ -45,9 +45,13 @@ NPYL_HIDDEN uint64_t npyl_thread_cpu_ns(void);
 NPYL_HIDDEN void npyl_count_cpu(_Atomic uint64_t *sum, uint64_t *mark);
 
 /* Off-CPU time of a span on the calling thread (time blocked, e.g. in a
- * read from a device): mark, do the work, then npyl_blocked_since. */
+ * read from a device): mark, do the work, then npyl_blocked_since. Wall
+ * minus the thread's CPU time (CLOCK_THREAD_CPUTIME_ID) is the time off
+ * the CPU, blocked or preempted; the thread's voluntary context switches
+ * (getrusage RUSAGE_THREAD) tell them apart: a span without one was only
+ * preempted (a page-cache copy on a busy machine) and counts 0. */
 typedef struct npyl_span {
-    uint64_t wall, cpu;
+    uint64_t wall, cpu, vcsw;
 } npyl_span;
 NPYL_HIDDEN npyl_span npyl_span_begin(void);
 NPYL_HIDDEN uint64_t npyl_blocked_since(npyl_span m);

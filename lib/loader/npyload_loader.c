@@ -83,6 +83,7 @@ int npyload_loader_create(npyload_loader **out)
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     npyl_slots_init(&L->ring);
+    npyl_auto_init(&L->ctrl);
     npyl_skip_log_init(&L->skip);
     npyl_stores_init(&L->stores);
     pthread_mutex_init(&L->ctl, NULL);
@@ -304,6 +305,7 @@ static void loader_free(npyload_loader *L)
     pthread_mutex_destroy(&L->dig_mu);
     npyl_stores_fini(&L->stores);
     npyl_slots_fini(&L->ring);
+    npyl_auto_fini(&L->ctrl);
     npyl_skip_log_fini(&L->skip);
     pthread_cond_destroy(&L->ctl_cv);
     pthread_mutex_destroy(&L->ctl);
@@ -449,13 +451,26 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *dst,
     out->direct_io = (int)L->opt[NPYLOAD_OPT_DIRECT_IO];
     out->device = L->dev.device;
     out->slot_bytes = L->host_slot_bytes;
-    out->num_slots = L->ring.nh + L->ring.nd;
+    /* The counts now (the controller changes them) and the memory. */
+    out->num_slots = L->started ? (L->dev.device >= 0 ? L->ring.nh + L->ring.nd
+                                                      : npyl_auto_slots((npyl_auto *)&L->ctrl))
+                                : 0;
+    out->auto_mode = L->started ? (uint64_t)L->ctrl.mode : 0;
+    out->memory_budget = out->auto_mode ? L->ctrl.budget : 0;
+    out->memory_bytes = L->started ? npyl_auto_bytes((npyl_auto *)&L->ctrl) : 0;
+    if (L->started) {
+        uint64_t total = 0;
+        npyl_auto_history((npyl_auto *)&L->ctrl, NULL, 0, sizeof(npyload_auto_event), &total);
+        out->auto_decisions = total ? total - 1 : 0; /* the start is not a change */
+    }
     /* workers[] and their io contexts live from start to free_started, like
      * the slots read above; backend_now is atomic. */
     npyl_store_counters c = {0};
     uint64_t ahead_cpu = 0, ahead_blocked = 0;
+    /* Only the workers made so far (the controller makes more). */
+    size_t made = L->started && L->workers ? npyl_auto_made((npyl_auto *)&L->ctrl) : 0;
     if (L->started && L->workers)
-        for (size_t i = 0; i < L->nworkers; i++) {
+        for (size_t i = 0; i < made && i < L->nworkers; i++) {
             uint64_t fell = 0;
             npyl_read_ctx_counters(&L->workers[i].rd, &c, &ahead_cpu, &ahead_blocked, &fell);
             if (L->backend == NPYLOAD_IO_URING)
@@ -465,7 +480,7 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *dst,
     out->step_ns = atomic_load(&L->st.step_ns);
     out->worker_cpu_ns = atomic_load(&L->st.cpu_ns) + ahead_cpu;
     out->read_blocked_ns = atomic_load(&L->st.blocked_ns) + ahead_blocked;
-    out->num_workers = L->sync ? 0 : L->nworkers;
+    out->num_workers = L->sync || !L->started ? 0 : npyl_auto_workers((npyl_auto *)&L->ctrl);
     out->gather_bytes = c.gather_bytes;
     out->gather_requests = c.gather_reqs;
     out->read_requests = c.read_reqs;
@@ -474,6 +489,27 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *dst,
     /* The first published layout ends at transform_ns (npyload.h). */
     return npyl_sized_out(dst, size, out, sizeof *out,
                           NPYL_SIZE_THROUGH(npyload_stats, transform_ns));
+}
+
+int npyload_loader_auto_history(const npyload_loader *L, npyload_auto_event *ev, size_t n,
+                                size_t size, uint64_t *total)
+{
+    if (total)
+        *total = 0;
+    if (!L || (n && !ev) || size < NPYL_SIZE_THROUGH(npyload_auto_event, read_blocked))
+        return NPYLOAD_EINVAL;
+    if (npyl_in_child(L))
+        return NPYLOAD_EFORKED;
+    npyload_loader *M = (npyload_loader *)L; /* the lock is not part of the value */
+    return (int)npyl_auto_history(&M->ctrl, ev, n > INT32_MAX ? INT32_MAX : n, size, total);
+}
+
+const char *npyload_auto_reason_name(int reason)
+{
+    static const char *const names[] = {"start", "wait", "no-gain", "spare",
+                                        "worse", "held", "regime", "forced",
+                                        "unused"};
+    return reason >= 0 && reason < (int)(sizeof names / sizeof *names) ? names[reason] : "?";
 }
 
 int npyload_loader_fill_error(const npyload_loader *L, char *buf, size_t len)

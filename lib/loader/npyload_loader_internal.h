@@ -50,6 +50,7 @@
 #include "npyload_loader_read.h"
 #include "npyload_loader_slots.h"
 #include "npyload_loader_worker.h"
+#include "npyload_loader_auto.h"
 
 #define DEFAULT_WORKERS 2
 #define DEFAULT_WINDOW 8
@@ -175,12 +176,15 @@ struct npyload_loader {
                                  behind a skip */
     npyl_stats st;            /* atomics: whoever did the work counts */
     npyl_work_env env;        /* [create] the workers' view: ring, rv, dev, st */
-    npyl_worker *workers;     /* [start.c] */
+    npyl_worker *workers;     /* [start.c] the array (nworkers); the first
+                                 npyl_auto_made(&ctrl) are initialised */
     size_t nworkers;
     /* [fill.c, ctl] The background cache fill (NPYLOAD_OPT_CACHE_FILL):
      * made by the first start that fills, its thread stopped by stop and
      * destroy, freed with the loader; read by stats on any thread. */
     struct npyl_fill *fill;
+    npyl_auto ctrl;           /* [start.c, then ctl] the controller
+                                 (NPYLOAD_AUTO): npyload_loader_auto.h */
 
     /* [msg] The text of the last failure: written only through
      * npyl_loader_fail / _msg / _clear (npyload_loader.c), under msg_mu, a

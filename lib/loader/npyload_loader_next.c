@@ -69,6 +69,34 @@ static void hand_out_rows(npyload_loader *L, npyl_slot *s)
         free(a);
 }
 
+/* The controller's tick (NPYLOAD_AUTO), in the control turn when it is
+ * free: a control call in progress (set_epoch, set_state, stop, destroy)
+ * skips it, so the controller never overlaps one. */
+static void auto_tick(npyload_loader *L)
+{
+    if (!L->ctrl.mode)
+        return;
+    pthread_mutex_lock(&L->ctl);
+    int mine = !L->ctl_busy && !L->destroying && L->started;
+    if (mine)
+        L->ctl_busy = 1;
+    pthread_mutex_unlock(&L->ctl);
+    if (!mine)
+        return;
+    npyl_auto_meas m = {
+        .now_ns = npyl_now_ns(),
+        .batches = atomic_load(&L->st.batches),
+        .samples = atomic_load(&L->st.samples),
+        .wait_ns = atomic_load(&L->st.wait_ns),
+        .fill_wait_ns = atomic_load(&L->st.fill_wait_ns),
+        .step_ns = atomic_load(&L->st.step_ns),
+        .busy_ns = atomic_load(&L->st.io_ns) + atomic_load(&L->st.transform_ns),
+        .blocked_ns = atomic_load(&L->st.blocked_ns),
+    };
+    npyl_auto_tick(&L->ctrl, &m);
+    npyl_ctl_leave(L);
+}
+
 int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t timeout_ns)
 {
     if (!L || !out)
@@ -83,6 +111,7 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
     uint64_t back = atomic_load(&L->st.last_return_ns);
     if (back && t0 > back) /* the step since the last batch */
         atomic_fetch_add(&L->st.step_ns, t0 - back);
+    auto_tick(L);
     struct timespec deadline;
     if (timeout_ns >= 0) {
         clock_gettime(CLOCK_MONOTONIC, &deadline);
@@ -113,6 +142,8 @@ int npyload_loader_next_timeout(npyload_loader *L, npyload_batch **out, int64_t 
         atomic_fetch_add(&L->refs, 1); /* dropped by the batch's release */
         atomic_fetch_add(&L->st.batches, 1);
         atomic_fetch_add(&L->st.samples, rows);
+        if ((*out)->first)
+            atomic_fetch_add(&L->st.fill_wait_ns, t1 - t0);
     }
     /* Rows the reader dropped count when their batch is handed out, as data
      * or as the error MAX_ERRORS made of it: a batch read ahead and dropped

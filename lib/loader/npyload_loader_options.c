@@ -46,11 +46,27 @@ static int range_of(int opt, opt_range *r)
         *r = (opt_range){1, INT64_C(1) << 31, "1 .. 2^31 samples"};
         return 0;
     case NPYLOAD_OPT_NUM_WORKERS:
-        *r = (opt_range){NPYLOAD_WORKERS_SYNC, MAX_WORKERS,
-                         "1 .. 256 (0 = default 2, -1 = synchronous reads in next())"};
+        *r = (opt_range){NPYLOAD_AUTO, MAX_WORKERS,
+                         "1 .. 256 (0 or -2 = auto, the default; -1 = synchronous reads "
+                         "in next())"};
         return 0;
     case NPYLOAD_OPT_PREFETCH:
-        *r = (opt_range){0, MAX_PREFETCH, "1 .. 1024 slots (0 = default 2 x workers)"};
+        *r = (opt_range){NPYLOAD_AUTO, MAX_PREFETCH, "1 .. 1024 slots (0 or -2 = auto, the "
+                         "default)"};
+        return 0;
+    case NPYLOAD_OPT_MEMORY_BUDGET:
+        *r = (opt_range){0, INT64_MAX, ">= 0 bytes (0 = default: a quarter of the memory "
+                         "the process may use)"};
+        return 0;
+    case NPYLOAD_OPT_AUTO_TARGET:
+        *r = (opt_range){0, 10000, "1 .. 10000 basis points of the loop (0 = default 200)"};
+        return 0;
+    case NPYLOAD_OPT_AUTO_CORES:
+        *r = (opt_range){0, MAX_WORKERS, "1 .. 256 cores (0 = default: the cores the "
+                         "process may run on)"};
+        return 0;
+    case NPYLOAD_OPT_AUTO_FORCE:
+        *r = (opt_range){0, INT64_C(1) << 31, ">= 0 batches (0 = off)"};
         return 0;
     case NPYLOAD_OPT_SHUFFLE:
         *r = (opt_range){NPYLOAD_SHUFFLE_NONE, NPYLOAD_SHUFFLE_LOCAL,
@@ -127,9 +143,10 @@ int64_t npyload_default_prefetch(int64_t num_workers)
     range_of(NPYLOAD_OPT_NUM_WORKERS, &r);
     if (num_workers < r.min || num_workers > r.max)
         return NPYLOAD_EINVAL;
-    /* Sync mode has one worker context; slots: two per worker. */
+    /* Sync mode has one worker context; slots: two per worker (auto: its
+     * first worker count). */
     int64_t w = num_workers == NPYLOAD_WORKERS_SYNC ? 1
-              : num_workers ? num_workers : DEFAULT_WORKERS;
+              : num_workers > 0 ? num_workers : DEFAULT_WORKERS;
     int64_t slots = 2 * w;
     return slots < MAX_PREFETCH ? slots : MAX_PREFETCH;
 }
@@ -264,9 +281,10 @@ int npyload_loader_get(const npyload_loader *L, npyload_option opt, int64_t *val
     /* After start, what the loader runs with: defaults resolved. */
     switch (opt) {
     case NPYLOAD_OPT_NUM_WORKERS:
-        *value = L->sync ? NPYLOAD_WORKERS_SYNC : (int64_t)L->nworkers;
+        *value = L->sync ? NPYLOAD_WORKERS_SYNC : (int64_t)npyl_auto_workers((npyl_auto *)&L->ctrl);
         break;
-    case NPYLOAD_OPT_PREFETCH: *value = (int64_t)(L->ring.nd ? L->ring.nd : L->ring.nh); break;
+    case NPYLOAD_OPT_PREFETCH: *value = (int64_t)npyl_auto_slots((npyl_auto *)&L->ctrl); break;
+    case NPYLOAD_OPT_MEMORY_BUDGET: *value = (int64_t)L->ctrl.budget; break;
     case NPYLOAD_OPT_QUEUE_DEPTH: *value = (int64_t)L->queue_depth; break;
     case NPYLOAD_OPT_SHUFFLE_WINDOW: *value = L->ring.op.window; break;
     case NPYLOAD_OPT_IO_BACKEND: *value = L->backend; break;

@@ -85,13 +85,14 @@ static void claim_into(npyl_ring *r, npyl_slot *h, int *copy_pending)
     *copy_pending = h->copy_pending;
 }
 
-npyl_slot *npyl_slots_claim(npyl_ring *r, int wait, int *copy_pending)
+npyl_slot *npyl_slots_claim(npyl_ring *r, size_t who, int wait, int *copy_pending)
 {
     npyl_slot *h = NULL;
     pthread_mutex_lock(&r->mu);
     if (wait) {
         while (!r->stopping) {
-            if (r->claim_seq < r->nbatches && (h = free_staging(r)) != NULL)
+            if (who < r->workers_on && r->claim_seq < r->nbatches &&
+                (h = free_staging(r)) != NULL)
                 break;
             pthread_cond_wait(&r->work_cv, &r->mu);
         }
@@ -110,11 +111,12 @@ npyl_slot *npyl_slots_claim(npyl_ring *r, int wait, int *copy_pending)
     return h;
 }
 
-npyl_slot *npyl_slots_claim_ahead(npyl_ring *r, int *copy_pending)
+npyl_slot *npyl_slots_claim_ahead(npyl_ring *r, size_t who, int *copy_pending)
 {
     npyl_slot *h = NULL;
     pthread_mutex_lock(&r->mu);
-    if (!r->stopping && r->claim_seq < r->nbatches && (h = free_staging(r)) != NULL)
+    if (!r->stopping && who < r->workers_on && r->claim_seq < r->nbatches &&
+        (h = free_staging(r)) != NULL)
         claim_into(r, h, copy_pending);
     pthread_mutex_unlock(&r->mu);
     return h;
@@ -232,7 +234,7 @@ static npyl_slot *find_ready(npyl_ring *r)
  * mu held after find_ready failed. */
 static int cannot_wait(npyl_ring *r, int sync, char *errmsg, size_t errlen)
 {
-    size_t nbatch_slots = r->nd ? r->nd : r->nh, poisoned = 0;
+    size_t nbatch_slots = r->nd ? r->nd : r->slots_on, poisoned = 0;
     for (size_t i = 0; i < r->nd; i++)
         poisoned += r->dslots[i].state == SLOT_POISONED;
     if (r->held + poisoned >= nbatch_slots)
@@ -272,6 +274,7 @@ static int hand_out(npyl_ring *r, npyl_slot *s, npyload_batch **out, size_t *row
     npyload_batch *b = &s->handles[++s->handouts % NPYL_HANDLES];
     b->seq = s->seq;
     b->epoch = s->epoch;
+    b->first = s->seq == r->gen_first_seq;
     atomic_store_explicit(&s->owner, b, memory_order_release);
     *out = b;
     *rows = s->rows;
@@ -480,4 +483,52 @@ size_t npyl_slots_mark_kept(npyl_ring *r)
     size_t n = r->held;
     pthread_mutex_unlock(&r->mu);
     return n;
+}
+
+/* ---- the controller ---- */
+
+void npyl_slots_set_workers(npyl_ring *r, size_t n)
+{
+    pthread_mutex_lock(&r->mu);
+    r->workers_on = n;
+    pthread_cond_broadcast(&r->work_cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+size_t npyl_slots_retire(npyl_ring *r, size_t want, npyl_slot **out)
+{
+    size_t n = 0;
+    if (want < 1)
+        want = 1;
+    pthread_mutex_lock(&r->mu);
+    for (size_t i = r->nh; i-- > 0 && r->slots_on > want;) {
+        npyl_slot *s = &r->hslots[i];
+        /* Only a FREE slot no copy reads: HELD (the caller's), FILLING and
+         * READY slots stay until they come back. */
+        if (s->state != SLOT_FREE || s->copy_pending)
+            continue;
+        s->state = SLOT_OFF;
+        r->slots_on--;
+        out[n++] = s;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+void npyl_slots_offer(npyl_ring *r, npyl_slot *s)
+{
+    pthread_mutex_lock(&r->mu);
+    s->state = SLOT_FREE;
+    s->copy_pending = 0;
+    r->slots_on++;
+    pthread_cond_broadcast(&r->work_cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+void npyl_slots_counts(npyl_ring *r, size_t *on, size_t *held)
+{
+    pthread_mutex_lock(&r->mu);
+    *on = r->nd ? r->nd : r->slots_on;
+    *held = r->held;
+    pthread_mutex_unlock(&r->mu);
 }

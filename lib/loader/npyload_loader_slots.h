@@ -53,7 +53,10 @@
  * slot has been handed out NPYL_HANDLES more times (see npyl_slots_disown). */
 #define NPYL_HANDLES 8
 
-enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_READY, SLOT_HELD, SLOT_POISONED };
+/* SLOT_OFF: a staging slot without memory, outside the ring (the
+ * controller, npyload_loader_auto.h, shrank the ring): touched only by the
+ * ctl holder, which gives it memory and offers it back (npyl_slots_offer). */
+enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_READY, SLOT_HELD, SLOT_POISONED, SLOT_OFF };
 
 /* A slot: host staging memory (host slots) or device memory (device slots).
  * In host mode the host slots are also the batches handed out. The fields
@@ -109,6 +112,8 @@ struct npyload_batch {
     int device_mode;
     int64_t seq;          /* the hand-out's batch and epoch (for messages) */
     uint64_t epoch;
+    int first;            /* the first batch of its generation: its wait is
+                             the pass's fill (the controller leaves it out) */
 };
 
 typedef struct npyl_ring {
@@ -145,6 +150,9 @@ typedef struct npyl_ring {
                                  generation (or it was restored ended) */
     int stopping;             /* [mu] workers exit, next() returns */
     int in_next;              /* [mu] next() calls inside */
+    size_t workers_on;        /* [mu] workers with index >= this claim
+                                 nothing (they park on work_cv) */
+    size_t slots_on;          /* [mu] staging slots not OFF */
 } npyl_ring;
 
 NPYL_HIDDEN void npyl_slots_init(npyl_ring *r);
@@ -157,11 +165,11 @@ NPYL_HIDDEN void npyl_slots_fini(npyl_ring *r);
  * sleeps until a claim is possible or stop; else (sync mode) needs a FREE
  * device slot too when there are device slots, never sleeps. Returns the
  * slot, or NULL (stopping, or nothing to claim now). */
-NPYL_HIDDEN npyl_slot *npyl_slots_claim(npyl_ring *r, int wait, int *copy_pending);
+NPYL_HIDDEN npyl_slot *npyl_slots_claim(npyl_ring *r, size_t who, int wait, int *copy_pending);
 /* Read-ahead: claims the next batch as npyl_slots_claim does, without
  * waiting: NULL when no staging slot is FREE, nothing is left to claim, or
  * the loader stops. */
-NPYL_HIDDEN npyl_slot *npyl_slots_claim_ahead(npyl_ring *r, int *copy_pending);
+NPYL_HIDDEN npyl_slot *npyl_slots_claim_ahead(npyl_ring *r, size_t who, int *copy_pending);
 /* A filled staging slot h, host mode: READY for next() (FREE when its
  * generation was abandoned meanwhile). */
 NPYL_HIDDEN void npyl_slots_publish(npyl_ring *r, npyl_slot *h, int copy_pending);
@@ -261,5 +269,20 @@ NPYL_HIDDEN void npyl_slots_stop(npyl_ring *r, int wait_next);
 NPYL_HIDDEN size_t npyl_slots_mark_kept(npyl_ring *r);
 /* The batches the caller holds, under mu. */
 NPYL_HIDDEN size_t npyl_slots_held(npyl_ring *r);
+
+/* ---- the controller (the ctl holder) ---- */
+/* Workers whose index is >= n claim nothing from now on: they finish what
+ * they hold and park on work_cv; raising n wakes them. who (claim) is the
+ * worker's index. */
+NPYL_HIDDEN void npyl_slots_set_workers(npyl_ring *r, size_t n);
+/* Takes FREE staging slots out of the ring (OFF), highest index first,
+ * until at most `want` are on (never fewer than 1): a slot held, filled or
+ * ready is never taken. Writes the slots taken into out (room for r->nh)
+ * and returns how many; their memory is the caller's to free, without mu. */
+NPYL_HIDDEN size_t npyl_slots_retire(npyl_ring *r, size_t want, npyl_slot **out);
+/* An OFF slot whose memory the caller allocated joins the ring (FREE). */
+NPYL_HIDDEN void npyl_slots_offer(npyl_ring *r, npyl_slot *s);
+/* Under mu: slots on, held by the caller. */
+NPYL_HIDDEN void npyl_slots_counts(npyl_ring *r, size_t *on, size_t *held);
 
 #endif

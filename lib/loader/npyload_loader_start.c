@@ -429,7 +429,7 @@ static int upload_all_tables(npyload_loader *L)
     return rc;
 }
 
-static int init_slot(npyload_loader *L, npyl_slot *s, int device_slot)
+static int init_slot(npyload_loader *L, npyl_slot *s, int device_slot, int with_mem)
 {
     size_t rows = L->slot_rows ? (size_t)L->slot_rows : 1;
     s->indices = malloc(rows * sizeof *s->indices);
@@ -452,6 +452,10 @@ static int init_slot(npyload_loader *L, npyl_slot *s, int device_slot)
     }
     atomic_init(&s->owner, NULL);
     int rc;
+    if (!with_mem) {
+        s->state = SLOT_OFF; /* the controller gives it memory when it wants it */
+        return 0;
+    }
     if (device_slot) {
         if ((rc = npyl_cuda_malloc(L->dev.cuda, (void **)&s->mem, L->dev_slot_bytes)) ||
             (rc = npyl_cuda_event_create(L->dev.cuda, &s->ev_done, 0)) ||
@@ -471,7 +475,8 @@ static int init_slot(npyload_loader *L, npyl_slot *s, int device_slot)
                                     npyl_cuda_errmsg(L->dev.cuda));
         /* Pinning can fail under a locked-memory limit: fall back to pageable
          * memory for every slot so the stats tell one consistent story. */
-        for (size_t i = 0; i < L->ring.nh && &L->ring.hslots[i] != s; i++) {
+        for (size_t i = 0; i < L->ring.nh && &L->ring.hslots[i] != s &&
+                           L->ring.hslots[i].mem; i++) {
             npyl_cuda_host_free(L->dev.cuda, L->ring.hslots[i].mem);
             L->ring.hslots[i].mem = npyl_alloc_aligned(L->host_slot_bytes, NPYL_DIRECT_ALIGN);
             if (!L->ring.hslots[i].mem)
@@ -506,7 +511,9 @@ static int read_ahead(const npyload_loader *L)
     return 0;
 }
 
-static int alloc_slots(npyload_loader *L, size_t nworkers, size_t prefetch)
+/* nworkers, prefetch: the capacities (the controller's ceilings); on:
+ * the host slots that get memory now (the others are OFF). */
+static int alloc_slots(npyload_loader *L, size_t nworkers, size_t prefetch, size_t on)
 {
     int device_mode = L->dev.device >= 0;
     /* Host mode: the slots are the batches. Device mode: PREFETCH device
@@ -520,13 +527,16 @@ static int alloc_slots(npyload_loader *L, size_t nworkers, size_t prefetch)
     L->ring.dslots = L->ring.nd ? calloc(L->ring.nd, sizeof *L->ring.dslots) : NULL;
     if (!L->ring.hslots || (L->ring.nd && !L->ring.dslots))
         return npyl_loader_fail(L, -ENOMEM, "out of memory");
+    if (device_mode)
+        on = L->ring.nh;
     for (size_t i = 0; i < L->ring.nh; i++) {
-        int rc = init_slot(L, &L->ring.hslots[i], 0);
+        int rc = init_slot(L, &L->ring.hslots[i], 0, i < on);
         if (rc)
             return rc;
     }
+    L->ring.slots_on = on < L->ring.nh ? on : L->ring.nh;
     for (size_t i = 0; i < L->ring.nd; i++) {
-        int rc = init_slot(L, &L->ring.dslots[i], 1);
+        int rc = init_slot(L, &L->ring.dslots[i], 1, 1);
         if (rc)
             return rc;
     }
@@ -617,18 +627,20 @@ static int need_batch_size(npyload_loader *L)
                             "(it has no default)");
 }
 
-static int resolve_counts(npyload_loader *L, size_t *nworkers, size_t *prefetch)
+static int resolve_counts(npyload_loader *L, size_t *nworkers, size_t *prefetch, int *mode)
 {
     int64_t W = L->opt[NPYLOAD_OPT_WORLD_SIZE], R = L->opt[NPYLOAD_OPT_RANK];
     if (R >= W)
         return npyl_loader_fail(L, NPYLOAD_EINVAL, "RANK %" PRId64 " must be below "
                                 "WORLD_SIZE %" PRId64, R, W);
-    int64_t nw = L->opt[NPYLOAD_OPT_NUM_WORKERS];
-    /* Sync: one worker context (io, buffers) used by next() itself. */
+    int64_t nw = L->opt[NPYLOAD_OPT_NUM_WORKERS], pf = L->opt[NPYLOAD_OPT_PREFETCH];
+    /* Sync: one worker context (io, buffers) used by next() itself; no
+     * controller. Else 0 and NPYLOAD_AUTO hand the count to it. */
     L->sync = nw == NPYLOAD_WORKERS_SYNC;
-    *nworkers = L->sync ? 1 : nw ? (size_t)nw : DEFAULT_WORKERS;
-    *prefetch = L->opt[NPYLOAD_OPT_PREFETCH] ? (size_t)L->opt[NPYLOAD_OPT_PREFETCH]
-                                              : (size_t)npyload_default_prefetch(nw);
+    *mode = L->sync ? 0 : (nw <= 0 ? NPYL_AUTO_WORKERS : 0) | (pf <= 0 ? NPYL_AUTO_SLOTS : 0);
+    *nworkers = L->sync ? 1 : nw > 0 ? (size_t)nw : DEFAULT_WORKERS;
+    *prefetch = pf > 0 ? (size_t)pf
+                       : (size_t)npyload_default_prefetch(L->sync ? nw : nw > 0 ? nw : 0);
     if (*prefetch > MAX_PREFETCH)
         *prefetch = MAX_PREFETCH;
     L->queue_depth = L->opt[NPYLOAD_OPT_QUEUE_DEPTH] ? (unsigned)L->opt[NPYLOAD_OPT_QUEUE_DEPTH]
@@ -721,7 +733,7 @@ static int fill_read_view(npyload_loader *L)
 /* Step: one worker per thread (or the one of a synchronous loader): its io
  * context (descriptors, ring), request array, .npy.zst scratch and, in
  * device mode, copy stream (npyl_worker_init). */
-static int create_workers(npyload_loader *L, size_t nworkers)
+static int create_workers(npyload_loader *L, size_t nworkers, size_t made)
 {
     unsigned max_open = 1;
     /* Read-ahead gives each worker a second io context; when the
@@ -758,10 +770,44 @@ static int create_workers(npyload_loader *L, size_t nworkers)
             cfg.aug_bytes = f->tplan.in_row_bytes;
     }
     char err[NPYL_ERRMSG_LEN];
-    for (size_t i = 0; i < nworkers; i++)
+    for (size_t i = 0; i < made; i++)
         if ((rc = npyl_worker_init(&L->workers[i], i, &L->env, &cfg, err, sizeof err)))
             return npyl_loader_fail(L, rc, "%s", err);
+    L->ring.workers_on = made;
+    npyl_auto_meas m = {.now_ns = npyl_now_ns()};
+    npyl_auto_begin(&L->ctrl, &L->ring, L->workers, made, &L->env, &cfg, &L->dev, &m);
     return 0;
+}
+
+/* Step: the controller's first counts and ceilings (NPYLOAD_AUTO), within
+ * MEMORY_BUDGET; fixed counts pass through. */
+static int plan_auto(npyload_loader *L, int mode, size_t *nworkers, size_t *cap_workers,
+                     size_t *prefetch, size_t *cap_slots)
+{
+    /* READ_AHEAD 1 reads ahead always (a worker fills two slots); the
+     * default only where a batch has work after its reads. */
+    int ahead = read_ahead(L) && L->opt[NPYLOAD_OPT_READ_AHEAD] == 1;
+    uint64_t per = read_ahead(L) ? 2 : 1;
+    npyl_auto_setup su = {
+        .mode = mode,
+        .workers = *nworkers,
+        .slots = *prefetch,
+        .device_mode = L->dev.device >= 0,
+        .ahead = ahead,
+        .budget = (uint64_t)L->opt[NPYLOAD_OPT_MEMORY_BUDGET],
+        .cores = L->opt[NPYLOAD_OPT_AUTO_CORES],
+        .target_bp = L->opt[NPYLOAD_OPT_AUTO_TARGET],
+        .force = L->opt[NPYLOAD_OPT_AUTO_FORCE],
+        .slot_bytes = L->host_slot_bytes,
+        /* read buffers: the transform rows (two with read-ahead), the
+         * .npy.zst scratch, and a little for requests and io */
+        .worker_bytes = per * (L->raw_bytes + (uint64_t)L->zst.max_csize +
+                               (uint64_t)L->zst.max_multi_dsize) + (256u << 10),
+    };
+    char err[NPYL_ERRMSG_LEN];
+    int rc = npyl_auto_plan(&L->ctrl, &su, nworkers, cap_workers, prefetch, cap_slots, err,
+                            sizeof err);
+    return rc ? npyl_loader_fail(L, rc, "%s", err) : 0;
 }
 
 static int start_ctl(npyload_loader *L);
@@ -784,22 +830,27 @@ static int start_ctl(npyload_loader *L)
     int rc;
     if (L->started)
         return npyl_loader_fail(L, NPYLOAD_ESTATE, "the loader is already started");
-    size_t nworkers = 0, prefetch = 0;
-    if ((rc = resolve_counts(L, &nworkers, &prefetch)))
+    size_t nworkers = 0, prefetch = 0, cap_workers = 0, cap_slots = 0;
+    int mode = 0;
+    if ((rc = resolve_counts(L, &nworkers, &prefetch, &mode)))
         return rc;
     /* The fields a stop kept are read again when a file changed since. */
     if (L->fields_loaded && npyl_stores_changed(&L->stores))
         npyl_loader_drop_loaded_fields(L);
     if ((!L->fields_loaded && (rc = npyl_load_fields(L))) || (rc = need_batch_size(L)) || (rc = plan_transforms(L)) || (rc = plan_rows(L)) ||
         (rc = resolve_backend(L)) || (rc = open_cuda(L)) || (rc = open_tdev(L)) ||
-        (rc = plan_layout(L)) || (rc = plan_order(L)) || (rc = plan_mix(L)) ||
-        (rc = alloc_slots(L, nworkers, prefetch)) || (rc = upload_all_tables(L)) ||
-        (rc = fill_read_view(L)) || (rc = create_workers(L, nworkers)) || (rc = npyl_state_first_epoch(L)))
+        (rc = plan_layout(L)) || (rc = plan_auto(L, mode, &nworkers, &cap_workers, &prefetch,
+                                                 &cap_slots)) || (rc = plan_order(L)) ||
+        (rc = plan_mix(L)) ||
+        (rc = alloc_slots(L, cap_workers, L->dev.device >= 0 ? prefetch : cap_slots,
+                          prefetch)) || (rc = upload_all_tables(L)) ||
+        (rc = fill_read_view(L)) || (rc = create_workers(L, cap_workers, nworkers)) ||
+        (rc = npyl_state_first_epoch(L)))
         goto fail;
     L->started = 1;
     L->st.start_ns = npyl_now_ns();
     char err[NPYL_ERRMSG_LEN];
-    if (!L->sync && (rc = npyl_workers_start(L->workers, L->nworkers, err, sizeof err))) {
+    if (!L->sync && (rc = npyl_workers_start(L->workers, nworkers, err, sizeof err))) {
         npyl_loader_fail(L, rc, "%s", err);
         L->started = 0;
         goto fail;

@@ -151,6 +151,8 @@ typedef struct npyl_stats {
     _Atomic uint64_t transform_ns;             /* host transforms */
     _Atomic uint64_t ahead, read_wait_ns;      /* read-ahead */
     _Atomic uint64_t step_ns, cpu_ns;          /* consumer step, worker CPU */
+    _Atomic uint64_t fill_wait_ns;             /* next()'s wait for the first
+                                                  batch of each generation */
     _Atomic uint64_t blocked_ns;               /* off-CPU time in workers' reads */
     _Atomic uint64_t last_return_ns;           /* when next() last returned */
     uint64_t start_ns;                         /* set by start() */

@@ -16,6 +16,7 @@ int npyl_worker_init(npyl_worker *w, size_t index, const npyl_work_env *env,
     size_t nfields = env->rv->nfields;
     int pairs = cfg->ahead ? 2 : 1;
     w->env = env;
+    w->index = index;
     char rerr[NPYL_ERRMSG_LEN - 64];
     int rc = npyl_read_ctx_init(&w->rd, env->rv, &cfg->io, cfg->rows, &cfg->zst, cfg->ahead,
                                 rerr, sizeof rerr);
@@ -264,7 +265,7 @@ static int begin_job(npyl_worker *w, fill_job *j, int here)
         return 0;
     /* Read on the worker (here): all of it was waiting for reads; handed to
      * the read-ahead thread, which counts its own. */
-    npyl_span span = here ? npyl_span_begin() : (npyl_span){0, 0};
+    npyl_span span = here ? npyl_span_begin() : (npyl_span){0, 0, 0};
     npyl_read_begin(w->env->rv, &w->rd, j->h->indices, j->h->rows, w->dst[j->k], here);
     if (here) {
         atomic_fetch_add(&w->env->st->read_wait_ns, npyl_now_ns() - span.wall);
@@ -284,7 +285,7 @@ static void run_ahead(npyl_worker *w, int bind_rc)
     npyl_ring *ring = w->env->ring;
     int pend = 0;
     uint64_t cpu = npyl_thread_cpu_ns();
-    npyl_slot *h = npyl_slots_claim(ring, 1, &pend);
+    npyl_slot *h = npyl_slots_claim(ring, w->index, 1, &pend);
     fill_job cur = {0}, next = {0};
     int begun = 0;
     if (h) {
@@ -298,7 +299,7 @@ static void run_ahead(npyl_worker *w, int bind_rc)
             atomic_fetch_add(&w->env->st->read_wait_ns, npyl_now_ns() - t0);
         }
         int next_begun = 0;
-        npyl_slot *n = npyl_slots_claim_ahead(ring, &pend);
+        npyl_slot *n = npyl_slots_claim_ahead(ring, w->index, &pend);
         if (n) {
             next = job_of(w, n, pend);
             next_begun = begin_job(w, &next, 0);
@@ -316,7 +317,7 @@ static void run_ahead(npyl_worker *w, int bind_rc)
             begun = next_begun;
             continue;
         }
-        h = npyl_slots_claim(ring, 1, &pend);
+        h = npyl_slots_claim(ring, w->index, 1, &pend);
         cur = (fill_job){0};
         if (h) {
             cur = job_of(w, h, pend);
@@ -339,7 +340,7 @@ static void *worker_main(void *arg)
     npyl_slot *h;
     int copy_pending = 0;
     uint64_t cpu = npyl_thread_cpu_ns();
-    while ((h = npyl_slots_claim(w->env->ring, 1, &copy_pending)) != NULL) {
+    while ((h = npyl_slots_claim(w->env->ring, w->index, 1, &copy_pending)) != NULL) {
         fill_batch(w, h, copy_pending, bind_rc);
         npyl_count_cpu(&w->env->st->cpu_ns, &cpu);
     }
@@ -350,7 +351,7 @@ int npyl_worker_step(npyl_worker *w)
 {
     const npyl_device *dv = w->env->dev;
     int copy_pending = 0;
-    npyl_slot *h = npyl_slots_claim(w->env->ring, 0, &copy_pending);
+    npyl_slot *h = npyl_slots_claim(w->env->ring, 0, 0, &copy_pending);
     if (!h)
         return 0;
     /* The caller's thread: the loader's device for the CUDA calls, its own
@@ -368,14 +369,22 @@ int npyl_worker_step(npyl_worker *w)
     return 1;
 }
 
+int npyl_worker_start(npyl_worker *w, char *err, size_t errlen)
+{
+    int rc = pthread_create(&w->thread, NULL, worker_main, w);
+    if (rc)
+        return npyl_fail(err, errlen, -rc, "cannot start worker thread %zu: %s", w->index,
+                         npyload_strerror(-rc));
+    w->started = 1;
+    return 0;
+}
+
 int npyl_workers_start(npyl_worker *ws, size_t n, char *err, size_t errlen)
 {
     for (size_t i = 0; i < n; i++) {
-        int rc = pthread_create(&ws[i].thread, NULL, worker_main, &ws[i]);
+        int rc = npyl_worker_start(&ws[i], err, errlen);
         if (rc)
-            return npyl_fail(err, errlen, -rc, "cannot start worker thread %zu: %s", i,
-                             npyload_strerror(-rc));
-        ws[i].started = 1;
+            return rc;
     }
     return 0;
 }

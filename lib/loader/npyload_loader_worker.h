@@ -24,6 +24,8 @@ typedef struct npyl_work_env {
 
 typedef struct npyl_worker {
     const npyl_work_env *env;
+    size_t index;         /* its place in the workers array: it claims
+                             only while index < the ring's workers_on */
     pthread_t thread;
     int started;
     npyl_read_ctx rd;     /* io context, requests, .npy.zst scratch, errmsg */
@@ -60,6 +62,9 @@ NPYL_HIDDEN int npyl_worker_init(npyl_worker *w, size_t index, const npyl_work_e
                                  const npyl_worker_cfg *cfg, char *err, size_t errlen);
 /* Frees w's resources; its thread must be joined. Idempotent. */
 NPYL_HIDDEN void npyl_worker_fini(npyl_worker *w);
+/* Starts w's thread (w initialised). Returns 0 or the error (message in
+ * err). */
+NPYL_HIDDEN int npyl_worker_start(npyl_worker *w, char *err, size_t errlen);
 /* Starts the threads of ws[0 .. n). Returns 0 or the error (message in err). */
 NPYL_HIDDEN int npyl_workers_start(npyl_worker *ws, size_t n, char *err, size_t errlen);
 /* Stops (the ring's stopping) and joins the threads of ws[0 .. n), then

@@ -33,7 +33,8 @@ def copy_ceiling(loader: Loader[Any], kind: str = "pread", threads: int | None =
         (small rows); 'direct': one thread reads every file's data with
         O_DIRECT through io_uring (the disk's ceiling).
     threads : int or None
-        Reading threads (None: the loader's num_workers, at least 1).
+        Reading threads (None: the loader's num_workers, at least 1; 2 with
+        num_workers='auto').
     seconds : float
         Measuring time (a short warm-up, then the best of three passes).
 
@@ -58,7 +59,8 @@ def copy_ceiling(loader: Loader[Any], kind: str = "pread", threads: int | None =
     """
     if kind not in _KINDS:
         raise ValueError(f"kind must be 'pread', 'gather' or 'direct', got {kind!r}")
-    n = _int_arg("threads", threads if threads is not None else max(1, loader.num_workers), 1,
+    workers = loader.num_workers if isinstance(loader.num_workers, int) else 2
+    n = _int_arg("threads", threads if threads is not None else max(1, workers), 1,
                  maximum=256, what="reading threads")
     if not isinstance(seconds, (int, float)) or not 0 < seconds <= 3600:
         raise ValueError(f"seconds = {seconds!r} out of range: > 0 and <= 3600")

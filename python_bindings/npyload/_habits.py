@@ -23,7 +23,7 @@ class FlipMismatchWarning(UserWarning):
 # DataLoader keyword -> what npyload has instead (None: accepted, see below).
 _INSTEAD = {
     "prefetch_factor": "prefetch= (batches read ahead in total, not per worker; the "
-                       "default sizes it from num_workers)",
+                       "default 'auto' sizes it while the loader runs)",
     "collate_fn": "nothing: rows arrive stacked per field; per-batch code goes in "
                   "transform=fn (a thread of its own) or a per-field npyload.Transform",
     "sampler": "shuffle=True/False/'local' and seed= (order), rank=/world_size= "

@@ -119,6 +119,7 @@ class _Iterator:
             if err is None or (err is _EOF and state is not None):
                 ld._hook_state = state  # the loop's position (at the end: ended)
             if err is None:
+                ld._log_auto()
                 return out
             self._finish(ld, err is _EOF)
             if err is _EOF:
@@ -135,6 +136,7 @@ class _Iterator:
         if raw is None:
             self._finish(ld, True)
             raise StopIteration
+        ld._log_auto()
         return ld._wrap(raw)
 
     def __len__(self) -> int:

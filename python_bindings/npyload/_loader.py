@@ -4,6 +4,7 @@ and the pass rules are the C library's: this module asks."""
 from __future__ import annotations
 
 import functools as _functools
+import logging as _logging
 import os as _os
 import warnings as _warnings
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
@@ -14,11 +15,14 @@ from . import _habits, _mix, _remote
 from ._batch import _wrap_raw
 from ._hook import _HookPipe, _LoopClock, _check_hook_workers, _hook_depth
 from ._hook import _hook_prefetch, _rng_key, _slots_for
-from ._options import _EPOCH_MAX, _IO, _check_cache_fill, _check_choices, _check_counts
-from ._options import _check_state, _int_arg, _kernel_paths, _output_libs, _resolve_ranks
+from ._options import _EPOCH_MAX, _IO, _auto_options, _check_cache_fill, _check_choices
+from ._options import _check_counts, _check_state, _int_arg, _kernel_paths, _output_libs
+from ._options import _resolve_ranks
 from ._torch import _join_streams
 from ._iterate import _InUse, _Iterator
 from ._transform import Transform
+
+_auto_log = _logging.getLogger("npyload")
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -63,11 +67,13 @@ class Loader(Generic[_B]):
     shuffle: bool | str
     seed: int
     drop_last: bool
-    num_workers: int
+    num_workers: int | str
     read_ahead: bool
     cache_fill: bool | None
     num_slots: int
-    prefetch: int
+    prefetch: int | str
+    memory_budget: int | None
+    auto_target: float
     device: int
     rank: int
     world_size: int
@@ -85,7 +91,8 @@ class Loader(Generic[_B]):
     @overload
     def __init__(self: Loader[Batch], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
-                 num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
+                 num_workers: int | str = "auto", prefetch: int | str | None = "auto",
+                 device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
                  io: _IOName = "auto", output: _Output = "auto", copy: bool = False,
                  window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
@@ -96,12 +103,14 @@ class Loader(Generic[_B]):
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
                  cache_fill: bool | None = None, *,
+                 memory_budget: int | None = None, auto_target: float = 0.02,
                  persistent_workers: bool = False, in_order: bool = True, sources: _Sources = None,
                  weights: _Weights = None, samples_per_epoch: int | None = None) -> None: ...
     @overload
     def __init__(self: Loader[BatchTuple], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
-                 num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
+                 num_workers: int | str = "auto", prefetch: int | str | None = "auto",
+                 device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
                  io: _IOName = "auto", output: _Output = "auto", copy: bool = False,
                  window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
@@ -112,12 +121,14 @@ class Loader(Generic[_B]):
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
                  cache_fill: bool | None = None, *,
+                 memory_budget: int | None = None, auto_target: float = 0.02,
                  persistent_workers: bool = False, in_order: bool = True, sources: _Sources = None,
                  weights: _Weights = None, samples_per_epoch: int | None = None) -> None: ...
     @overload
     def __init__(self: Loader[_T], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
-                 num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
+                 num_workers: int | str = "auto", prefetch: int | str | None = "auto",
+                 device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
                  io: _IOName = "auto", output: _Output = "auto", copy: bool = False,
                  window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
@@ -128,12 +139,14 @@ class Loader(Generic[_B]):
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
                  cache_fill: bool | None = None, *,
+                 memory_budget: int | None = None, auto_target: float = 0.02,
                  persistent_workers: bool = False, in_order: bool = True, sources: _Sources = None,
                  weights: _Weights = None, samples_per_epoch: int | None = None) -> None: ...
     @overload
     def __init__(self: Loader[_T], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
-                 num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
+                 num_workers: int | str = "auto", prefetch: int | str | None = "auto",
+                 device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
                  io: _IOName = "auto", output: _Output = "auto", copy: bool = False,
                  window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
@@ -144,12 +157,14 @@ class Loader(Generic[_B]):
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
                  cache_fill: bool | None = None, *,
+                 memory_budget: int | None = None, auto_target: float = 0.02,
                  persistent_workers: bool = False, in_order: bool = True, sources: _Sources = None,
                  weights: _Weights = None, samples_per_epoch: int | None = None) -> None: ...
     @overload
     def __init__(self: Loader[Any], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
-                 num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
+                 num_workers: int | str = "auto", prefetch: int | str | None = "auto",
+                 device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
                  io: _IOName = "auto", output: _Output = "auto", copy: bool = False,
                  window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
@@ -160,11 +175,13 @@ class Loader(Generic[_B]):
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
                  cache_fill: bool | None = None, *,
+                 memory_budget: int | None = None, auto_target: float = 0.02,
                  persistent_workers: bool = False, in_order: bool = True, sources: _Sources = None,
                  weights: _Weights = None, samples_per_epoch: int | None = None) -> None: ...
     def __init__(self, fields: _Fields | None = None, batch_size: Any = None,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
-                 num_workers: int = 2, prefetch: int | None = None, device: _Device = "cpu",
+                 num_workers: int | str = "auto", prefetch: int | str | None = "auto",
+                 device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
                  io: _IOName = "auto", output: _Output = "auto", copy: bool = False,
                  window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
@@ -175,6 +192,7 @@ class Loader(Generic[_B]):
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
                  cache_fill: bool | None = None, *,
+                 memory_budget: int | None = None, auto_target: float = 0.02,
                  persistent_workers: bool = False, in_order: bool = True, sources: _Sources = None,
                  weights: _Weights = None, samples_per_epoch: int | None = None,
                  **dataloader_kw: Any) -> None:
@@ -207,15 +225,21 @@ class Loader(Generic[_B]):
             if t.hflip or t.vflip or t.crop is not None or t.pad)
         self.transform = transform
         self.transform_workers = transform_workers
-        if not prefetch:
-            # The library's default memory, asked of it (slots - 1 batches
-            # ahead of the one the loop holds).
-            prefetch = _hook_prefetch(max(1, _npyload.default_prefetch(num_workers or -1) - 1),
-                                      transform_workers)
+        auto_opts = _auto_options(num_workers, prefetch, memory_budget, auto_target)
+        hook_prefetch = 0
+        if prefetch == "auto":
+            # The controller sizes the slots; the hook's queue (transform=)
+            # takes the library's default depth for the first workers.
+            hook_prefetch = _hook_prefetch(
+                max(1, _npyload.default_prefetch(
+                    (num_workers or -1) if isinstance(num_workers, int) else 0) - 1),
+                transform_workers)
         self._opts: dict[int, int] = {
             _npyload.OPT_BATCH_SIZE: batch_size,
-            _npyload.OPT_NUM_WORKERS: num_workers if num_workers else -1,  # -1: sync
-            _npyload.OPT_PREFETCH: _slots_for(prefetch, transform),
+            _npyload.OPT_NUM_WORKERS: (_npyload.AUTO if num_workers == "auto" else
+                                       cast(int, num_workers) or -1),  # -1: sync
+            _npyload.OPT_PREFETCH: (_npyload.AUTO if prefetch == "auto" else
+                                    _slots_for(cast(int, prefetch), transform)),
             _npyload.OPT_SHUFFLE: shuffle_mode,
             _npyload.OPT_SEED: seed,
             _npyload.OPT_DROP_LAST: int(bool(drop_last)),
@@ -231,6 +255,9 @@ class Loader(Generic[_B]):
             _npyload.OPT_CACHE_FILL: _check_cache_fill(cache_fill),
             _npyload.OPT_SAMPLES_PER_EPOCH: samples_per_epoch or 0,  # 0: the sources' sum
         }
+        self._opts.update(auto_opts)
+        self._auto = bool(auto_opts)
+        self._auto_seen = 0  # controller decisions already logged
         if pin_memory is not None:
             self._opts[_npyload.OPT_PIN_MEMORY] = int(pin_memory)
         self._opts[_npyload.OPT_DEVICE] = dev  # last: it may load CUDA
@@ -242,11 +269,14 @@ class Loader(Generic[_B]):
         self.drop_last = bool(drop_last)
         self.num_workers = num_workers
         self.read_ahead = bool(read_ahead)
+        self._hook_prefetch = hook_prefetch if prefetch == "auto" else cast(int, prefetch)
         self.cache_fill = cache_fill
         # The library's PREFETCH, as it reports it once started (host slots,
         # or device slots with a CUDA device; the range was checked).
-        self.num_slots = self._opts[_npyload.OPT_PREFETCH]
-        self.prefetch = prefetch
+        self.num_slots = self._opts[_npyload.OPT_PREFETCH]  # AUTO (-2): the controller's
+        self.prefetch = "auto" if prefetch is None else prefetch  # None was 'auto'
+        self.memory_budget = memory_budget
+        self.auto_target = auto_target
         self.device = dev
         self.rank = rank
         self.world_size = world_size
@@ -335,7 +365,7 @@ class Loader(Generic[_B]):
         wrap = _functools.partial(_wrap_raw, torch=self._torch, np=self._np,
                                   copy=self.copy, as_tuple=self.as_tuple,
                                   bf16=getattr(self, "_bf16", None), aug=self._aug_fields)
-        pipe = self._pipe = _HookPipe(c, wrap, self.transform, _hook_depth(self.prefetch),
+        pipe = self._pipe = _HookPipe(c, wrap, self.transform, _hook_depth(self._hook_prefetch),
                                       stream, self._clock, self.transform_workers,
                                       _rng_key(self.seed, self.rank))
         try:
@@ -409,6 +439,45 @@ class Loader(Generic[_B]):
         self.shuffle = names.get(int(state["shuffle"]), self.shuffle)
         self._gen += 1  # a running loop is superseded
         self._hook_state = None
+
+    def _log_auto(self) -> None:
+        """One INFO line on the "npyload" logger per change the controller
+        made since the last call (num_workers / prefetch "auto")."""
+        if not self._auto or not self._running:
+            return
+        total, events = self._c.auto_history(self._auto_seen)
+        if total == self._auto_seen:
+            return
+        self._auto_seen = total
+        for (t_ns, batch, w, s, pw, ps, why, share, rate, busy, blocked) in events:
+            if why == "start" or not _auto_log.isEnabledFor(_logging.INFO):
+                continue
+            _auto_log.info(
+                "npyload auto: workers %d->%d, slots %d->%d (%s) at batch %d, %.1f s: "
+                "consumer waited %.1f%% of its loop, %.0f samples/s, workers busy %.0f%%, "
+                "blocked in reads %.0f%%", pw, w, ps, s, why, batch, t_ns / 1e9,
+                100 * share, rate, 100 * busy, 100 * blocked)
+
+    def auto_history(self) -> list[dict[str, Any]]:
+        """The controller's last decisions (at most 32), oldest first: dicts
+        with t (seconds since the first iter()), batch, workers, slots,
+        prev_workers, prev_slots, reason ("start", "wait", "no-gain",
+        "spare", "worse", "held", "regime", "forced", "unused") and the window's
+        measurements behind it: wait_share (the loop's wait in next() over
+        wait + step), samples_per_s, worker_busy and read_blocked (shares of
+        the workers' time). Empty before the first iter() and with explicit
+        num_workers and prefetch."""
+        if not self._running:
+            return []
+        _, events = self._live().auto_history(0)
+        keys = ("t", "batch", "workers", "slots", "prev_workers", "prev_slots", "reason",
+                "wait_share", "samples_per_s", "worker_busy", "read_blocked")
+        out = []
+        for e in events:
+            d = dict(zip(keys, e))
+            d["t"] = e[0] / 1e9
+            out.append(d)
+        return out
 
     def stats(self) -> LoaderStats:
         """Counters since start: bytes_read, batches_delivered, wait_ns, io_ns,

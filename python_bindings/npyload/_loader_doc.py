@@ -20,18 +20,34 @@ LOADER = """Batches of NPY fields, read by worker threads into reused slots.
     seed : int
     drop_last : bool
         As DistributedSampler(drop_last) and DataLoader(drop_last) together.
-    num_workers : int >= 0
-        Worker *threads* (no processes, no copies of the dataset). 0: no
-        thread; each batch is read on the calling thread inside ``next()``
-        (for debugging, as DataLoader's num_workers=0); same batches.
-    prefetch : int >= 1 or None
+    num_workers : 'auto' (default) or int >= 0
+        Worker *threads* (no processes, no copies of the dataset). 'auto':
+        the loader's controller adds and removes threads while it runs, so
+        that the loop waits less than ``auto_target`` of its time with the
+        fewest slots, then the fewest threads (C's NPYLOAD_AUTO). An int:
+        exactly that many, no controller (more than the cores the process
+        may use warns once). 0: no thread; each batch is read on the
+        calling thread inside ``next()`` (for debugging, as DataLoader's
+        num_workers=0); same batches.
+    prefetch : 'auto' (default), int >= 1 or None (= 'auto')
         Batches read ahead of the one the loop body holds: the loader has
         prefetch + 1 slots (memory = (prefetch + 1) x batch bytes), because a
         ``for b in loader`` loop still holds the previous batch while it asks
         for the next (C's NPYLOAD_OPT_PREFETCH counts those slots:
         prefetch + 1; npyload-bench's column p is that count and its pasted
-        python line says prefetch=p-1). None: the library default (npyload_default_prefetch:
-        2 x num_workers slots, 2 with num_workers=0), asked of the library.
+        python line says prefetch=p-1). 'auto': the controller adds and
+        removes slots while the loader runs, within ``memory_budget``.
+    memory_budget : int or None
+        With 'auto': bytes the slots and the workers' read buffers may take
+        at most (None: a quarter of the memory the process may use, cgroup
+        limits included).
+    auto_target : float
+        With 'auto': the share of the loop's time (wait in ``next()`` plus
+        the step) the controller lets the loop wait, default 0.02. The
+        controller's decisions are in ``auto_history()`` and logged, one
+        INFO line each, on the ``npyload`` logger. Ranks of a node
+        (torchrun's ``LOCAL_WORLD_SIZE``) divide the process's cores
+        between their controllers.
     device : 'cpu', 'cuda', 'cuda:N', an int, or None (= 'cpu')
         'cuda' without an index uses LOCAL_RANK when set (torchrun).
     rank, world_size : int or None

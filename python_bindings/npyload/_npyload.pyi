@@ -104,6 +104,10 @@ class LoaderStats(TypedDict):
     fill_fetched_bytes: int
     fill_waited_blocks: int
     fill_ns: int
+    auto_mode: int
+    memory_budget: int
+    memory_bytes: int
+    auto_decisions: int
     # Added by npyload.Loader.stats() (not the extension's Loader):
     hook_ns: NotRequired[int]
     transform_workers: NotRequired[int]
@@ -386,6 +390,8 @@ class Loader:
     def load_state(self, state: bytes, /) -> None: ...
     def begin_pass(self) -> None: ...
     def pass_batches(self) -> int: ...
+    def auto_history(self, since: int = 0) -> tuple[int, list[tuple[
+        int, int, int, int, int, int, str, float, float, float, float]]]: ...
     def pass_rule(self) -> int: ...
     def ceiling(self, kind: int, threads: int, seconds: float, /) -> dict[str, Any]: ...
     def stats(self, hook_ns: int = 0, loop_wait_ns: int = -1,
@@ -429,6 +435,11 @@ OPT_READ_AHEAD: int
 OPT_CACHE_FILL: int
 OPT_SAMPLES_PER_EPOCH: int
 OPT_DEVICE_KERNELS: int
+OPT_MEMORY_BUDGET: int
+OPT_AUTO_TARGET: int
+OPT_AUTO_CORES: int
+OPT_AUTO_FORCE: int
+AUTO: int
 
 PREFETCH_MAX_BYTES: int
 PREFETCH_INFLIGHT: int

@@ -150,22 +150,29 @@ def _kernel_paths() -> list[tuple[int, str]]:
 
 # ---- Loader's arguments ----
 
-def _check_counts(batch_size: int, seed: int, num_workers: int | None, prefetch: int | None,
+def _check_counts(batch_size: int, seed: int, num_workers: object, prefetch: object,
                   window: int, max_errors: int | None,
-                  transform: object) -> tuple[int, int, int, int | None, int, int]:
+                  transform: object) -> tuple[int, int, int | str, int | str | None, int, int]:
     """The numeric arguments, in Loader's units, against the library's
     limits: num_workers=0 is the library's WORKERS_SYNC, prefetch counts the
     batches ahead of the one the loop holds (slots - 1, or slots - 2 with
-    transform=; see _slots_for), window=0 is not "default" here."""
+    transform=; see _slots_for), window=0 is not "default" here;
+    num_workers and prefetch may be "auto" (prefetch None is "auto")."""
     batch_size = _int_arg("batch_size", batch_size, 1, maximum=_opt_max(
         _npyload.OPT_BATCH_SIZE), what="samples per batch")
     seed = _int_arg("seed", seed, -_INT64_MAX - 1, maximum=_INT64_MAX,
                     what="an int64")
-    num_workers = _int_arg("num_workers", num_workers, 0, maximum=_opt_max(
-        _npyload.OPT_NUM_WORKERS), what="worker threads; 0 = none, batches "
-        "are read inside next()")
+    if num_workers != "auto":
+        num_workers = _int_arg("num_workers", num_workers, 0, maximum=_opt_max(
+            _npyload.OPT_NUM_WORKERS), what="worker threads; 0 = none, batches "
+            "are read inside next(); or 'auto'")
+        _warn_oversubscribed(num_workers)
+    if prefetch is None:
+        prefetch = "auto"
     max_slots = _opt_max(_npyload.OPT_PREFETCH)
-    if transform is None:
+    if prefetch == "auto":
+        pass
+    elif transform is None:
         prefetch = _int_arg("prefetch", prefetch, 1, allow_none=True,
                             maximum=max_slots - 1, what="batches read ahead; the "
                             f"loader has prefetch + 1 slots, at most {max_slots}")
@@ -218,6 +225,60 @@ def _check_choices(shuffle: object, drop_last: object, direct_io: object, read_a
                            stacklevel=3)
             pin_memory = None
     return shuffle_mode, dev, pin_memory
+
+
+_warned_workers = False
+
+
+def _process_cores() -> int:
+    """The cores this process may run on (its affinity mask)."""
+    try:
+        return max(1, len(_os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, _os.cpu_count() or 1)
+
+
+def _warn_oversubscribed(num_workers: int) -> None:
+    """Once per process: an explicit num_workers above the cores this
+    process may use gets what it asked for, and a word about "auto"."""
+    global _warned_workers
+    cores = _process_cores()
+    if num_workers <= cores or _warned_workers:
+        return
+    _warned_workers = True
+    _warnings.warn(
+        f"npyload: num_workers={num_workers} but this process may use {cores} "
+        f"core{'s' if cores != 1 else ''}; the loader starts {num_workers} threads as "
+        "asked. num_workers='auto' (the default) chooses and adjusts the count at run "
+        "time from what the loop waits", RuntimeWarning, stacklevel=4)
+
+
+def _auto_cores() -> int:
+    """Cores for one loader's workers: the process's cores divided among the
+    ranks of the node (torchrun's LOCAL_WORLD_SIZE), at least 1. The ranks'
+    controllers then together keep the node's cores busy, not more."""
+    local = _env_int("LOCAL_WORLD_SIZE") or 1
+    cores = _process_cores()
+    # A rank pinned to its own cores (affinity already divided) keeps them.
+    total = _os.cpu_count() or cores
+    if cores < total:
+        return cores
+    return max(1, cores // max(1, local))
+
+
+def _auto_options(num_workers: int | str, prefetch: int | str | None,
+                  memory_budget: int | None, auto_target: float) -> dict[int, int]:
+    """The controller's options (NPYLOAD_AUTO) for the library."""
+    if num_workers != "auto" and prefetch != "auto":
+        return {}
+    budget = 0 if memory_budget is None else _int_arg(
+        "memory_budget", memory_budget, 1, maximum=_INT64_MAX, what="bytes")
+    if not isinstance(auto_target, (int, float)) or not 0 < auto_target <= 1:
+        raise ValueError(f"auto_target = {auto_target!r} out of range: a share of the "
+                         "loop in (0, 1], e.g. 0.02")
+    return {_npyload.OPT_MEMORY_BUDGET: budget,
+            _npyload.OPT_AUTO_TARGET: max(1, round(auto_target * 10000)),
+            _npyload.OPT_AUTO_CORES: min(_auto_cores(), _opt_max(_npyload.OPT_AUTO_CORES))}
 
 
 def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -906,7 +906,11 @@ static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *args, PyObject *
                 {"fill_fetched_blocks", s.fill_fetched_blocks},
                 {"fill_fetched_bytes", s.fill_fetched_bytes},
                 {"fill_waited_blocks", s.fill_waited_blocks},
-                {"fill_ns", s.fill_ns}};
+                {"fill_ns", s.fill_ns},
+                {"auto_mode", s.auto_mode},
+                {"memory_budget", s.memory_budget},
+                {"memory_bytes", s.memory_bytes},
+                {"auto_decisions", s.auto_decisions}};
     for (size_t i = 0; d && i < sizeof more / sizeof more[0]; i++) {
         PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)more[i].v);
         if (!v || PyDict_SetItemString(d, more[i].name, v) < 0)
@@ -929,6 +933,43 @@ static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *args, PyObject *
     Py_XDECREF(fe);
     Py_XDECREF(fc);
     return d;
+}
+
+/* auto_history(since=0) -> (total, [(t_ns, batch, workers, slots,
+ * prev_workers, prev_slots, reason name, wait_share, samples_per_s,
+ * worker_busy, read_blocked), ...]): the controller's decisions numbered
+ * `since` and later that the library still keeps (the last 32). Shared,
+ * as stats(). */
+static PyObject *loader_auto_history(NpyloadPy_Loader *self, PyObject *args)
+{
+    unsigned long long since = 0;
+    if (!PyArg_ParseTuple(args, "|K:auto_history", &since))
+        return NULL;
+    if (loader_share(self, "auto_history()") < 0)
+        return NULL;
+    npyload_auto_event ev[32];
+    uint64_t total = 0;
+    int n = npyload_loader_auto_history(self->L, NULL, 0, sizeof *ev, &total);
+    if (n >= 0 && total > since)
+        n = npyload_loader_auto_history(self->L, ev, total - since < 32 ? (size_t)(total - since)
+                                                                        : 32, sizeof *ev, &total);
+    if (n < 0)
+        return loader_error(self, n);
+    PyObject *list = PyList_New(0);
+    for (int i = 0; list && i < n; i++) {
+        const npyload_auto_event *e = &ev[i];
+        PyObject *t = Py_BuildValue("(KKIIIIsdddd)", (unsigned long long)e->t_ns,
+                                    (unsigned long long)e->batch, e->workers, e->slots,
+                                    e->prev_workers, e->prev_slots,
+                                    npyload_auto_reason_name(e->reason), e->wait_share,
+                                    e->samples_per_s, e->worker_busy, e->read_blocked);
+        if (!t || PyList_Append(list, t) < 0)
+            Py_CLEAR(list);
+        Py_XDECREF(t);
+    }
+    if (!list)
+        return NULL;
+    return Py_BuildValue("(KN)", (unsigned long long)total, list);
 }
 
 static PyObject *loader_set_stream_joiner(NpyloadPy_Loader *self, PyObject *fn)
@@ -1214,6 +1255,9 @@ static PyMethodDef loader_methods[] = {
     {"stats", (PyCFunction)(void (*)(void))loader_stats, METH_VARARGS | METH_KEYWORDS,
      "stats(hook_ns=0, loop_wait_ns=-1, loop_step_ns=-1) -> dict: counters since "
      "start and the verdict (npyload_stats_verdict) of the loop described."},
+    {"auto_history", (PyCFunction)loader_auto_history, METH_VARARGS,
+     "auto_history(since=0) -> (total, [event tuples]): the controller's decisions "
+     "(npyload_loader_auto_history) numbered since and later, of the last 32."},
     {"_set_stream_joiner", (PyCFunction)loader_set_stream_joiner, METH_O,
      "_set_stream_joiner(fn): fn(device, [stream ints]) -> stream int, "
      "called when a device batch handed to several CUDA streams is released; "

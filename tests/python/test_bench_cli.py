@@ -490,6 +490,82 @@ def test_first_day_paste_step_and_packing(bench, dataset, tmp_path):
         assert z["raw_warm_samples_per_s"] > 2 * 1000 / 30 * 8, z
 
 
+# ---- --auto: the auto loader beside the grid (issue 37) ----
+
+AUTO_LINE = re.compile(r"auto: (\d+) workers, (\d+) slots at the end \((\d+) decisions\): "
+                       r"(\d+) samples/s = (\d+\.\d\d) of the best fixed "
+                       r"\(w=(\d+) p=(\d+), (\d+) samples/s\)")
+
+
+def test_auto_runs_beside_the_grid(bench, dataset, tmp_path):
+    out_json = tmp_path / "auto.json"
+    p = run(bench, *fields(dataset), "--workers", "1,2", "--prefetch", "2,4",
+            "--seconds", "0.3", "--batch-size", "8", "--no-repeat", "--auto",
+            "--json", out_json)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = [l for l in p.stdout.splitlines() if l.startswith("auto: ")]
+    assert len(lines) == 1, p.stdout
+    m = AUTO_LINE.match(lines[0])
+    assert m, lines[0]
+    doc = json.loads(out_json.read_text())
+    check_schema(doc)
+    runs, a = doc["runs"], doc["auto"]
+    # The grid is the grid: the auto run is beside it, not in it.
+    assert {(r["workers"], r["prefetch"]) for r in runs} == {(1, 2), (1, 4), (2, 2), (2, 4)}
+    r = a["run"]
+    assert r["ok"], r["error"]
+    assert r["batches"] >= 2 and r["samples"] > 0 and r["wall_s"] >= 0.3
+    assert a["final_workers"] >= 1 and a["final_slots"] >= 2
+    assert (r["workers"], r["prefetch"]) == (a["final_workers"], a["final_slots"])
+    assert a["decisions"] >= 0
+    # The ratio is the auto run's samples/s over the fastest fixed run's.
+    best = max(range(len(runs)), key=lambda i: runs[i]["samples_per_s"])
+    assert a["best_run_index"] == best
+    assert a["ratio_to_best"] == pytest.approx(
+        r["samples_per_s"] / runs[best]["samples_per_s"], rel=1e-4)
+    assert a["line"] == lines[0]
+    w, s, d, rate, ratio, bw, bp, brate = m.groups()
+    assert (int(w), int(s), int(d)) == (a["final_workers"], a["final_slots"], a["decisions"])
+    assert float(ratio) == pytest.approx(a["ratio_to_best"], abs=0.006)
+    assert (int(bw), int(bp)) == (runs[best]["workers"], runs[best]["prefetch"])
+    assert int(rate) == pytest.approx(r["samples_per_s"], abs=1)
+    # No step: no stall to compare.
+    assert a["least_stall_run_index"] == -1 and a["stall_points_over_least"] is None
+
+
+def test_auto_with_a_step_compares_the_stall(bench, dataset, tmp_path):
+    out_json = tmp_path / "auto_step.json"
+    p = run(bench, *fields(dataset), "--workers", "1", "--prefetch", "2,3",
+            "--batches", "6", "--batch-size", "8", "--compute-ms", "2", "--no-repeat",
+            "--auto", "--quiet", "--json", out_json)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    # --quiet: the recommendation and the auto line, asked for.
+    assert len(lines) == 2 and lines[0].startswith("recommend: ") and \
+        lines[1].startswith("auto: "), p.stdout
+    doc = json.loads(out_json.read_text())
+    check_schema(doc)
+    runs, a = doc["runs"], doc["auto"]
+    assert a["run"]["ok"] and a["run"]["batches"] == 6
+    least = min(range(len(runs)), key=lambda i: runs[i]["stall_pct"])
+    assert a["least_stall_run_index"] == least
+    assert a["stall_points_over_least"] == pytest.approx(
+        a["run"]["stall_pct"] - runs[least]["stall_pct"], abs=1e-4)
+    assert re.search(r"; stall \d+\.\d% = [+-]\d+\.\d points over the least "
+                     r"\(w=1 p=[23], \d+\.\d%\)$", lines[1]), lines[1]
+
+
+def test_without_auto_the_json_says_null(bench, dataset, tmp_path):
+    out_json = tmp_path / "noauto.json"
+    p = run(bench, *fields(dataset), "--workers", "1", "--prefetch", "2",
+            "--batches", "3", "--batch-size", "8", "--quiet", "--json", out_json)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "auto: " not in p.stdout
+    doc = json.loads(out_json.read_text())
+    check_schema(doc)
+    assert doc["auto"] is None
+
+
 def test_a_mixture_is_measured_per_source_and_pasted(bench, dataset, tmp_path):
     """--source NAME=FIELD=GLOB,... per source and --weights: the loaders
     of the grid mix the sources, every run counts the rows each source gave

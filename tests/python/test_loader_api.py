@@ -500,11 +500,10 @@ def test_stats_and_backend(dataset):
 
 @pytest.mark.parametrize("hook", [False, True])
 def test_default_prefetch_is_asked_of_the_library(dataset, hook):
-    """prefetch=None gives the slots a C loader gets with PREFETCH 0 (the
-    library's default memory), for every worker count: Python asks
-    npyload_default_prefetch rather than recompute it, so a change of the
-    default in C cannot leave Python behind. With transform=, the hook's
-    slots follow from that prefetch."""
+    """prefetch=None is 'auto' (issue 37): the library's controller starts
+    with the slots a C loader gets with PREFETCH 0 (npyload_default_prefetch
+    for the worker count), for every worker count; Python asks rather than
+    recompute. With transform=, the hook's depth follows from that count."""
     globs, _ = dataset
     from npyload import _npyload
     from npyload._hook import _hook_depth
@@ -519,9 +518,16 @@ def test_default_prefetch_is_asked_of_the_library(dataset, hook):
         c.close()
         kw = dict(transform=lambda b: b) if hook else {}
         with make(globs, num_workers=w, **kw) as L:
-            assert L.prefetch == max(1, c_slots - 1), (w, L.prefetch, c_slots)
-            want = _hook_depth(c_slots - 1) + 3 if hook else c_slots
-            assert L.num_slots == want, (w, L.num_slots, want)
+            assert L.prefetch == "auto"
+            if w == 0:  # synchronous: no controller, the default slots
+                assert L.num_slots == _npyload.AUTO
+            if hook:
+                assert L._hook_prefetch == max(1, c_slots - 1), (w, L._hook_prefetch)
+                continue
+            it = iter(L)
+            next(it)  # one batch: no window has closed, the first count holds
+            assert L.stats()["num_slots"] == c_slots, (w, L.stats()["num_slots"], c_slots)
+            del it
 
 
 @pytest.mark.parametrize("transform", [False, True])

@@ -239,7 +239,12 @@ def test_default_prefetch_covers_the_threads(dataset):
     one = make(globs, transform=lambda b: b, num_workers=1)
     many = make(globs, transform=lambda b: b, num_workers=1, transform_workers=6)
     assert many.transform_workers == 6 and one.transform_workers == 1
-    assert many.prefetch == max(one.prefetch, 7)
+    # prefetch 'auto' (the default): the controller sizes the library's
+    # slots; the hook's queue covers the threads.
+    assert many.prefetch == one.prefetch == "auto"
+    assert many._hook_prefetch == max(one._hook_prefetch, 7)
+    fixed = make(globs, transform=lambda b: b, num_workers=1, transform_workers=6, prefetch=3)
+    assert fixed.prefetch == 3  # a number is what it says
     assert make(globs, transform=lambda b: b, transform_workers=6, prefetch=2).prefetch == 2
 
 

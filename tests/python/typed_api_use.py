@@ -160,9 +160,15 @@ def every_loader_argument(fields: Mapping[str, list[str]]) -> None:
         prefetch=2, device="cpu", rank=0, world_size=1, io="pread", output="numpy",
         copy=False, window=2, direct_io=False, pin_memory=False, align="names",
         on_error="skip", max_errors=None, transforms={"x": t}, as_tuple=False,
-        transform=None, read_ahead=True, transform_workers=1, remote=None, cache_fill=None)
+        transform=None, read_ahead=True, transform_workers=1, remote=None, cache_fill=None,
+        memory_budget=None, auto_target=0.02)
     assert_type(loader, npyload.Loader[npyload.Batch])
     assert_type(loader.cache_fill, Optional[bool])
+    auto = npyload.Loader(fields, PER_FILE, num_workers="auto", prefetch="auto",
+                          memory_budget=1 << 30, auto_target=0.05)
+    assert_type(auto.auto_history(), list[dict[str, Any]])
+    assert auto.auto_history() == [] and auto.num_workers == "auto"
+    auto.close()
     assert_type(len(loader), int)
     assert_type(loader.num_samples, int)
     assert_type(loader.field_names, tuple[str, ...])

@@ -29,6 +29,23 @@
 static int failures, passes;
 #define CHECK(cond, ...) TU_STRESS_CHECK(failures, cond, __VA_ARGS__)
 
+/* Second pass (issue 37): every threaded loader is an auto loader whose
+ * controller changes workers and slots after every batch (AUTO_FORCE 1)
+ * while the scenarios below run: next, set_epoch, set_state, save and
+ * restore, stats, destroy with batches held, a mixture's set_weights. */
+static int forced_auto;
+
+static int set_counts(npyload_loader *L, int64_t workers, int64_t prefetch)
+{
+    if (!forced_auto || workers == NPYLOAD_WORKERS_SYNC)
+        return npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, workers) ||
+               (prefetch && npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, prefetch));
+    return npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, NPYLOAD_AUTO) ||
+           npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, NPYLOAD_AUTO) ||
+           npyload_loader_set(L, NPYLOAD_OPT_AUTO_FORCE, 1) ||
+           npyload_loader_set(L, NPYLOAD_OPT_AUTO_CORES, 4);
+}
+
 static const int64_t SIZES[] = {9, 3, 17, 1, 22, 12};
 #define NF (sizeof SIZES / sizeof SIZES[0])
 #define N 64
@@ -67,8 +84,7 @@ static npyload_loader *make(int backend, int workers, int prefetch, int64_t batc
     if (npyload_loader_create(&L) || npyload_loader_add_field(L, "a", glob_a) ||
         npyload_loader_add_field(L, "b", glob_b) ||
         npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, backend) ||
-        npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, workers) ||
-        npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, prefetch) ||
+        set_counts(L, workers, prefetch) ||
         npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, batch) ||
         npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1) ||
         npyload_loader_set(L, NPYLOAD_OPT_READ_AHEAD, read_ahead) || npyload_loader_start(L)) {
@@ -180,7 +196,7 @@ static void transforms_under_load(int backend, int workers)
     if (npyload_loader_create(&L) || npyload_loader_add_field(L, "a", glob_a) ||
         npyload_loader_add_field(L, "b", glob_b) ||
         npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, backend) ||
-        npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, workers) ||
+        set_counts(L, workers, 0) ||
         npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 5) ||
         npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1) ||
         npyload_loader_set(L, NPYLOAD_OPT_READ_AHEAD, read_ahead) ||
@@ -233,8 +249,7 @@ static npyload_loader *make_big(int backend, int workers, int prefetch, int64_t 
     npyload_loader *L;
     if (npyload_loader_create(&L) || npyload_loader_add_field(L, "u", glob_big) ||
         npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, backend) ||
-        npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, workers) ||
-        npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, prefetch) ||
+        set_counts(L, workers, prefetch) ||
         npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, batch) ||
         npyload_loader_set(L, NPYLOAD_OPT_SEED, BIG_SEED) ||
         npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1) ||
@@ -508,8 +523,7 @@ static void failing_workers_vs_control_calls(int backend)
     if (npyload_loader_create(&L) || npyl_loader_register_store(L, &tu_store_fault, &f) ||
         npyload_loader_add_field(L, "a", ga) || npyload_loader_add_field(L, "b", gb) ||
         npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, backend) ||
-        npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, 3) ||
-        npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, 4) ||
+        set_counts(L, 3, 4) ||
         npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 8) ||
         npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1) || npyload_loader_start(L)) {
         fprintf(stderr, "setup failed: %s\n", npyload_loader_errmsg(L));
@@ -618,9 +632,7 @@ static npyload_loader *make_mix(int backend, int workers)
         }
     }
     if (npyload_loader_set(L, NPYLOAD_OPT_IO_BACKEND, backend) ||
-        npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, workers) ||
-        npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, 4) ||
-        npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 5) ||
+        set_counts(L, workers, 4) || npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 5) ||
         npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1) ||
         npyload_loader_set(L, NPYLOAD_OPT_SAMPLES_PER_EPOCH, 90) ||
         npyload_loader_set(L, NPYLOAD_OPT_READ_AHEAD, read_ahead) || npyload_loader_start(L))
@@ -896,6 +908,20 @@ int main(void)
         stats_while_running(backends[i % 3]);
         transforms_under_load(backends[i % 3], 3);
         transforms_under_load(backends[i % 3], NPYLOAD_WORKERS_SYNC);
+    }
+    /* The same with the controller changing the counts after every batch. */
+    forced_auto = 1;
+    for (size_t i = 0; i < 3; i += 2) {
+        concurrent_set_epoch(backends[i]);
+        set_state_set_epoch_next(backends[i]);
+        failing_workers_vs_control_calls(backends[i]);
+        mixture_vs_control_calls(backends[i], 3);
+        destroy_wakes_next(backends[i]);
+        epochs_out_of_order_release(backends[i]);
+        set_epoch_in_flight(backends[i]);
+        destroy_mid_epoch_release_elsewhere(backends[i]);
+        stats_while_running(backends[i]);
+        transforms_under_load(backends[i], 3);
     }
     for (size_t i = 0; i < NBIG_EPOCHS; i++)
         free(big_order[i]);

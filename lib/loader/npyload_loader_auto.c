@@ -1,0 +1,581 @@
+/* The controller (NPYLOAD_AUTO): planning at start, one decision per window
+ * of batches, applying it through the slots and the workers, and the
+ * history. The rules are in npyload_loader_auto.h and npyload.h. */
+#include <inttypes.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "npyload_loader_auto.h"
+
+/* A window closes after this many batches and this long, or after
+ * WIN_LONG_NS with at least one batch. */
+#define WIN_BATCHES 4
+#define WIN_MIN_NS 30000000ull
+#define WIN_LONG_NS 1000000000ull
+#define GAIN 1.05        /* an addition must raise throughput this much */
+#define HOT_WINDOWS 2    /* windows in a row above the target before one */
+#define JUDGE_WINDOWS 2  /* windows that judge a change */
+#define REGIME 0.34      /* the step or throughput moving this much */
+#define CALM_WINDOWS 3   /* windows with room to spare before a removal */
+#define BACKOFF_MAX 64u  /* windows */
+#define AUTO_MAX_SLOTS 64
+#define FORCE_MAX_WORKERS 4
+#define FORCE_MAX_SLOTS 8
+
+/* ACT_TRIM_S: a slot removed while the loader is the limit (UNUSED). */
+enum { ACT_NONE = 0, ACT_ADD_W, ACT_DROP_W, ACT_DROP_S, ACT_ADD_S, ACT_TRIM_S };
+enum { B_ADD_W = 0, B_DROP_W, B_DROP_S, B_ADD_S };
+
+void npyl_auto_init(npyl_auto *a)
+{
+    memset(a, 0, sizeof *a);
+    pthread_mutex_init(&a->hist_mu, NULL);
+}
+
+void npyl_auto_fini(npyl_auto *a) { pthread_mutex_destroy(&a->hist_mu); }
+
+static uint64_t read_limit(const char *path)
+{
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return 0;
+    char buf[64] = "";
+    uint64_t v = 0;
+    if (fgets(buf, sizeof buf, f) && strncmp(buf, "max", 3) != 0)
+        v = strtoull(buf, NULL, 10);
+    fclose(f);
+    return v;
+}
+
+uint64_t npyl_auto_default_budget(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    uint64_t mem = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 4ull << 30;
+    const char *limits[] = {"/sys/fs/cgroup/memory.max",
+                            "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
+    for (size_t i = 0; i < sizeof limits / sizeof *limits; i++) {
+        uint64_t v = read_limit(limits[i]);
+        if (v && v < mem)
+            mem = v; /* v1 reports "no limit" as a huge number: above mem */
+    }
+    return mem / 4;
+}
+
+static size_t process_cores(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+        return (size_t)CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (size_t)n : 1;
+}
+
+/* Host slots a worker count keeps busy: each worker fills per slots, the
+ * caller holds one and one is ready. */
+static size_t min_slots(const npyl_auto *a, size_t workers) { return a->per * workers + 2; }
+
+/* The fewest host slots a removal may leave: those the workers fill and
+ * those the caller holds (at least one), without the ready one: whether
+ * the loop needs it is what the removal's judging finds out (a consumer
+ * slower than one worker's fill never waits for it). */
+static size_t floor_slots(const npyl_auto *a, size_t workers, size_t held)
+{
+    return a->per * workers + (held > 1 ? held : 1);
+}
+
+static uint64_t bytes_of(const npyl_auto *a, size_t made, size_t slots)
+{
+    return made * a->worker_bytes + (a->device_mode ? 0 : slots * a->slot_bytes);
+}
+
+int npyl_auto_plan(npyl_auto *a, const npyl_auto_setup *s, size_t *workers0,
+                   size_t *cap_workers, size_t *slots0, size_t *cap_slots, char *err,
+                   size_t errlen)
+{
+    a->mode = s->mode;
+    a->device_mode = s->device_mode;
+    a->per = s->ahead ? 2 : 1;
+    a->slot_bytes = s->slot_bytes;
+    a->worker_bytes = s->worker_bytes;
+    a->force = s->force;
+    a->target = (s->target_bp ? (double)s->target_bp : 200.0) / 10000.0;
+    size_t cores = s->cores > 0 ? (size_t)s->cores : process_cores();
+    if (!(s->mode & NPYL_AUTO_WORKERS)) {
+        a->cap_workers = a->core_workers = s->workers;
+    } else {
+        a->core_workers = cores;
+        /* Past the cores only when reads wait for a device. */
+        a->cap_workers = 2 * cores < 256 ? 2 * cores : 256;
+    }
+    if (!s->mode) { /* fixed counts: no controller, no budget */
+        a->workers = *workers0 = *cap_workers = s->workers;
+        a->slots = *slots0 = *cap_slots = a->cap_slots = s->slots;
+        return 0;
+    }
+    a->budget = s->budget ? s->budget : npyl_auto_default_budget();
+    size_t w = s->mode & NPYL_AUTO_WORKERS ? (cores < 2 ? cores : 2) : s->workers;
+    /* The first slots: the documented default for the first workers
+     * (npyload_default_prefetch, which start passes in s->slots). */
+    size_t sl = s->slots;
+    /* The smallest configuration the budget holds: fewer workers first. */
+    while (bytes_of(a, w, sl) > a->budget && (s->mode & NPYL_AUTO_WORKERS) && w > 1) {
+        w--;
+        if ((s->mode & NPYL_AUTO_SLOTS) && sl > 2 * w)
+            sl = 2 * w;
+    }
+    if ((s->mode & NPYL_AUTO_SLOTS) && bytes_of(a, w, sl) > a->budget)
+        sl = 2;
+    if (bytes_of(a, w, sl) > a->budget)
+        return npyl_fail(err, errlen, NPYLOAD_EINVAL, "MEMORY_BUDGET %" PRIu64 " bytes "
+                         "cannot hold the smallest configuration: %zu slot%s of %" PRIu64
+                         " bytes and %zu worker%s with %" PRIu64 " bytes of read buffers "
+                         "each; raise MEMORY_BUDGET or lower BATCH_SIZE", a->budget, sl,
+                         sl == 1 ? "" : "s", a->device_mode ? 0 : a->slot_bytes, w,
+                         w == 1 ? "" : "s", a->worker_bytes);
+    size_t cap_s = sl;
+    if ((s->mode & NPYL_AUTO_SLOTS) && !s->device_mode) {
+        uint64_t room = (a->budget - w * a->worker_bytes) / (a->slot_bytes ? a->slot_bytes : 1);
+        cap_s = room < AUTO_MAX_SLOTS ? (size_t)room : AUTO_MAX_SLOTS;
+        if (cap_s < sl)
+            cap_s = sl;
+    }
+    a->cap_slots = cap_s;
+    a->workers = w;
+    a->slots = sl;
+    *workers0 = w;
+    *cap_workers = a->cap_workers;
+    *slots0 = sl;
+    *cap_slots = cap_s;
+    return 0;
+}
+
+static void record(npyl_auto *a, const npyl_auto_meas *m, int reason, size_t pw, size_t ps,
+                   double share, double rate, double busy, double blocked)
+{
+    npyload_auto_event e = {
+        .t_ns = m->now_ns - a->t0,
+        .batch = m->batches,
+        .workers = (uint32_t)a->workers,
+        .slots = (uint32_t)a->slots,
+        .prev_workers = (uint32_t)pw,
+        .prev_slots = (uint32_t)ps,
+        .reason = reason,
+        .wait_share = share,
+        .samples_per_s = rate,
+        .worker_busy = busy,
+        .read_blocked = blocked,
+    };
+    pthread_mutex_lock(&a->hist_mu);
+    uint64_t n = atomic_load(&a->nevents);
+    a->hist[n % NPYL_AUTO_HISTORY] = e;
+    atomic_store(&a->nevents, n + 1);
+    pthread_mutex_unlock(&a->hist_mu);
+}
+
+void npyl_auto_begin(npyl_auto *a, npyl_ring *ring, npyl_worker *workers, size_t made,
+                     const npyl_work_env *env, const npyl_worker_cfg *cfg,
+                     const npyl_device *dev, const npyl_auto_meas *m)
+{
+    a->ring = ring;
+    a->workers = made;
+    a->made = made;
+    a->env = env;
+    a->cfg = *cfg;
+    a->dev = dev;
+    a->t0 = m->now_ns;
+    a->last = *m;
+    a->force_at = m->batches;
+    a->w_ceiling = a->cap_workers;
+    a->workers_arr = workers;
+    /* A start after a stop begins a new search and a new history. */
+    a->pending = ACT_NONE;
+    a->base_rate = a->seen_min_rate = a->seen_max_share = a->ref_step = a->ref_rate = 0;
+    a->judged = a->hot = 0;
+    a->hot_rate = 0;
+    a->win = a->force_k = 0;
+    a->calm = 0;
+    memset(a->until, 0, sizeof a->until);
+    memset(a->backoff, 0, sizeof a->backoff);
+    pthread_mutex_lock(&a->hist_mu);
+    atomic_store(&a->nevents, 0);
+    pthread_mutex_unlock(&a->hist_mu);
+    atomic_store(&a->live_made, made);
+    atomic_store(&a->live_workers, a->workers);
+    atomic_store(&a->live_slots, a->slots);
+    if (a->mode)
+        record(a, m, NPYLOAD_AUTO_START, a->workers, a->slots, 0, 0, 0, 0);
+}
+
+/* ---- applying a change ---- */
+
+/* Workers: makes (initialises and starts) those missing, within the
+ * budget; parks or wakes the others. Returns the count now on. */
+static size_t apply_workers(npyl_auto *a, size_t want)
+{
+    if (want < 1)
+        want = 1;
+    if (want > a->cap_workers)
+        want = a->cap_workers;
+    while (a->made < want) {
+        if (bytes_of(a, a->made + 1, a->slots) > a->budget)
+            break;
+        npyl_worker *w = &a->workers_arr[a->made];
+        char err[NPYL_ERRMSG_LEN];
+        if (npyl_worker_init(w, a->made, a->env, &a->cfg, err, sizeof err) != 0 ||
+            npyl_worker_start(w, err, sizeof err) != 0) {
+            npyl_worker_fini(w);
+            memset(w, 0, sizeof *w);
+            a->cap_workers = a->made; /* no more: descriptors or memory ran out */
+            break;
+        }
+        a->made++;
+        atomic_store(&a->live_made, a->made);
+    }
+    if (want > a->made)
+        want = a->made;
+    npyl_slots_set_workers(a->ring, want);
+    a->workers = want;
+    atomic_store(&a->live_workers, want);
+    return want;
+}
+
+static void free_slot_mem(const npyl_auto *a, npyl_slot *s)
+{
+    if (a->dev->pinned)
+        npyl_cuda_host_free(a->dev->cuda, s->mem);
+    else
+        npyl_free_aligned(s->mem);
+    s->mem = NULL;
+}
+
+/* Host slots: gives memory to OFF slots and offers them, or takes FREE
+ * ones out, towards `want` (slots held or in use come out later, at a
+ * later tick). Returns the count wanted. */
+static size_t apply_slots(npyl_auto *a, size_t want)
+{
+    if (a->device_mode)
+        return a->slots;
+    if (want > a->cap_slots)
+        want = a->cap_slots;
+    if (want < 2)
+        want = 2;
+    npyl_ring *r = a->ring;
+    size_t on, held;
+    npyl_slots_counts(r, &on, &held);
+    if (want < held + 1)
+        want = held + 1;
+    for (size_t i = 0; i < r->nh && on < want; i++) {
+        npyl_slot *s = &r->hslots[i];
+        /* OFF slots are the ctl holder's: reading the state without mu is
+         * safe, nobody else changes an OFF slot. */
+        if (s->mem || bytes_of(a, a->made, on + 1) > a->budget)
+            continue;
+        void *mem = NULL;
+        if (a->dev->pinned ? npyl_cuda_host_alloc(a->dev->cuda, &mem, a->slot_bytes) != 0
+                           : (mem = npyl_alloc_aligned(a->slot_bytes, NPYL_DIRECT_ALIGN)) == NULL)
+            break;
+        s->mem = mem;
+        npyl_slots_offer(r, s);
+        on++;
+    }
+    if (on > want && r->nh <= AUTO_MAX_SLOTS) {
+        npyl_slot *out[AUTO_MAX_SLOTS];
+        size_t n = npyl_slots_retire(r, want, out);
+        for (size_t i = 0; i < n; i++)
+            free_slot_mem(a, out[i]);
+        on -= n;
+    }
+    a->slots = want;
+    atomic_store(&a->live_slots, on);
+    return want;
+}
+
+/* ---- deciding ---- */
+
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* AUTO_FORCE: a new pseudo-random pair every `force` batches. */
+static void forced(npyl_auto *a, const npyl_auto_meas *m)
+{
+    if (m->batches < a->force_at + (uint64_t)a->force)
+        return;
+    a->force_at = m->batches;
+    uint64_t h = mix64(++a->force_k);
+    size_t pw = a->workers, ps = a->slots;
+    if (a->mode & NPYL_AUTO_WORKERS) {
+        size_t top = a->cap_workers < FORCE_MAX_WORKERS ? a->cap_workers : FORCE_MAX_WORKERS;
+        apply_workers(a, 1 + (size_t)(h % top));
+    }
+    if (a->mode & NPYL_AUTO_SLOTS) {
+        size_t top = a->cap_slots < FORCE_MAX_SLOTS ? a->cap_slots : FORCE_MAX_SLOTS;
+        apply_slots(a, 2 + (size_t)((h >> 32) % (top > 2 ? top - 1 : 1)));
+    }
+    if (pw != a->workers || ps != a->slots)
+        record(a, m, NPYLOAD_AUTO_FORCED, pw, ps, 0, 0, 0, 0);
+}
+
+static void back_off(npyl_auto *a, int which)
+{
+    unsigned b = a->backoff[which] ? a->backoff[which] * 2 : 4;
+    a->backoff[which] = b < BACKOFF_MAX ? b : BACKOFF_MAX;
+    a->until[which] = a->win + a->backoff[which];
+}
+
+/* The measurements of one window. */
+typedef struct window {
+    double share, rate, busy, blocked, step_pb;
+} window;
+
+static int regime_moved(double now, double ref, double slack)
+{
+    if (ref <= 0)
+        return 0;
+    double d = now > ref ? now - ref : ref - now;
+    return d > REGIME * ref + slack;
+}
+
+/* The workers the cores keep busy: AUTO_CORES (or the process's cores),
+ * more only while the workers wait for reads. A worker blocked a share b
+ * of its time is on a CPU 1 - b of it, so cores / (1 - b) of them keep
+ * the cores busy; b counts only spans with a voluntary context switch
+ * (npyl_blocked_since), so time lost to preemption on a busy machine
+ * never justifies a thread more. b is taken at most 1/2: at most twice
+ * the cores (cap_workers). */
+static size_t worker_ceiling(const npyl_auto *a, double blocked)
+{
+    double b = blocked < 0 ? 0 : blocked > 0.5 ? 0.5 : blocked;
+    size_t c = (size_t)((double)a->core_workers / (1.0 - b) + 1e-9);
+    if (c < a->core_workers)
+        c = a->core_workers;
+    if (c > a->cap_workers)
+        c = a->cap_workers;
+    return c < a->w_ceiling ? c : a->w_ceiling;
+}
+
+/* One decision from the window w (no change being judged). A count rises
+ * only after HOT_WINDOWS windows in a row above the target; the change is
+ * then judged over JUDGE_WINDOWS windows (judge). */
+static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_t held)
+{
+    size_t pw = a->workers, ps = a->slots;
+    int reason = -1;
+    a->pending = ACT_NONE;
+    int aw = a->mode & NPYL_AUTO_WORKERS, as = (a->mode & NPYL_AUTO_SLOTS) && !a->device_mode;
+    if (w->share > a->target) {
+        a->calm = 0;
+        a->hot_rate += w->rate;
+        if (++a->hot < HOT_WINDOWS)
+            return;
+        a->base_rate = a->hot_rate / a->hot;
+        a->hot = 0;
+        a->hot_rate = 0;
+        size_t need = min_slots(a, a->workers) + (held > 1 ? held - 1 : 0);
+        if (as && a->slots < need && apply_slots(a, a->slots + 1) != ps) {
+            reason = NPYLOAD_AUTO_WAIT; /* the workers' own need: not judged */
+        } else if (aw && a->workers < worker_ceiling(a, w->blocked) &&
+                   a->win >= a->until[B_ADD_W] && apply_workers(a, a->workers + 1) != pw) {
+            if (as && a->slots < min_slots(a, a->workers))
+                apply_slots(a, min_slots(a, a->workers));
+            a->pending = ACT_ADD_W;
+            reason = NPYLOAD_AUTO_WAIT;
+        } else if (as && a->slots < need + a->workers && a->win >= a->until[B_ADD_S] &&
+                   apply_slots(a, a->slots + 1) != ps) {
+            /* A deeper queue absorbs jitter, when it does: judged as a
+             * worker is (more slots are more memory to fault in and to
+             * keep in cache, and slower when the loader is the limit). */
+            a->pending = ACT_ADD_S;
+            reason = NPYLOAD_AUTO_WAIT;
+        } else if (as && a->slots > need && a->win >= a->until[B_DROP_S] &&
+                   apply_slots(a, a->slots - 1) != ps) {
+            /* Nothing more is tried: the loader is the limit, the loop
+             * takes each batch as it lands and the slots beyond those the
+             * workers fill, the one it holds and the ready one stay
+             * empty. Judged on the throughput alone (the wait stays above
+             * the target whatever the slots). */
+            a->pending = ACT_TRIM_S;
+            reason = NPYLOAD_AUTO_UNUSED;
+        }
+    } else {
+        a->hot = 0;
+        a->hot_rate = 0;
+        if (w->share < a->target / 2 && ++a->calm >= CALM_WINDOWS) {
+            a->calm = 0;
+            a->base_rate = w->rate;
+            size_t floor = floor_slots(a, a->workers, held);
+            if (as && a->slots > floor && a->win >= a->until[B_DROP_S] &&
+                apply_slots(a, a->slots - 1) != ps) {
+                a->pending = ACT_DROP_S;
+                reason = NPYLOAD_AUTO_SPARE;
+            } else if (aw && a->workers > 1 && a->win >= a->until[B_DROP_W] &&
+                       apply_workers(a, a->workers - 1) != pw) {
+                a->pending = ACT_DROP_W;
+                reason = NPYLOAD_AUTO_SPARE;
+            }
+        }
+    }
+    if (reason >= 0)
+        record(a, m, reason, pw, ps, w->share, w->rate, w->busy, w->blocked);
+    if (a->pending) {
+        a->judged = 0;
+        a->seen_min_rate = 0;
+        a->seen_max_share = 0;
+    }
+}
+
+/* Judges the change being judged after JUDGE_WINDOWS windows: an addition
+ * is kept only when every one of them delivered GAIN times the rate of the
+ * windows before it; a removal is taken back when one of them waited above
+ * the target or the rate fell by as much, a slot trimmed while the loader
+ * is the limit (the wait above the target before and after) only when the
+ * rate fell. What is taken back backs off. */
+static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
+{
+    if (!a->judged || w->rate < a->seen_min_rate)
+        a->seen_min_rate = w->rate;
+    if (w->share > a->seen_max_share)
+        a->seen_max_share = w->share;
+    if (++a->judged < JUDGE_WINDOWS)
+        return;
+    size_t pw = a->workers, ps = a->slots;
+    int act = a->pending;
+    a->pending = ACT_NONE;
+    int paid = a->seen_min_rate >= a->base_rate * GAIN;
+    int worse = a->seen_max_share > a->target || a->seen_min_rate * GAIN < a->base_rate;
+    if (act == ACT_ADD_W && !paid) {
+        apply_workers(a, a->workers - 1);
+        a->w_ceiling = a->workers; /* until the regime changes */
+        back_off(a, B_ADD_W);
+        record(a, m, NPYLOAD_AUTO_NO_GAIN, pw, ps, w->share, w->rate, w->busy, w->blocked);
+    } else if (act == ACT_ADD_S && !paid) {
+        apply_slots(a, a->slots - 1);
+        back_off(a, B_ADD_S);
+        record(a, m, NPYLOAD_AUTO_NO_GAIN, pw, ps, w->share, w->rate, w->busy, w->blocked);
+    } else if (((act == ACT_DROP_W || act == ACT_DROP_S) && worse) ||
+               (act == ACT_TRIM_S && a->seen_min_rate * GAIN < a->base_rate)) {
+        if (act == ACT_DROP_W) {
+            apply_workers(a, a->workers + 1);
+            back_off(a, B_DROP_W);
+        } else {
+            apply_slots(a, a->slots + 1);
+            back_off(a, B_DROP_S);
+        }
+        record(a, m, NPYLOAD_AUTO_WORSE, pw, ps, w->share, w->rate, w->busy, w->blocked);
+    } else if (act == ACT_TRIM_S) {
+        /* The slot was unused: adding one back waits, as after a slot
+         * added in vain. */
+        back_off(a, B_ADD_S);
+    } else if (act == ACT_ADD_W || act == ACT_ADD_S) {
+        a->backoff[act == ACT_ADD_W ? B_ADD_W : B_ADD_S] = 0; /* it paid */
+    } else if ((act == ACT_DROP_W || act == ACT_DROP_S) && a->seen_max_share < a->target / 2) {
+        /* A removal kept with room to spare: its windows were calm ones,
+         * the next removal comes at the next calm window. */
+        a->calm = CALM_WINDOWS - 1;
+    }
+}
+
+void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
+{
+    if (!a->mode || !a->ring)
+        return;
+    size_t on, held;
+    npyl_slots_counts(a->ring, &on, &held);
+    int as = (a->mode & NPYL_AUTO_SLOTS) && !a->device_mode;
+    if (as) {
+        /* The caller holds every slot: one more now, whatever the window
+         * says (within the budget), so next() does not fail for it. */
+        if (held >= on && on < a->cap_slots) {
+            size_t ps = a->slots;
+            if (apply_slots(a, held + 1) != ps)
+                record(a, m, NPYLOAD_AUTO_HELD, a->workers, ps, 0, 0, 0, 0);
+        } else if (on > a->slots) {
+            apply_slots(a, a->slots); /* slots that were in use come out now */
+        }
+    }
+    if (a->force) {
+        forced(a, m);
+        return;
+    }
+    uint64_t wall = m->now_ns - a->last.now_ns, nb = m->batches - a->last.batches;
+    if (!nb || (wall < WIN_LONG_NS && (nb < WIN_BATCHES || wall < WIN_MIN_NS)))
+        return;
+    /* The steady state: the wait for a pass's first batch (its fill) is
+     * left out of the wait and of the wall time the rate is taken over. */
+    uint64_t wait = m->wait_ns - a->last.wait_ns, step = m->step_ns - a->last.step_ns;
+    uint64_t fill = m->fill_wait_ns - a->last.fill_wait_ns;
+    fill = fill < wait ? fill : wait;
+    wait -= fill;
+    uint64_t steady = wall > fill ? wall - fill : 1;
+    double wk = (double)wall * (double)(a->workers ? a->workers : 1);
+    window w = {
+        .share = wait + step ? (double)wait / (double)(wait + step) : 0,
+        .rate = (double)(m->samples - a->last.samples) * 1e9 / (double)steady,
+        .busy = (double)(m->busy_ns - a->last.busy_ns) / wk,
+        .blocked = (double)(m->blocked_ns - a->last.blocked_ns) / wk,
+        .step_pb = (double)step / (double)nb,
+    };
+    a->last = *m;
+    a->win++;
+    if (a->pending) {
+        judge(a, m, &w);
+        a->ref_rate = 0; /* the windows after a change set no reference */
+        return;
+    }
+    /* A regime change (the step or the throughput moved with the counts
+     * unchanged): forget what did not help. */
+    if (regime_moved(w.step_pb, a->ref_step, 1e6) || regime_moved(w.rate, a->ref_rate, 0)) {
+        if (a->w_ceiling < a->cap_workers || a->backoff[0] || a->backoff[1] ||
+            a->backoff[2] || a->backoff[3]) {
+            a->w_ceiling = a->cap_workers;
+            memset(a->backoff, 0, sizeof a->backoff);
+            memset(a->until, 0, sizeof a->until);
+            record(a, m, NPYLOAD_AUTO_REGIME, a->workers, a->slots, w.share, w.rate, w.busy,
+                   w.blocked);
+        }
+    }
+    a->ref_step = w.step_pb;
+    a->ref_rate = w.rate;
+    decide(a, m, &w, held);
+    if (a->pending) /* the windows that judge it start clean */
+        a->ref_rate = 0;
+}
+
+/* ---- queries ---- */
+
+size_t npyl_auto_workers(npyl_auto *a) { return atomic_load(&a->live_workers); }
+size_t npyl_auto_slots(npyl_auto *a) { return atomic_load(&a->live_slots); }
+size_t npyl_auto_made(npyl_auto *a) { return atomic_load(&a->live_made); }
+
+uint64_t npyl_auto_bytes(npyl_auto *a)
+{
+    return bytes_of(a, atomic_load(&a->live_made), atomic_load(&a->live_slots));
+}
+
+size_t npyl_auto_history(npyl_auto *a, npyload_auto_event *ev, size_t n, size_t size,
+                         uint64_t *total)
+{
+    pthread_mutex_lock(&a->hist_mu);
+    uint64_t all = atomic_load(&a->nevents);
+    uint64_t kept = all < NPYL_AUTO_HISTORY ? all : NPYL_AUTO_HISTORY;
+    size_t out = kept < n ? (size_t)kept : n;
+    size_t sz = size < sizeof *ev ? size : sizeof *ev;
+    for (size_t i = 0; i < out; i++) {
+        uint64_t k = all - out + i;
+        uint8_t *dst = (uint8_t *)ev + i * size;
+        memcpy(dst, &a->hist[k % NPYL_AUTO_HISTORY], sz);
+        if (size > sz)
+            memset(dst + sz, 0, size - sz);
+    }
+    pthread_mutex_unlock(&a->hist_mu);
+    if (total)
+        *total = all;
+    return out;
+}
