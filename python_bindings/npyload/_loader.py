@@ -87,7 +87,8 @@ class Loader(Generic[_B]):
     # The type of a batch follows as_tuple and transform: Loader[Batch],
     # Loader[BatchTuple], or Loader[R] for a transform= returning R. Only
     # overloads map as_tuple=True to BatchTuple; the price is mypy's "No overload
-    # variant" (no argument named) for a wrongly typed argument (docs/python-api.md).
+    # variant" (no argument named) for a wrongly typed argument, unless the user
+    # enables npyload.mypy_plugin, which names it (docs/python-api.md).
     @overload
     def __init__(self: Loader[Batch], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
