@@ -189,7 +189,9 @@ def test_cache_second_epoch_fetches_nothing(server, data, tmp_path, fill):
         s0 = x.stats()
         assert s0["fill_state"] == ("done" if fill else "off"), (s0["fill_state"],
                                                                   s0["fill_error"])
-        assert s0["cache_misses"] > 0 and s0["cache_write_bytes"] > 0
+        assert s0["cache_write_bytes"] > 0
+        if not fill:  # with it, the fill may fetch every block before a reader asks
+            assert s0["cache_misses"] > 0
         check_epoch(x, ref, 1)
         s1 = x.stats()
         assert s1["remote_requests"] == s0["remote_requests"], "epoch 1 fetched"
