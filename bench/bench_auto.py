@@ -34,8 +34,13 @@ judged fairly), written with npyload-gen when DIR has none; the packed
 shards (npyload-pack of the same files) in --packed-dir (default
 DIR-packed), made when it has none. The page-cache regimes read the
 dataset once first to warm the cache. Every configuration runs once per
-regime, auto first and last (the better of the two counted, so a noisy
-neighbour hurts it no more than the grid). Timings on a shared machine are
+regime, auto first and last; then (--confirm N, 3 by default) the grid's
+best and auto run N more times each, alternately, and the ratio is between
+the medians of those runs. The best of 16 single runs is biased upwards on
+a noisy machine (the noise helped pick it: the winner's curse), and a
+two-epoch run of the page-cache regime lasts about a second, so start-up
+noise alone moved single runs by 2x here. --confirm 0 gives the old
+figures (one run each, the better of auto's two). Timings on a shared machine are
 noisy: compare ratios from one run. A regime that cannot run here (no
 throttling, no torch) prints why and is skipped.
 """
@@ -129,27 +134,51 @@ def _grid(a: argparse.Namespace) -> list[Config]:
             for p in map(int, a.prefetch.split(","))]
 
 
-def _runs(grid: list[Config], one: Any) -> tuple[dict[str, Any], dict[Config, Any]]:
-    """Auto, the grid, auto again: (the better auto run, the grid's)."""
-    auto1 = one(AUTO)
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return sorted(runs, key=lambda r: r["sps"])[len(runs) // 2]
+
+
+def _runs(grid: list[Config], one: Any,
+          confirm: int = 0) -> tuple[dict[str, Any], dict[Config, Any]]:
+    """Auto, the grid, auto again: (auto, the grid's runs). Without confirm,
+    auto is the better of its two runs. With confirm, the grid's best and
+    auto then run `confirm` more times each, alternately, and each side is
+    the median of those runs: the best of many single runs is biased
+    upwards on a noisy machine (noise helped pick it), so only runs measured
+    alike, side by side, are compared."""
+    autos = [one(AUTO)]
     fixed = {c: one(c) for c in grid}
-    auto2 = one(AUTO)
-    auto = dict(auto1 if auto1["sps"] >= auto2["sps"] else auto2)
-    auto["runs"] = (auto1["sps"], auto2["sps"])
+    autos.append(one(AUTO))
+    if not confirm:
+        auto = dict(max(autos, key=lambda r: r["sps"]))
+        auto["runs"] = [r["sps"] for r in autos]
+        return auto, fixed
+    best = max(fixed, key=lambda k: fixed[k]["sps"])
+    bests, autos = [], []
+    for _ in range(confirm):
+        bests.append(one(best))
+        autos.append(one(AUTO))
+    fixed[best] = dict(_median_run(bests), confirmed=[r["sps"] for r in bests])
+    auto = dict(_median_run(autos))
+    auto["runs"] = [r["sps"] for r in autos]
     return auto, fixed
 
 
 def _report(regime: str, auto: dict[str, Any], fixed: dict[Config, Any],
             key: str = "sps") -> Config:
-    best = max(fixed, key=lambda k: fixed[k][key])
+    confirmed = [k for k in fixed if "confirmed" in fixed[k]]
+    best = confirmed[0] if confirmed else max(fixed, key=lambda k: fixed[k][key])
     b = fixed[best]
     print(f"\n== {regime}")
     print(f"  best fixed  workers={best[0]} prefetch={best[1]}: {b[key]:9.0f} samples/s, "
-          f"wait {100 * b['wait']:5.1f} %, slots {b['slot_mem'] / 2**20:7.0f} MiB")
+          f"wait {100 * b['wait']:5.1f} %, slots {b['slot_mem'] / 2**20:7.0f} MiB"
+          + (f" (median of runs: {', '.join(f'{x:.0f}' for x in b['confirmed'])})"
+             if "confirmed" in b else ""))
     print(f"  auto        workers={auto['workers']} slots={auto['slots']} "
           f"({auto['decisions']} changes): {auto[key]:9.0f} samples/s, wait "
           f"{100 * auto['wait']:5.1f} %, slots {auto['slot_mem'] / 2**20:7.0f} MiB "
-          f"(runs: {auto['runs'][0]:.0f}, {auto['runs'][1]:.0f})")
+          f"({'median' if confirmed else 'best'} of runs: "
+          f"{', '.join(f'{x:.0f}' for x in auto['runs'])})")
     print(f"  ratio auto / best samples/s: {auto[key] / b[key]:.3f}", flush=True)
     return best
 
@@ -267,7 +296,7 @@ def _throttled_regimes(a: argparse.Namespace, d: str, regimes: list[str]) -> Non
                 continue
             if regime == "throttled":
                 auto, fixed = _runs(grid, lambda c: _run(fields, c, a.epochs, evict=files,
-                                                         evict_every=True))
+                                                         evict_every=True), a.confirm)
                 _report(f"throttled (packed, {a.throttle / 1e6:.0f} MB/s, cold epochs)",
                         auto, fixed)
                 continue
@@ -347,6 +376,10 @@ def main() -> int:
     ap.add_argument("--workers", default="1,2,3,4")
     ap.add_argument("--prefetch", default="1,2,4,8")
     ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--confirm", type=int, default=3,
+                    help="then the grid's best and auto this many times each, "
+                         "alternately; medians compared (0: one run each, the better "
+                         "auto run)")
     ap.add_argument("--packed-dir")
     ap.add_argument("--throttle", type=int, default=400_000_000, help="bytes/s")
     ap.add_argument("--rank-child", action="store_true", help=argparse.SUPPRESS)
@@ -372,7 +405,7 @@ def main() -> int:
         _warm(raw)
         sleep = 0.040 if regime == "sleep40" else 0.0
         auto, fixed = _runs(_grid(a), lambda c: _run(
-            fields, c, a.epochs, sleep=sleep, transforms=regime == "transforms"))
+            fields, c, a.epochs, sleep=sleep, transforms=regime == "transforms"), a.confirm)
         _report(regime, auto, fixed)
         if regime == "sleep40":
             _sleep40_verdict(auto, fixed)
