@@ -116,14 +116,19 @@ def test_grid_json_plot(bench, dataset, tmp_path):
     assert rec["line"] == line[0]
     best = max(r["gbps"] for r in runs)
     # Only 2+ slots are recommended (one slot cannot overlap a step): within
-    # 5 % of the best run, or else the best 2-slot run.
+    # the noise of the best run (5 %, or half the spread of a configuration
+    # measured twice, when that is wider: the criterion says which), or
+    # else the best 2-slot run.
+    noise = max([5.0] + [r["spread"] / 2 for r in runs if r["repeats"] > 1])
+    assert f"within {noise:.0f}% of the best" in rec["criterion"], rec["criterion"]
+    bar = (1 - noise / 100) * best
     eligible = [r for r in runs if r["prefetch"] >= 2]
     assert rec["prefetch"] >= 2
-    if rec["gbps"] < 0.95 * best:
+    if rec["gbps"] < bar:
         assert rec["gbps"] == max(r["gbps"] for r in eligible)
     # No smaller qualifying configuration exists.
     for r in eligible:
-        if r["gbps"] >= 0.95 * best:
+        if r["gbps"] >= bar:
             assert (r["workers"], r["prefetch"]) >= (rec["workers"], rec["prefetch"])
     ceil = {c["name"]: c for c in doc["ceilings"]}
     assert ceil["pread_copy"]["measured"]
