@@ -3,10 +3,11 @@ each batch on ``transform_workers`` threads, delivered in order, at most
 ``prefetch`` batches ahead; the per-batch generator; TransformError."""
 from __future__ import annotations
 
+import contextlib as _contextlib
 import sys as _sys
 import threading as _threading
 import time as _time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ._options import _int_arg
 
@@ -125,18 +126,22 @@ class _LoopClock:
         return self.hook_ns // self.workers
 
 
-def _interrupt_of(e: BaseException) -> BaseException:
-    """The exception the user should see for e. CPython's Condition.wait,
-    when Ctrl-C lands while it takes its lock back, leaves its `with`
-    without the lock and raises RuntimeError ("release unlocked lock", or
-    "cannot release un-acquired lock" for an RLock), the KeyboardInterrupt
-    as its context: the user pressed Ctrl-C, so that
-    is what they get (the lock is left released, as after any `with`)."""
-    ki = e.__context__
-    if (isinstance(e, RuntimeError) and isinstance(ki, KeyboardInterrupt)
-            and ("unlocked lock" in str(e) or "un-acquired lock" in str(e))):
-        return ki
-    return e
+@_contextlib.contextmanager
+def _ctrl_c_as_pressed() -> Iterator[None]:
+    """Hands the user the KeyboardInterrupt they pressed. CPython's
+    Condition.wait, when Ctrl-C lands while it takes its lock back, leaves
+    its `with` without the lock and raises RuntimeError ("release unlocked
+    lock", or "cannot release un-acquired lock" for an RLock), the
+    KeyboardInterrupt as its context (the lock is left released, as after
+    any `with`)."""
+    try:
+        yield
+    except RuntimeError as e:
+        ki = e.__context__
+        if isinstance(ki, KeyboardInterrupt) and ("unlocked lock" in str(e)
+                                                  or "un-acquired lock" in str(e)):
+            raise ki from None
+        raise
 
 
 def _hook_depth(prefetch: int) -> int:
@@ -201,16 +206,14 @@ class _HookPipe:
         starts: Thread.start waits for it), it stops those already started
         before raising, so that none runs on without an owner, holding
         slots or sitting in the C loader's next()."""
-        try:
-            for t in self._threads:
-                t.start()
-                self._started.append(t)
-        except BaseException as e:
-            self.stop()
-            ki = _interrupt_of(e)
-            if ki is e:
+        with _ctrl_c_as_pressed():
+            try:
+                for t in self._threads:
+                    t.start()
+                    self._started.append(t)
+            except BaseException:
+                self.stop()
                 raise
-            raise ki from None
 
     def _run(self) -> None:
         with self._cv:
@@ -314,16 +317,7 @@ class _HookPipe:
 
     def get(self) -> tuple[Any, Any, Any]:
         """The next result in order: (error or _EOF or None, result, state)."""
-        try:
-            return self._get()
-        except RuntimeError as e:
-            ki = _interrupt_of(e)
-            if ki is e:
-                raise
-            raise ki from None
-
-    def _get(self) -> tuple[Any, Any, Any]:
-        with self._cv:
+        with _ctrl_c_as_pressed(), self._cv:
             while True:
                 item = self._done.pop(self._given, None)
                 if item is not None:

@@ -39,15 +39,18 @@ class _InUse:
     def __call__(self, call: str) -> _Call:
         return _Call(self, call)
 
+    def _current(self) -> _Call | None:
+        return self._holder() if self._holder is not None else None
+
     @property
     def call(self) -> str | None:
         """The call in progress, or None."""
-        h = self._holder() if self._holder is not None else None
+        h = self._current()
         return h.call if h is not None else None
 
     def _take(self, c: _Call) -> None:
         with self._mu:
-            h = self._holder() if self._holder is not None else None
+            h = self._current()
             if h is None:
                 self._holder = _weakref.ref(c)
                 return
@@ -58,7 +61,7 @@ class _InUse:
 
     def _give(self, c: _Call) -> None:
         with self._mu:
-            if self._holder is not None and self._holder() is c:
+            if self._current() is c:
                 self._holder = None
 
 
