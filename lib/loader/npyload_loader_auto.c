@@ -196,6 +196,7 @@ void npyl_auto_begin(npyl_auto *a, npyl_ring *ring, npyl_worker *workers, size_t
     /* A start after a stop begins a new search and a new history. */
     a->pending = ACT_NONE;
     a->base_rate = a->seen_min_rate = a->seen_max_share = a->ref_step = a->ref_rate = 0;
+    a->moved_step = a->moved_rate = 0;
     a->judged = a->hot = 0;
     a->hot_rate = 0;
     a->win = a->force_k = 0;
@@ -338,12 +339,14 @@ typedef struct window {
     double share, rate, busy, blocked, step_pb;
 } window;
 
+/* +1 or -1: now moved above or below ref by more than REGIME (and the
+ * slack); 0 otherwise, or without a reference. */
 static int regime_moved(double now, double ref, double slack)
 {
     if (ref <= 0)
         return 0;
     double d = now > ref ? now - ref : ref - now;
-    return d > REGIME * ref + slack;
+    return d > REGIME * ref + slack ? (now > ref ? 1 : -1) : 0;
 }
 
 /* The workers the cores keep busy: AUTO_CORES (or the process's cores),
@@ -528,13 +531,20 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
     a->last = *m;
     a->win++;
     if (a->pending) {
+        /* The windows that judge a change set no reference; the one from
+         * before it stays, so that a regime change made while a change is
+         * judged is still seen (the change may look paid for by it). An
+         * addition that paid more than REGIME is taken for one too: the
+         * back-offs go, which costs at most a retried trial. */
         judge(a, m, &w);
-        a->ref_rate = 0; /* the windows after a change set no reference */
         return;
     }
     /* A regime change (the step or the throughput moved with the counts
-     * unchanged): forget what did not help. */
-    if (regime_moved(w.step_pb, a->ref_step, 1e6) || regime_moved(w.rate, a->ref_rate, 0)) {
+     * unchanged, two windows in a row the same way against the last
+     * steady reference: one window's swing is noise): forget what did not
+     * help. A moved window leaves the reference as it was. */
+    int ds = regime_moved(w.step_pb, a->ref_step, 1e6), dr = regime_moved(w.rate, a->ref_rate, 0);
+    if ((ds && ds == a->moved_step) || (dr && dr == a->moved_rate)) {
         if (a->w_ceiling < a->cap_workers || a->backoff[0] || a->backoff[1] ||
             a->backoff[2] || a->backoff[3]) {
             a->w_ceiling = a->cap_workers;
@@ -543,12 +553,15 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
             record(a, m, NPYLOAD_AUTO_REGIME, a->workers, a->slots, w.share, w.rate, w.busy,
                    w.blocked);
         }
+        ds = dr = 0; /* the new regime's window is the reference */
     }
-    a->ref_step = w.step_pb;
-    a->ref_rate = w.rate;
+    a->moved_step = ds;
+    a->moved_rate = dr;
+    if (!ds)
+        a->ref_step = w.step_pb;
+    if (!dr)
+        a->ref_rate = w.rate;
     decide(a, m, &w, held);
-    if (a->pending) /* the windows that judge it start clean */
-        a->ref_rate = 0;
 }
 
 /* ---- queries ---- */
