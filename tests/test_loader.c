@@ -28,23 +28,15 @@
 static const int64_t FILE_SIZES[] = {7, 1, 13, 30, 5, 8};
 #define NFILES (sizeof FILE_SIZES / sizeof FILE_SIZES[0])
 #define N_TOTAL 64
-static const int64_t IMG_SHAPE[] = {3, 5};
-static const int64_t LAB_SHAPE[] = {7};
+#define IMG_SHAPE tu_img_shape
+#define LAB_SHAPE tu_lab_shape
 
-typedef struct {
-    char *dir;
-    char img_glob[512], lab_glob[512];
-} dataset;
+typedef tu_img_lab dataset;
 
 static dataset make_dataset(void)
 {
     dataset d;
-    d.dir = tu_mkdtemp("loader");
-    cr_assert_not_null(d.dir);
-    cr_assert_eq(tu_write_field(d.dir, "img", 1, "<f4", 4, 2, IMG_SHAPE, FILE_SIZES, NFILES, 64), 0);
-    cr_assert_eq(tu_write_field(d.dir, "lab", 2, "|u1", 1, 1, LAB_SHAPE, FILE_SIZES, NFILES, 16), 0);
-    snprintf(d.img_glob, sizeof d.img_glob, "%s/img_*.npy", d.dir);
-    snprintf(d.lab_glob, sizeof d.lab_glob, "%s/lab_*.npy", d.dir);
+    cr_assert_eq(tu_img_lab_make(&d, "loader", FILE_SIZES, NFILES), 0);
     return d;
 }
 
@@ -58,8 +50,8 @@ static npyload_loader *open_loader(const dataset *d, const cfg *c)
 {
     npyload_loader *L;
     cr_assert_eq(npyload_loader_create(&L), 0);
-    cr_assert_eq(npyload_loader_add_field(L, "img", d->img_glob), 0, "%s", npyload_loader_errmsg(L));
-    cr_assert_eq(npyload_loader_add_field(L, "lab", d->lab_glob), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_add_field(L, "img", d->img), 0, "%s", npyload_loader_errmsg(L));
+    cr_assert_eq(npyload_loader_add_field(L, "lab", d->lab), 0, "%s", npyload_loader_errmsg(L));
     cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, c->batch), 0);
     cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, c->workers), 0);
     cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, c->prefetch), 0);
@@ -718,13 +710,13 @@ Test(loader, options_checked)
     cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_RANK, 1), 0);
     cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
     cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 4), NPYLOAD_ESTATE);
-    cr_assert_eq(npyload_loader_add_field(L, "c", d.img_glob), NPYLOAD_ESTATE);
+    cr_assert_eq(npyload_loader_add_field(L, "c", d.img), NPYLOAD_ESTATE);
     cr_assert_eq(npyload_loader_start(L), NPYLOAD_ESTATE);
-    cr_assert_eq(npyload_loader_add_field(L, "img", d.img_glob), NPYLOAD_ESTATE);
+    cr_assert_eq(npyload_loader_add_field(L, "img", d.img), NPYLOAD_ESTATE);
     npyload_loader_destroy(L);
 
     L = open_loader(&d, &c);
-    cr_assert_eq(npyload_loader_add_field(L, "img", d.img_glob), NPYLOAD_EINVAL); /* duplicate */
+    cr_assert_eq(npyload_loader_add_field(L, "img", d.img), NPYLOAD_EINVAL); /* duplicate */
     npyload_loader_destroy(L);
     tu_rmtree(d.dir);
 }
@@ -1747,7 +1739,7 @@ Test(loader, start_without_batch_size_is_refused_naming_the_option)
     dataset d = make_dataset();
     npyload_loader *L;
     cr_assert_eq(npyload_loader_create(&L), 0);
-    cr_assert_eq(npyload_loader_add_field(L, "img", d.img_glob), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "img", d.img), 0);
     int64_t v = -1;
     cr_assert_eq(npyload_loader_get(L, NPYLOAD_OPT_BATCH_SIZE, &v), 0);
     cr_assert_eq(v, 0, "unset reads as 0, got %lld", (long long)v);
@@ -1776,7 +1768,7 @@ Test(loader, build_info_defaults_are_what_a_default_loader_runs_with)
     dataset d = make_dataset();
     npyload_loader *L;
     cr_assert_eq(npyload_loader_create(&L), 0);
-    cr_assert_eq(npyload_loader_add_field(L, "img", d.img_glob), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "img", d.img), 0);
     cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 8), 0);
     cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
     int64_t w = 0, p = 0, q = 0, io = 0;
@@ -1793,7 +1785,7 @@ Test(loader, build_info_defaults_are_what_a_default_loader_runs_with)
     npyload_loader_destroy(L);
     /* LOCAL shuffle's window, resolved after start. */
     cr_assert_eq(npyload_loader_create(&L), 0);
-    cr_assert_eq(npyload_loader_add_field(L, "img", d.img_glob), 0);
+    cr_assert_eq(npyload_loader_add_field(L, "img", d.img), 0);
     cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, 8), 0);
     cr_assert_eq(npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, NPYLOAD_SHUFFLE_LOCAL), 0);
     cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));

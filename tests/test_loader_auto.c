@@ -23,23 +23,15 @@
 static const int64_t FILE_SIZES[] = {7, 1, 13, 30, 5, 8, 40, 24};
 #define NFILES (sizeof FILE_SIZES / sizeof FILE_SIZES[0])
 #define N_TOTAL 128
-static const int64_t IMG_SHAPE[] = {3, 5};
-static const int64_t LAB_SHAPE[] = {7};
+#define IMG_SHAPE tu_img_shape
+#define LAB_SHAPE tu_lab_shape
 
-typedef struct {
-    char *dir;
-    char img[512], lab[512];
-} dataset;
+typedef tu_img_lab dataset;
 
 static dataset make_dataset(void)
 {
     dataset d;
-    d.dir = tu_mkdtemp("auto");
-    cr_assert_not_null(d.dir);
-    cr_assert_eq(tu_write_field(d.dir, "img", 1, "<f4", 4, 2, IMG_SHAPE, FILE_SIZES, NFILES, 64), 0);
-    cr_assert_eq(tu_write_field(d.dir, "lab", 2, "|u1", 1, 1, LAB_SHAPE, FILE_SIZES, NFILES, 16), 0);
-    snprintf(d.img, sizeof d.img, "%s/img_*.npy", d.dir);
-    snprintf(d.lab, sizeof d.lab, "%s/lab_*.npy", d.dir);
+    cr_assert_eq(tu_img_lab_make(&d, "auto", FILE_SIZES, NFILES), 0);
     return d;
 }
 

@@ -23,10 +23,8 @@
 static const int64_t FILE_SIZES[] = {7, 1, 13, 30, 5, 8};
 #define NFILES (sizeof FILE_SIZES / sizeof FILE_SIZES[0])
 #define N_TOTAL 64
-static const int64_t IMG_SHAPE[] = {3, 5}; /* <f4: 60 bytes a sample */
-static const int64_t LAB_SHAPE[] = {7};    /* |u1: 7 bytes a sample */
-#define IMG_BYTES 60
-#define LAB_BYTES 7
+#define IMG_BYTES 60 /* tu_img_shape (3, 5) of <f4 */
+#define LAB_BYTES 7  /* tu_lab_shape (7,) of |u1 */
 
 /* The dataset as .npy files and as .npy.zst beside them: img frames hold 3
  * samples (frame_size 150: rows are picked from a frame), lab frames one
@@ -47,10 +45,9 @@ static void pack(const char *npy, uint64_t frame_size)
 static dataset make_dataset(void)
 {
     dataset d;
-    d.dir = tu_mkdtemp("loader_zst");
-    cr_assert_not_null(d.dir);
-    cr_assert_eq(tu_write_field(d.dir, "img", 1, "<f4", 4, 2, IMG_SHAPE, FILE_SIZES, NFILES, 64), 0);
-    cr_assert_eq(tu_write_field(d.dir, "lab", 2, "|u1", 1, 1, LAB_SHAPE, FILE_SIZES, NFILES, 16), 0);
+    tu_img_lab npy;
+    cr_assert_eq(tu_img_lab_make(&npy, "loader_zst", FILE_SIZES, NFILES), 0);
+    d.dir = npy.dir;
     for (size_t k = 0; k < NFILES; k++) {
         char p[580];
         snprintf(p, sizeof p, "%s/img_%04zu.npy", d.dir, k);

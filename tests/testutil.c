@@ -79,6 +79,25 @@ long tu_write_npy(const char *path, const char *descr, int fortran, int ndim,
     return (long)(pre + hlen);
 }
 
+const int64_t tu_img_shape[2] = {3, 5}, tu_lab_shape[1] = {7};
+
+int tu_img_lab_make(tu_img_lab *d, const char *tag, const int64_t *sizes, size_t nfiles)
+{
+    memset(d, 0, sizeof *d);
+    char *dir = tu_mkdtemp(tag);
+    if (!dir)
+        return -1;
+    if (tu_write_field(dir, "img", 1, "<f4", 4, 2, tu_img_shape, sizes, nfiles, 64) != 0 ||
+        tu_write_field(dir, "lab", 2, "|u1", 1, 1, tu_lab_shape, sizes, nfiles, 16) != 0) {
+        tu_rmtree(dir);
+        return -1;
+    }
+    d->dir = dir;
+    snprintf(d->img, sizeof d->img, "%s/img_*.npy", dir);
+    snprintf(d->lab, sizeof d->lab, "%s/lab_*.npy", dir);
+    return 0;
+}
+
 size_t tu_sample_bytes(size_t itemsize, int sndim, const int64_t *sshape)
 {
     size_t b = itemsize;

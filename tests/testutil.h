@@ -39,6 +39,21 @@ int tu_write_field(const char *dir, const char *prefix, uint32_t field_seed,
                    const int64_t *sshape, const int64_t *samples_per_file,
                    size_t nfiles, unsigned align);
 
+/* The loader tests' two fields: "img" <f4 per-sample tu_img_shape (3, 5),
+ * field seed 1, data aligned to 64 bytes; "lab" |u1 per-sample
+ * tu_lab_shape (7,), field seed 2, aligned to 16 (as old writers did). */
+extern const int64_t tu_img_shape[2], tu_lab_shape[1];
+
+typedef struct tu_img_lab {
+    char *dir;            /* a tu_mkdtemp directory: tu_rmtree(d.dir) */
+    char img[512], lab[512]; /* the fields' globs: dir/img_*.npy, dir/lab_*.npy */
+} tu_img_lab;
+
+/* Writes both fields (tu_write_field) as nfiles files of sizes[k] samples
+ * each under a fresh directory tagged `tag`, and fills *d. Returns 0, or
+ * -1 (nothing left behind; d->dir NULL). */
+int tu_img_lab_make(tu_img_lab *d, const char *tag, const int64_t *sizes, size_t nfiles);
+
 /* Bytes per sample for a per-sample shape. */
 size_t tu_sample_bytes(size_t itemsize, int sndim, const int64_t *sshape);
 
