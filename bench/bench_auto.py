@@ -18,7 +18,8 @@ Regimes (the captcha preset, 128-sample shuffled batches):
   regime     the packed shards, a cold throttled first epoch then warm ones
              (--epochs + 1 epochs): auto's last epoch against the best
              fixed configuration's warm samples/s (page cache): >= 0.9 by
-             the third epoch
+             the third epoch (with --confirm, medians of alternate runs
+             of both, as below)
   ranks2     two ranks on the node (torchrun --nproc-per-node 2, gloo, an
              all_reduce per batch as DDP's), page cache, the consumer does
              nothing: the sum of both ranks' samples/s, auto / the best
@@ -301,21 +302,40 @@ def _throttled_regimes(a: argparse.Namespace, d: str, regimes: list[str]) -> Non
                         auto, fixed)
                 continue
             # regime: a cold epoch, then warm ones; the grid warm only.
-            runs = [_run(fields, AUTO, a.epochs + 1, evict=files) for _ in range(2)]
+            runs = [_run(fields, AUTO, a.epochs + 1, evict=files)
+                    for _ in range(1 if a.confirm else 2)]
         _warm(files)
         fixed = {c: _run(fields, c, a.epochs) for c in grid}
         best = max(fixed, key=lambda k: fixed[k]["sps"])
-        auto = max(runs, key=lambda r: r["epochs"][-1])
+        if a.confirm:
+            # As _runs: the grid's best (warm) and auto (cold, then warm) run
+            # `confirm` more times each, alternately; medians compared.
+            # (the first auto run came before the grid)
+            bests = []
+            for k in range(a.confirm):
+                if k:
+                    with _throttled(packed_dir, a.throttle):
+                        runs.append(_run(fields, AUTO, a.epochs + 1, evict=files))
+                    _warm(files)
+                bests.append(_run(fields, best, a.epochs))
+            fixed[best] = dict(_median_run(bests), confirmed=[r["sps"] for r in bests])
+            auto = sorted(runs, key=lambda r: r["epochs"][-1])[len(runs) // 2]
+        else:
+            auto = max(runs, key=lambda r: r["epochs"][-1])
+        b = fixed[best]
         print(f"\n== regime change (packed: a cold epoch at {a.throttle / 1e6:.0f} MB/s, "
               f"then warm)")
         print(f"  best fixed warm  workers={best[0]} prefetch={best[1]}: "
-              f"{fixed[best]['sps']:9.0f} samples/s")
+              f"{b['sps']:9.0f} samples/s" +
+              (f" (median of runs: {', '.join(f'{x:.0f}' for x in b['confirmed'])})"
+               if "confirmed" in b else ""))
         print("  auto per epoch   " + ", ".join(f"{s:.0f}" for s in auto["epochs"]) +
               f" samples/s; at the end workers={auto['workers']} slots={auto['slots']} "
               f"({auto['decisions']} changes) (last epochs of the runs: "
-              f"{runs[0]['epochs'][-1]:.0f}, {runs[1]['epochs'][-1]:.0f})")
+              f"{', '.join(f'{x:.0f}' for x in (r['epochs'][-1] for r in runs))}"
+              f"{': median' if a.confirm else ': best'})")
         print(f"  ratio auto epoch {len(auto['epochs'])} / best warm: "
-              f"{auto['epochs'][-1] / fixed[best]['sps']:.3f}", flush=True)
+              f"{auto['epochs'][-1] / b['sps']:.3f}", flush=True)
 
 
 # ---- two ranks (torchrun) ----
