@@ -83,8 +83,8 @@ typedef struct npyl_auto {
     double seen_min_rate, seen_max_share; /* the windows since */
     unsigned hot;            /* windows in a row above the target */
     double hot_rate;         /* their rates, summed */
-    double ref_step, ref_rate; /* the last steady window's, kept across
-                                  a change judged unless it moved them */
+    double ref_step, ref_rate; /* the last steady window's (none judged
+                                  a change), kept while one is judged */
     int moved_step, moved_rate; /* a window moved them (+1 up, -1 down):
                                    the next one confirms a new regime */
     size_t w_ceiling;        /* adding up to this did not help */
