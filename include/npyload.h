@@ -1285,7 +1285,9 @@ typedef struct npyload_stats {
     /* Self-tuning (appended after the fill; num_workers and num_slots
      * above are the current counts, which the controller changes): */
     uint64_t auto_mode;         /* 0 fixed; bit 1: the controller changes
-                                   the workers, bit 2: the slots */
+                                   the workers, bit 2: the slots (never
+                                   in device mode: the device slots stay
+                                   at their first count) */
     uint64_t memory_budget;     /* MEMORY_BUDGET resolved (0: fixed) */
     uint64_t memory_bytes;      /* slots plus workers' read buffers now */
     uint64_t auto_decisions;    /* changes the controller made */

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from ._batch import Batch, BatchTuple
     from ._npyload import LoaderState, LoaderStats, _Path
+    from ._options import _Count  # num_workers=, prefetch=: an int or "auto"
 
     class _TorchDevice(Protocol):
         """torch.device (read through str())."""
@@ -67,11 +68,11 @@ class Loader(Generic[_B]):
     shuffle: bool | str
     seed: int
     drop_last: bool
-    num_workers: int | str
+    num_workers: _Count
     read_ahead: bool
     cache_fill: bool | None
     num_slots: int
-    prefetch: int | str
+    prefetch: _Count
     memory_budget: int | None
     auto_target: float
     device: int
@@ -88,11 +89,15 @@ class Loader(Generic[_B]):
     # Loader[BatchTuple], or Loader[R] for a transform= returning R. Only
     # overloads map as_tuple=True to BatchTuple; the price is mypy's "No overload
     # variant" (no argument named) for a wrongly typed argument, unless the user
-    # enables npyload.mypy_plugin, which names it (docs/python-api.md).
+    # enables npyload.mypy_plugin, which names it (docs/python-api.md). The
+    # BatchTuple overloads take as_tuple=True by keyword only, so that a call
+    # without it cannot reach them (a transform taking BatchTuple is then
+    # refused); the last one (as_tuple a bool known only at run time) wants
+    # a transform taking either type.
     @overload
     def __init__(self: Loader[Batch], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
-                 num_workers: int | str = "auto", prefetch: int | str | None = "auto",
+                 num_workers: _Count = "auto", prefetch: _Count | None = "auto",
                  device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
                  io: _IOName = "auto", output: _Output = "auto", copy: bool = False,
@@ -110,25 +115,25 @@ class Loader(Generic[_B]):
     @overload
     def __init__(self: Loader[BatchTuple], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
-                 num_workers: int | str = "auto", prefetch: int | str | None = "auto",
+                 num_workers: _Count = "auto", prefetch: _Count | None = "auto",
                  device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
                  io: _IOName = "auto", output: _Output = "auto", copy: bool = False,
                  window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
                  align: _Align = "names", on_error: _OnError = "raise",
                  max_errors: int | None = None,
-                 transforms: _Transforms | None = None,
-                 as_tuple: Literal[True] = ..., transform: None = None,
+                 transforms: _Transforms | None = None, *,
+                 as_tuple: Literal[True], transform: None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
-                 cache_fill: bool | None = None, *,
+                 cache_fill: bool | None = None,
                  memory_budget: int | None = None, auto_target: float = 0.02,
                  persistent_workers: bool = False, in_order: bool = True, sources: _Sources = None,
                  weights: _Weights = None, samples_per_epoch: int | None = None) -> None: ...
     @overload
     def __init__(self: Loader[_T], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
-                 num_workers: int | str = "auto", prefetch: int | str | None = "auto",
+                 num_workers: _Count = "auto", prefetch: _Count | None = "auto",
                  device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
                  io: _IOName = "auto", output: _Output = "auto", copy: bool = False,
@@ -146,25 +151,25 @@ class Loader(Generic[_B]):
     @overload
     def __init__(self: Loader[_T], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
-                 num_workers: int | str = "auto", prefetch: int | str | None = "auto",
+                 num_workers: _Count = "auto", prefetch: _Count | None = "auto",
                  device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
                  io: _IOName = "auto", output: _Output = "auto", copy: bool = False,
                  window: int = 8, direct_io: bool = False, pin_memory: bool | None = None,
                  align: _Align = "names", on_error: _OnError = "raise",
                  max_errors: int | None = None,
-                 transforms: _Transforms | None = None,
-                 as_tuple: Literal[True] = ..., transform: Callable[[BatchTuple], _T] = ...,
+                 transforms: _Transforms | None = None, *,
+                 as_tuple: Literal[True], transform: Callable[[BatchTuple], _T] = ...,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
-                 cache_fill: bool | None = None, *,
+                 cache_fill: bool | None = None,
                  memory_budget: int | None = None, auto_target: float = 0.02,
                  persistent_workers: bool = False, in_order: bool = True, sources: _Sources = None,
                  weights: _Weights = None, samples_per_epoch: int | None = None) -> None: ...
     @overload
     def __init__(self: Loader[Any], fields: _Fields | None = None, batch_size: int = ...,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
-                 num_workers: int | str = "auto", prefetch: int | str | None = "auto",
+                 num_workers: _Count = "auto", prefetch: _Count | None = "auto",
                  device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
                  io: _IOName = "auto", output: _Output = "auto", copy: bool = False,
@@ -172,7 +177,8 @@ class Loader(Generic[_B]):
                  align: _Align = "names", on_error: _OnError = "raise",
                  max_errors: int | None = None,
                  transforms: _Transforms | None = None,
-                 as_tuple: bool = False, transform: Callable[[Any], Any] | None = None,
+                 as_tuple: bool = False,
+                 transform: Callable[[Batch | BatchTuple], Any] | None = None,
                  read_ahead: bool = True, transform_workers: int = 1,
                  remote: Mapping[str, Any] | None = None,
                  cache_fill: bool | None = None, *,
@@ -181,7 +187,7 @@ class Loader(Generic[_B]):
                  weights: _Weights = None, samples_per_epoch: int | None = None) -> None: ...
     def __init__(self, fields: _Fields | None = None, batch_size: Any = None,
                  shuffle: _Shuffle = False, seed: int = 0, drop_last: bool = False,
-                 num_workers: int | str = "auto", prefetch: int | str | None = "auto",
+                 num_workers: _Count = "auto", prefetch: _Count | None = "auto",
                  device: _Device = "cpu",
                  rank: int | None = None, world_size: int | None = None,
                  io: _IOName = "auto", output: _Output = "auto", copy: bool = False,
@@ -238,9 +244,9 @@ class Loader(Generic[_B]):
         self._opts: dict[int, int] = {
             _npyload.OPT_BATCH_SIZE: batch_size,
             _npyload.OPT_NUM_WORKERS: (_npyload.AUTO if num_workers == "auto" else
-                                       cast(int, num_workers) or -1),  # -1: sync
+                                       num_workers or -1),  # -1: sync
             _npyload.OPT_PREFETCH: (_npyload.AUTO if prefetch == "auto" else
-                                    _slots_for(cast(int, prefetch), transform)),
+                                    _slots_for(prefetch, transform)),
             _npyload.OPT_SHUFFLE: shuffle_mode,
             _npyload.OPT_SEED: seed,
             _npyload.OPT_DROP_LAST: int(bool(drop_last)),
@@ -270,12 +276,12 @@ class Loader(Generic[_B]):
         self.drop_last = bool(drop_last)
         self.num_workers = num_workers
         self.read_ahead = bool(read_ahead)
-        self._hook_prefetch = hook_prefetch if prefetch == "auto" else cast(int, prefetch)
+        self._hook_prefetch = hook_prefetch if prefetch == "auto" else prefetch
         self.cache_fill = cache_fill
         # The library's PREFETCH, as it reports it once started (host slots,
         # or device slots with a CUDA device; the range was checked).
         self.num_slots = self._opts[_npyload.OPT_PREFETCH]  # AUTO (-2): the controller's
-        self.prefetch = "auto" if prefetch is None else prefetch  # None was 'auto'
+        self.prefetch = prefetch  # None was made 'auto'
         self.memory_budget = memory_budget
         self.auto_target = auto_target
         self.device = dev

@@ -6,12 +6,17 @@ import os as _os
 import sys as _sys
 import warnings as _warnings
 from collections.abc import Mapping as _Mapping
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from . import _npyload
 from ._batch import _bfloat16_numpy
 from ._torch import _torch_or_none
 from ._transform import Transform
+
+if TYPE_CHECKING:
+    from typing import Union
+
+    _Count = Union[int, Literal["auto"]]  # Loader's num_workers= and prefetch=
 
 
 _IO = {"auto": _npyload.IO_AUTO, "uring": _npyload.IO_URING,
@@ -152,7 +157,7 @@ def _kernel_paths() -> list[tuple[int, str]]:
 
 def _check_counts(batch_size: int, seed: int, num_workers: object, prefetch: object,
                   window: int, max_errors: int | None,
-                  transform: object) -> tuple[int, int, int | str, int | str | None, int, int]:
+                  transform: object) -> tuple[int, int, _Count, _Count, int, int]:
     """The numeric arguments, in Loader's units, against the library's
     limits: num_workers=0 is the library's WORKERS_SYNC, prefetch counts the
     batches ahead of the one the loop holds (slots - 1, or slots - 2 with
@@ -163,6 +168,7 @@ def _check_counts(batch_size: int, seed: int, num_workers: object, prefetch: obj
     seed = _int_arg("seed", seed, -_INT64_MAX - 1, maximum=_INT64_MAX,
                     what="an int64")
     if num_workers != "auto":
+        _int_or_auto("num_workers", num_workers)
         num_workers = _int_arg("num_workers", num_workers, 0, maximum=_opt_max(
             _npyload.OPT_NUM_WORKERS), what="worker threads; 0 = none, batches "
             "are read inside next(); or 'auto'")
@@ -170,23 +176,29 @@ def _check_counts(batch_size: int, seed: int, num_workers: object, prefetch: obj
     if prefetch is None:
         prefetch = "auto"
     max_slots = _opt_max(_npyload.OPT_PREFETCH)
-    if prefetch == "auto":
-        pass
-    elif transform is None:
-        prefetch = _int_arg("prefetch", prefetch, 1, allow_none=True,
-                            maximum=max_slots - 1, what="batches read ahead; the "
-                            f"loader has prefetch + 1 slots, at most {max_slots}")
-    else:
-        prefetch = _int_arg("prefetch", prefetch, 1, allow_none=True,
-                            maximum=max_slots - 2, what="batches read ahead; with "
-                            f"transform= the loader has prefetch + 2 slots, at most "
-                            f"{max_slots}")
+    if prefetch != "auto":
+        _int_or_auto("prefetch", prefetch)
+        if transform is None:
+            prefetch = _int_arg("prefetch", prefetch, 1, maximum=max_slots - 1,
+                                what="batches read ahead; the loader has prefetch + 1 "
+                                f"slots, at most {max_slots}")
+        else:
+            prefetch = _int_arg("prefetch", prefetch, 1, maximum=max_slots - 2,
+                                what="batches read ahead; with transform= the loader has "
+                                f"prefetch + 2 slots, at most {max_slots}")
     window = _int_arg("window", window, 1, maximum=_opt_max(
         _npyload.OPT_SHUFFLE_WINDOW), what="files per window")
     max_errors = 0 if max_errors is None else _int_arg(
         "max_errors", max_errors, 1, maximum=_opt_max(_npyload.OPT_MAX_ERRORS),
         what="skipped samples; None = no limit")
     return batch_size, seed, num_workers, prefetch, window, max_errors
+
+
+def _int_or_auto(name: str, value: object) -> None:
+    """TypeError "NAME must be an int or 'auto'" for what is neither (a
+    str such as "2", a float); the range is _int_arg's."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an int or 'auto', got {value!r}")
 
 
 def _check_choices(shuffle: object, drop_last: object, direct_io: object, read_ahead: object,
@@ -266,7 +278,7 @@ def _auto_cores() -> int:
     return max(1, cores // max(1, local))
 
 
-def _auto_options(num_workers: int | str, prefetch: int | str | None,
+def _auto_options(num_workers: _Count, prefetch: _Count | None,
                   memory_budget: int | None, auto_target: float) -> dict[int, int]:
     """The controller's options (NPYLOAD_AUTO) for the library."""
     if num_workers != "auto" and prefetch != "auto":

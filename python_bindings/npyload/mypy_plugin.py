@@ -33,9 +33,14 @@ before mypy checks the call):
    overload with its other parameters relaxed to ``Any``, so no "No
    overload variant" message follows and the call keeps the overload's
    type (``Loader[Batch]`` above, not ``Any``).
-3. When ``as_tuple`` and ``transform`` fit no overload (``as_tuple="yes"``),
-   the call means the last overload (``as_tuple: bool``, ``transform``
-   any callable): the message names them, and the call is ``Loader[Any]``.
+3. When ``as_tuple`` and ``transform`` fit no overload together, a
+   transform for the other batch type (a function of ``BatchTuple``
+   without ``as_tuple=True``, of ``Batch`` with it), the call means the
+   overload ``as_tuple`` chooses among those taking a transform: the
+   message names ``transform`` and the batch type it must take.
+4. Otherwise (``as_tuple="yes"``) the call means the last overload
+   (``as_tuple: bool``, ``transform`` taking ``Batch | BatchTuple``): the
+   message names them, and the call is ``Loader[Any]``.
 
 Tested with mypy 1.13.0 and 2.4.1 (tests/python/test_typing.py runs it with
 the installed one). Beyond the plugin API it uses mypy internals, the ones
@@ -51,7 +56,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from mypy.nodes import ARG_STAR, ARG_STAR2, CallExpr
 from mypy.plugin import FunctionSigContext, Plugin
-from mypy.types import AnyType, CallableType, FunctionLike, Overloaded, TypeOfAny
+from mypy.types import AnyType, CallableType, FunctionLike, NoneType, Overloaded, TypeOfAny
 from mypy.types import get_proper_type
 
 LOADER = "npyload._loader.Loader"
@@ -75,6 +80,15 @@ def _relaxed(item: CallableType, keep: tuple[str, ...] = _CHOOSERS) -> CallableT
         kinds.append(ARG_STAR2)
         names.append(None)
     return item.copy_modified(arg_types=types, arg_kinds=kinds, arg_names=names)
+
+
+def _takes_transform(item: CallableType) -> bool:
+    """Whether the overload's ``transform`` parameter takes a function
+    (not only None)."""
+    if "transform" not in item.arg_names:
+        return False
+    t = get_proper_type(item.arg_types[item.arg_names.index("transform")])
+    return not isinstance(t, NoneType)
 
 
 class _Call:
@@ -124,7 +138,13 @@ class _Call:
         transform= fit none); None where mypy accepts one."""
         if self.accepts(Overloaded(items)):
             return None
-        return next((i for i, item in enumerate(items) if self.accepts(_relaxed(item))),
+        both = next((i for i, item in enumerate(items) if self.accepts(_relaxed(item))), None)
+        if both is not None:
+            return both
+        # A transform for the other batch type: the overload as_tuple=
+        # chooses among those that take a transform.
+        return next((i for i, item in enumerate(items)
+                     if _takes_transform(item) and self.accepts(_relaxed(item, ("as_tuple",)))),
                     len(items) - 1)
 
 

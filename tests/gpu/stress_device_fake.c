@@ -23,6 +23,11 @@
  * their reads by kernels run in other threads, up to destroy with batches
  * held.
  *
+ * Also the controller in device mode (auto_matches_fixed): NPYLOAD_AUTO
+ * workers and prefetch, AUTO_FORCE changing the workers every two batches,
+ * two epochs delivering a fixed NUM_WORKERS 2 loader's device bytes and
+ * order, each row the .npy file's bytes, the device slots never changed.
+ *
  * Usage: stress_device_fake PATH_TO_FAKE_LIBCUDART [PATH_TO_FAKE_LIBCUDA] */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -237,6 +242,182 @@ static void destroy_with_batches_held(void)
     passes++;
 }
 
+/* ---- The controller in device mode (issue 37): NPYLOAD_AUTO workers and
+ * prefetch, AUTO_FORCE changing the workers every two batches, two epochs,
+ * a consumer that reads each batch on the device after its event: the
+ * batches are a fixed NUM_WORKERS 2 loader's (order and bytes), every row is
+ * the file's bytes at its index (a plain read of the .npy files, not
+ * tu_byte), and the controller changed the workers only: the device slots
+ * stay at their first count (stats, history, auto_mode). ---- */
+#define AUTO_B 3
+#define AUTO_EPOCHS 2
+#define AUTO_MAXB (AUTO_EPOCHS * 64 / AUTO_B + AUTO_EPOCHS)
+
+typedef struct run_log {
+    int64_t idx[AUTO_MAXB][AUTO_B];
+    uint8_t bytes[AUTO_MAXB][AUTO_B * ROW];
+    size_t rows[AUTO_MAXB], n;
+    size_t workers_seen[16], slots_min, slots_max;
+} run_log;
+
+/* The files' rows in index order: the data after each .npy preamble (the
+ * magic, the version, the header length), read as bytes. */
+static uint8_t *rows_of_files(int64_t *n)
+{
+    int64_t total = 0;
+    for (size_t k = 0; k < NF; k++)
+        total += SIZES[k];
+    uint8_t *all = malloc((size_t)total * ROW), *at = all;
+    for (size_t k = 0; k < NF && all; k++) {
+        char p[560];
+        snprintf(p, sizeof p, "%s/x_%04zu.npy", dir, k);
+        size_t len = 0;
+        uint8_t *f = tu_read_file(p, &len);
+        size_t v1 = f && len > 10 && f[6] == 1, hl = !f || len < 12 ? 0 :
+            v1 ? (size_t)f[8] | (size_t)f[9] << 8 : (size_t)f[8] | (size_t)f[9] << 8 |
+            (size_t)f[10] << 16 | (size_t)f[11] << 24;
+        size_t off = (v1 ? 10 : 12) + hl, want = (size_t)SIZES[k] * ROW;
+        if (!f || memcmp(f, "\x93NUMPY", 6) || len != off + want) {
+            fprintf(stderr, "%s: not the .npy this test wrote\n", p);
+            exit(2);
+        }
+        memcpy(at, f + off, want);
+        at += want;
+        free(f);
+    }
+    *n = total;
+    return all;
+}
+
+static npyload_loader *make_auto(int64_t workers, int64_t prefetch)
+{
+    npyload_loader *L;
+    if (npyload_loader_create(&L) || npyload_loader_add_field(L, "x", glob) ||
+        npyload_loader_set(L, NPYLOAD_OPT_NUM_WORKERS, workers) ||
+        npyload_loader_set(L, NPYLOAD_OPT_PREFETCH, prefetch) ||
+        npyload_loader_set(L, NPYLOAD_OPT_BATCH_SIZE, AUTO_B) ||
+        npyload_loader_set(L, NPYLOAD_OPT_SHUFFLE, 1) ||
+        npyload_loader_set(L, NPYLOAD_OPT_SEED, 23) ||
+        npyload_loader_set(L, NPYLOAD_OPT_DEVICE, 0) ||
+        (workers == NPYLOAD_AUTO &&
+         (npyload_loader_set(L, NPYLOAD_OPT_AUTO_FORCE, 2) ||
+          /* Four cores whatever the machine: the forced counts reach 4. */
+          npyload_loader_set(L, NPYLOAD_OPT_AUTO_CORES, 4))) ||
+        npyload_loader_start(L)) {
+        fprintf(stderr, "auto setup failed: %s\n", npyload_loader_errmsg(L));
+        exit(2);
+    }
+    return L;
+}
+
+/* Two epochs of L into lg: indices, the device bytes (read after the
+ * batch's event on the host: the fake's device memory is host memory),
+ * the counts seen after each batch. */
+static void run_two_epochs(npyload_loader *L, run_log *lg)
+{
+    lg->slots_min = SIZE_MAX;
+    for (uint64_t e = 0; e < AUTO_EPOCHS; e++) {
+        CHECK(npyload_loader_set_epoch(L, e) == 0, "set_epoch");
+        npyload_batch *b;
+        int rc;
+        while ((rc = npyload_loader_next(L, &b)) == 0) {
+            size_t rows = npyload_batch_size(b);
+            if (lg->n == AUTO_MAXB || rows > AUTO_B) {
+                CHECK(0, "%zu batches, %zu rows: more than two epochs", lg->n, rows);
+                npyload_batch_release(b);
+                return;
+            }
+            CHECK(npyload_batch_field(b, 0)->device == 0, "not a device batch");
+            npyload_batch_sync(b);
+            memcpy(lg->idx[lg->n], npyload_batch_indices(b), rows * sizeof(int64_t));
+            memcpy(lg->bytes[lg->n], npyload_batch_field(b, 0)->data, rows * ROW);
+            lg->rows[lg->n++] = rows;
+            npyload_batch_release(b);
+            npyload_stats st;
+            CHECK(npyload_loader_get_stats(L, &st, sizeof st) == 0, "stats");
+            lg->workers_seen[st.num_workers < 16 ? st.num_workers : 15]++;
+            lg->slots_min = st.num_slots < lg->slots_min ? st.num_slots : lg->slots_min;
+            lg->slots_max = st.num_slots > lg->slots_max ? st.num_slots : lg->slots_max;
+        }
+        CHECK(rc == NPYLOAD_EOF, "next: %s", npyload_loader_errmsg(L));
+    }
+}
+
+static void auto_matches_fixed(void)
+{
+    int64_t n = 0;
+    uint8_t *truth = rows_of_files(&n);
+    run_log *fx = calloc(1, sizeof *fx), *au = calloc(1, sizeof *au);
+    if (!truth || !fx || !au) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    npyload_loader *L = make_auto(2, 3);
+    run_two_epochs(L, fx);
+    npyload_loader_destroy(L);
+    L = make_auto(NPYLOAD_AUTO, NPYLOAD_AUTO);
+    run_two_epochs(L, au);
+
+    CHECK(au->n == fx->n && fx->n > 2 * 64 / AUTO_B, "auto %zu batches, fixed %zu", au->n,
+          fx->n);
+    size_t seen = 0;
+    uint8_t *hit = calloc((size_t)n * AUTO_EPOCHS, 1);
+    for (size_t k = 0; k < au->n && k < fx->n; k++) {
+        CHECK(au->rows[k] == fx->rows[k] &&
+              !memcmp(au->idx[k], fx->idx[k], au->rows[k] * sizeof(int64_t)),
+              "batch %zu: auto's indices differ from num_workers=2's", k);
+        CHECK(!memcmp(au->bytes[k], fx->bytes[k], au->rows[k] * ROW),
+              "batch %zu: auto's device bytes differ from num_workers=2's", k);
+        for (size_t r = 0; r < au->rows[k]; r++) {
+            int64_t i = au->idx[k][r];
+            int ok = i >= 0 && i < n && !memcmp(au->bytes[k] + r * ROW, truth + i * ROW, ROW);
+            CHECK(ok, "batch %zu row %zu (sample %lld): not the file's bytes", k, r,
+                  (long long)i);
+            if (ok)
+                hit[(size_t)(seen / (size_t)n) * (size_t)n + (size_t)i]++;
+            seen++;
+        }
+    }
+    for (int64_t i = 0; i < n * AUTO_EPOCHS; i++)
+        CHECK(hit[i] == 1, "epoch %lld: sample %lld delivered %d times", (long long)(i / n),
+              (long long)(i % n), hit[i]);
+    free(hit);
+
+    /* The controller changed the workers, never the device slots. */
+    size_t kinds = 0;
+    for (int i = 0; i < 16; i++)
+        kinds += au->workers_seen[i] != 0;
+    CHECK(kinds >= 2, "the worker count took %zu value(s) under AUTO_FORCE", kinds);
+    CHECK(au->slots_min == au->slots_max, "device slots moved: %zu .. %zu", au->slots_min,
+          au->slots_max);
+    npyload_stats st;
+    CHECK(npyload_loader_get_stats(L, &st, sizeof st) == 0, "stats");
+    CHECK(st.auto_mode == 1, "auto_mode %llu in device mode: the controller changes the "
+          "workers only (1)", (unsigned long long)st.auto_mode);
+    CHECK(st.auto_decisions > 0, "no decision recorded");
+    npyload_auto_event ev[32];
+    uint64_t total = 0;
+    int ne = npyload_loader_auto_history(L, ev, 32, sizeof *ev, &total);
+    int forced = 0;
+    CHECK(ne > 0 && total >= (uint64_t)ne, "history: %d of %llu", ne,
+          (unsigned long long)total);
+    for (int i = 0; i < ne; i++) {
+        CHECK(ev[i].slots == ev[i].prev_slots && ev[i].slots == ev[0].slots,
+              "decision %d (%s) moved the device slots %u -> %u", i,
+              npyload_auto_reason_name(ev[i].reason), ev[i].prev_slots, ev[i].slots);
+        forced += ev[i].reason == NPYLOAD_AUTO_FORCED && ev[i].workers != ev[i].prev_workers;
+    }
+    CHECK(forced > 0, "no forced change of the workers in the history");
+    printf("auto in device mode: %zu batches as num_workers=2's, the workers took %zu "
+           "counts (%llu decisions), the slots stayed %zu\n", au->n, kinds,
+           (unsigned long long)total, au->slots_min);
+    npyload_loader_destroy(L);
+    free(truth);
+    free(fx);
+    free(au);
+    passes++;
+}
+
 /* The runs again with the flip, its kernel on the CPU (the fake driver). */
 static void run_with_kernels(const char *driver)
 {
@@ -308,6 +489,7 @@ int main(int argc, char **argv)
     consumer_never_waits(3, 4, 3);
     consumer_never_waits(6, 3, 7);
     destroy_with_batches_held();
+    auto_matches_fixed();
     if (argc == 3)
         run_with_kernels(argv[2]);
     tu_rmtree(dir);

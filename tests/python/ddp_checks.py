@@ -1,7 +1,9 @@
 """The checks of the torchrun tests (test_elastic_torchrun.py,
 test_multinode.py, test_mix_torchrun.py) against torch's own
-DistributedSampler, and their launcher: one copy. torch is imported when a
-check runs (the callers skip without it)."""
+DistributedSampler, their launcher and what their worker scripts share
+(worker_env puts this directory on the workers' PYTHONPATH, so they
+`import ddp_checks` for end_of_epoch and write_out): one copy. torch is
+imported when a check runs (the callers skip without it)."""
 import json
 import os
 import subprocess
@@ -17,17 +19,52 @@ def torchrun(script, nproc, cfg, timeout):
     import pytest
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={nproc}", str(script), json.dumps(cfg)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                           env=worker_env())
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"torchrun with {nproc} ranks did not finish in {timeout}s "
                     f"(a hang?): {e.stderr!r}"[-3000:])
     assert r.returncode == 0, f"torchrun failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     with open(cfg["out"]) as f:
         return json.load(f)
+
+
+def worker_env(**extra):
+    """A torchrun launch's environment: the caller's without its rank
+    variables, one OpenMP thread per rank, this directory on PYTHONPATH
+    (the workers import ddp_checks), and `extra`."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **extra)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def end_of_epoch(loader, record, save=None):
+    """In a torchrun worker, after an epoch (or the batches it stopped
+    after): every rank's `record` (JSON-able), in rank order; with `save`,
+    rank 0 writes loader.state_dict() there as JSON and every rank waits
+    for it."""
+    import torch.distributed as dist
+    got = [None] * dist.get_world_size()
+    dist.all_gather_object(got, record)
+    if save:
+        if dist.get_rank() == 0:
+            with open(save, "w") as f:
+                json.dump(loader.state_dict(), f)
+        dist.barrier()
+    return got
+
+
+def write_out(out, path):
+    """In a torchrun worker: rank 0 writes `out` as JSON to `path`, which
+    the launcher returns."""
+    import torch.distributed as dist
+    if dist.get_rank() == 0:
+        with open(path, "w") as f:
+            json.dump(out, f)
 
 
 def sampler_split(seq, world, rank, drop_last=False):

@@ -37,6 +37,7 @@ WORKER = textwrap.dedent(r'''
     import torch
     import torch.distributed as dist
     import npyload
+    from ddp_checks import end_of_epoch, write_out
 
     cfg = json.loads(sys.argv[1])
     dist.init_process_group("gloo")
@@ -61,18 +62,10 @@ WORKER = textwrap.dedent(r'''
             nb += 1
             if stop is not None and nb == stop:
                 break
-        lens = [None] * world
-        dist.all_gather_object(lens, {"rank": rank, "indices": got, "batches": nb,
-                                      "len": len(loader)})
+        lens = end_of_epoch(loader, {"rank": rank, "indices": got, "batches": nb,
+                                     "len": len(loader)}, stop is not None and cfg["save"])
         out["epochs"].append({"epoch": epoch, "ranks": lens})
-        if stop is not None:
-            if rank == 0:
-                with open(cfg["save"], "w") as f:
-                    json.dump(loader.state_dict(), f)
-            dist.barrier()
-    if rank == 0:
-        with open(cfg["out"], "w") as f:
-            json.dump(out, f)
+    write_out(out, cfg["out"])
     dist.destroy_process_group()
 ''')
 

@@ -39,6 +39,7 @@ WORKER = textwrap.dedent(r'''
     import numpy as np
     import torch.distributed as dist
     import npyload
+    from ddp_checks import end_of_epoch, write_out
 
     cfg = json.loads(sys.argv[1])
     dist.init_process_group("gloo")
@@ -63,19 +64,11 @@ WORKER = textwrap.dedent(r'''
                 loader.set_weights(cfg["w1"])
             if cfg.get("stop") and nb == cfg["stop"]:
                 break
-        got = [None] * world
-        dist.all_gather_object(got, {"rank": rank, "rows": rows, "batches": nb,
-                                     "len": len(loader)})
-        out.append(got)
+        out.append(end_of_epoch(loader, {"rank": rank, "rows": rows, "batches": nb,
+                                         "len": len(loader)}, cfg.get("stop") and cfg["save"]))
         if cfg.get("stop"):
-            if rank == 0:
-                with open(cfg["save"], "w") as f:
-                    json.dump(loader.state_dict(), f)
-            dist.barrier()
             break
-    if rank == 0:
-        with open(cfg["out"], "w") as f:
-            json.dump(out, f)
+    write_out(out, cfg["out"])
     dist.destroy_process_group()
 ''')
 

@@ -35,7 +35,7 @@ if not torch.distributed.is_available():
 import npyload  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from ddp_checks import check_resume, sampler_split  # noqa: E402
+from ddp_checks import check_resume, sampler_split, worker_env  # noqa: E402
 from weed_server import ThrottleProxy, WeedServer, weed_binary  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
@@ -56,6 +56,7 @@ WORKER = textwrap.dedent(r'''
     import json, os, sys
     import torch.distributed as dist
     import npyload
+    from ddp_checks import end_of_epoch, write_out
 
     cfg = json.loads(sys.argv[1])
     node = int(os.environ["NPYL_TEST_NODE"])
@@ -81,18 +82,11 @@ WORKER = textwrap.dedent(r'''
             nb += 1
             if stop is not None and nb == stop:
                 break
-        ranks = [None] * world
-        dist.all_gather_object(ranks, {"rank": rank, "node": node, "indices": got,
-                                       "batches": nb, "len": len(loader)})
+        ranks = end_of_epoch(loader, {"rank": rank, "node": node, "indices": got,
+                                      "batches": nb, "len": len(loader)},
+                             stop is not None and cfg["save"])
         out.append({"epoch": epoch, "ranks": ranks})
-        if stop is not None:
-            if rank == 0:
-                with open(cfg["save"], "w") as f:
-                    json.dump(loader.state_dict(), f)
-            dist.barrier()
-    if rank == 0:
-        with open(cfg["out"], "w") as f:
-            json.dump({"world": world, "epochs": out}, f)
+    write_out({"world": world, "epochs": out}, cfg["out"])
     loader.close()
     dist.destroy_process_group()
 ''')
@@ -141,9 +135,8 @@ def launch(cl, nprocs, cfg, tag):
     port = free_port()
     procs = []
     for node, n in enumerate(nprocs):
-        env = dict(os.environ, OMP_NUM_THREADS="1", NPYL_TEST_NODE=str(node))
-        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-                  "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
+        env = worker_env(NPYL_TEST_NODE=str(node))
+        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
             env.pop(k, None)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
                f"--nproc_per_node={n}", "--rdzv-backend=c10d",

@@ -61,16 +61,34 @@ def test_marker_and_stub_are_installed():
 # Calls a type checker must refuse (line: what the error must show): a
 # wrongly typed argument (mypy names the argument types in call order, see
 # test_mypy_strict_refuses_wrong_calls) and a DataLoader keyword npyload does
-# not have. An Any-typed fallback overload or a **kwargs in an overload would
-# let them through.
+# not have; a str for num_workers= or prefetch= (int | Literal["auto"]); a
+# transform= for the other batch type. An Any-typed fallback overload or a
+# **kwargs in an overload would let them through.
 WRONG_USE = """import npyload
 
 npyload.Loader({"x": "x_*.npy"}, batch_size="64")
 npyload.Loader({"x": "x_*.npy"}, 64, prefetch_factor=2)
 tl = npyload.Loader({"x": "x_*.npy"}, 64, seed="7", as_tuple=True)
 reveal_type(tl)
+npyload.Loader({"x": "x_*.npy"}, 64, num_workers="2")
+npyload.Loader({"x": "x_*.npy"}, 64, prefetch="4", as_tuple=True)
+
+
+def firsts(b: npyload.BatchTuple) -> int:
+    return b.num_samples
+
+
+def rows(b: npyload.Batch) -> int:
+    return b.num_samples
+
+
+npyload.Loader({"x": "x_*.npy"}, 64, transform=firsts)
+npyload.Loader({"x": "x_*.npy"}, 64, as_tuple=True, transform=rows)
 """
-WRONG_LINES = {3: '"str"', 4: '"prefetch_factor"', 5: '"str"'}
+# The last two: a transform for the other batch type (without as_tuple=True
+# it gets a Batch, with it a BatchTuple).
+WRONG_LINES = {3: '"str"', 4: '"prefetch_factor"', 5: '"str"', 7: '"str"', 8: '"str"',
+               19: '"Callable[[BatchTuple], int]"', 20: '"Callable[[Batch], int]"'}
 # What mypy says without the plugin: no overload matches, no argument named.
 NO_VARIANT = 'No overload variant of "Loader" matches argument types'
 # With the plugin (plugins = npyload.mypy_plugin): mypy's ordinary messages,
@@ -78,7 +96,15 @@ NO_VARIANT = 'No overload variant of "Loader" matches argument types'
 PLUGIN_LINES = {
     3: 'error: Argument "batch_size" to "Loader" has incompatible type "str"; expected "int"',
     4: 'error: Unexpected keyword argument "prefetch_factor" for "Loader"',
-    5: 'error: Argument "seed" to "Loader" has incompatible type "str"; expected "int"'}
+    5: 'error: Argument "seed" to "Loader" has incompatible type "str"; expected "int"',
+    7: 'error: Argument "num_workers" to "Loader" has incompatible type "Literal[\'2\']"; '
+       'expected "int | Literal[\'auto\']"',
+    8: 'error: Argument "prefetch" to "Loader" has incompatible type "Literal[\'4\']"; '
+       'expected "int | Literal[\'auto\'] | None"',
+    19: 'error: Argument "transform" to "Loader" has incompatible type '
+        '"Callable[[BatchTuple], int]"; expected "Callable[[Batch], int]"',
+    20: 'error: Argument "transform" to "Loader" has incompatible type '
+        '"Callable[[Batch], int]"; expected "Callable[[BatchTuple], int]"'}
 PLUGIN_REVEAL = (6, 'Revealed type is "npyload._loader.Loader[npyload._batch.BatchTuple]"')
 PLUGIN_INI = "[mypy]\nplugins = npyload.mypy_plugin\n"
 # Calls mypy accepts, their types revealed (transform's input too, where a
@@ -103,8 +129,10 @@ reveal_type(npyload.Loader(f, 64, transform=lambda b: reveal_type(b)))
 reveal_type(npyload.Loader(f, 64, as_tuple=True, transform=lambda b: reveal_type(b)))
 reveal_type(npyload.Loader(f, 64, as_tuple=bool(f), transform=None))
 reveal_type(npyload.Loader(sources={"a": f}, batch_size=64, seed=1, shuffle="local"))
+reveal_type(npyload.Loader(f, 64, num_workers="auto", prefetch="auto", as_tuple=True))
+reveal_type(npyload.Loader(f, 64, num_workers=2, prefetch=None))
 """
-REVEALS = 10  # the reveal_type calls REVEAL_USE makes (a lambda's may print twice)
+REVEALS = 12  # the reveal_type calls REVEAL_USE makes (a lambda's may print twice)
 
 
 @pytest.fixture(scope="module")
@@ -189,9 +217,10 @@ def test_mypy_without_the_plugin_names_no_argument(user_mypy):
     changes (docs/python-api.md says both)."""
     wrong, out = user_mypy
     by_line = _lines(out, wrong.name)
-    for line in (3, 5):
+    for line in (3, 5, 7, 8):
         assert any(NO_VARIANT in ln for ln in by_line.get(line, [])), (line, out.stdout)
-    assert not any(shows.split("error: ")[1] in out.stdout for shows in PLUGIN_LINES.values())
+    assert not any(PLUGIN_LINES[line].split("error: ")[1] in out.stdout
+                   for line in (3, 5, 7, 8))
     notes = _lines(out, wrong.name, ": note: Revealed type")
     assert notes.get(PLUGIN_REVEAL[0]) == [
         f'{wrong.name}:{PLUGIN_REVEAL[0]}: note: Revealed type is "Any"'], out.stdout
@@ -200,8 +229,10 @@ def test_mypy_without_the_plugin_names_no_argument(user_mypy):
 def test_mypy_plugin_names_the_argument(plugin_mypy):
     """With plugins = npyload.mypy_plugin, each wrong call of WRONG_USE
     gets mypy's ordinary message naming the argument (batch_size, seed,
-    the unknown keyword), once, no "No overload variant" and no list of
-    signatures; the wrong as_tuple=True call keeps Loader[BatchTuple]."""
+    the unknown keyword, num_workers and prefetch with their "auto", a
+    transform with the batch type it must take), once, no "No overload
+    variant" and no list of signatures; the wrong as_tuple=True call keeps
+    Loader[BatchTuple]."""
     wrong, out = plugin_mypy
     assert out.returncode == 1 and _checked(out), out.stdout + out.stderr
     by_line = _lines(out, wrong.name)
@@ -211,6 +242,21 @@ def test_mypy_plugin_names_the_argument(plugin_mypy):
     assert NO_VARIANT not in out.stdout and "Possible overload variants" not in out.stdout
     line, shows = PLUGIN_REVEAL
     assert [shows in ln for ln in _lines(out, wrong.name, ": note: Revealed")[line]] == [True]
+
+
+@pytest.mark.parametrize("arg", ["num_workers", "prefetch"])
+@pytest.mark.parametrize("value", ["2", "AUTO", b"auto", 2.0])
+def test_counts_take_an_int_or_auto_at_run_time(tmp_path, arg, value):
+    """What mypy refuses (WRONG_USE's num_workers="2") is refused at run
+    time too, by a TypeError naming the argument and its two forms; "auto"
+    and ints are taken."""
+    np.save(tmp_path / "x_0000.npy", np.arange(8, dtype=np.float32))
+    fields = {"x": str(tmp_path / "x_*.npy")}
+    with pytest.raises(TypeError, match=rf"^{arg} must be an int or 'auto', got "):
+        npyload.Loader(fields, 4, output="numpy", **{arg: value})
+    for ok in ("auto", 1):
+        with npyload.Loader(fields, 4, output="numpy", **{arg: ok}) as ld:
+            assert getattr(ld, arg) == ok and sum(b.num_samples for b in ld) == 8
 
 
 def test_mypy_plugin_reveals_the_same_types(user_mypy, plugin_mypy):
@@ -279,7 +325,7 @@ def test_mypy_plugin_fails_soft(tmp_path):
     assert "INTERNAL ERROR" not in out.stdout + out.stderr, out.stdout + out.stderr
     by_line = _lines(out, wrong.name)
     assert set(by_line) == set(WRONG_LINES), out.stdout
-    for line in (3, 5):
+    for line in (3, 5, 7, 8):
         assert any(NO_VARIANT in ln for ln in by_line[line]), (line, out.stdout)
 
 
@@ -346,7 +392,8 @@ def test_typed_api_use_covers_the_public_api():
 def test_loader_overloads_match_the_implementation():
     """Loader.__init__'s overloads (the batch type follows as_tuple and
     transform) take the implementation's parameters, in its order, with its
-    defaults (`...` where an overload needs a value given)."""
+    defaults (`...` where an overload needs a value given; the BatchTuple
+    overloads require as_tuple=True by keyword)."""
     tree = ast.parse((PKG / "_loader.py").read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Loader")
     inits = [f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"]
@@ -367,7 +414,10 @@ def test_loader_overloads_match_the_implementation():
         got = params(f)
         assert [n for n, _ in got] == [n for n, _ in want], f"overload at line {f.lineno}"
         for (n, d), (_, w) in zip(got, want):
-            assert d in (w, "..."), f"overload at line {f.lineno}: {n} = {d}, not {w}"
+            allowed = (w, "...", None) if n == "as_tuple" else (w, "...")
+            assert d in allowed, f"overload at line {f.lineno}: {n} = {d}, not {w}"
+        if ("as_tuple", None) in got:  # required: keyword-only, not positional
+            assert "as_tuple" in [k.arg for k in f.args.kwonlyargs], f.lineno
 
 
 def _typed_dicts():

@@ -376,17 +376,39 @@ static void concurrent_set_epoch(int backend)
     passes++;
 }
 
+/* A pause between control calls, so that batches (and failures) flow. */
+static void pause_us(long us)
+{
+    struct timespec ts = {0, us * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* One control thread of a churn: `rounds` set_epoch calls cycling through
+ * epochs[0 .. n_epochs), or set_state calls of `st` at the positions
+ * st.batch_size * (i % positions), `pause` microseconds apart. */
 typedef struct churn {
     npyload_loader *L;
     atomic_int *running;
     int rc;
+    int rounds;
+    long pause;
+    uint64_t epochs[4];
+    int n_epochs;
+    int estate_ok;       /* set_epoch's NPYLOAD_ESTATE is documented here */
+    npyload_state st;
+    int positions;
 } churn;
 
 static void *churn_set_epoch(void *arg)
 {
     churn *c = arg;
-    for (int i = 0; i < 60 && !c->rc; i++)
-        c->rc = npyload_loader_set_epoch(c->L, i % 2 ? 5 : 7);
+    for (int i = 0; i < c->rounds && !c->rc; i++) {
+        c->rc = npyload_loader_set_epoch(c->L, c->epochs[i % c->n_epochs]);
+        if (c->estate_ok && c->rc == NPYLOAD_ESTATE)
+            c->rc = 0;
+        if (c->pause)
+            pause_us(c->pause);
+    }
     atomic_fetch_sub(c->running, 1);
     return NULL;
 }
@@ -394,15 +416,24 @@ static void *churn_set_epoch(void *arg)
 static void *churn_set_state(void *arg)
 {
     churn *c = arg;
-    for (int i = 0; i < 60 && !c->rc; i++) {
-        npyload_state st = {.version = NPYLOAD_STATE_VERSION, .seed = BIG_SEED, .epoch = 9,
-                            .consumed = (uint64_t)(BIG_B * (i % 7)), .num_samples = BIG_N,
-                            .batch_size = BIG_B, .world_size = 1, .rank = 0, .shuffle = 1,
-                            .drop_last = 0, .base = 0};
+    for (int i = 0; i < c->rounds && !c->rc; i++) {
+        npyload_state st = c->st;
+        st.consumed = st.batch_size * (uint64_t)(i % c->positions);
         c->rc = npyload_loader_set_state(c->L, &st);
+        if (c->pause)
+            pause_us(c->pause);
     }
     atomic_fetch_sub(c->running, 1);
     return NULL;
+}
+
+/* A churn state: the shuffled single-rank position (epoch, seed, samples,
+ * batch) with its consumed count set per call. */
+static npyload_state churn_state(uint64_t epoch, uint64_t seed, uint64_t n, uint64_t batch)
+{
+    return (npyload_state){.version = NPYLOAD_STATE_VERSION, .seed = seed, .epoch = epoch,
+                           .num_samples = n, .batch_size = batch, .world_size = 1,
+                           .rank = 0, .shuffle = 1, .drop_last = 0, .base = 0};
 }
 
 /* set_state (epoch 9, various positions) vs set_epoch (5, 7) vs next() on
@@ -413,7 +444,9 @@ static void set_state_set_epoch_next(int backend)
     npyload_loader *L = make_big(backend, 3, 4, BIG_B);
     CHECK(npyload_loader_set_epoch(L, 5) == 0, "set_epoch");
     atomic_int running = 2;
-    churn ce = {L, &running, 0}, cs = {L, &running, 0};
+    churn ce = {.L = L, .running = &running, .rounds = 60, .epochs = {7, 5}, .n_epochs = 2},
+          cs = {.L = L, .running = &running, .rounds = 60, .positions = 7,
+                .st = churn_state(9, BIG_SEED, BIG_N, BIG_B)};
     pthread_t te, ts;
     pthread_create(&te, NULL, churn_set_epoch, &ce);
     pthread_create(&ts, NULL, churn_set_state, &cs);
@@ -478,39 +511,6 @@ static void *churn_readers(void *arg)
     return NULL;
 }
 
-/* A pause between control calls, so that batches (and failures) flow. */
-static void pause_us(long us)
-{
-    struct timespec ts = {0, us * 1000};
-    nanosleep(&ts, NULL);
-}
-
-static void *churn_set_epoch_small(void *arg)
-{
-    churn *c = arg;
-    for (int i = 0; i < 80 && !c->rc; i++) {
-        c->rc = npyload_loader_set_epoch(c->L, (uint64_t)(i % 3));
-        pause_us(2000);
-    }
-    atomic_fetch_sub(c->running, 1);
-    return NULL;
-}
-
-static void *churn_set_state_small(void *arg)
-{
-    churn *c = arg;
-    for (int i = 0; i < 80 && !c->rc; i++) {
-        npyload_state st = {.version = NPYLOAD_STATE_VERSION, .seed = 0, .epoch = 4,
-                            .consumed = (uint64_t)(8 * (i % 8)), .num_samples = N,
-                            .batch_size = 8, .world_size = 1, .rank = 0, .shuffle = 1,
-                            .drop_last = 0, .base = 0};
-        c->rc = npyload_loader_set_state(c->L, &st);
-        pause_us(3000);
-    }
-    atomic_fetch_sub(c->running, 1);
-    return NULL;
-}
-
 static void failing_workers_vs_control_calls(int backend)
 {
     /* Reads of a_0002.npy (samples 12 .. 28) fail. */
@@ -530,11 +530,14 @@ static void failing_workers_vs_control_calls(int backend)
         exit(2);
     }
     atomic_int running = 2;
-    churn ce = {L, &running, 0}, cs = {L, &running, 0};
+    churn ce = {.L = L, .running = &running, .rounds = 80, .pause = 2000,
+                .epochs = {0, 1, 2}, .n_epochs = 3},
+          cs = {.L = L, .running = &running, .rounds = 80, .pause = 3000, .positions = 8,
+                .st = churn_state(4, 0, N, 8)};
     reader_churn cr = {.L = L, .running = &running};
     pthread_t te, ts, tr;
-    pthread_create(&te, NULL, churn_set_epoch_small, &ce);
-    pthread_create(&ts, NULL, churn_set_state_small, &cs);
+    pthread_create(&te, NULL, churn_set_epoch, &ce);
+    pthread_create(&ts, NULL, churn_set_state, &cs);
     pthread_create(&tr, NULL, churn_readers, &cr);
     int bad = 0, errors = 0, batches = 0;
     char why[1100] = "";
@@ -681,21 +684,6 @@ static void *churn_load_state(void *arg)
     return NULL;
 }
 
-static void *churn_set_epoch_mix(void *arg)
-{
-    mix_churn *c = arg;
-    for (int i = 0; i < 60 && !c->rc; i++) {
-        c->rc = npyload_loader_set_epoch(c->L, (uint64_t)(i % 4));
-        /* An epoch before the weights in force began is refused
-         * (documented); load_state brings an earlier start back. */
-        if (c->rc == NPYLOAD_ESTATE)
-            c->rc = 0;
-        pause_us(2000);
-    }
-    atomic_fetch_sub(c->running, 1);
-    return NULL;
-}
-
 static void *churn_mix_readers(void *arg)
 {
     mix_churn *c = arg;
@@ -739,11 +727,15 @@ static void mixture_vs_control_calls(int backend, int workers)
     atomic_int running = 3;
     mix_churn cw = {.L = L, .running = &running}, cl = {.L = L, .running = &running,
                     .state = state, .state_len = (size_t)len},
-              ce = {.L = L, .running = &running}, cr = {.L = L, .running = &running};
+              cr = {.L = L, .running = &running};
+    /* An epoch before the weights in force began is refused (documented);
+     * load_state brings an earlier start back. */
+    churn ce = {.L = L, .running = &running, .rounds = 60, .pause = 2000,
+                .epochs = {0, 1, 2, 3}, .n_epochs = 4, .estate_ok = 1};
     pthread_t tw, tl, te, tr;
     pthread_create(&tw, NULL, churn_weights, &cw);
     pthread_create(&tl, NULL, churn_load_state, &cl);
-    pthread_create(&te, NULL, churn_set_epoch_mix, &ce);
+    pthread_create(&te, NULL, churn_set_epoch, &ce);
     pthread_create(&tr, NULL, churn_mix_readers, &cr);
     int bad = 0, batches = 0, rc = 0;
     while (atomic_load(&running) > 0) {
