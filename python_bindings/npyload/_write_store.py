@@ -165,6 +165,9 @@ class LocalStore:
                     raise ValueError(f"write: {path}: line {i + 1} is damaged; the "
                                      "journal tells which files the writer made: "
                                      "restore it or remove the directory") from None
+        # A writer killed while compacting left its temporary copy of the
+        # journal: it is no file of the output (the lock is ours now).
+        _remove_temps(path)
         # Compacted: the state as it is, one line per fact.
         compact = [_json.dumps({"op": "spec", "split": s, "spec": r.spec})
                    for s, r in self.records.items()]

@@ -199,3 +199,19 @@ def test_killed_at_random_points_resumes_to_identical_bytes(tmp_path, pack):
         subprocess.run([sys.executable, str(script), str(out), str(int(pack))], check=True,
                        timeout=120)
         assert digest(out) == want, trial
+
+
+def test_a_journal_copy_left_by_a_kill_is_removed(tmp_path):
+    # A writer killed while it compacts the journal (write_atomic: written,
+    # fsynced, renamed) leaves ..npyload-write.journal.tmp-PID-TID behind;
+    # the next writer must not leave it in the output (found by the random
+    # kills above, which hit that moment now and then).
+    a = make_arrays()
+    npyload.write(a, tmp_path, samples_per_file=8, progress=False)
+    left = tmp_path / "..npyload-write.journal.tmp-999999-1"
+    left.write_bytes(b'{"op": "spec"')
+    want = digest(tmp_path)
+    del want[left.name]
+    npyload.write(a, tmp_path, samples_per_file=8, progress=False)
+    assert not left.exists()
+    assert digest(tmp_path) == want
