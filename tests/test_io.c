@@ -643,6 +643,56 @@ Test(io_pread, fifo_in_place) { fifo_in_place(NPYLOAD_IO_PREAD); }
 Test(io_mmap, fifo_in_place) { fifo_in_place(NPYLOAD_IO_MMAP); }
 Test(io_uring, fifo_in_place) { fifo_in_place(NPYLOAD_IO_URING); }
 
+/* ---- a fault in one copy of many: the right request and file ---------- */
+
+/* Three mapped files; the middle one truncated after the first call. One
+ * call of interleaved requests, every file pinned at once: the copy past
+ * B's new end faults (SIGBUS caught by the guard) and the error names B
+ * and that request, never an earlier one; the copies before it landed. */
+static void fault_among_files(int backend)
+{
+    enum { NF = 3 };
+    char *dir = mkdir_realfs("io-fault");
+    tfile f[NF];
+    const char *names[NF] = {"a.npy", "b.npy", "c.npy"};
+    for (int k = 0; k < NF; k++)
+        make_file(&f[k], dir, names[k], 70u + (uint32_t)k, 1 * MiB, 64);
+    npyl_file_info info[NF];
+    stat_all(f, NF, info);
+    npyl_io *io = make_io(backend, 0, 4, NF, info, NF);
+    uint8_t *buf = calloc(16, 4096);
+    char err[512] = "";
+    size_t bad = 0;
+    for (uint32_t k = 0; k < NF; k++) { /* open (and map) every file */
+        npyl_io_req r0 = {k, 128, 64, buf};
+        cr_assert_eq(npyl_io_read(io, &r0, 1, &bad, NULL, err, sizeof err), 0, "%s", err);
+    }
+    cr_assert(truncate(f[1].path, 100000) == 0);
+    /* a, b (below the new end), c, a, b past the end, c */
+    const uint32_t file[6] = {0, 1, 2, 0, 1, 2};
+    const uint64_t off[6] = {4096, 8192, 12288, 600000, 500000, 700000};
+    npyl_io_req reqs[6];
+    for (int i = 0; i < 6; i++)
+        reqs[i] = (npyl_io_req){file[i], off[i], 3000, buf + (size_t)i * 4096};
+    int rc = npyl_io_read(io, reqs, 6, &bad, NULL, err, sizeof err);
+    cr_assert_eq(rc, NPYLOAD_ETRUNCATED, "rc %d: %s", rc, err);
+    cr_assert_eq(bad, 4, "the failing request: %zu (%s)", bad, err);
+    char want[600];
+    snprintf(want, sizeof want, "%s: file ends at byte 100000 (%zu at start), 3000 bytes "
+             "expected at offset 500000", f[1].path, f[1].size);
+    cr_assert_str_eq(err, want);
+    for (int i = 0; i < 4; i++)
+        cr_assert(memcmp(buf + (size_t)i * 4096, f[file[i]].bytes + off[i], 3000) == 0,
+                  "request %d: wrong bytes", i);
+    npyl_io_destroy(io);
+    free(buf);
+    for (int k = 0; k < NF; k++)
+        free_file(&f[k]);
+    tu_rmtree(dir);
+}
+
+Test(io_mmap, fault_among_files_names_the_request) { fault_among_files(NPYLOAD_IO_MMAP); }
+
 /* ---- mmap: SIGBUS from a truncation racing the copies ------------------ */
 
 typedef struct race {
@@ -1043,6 +1093,11 @@ Test(io_gather, random_runs_uring_direct_stays_reads)
 Test(io_gather, many_files_pread) { GATHER_ALL(); many_files(NPYLOAD_IO_PREAD, 0, 1); }
 Test(io_gather, truncated_pread) { GATHER_ALL(); truncated(NPYLOAD_IO_PREAD, 0); }
 Test(io_gather, truncated_uring) { GATHER_ALL(); truncated(NPYLOAD_IO_URING, 0); }
+Test(io_gather, fault_among_files_pread)
+{
+    GATHER_ALL();
+    fault_among_files(NPYLOAD_IO_PREAD);
+}
 Test(io_gather, past_end_pread) { GATHER_ALL(); past_end(NPYLOAD_IO_PREAD); }
 Test(io_gather, replaced_pread) { GATHER_ALL(); replaced(NPYLOAD_IO_PREAD, 0); }
 Test(io_gather, replaced_same_size_uring) { GATHER_ALL(); replaced(NPYLOAD_IO_URING, 1); }

@@ -85,6 +85,8 @@ static int resident(npyl_io *io, npyl_io_fh *fh)
 
 static int grow_scratch(npyl_io *io, size_t n)
 {
+    if (!io->gpin && !(io->gpin = malloc(io->cap * sizeof *io->gpin)))
+        return -ENOMEM;
     if (n <= io->scratch_cap)
         return 0;
     size_t cap = io->scratch_cap ? io->scratch_cap : 64;
@@ -97,9 +99,6 @@ static int grow_scratch(npyl_io *io, size_t n)
     if (!(p = realloc(io->seg_req, cap * sizeof *io->seg_req)))
         return -ENOMEM;
     io->seg_req = p;
-    if (!(p = realloc(io->seg_fh, cap * sizeof *io->seg_fh)))
-        return -ENOMEM;
-    io->seg_fh = p;
     if (!(p = realloc(io->rest, cap * sizeof *io->rest)))
         return -ENOMEM;
     io->rest = p;
@@ -114,37 +113,49 @@ void npyl_io_gather_fini(npyl_io *io)
 {
     free(io->segs);
     free(io->seg_req);
-    free(io->seg_fh);
+    free(io->gpin);
     free(io->rest);
     free(io->rest_idx);
     free(io->mcvec);
     io->segs = NULL;
     io->seg_req = NULL;
-    io->seg_fh = NULL;
+    io->gpin = NULL;
+    io->ngpin = 0;
     io->rest = NULL;
     io->rest_idx = NULL;
     io->mcvec = NULL;
     io->scratch_cap = 0;
 }
 
-/* Copies the k segments collected so far under one guard and unpins their
- * files. Returns 0 or the fault as an error for its request. */
-static int flush(npyl_io *io, const npyl_io_req *reqs, size_t k, size_t *bad,
-                 uint64_t *got, char *err, size_t errlen)
+/* Unpins the files of the copies collected so far (one pin each). */
+static void unpin(npyl_io *io)
+{
+    for (size_t s = 0; s < io->ngpin; s++)
+        npyl_io_fh_put(io, io->gpin[s]);
+    io->ngpin = 0;
+}
+
+/* Copies the k segments collected so far (kb bytes) under one guard and
+ * unpins their files. Returns 0 or the fault as an error for its
+ * request. */
+static int flush(npyl_io *io, const npyl_io_req *reqs, size_t k, uint64_t kb,
+                 size_t *bad, uint64_t *got, char *err, size_t errlen)
 {
     size_t which = 0;
     uint64_t at = 0;
     int rc = k ? npyl_sigbus_gather(io->segs, k, &which, &at) : 0;
     if (rc) {
+        const npyl_io_req *r = &reqs[io->seg_req[which]];
         *bad = io->seg_req[which];
-        rc = npyl_io_fail_fault(io, &reqs[io->seg_req[which]],
-                                io->seg_fh[which], at, err, errlen);
+        /* Its file is pinned (in gpin): still open, in its slot. */
+        rc = npyl_io_fail_fault(io, r, &io->fh[io->slot_of[r->file]], at, err,
+                                errlen);
+        for (size_t s = 0; s < which; s++)
+            *got += io->segs[s].len;
+    } else {
+        *got += kb;
     }
-    size_t done = rc ? which : k;
-    for (size_t s = 0; s < done; s++)
-        *got += io->segs[s].len;
-    for (size_t s = 0; s < k; s++)
-        npyl_io_fh_put(io, io->seg_fh[s]);
+    unpin(io);
     return rc;
 }
 
@@ -175,8 +186,9 @@ int npyl_io_gather_read(npyl_io *io, const npyl_io_req *reqs, size_t n,
     }
     const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     size_t k = 0, nr = 0, ng = 0;
-    uint64_t got = 0, gbytes = 0;
+    uint64_t got = 0, gbytes = 0, kb = 0;
     int rc = 0;
+    io->ngpin = 0;
     for (size_t i = 0; i < n && rc == 0; i++) {
         const npyl_io_req *r = &reqs[i];
         if (r->len == 0)
@@ -184,57 +196,65 @@ int npyl_io_gather_read(npyl_io *io, const npyl_io_req *reqs, size_t n,
         if (!all && r->len > io->gather_max)
             goto rest;
         npyl_io_fh *fh;
-        int g = 0;
         int32_t slot = r->file < io->nfiles ? io->slot_of[r->file] : -1;
-        if (slot >= 0 && io->fh[slot].pins > 0 && io->fh[slot].used == io->call) {
-            /* Already pinned by an earlier copy of this call: it sits in the
-             * leading run of entries this call used (what
-             * npyl_io_files_verify walks), so no LRU move is needed. */
+        /* A file pinned in this call is one an earlier copy of the call
+         * holds (gpin): mapped and judged resident (or MMAP) this call, and
+         * in the leading run of entries this call used (what
+         * npyl_io_files_verify walks), so no LRU move and no check again:
+         * per row, a lookup and the bounds. */
+        int held = slot >= 0 && io->fh[slot].pins > 0 && io->fh[slot].used == io->call;
+        if (held) {
             fh = &io->fh[slot];
-            fh->pins++;
         } else {
-            g = npyl_io_fh_get(io, r->file, &fh, err, errlen);
-        }
-        if (g == NPYL_IO_BUSY) {
-            /* Every open file is pinned by a copy still to do: do them. */
-            rc = flush(io, reqs, k, bad, &got, err, errlen);
-            k = 0;
-            if (rc == 0)
+            int g = npyl_io_fh_get(io, r->file, &fh, err, errlen);
+            if (g == NPYL_IO_BUSY) {
+                /* Every open file is pinned by a copy still to do: do them. */
+                rc = flush(io, reqs, k, kb, bad, &got, err, errlen);
+                k = 0;
+                kb = 0;
+                if (rc)
+                    break;
                 g = npyl_io_fh_get(io, r->file, &fh, err, errlen);
+            }
+            if (g) {
+                rc = g;
+                *bad = i;
+                break;
+            }
+            if (!fh->map && !fh->nomap && !all)
+                (void)npyl_io_fh_map(io, fh, err, errlen); /* failure: read */
         }
-        if (rc)
-            break;
-        if (g) {
-            rc = g;
-            *bad = i;
-            break;
-        }
-        if (!fh->map && !fh->nomap && !all)
-            (void)npyl_io_fh_map(io, fh, err, errlen); /* failure: read */
-        uint64_t end;
-        if (npyl_add_u64(r->offset, r->len, &end) || end > io->files[r->file].size) {
-            /* Past the size validated at start. */
+        const uint64_t size = io->files[r->file].size;
+        if (r->len > size || r->offset > size - r->len) {
+            /* Past the size validated at start (no overflow: end is
+             * offset + len below). */
             rc = npyl_io_fail_eof(io, r, fh, err, errlen);
             *bad = i;
-            npyl_io_fh_put(io, fh);
+            if (!held)
+                npyl_io_fh_put(io, fh);
             break;
         }
-        if (!fh->map || (!all && !resident(io, fh))) {
-            npyl_io_fh_put(io, fh);
-            goto rest;
+        if (!held) {
+            if (!fh->map || (!all && !resident(io, fh))) {
+                npyl_io_fh_put(io, fh);
+                goto rest;
+            }
+            if (all)
+                (void)resident(io, fh);
+            io->gpin[io->ngpin++] = fh; /* pinned until the flush */
         }
-        if (all && !resident(io, fh)) {
+        if (all && !fh->resident) {
             /* Not cached: ask for the pages this copy needs before it
              * faults on them one by one. */
-            uint64_t a = r->offset / page * page;
+            uint64_t a = r->offset / page * page, end = r->offset + r->len;
             (void)madvise((void *)(fh->map + a), (size_t)(end - a),
                           MADV_WILLNEED);
         }
         io->segs[k] = (npyl_gather_seg){r->dst, fh->map + r->offset,
                                         (size_t)r->len};
         io->seg_req[k] = i;
-        io->seg_fh[k] = fh; /* pinned until the flush */
         k++;
+        kb += r->len;
         ng++;
         gbytes += r->len;
         continue;
@@ -243,12 +263,10 @@ int npyl_io_gather_read(npyl_io *io, const npyl_io_req *reqs, size_t n,
         io->rest_idx[nr] = i;
         nr++;
     }
-    if (rc) {
-        for (size_t s = 0; s < k; s++)
-            npyl_io_fh_put(io, io->seg_fh[s]);
-    } else {
-        rc = flush(io, reqs, k, bad, &got, err, errlen);
-    }
+    if (rc)
+        unpin(io);
+    else
+        rc = flush(io, reqs, k, kb, bad, &got, err, errlen);
     *bytes_read += got;
     if (rc == 0) {
         *nrest = nr;

@@ -65,12 +65,14 @@ struct npyl_io {
 
     /* The gather path (npyload_io_gather.c). */
     uint64_t gather_max;      /* largest request gathered; 0: never */
-    struct npyl_gather_seg *segs; /* a call's copies, their request and */
-    size_t *seg_req;              /* pinned file; the requests left to the */
-    npyl_io_fh **seg_fh;          /* read backend, with their index */
-    npyl_io_req *rest;
+    struct npyl_gather_seg *segs; /* a call's copies and their request; */
+    size_t *seg_req;              /* the requests left to the read */
+    npyl_io_req *rest;            /* backend, with their index */
     size_t *rest_idx;
-    size_t scratch_cap;       /* entries of each of the five arrays */
+    size_t scratch_cap;       /* entries of each of those four arrays */
+    npyl_io_fh **gpin;        /* the files the copies collected so far hold
+                                 a pin on, one each (cap entries) */
+    size_t ngpin;
     unsigned char *mcvec;     /* mincore vector, NPYL_MINCORE_PAGES bytes */
     _Atomic uint64_t st_gather_bytes, st_gather_reqs;
     _Atomic uint64_t st_read_bytes, st_read_reqs;
@@ -169,19 +171,15 @@ typedef struct npyl_gather_seg {
     size_t len;
 } npyl_gather_seg;
 
-/* npyl_sigbus_copy for a list: one recovery point for all n copies (no
- * per-segment setjmp). Returns 0, or -EFAULT with *which the segment that
- * faulted and *at the offset in its src; the segments before it are done. */
+/* Copies segs[i].len bytes from src to dst for each of the n segments,
+ * surviving a SIGBUS raised by reading a src (a mapped file truncated
+ * under us, or an I/O error behind the mapping): one recovery point for
+ * all n copies (no per-segment setjmp). Needs a reference
+ * (npyl_sigbus_acquire). Returns 0, or -EFAULT with *which the segment
+ * that faulted and *at the offset in its src of the faulting address; the
+ * segments before it are done, its dst holds an unspecified prefix. */
 NPYL_HIDDEN int npyl_sigbus_gather(const npyl_gather_seg *segs, size_t n,
                                    size_t *which, uint64_t *at);
-
-/* memcpy(dst, src, len) that survives a SIGBUS raised by reading src (a
- * mapped file truncated under us, or an I/O error behind the mapping).
- * Needs a reference (npyl_sigbus_acquire). Returns 0, or -EFAULT with *at
- * set to the offset in src of the faulting address; dst then holds an
- * unspecified prefix. */
-NPYL_HIDDEN int npyl_sigbus_copy(void *dst, const void *src, size_t len,
-                                 uint64_t *at);
 
 /* ---- the backends: each read function has npyl_io_read's contract ------ */
 

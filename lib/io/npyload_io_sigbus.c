@@ -2,10 +2,11 @@
  *
  * Reading a page of a shared file mapping that lies past the file's current
  * end (the file was truncated), or whose read-in failed (EIO), raises SIGBUS
- * in the reading thread; by default that kills the process. npyl_sigbus_copy
- * sets a thread-local recovery point around one memcpy; the handler jumps
- * back to it when the fault lies in the source range being copied, and the
- * caller turns the fault into an error naming the file.
+ * in the reading thread; by default that kills the process.
+ * npyl_sigbus_gather sets a thread-local recovery point around a list of
+ * memcpys; the handler jumps back to it when the fault lies in the source
+ * range of the copy in progress, and the caller turns the fault into an
+ * error naming the file.
  *
  * Process-wide state, the only one in the library: a reference count (one
  * per mmap io context) and the action that was installed before ours, under
@@ -28,13 +29,17 @@
 #include <string.h>
 #include <unistd.h>
 
-/* The recovery point of one thread. initial-exec TLS: the handler must not
- * reach __tls_get_addr, which may allocate in a thread (of a dlopen'd
- * module) that never touched the variable. */
+/* The recovery point of one thread: the list being copied and the index
+ * of the copy in progress; the handler accepts a fault in that copy's
+ * source range, page-rounded (pm: the page size - 1). initial-exec TLS: the
+ * handler must not reach __tls_get_addr, which may allocate in a thread
+ * (of a dlopen'd module) that never touched the variable. */
 typedef struct sigbus_guard {
-    sigjmp_buf *volatile env;  /* set only around the memcpy */
-    volatile uintptr_t lo, hi; /* the source range, page-rounded */
-    volatile uintptr_t fault;  /* si_addr of the fault, for the caller */
+    sigjmp_buf *volatile env;              /* set only around the copies */
+    const npyl_gather_seg *volatile segs;
+    volatile size_t i;
+    volatile uintptr_t pm;
+    volatile uintptr_t fault;              /* si_addr of the fault, for the caller */
 } sigbus_guard;
 
 static __thread sigbus_guard guard __attribute__((tls_model("initial-exec")));
@@ -73,8 +78,13 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc)
 {
     sigbus_guard *g = &guard;
     sigjmp_buf *env = g->env;
-    uintptr_t a = si ? (uintptr_t)si->si_addr : 0;
-    if (env && si && si->si_code > 0 && a >= g->lo && a < g->hi) {
+    uintptr_t a = si ? (uintptr_t)si->si_addr : 0, lo = 0, hi = 0;
+    if (env) {
+        const npyl_gather_seg *s = &g->segs[g->i];
+        lo = (uintptr_t)s->src & ~g->pm;
+        hi = ((uintptr_t)s->src + s->len + g->pm) & ~g->pm;
+    }
+    if (env && si && si->si_code > 0 && a >= lo && a < hi) {
         g->env = NULL;
         g->fault = a;
         siglongjmp(*env, 1);
@@ -119,62 +129,37 @@ void npyl_sigbus_release(void)
     pthread_mutex_unlock(&sigbus_mu);
 }
 
-int npyl_sigbus_copy(void *dst, const void *src, size_t len, uint64_t *at)
-{
-    /* Nothing between sigsetjmp and the end of the memcpy holds a lock,
-     * allocates or changes a local the recovery path reads, so jumping out
-     * of the memcpy leaves nothing half done. sigsetjmp(.., 0) does not save
-     * the signal mask (no syscall per copy); the recovery path unblocks
-     * SIGBUS, which the kernel blocked on entry to the handler. */
-    sigbus_guard *g = &guard;
-    sigjmp_buf env;
-    if (sigsetjmp(env, 0)) {
-        sigset_t s;
-        sigemptyset(&s);
-        sigaddset(&s, SIGBUS);
-        pthread_sigmask(SIG_UNBLOCK, &s, NULL);
-        *at = g->fault >= (uintptr_t)src ? g->fault - (uintptr_t)src : 0;
-        return -EFAULT;
-    }
-    const long page = sysconf(_SC_PAGESIZE); /* glibc: no syscall */
-    g->lo = (uintptr_t)src & ~((uintptr_t)page - 1);
-    g->hi = ((uintptr_t)src + len + (uintptr_t)page - 1) &
-            ~((uintptr_t)page - 1);
-    atomic_signal_fence(memory_order_seq_cst);
-    g->env = &env;
-    atomic_signal_fence(memory_order_seq_cst);
-    memcpy(dst, src, len);
-    atomic_signal_fence(memory_order_seq_cst);
-    g->env = NULL;
-    return 0;
-}
-
 int npyl_sigbus_gather(const npyl_gather_seg *segs, size_t n, size_t *which,
                        uint64_t *at)
 {
-    /* One recovery point for the whole list: sigsetjmp once per call, two
-     * stores per segment (the range the handler accepts), so a batch of
-     * small rows costs a memcpy each. `i` is volatile: the recovery path
-     * reads it after the jump. */
+    /* One recovery point for the whole list: sigsetjmp once per call, one
+     * store per segment (its index: the handler finds the range it accepts
+     * in the list), so a batch of small rows costs a memcpy each. Nothing
+     * between sigsetjmp and the end of the copies holds a lock, allocates
+     * or changes a local the recovery path reads, so jumping out of a
+     * memcpy leaves nothing half done. sigsetjmp(.., 0) does not save the
+     * signal mask (no syscall per call); the recovery path unblocks SIGBUS,
+     * which the kernel blocked on entry to the handler. */
     sigbus_guard *g = &guard;
     sigjmp_buf env;
-    volatile size_t i = 0;
     if (sigsetjmp(env, 0)) {
         sigset_t s;
         sigemptyset(&s);
         sigaddset(&s, SIGBUS);
         pthread_sigmask(SIG_UNBLOCK, &s, NULL);
-        uintptr_t src = (uintptr_t)segs[i].src;
-        *which = i;
+        size_t k = g->i;
+        uintptr_t src = (uintptr_t)segs[k].src;
+        *which = k;
         *at = g->fault >= src ? g->fault - src : 0;
         return -EFAULT;
     }
-    const uintptr_t pm = (uintptr_t)sysconf(_SC_PAGESIZE) - 1;
+    g->pm = (uintptr_t)sysconf(_SC_PAGESIZE) - 1; /* glibc: no syscall */
+    g->segs = segs;
+    g->i = 0;
     atomic_signal_fence(memory_order_seq_cst);
     g->env = &env;
     for (size_t k = 0; k < n; k++) {
         const npyl_gather_seg *s = &segs[k];
-        i = k;
         /* Rows of a shuffled batch sit at random places: start loading the
          * next row's first lines while this one is copied (a prefetch never
          * faults, even past a truncated file's end). */
@@ -184,8 +169,7 @@ int npyl_sigbus_gather(const npyl_gather_seg *segs, size_t n, size_t *which,
             for (size_t o = 0; o < nl; o += 64)
                 __builtin_prefetch(nx + o);
         }
-        g->lo = (uintptr_t)s->src & ~pm;
-        g->hi = ((uintptr_t)s->src + s->len + pm) & ~pm;
+        g->i = k;
         atomic_signal_fence(memory_order_seq_cst);
         memcpy(s->dst, s->src, s->len);
         atomic_signal_fence(memory_order_seq_cst);

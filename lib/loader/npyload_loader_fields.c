@@ -458,6 +458,11 @@ static int load_files(npyload_loader *L, npyl_field *f, size_t *io_next, int64_t
     if (f->row_bytes == 0)
         return npyl_loader_fail(L, NPYLOAD_EUNSUPPORTED,
                                 "field '%s': %s: samples of zero bytes", f->name, f->paths[0]);
+    /* Files of one count but the last: a sample's file is a division. */
+    f->per_file = f->npaths > 1 ? f->files[0].count : 0;
+    for (size_t k = 0; k + 1 < f->npaths && f->per_file > 0; k++)
+        if (f->files[k].count != f->per_file)
+            f->per_file = 0;
     *samples = total;
     return 0;
 }

@@ -204,7 +204,8 @@ static int buf_init(npyl_read_buf *b, const npyl_read_view *v, size_t B,
 {
     b->reqs = calloc(B * v->nfields, sizeof *b->reqs);
     b->rff = calloc(B * v->nfields, sizeof *b->rff);
-    if (!b->reqs || !b->rff)
+    b->runs = malloc(B * sizeof *b->runs);
+    if (!b->reqs || !b->rff || !b->runs)
         return -ENOMEM;
     if (!zsz->any)
         return 0;
@@ -225,6 +226,7 @@ static void buf_fini(npyl_read_buf *b)
 {
     free(b->reqs);
     free(b->rff);
+    free(b->runs);
     npyl_free_aligned(b->zsrc);
     free(b->zrows);
     memset(b, 0, sizeof *b);

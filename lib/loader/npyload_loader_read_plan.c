@@ -5,6 +5,7 @@
  * worker's scratch at the address congruent to its file offset modulo
  * 4096 (O_DIRECT reads land straight there), in rounds of what fits.
  * Nothing here reads or decodes. */
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "npyload_loader_read_plan.h"
@@ -24,7 +25,7 @@ const npyl_ffile *npyl_rplan_file(const npyl_field *f, int64_t s)
 void npyl_rplan_raw(npyl_req *q, const npyl_ffile **rff, const npyl_field *f,
                     const npyl_ffile *ff, int64_t s, uint64_t rows, uint8_t *dst)
 {
-    uint64_t rb = ff->nx ? f->row_bytes / ff->nx->itemsize : f->row_bytes;
+    uint64_t rb = ff->rb;
     q->file = ff->io_index;
     q->offset = ff->data_offset + (uint64_t)(s - ff->first) * rb;
     q->len = rows * rb;
@@ -32,41 +33,67 @@ void npyl_rplan_raw(npyl_req *q, const npyl_ffile **rff, const npyl_field *f,
     *rff = ff->nx ? ff : NULL;
 }
 
-/* Turns the batch's rows (indices[0 .. rows)) into read requests, one per run of consecutive
- * samples of one .npy file: a run lands in one read, straight into the
- * slot. Rows of .npy.zst files go to zrows (*nz of them) instead. */
-static size_t plan_reads(const npyl_read_view *v, const int64_t *indices, size_t rows,
-                         uint8_t *const *dst, npyl_req *reqs, const npyl_ffile **rff,
-                         npyl_zrow *zrows, size_t *nz)
+/* The batch's rows as runs of consecutive samples of one file of field f
+ * (returns how many); every field of the same files_as has the same
+ * runs. */
+static size_t plan_runs(const npyl_field *f, const int64_t *indices, size_t rows,
+                        npyl_prun *runs)
 {
     size_t n = 0;
+    for (size_t r = 0; r < rows;) {
+        int64_t first = indices[r];
+        size_t k = npyl_field_file_of(f, first);
+        int64_t end = f->files[k].first + f->files[k].count;
+        size_t run = 1;
+        while (r + run < rows && indices[r + run] == first + (int64_t)run &&
+               first + (int64_t)run < end)
+            run++;
+        runs[n++] = (npyl_prun){(uint32_t)r, (uint32_t)run, (uint32_t)k};
+        r += run;
+    }
+    return n;
+}
+
+/* Turns the batch's rows (indices[0 .. rows)) into read requests, one per
+ * run of consecutive samples of one .npy file: a run lands in one read,
+ * straight into the slot. Rows of .npy.zst files go to zrows (*nz of them)
+ * instead; *nnx: the requests of stored narrowed files (codes to expand).
+ * The runs are found once per group of fields with the same files
+ * (files_as), in runs. */
+static size_t plan_reads(const npyl_read_view *v, const int64_t *indices, size_t rows,
+                         uint8_t *const *dst, npyl_req *reqs, const npyl_ffile **rff,
+                         npyl_zrow *zrows, size_t *nz, size_t *nnx, npyl_prun *runs)
+{
+    size_t n = 0, nruns = 0, runs_of = SIZE_MAX;
     *nz = 0;
+    *nnx = 0;
     for (size_t fi = 0; fi < v->nfields; fi++) {
         const npyl_field *f = &v->fields[fi];
         uint8_t *base = dst[fi];
-        for (size_t r = 0; r < rows;) {
-            int64_t first = indices[r];
-            const npyl_ffile *ff = npyl_rplan_file(f, first);
-            if (ff->zst) {
+        if (f->files_as != runs_of) {
+            nruns = plan_runs(f, indices, rows, runs);
+            runs_of = f->files_as;
+        }
+        for (size_t u = 0; u < nruns; u++) {
+            const npyl_prun *p = &runs[u];
+            const npyl_ffile *ff = &f->files[p->k];
+            if (!ff->zst) {
+                npyl_rplan_raw(&reqs[n], &rff[n], f, ff, indices[p->r], p->n,
+                               base + (uint64_t)p->r * f->stage_row_bytes);
+                *nnx += rff[n] != NULL;
+                n++;
+                continue;
+            }
+            for (uint32_t r = p->r; r < p->r + p->n; r++) {
                 npyl_zrow *z = &zrows[(*nz)++];
                 uint64_t off;
                 z->field = (uint32_t)fi;
                 z->file = ff->io_index;
-                z->row = (uint32_t)r;
-                z->local = (uint64_t)(first - ff->first);
+                z->row = r;
+                z->local = (uint64_t)(indices[r] - ff->first);
                 z->ff = ff;
                 npyl_zst_locate(ff->zst, z->local, &z->frame, &off);
-                r++;
-                continue;
             }
-            size_t run = 1;
-            while (r + run < rows && indices[r + run] == first + (int64_t)run &&
-                   first + (int64_t)run < ff->first + ff->count)
-                run++;
-            npyl_rplan_raw(&reqs[n], &rff[n], f, ff, first, run,
-                    base + (uint64_t)r * f->stage_row_bytes);
-            n++;
-            r += run;
         }
     }
     return n;
@@ -118,7 +145,8 @@ uint64_t npyl_rplan_place(const npyl_read_view *v, uint64_t cursor, uint64_t cof
 void npyl_rplan_batch(const npyl_read_view *v, npyl_read_buf *b, const int64_t *indices,
                        size_t rows, uint8_t *const *dst)
 {
-    b->nraw = plan_reads(v, indices, rows, dst, b->reqs, b->rff, b->zrows, &b->nz);
+    b->nraw = plan_reads(v, indices, rows, dst, b->reqs, b->rff, b->zrows, &b->nz, &b->nnx,
+                         b->runs);
     if (b->nz)
         qsort(b->zrows, b->nz, sizeof *b->zrows, zrow_cmp);
     b->u0 = b->u = 0;

@@ -187,7 +187,7 @@ int npyl_rround_finish(const npyl_read_view *v, npyl_read_ctx *c, npyl_read_buf 
     }
     *bytes += got - b->cb; /* the raw rows; frames count as the rows they hold */
     zs->cbytes += b->cb;
-    rc = npyl_rround_expand(v, c, b->reqs, b->rff, b->nraw);
+    rc = b->nnx ? npyl_rround_expand(v, c, b->reqs, b->rff, b->nraw) : 0;
     if (rc)
         return rc;
     b->nraw = 0;

@@ -714,9 +714,37 @@ static int plan_mix(npyload_loader *L)
     return 0;
 }
 
-/* Step: what the batch reader sees of the loader. */
+/* Whether fields a and b split their samples into files alike: the same
+ * number of files, each with the same first sample and count. */
+static int same_files(const npyl_field *a, const npyl_field *b)
+{
+    if (a->npaths != b->npaths)
+        return 0;
+    for (size_t k = 0; k < a->npaths; k++)
+        if (a->files[k].first != b->files[k].first || a->files[k].count != b->files[k].count)
+            return 0;
+    return 1;
+}
+
+/* Step: what the batch reader sees of the loader; per file its stored row
+ * size (rb); and per field, the first field whose files split the samples
+ * alike (files_as: the batch plan finds a row's file and runs once for
+ * both). */
 static int fill_read_view(npyload_loader *L)
 {
+    for (size_t fi = 0; fi < L->nfields; fi++) {
+        npyl_field *f = &L->fields[fi];
+        for (size_t k = 0; k < f->npaths; k++) {
+            npyl_ffile *ff = &f->files[k];
+            ff->rb = ff->nx ? f->row_bytes / ff->nx->itemsize : f->row_bytes;
+        }
+        f->files_as = fi;
+        for (size_t g = 0; g < fi; g++)
+            if (same_files(&L->fields[g], f)) {
+                f->files_as = g;
+                break;
+            }
+    }
     L->rv = (npyl_read_view){
         .fields = L->fields,
         .nfields = L->nfields,

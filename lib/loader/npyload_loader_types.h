@@ -28,6 +28,9 @@ typedef struct npyl_ffile {
     npyl_zst_narrow *nx;  /* a stored narrowed .npy (codes + trailer): its
                              value table (owned); rows are read as codes and
                              expanded; NULL otherwise */
+    uint64_t rb;          /* stored bytes per row: the field's row_bytes, or
+                             a narrowed file's codes (set at start,
+                             fill_read_view) */
 } npyl_ffile;
 
 /* One source's own transform of a field (npyl_field.sxf). */
@@ -105,6 +108,14 @@ typedef struct npyl_field {
     uint64_t out_row_bytes; /* bytes per delivered row (row_bytes without) */
     uint64_t raw_off;
     uint64_t rec_host_off, rec_raw_off;
+    int64_t per_file;     /* every file but the last holds this many
+                             samples (> 0): a sample's file is a division
+                             (npyl_field_file_of); 0: they differ */
+    size_t files_as;      /* the first field (index) whose files hold the
+                             same samples (same count, same first sample
+                             each): a batch's rows fall into the same files
+                             and runs for both, planned once (set at start,
+                             fill_read_view) */
 } npyl_field;
 
 /* Whether rows of f go through a transform plan: its own transform, or
@@ -124,9 +135,14 @@ static inline const npyl_tplan *npyl_field_plan(const npyl_field *f, int64_t src
 }
 
 /* The index in f->files of the file holding global sample s (files are in
- * sample order; s < the field's total). */
+ * sample order; 0 <= s < the field's total): a division when the files
+ * hold the same count (per_file), else a binary search. */
 static inline size_t npyl_field_file_of(const npyl_field *f, int64_t s)
 {
+    if (f->per_file > 0) {
+        size_t k = (size_t)(s / f->per_file);
+        return k < f->npaths ? k : f->npaths - 1;
+    }
     size_t lo = 0, hi = f->npaths;
     while (hi - lo > 1) {
         size_t mid = lo + (hi - lo) / 2;
@@ -190,9 +206,13 @@ typedef struct npyl_read_buf {
                                       a stored narrowed .npy (codes to
                                       expand), else NULL */
     struct npyl_zrow *zrows; /* rows x nfields: rows grouped by frame */
+    struct npyl_prun *runs; /* rows: the batch's runs of consecutive samples
+                               of one file, shared by fields of the same
+                               files_as (npyload_loader_read_plan.c) */
     uint8_t *zsrc;        /* compressed frames, NPYL_DIRECT_ALIGN-aligned */
     size_t zsrc_cap;
     size_t nraw, nz;      /* raw requests; .npy.zst rows */
+    size_t nnx;           /* raw requests of stored narrowed files */
     size_t nreq, u0, u;   /* this round: requests; its frames' rows [u0, u) */
     uint64_t cb;          /* this round: compressed bytes */
     int rc;               /* read-ahead: the first round's result (its */
@@ -201,6 +221,12 @@ typedef struct npyl_read_buf {
 } npyl_read_buf;
 
 struct npyl_ahead;        /* the read-ahead thread (npyload_loader_read.c) */
+/* A run of a batch's rows: rows [r, r + n) are consecutive samples of the
+ * field's file k (files[k]). */
+typedef struct npyl_prun {
+    uint32_t r, n, k;
+} npyl_prun;
+
 /* One row of a batch that lives in a .npy.zst file. */
 typedef struct npyl_zrow {
     uint32_t field;

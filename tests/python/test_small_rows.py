@@ -149,3 +149,38 @@ def test_numpy_views_every_dtype(tmp_path, dtype):
     for a, idx in kept:  # the slots are still held by the arrays
         np.testing.assert_array_equal(a, x[idx])
     L.close()
+
+
+@pytest.mark.parametrize("read_ahead", [True, False])
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("io", BACKENDS)
+def test_fields_split_alike_share_the_plan(tmp_path, io, shuffle, read_ahead):
+    """Fields whose files split the samples alike are planned once per
+    batch (their runs are shared): a and b split alike, c differently, d
+    like a again (after c: the runs are planned again), e like a but
+    .npy.zst; f, g, h: files of one count but the last (a sample's file
+    found by a division), the last as large, smaller, larger. Every batch
+    byte-exact against numpy, in order and shuffled (runs of consecutive
+    samples across file boundaries)."""
+    rng = np.random.default_rng(37)
+    n = 1000
+    ref = {"a": rng.integers(0, 256, size=(n, 3, 4, 4), dtype=np.uint8),
+           "b": np.arange(n, dtype=np.int64) * 5 + 1,
+           "c": rng.standard_normal((n, 7)).astype(np.float32),
+           "d": rng.integers(-30000, 30000, size=(n, 2), dtype=np.int16),
+           "e": rng.integers(0, 256, size=(n, 5), dtype=np.uint8),
+           "f": np.arange(n, dtype=np.int32) * 7,
+           "g": np.arange(n, dtype=np.uint16) + 3,
+           "h": -np.arange(n, dtype=np.int64)}
+    splits = {"c": [500, 500], "f": [250] * 4, "g": [300, 300, 300, 100],
+              "h": [200, 200, 600]}
+    globs = {k: write_field(tmp_path, k, v, splits.get(k, [333, 1, 400, 266]))
+             for k, v in ref.items()}
+    npyload.pack(sorted(str(p) for p in (tmp_path / "e").glob("e_*.npy")), frame_size=64)
+    globs["e"] = str(tmp_path / "e" / "e_*.npy.zst")
+    L = loader_or_skip(globs, io, batch_size=64, shuffle=shuffle, seed=2, num_workers=2,
+                       drop_last=False, read_ahead=read_ahead)
+    seen = run_epochs(L, ref)
+    L.close()
+    for s in seen:
+        np.testing.assert_array_equal(np.sort(s), np.arange(n))
