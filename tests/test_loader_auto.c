@@ -536,57 +536,6 @@ Test(auto_sim, a_slow_consumer_ends_at_the_fewest_slots)
     sim_end(&s);
 }
 
-/* Issue 37, the sleep40 regime's memory within a run: the same slow
- * consumer, two workers running. Only one worker fills at a time when the
- * consumer is the limit, so the slots go first, down to one worker's fill
- * plus the slot held (2), before any worker goes: two calm removals, both
- * of slots, within 8 windows (a 64-batch run has 16). Before, the floor
- * counted every worker's fill (3 with two workers) and the third slot
- * waited for the worker's removal, 3 windows more. */
-Test(auto_sim, a_slow_consumer_sheds_slots_before_workers)
-{
-    sim s;
-    sim_start(&s, 1);
-    for (int i = 0; i < 8; i++)
-        sim_window(&s, 40, 0.5, 0);
-    cr_assert_eq(npyl_auto_slots(&s.a), 2, "%zu slots after 8 calm windows",
-                 npyl_auto_slots(&s.a));
-    cr_assert_eq(sim_slots_on(&s), 2);
-    cr_assert_eq(npyl_auto_workers(&s.a), 2, "a worker went before the slots");
-    npyload_auto_event ev[NPYL_AUTO_HISTORY];
-    int n = sim_events(&s, ev);
-    cr_assert_eq(n, 3, "start and two removals (%d decisions)", n);
-    for (int i = 1; i < n; i++)
-        cr_assert(ev[i].reason == NPYLOAD_AUTO_SPARE && ev[i].slots + 1 == ev[i].prev_slots &&
-                  ev[i].workers == 2, "decision %d (%s): %u/%u -> %u/%u", i,
-                  npyload_auto_reason_name(ev[i].reason), ev[i].prev_workers,
-                  ev[i].prev_slots, ev[i].workers, ev[i].slots);
-    for (int i = 0; i < 8; i++)
-        sim_window(&s, 40, 0.5, 0);
-    cr_assert_eq(npyl_auto_workers(&s.a), 1, "the spare worker goes next");
-    cr_assert_eq(npyl_auto_slots(&s.a), 2);
-    sim_end(&s);
-}
-
-/* The floor keeps the slots the caller holds: a caller holding two
- * batches while it calls next() keeps one worker's fill plus those two (3
- * slots) under the same slow consumer, whatever the windows; the slots on
- * never go below either. */
-Test(auto_sim, a_slow_consumer_keeps_the_held_slots)
-{
-    sim s;
-    sim_start(&s, 2);
-    for (int i = 0; i < 32; i++) {
-        sim_window(&s, 40, 0.5, 0);
-        cr_assert_geq(npyl_auto_slots(&s.a), 3, "window %d: %zu slots with 2 held", i,
-                      npyl_auto_slots(&s.a));
-        cr_assert_geq(sim_slots_on(&s), 3);
-    }
-    cr_assert_eq(npyl_auto_slots(&s.a), 3);
-    cr_assert_eq(npyl_auto_workers(&s.a), 1);
-    sim_end(&s);
-}
-
 /* The same consumer over short passes (an epoch of 16 batches, every
  * fourth window): each pass starts with a 60 ms wait for its first batch,
  * 27 % of that window, which no count of workers or slots removes. It is

@@ -77,16 +77,13 @@ static size_t process_cores(void)
  * caller holds one and one is ready. */
 static size_t min_slots(const npyl_auto *a, size_t workers) { return a->per * workers + 2; }
 
-/* The fewest host slots a removal with room to spare may leave: one
- * worker's fill and those the caller holds (at least one), whatever the
- * workers. When the consumer is the limit only one worker fills at a
- * time (the others find no free slot and wait: fixed num_workers=2,
- * prefetch=1 does so), and the ready slot is left out too: whether the
- * loop needs either is what the removal's judging finds out (a consumer
- * slower than one worker's fill never waits for them). */
-static size_t floor_slots(const npyl_auto *a, size_t held)
+/* The fewest host slots a removal may leave: those the workers fill and
+ * those the caller holds (at least one), without the ready one: whether
+ * the loop needs it is what the removal's judging finds out (a consumer
+ * slower than one worker's fill never waits for it). */
+static size_t floor_slots(const npyl_auto *a, size_t workers, size_t held)
 {
-    return a->per + (held > 1 ? held : 1);
+    return a->per * workers + (held > 1 ? held : 1);
 }
 
 static uint64_t bytes_of(const npyl_auto *a, size_t made, size_t slots)
@@ -416,7 +413,7 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
         if (w->share < a->target / 2 && ++a->calm >= CALM_WINDOWS) {
             a->calm = 0;
             a->base_rate = w->rate;
-            size_t floor = floor_slots(a, held);
+            size_t floor = floor_slots(a, a->workers, held);
             if (as && a->slots > floor && a->win >= a->until[B_DROP_S] &&
                 apply_slots(a, a->slots - 1) != ps) {
                 a->pending = ACT_DROP_S;
