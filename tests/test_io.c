@@ -1312,3 +1312,179 @@ Test(io_gather, sigbus_handler_from_first_gather)
     free_file(&f);
     tu_rmtree(dir);
 }
+
+/* ---- mappings shared by the contexts of one reader (npyl_io_maps) ------- */
+
+/* How many areas of /proc/self/maps map `path` (its real path). */
+static int mappings_of(const char *path)
+{
+    char real[4096];
+    cr_assert(realpath(path, real), "%s", path);
+    FILE *fp = fopen("/proc/self/maps", "r");
+    cr_assert(fp);
+    char line[8192];
+    int n = 0;
+    size_t rl = strlen(real);
+    while (fgets(line, sizeof line, fp)) {
+        size_t l = strlen(line);
+        while (l && (line[l - 1] == '\n' || line[l - 1] == ' '))
+            line[--l] = '\0';
+        n += l >= rl && strcmp(line + l - rl, real) == 0 && (l == rl || line[l - rl - 1] == ' ');
+    }
+    fclose(fp);
+    return n;
+}
+
+static npyl_io *make_shared_io(int backend, unsigned max_open, const npyl_file_info *info,
+                               size_t nfiles, npyl_io_maps *maps)
+{
+    npyl_io_config cfg = {.backend = backend, .queue_depth = 1, .max_open = max_open,
+                          .files = info, .nfiles = nfiles, .gather_max = INT64_MAX,
+                          .random_access = 1, .maps = maps};
+    npyl_io *io = NULL;
+    char err[512] = "";
+    cr_assert_eq(npyl_io_create(&io, &cfg, err, sizeof err), 0, "%s", err);
+    return io;
+}
+
+/* n random rows (up to 5000 bytes, some across page boundaries) of random
+ * files through io, checked against the files' bytes read back with read(2). */
+static void shared_rows(npyl_io *io, const tfile *f, size_t nf, int n, const char *who)
+{
+    enum { ROWS = 16 };
+    uint8_t *buf = malloc(ROWS * 5000);
+    cr_assert(buf);
+    for (int it = 0; it < n; it++) {
+        npyl_io_req req[ROWS];
+        for (size_t r = 0; r < ROWS; r++) {
+            uint32_t k = (uint32_t)rnd_below(nf);
+            uint64_t len = 1 + rnd_below(5000);
+            uint64_t off = rnd_below(f[k].size - len + 1);
+            req[r] = (npyl_io_req){k, off, len, buf + r * 5000};
+        }
+        size_t bad = 0;
+        char err[512] = "";
+        cr_assert_eq(npyl_io_read(io, req, ROWS, &bad, NULL, err, sizeof err), 0,
+                     "%s: %s", who, err);
+        for (size_t r = 0; r < ROWS; r++)
+            cr_assert(memcmp(req[r].dst, f[req[r].file].bytes + req[r].offset, req[r].len) == 0,
+                      "%s: iteration %d row %zu (file %u offset %llu len %llu) differs", who,
+                      it, r, req[r].file, (unsigned long long)req[r].offset,
+                      (unsigned long long)req[r].len);
+    }
+    free(buf);
+}
+
+Test(io_shared, one_mapping_per_file_for_every_context)
+{
+    /* Three contexts of one reader (the gather path of a pread context with
+     * one open file for three files, a second one with two, an mmap
+     * context) share one mapping per file; without the table each context
+     * maps each file it reads itself. */
+    enum { NF = 3 };
+    char *dir = mkdir_realfs("io-shared");
+    tfile f[NF];
+    const size_t sizes[NF] = {MiB + 4093, 300001, 2 * MiB + 1};
+    for (int k = 0; k < NF; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "s%d.npy", k);
+        make_file(&f[k], dir, name, (uint32_t)k + 40, sizes[k], 64);
+    }
+    npyl_file_info info[NF];
+    stat_all(f, NF, info);
+    npyl_io_maps *maps = NULL;
+    cr_assert_eq(npyl_io_maps_create(&maps, info, NF), 0);
+    npyl_io *io[3] = {make_shared_io(NPYLOAD_IO_PREAD, 1, info, NF, maps),
+                      make_shared_io(NPYLOAD_IO_PREAD, 2, info, NF, maps),
+                      make_shared_io(NPYLOAD_IO_MMAP, NF, info, NF, maps)};
+    rng_state = 77;
+    for (int round = 0; round < 4; round++)
+        for (int c = 0; c < 3; c++) {
+            char who[32];
+            snprintf(who, sizeof who, "context %d", c);
+            shared_rows(io[c], f, NF, 20, who);
+            for (int k = 0; k < NF; k++)
+                cr_assert_leq(mappings_of(f[k].path), 1, "%s: %d mappings", f[k].path,
+                              mappings_of(f[k].path));
+        }
+    for (int c = 0; c < 3; c++) {
+        cr_assert_gt(counters(io[c]).gather_reqs, 0, "context %d did not gather", c);
+        npyl_io_destroy(io[c]);
+    }
+    /* The mappings belong to the table: kept until it goes. */
+    for (int k = 0; k < NF; k++)
+        cr_assert_eq(mappings_of(f[k].path), 1, "%s", f[k].path);
+    npyl_io_maps_destroy(maps);
+    for (int k = 0; k < NF; k++) {
+        cr_assert_eq(mappings_of(f[k].path), 0, "%s", f[k].path);
+        free_file(&f[k]);
+    }
+    tu_rmtree(dir);
+}
+
+Test(io_shared, a_table_of_another_file_table_is_not_used)
+{
+    /* A table is for the file table it was made for: a context of another
+     * one (file 0 there is another file) maps privately. */
+    char *dir = mkdir_realfs("io-shared2");
+    tfile f[2];
+    make_file(&f[0], dir, "a.npy", 5, 100000, 64);
+    make_file(&f[1], dir, "b.npy", 6, 100000, 64);
+    npyl_file_info ia, ib;
+    stat_all(&f[0], 1, &ia);
+    stat_all(&f[1], 1, &ib);
+    npyl_io_maps *maps = NULL;
+    cr_assert_eq(npyl_io_maps_create(&maps, &ia, 1), 0);
+    npyl_io *a = make_shared_io(NPYLOAD_IO_PREAD, 1, &ia, 1, maps);
+    npyl_io *b = make_shared_io(NPYLOAD_IO_PREAD, 1, &ib, 1, maps);
+    rng_state = 5;
+    shared_rows(a, &f[0], 1, 5, "a");
+    shared_rows(b, &f[1], 1, 5, "b");
+    cr_assert_eq(mappings_of(f[0].path), 1);
+    cr_assert_eq(mappings_of(f[1].path), 1);
+    npyl_io_destroy(b);
+    cr_assert_eq(mappings_of(f[1].path), 0, "b's private mapping outlived it");
+    npyl_io_destroy(a);
+    npyl_io_maps_destroy(maps);
+    cr_assert_eq(mappings_of(f[0].path), 0);
+    free_file(&f[0]);
+    free_file(&f[1]);
+    tu_rmtree(dir);
+}
+
+Test(io_shared, truncated_under_a_shared_mapping_is_an_error)
+{
+    /* One context maps the file; it is truncated; the other context's
+     * copies from the shared mapping and the first one's are errors naming
+     * the file, never a SIGBUS or stale bytes. */
+    char *dir = mkdir_realfs("io-shared-trunc");
+    tfile f;
+    make_file(&f, dir, "t.npy", 9, 2 * MiB, 64);
+    npyl_file_info info;
+    stat_all(&f, 1, &info);
+    npyl_io_maps *maps = NULL;
+    cr_assert_eq(npyl_io_maps_create(&maps, &info, 1), 0);
+    npyl_io *a = make_shared_io(NPYLOAD_IO_MMAP, 1, &info, 1, maps);
+    npyl_io *b = make_shared_io(NPYLOAD_IO_PREAD, 1, &info, 1, maps);
+    uint8_t buf[4096];
+    char err[512] = "";
+    size_t bad = 0;
+    npyl_io_req r0 = {0, 128, sizeof buf, buf};
+    cr_assert_eq(npyl_io_read(a, &r0, 1, &bad, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(npyl_io_read(b, &r0, 1, &bad, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(mappings_of(f.path), 1);
+    cr_assert(truncate(f.path, 100000) == 0);
+    npyl_io_req past[2] = {{0, 200, 100, buf}, {0, MiB + 5, 3000, buf + 100}};
+    for (int c = 0; c < 2; c++) {
+        npyl_io *io = c ? b : a;
+        err[0] = '\0';
+        int rc = npyl_io_read(io, past, 2, &bad, NULL, err, sizeof err);
+        cr_assert(rc != 0, "context %d: a read past the new end succeeded", c);
+        cr_assert(strstr(err, f.path), "context %d: rc %d, message %s", c, rc, err);
+    }
+    npyl_io_destroy(a);
+    npyl_io_destroy(b);
+    npyl_io_maps_destroy(maps);
+    free_file(&f);
+    tu_rmtree(dir);
+}

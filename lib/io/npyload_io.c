@@ -129,6 +129,9 @@ int npyl_io_create(npyl_io **out, const npyl_io_config *cfg, char *err,
     io->direct = cfg->direct ? 1 : 0;
     io->random_access = cfg->random_access ? 1 : 0;
     io->queue_depth = cfg->queue_depth;
+    io->maps = cfg->maps && cfg->maps->files == cfg->files && cfg->maps->n >= cfg->nfiles
+                   ? cfg->maps
+                   : NULL;
     /* O_DIRECT reads stay reads: the point of them is to bypass the cache. */
     io->gather_max = io->direct || cfg->gather_max < 0 ? 0
                      : cfg->gather_max == 0       ? NPYL_GATHER_MAX_DEFAULT

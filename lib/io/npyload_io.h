@@ -31,6 +31,35 @@ typedef struct npyl_file_info {
 /* A request (lib/common's npyl_req): file indexes the context's table. */
 typedef npyl_req npyl_io_req;
 
+/* A table of mappings shared by the contexts of one reader (one per
+ * loader's local store): each file is mapped once, by the first context
+ * that maps it, and every other context copies from that mapping instead
+ * of mapping the file itself. A mapping's first touch of a cached page
+ * costs a minor fault per mapping (the kernel maps up to 16 cached pages
+ * around it), so private mappings made every worker (and every read-ahead
+ * context) fault in every file it reads on its own: measured on the 2-core
+ * VM, CIFAR-like rows (6 files of 293 MiB, issue 37 item 5), 2 workers,
+ * 27k faults each, most of a 2 s run's kernel time. Shared, the faults are
+ * taken once. The mappings stay until npyl_io_maps_destroy, so at most
+ * NPYL_IO_SHARED_MAPS files are shared (each mapping is one of the
+ * process's vm.max_map_count areas); files beyond map privately, per
+ * context, as without a table. */
+typedef struct npyl_io_maps npyl_io_maps;
+
+#ifndef NPYL_IO_SHARED_MAPS
+#define NPYL_IO_SHARED_MAPS 4096u
+#endif
+
+/* Creates an empty table for the file table `files` (nfiles entries):
+ * only contexts configured with this same `files` share it (a file is
+ * known by its index in that table). Returns 0 or -ENOMEM. */
+NPYL_HIDDEN int npyl_io_maps_create(npyl_io_maps **out, const npyl_file_info *files,
+                                    size_t nfiles);
+
+/* Unmaps every shared mapping; frees the table. Only once no context that
+ * uses it exists any more. NULL-safe. */
+NPYL_HIDDEN void npyl_io_maps_destroy(npyl_io_maps *m);
+
 typedef struct npyl_io_config {
     int backend;               /* NPYLOAD_IO_URING, _PREAD or _MMAP (not AUTO) */
     int direct;                /* O_DIRECT (URING and PREAD only) */
@@ -51,6 +80,11 @@ typedef struct npyl_io_config {
      * disk: measured 0.74 of a 200 MB/s disk for the captcha layout
      * shuffled, against 0.99 with it (or O_DIRECT). */
     int random_access;
+    /* Mappings shared with the reader's other contexts (NULL: this
+     * context maps its files privately). Used when made for this `files`
+     * table (else ignored: private mappings); it must outlive the context;
+     * contexts on one table may run in different threads. */
+    npyl_io_maps *maps;
 } npyl_io_config;
 
 /* The default gather threshold: see npyload_io_gather.c for the measurement. */

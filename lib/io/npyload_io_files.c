@@ -126,7 +126,7 @@ static void lru_push_back(npyl_io *io, npyl_io_fh *e)
 
 static void fh_close(npyl_io *io, npyl_io_fh *e)
 {
-    if (e->map)
+    if (e->map && !e->shared)
         munmap((void *)e->map, e->map_len);
     if (e->dfd >= 0)
         close(e->dfd);
@@ -137,6 +137,7 @@ static void fh_close(npyl_io *io, npyl_io_fh *e)
     e->map = NULL;
     e->map_len = 0;
     e->nomap = 0;
+    e->shared = 0;
     e->resident = 0;
     e->resident_call = 0;
     e->fd = e->dfd = -1;
@@ -145,11 +146,88 @@ static void fh_close(npyl_io *io, npyl_io_fh *e)
     e->used = 0;
 }
 
+/* ---- shared mappings (npyl_io_maps) ------------------------------------- */
+
+int npyl_io_maps_create(npyl_io_maps **out, const npyl_file_info *files, size_t nfiles)
+{
+    npyl_io_maps *m = calloc(1, sizeof *m);
+    *out = NULL;
+    if (!m)
+        return -ENOMEM;
+    m->files = files;
+    m->n = nfiles;
+    m->map = calloc(nfiles ? nfiles : 1, sizeof *m->map);
+    m->len = calloc(nfiles ? nfiles : 1, sizeof *m->len);
+    if (!m->map || !m->len) {
+        npyl_io_maps_destroy(m);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < nfiles; i++)
+        atomic_init(&m->map[i], 0);
+    atomic_init(&m->count, 0);
+    *out = m;
+    return 0;
+}
+
+void npyl_io_maps_destroy(npyl_io_maps *m)
+{
+    if (!m)
+        return;
+    for (size_t i = 0; m->map && i < m->n; i++) {
+        uintptr_t p = atomic_load_explicit(&m->map[i], memory_order_relaxed);
+        if (p)
+            munmap((void *)p, m->len[i]);
+    }
+    free(m->map);
+    free(m->len);
+    free(m);
+}
+
+/* The table's mapping of e's file, or, when there is none yet and the
+ * table has room, p (just made) installed as the table's; e then does not
+ * own its map. Called with p == NULL first (a look-up); with p set, returns
+ * the mapping to use (p, or the one another context installed first, in
+ * which case p is unmapped). */
+static const uint8_t *maps_share(npyl_io *io, npyl_io_fh *e, void *p, uint64_t len)
+{
+    npyl_io_maps *m = io->maps;
+    uintptr_t cur = atomic_load_explicit(&m->map[e->file], memory_order_acquire);
+    if (cur || !p) {
+        if (cur && p)
+            munmap(p, (size_t)len);
+        e->shared = cur != 0;
+        return (const uint8_t *)cur;
+    }
+    /* Room for one more: a reservation (taken back if another context
+     * installs this file first). */
+    if (atomic_fetch_add_explicit(&m->count, 1, memory_order_relaxed) >= NPYL_IO_SHARED_MAPS) {
+        atomic_fetch_sub_explicit(&m->count, 1, memory_order_relaxed);
+        return p; /* private, as without a table */
+    }
+    uintptr_t want = 0;
+    if (atomic_compare_exchange_strong_explicit(&m->map[e->file], &want, (uintptr_t)p,
+                                                memory_order_acq_rel, memory_order_acquire)) {
+        m->len[e->file] = len; /* read by destroy only, after every context */
+        e->shared = 1;
+        return p;
+    }
+    atomic_fetch_sub_explicit(&m->count, 1, memory_order_relaxed);
+    munmap(p, (size_t)len);
+    e->shared = 1;
+    return (const uint8_t *)want;
+}
+
 int npyl_io_fh_map(npyl_io *io, npyl_io_fh *e, char *err, size_t errlen)
 {
     const npyl_file_info *fi = &io->files[e->file];
     if (e->map || fi->size == 0)
         return 0; /* an empty file has nothing to map: every request fails */
+    /* Mapped already by another context of the reader: the same file (its
+     * identity was checked at its open, as e's was at e's). */
+    if (io->maps && (e->map = maps_share(io, e, NULL, 0)) != NULL) {
+        e->map_len = fi->size;
+        return 0;
+    }
     /* The size validated at start: the identity checks catch a file that
      * grew or shrank since; a page past its current end faults (SIGBUS,
      * caught by the guard). */
@@ -164,7 +242,7 @@ int npyl_io_fh_map(npyl_io *io, npyl_io_fh *e, char *err, size_t errlen)
     }
     if (io->random_access)
         (void)madvise(p, (size_t)fi->size, MADV_RANDOM); /* advice: errors ignored */
-    e->map = p;
+    e->map = io->maps ? maps_share(io, e, p, fi->size) : p;
     e->map_len = fi->size;
     return 0;
 }
@@ -351,7 +429,9 @@ int npyl_io_files_init(npyl_io *io, const npyl_io_config *cfg)
         io->cap = (unsigned)cfg->nfiles;
     io->fh = calloc(io->cap, sizeof *io->fh);
     io->slot_of = malloc((cfg->nfiles ? cfg->nfiles : 1) * sizeof *io->slot_of);
-    if (!io->fh || !io->slot_of)
+    /* The gather's pins: at most one per entry (npyl_io_gather_read). */
+    io->gpin = malloc(io->cap * sizeof *io->gpin);
+    if (!io->fh || !io->slot_of || !io->gpin)
         return -ENOMEM;
     for (size_t i = 0; i < cfg->nfiles; i++)
         io->slot_of[i] = -1;
@@ -371,8 +451,11 @@ void npyl_io_files_fini(npyl_io *io)
                 fh_close(io, &io->fh[i]);
     free(io->fh);
     free(io->slot_of);
+    free(io->gpin);
     io->fh = NULL;
     io->slot_of = NULL;
+    io->gpin = NULL;
+    io->ngpin = 0;
 }
 
 /* ---- direct-I/O split --------------------------------------------------- */
@@ -412,7 +495,7 @@ int npyl_io_each(npyl_io *io, const npyl_io_req *reqs, size_t n, size_t *bad,
         const npyl_io_req *r = &reqs[i];
         if (r->len == 0)
             continue;
-        npyl_io_fh *fh;
+        npyl_io_fh *fh = NULL;
         /* NPYL_IO_BUSY cannot happen here: one pin at a time. */
         rc = npyl_io_fh_get(io, r->file, &fh, err, errlen);
         if (rc == 0) {

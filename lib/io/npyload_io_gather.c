@@ -85,8 +85,6 @@ static int resident(npyl_io *io, npyl_io_fh *fh)
 
 static int grow_scratch(npyl_io *io, size_t n)
 {
-    if (!io->gpin && !(io->gpin = malloc(io->cap * sizeof *io->gpin)))
-        return -ENOMEM;
     if (n <= io->scratch_cap)
         return 0;
     size_t cap = io->scratch_cap ? io->scratch_cap : 64;
@@ -113,14 +111,11 @@ void npyl_io_gather_fini(npyl_io *io)
 {
     free(io->segs);
     free(io->seg_req);
-    free(io->gpin);
     free(io->rest);
     free(io->rest_idx);
     free(io->mcvec);
     io->segs = NULL;
     io->seg_req = NULL;
-    io->gpin = NULL;
-    io->ngpin = 0;
     io->rest = NULL;
     io->rest_idx = NULL;
     io->mcvec = NULL;

@@ -26,9 +26,11 @@ typedef struct npyl_io_fh {
     int fd;                 /* buffered, O_RDONLY */
     int dfd;                /* O_DIRECT, or -1 when not direct */
     const uint8_t *map;     /* whole file, PROT_READ, MAP_SHARED: mapped at
-                               open (MMAP) or at first gather (others) */
+                               open (MMAP) or at first gather (others), or
+                               io->maps' mapping of it (shared) */
     uint64_t map_len;
     int nomap;              /* mapping failed: this file is read, not mapped */
+    int shared;             /* map belongs to io->maps: not unmapped here */
     int resident;           /* last residency check: pages in the cache */
     uint64_t resident_call; /* the call that checked it; 0: never */
     unsigned pins;
@@ -40,6 +42,18 @@ typedef struct npyl_io_uring npyl_io_uring;
 
 /* A context. It belongs to one thread at a time; nothing in lib/io locks,
  * except that backend_now may be read from any thread (stats). */
+/* The shared mappings (npyl_io_maps): map[file] is 0 until a context
+ * installs its mapping (compare-and-swap: a context that loses the race
+ * unmaps its own and takes the winner's); then fixed until destroy. */
+struct npyl_io_maps {
+    const npyl_file_info *files; /* the file table it was made for */
+    size_t n;
+    _Atomic(uintptr_t) *map;  /* n entries; the length is the file's size */
+    uint64_t *len;            /* [file]: the mapping's length, set before
+                                 map[file] is published */
+    _Atomic unsigned count;   /* entries set, at most NPYL_IO_SHARED_MAPS */
+};
+
 struct npyl_io {
     int backend;              /* as configured */
     _Atomic int backend_now;  /* what reads go through now (URING may fall
@@ -49,6 +63,7 @@ struct npyl_io {
     unsigned queue_depth;
     const npyl_file_info *files;
     size_t nfiles;
+    npyl_io_maps *maps;       /* shared mappings, or NULL (npyl_io_config) */
 
     /* LRU of open files: `cap` entries, `slot_of[file]` is the entry holding
      * `file` or -1. `head` is the most recently used, `tail` the least. */

@@ -20,6 +20,7 @@
 typedef struct local_store {
     npyl_file_info *fi;   /* per file of the table (path NULL: not ours) */
     size_t n;
+    npyl_io_maps *maps;   /* the files' mappings, shared by every context */
 } local_store;
 
 typedef struct local_ctx {
@@ -47,6 +48,7 @@ static void local_close(npyl_store *st)
     local_store *s = (local_store *)st;
     if (!s)
         return;
+    npyl_io_maps_destroy(s->maps);
     free(s->fi);
     free(s);
 }
@@ -62,9 +64,13 @@ static int local_table(npyl_store *st, size_t nfiles)
 {
     local_store *s = (local_store *)st;
     free(s->fi);
+    npyl_io_maps_destroy(s->maps); /* no context is open: set-up */
+    s->maps = NULL;
     s->fi = nfiles ? calloc(nfiles, sizeof *s->fi) : NULL;
     s->n = s->fi ? nfiles : 0;
-    return nfiles && !s->fi ? -ENOMEM : 0;
+    if (nfiles && (!s->fi || npyl_io_maps_create(&s->maps, s->fi, nfiles) != 0))
+        return -ENOMEM;
+    return 0;
 }
 
 /* pread until n bytes or end of file: the count, or -errno. */
@@ -240,6 +246,7 @@ static int local_ctx_open(npyl_store *st, const npyl_sfile *t, size_t nfiles,
         .nfiles = nfiles,
         .gather_max = cfg->gather_max,
         .random_access = cfg->random_access,
+        .maps = s->maps,
     };
     return npyl_io_create(&c->io, &io, err, errlen);
 }

@@ -184,3 +184,42 @@ def test_fields_split_alike_share_the_plan(tmp_path, io, shuffle, read_ahead):
     L.close()
     for s in seen:
         np.testing.assert_array_equal(np.sort(s), np.arange(n))
+
+
+def mappings_of(paths):
+    """How many areas of /proc/self/maps map each of `paths` (real paths)."""
+    real = {os.path.realpath(p): p for p in paths}
+    n = dict.fromkeys(paths, 0)
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            if len(parts) == 6 and parts[5].strip() in real:
+                n[real[parts[5].strip()]] += 1
+    return n
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="no /proc/self/maps here")
+@pytest.mark.parametrize("read_ahead", [False, True])
+@pytest.mark.parametrize("io", ["mmap", "pread"])
+def test_workers_share_one_mapping_per_file(datasets, io, read_ahead):
+    """Issue 37 item 5: the workers (and their read-ahead contexts) of one
+    loader copy small rows from one mapping per file, not one each (each
+    mapping faults every cached page in again: most of the small-rows
+    benchmark's kernel time); the bytes stay numpy's. The mappings go with
+    the loader."""
+    import glob
+    globs, ref = datasets[3072]
+    files = sorted(glob.glob(globs["x"])) + sorted(glob.glob(globs["y"]))
+    L = loader_or_skip(globs, io, batch_size=64, shuffle=True, seed=3, num_workers=3,
+                       read_ahead=read_ahead)
+    run_epochs(L, ref, epochs=2)
+    st = L.stats()
+    n = mappings_of(files)
+    L.close()
+    if io == "pread" and st["gather_requests"] == 0:
+        pytest.skip("the residency check found the freshly written files uncached "
+                    "(memory pressure): nothing mapped")
+    assert all(v <= 1 for v in n.values()), n
+    if io == "mmap":
+        assert all(v == 1 for v in n.values()), n
+    assert all(v == 0 for v in mappings_of(files).values()), "mappings outlived the loader"
