@@ -69,9 +69,11 @@ def main():
                 if n >= want[1]:
                     break
         marks.append(usage())
+        st = L.stats()
     finally:
         L.close()
-    print(f"npyload {npyload.__file__}")
+    print(f"npyload {npyload.__file__}: requests gathered {st['gather_requests']}, "
+          f"read {st['read_requests']}")
     report("loader first", marks[0], marks[1], a.first)
     report("loader steady", marks[1], marks[2], a.batches)
     if a.ceiling:
