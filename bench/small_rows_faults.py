@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# usage: PYTHONPATH=build-regress/tree/py python3 bench/small_rows_faults.py [--rows DIR] [--batches N] [--no-read-ahead] [--numpy] [--ceiling]
+# usage: PYTHONPATH=build-regress/tree/py python3 bench/small_rows_faults.py [--rows DIR] [--batches N] [--read-ahead on|off] [--numpy] [--ceiling]
 """Where the small-rows benchmark's minor faults and kernel time go, per
 batch (issue 37 item 5): the loader of bench/regress.py's small_rows
 (CIFAR-like rows, 3x32x32 uint8 + int64 label, 256-row shuffled batches,
@@ -45,16 +45,23 @@ def main():
     ap.add_argument("--rows", default="/tmp/npyload-regress-data/rows100000")
     ap.add_argument("--batches", type=int, default=4000, help="batches after the first window")
     ap.add_argument("--first", type=int, default=200, help="batches of the first window")
-    ap.add_argument("--no-read-ahead", action="store_true")
+    ap.add_argument("--read-ahead", choices=("on", "off"), default=None,
+                    help="the Loader's read_ahead (default: its default, off for plain rows)")
     ap.add_argument("--numpy", action="store_true")
     ap.add_argument("--ceiling", action="store_true")
     a = ap.parse_args()
     import npyload
     rows = Path(a.rows)
     fields = {"x": f"{rows}/x_*.npy", "y": f"{rows}/y_*.npy"}
-    kw = {"read_ahead": False} if a.no_read_ahead else {}
+    kw = {"read_ahead": False} if a.read_ahead == "off" else {}
     L = npyload.Loader(fields, batch_size=BATCH, shuffle=True, seed=1, num_workers=2,
                        prefetch=3, output="numpy", **kw)
+    if a.read_ahead == "on":
+        # Python's read_ahead=True is the default (READ_AHEAD 0: read ahead
+        # only where a batch has work after its reads, not for plain rows);
+        # READ_AHEAD 1 (always) is C's, set here before the loader starts.
+        L._opts[npyload._npyload.OPT_READ_AHEAD] = 1
+        L._c.set(npyload._npyload.OPT_READ_AHEAD, 1)
     marks, n, epoch = [usage()], 0, 0
     want = (a.first, a.first + a.batches)
     try:
@@ -73,7 +80,7 @@ def main():
     finally:
         L.close()
     print(f"npyload {npyload.__file__}: requests gathered {st['gather_requests']}, "
-          f"read {st['read_requests']}")
+          f"read {st['read_requests']}, batches read ahead {st.get('read_ahead_batches')}")
     report("loader first", marks[0], marks[1], a.first)
     report("loader steady", marks[1], marks[2], a.batches)
     if a.ceiling:
