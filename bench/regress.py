@@ -377,6 +377,19 @@ def callgrind_mode(sides, data, only, quick, tmp, keep=None):
     return res
 
 
+def rows_in_ram(rows_dir, prefix):
+    """The small-rows files PREFIX_*.npy of rows_dir as one array in RAM,
+    filled file by file."""
+    import numpy as np
+    parts = [np.load(p, mmap_mode="r") for p in sorted(Path(rows_dir).glob(f"{prefix}_*.npy"))]
+    a = np.empty((sum(len(x) for x in parts),) + parts[0].shape[1:], parts[0].dtype)
+    at = 0
+    for x in parts:
+        a[at:at + len(x)] = x
+        at += len(x)
+    return a
+
+
 def numpy_gather(rows_dir, seconds):
     """numpy, one thread: X[idx]; Y[idx] per 256-row batch of a permutation
     of the small-rows data loaded in RAM (bench/README.md, "Small rows")."""
@@ -384,16 +397,7 @@ def numpy_gather(rows_dir, seconds):
         import numpy as np
     except ImportError:
         return None
-    def load(prefix):  # one array in RAM, filled file by file
-        parts = [np.load(p, mmap_mode="r") for p in sorted(rows_dir.glob(f"{prefix}_*.npy"))]
-        a = np.empty((sum(len(x) for x in parts),) + parts[0].shape[1:], parts[0].dtype)
-        at = 0
-        for x in parts:
-            a[at:at + len(x)] = x
-            at += len(x)
-        return a
-
-    X, Y = load("x"), load("y")
+    X, Y = rows_in_ram(rows_dir, "x"), rows_in_ram(rows_dir, "y")
     perm = np.random.default_rng(0).permutation(len(X))
     n, i, t0 = 0, 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:

@@ -17,6 +17,7 @@ user and system microseconds per batch (all threads), and the consumer's.
 """
 import argparse
 import resource
+import sys
 import time
 from pathlib import Path
 
@@ -95,17 +96,10 @@ def main():
         report("gather_copy (call)", u0, u1, 4 * c["bytes"] / (BATCH * ROW_BYTES))
     if a.numpy:
         import numpy as np
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from regress import rows_in_ram  # the same arrays as regress.py's numpy side
 
-        def load(prefix):
-            parts = [np.load(p, mmap_mode="r") for p in sorted(rows.glob(f"{prefix}_*.npy"))]
-            out = np.empty((sum(len(x) for x in parts),) + parts[0].shape[1:], parts[0].dtype)
-            at = 0
-            for x in parts:
-                out[at:at + len(x)] = x
-                at += len(x)
-            return out
-
-        X, Y = load("x"), load("y")
+        X, Y = rows_in_ram(rows, "x"), rows_in_ram(rows, "y")
         perm = np.random.default_rng(0).permutation(len(X))
         u0, i = usage(), 0
         for _ in range(a.batches):
