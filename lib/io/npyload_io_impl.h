@@ -40,8 +40,6 @@ typedef struct npyl_io_fh {
 
 typedef struct npyl_io_uring npyl_io_uring;
 
-/* A context. It belongs to one thread at a time; nothing in lib/io locks,
- * except that backend_now may be read from any thread (stats). */
 /* The shared mappings (npyl_io_maps): map[file] is 0 until a context
  * installs its mapping (compare-and-swap: a context that loses the race
  * unmaps its own and takes the winner's); then fixed until destroy. */
@@ -49,11 +47,15 @@ struct npyl_io_maps {
     const npyl_file_info *files; /* the file table it was made for */
     size_t n;
     _Atomic(uintptr_t) *map;  /* n entries; the length is the file's size */
-    uint64_t *len;            /* [file]: the mapping's length, set before
-                                 map[file] is published */
+    uint64_t *len;            /* [file]: the mapping's length, written by
+                                 the context that installed it, read by
+                                 destroy only */
     _Atomic unsigned count;   /* entries set, at most NPYL_IO_SHARED_MAPS */
 };
 
+/* A context. It belongs to one thread at a time; nothing in lib/io locks,
+ * except that backend_now may be read from any thread (stats) and that the
+ * contexts of one reader share its npyl_io_maps (atomics). */
 struct npyl_io {
     int backend;              /* as configured */
     _Atomic int backend_now;  /* what reads go through now (URING may fall
