@@ -702,3 +702,52 @@ Test(auto_sim, a_regime_change_during_a_trial_is_seen)
     cr_assert_eq(s.a.w_ceiling, s.a.cap_workers, "the cold ceiling outlived the regime");
     sim_end(&s);
 }
+
+/* Slots of the sim's ring that hold memory (on or parked). */
+static size_t sim_slots_with_mem(sim *s)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < SIM_SLOTS; i++)
+        n += s->slots[i].mem != NULL;
+    return n;
+}
+
+/* Issue 37, a removal's memory: a slot taken out with room to spare keeps
+ * its memory (parked, counted in the bytes held) while the removal is
+ * judged. Taken back (the loop waited), the same slot, memory and all,
+ * joins the ring again: nothing to fault in. Kept, its memory is freed.
+ * Before, the memory was freed at once and allocated (and faulted in)
+ * again when the removal was taken back. */
+Test(auto_sim, a_removed_slot_is_parked_while_judged)
+{
+    sim s;
+    sim_start(&s, 1);
+    uint64_t full = npyl_auto_bytes(&s.a);
+    for (int i = 0; i < 3; i++)
+        sim_window(&s, 40, 0.5, 0);
+    cr_assert_eq(sim_slots_on(&s), 3, "a calm removal 4 -> 3");
+    cr_assert_eq(npyl_auto_parked(&s.a), 1);
+    cr_assert_eq(sim_slots_with_mem(&s), 4, "the removed slot's memory was freed");
+    cr_assert_eq(npyl_auto_bytes(&s.a), full, "parked memory is memory held");
+    uint8_t *kept[SIM_SLOTS];
+    for (size_t i = 0; i < SIM_SLOTS; i++)
+        kept[i] = s.slots[i].mem;
+    /* The loop waits without the slot: taken back, the parked one. */
+    sim_window(&s, 40, 8, 0);
+    sim_window(&s, 40, 8, 0);
+    cr_assert_eq(sim_count(&s, 0, NPYLOAD_AUTO_WORSE), 1);
+    cr_assert_eq(sim_slots_on(&s), 4);
+    cr_assert_eq(npyl_auto_parked(&s.a), 0);
+    for (size_t i = 0; i < SIM_SLOTS; i++)
+        cr_assert_eq(s.slots[i].mem, kept[i], "slot %zu: new memory for a put-back", i);
+    /* A removal kept (the back-off over, calm windows): freed. */
+    for (int i = 0; i < 16 && npyl_auto_parked(&s.a) == 0; i++)
+        sim_window(&s, 40, 0.5, 0);
+    cr_assert_eq(npyl_auto_parked(&s.a), 1, "no second slot removal");
+    sim_window(&s, 40, 0.5, 0);
+    sim_window(&s, 40, 0.5, 0);
+    cr_assert_eq(npyl_auto_parked(&s.a), 0);
+    cr_assert_eq(sim_slots_with_mem(&s), sim_slots_on(&s), "a kept removal's memory stays");
+    cr_assert_lt(npyl_auto_bytes(&s.a), full);
+    sim_end(&s);
+}

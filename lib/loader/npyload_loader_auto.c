@@ -21,7 +21,7 @@
 #define REGIME 0.34      /* the step or throughput moving this much */
 #define CALM_WINDOWS 3   /* windows with room to spare before a removal */
 #define BACKOFF_MAX 64u  /* windows */
-#define AUTO_MAX_SLOTS 64
+#define AUTO_MAX_SLOTS NPYL_AUTO_MAX_SLOTS
 #define FORCE_MAX_WORKERS 4
 #define FORCE_MAX_SLOTS 8
 
@@ -190,6 +190,8 @@ void npyl_auto_begin(npyl_auto *a, npyl_ring *ring, npyl_worker *workers, size_t
     a->force_at = m->batches;
     a->w_ceiling = a->cap_workers;
     a->workers_arr = workers;
+    a->nparked = 0; /* the stop before freed every slot's memory */
+    atomic_store(&a->live_parked, 0);
     /* A start after a stop begins a new search and a new history. */
     a->pending = ACT_NONE;
     a->base_rate = a->seen_min_rate = a->seen_max_share = a->ref_step = a->ref_rate = 0;
@@ -212,6 +214,25 @@ void npyl_auto_begin(npyl_auto *a, npyl_ring *ring, npyl_worker *workers, size_t
 
 /* ---- applying a change ---- */
 
+static void free_slot_mem(const npyl_auto *a, npyl_slot *s)
+{
+    if (a->dev->pinned)
+        npyl_cuda_host_free(a->dev->cuda, s->mem);
+    else
+        npyl_free_aligned(s->mem);
+    s->mem = NULL;
+}
+
+/* Frees the parked slots' memory (the removal they wait on was kept, or
+ * the budget needs the room). */
+static void release_parked(npyl_auto *a)
+{
+    for (size_t i = 0; i < a->nparked; i++)
+        free_slot_mem(a, a->parked[i]);
+    a->nparked = 0;
+    atomic_store(&a->live_parked, 0);
+}
+
 /* Workers: makes (initialises and starts) those missing, within the
  * budget; parks or wakes the others. Returns the count now on. */
 static size_t apply_workers(npyl_auto *a, size_t want)
@@ -221,6 +242,8 @@ static size_t apply_workers(npyl_auto *a, size_t want)
     if (want > a->cap_workers)
         want = a->cap_workers;
     while (a->made < want) {
+        if (bytes_of(a, a->made + 1, a->slots + a->nparked) > a->budget && a->nparked)
+            release_parked(a);
         if (bytes_of(a, a->made + 1, a->slots) > a->budget)
             break;
         npyl_worker *w = &a->workers_arr[a->made];
@@ -243,18 +266,18 @@ static size_t apply_workers(npyl_auto *a, size_t want)
     return want;
 }
 
-static void free_slot_mem(const npyl_auto *a, npyl_slot *s)
+/* Whether the change being judged removed slots: those it takes out are
+ * parked, not freed. */
+static int removing_slots(const npyl_auto *a)
 {
-    if (a->dev->pinned)
-        npyl_cuda_host_free(a->dev->cuda, s->mem);
-    else
-        npyl_free_aligned(s->mem);
-    s->mem = NULL;
+    return a->pending == ACT_DROP_S || a->pending == ACT_TRIM_S;
 }
 
-/* Host slots: gives memory to OFF slots and offers them, or takes FREE
- * ones out, towards `want` (slots held or in use come out later, at a
- * later tick). Returns the count wanted. */
+/* Host slots: offers parked slots again, or gives memory to OFF slots and
+ * offers them, or takes FREE ones out, towards `want` (slots held or in
+ * use come out later, at a later tick). Slots taken out are parked while
+ * a slot removal is judged (removing_slots), freed otherwise. Returns the
+ * count wanted. */
 static size_t apply_slots(npyl_auto *a, size_t want)
 {
     if (a->device_mode)
@@ -268,10 +291,15 @@ static size_t apply_slots(npyl_auto *a, size_t want)
     npyl_slots_counts(r, &on, &held);
     if (want < held + 1)
         want = held + 1;
+    while (on < want && a->nparked > 0) {
+        npyl_slots_offer(r, a->parked[--a->nparked]); /* memory already faulted in */
+        on++;
+    }
     for (size_t i = 0; i < r->nh && on < want; i++) {
         npyl_slot *s = &r->hslots[i];
         /* OFF slots are the ctl holder's: reading the state without mu is
-         * safe, nobody else changes an OFF slot. */
+         * safe, nobody else changes an OFF slot. A slot with memory is on
+         * or parked. */
         if (s->mem || bytes_of(a, a->made, on + 1) > a->budget)
             continue;
         void *mem = NULL;
@@ -285,11 +313,16 @@ static size_t apply_slots(npyl_auto *a, size_t want)
     if (on > want && r->nh <= AUTO_MAX_SLOTS) {
         npyl_slot *out[AUTO_MAX_SLOTS];
         size_t n = npyl_slots_retire(r, want, out);
-        for (size_t i = 0; i < n; i++)
-            free_slot_mem(a, out[i]);
+        for (size_t i = 0; i < n; i++) {
+            if (removing_slots(a) && a->nparked < AUTO_MAX_SLOTS)
+                a->parked[a->nparked++] = out[i];
+            else
+                free_slot_mem(a, out[i]);
+        }
         on -= n;
     }
     a->slots = want;
+    atomic_store(&a->live_parked, a->nparked);
     atomic_store(&a->live_slots, on);
     return want;
 }
@@ -364,6 +397,19 @@ static size_t worker_ceiling(const npyl_auto *a, double blocked)
     return c < a->w_ceiling ? c : a->w_ceiling;
 }
 
+/* A slot fewer, judged as `act` (ACT_DROP_S or ACT_TRIM_S): the slot
+ * taken out is parked while it is judged. Returns whether the count
+ * changed. */
+static int remove_slot(npyl_auto *a, int act)
+{
+    size_t ps = a->slots;
+    a->pending = act;
+    if (apply_slots(a, a->slots - 1) != ps)
+        return 1;
+    a->pending = ACT_NONE;
+    return 0;
+}
+
 /* One decision from the window w (no change being judged). A count rises
  * only after HOT_WINDOWS windows in a row above the target; the change is
  * then judged over JUDGE_WINDOWS windows (judge). */
@@ -398,13 +444,12 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
             a->pending = ACT_ADD_S;
             reason = NPYLOAD_AUTO_WAIT;
         } else if (as && a->slots > need && a->win >= a->until[B_DROP_S] &&
-                   apply_slots(a, a->slots - 1) != ps) {
+                   remove_slot(a, ACT_TRIM_S)) {
             /* Nothing more is tried: the loader is the limit, the loop
              * takes each batch as it lands and the slots beyond those the
              * workers fill, the one it holds and the ready one stay
              * empty. Judged on the throughput alone (the wait stays above
              * the target whatever the slots). */
-            a->pending = ACT_TRIM_S;
             reason = NPYLOAD_AUTO_UNUSED;
         }
     } else {
@@ -415,8 +460,7 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
             a->base_rate = w->rate;
             size_t floor = floor_slots(a, a->workers, held);
             if (as && a->slots > floor && a->win >= a->until[B_DROP_S] &&
-                apply_slots(a, a->slots - 1) != ps) {
-                a->pending = ACT_DROP_S;
+                remove_slot(a, ACT_DROP_S)) {
                 reason = NPYLOAD_AUTO_SPARE;
             } else if (aw && a->workers > 1 && a->win >= a->until[B_DROP_W] &&
                        apply_workers(a, a->workers - 1) != pw) {
@@ -451,6 +495,8 @@ static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
     size_t pw = a->workers, ps = a->slots;
     int act = a->pending;
     a->pending = ACT_NONE;
+    /* Whatever the verdict, nothing is parked after it: a removal taken
+     * back offers its parked slot again (apply_slots), one kept frees it. */
     int paid = a->seen_min_rate >= a->base_rate * GAIN;
     int worse = a->seen_max_share > a->target || a->seen_min_rate * GAIN < a->base_rate;
     if (act == ACT_ADD_W && !paid) {
@@ -483,6 +529,7 @@ static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
          * the next removal comes at the next calm window. */
         a->calm = CALM_WINDOWS - 1;
     }
+    release_parked(a);
 }
 
 void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
@@ -566,10 +613,12 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
 size_t npyl_auto_workers(npyl_auto *a) { return atomic_load(&a->live_workers); }
 size_t npyl_auto_slots(npyl_auto *a) { return atomic_load(&a->live_slots); }
 size_t npyl_auto_made(npyl_auto *a) { return atomic_load(&a->live_made); }
+size_t npyl_auto_parked(npyl_auto *a) { return atomic_load(&a->live_parked); }
 
 uint64_t npyl_auto_bytes(npyl_auto *a)
 {
-    return bytes_of(a, atomic_load(&a->live_made), atomic_load(&a->live_slots));
+    return bytes_of(a, atomic_load(&a->live_made),
+                    atomic_load(&a->live_slots) + atomic_load(&a->live_parked));
 }
 
 size_t npyl_auto_history(npyl_auto *a, npyload_auto_event *ev, size_t n, size_t size,

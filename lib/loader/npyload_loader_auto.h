@@ -31,6 +31,7 @@
 
 enum { NPYL_AUTO_WORKERS = 1, NPYL_AUTO_SLOTS = 2 };
 #define NPYL_AUTO_HISTORY 32
+#define NPYL_AUTO_MAX_SLOTS 64 /* staging slots the controller manages */
 
 /* What start knows when it sizes the controller. */
 typedef struct npyl_auto_setup {
@@ -76,6 +77,12 @@ typedef struct npyl_auto {
     /* [ctl] the counts the controller wants and its search */
     size_t made;             /* workers initialised (threads started) */
     size_t workers, slots;
+    /* Slots taken out by a removal being judged keep their memory (OFF,
+     * already faulted in): taking the removal back offers them again at no
+     * cost. Freed once the removal is kept, or when the budget needs them;
+     * counted in the bytes held. */
+    npyl_slot *parked[NPYL_AUTO_MAX_SLOTS];
+    size_t nparked;
     npyl_auto_meas last;     /* the window's start */
     int pending;             /* the change being judged (an action) */
     unsigned judged;         /* windows seen since it was made */
@@ -94,7 +101,7 @@ typedef struct npyl_auto {
                                 add slot */
     unsigned backoff[4];
     /* published for queries */
-    _Atomic size_t live_workers, live_slots, live_made;
+    _Atomic size_t live_workers, live_slots, live_made, live_parked;
     _Atomic uint64_t nevents;
     pthread_mutex_t hist_mu; /* leaf: the history */
     npyload_auto_event hist[NPYL_AUTO_HISTORY];
@@ -119,10 +126,12 @@ NPYL_HIDDEN void npyl_auto_begin(npyl_auto *a, npyl_ring *ring, npyl_worker *wor
  * did, and changes the counts. */
 NPYL_HIDDEN void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m);
 
-/* Queries: the current counts, the bytes they hold, the history. */
+/* Queries: the current counts, the bytes they hold (parked slots
+ * included), the history. */
 NPYL_HIDDEN size_t npyl_auto_workers(npyl_auto *a);
 NPYL_HIDDEN size_t npyl_auto_slots(npyl_auto *a);
 NPYL_HIDDEN size_t npyl_auto_made(npyl_auto *a);
+NPYL_HIDDEN size_t npyl_auto_parked(npyl_auto *a);
 NPYL_HIDDEN uint64_t npyl_auto_bytes(npyl_auto *a);
 NPYL_HIDDEN size_t npyl_auto_history(npyl_auto *a, npyload_auto_event *ev, size_t n,
                                      size_t size, uint64_t *total);
