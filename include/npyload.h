@@ -1289,8 +1289,13 @@ typedef struct npyload_stats {
                                    in device mode: the device slots stay
                                    at their first count) */
     uint64_t memory_budget;     /* MEMORY_BUDGET resolved (0: fixed) */
-    uint64_t memory_bytes;      /* slots plus workers' read buffers now */
+    uint64_t memory_bytes;      /* slots plus workers' read buffers now,
+                                   parked slots included */
     uint64_t auto_decisions;    /* changes the controller made */
+    uint64_t parked_slots;      /* slots a removal being judged took out
+                                   of the ring: their memory is kept (and
+                                   counted in memory_bytes) until the
+                                   removal is kept or taken back */
 } npyload_stats;
 
 /*! npyload_fill_state: npyload_stats.fill_state. */

@@ -751,3 +751,24 @@ Test(auto_sim, a_removed_slot_is_parked_while_judged)
     cr_assert_lt(npyl_auto_bytes(&s.a), full);
     sim_end(&s);
 }
+
+/* Issue 37, sleep40 on a shared machine: the consumer's own step swings
+ * 15 % from window to window (its sleep, the scheduler) while the loop
+ * waits 0.3 % of it. A removal changes nothing the loop feels, but the
+ * rate of a judging window falls 5 % below that of the window before it
+ * every other time. The loop never waited more than half the target: a
+ * rate that fell is the consumer's, not the loader's, and the removal is
+ * kept. The controller ends where the steady consumer's does (one worker,
+ * two slots) without a WORSE. Before, the rate alone took removals back. */
+Test(auto_sim, a_consumer_that_jitters_does_not_take_removals_back)
+{
+    sim s;
+    sim_start(&s, 1);
+    for (int i = 0; i < 24; i++)
+        sim_window(&s, i % 2 ? 46 : 40, 0.5, 0);
+    cr_assert_eq(sim_count(&s, 0, NPYLOAD_AUTO_WORSE), 0, "%d removals taken back",
+                 sim_count(&s, 0, NPYLOAD_AUTO_WORSE));
+    cr_assert_eq(npyl_auto_workers(&s.a), 1);
+    cr_assert_eq(npyl_auto_slots(&s.a), 2);
+    sim_end(&s);
+}

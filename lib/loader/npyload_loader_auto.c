@@ -481,7 +481,8 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
 /* Judges the change being judged after JUDGE_WINDOWS windows: an addition
  * is kept only when every one of them delivered GAIN times the rate of the
  * windows before it; a removal is taken back when one of them waited above
- * the target or the rate fell by as much, a slot trimmed while the loader
+ * the target, or the rate fell by as much while the loop waited at least
+ * half the target, a slot trimmed while the loader
  * is the limit (the wait above the target before and after) only when the
  * rate fell. What is taken back backs off. */
 static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
@@ -498,7 +499,11 @@ static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
     /* Whatever the verdict, nothing is parked after it: a removal taken
      * back offers its parked slot again (apply_slots), one kept frees it. */
     int paid = a->seen_min_rate >= a->base_rate * GAIN;
-    int worse = a->seen_max_share > a->target || a->seen_min_rate * GAIN < a->base_rate;
+    /* A loop that never waited half the target lost at most that much of
+     * its rate to the loader: a fall beyond is its own step's (a consumer
+     * that jitters), not the removal's. */
+    int worse = a->seen_max_share > a->target ||
+                (a->seen_min_rate * GAIN < a->base_rate && a->seen_max_share >= a->target / 2);
     if (act == ACT_ADD_W && !paid) {
         apply_workers(a, a->workers - 1);
         a->w_ceiling = a->workers; /* until the regime changes */
