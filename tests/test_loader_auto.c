@@ -405,6 +405,7 @@ typedef struct sim {
     npyl_device dev;
     npyl_auto_meas m;
     double blocked; /* the share of the workers' time blocked in reads */
+    double busy;    /* the share of the workers' time reading and transforming */
 } sim;
 
 /* Starts as the Python default does: 2 workers, 4 slots (prefetch auto),
@@ -466,6 +467,8 @@ static void sim_window(sim *s, double step_ms, double wait_ms, double fill_ms)
     s->m.fill_wait_ns += (uint64_t)(fill_ms * 1e6);
     s->m.blocked_ns += (uint64_t)(s->blocked * (double)(step + wait) *
                                   (double)npyl_auto_workers(&s->a));
+    s->m.busy_ns += (uint64_t)(s->busy * (double)(step + wait) *
+                               (double)npyl_auto_workers(&s->a));
     npyl_auto_tick(&s->a, &s->m);
 }
 
@@ -770,5 +773,52 @@ Test(auto_sim, a_consumer_that_jitters_does_not_take_removals_back)
                  sim_count(&s, 0, NPYLOAD_AUTO_WORSE));
     cr_assert_eq(npyl_auto_workers(&s.a), 1);
     cr_assert_eq(npyl_auto_slots(&s.a), 2);
+    sim_end(&s);
+}
+
+/* Issue 37, the cache row: the loader is the limit and its workers are
+ * busy all the time (the copy ceiling: two workers on the two cores, never
+ * waiting for a free slot). A slot more cannot raise the rate, and trying
+ * one costs its memory to fault in: no slot trial is made (no WAIT after
+ * the start), the slots stay at 4. Before, a slot was tried, taken back
+ * (NO_GAIN) and tried again after each back-off. */
+Test(auto_sim, busy_workers_at_the_ceiling_get_no_slot_trial)
+{
+    sim s;
+    sim_start(&s, 1);
+    s.busy = 0.98;
+    for (int i = 0; i < 32; i++)
+        sim_window(&s, 5, 10, 0);
+    cr_assert_eq(sim_count(&s, 1, NPYLOAD_AUTO_WAIT), 0, "%d slot trials",
+                 sim_count(&s, 1, NPYLOAD_AUTO_WAIT));
+    cr_assert_eq(npyl_auto_slots(&s.a), 4);
+    cr_assert_eq(npyl_auto_workers(&s.a), 2);
+    sim_end(&s);
+}
+
+/* Issue 37, the cache row: the windows around the controller's own change
+ * are not a new regime. The loader is the limit with idle moments (a slot
+ * more is tried); the window that decides the trial runs 40 % fast
+ * (noise), the two that judge it slow (its slot faulted in), the one after
+ * 40 % fast again (the rebound), then the rate is what it was. Before, the
+ * fast window before the trial and the rebound after it made two moved
+ * windows "in a row" and the back-offs were forgotten (REGIME), so the
+ * trial came back at once. */
+Test(auto_sim, the_windows_around_a_change_are_not_a_new_regime)
+{
+    sim s;
+    sim_start(&s, 1);
+    s.busy = 0.6;
+    sim_window(&s, 10, 20, 0);   /* 60 ms a window: the reference */
+    sim_window(&s, 10, 2.8, 0);  /* 42.8 ms: fast; a slot more is tried */
+    cr_assert_eq(sim_count(&s, 1, NPYLOAD_AUTO_WAIT), 1, "no slot trial");
+    sim_window(&s, 10, 45.7, 0); /* the trial's windows: slow */
+    sim_window(&s, 10, 45.7, 0);
+    cr_assert_eq(sim_count(&s, 1, NPYLOAD_AUTO_NO_GAIN), 1);
+    sim_window(&s, 10, 2.8, 0);  /* the rebound */
+    for (int i = 0; i < 3; i++)
+        sim_window(&s, 10, 20, 0);
+    cr_assert_eq(sim_count(&s, 0, NPYLOAD_AUTO_REGIME), 0, "the trial's own windows were "
+                 "taken for a new regime");
     sim_end(&s);
 }

@@ -20,6 +20,8 @@
 #define JUDGE_WINDOWS 2  /* windows that judge a change */
 #define REGIME 0.34      /* the step or throughput moving this much */
 #define CALM_WINDOWS 3   /* windows with room to spare before a removal */
+#define BUSY_FULL 0.9    /* workers busy this share of their time never wait
+                            for a free slot: a slot more cannot help */
 #define BACKOFF_MAX 64u  /* windows */
 #define AUTO_MAX_SLOTS NPYL_AUTO_MAX_SLOTS
 #define FORCE_MAX_WORKERS 4
@@ -196,6 +198,7 @@ void npyl_auto_begin(npyl_auto *a, npyl_ring *ring, npyl_worker *workers, size_t
     a->pending = ACT_NONE;
     a->base_rate = a->seen_min_rate = a->seen_max_share = a->ref_step = a->ref_rate = 0;
     a->moved_step = a->moved_rate = 0;
+    a->settling = 0;
     a->judged = a->hot = 0;
     a->hot_rate = 0;
     a->win = a->force_k = 0;
@@ -436,11 +439,14 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
                 apply_slots(a, min_slots(a, a->workers));
             a->pending = ACT_ADD_W;
             reason = NPYLOAD_AUTO_WAIT;
-        } else if (as && a->slots < need + a->workers && a->win >= a->until[B_ADD_S] &&
-                   apply_slots(a, a->slots + 1) != ps) {
+        } else if (as && a->slots < need + a->workers && w->busy < BUSY_FULL &&
+                   a->win >= a->until[B_ADD_S] && apply_slots(a, a->slots + 1) != ps) {
             /* A deeper queue absorbs jitter, when it does: judged as a
              * worker is (more slots are more memory to fault in and to
-             * keep in cache, and slower when the loader is the limit). */
+             * keep in cache, and slower when the loader is the limit).
+             * Not tried when the workers were busy all the time (the copy
+             * or the device at its ceiling): they never waited for a free
+             * slot, so one more would stay empty. */
             a->pending = ACT_ADD_S;
             reason = NPYLOAD_AUTO_WAIT;
         } else if (as && a->slots > need && a->win >= a->until[B_DROP_S] &&
@@ -475,6 +481,8 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
         a->judged = 0;
         a->seen_min_rate = 0;
         a->seen_max_share = 0;
+        /* A move seen before the change does not pair with one after. */
+        a->moved_step = a->moved_rate = 0;
     }
 }
 
@@ -586,13 +594,26 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
          * addition that paid more than REGIME is taken for one too: the
          * back-offs go, which costs at most a retried trial. */
         judge(a, m, &w);
+        if (!a->pending)
+            a->settling = 1;
+        return;
+    }
+    int ds = regime_moved(w.step_pb, a->ref_step, 1e6), dr = regime_moved(w.rate, a->ref_rate, 0);
+    if (a->settling) {
+        /* The window after a verdict still carries the change (a slot
+         * faulted in, the rebound after it): its move is only the first
+         * of two (a move before the change never pairs with one after
+         * it), and it is no reference. */
+        a->settling = 0;
+        a->moved_step = ds;
+        a->moved_rate = dr;
+        decide(a, m, &w, held);
         return;
     }
     /* A regime change (the step or the throughput moved with the counts
      * unchanged, two windows in a row the same way against the last
      * steady reference: one window's swing is noise): forget what did not
      * help. A moved window leaves the reference as it was. */
-    int ds = regime_moved(w.step_pb, a->ref_step, 1e6), dr = regime_moved(w.rate, a->ref_rate, 0);
     if ((ds && ds == a->moved_step) || (dr && dr == a->moved_rate)) {
         if (a->w_ceiling < a->cap_workers || a->backoff[0] || a->backoff[1] ||
             a->backoff[2] || a->backoff[3]) {

@@ -94,6 +94,8 @@ typedef struct npyl_auto {
                                   a change), kept while one is judged */
     int moved_step, moved_rate; /* a window moved them (+1 up, -1 down):
                                    the next one confirms a new regime */
+    int settling;            /* the window after a verdict: not measured
+                                for a regime */
     size_t w_ceiling;        /* adding up to this did not help */
     uint64_t win, force_k, force_at;
     unsigned calm;
