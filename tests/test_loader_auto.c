@@ -822,3 +822,63 @@ Test(auto_sim, the_windows_around_a_change_are_not_a_new_regime)
                  "taken for a new regime");
     sim_end(&s);
 }
+
+/* stats()' auto_mode and memory_budget on the host: the bits of what the
+ * controller changes (1 workers, 2 slots), a budget whenever it runs,
+ * none for explicit counts. */
+Test(auto, stats_say_what_the_controller_changes)
+{
+    dataset d = make_dataset();
+    static const struct {
+        int64_t workers, prefetch;
+        uint64_t mode;
+    } cases[] = {
+        {NPYLOAD_AUTO, NPYLOAD_AUTO, 3},
+        {NPYLOAD_AUTO, 2, 1},
+        {2, NPYLOAD_AUTO, 2},
+        {2, 2, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        npyload_loader *L = open_loader(&d, cases[i].workers, cases[i].prefetch, 0, 0);
+        cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+        npyload_stats st;
+        cr_assert_eq(npyload_loader_get_stats(L, &st, sizeof st), 0);
+        cr_assert_eq(st.auto_mode, cases[i].mode, "case %zu: auto_mode %" PRIu64, i,
+                     st.auto_mode);
+        cr_assert_eq(st.memory_budget != 0, cases[i].mode != 0, "case %zu: budget %" PRIu64,
+                     i, st.memory_budget);
+        cr_assert_eq(st.parked_slots, 0);
+        npyload_loader_destroy(L);
+    }
+    tu_rmtree(d.dir);
+}
+
+/* The plan in device mode: the device slots never change, so the
+ * controller's mode has no slots bit (workers auto), or is none at all
+ * (workers fixed): no budget, no controller. */
+Test(auto_sim, the_device_plan_never_moves_slots)
+{
+    static const struct {
+        int mode, want;
+    } cases[] = {
+        {NPYL_AUTO_WORKERS | NPYL_AUTO_SLOTS, NPYL_AUTO_WORKERS},
+        {NPYL_AUTO_WORKERS, NPYL_AUTO_WORKERS},
+        {NPYL_AUTO_SLOTS, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        npyl_auto a;
+        npyl_auto_init(&a);
+        npyl_auto_setup su = {
+            .mode = cases[i].mode, .workers = 2, .slots = 4, .cores = 2, .device_mode = 1,
+            .slot_bytes = 4096, .worker_bytes = 4096, .budget = 1 << 20,
+        };
+        size_t w0, cw, s0, cs;
+        char err[256];
+        cr_assert_eq(npyl_auto_plan(&a, &su, &w0, &cw, &s0, &cs, err, sizeof err), 0, "%s",
+                     err);
+        cr_assert_eq(a.mode, cases[i].want, "case %zu: mode %d", i, a.mode);
+        cr_assert_eq(s0, 4);
+        cr_assert_eq(cs, 4, "case %zu: room for %zu device slots", i, cs);
+        npyl_auto_fini(&a);
+    }
+}

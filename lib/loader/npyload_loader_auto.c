@@ -97,7 +97,10 @@ int npyl_auto_plan(npyl_auto *a, const npyl_auto_setup *s, size_t *workers0,
                    size_t *cap_workers, size_t *slots0, size_t *cap_slots, char *err,
                    size_t errlen)
 {
-    a->mode = s->mode;
+    /* In device mode the device slots keep their first count: the
+     * controller changes the workers only, or nothing. */
+    int mode = s->mode & ~(s->device_mode ? NPYL_AUTO_SLOTS : 0);
+    a->mode = mode;
     a->device_mode = s->device_mode;
     a->per = s->ahead ? 2 : 1;
     a->slot_bytes = s->slot_bytes;
@@ -105,30 +108,30 @@ int npyl_auto_plan(npyl_auto *a, const npyl_auto_setup *s, size_t *workers0,
     a->force = s->force;
     a->target = (s->target_bp ? (double)s->target_bp : 200.0) / 10000.0;
     size_t cores = s->cores > 0 ? (size_t)s->cores : process_cores();
-    if (!(s->mode & NPYL_AUTO_WORKERS)) {
+    if (!(mode & NPYL_AUTO_WORKERS)) {
         a->cap_workers = a->core_workers = s->workers;
     } else {
         a->core_workers = cores;
         /* Past the cores only when reads wait for a device. */
         a->cap_workers = 2 * cores < 256 ? 2 * cores : 256;
     }
-    if (!s->mode) { /* fixed counts: no controller, no budget */
+    if (!mode) { /* fixed counts: no controller, no budget */
         a->workers = *workers0 = *cap_workers = s->workers;
         a->slots = *slots0 = *cap_slots = a->cap_slots = s->slots;
         return 0;
     }
     a->budget = s->budget ? s->budget : npyl_auto_default_budget();
-    size_t w = s->mode & NPYL_AUTO_WORKERS ? (cores < 2 ? cores : 2) : s->workers;
+    size_t w = mode & NPYL_AUTO_WORKERS ? (cores < 2 ? cores : 2) : s->workers;
     /* The first slots: the documented default for the first workers
      * (npyload_default_prefetch, which start passes in s->slots). */
     size_t sl = s->slots;
     /* The smallest configuration the budget holds: fewer workers first. */
-    while (bytes_of(a, w, sl) > a->budget && (s->mode & NPYL_AUTO_WORKERS) && w > 1) {
+    while (bytes_of(a, w, sl) > a->budget && (mode & NPYL_AUTO_WORKERS) && w > 1) {
         w--;
-        if ((s->mode & NPYL_AUTO_SLOTS) && sl > 2 * w)
+        if ((mode & NPYL_AUTO_SLOTS) && sl > 2 * w)
             sl = 2 * w;
     }
-    if ((s->mode & NPYL_AUTO_SLOTS) && bytes_of(a, w, sl) > a->budget)
+    if ((mode & NPYL_AUTO_SLOTS) && bytes_of(a, w, sl) > a->budget)
         sl = 2;
     if (bytes_of(a, w, sl) > a->budget)
         return npyl_fail(err, errlen, NPYLOAD_EINVAL, "MEMORY_BUDGET %" PRIu64 " bytes "
@@ -138,7 +141,7 @@ int npyl_auto_plan(npyl_auto *a, const npyl_auto_setup *s, size_t *workers0,
                          sl == 1 ? "" : "s", a->device_mode ? 0 : a->slot_bytes, w,
                          w == 1 ? "" : "s", a->worker_bytes);
     size_t cap_s = sl;
-    if ((s->mode & NPYL_AUTO_SLOTS) && !s->device_mode) {
+    if ((mode & NPYL_AUTO_SLOTS) && !s->device_mode) {
         uint64_t room = (a->budget - w * a->worker_bytes) / (a->slot_bytes ? a->slot_bytes : 1);
         cap_s = room < AUTO_MAX_SLOTS ? (size_t)room : AUTO_MAX_SLOTS;
         if (cap_s < sl)
@@ -421,7 +424,7 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
     size_t pw = a->workers, ps = a->slots;
     int reason = -1;
     a->pending = ACT_NONE;
-    int aw = a->mode & NPYL_AUTO_WORKERS, as = (a->mode & NPYL_AUTO_SLOTS) && !a->device_mode;
+    int aw = a->mode & NPYL_AUTO_WORKERS, as = a->mode & NPYL_AUTO_SLOTS;
     if (w->share > a->target) {
         a->calm = 0;
         a->hot_rate += w->rate;
@@ -551,7 +554,7 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
         return;
     size_t on, held;
     npyl_slots_counts(a->ring, &on, &held);
-    int as = (a->mode & NPYL_AUTO_SLOTS) && !a->device_mode;
+    int as = a->mode & NPYL_AUTO_SLOTS; /* never in device mode (plan) */
     if (as) {
         /* The caller holds every slot: one more now, whatever the window
          * says (within the budget), so next() does not fail for it. */
