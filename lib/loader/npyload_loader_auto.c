@@ -123,8 +123,14 @@ int npyl_auto_plan(npyl_auto *a, const npyl_auto_setup *s, size_t *workers0,
     a->budget = s->budget ? s->budget : npyl_auto_default_budget();
     size_t w = mode & NPYL_AUTO_WORKERS ? (cores < 2 ? cores : 2) : s->workers;
     /* The first slots: the documented default for the first workers
-     * (npyload_default_prefetch, which start passes in s->slots). */
+     * (npyload_default_prefetch, which start passes in s->slots), at most
+     * those the workers fill plus the one the loop holds when the
+     * controller moves them: a ready slot more is added when the loop
+     * waits for it (decide), and every slot costs its memory faulted in
+     * during the first pass. */
     size_t sl = s->slots;
+    if ((mode & NPYL_AUTO_SLOTS) && sl > a->per * w + 1)
+        sl = a->per * w + 1;
     /* The smallest configuration the budget holds: fewer workers first. */
     while (bytes_of(a, w, sl) > a->budget && (mode & NPYL_AUTO_WORKERS) && w > 1) {
         w--;
@@ -434,8 +440,11 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
         a->hot = 0;
         a->hot_rate = 0;
         size_t need = min_slots(a, a->workers) + (held > 1 ? held - 1 : 0);
-        if (as && a->slots < need && apply_slots(a, a->slots + 1) != ps) {
-            reason = NPYLOAD_AUTO_WAIT; /* the workers' own need: not judged */
+        if (as && a->slots < need && w->busy < BUSY_FULL &&
+            apply_slots(a, a->slots + 1) != ps) {
+            /* The workers' own need (not judged), unless they never wait
+             * for a free slot (BUSY_FULL). */
+            reason = NPYLOAD_AUTO_WAIT;
         } else if (aw && a->workers < worker_ceiling(a, w->blocked) &&
                    a->win >= a->until[B_ADD_W] && apply_workers(a, a->workers + 1) != pw) {
             if (as && a->slots < min_slots(a, a->workers))
