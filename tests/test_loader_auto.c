@@ -901,3 +901,27 @@ Test(auto_sim, the_device_plan_never_moves_slots)
         npyl_auto_fini(&a);
     }
 }
+
+/* Issue 37, sleep40 on a shared machine: the slow consumer settled at one
+ * worker and two slots (a removal of the ready slot kept: the loop did
+ * not need it). Then four windows wait 10 % (the machine busy for a
+ * while). The ready slot a kept removal showed unneeded comes back only
+ * within a judged trial (a worker more with its fill), which does not pay
+ * and is taken back whole: one worker and two slots again. Before, the
+ * slot came back at once, unjudged, as the workers' own need, and a
+ * worker trial's slots stayed after the worker was taken back. */
+Test(auto_sim, a_slot_shown_unneeded_comes_back_only_judged)
+{
+    sim s;
+    sim_start(&s, 1);
+    for (int i = 0; i < 16; i++)
+        sim_window(&s, 40, 0.5, 0);
+    cr_assert_eq(npyl_auto_workers(&s.a), 1);
+    cr_assert_eq(sim_slots_on(&s), 2);
+    for (int i = 0; i < 4; i++)
+        sim_window(&s, 40, 16, 0);
+    cr_assert_eq(sim_count(&s, 0, NPYLOAD_AUTO_NO_GAIN), 1, "no trial taken back");
+    cr_assert_eq(npyl_auto_workers(&s.a), 1);
+    cr_assert_eq(sim_slots_on(&s), 2, "%zu slots after the trial", sim_slots_on(&s));
+    sim_end(&s);
+}

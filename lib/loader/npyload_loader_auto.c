@@ -208,6 +208,7 @@ void npyl_auto_begin(npyl_auto *a, npyl_ring *ring, npyl_worker *workers, size_t
     a->base_rate = a->seen_min_rate = a->seen_max_share = a->ref_step = a->ref_rate = 0;
     a->moved_step = a->moved_rate = 0;
     a->settling = 0;
+    a->low_slots = 0;
     a->judged = a->hot = 0;
     a->hot_rate = 0;
     a->win = a->force_k = 0;
@@ -440,15 +441,22 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
         a->hot = 0;
         a->hot_rate = 0;
         size_t need = min_slots(a, a->workers) + (held > 1 ? held - 1 : 0);
-        if (as && a->slots < need && w->busy < BUSY_FULL &&
+        if (as && a->slots < need && a->slots > a->low_slots && w->busy < BUSY_FULL &&
             apply_slots(a, a->slots + 1) != ps) {
             /* The workers' own need (not judged), unless they never wait
-             * for a free slot (BUSY_FULL). */
+             * for a free slot (BUSY_FULL) or a kept removal showed the
+             * loop does without it (low_slots: then only a judged trial
+             * below brings it back). */
             reason = NPYLOAD_AUTO_WAIT;
         } else if (aw && a->workers < worker_ceiling(a, w->blocked) &&
                    a->win >= a->until[B_ADD_W] && apply_workers(a, a->workers + 1) != pw) {
-            if (as && a->slots < min_slots(a, a->workers))
-                apply_slots(a, min_slots(a, a->workers));
+            /* Its slots too: the new worker's fill only, when a kept
+             * removal showed the loop does without a ready one. Taken
+             * back with the worker if it does not pay. */
+            size_t want = a->low_slots ? ps + a->per : min_slots(a, a->workers);
+            if (as && a->slots < want)
+                apply_slots(a, want);
+            a->trial_slots = ps;
             a->pending = ACT_ADD_W;
             reason = NPYLOAD_AUTO_WAIT;
         } else if (as && a->slots < need + a->workers && w->busy < BUSY_FULL &&
@@ -526,6 +534,8 @@ static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
                 (a->seen_min_rate * GAIN < a->base_rate && a->seen_max_share >= a->target / 2);
     if (act == ACT_ADD_W && !paid) {
         apply_workers(a, a->workers - 1);
+        if (a->slots > a->trial_slots)
+            apply_slots(a, a->trial_slots);
         a->w_ceiling = a->workers; /* until the regime changes */
         back_off(a, B_ADD_W);
         record(a, m, NPYLOAD_AUTO_NO_GAIN, pw, ps, w->share, w->rate, w->busy, w->blocked);
@@ -549,10 +559,13 @@ static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
         back_off(a, B_ADD_S);
     } else if (act == ACT_ADD_W || act == ACT_ADD_S) {
         a->backoff[act == ACT_ADD_W ? B_ADD_W : B_ADD_S] = 0; /* it paid */
+        a->low_slots = 0;
     } else if ((act == ACT_DROP_W || act == ACT_DROP_S) && a->seen_max_share < a->target / 2) {
         /* A removal kept with room to spare: its windows were calm ones,
          * the next removal comes at the next calm window. */
         a->calm = CALM_WINDOWS - 1;
+        if (act == ACT_DROP_S)
+            a->low_slots = a->slots;
     }
     release_parked(a);
 }
@@ -630,6 +643,7 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
         if (a->w_ceiling < a->cap_workers || a->backoff[0] || a->backoff[1] ||
             a->backoff[2] || a->backoff[3]) {
             a->w_ceiling = a->cap_workers;
+            a->low_slots = 0;
             memset(a->backoff, 0, sizeof a->backoff);
             memset(a->until, 0, sizeof a->until);
             record(a, m, NPYLOAD_AUTO_REGIME, a->workers, a->slots, w.share, w.rate, w.busy,

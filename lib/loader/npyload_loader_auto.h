@@ -97,6 +97,11 @@ typedef struct npyl_auto {
     int settling;            /* the window after a verdict: not measured
                                 for a regime */
     size_t w_ceiling;        /* adding up to this did not help */
+    size_t trial_slots;      /* the slots before a worker trial */
+    size_t low_slots;        /* a kept removal left this many with room to
+                                spare: below the workers' need, yet enough
+                                (until a slot added pays or the regime
+                                changes) */
     uint64_t win, force_k, force_at;
     unsigned calm;
     uint64_t until[4];       /* windows: add worker, drop worker, drop slot,
