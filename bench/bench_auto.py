@@ -123,7 +123,8 @@ def _run(fields: dict[str, str], cfg: Config, epochs: int, *, sleep: float = 0.0
     st = ld.stats()
     out = {"sps": n / wall, "epochs": per_epoch,
            "wait": st["wait_ns"] / max(1, st["wait_ns"] + st["step_ns"]),
-           "slot_mem": st["num_slots"] * st["slot_bytes"],
+           # memory held: the parked slots of a removal being judged too
+           "slot_mem": (st["num_slots"] + st.get("parked_slots", 0)) * st["slot_bytes"],
            "workers": st["num_workers"], "slots": st["num_slots"],
            "decisions": st["auto_decisions"]}
     ld.close()

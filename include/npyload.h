@@ -313,9 +313,10 @@ typedef enum npyload_shuffle {
  * against its step (the time between a next() returning and the following
  * call), the workers' busy and read-blocked time, and the samples
  * delivered, and changes the worker threads and batch slots while the
- * loader runs. It starts from the fixed defaults scaled to the machine:
- * min(AUTO_CORES, 2) workers and npyload_default_prefetch(0) slots (4,
- * fewer when MEMORY_BUDGET cannot hold them). Its aims, in order: the
+ * loader runs. It starts from min(AUTO_CORES, 2) workers and the slots
+ * they fill plus the one the caller holds (3 for two workers: the
+ * npyload_default_prefetch(0) slots less the ready one, which it adds when
+ * the consumer waits for it; fewer when MEMORY_BUDGET cannot hold them). Its aims, in order: the
  * consumer waits less than AUTO_TARGET of its loop (default 2 %); then the
  * fewest slots; then the fewest workers. It moves only on evidence: it
  * adds a worker or a slot after two windows in a row above the target,
@@ -324,7 +325,10 @@ typedef enum npyload_shuffle {
  * otherwise, the back-off doubling); it removes one after three windows
  * well below the target (the next one window after a removal it kept),
  * down to the slots the workers fill plus those the caller holds, and
- * takes that back when the wait or the rate worsens. It judges the steady
+ * takes that back when the wait rises above the target (or the rate falls
+ * while the consumer waited at least half of it); a slot removed keeps its
+ * memory while the removal is judged (parked_slots in npyload_stats,
+ * counted in memory_bytes), so taking it back costs nothing. It judges the steady
  * state: the wait for the first batch of a pass (after start, set_epoch,
  * set_state), which no count removes, is left out. It stays within
  * AUTO_CORES workers unless the workers wait for reads: blocked a share b
@@ -336,7 +340,8 @@ typedef enum npyload_shuffle {
  * back-offs when the regime changes (the step time or the throughput moves
  * by more than a third). Order and bytes never depend on it. Device mode:
  * the controller changes the workers; the device slots stay at their
- * first count. npyload_loader_auto_history() lists its decisions. */
+ * first count (with NUM_WORKERS fixed there is no controller).
+ * npyload_loader_auto_history() lists its decisions. */
 #define NPYLOAD_AUTO (-2)
 
 /*! Options for npyload_loader_set(), generated from NPYLOAD_OPTION_MAP. 0
@@ -1289,8 +1294,13 @@ typedef struct npyload_stats {
                                    in device mode: the device slots stay
                                    at their first count) */
     uint64_t memory_budget;     /* MEMORY_BUDGET resolved (0: fixed) */
-    uint64_t memory_bytes;      /* slots plus workers' read buffers now */
+    uint64_t memory_bytes;      /* slots plus workers' read buffers now,
+                                   parked slots included */
     uint64_t auto_decisions;    /* changes the controller made */
+    uint64_t parked_slots;      /* slots a removal being judged took out
+                                   of the ring: their memory is kept (and
+                                   counted in memory_bytes) until the
+                                   removal is kept or taken back */
 } npyload_stats;
 
 /*! npyload_fill_state: npyload_stats.fill_state. */

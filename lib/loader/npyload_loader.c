@@ -455,13 +455,12 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *dst,
     out->num_slots = L->started ? (L->dev.device >= 0 ? L->ring.nh + L->ring.nd
                                                       : npyl_auto_slots((npyl_auto *)&L->ctrl))
                                 : 0;
-    /* What the controller changes: in device mode the slots stay at their
-     * first count whatever PREFETCH says (NPYLOAD_AUTO). */
-    out->auto_mode = L->started ? (uint64_t)(L->ctrl.mode & ~(L->dev.device >= 0
-                                                               ? NPYL_AUTO_SLOTS : 0))
-                                : 0;
+    /* What the controller changes (in device mode never the slots: the
+     * plan leaves that bit out). */
+    out->auto_mode = L->started ? (uint64_t)L->ctrl.mode : 0;
     out->memory_budget = L->started && L->ctrl.mode ? L->ctrl.budget : 0;
     out->memory_bytes = L->started ? npyl_auto_bytes((npyl_auto *)&L->ctrl) : 0;
+    out->parked_slots = L->started ? npyl_auto_parked((npyl_auto *)&L->ctrl) : 0;
     if (L->started) {
         uint64_t total = 0;
         npyl_auto_history((npyl_auto *)&L->ctrl, NULL, 0, sizeof(npyload_auto_event), &total);

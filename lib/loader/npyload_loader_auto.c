@@ -20,8 +20,10 @@
 #define JUDGE_WINDOWS 2  /* windows that judge a change */
 #define REGIME 0.34      /* the step or throughput moving this much */
 #define CALM_WINDOWS 3   /* windows with room to spare before a removal */
+#define BUSY_FULL 0.9    /* workers busy this share of their time never wait
+                            for a free slot: a slot more cannot help */
 #define BACKOFF_MAX 64u  /* windows */
-#define AUTO_MAX_SLOTS 64
+#define AUTO_MAX_SLOTS NPYL_AUTO_MAX_SLOTS
 #define FORCE_MAX_WORKERS 4
 #define FORCE_MAX_SLOTS 8
 
@@ -95,7 +97,10 @@ int npyl_auto_plan(npyl_auto *a, const npyl_auto_setup *s, size_t *workers0,
                    size_t *cap_workers, size_t *slots0, size_t *cap_slots, char *err,
                    size_t errlen)
 {
-    a->mode = s->mode;
+    /* In device mode the device slots keep their first count: the
+     * controller changes the workers only, or nothing. */
+    int mode = s->mode & ~(s->device_mode ? NPYL_AUTO_SLOTS : 0);
+    a->mode = mode;
     a->device_mode = s->device_mode;
     a->per = s->ahead ? 2 : 1;
     a->slot_bytes = s->slot_bytes;
@@ -103,30 +108,36 @@ int npyl_auto_plan(npyl_auto *a, const npyl_auto_setup *s, size_t *workers0,
     a->force = s->force;
     a->target = (s->target_bp ? (double)s->target_bp : 200.0) / 10000.0;
     size_t cores = s->cores > 0 ? (size_t)s->cores : process_cores();
-    if (!(s->mode & NPYL_AUTO_WORKERS)) {
+    if (!(mode & NPYL_AUTO_WORKERS)) {
         a->cap_workers = a->core_workers = s->workers;
     } else {
         a->core_workers = cores;
         /* Past the cores only when reads wait for a device. */
         a->cap_workers = 2 * cores < 256 ? 2 * cores : 256;
     }
-    if (!s->mode) { /* fixed counts: no controller, no budget */
+    if (!mode) { /* fixed counts: no controller, no budget */
         a->workers = *workers0 = *cap_workers = s->workers;
         a->slots = *slots0 = *cap_slots = a->cap_slots = s->slots;
         return 0;
     }
     a->budget = s->budget ? s->budget : npyl_auto_default_budget();
-    size_t w = s->mode & NPYL_AUTO_WORKERS ? (cores < 2 ? cores : 2) : s->workers;
+    size_t w = mode & NPYL_AUTO_WORKERS ? (cores < 2 ? cores : 2) : s->workers;
     /* The first slots: the documented default for the first workers
-     * (npyload_default_prefetch, which start passes in s->slots). */
+     * (npyload_default_prefetch, which start passes in s->slots), at most
+     * those the workers fill plus the one the loop holds when the
+     * controller moves them: a ready slot more is added when the loop
+     * waits for it (decide), and every slot costs its memory faulted in
+     * during the first pass. */
     size_t sl = s->slots;
+    if ((mode & NPYL_AUTO_SLOTS) && sl > a->per * w + 1)
+        sl = a->per * w + 1;
     /* The smallest configuration the budget holds: fewer workers first. */
-    while (bytes_of(a, w, sl) > a->budget && (s->mode & NPYL_AUTO_WORKERS) && w > 1) {
+    while (bytes_of(a, w, sl) > a->budget && (mode & NPYL_AUTO_WORKERS) && w > 1) {
         w--;
-        if ((s->mode & NPYL_AUTO_SLOTS) && sl > 2 * w)
+        if ((mode & NPYL_AUTO_SLOTS) && sl > 2 * w)
             sl = 2 * w;
     }
-    if ((s->mode & NPYL_AUTO_SLOTS) && bytes_of(a, w, sl) > a->budget)
+    if ((mode & NPYL_AUTO_SLOTS) && bytes_of(a, w, sl) > a->budget)
         sl = 2;
     if (bytes_of(a, w, sl) > a->budget)
         return npyl_fail(err, errlen, NPYLOAD_EINVAL, "MEMORY_BUDGET %" PRIu64 " bytes "
@@ -136,7 +147,7 @@ int npyl_auto_plan(npyl_auto *a, const npyl_auto_setup *s, size_t *workers0,
                          sl == 1 ? "" : "s", a->device_mode ? 0 : a->slot_bytes, w,
                          w == 1 ? "" : "s", a->worker_bytes);
     size_t cap_s = sl;
-    if ((s->mode & NPYL_AUTO_SLOTS) && !s->device_mode) {
+    if ((mode & NPYL_AUTO_SLOTS) && !s->device_mode) {
         uint64_t room = (a->budget - w * a->worker_bytes) / (a->slot_bytes ? a->slot_bytes : 1);
         cap_s = room < AUTO_MAX_SLOTS ? (size_t)room : AUTO_MAX_SLOTS;
         if (cap_s < sl)
@@ -190,10 +201,14 @@ void npyl_auto_begin(npyl_auto *a, npyl_ring *ring, npyl_worker *workers, size_t
     a->force_at = m->batches;
     a->w_ceiling = a->cap_workers;
     a->workers_arr = workers;
+    a->nparked = 0; /* the stop before freed every slot's memory */
+    atomic_store(&a->live_parked, 0);
     /* A start after a stop begins a new search and a new history. */
     a->pending = ACT_NONE;
     a->base_rate = a->seen_min_rate = a->seen_max_share = a->ref_step = a->ref_rate = 0;
     a->moved_step = a->moved_rate = 0;
+    a->settling = 0;
+    a->low_slots = 0;
     a->judged = a->hot = 0;
     a->hot_rate = 0;
     a->win = a->force_k = 0;
@@ -212,6 +227,25 @@ void npyl_auto_begin(npyl_auto *a, npyl_ring *ring, npyl_worker *workers, size_t
 
 /* ---- applying a change ---- */
 
+static void free_slot_mem(const npyl_auto *a, npyl_slot *s)
+{
+    if (a->dev->pinned)
+        npyl_cuda_host_free(a->dev->cuda, s->mem);
+    else
+        npyl_free_aligned(s->mem);
+    s->mem = NULL;
+}
+
+/* Frees the parked slots' memory (the removal they wait on was kept, or
+ * the budget needs the room). */
+static void release_parked(npyl_auto *a)
+{
+    for (size_t i = 0; i < a->nparked; i++)
+        free_slot_mem(a, a->parked[i]);
+    a->nparked = 0;
+    atomic_store(&a->live_parked, 0);
+}
+
 /* Workers: makes (initialises and starts) those missing, within the
  * budget; parks or wakes the others. Returns the count now on. */
 static size_t apply_workers(npyl_auto *a, size_t want)
@@ -221,6 +255,8 @@ static size_t apply_workers(npyl_auto *a, size_t want)
     if (want > a->cap_workers)
         want = a->cap_workers;
     while (a->made < want) {
+        if (bytes_of(a, a->made + 1, a->slots + a->nparked) > a->budget && a->nparked)
+            release_parked(a);
         if (bytes_of(a, a->made + 1, a->slots) > a->budget)
             break;
         npyl_worker *w = &a->workers_arr[a->made];
@@ -243,18 +279,18 @@ static size_t apply_workers(npyl_auto *a, size_t want)
     return want;
 }
 
-static void free_slot_mem(const npyl_auto *a, npyl_slot *s)
+/* Whether the change being judged removed slots: those it takes out are
+ * parked, not freed. */
+static int removing_slots(const npyl_auto *a)
 {
-    if (a->dev->pinned)
-        npyl_cuda_host_free(a->dev->cuda, s->mem);
-    else
-        npyl_free_aligned(s->mem);
-    s->mem = NULL;
+    return a->pending == ACT_DROP_S || a->pending == ACT_TRIM_S;
 }
 
-/* Host slots: gives memory to OFF slots and offers them, or takes FREE
- * ones out, towards `want` (slots held or in use come out later, at a
- * later tick). Returns the count wanted. */
+/* Host slots: offers parked slots again, or gives memory to OFF slots and
+ * offers them, or takes FREE ones out, towards `want` (slots held or in
+ * use come out later, at a later tick). Slots taken out are parked while
+ * a slot removal is judged (removing_slots), freed otherwise. Returns the
+ * count wanted. */
 static size_t apply_slots(npyl_auto *a, size_t want)
 {
     if (a->device_mode)
@@ -268,10 +304,15 @@ static size_t apply_slots(npyl_auto *a, size_t want)
     npyl_slots_counts(r, &on, &held);
     if (want < held + 1)
         want = held + 1;
+    while (on < want && a->nparked > 0) {
+        npyl_slots_offer(r, a->parked[--a->nparked]); /* memory already faulted in */
+        on++;
+    }
     for (size_t i = 0; i < r->nh && on < want; i++) {
         npyl_slot *s = &r->hslots[i];
         /* OFF slots are the ctl holder's: reading the state without mu is
-         * safe, nobody else changes an OFF slot. */
+         * safe, nobody else changes an OFF slot. A slot with memory is on
+         * or parked. */
         if (s->mem || bytes_of(a, a->made, on + 1) > a->budget)
             continue;
         void *mem = NULL;
@@ -285,11 +326,16 @@ static size_t apply_slots(npyl_auto *a, size_t want)
     if (on > want && r->nh <= AUTO_MAX_SLOTS) {
         npyl_slot *out[AUTO_MAX_SLOTS];
         size_t n = npyl_slots_retire(r, want, out);
-        for (size_t i = 0; i < n; i++)
-            free_slot_mem(a, out[i]);
+        for (size_t i = 0; i < n; i++) {
+            if (removing_slots(a) && a->nparked < AUTO_MAX_SLOTS)
+                a->parked[a->nparked++] = out[i];
+            else
+                free_slot_mem(a, out[i]);
+        }
         on -= n;
     }
     a->slots = want;
+    atomic_store(&a->live_parked, a->nparked);
     atomic_store(&a->live_slots, on);
     return want;
 }
@@ -364,6 +410,19 @@ static size_t worker_ceiling(const npyl_auto *a, double blocked)
     return c < a->w_ceiling ? c : a->w_ceiling;
 }
 
+/* A slot fewer, judged as `act` (ACT_DROP_S or ACT_TRIM_S): the slot
+ * taken out is parked while it is judged. Returns whether the count
+ * changed. */
+static int remove_slot(npyl_auto *a, int act)
+{
+    size_t ps = a->slots;
+    a->pending = act;
+    if (apply_slots(a, a->slots - 1) != ps)
+        return 1;
+    a->pending = ACT_NONE;
+    return 0;
+}
+
 /* One decision from the window w (no change being judged). A count rises
  * only after HOT_WINDOWS windows in a row above the target; the change is
  * then judged over JUDGE_WINDOWS windows (judge). */
@@ -372,7 +431,7 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
     size_t pw = a->workers, ps = a->slots;
     int reason = -1;
     a->pending = ACT_NONE;
-    int aw = a->mode & NPYL_AUTO_WORKERS, as = (a->mode & NPYL_AUTO_SLOTS) && !a->device_mode;
+    int aw = a->mode & NPYL_AUTO_WORKERS, as = a->mode & NPYL_AUTO_SLOTS;
     if (w->share > a->target) {
         a->calm = 0;
         a->hot_rate += w->rate;
@@ -382,29 +441,41 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
         a->hot = 0;
         a->hot_rate = 0;
         size_t need = min_slots(a, a->workers) + (held > 1 ? held - 1 : 0);
-        if (as && a->slots < need && apply_slots(a, a->slots + 1) != ps) {
-            reason = NPYLOAD_AUTO_WAIT; /* the workers' own need: not judged */
+        if (as && a->slots < need && a->slots > a->low_slots && w->busy < BUSY_FULL &&
+            apply_slots(a, a->slots + 1) != ps) {
+            /* The workers' own need (not judged), unless they never wait
+             * for a free slot (BUSY_FULL) or a kept removal showed the
+             * loop does without it (low_slots: then only a judged trial
+             * below brings it back). */
+            reason = NPYLOAD_AUTO_WAIT;
         } else if (aw && a->workers < worker_ceiling(a, w->blocked) &&
                    a->win >= a->until[B_ADD_W] && apply_workers(a, a->workers + 1) != pw) {
-            if (as && a->slots < min_slots(a, a->workers))
-                apply_slots(a, min_slots(a, a->workers));
+            /* Its slots too: the new worker's fill only, when a kept
+             * removal showed the loop does without a ready one. Taken
+             * back with the worker if it does not pay. */
+            size_t want = a->low_slots ? ps + a->per : min_slots(a, a->workers);
+            if (as && a->slots < want)
+                apply_slots(a, want);
+            a->trial_slots = ps;
             a->pending = ACT_ADD_W;
             reason = NPYLOAD_AUTO_WAIT;
-        } else if (as && a->slots < need + a->workers && a->win >= a->until[B_ADD_S] &&
-                   apply_slots(a, a->slots + 1) != ps) {
+        } else if (as && a->slots < need + a->workers && w->busy < BUSY_FULL &&
+                   a->win >= a->until[B_ADD_S] && apply_slots(a, a->slots + 1) != ps) {
             /* A deeper queue absorbs jitter, when it does: judged as a
              * worker is (more slots are more memory to fault in and to
-             * keep in cache, and slower when the loader is the limit). */
+             * keep in cache, and slower when the loader is the limit).
+             * Not tried when the workers were busy all the time (the copy
+             * or the device at its ceiling): they never waited for a free
+             * slot, so one more would stay empty. */
             a->pending = ACT_ADD_S;
             reason = NPYLOAD_AUTO_WAIT;
         } else if (as && a->slots > need && a->win >= a->until[B_DROP_S] &&
-                   apply_slots(a, a->slots - 1) != ps) {
+                   remove_slot(a, ACT_TRIM_S)) {
             /* Nothing more is tried: the loader is the limit, the loop
              * takes each batch as it lands and the slots beyond those the
              * workers fill, the one it holds and the ready one stay
              * empty. Judged on the throughput alone (the wait stays above
              * the target whatever the slots). */
-            a->pending = ACT_TRIM_S;
             reason = NPYLOAD_AUTO_UNUSED;
         }
     } else {
@@ -415,8 +486,7 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
             a->base_rate = w->rate;
             size_t floor = floor_slots(a, a->workers, held);
             if (as && a->slots > floor && a->win >= a->until[B_DROP_S] &&
-                apply_slots(a, a->slots - 1) != ps) {
-                a->pending = ACT_DROP_S;
+                remove_slot(a, ACT_DROP_S)) {
                 reason = NPYLOAD_AUTO_SPARE;
             } else if (aw && a->workers > 1 && a->win >= a->until[B_DROP_W] &&
                        apply_workers(a, a->workers - 1) != pw) {
@@ -431,13 +501,16 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
         a->judged = 0;
         a->seen_min_rate = 0;
         a->seen_max_share = 0;
+        /* A move seen before the change does not pair with one after. */
+        a->moved_step = a->moved_rate = 0;
     }
 }
 
 /* Judges the change being judged after JUDGE_WINDOWS windows: an addition
  * is kept only when every one of them delivered GAIN times the rate of the
  * windows before it; a removal is taken back when one of them waited above
- * the target or the rate fell by as much, a slot trimmed while the loader
+ * the target, or the rate fell by as much while the loop waited at least
+ * half the target, a slot trimmed while the loader
  * is the limit (the wait above the target before and after) only when the
  * rate fell. What is taken back backs off. */
 static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
@@ -451,10 +524,18 @@ static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
     size_t pw = a->workers, ps = a->slots;
     int act = a->pending;
     a->pending = ACT_NONE;
+    /* Whatever the verdict, nothing is parked after it: a removal taken
+     * back offers its parked slot again (apply_slots), one kept frees it. */
     int paid = a->seen_min_rate >= a->base_rate * GAIN;
-    int worse = a->seen_max_share > a->target || a->seen_min_rate * GAIN < a->base_rate;
+    /* A loop that never waited half the target lost at most that much of
+     * its rate to the loader: a fall beyond is its own step's (a consumer
+     * that jitters), not the removal's. */
+    int worse = a->seen_max_share > a->target ||
+                (a->seen_min_rate * GAIN < a->base_rate && a->seen_max_share >= a->target / 2);
     if (act == ACT_ADD_W && !paid) {
         apply_workers(a, a->workers - 1);
+        if (a->slots > a->trial_slots)
+            apply_slots(a, a->trial_slots);
         a->w_ceiling = a->workers; /* until the regime changes */
         back_off(a, B_ADD_W);
         record(a, m, NPYLOAD_AUTO_NO_GAIN, pw, ps, w->share, w->rate, w->busy, w->blocked);
@@ -478,11 +559,15 @@ static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
         back_off(a, B_ADD_S);
     } else if (act == ACT_ADD_W || act == ACT_ADD_S) {
         a->backoff[act == ACT_ADD_W ? B_ADD_W : B_ADD_S] = 0; /* it paid */
+        a->low_slots = 0;
     } else if ((act == ACT_DROP_W || act == ACT_DROP_S) && a->seen_max_share < a->target / 2) {
         /* A removal kept with room to spare: its windows were calm ones,
          * the next removal comes at the next calm window. */
         a->calm = CALM_WINDOWS - 1;
+        if (act == ACT_DROP_S)
+            a->low_slots = a->slots;
     }
+    release_parked(a);
 }
 
 void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
@@ -491,7 +576,7 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
         return;
     size_t on, held;
     npyl_slots_counts(a->ring, &on, &held);
-    int as = (a->mode & NPYL_AUTO_SLOTS) && !a->device_mode;
+    int as = a->mode & NPYL_AUTO_SLOTS; /* never in device mode (plan) */
     if (as) {
         /* The caller holds every slot: one more now, whatever the window
          * says (within the budget), so next() does not fail for it. */
@@ -534,17 +619,31 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
          * addition that paid more than REGIME is taken for one too: the
          * back-offs go, which costs at most a retried trial. */
         judge(a, m, &w);
+        if (!a->pending)
+            a->settling = 1;
+        return;
+    }
+    int ds = regime_moved(w.step_pb, a->ref_step, 1e6), dr = regime_moved(w.rate, a->ref_rate, 0);
+    if (a->settling) {
+        /* The window after a verdict still carries the change (a slot
+         * faulted in, the rebound after it): its move is only the first
+         * of two (a move before the change never pairs with one after
+         * it), and it is no reference. */
+        a->settling = 0;
+        a->moved_step = ds;
+        a->moved_rate = dr;
+        decide(a, m, &w, held);
         return;
     }
     /* A regime change (the step or the throughput moved with the counts
      * unchanged, two windows in a row the same way against the last
      * steady reference: one window's swing is noise): forget what did not
      * help. A moved window leaves the reference as it was. */
-    int ds = regime_moved(w.step_pb, a->ref_step, 1e6), dr = regime_moved(w.rate, a->ref_rate, 0);
     if ((ds && ds == a->moved_step) || (dr && dr == a->moved_rate)) {
         if (a->w_ceiling < a->cap_workers || a->backoff[0] || a->backoff[1] ||
             a->backoff[2] || a->backoff[3]) {
             a->w_ceiling = a->cap_workers;
+            a->low_slots = 0;
             memset(a->backoff, 0, sizeof a->backoff);
             memset(a->until, 0, sizeof a->until);
             record(a, m, NPYLOAD_AUTO_REGIME, a->workers, a->slots, w.share, w.rate, w.busy,
@@ -566,10 +665,12 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
 size_t npyl_auto_workers(npyl_auto *a) { return atomic_load(&a->live_workers); }
 size_t npyl_auto_slots(npyl_auto *a) { return atomic_load(&a->live_slots); }
 size_t npyl_auto_made(npyl_auto *a) { return atomic_load(&a->live_made); }
+size_t npyl_auto_parked(npyl_auto *a) { return atomic_load(&a->live_parked); }
 
 uint64_t npyl_auto_bytes(npyl_auto *a)
 {
-    return bytes_of(a, atomic_load(&a->live_made), atomic_load(&a->live_slots));
+    return bytes_of(a, atomic_load(&a->live_made),
+                    atomic_load(&a->live_slots) + atomic_load(&a->live_parked));
 }
 
 size_t npyl_auto_history(npyl_auto *a, npyload_auto_event *ev, size_t n, size_t size,

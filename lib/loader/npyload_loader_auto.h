@@ -31,6 +31,7 @@
 
 enum { NPYL_AUTO_WORKERS = 1, NPYL_AUTO_SLOTS = 2 };
 #define NPYL_AUTO_HISTORY 32
+#define NPYL_AUTO_MAX_SLOTS 64 /* staging slots the controller manages */
 
 /* What start knows when it sizes the controller. */
 typedef struct npyl_auto_setup {
@@ -76,6 +77,12 @@ typedef struct npyl_auto {
     /* [ctl] the counts the controller wants and its search */
     size_t made;             /* workers initialised (threads started) */
     size_t workers, slots;
+    /* Slots taken out by a removal being judged keep their memory (OFF,
+     * already faulted in): taking the removal back offers them again at no
+     * cost. Freed once the removal is kept, or when the budget needs them;
+     * counted in the bytes held. */
+    npyl_slot *parked[NPYL_AUTO_MAX_SLOTS];
+    size_t nparked;
     npyl_auto_meas last;     /* the window's start */
     int pending;             /* the change being judged (an action) */
     unsigned judged;         /* windows seen since it was made */
@@ -87,14 +94,21 @@ typedef struct npyl_auto {
                                   a change), kept while one is judged */
     int moved_step, moved_rate; /* a window moved them (+1 up, -1 down):
                                    the next one confirms a new regime */
+    int settling;            /* the window after a verdict: not measured
+                                for a regime */
     size_t w_ceiling;        /* adding up to this did not help */
+    size_t trial_slots;      /* the slots before a worker trial */
+    size_t low_slots;        /* a kept removal left this many with room to
+                                spare: below the workers' need, yet enough
+                                (until a slot added pays or the regime
+                                changes) */
     uint64_t win, force_k, force_at;
     unsigned calm;
     uint64_t until[4];       /* windows: add worker, drop worker, drop slot,
                                 add slot */
     unsigned backoff[4];
     /* published for queries */
-    _Atomic size_t live_workers, live_slots, live_made;
+    _Atomic size_t live_workers, live_slots, live_made, live_parked;
     _Atomic uint64_t nevents;
     pthread_mutex_t hist_mu; /* leaf: the history */
     npyload_auto_event hist[NPYL_AUTO_HISTORY];
@@ -119,10 +133,12 @@ NPYL_HIDDEN void npyl_auto_begin(npyl_auto *a, npyl_ring *ring, npyl_worker *wor
  * did, and changes the counts. */
 NPYL_HIDDEN void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m);
 
-/* Queries: the current counts, the bytes they hold, the history. */
+/* Queries: the current counts, the bytes they hold (parked slots
+ * included), the history. */
 NPYL_HIDDEN size_t npyl_auto_workers(npyl_auto *a);
 NPYL_HIDDEN size_t npyl_auto_slots(npyl_auto *a);
 NPYL_HIDDEN size_t npyl_auto_made(npyl_auto *a);
+NPYL_HIDDEN size_t npyl_auto_parked(npyl_auto *a);
 NPYL_HIDDEN uint64_t npyl_auto_bytes(npyl_auto *a);
 NPYL_HIDDEN size_t npyl_auto_history(npyl_auto *a, npyload_auto_event *ev, size_t n,
                                      size_t size, uint64_t *total);

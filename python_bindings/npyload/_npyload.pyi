@@ -108,6 +108,7 @@ class LoaderStats(TypedDict):
     memory_budget: int
     memory_bytes: int
     auto_decisions: int
+    parked_slots: int
     # Added by npyload.Loader.stats() (not the extension's Loader):
     hook_ns: NotRequired[int]
     transform_workers: NotRequired[int]

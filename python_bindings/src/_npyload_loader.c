@@ -910,7 +910,8 @@ static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *args, PyObject *
                 {"auto_mode", s.auto_mode},
                 {"memory_budget", s.memory_budget},
                 {"memory_bytes", s.memory_bytes},
-                {"auto_decisions", s.auto_decisions}};
+                {"auto_decisions", s.auto_decisions},
+                {"parked_slots", s.parked_slots}};
     for (size_t i = 0; d && i < sizeof more / sizeof more[0]; i++) {
         PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)more[i].v);
         if (!v || PyDict_SetItemString(d, more[i].name, v) < 0)

@@ -310,6 +310,40 @@ static npyload_loader *make_auto(int64_t workers, int64_t prefetch)
     return L;
 }
 
+/* stats()' auto_mode and memory_budget in device mode, where the device
+ * slots never change (issue 37): the controller's mode is what it may
+ * change. Workers auto (prefetch auto or fixed): 1 and a budget; workers
+ * fixed, prefetch auto: nothing to change, so no controller (0) and no
+ * budget. Before, the plan kept the slots bit and stats masked it: the
+ * last case reported a budget for a controller that changes nothing. */
+static void auto_mode_in_device_mode(void)
+{
+    static const struct {
+        int64_t workers, prefetch;
+        uint64_t mode;
+    } cases[] = {
+        {NPYLOAD_AUTO, NPYLOAD_AUTO, 1},
+        {NPYLOAD_AUTO, 2, 1},
+        {2, NPYLOAD_AUTO, 0},
+        {2, 2, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        npyload_loader *L = make_auto(cases[i].workers, cases[i].prefetch);
+        npyload_stats st;
+        CHECK(npyload_loader_get_stats(L, &st, sizeof st) == 0, "stats");
+        CHECK(st.auto_mode == cases[i].mode, "workers %lld prefetch %lld in device mode: "
+              "auto_mode %llu, expected %llu", (long long)cases[i].workers,
+              (long long)cases[i].prefetch, (unsigned long long)st.auto_mode,
+              (unsigned long long)cases[i].mode);
+        CHECK((st.memory_budget != 0) == (cases[i].mode != 0), "workers %lld prefetch %lld "
+              "in device mode: memory_budget %llu with auto_mode %llu",
+              (long long)cases[i].workers, (long long)cases[i].prefetch,
+              (unsigned long long)st.memory_budget, (unsigned long long)st.auto_mode);
+        npyload_loader_destroy(L);
+    }
+    passes++;
+}
+
 /* Two epochs of L into lg: indices, the device bytes (read after the
  * batch's event on the host: the fake's device memory is host memory),
  * the counts seen after each batch. */
@@ -490,6 +524,7 @@ int main(int argc, char **argv)
     consumer_never_waits(6, 3, 7);
     destroy_with_batches_held();
     auto_matches_fixed();
+    auto_mode_in_device_mode();
     if (argc == 3)
         run_with_kernels(argv[2]);
     tu_rmtree(dir);

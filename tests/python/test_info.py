@@ -258,7 +258,10 @@ def test_defaults_are_what_a_default_loader_runs_with(info, text, tmp_path):
     c.start()
     try:
         assert info["default_num_workers"] == c.get(_npyload.OPT_NUM_WORKERS)
-        assert info["default_prefetch"] == c.get(_npyload.OPT_PREFETCH)
+        # PREFETCH auto starts at the workers' fill plus the held slot, the
+        # default's ready slot added when the loop waits for it (issue 37)
+        assert c.get(_npyload.OPT_PREFETCH) == info["default_num_workers"] + 1
+        assert c.get(_npyload.OPT_PREFETCH) <= info["default_prefetch"]
         assert info["default_queue_depth"] == c.get(_npyload.OPT_QUEUE_DEPTH)
         assert info["default_shuffle_window"] == c.get(_npyload.OPT_SHUFFLE_WINDOW)
         assert info["default_io_backend"] == c.backend
@@ -269,7 +272,7 @@ def test_defaults_are_what_a_default_loader_runs_with(info, text, tmp_path):
     with npyload.Loader({"x": str(tmp_path / "x_*.npy")}, 4, output="numpy") as ld:
         next(iter(ld))  # the C loader starts at the first iter()
         assert ld._c.get(_npyload.OPT_NUM_WORKERS) == info["default_num_workers"]
-        assert ld._c.get(_npyload.OPT_PREFETCH) == info["default_prefetch"]
+        assert ld._c.get(_npyload.OPT_PREFETCH) == info["default_num_workers"] + 1
         assert ld.stats()["num_workers"] == info["default_num_workers"]
     assert info["default_read_ahead"] is True
     line = _line(text, "defaults")

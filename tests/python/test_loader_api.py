@@ -501,9 +501,11 @@ def test_stats_and_backend(dataset):
 @pytest.mark.parametrize("hook", [False, True])
 def test_default_prefetch_is_asked_of_the_library(dataset, hook):
     """prefetch=None is 'auto' (issue 37): the library's controller starts
-    with the slots a C loader gets with PREFETCH 0 (npyload_default_prefetch
-    for the worker count), for every worker count; Python asks rather than
-    recompute. With transform=, the hook's depth follows from that count."""
+    with at most the slots a C loader gets with PREFETCH 0
+    (npyload_default_prefetch for the worker count: the workers' fill plus
+    the held slot, the ready one added when the loop waits), for every
+    worker count; Python asks rather than recompute. With transform=, the
+    hook's depth follows from the library's default."""
     globs, _ = dataset
     from npyload import _npyload
     from npyload._hook import _hook_depth
@@ -521,8 +523,10 @@ def test_default_prefetch_is_asked_of_the_library(dataset, hook):
             assert L.prefetch == "auto"
             if w == 0:  # synchronous: no controller, the default slots
                 assert L.num_slots == _npyload.AUTO
+            default = _npyload.default_prefetch(w if w else -1)
+            assert c_slots <= default, (w, c_slots, default)
             if hook:
-                assert L._hook_prefetch == max(1, c_slots - 1), (w, L._hook_prefetch)
+                assert L._hook_prefetch == max(1, default - 1), (w, L._hook_prefetch)
                 continue
             it = iter(L)
             next(it)  # one batch: no window has closed, the first count holds
