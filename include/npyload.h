@@ -316,13 +316,18 @@ typedef enum npyload_shuffle {
  * loader runs. It starts from min(AUTO_CORES, 2) workers and the slots
  * they fill plus the one the caller holds (3 for two workers: the
  * npyload_default_prefetch(0) slots less the ready one, which it adds when
- * the consumer waits for it; fewer when MEMORY_BUDGET cannot hold them). Its aims, in order: the
+ * the consumer waits for it; workers that read ahead fill two slots each:
+ * 4 for two, at most npyload_default_prefetch(0); fewer when
+ * MEMORY_BUDGET cannot hold them). Its aims, in order: the
  * consumer waits less than AUTO_TARGET of its loop (default 2 %); then the
  * fewest slots; then the fewest workers. It moves only on evidence: it
  * adds a worker or a slot after two windows in a row above the target,
  * and keeps it only when each of the next two windows delivered at least
- * 5 % more samples/s than the two before (it takes it back and backs off
- * otherwise, the back-off doubling); it removes one after three windows
+ * 5 % more samples/s than the two before, or (a slot, where the workers
+ * waited for a free one at least 5 % of their time: slot_wait_ns in
+ * npyload_stats) when that wait halved and the mean rate did not fall by
+ * 5 % (it takes it back and backs off otherwise, the back-off doubling);
+ * it removes one after three windows
  * well below the target (the next one window after a removal it kept),
  * down to the slots the workers fill plus those the caller holds, and
  * takes that back when the wait rises above the target (or the rate falls
@@ -333,8 +338,10 @@ typedef enum npyload_shuffle {
  * set_state), which no count removes, is left out. It stays within
  * AUTO_CORES workers unless the workers wait for reads: blocked a share b
  * of their time (off the CPU with a voluntary context switch; preemption
- * does not count), AUTO_CORES / (1 - b) of them, at most twice
- * AUTO_CORES. It keeps slots plus read buffers within
+ * does not count; with read-ahead, the workers' wait for their read-ahead
+ * threads as far as those were blocked in the reads), AUTO_CORES / (1 - b)
+ * of them, at most twice AUTO_CORES; workers busy less than 90 % of their
+ * time with b at least 10 % earn the trial of one above AUTO_CORES. It keeps slots plus read buffers within
  * MEMORY_BUDGET, never takes a slot the caller holds, settles after a
  * change that did not help (the back-off doubles), and forgets its
  * back-offs when the regime changes (the step time or the throughput moves
@@ -1301,6 +1308,13 @@ typedef struct npyload_stats {
                                    of the ring: their memory is kept (and
                                    counted in memory_bytes) until the
                                    removal is kept or taken back */
+    uint64_t slot_wait_ns;      /* workers' time waiting for a free staging
+                                   slot (all the slots filled or held: the
+                                   loop has not taken the batches before),
+                                   summed; not a parked worker's wait nor
+                                   one for the next pass. A share of
+                                   num_workers x elapsed_ns well above 0:
+                                   a slot more would be used */
 } npyload_stats;
 
 /*! npyload_fill_state: npyload_stats.fill_state. */
@@ -1351,7 +1365,13 @@ typedef struct npyload_auto_event {
     double samples_per_s;       /* delivered */
     double worker_busy;         /* workers' read + decode + transform time
                                    over workers x wall */
-    double read_blocked;        /* workers' off-CPU read time over the same */
+    double read_blocked;        /* workers' off-CPU read time over the same
+                                   (with read-ahead, also their wait for
+                                   their read-ahead threads as far as those
+                                   were off the CPU in the reads) */
+    /* Appended (the sized-struct rule): */
+    double slot_wait;           /* workers' wait for a free slot over the
+                                   same (npyload_stats.slot_wait_ns) */
 } npyload_auto_event;
 
 /*! npyload_loader_auto_history() : the controller's last decisions

@@ -409,6 +409,7 @@ typedef struct sim {
     npyl_auto_meas m;
     double blocked; /* the share of the workers' time blocked in reads */
     double busy;    /* the share of the workers' time reading and transforming */
+    double slot_wait; /* the share of the workers' time waiting for a free slot */
 } sim;
 
 /* Starts as the Python default does: 2 workers, 3 slots (prefetch auto),
@@ -472,6 +473,8 @@ static void sim_window(sim *s, double step_ms, double wait_ms, double fill_ms)
                                   (double)npyl_auto_workers(&s->a));
     s->m.busy_ns += (uint64_t)(s->busy * (double)(step + wait) *
                                (double)npyl_auto_workers(&s->a));
+    s->m.slot_wait_ns += (uint64_t)(s->slot_wait * (double)(step + wait) *
+                                    (double)npyl_auto_workers(&s->a));
     npyl_auto_tick(&s->a, &s->m);
 }
 
@@ -924,4 +927,156 @@ Test(auto_sim, a_slot_shown_unneeded_comes_back_only_judged)
     cr_assert_eq(npyl_auto_workers(&s.a), 1);
     cr_assert_eq(sim_slots_on(&s), 2, "%zu slots after the trial", sim_slots_on(&s));
     sim_end(&s);
+}
+
+/* Issue 37, the transforms row: the loader is the limit (the loop waits
+ * two thirds of its time), the workers are busy 80 % of theirs and, with
+ * four slots, wait for a free one 20 % of it (a worker done with batch
+ * k+1 waits while the loop waits for k); with five they never wait. The
+ * rate is the same either way, swinging 20 % from window to window (a
+ * shared machine). The fifth slot is kept: the workers' wait for a slot
+ * halved and the rate did not fall. Before, an addition had to raise the
+ * rate 5 % in each of its two windows, and the slot the workers used was
+ * taken back (NO_GAIN) after every trial. The decision records the slot
+ * wait it saw. */
+Test(auto_sim, a_slot_the_workers_waited_for_is_kept)
+{
+    sim s;
+    sim_start(&s, 1);
+    s.busy = 0.8;
+    npyload_auto_event ev[NPYL_AUTO_HISTORY];
+    for (int i = 0; i < 40; i++) {
+        s.slot_wait = sim_slots_on(&s) < 5 ? 0.2 : 0;
+        sim_window(&s, 5, i % 2 ? 8 : 12, 0);
+    }
+    int n = sim_events(&s, ev), added = 0;
+    for (int i = 1; i < n; i++) {
+        if (ev[i].reason == NPYLOAD_AUTO_WAIT && ev[i].prev_slots == 4 && ev[i].slots == 5) {
+            added++;
+            cr_assert_geq(ev[i].slot_wait, 0.15, "decision %d: slot wait %.3f recorded", i,
+                          ev[i].slot_wait);
+        }
+        if (ev[i].reason == NPYLOAD_AUTO_NO_GAIN)
+            cr_assert_geq(ev[i].slots, 5, "decision %d: the fifth slot taken back", i);
+    }
+    cr_assert_eq(added, 1, "%d additions of the fifth slot", added);
+    cr_assert_geq(sim_slots_on(&s), 5);
+    cr_assert_eq(npyl_auto_workers(&s.a), 2);
+    sim_end(&s);
+}
+
+/* The same loader, where the slot added does not cut the workers' wait
+ * for one (they wait 20 % of their time whatever the slots: the loop
+ * takes the batches as they land, the rate is the same): the signal says
+ * the slot is not what they wait for, and the old rule stands: the rate
+ * did not rise 5 %, the slot is taken back. */
+Test(auto_sim, a_slot_that_does_not_cut_the_slot_wait_is_taken_back)
+{
+    sim s;
+    sim_start(&s, 1);
+    s.busy = 0.8;
+    s.slot_wait = 0.2;
+    for (int i = 0; i < 12; i++)
+        sim_window(&s, 5, 10, 0);
+    cr_assert_geq(sim_count(&s, 1, NPYLOAD_AUTO_NO_GAIN), 1, "the fifth slot was kept");
+    cr_assert_eq(sim_slots_on(&s), 4);
+    sim_end(&s);
+}
+
+/* Issue 37, the throttled row: .npy.zst decoded on two cores from a
+ * throttled disk. The workers are busy 80 % of their time and wait for
+ * reads 15 % of it (their read-ahead threads blocked in the reads): the
+ * cores idle while one worker waits and the other has nothing to decode.
+ * A third worker is tried (judged as any worker: the rate here does not
+ * rise, so it is taken back and the ceiling comes down to the cores).
+ * Before, 2 / (1 - 0.15) < 3 kept the workers at the cores and (3, 8)
+ * was never tried. */
+Test(auto_sim, workers_waiting_for_a_device_earn_a_trial_above_the_cores)
+{
+    sim s;
+    sim_start(&s, 1);
+    s.busy = 0.8;
+    s.a.made = 3; /* a third worker, parked: the sim makes no thread */
+    npyload_auto_event ev[NPYL_AUTO_HISTORY];
+    int tried = 0;
+    for (int i = 0; i < 24; i++) {
+        /* half of the device wait through the read-ahead threads */
+        uint64_t win = (uint64_t)(5e6 * SIM_BATCHES + 10e6);
+        double wk = (double)win * (double)npyl_auto_workers(&s.a);
+        s.m.read_wait_ns += (uint64_t)(0.1 * wk);
+        s.m.ahead_blocked_ns += (uint64_t)(0.075 * wk);
+        s.blocked = 0.075;
+        sim_window(&s, 5, 10, 0);
+    }
+    int n = sim_events(&s, ev);
+    for (int i = 1; i < n; i++)
+        if (ev[i].workers == 3 && ev[i].prev_workers == 2) {
+            tried++;
+            cr_assert_eq(ev[i].reason, NPYLOAD_AUTO_WAIT);
+            cr_assert_geq(ev[i].read_blocked, 0.14, "decision %d: blocked %.3f", i,
+                          ev[i].read_blocked);
+        }
+    cr_assert_geq(tried, 1, "no trial of a third worker");
+    cr_assert_geq(sim_count(&s, 1, NPYLOAD_AUTO_NO_GAIN), 1);
+    cr_assert_eq(npyl_auto_workers(&s.a), 2, "a third worker that did not pay was kept");
+    sim_end(&s);
+}
+
+/* The rule that guards a busy machine (the ranks2 row: two ranks on two
+ * cores): workers not blocked in reads get no worker above the cores,
+ * however idle they look (preempted: busy 50 %), nor do workers busy all
+ * the time that wait for reads (the cores are full). */
+Test(auto_sim, no_worker_above_the_cores_without_device_waits)
+{
+    static const struct {
+        double busy, blocked;
+    } cases[] = {{0.5, 0.0}, {0.95, 0.15}, {0.8, 0.05}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        sim s;
+        sim_start(&s, 1);
+        s.busy = cases[c].busy;
+        s.blocked = cases[c].blocked;
+        s.a.made = 3;
+        for (int i = 0; i < 24; i++)
+            sim_window(&s, 5, 10, 0);
+        npyload_auto_event ev[NPYL_AUTO_HISTORY];
+        int n = sim_events(&s, ev);
+        for (int i = 1; i < n; i++)
+            cr_assert_leq(ev[i].workers, 2, "case %zu, decision %d: %u workers", c, i,
+                          ev[i].workers);
+        sim_end(&s);
+    }
+}
+
+/* The workers wait for a free slot only while every slot is filled or
+ * held (stats slot_wait_ns): two workers, two slots, a consumer that
+ * sleeps 20 ms after each of its first batches: the workers wait. A
+ * worker's wait for the next pass (the epoch delivered) is no slot wait:
+ * the counter stands still after the end. */
+Test(auto, slot_wait_counts_the_workers_wait_for_a_free_slot)
+{
+    dataset d = make_dataset();
+    npyload_loader *L = open_loader(&d, 2, 1, 0, 0);
+    cr_assert_eq(npyload_loader_start(L), 0, "%s", npyload_loader_errmsg(L));
+    npyload_batch *b = NULL;
+    int rc, k = 0;
+    while ((rc = npyload_loader_next(L, &b)) == 0) {
+        if (k++ < 4) {
+            struct timespec ts = {0, 20000000};
+            nanosleep(&ts, NULL);
+        }
+        npyload_batch_release(b);
+    }
+    cr_assert_eq(rc, NPYLOAD_EOF, "%s", npyload_loader_errmsg(L));
+    npyload_stats st;
+    cr_assert_eq(npyload_loader_get_stats(L, &st, sizeof st), 0);
+    cr_assert_gt(st.slot_wait_ns, 0, "the workers never waited for a slot");
+    cr_assert_leq(st.slot_wait_ns, st.num_workers * st.elapsed_ns);
+    uint64_t at_end = st.slot_wait_ns;
+    struct timespec ts = {0, 50000000};
+    nanosleep(&ts, NULL);
+    cr_assert_eq(npyload_loader_get_stats(L, &st, sizeof st), 0);
+    cr_assert_eq(st.slot_wait_ns, at_end, "the wait for the next pass counted as slot wait");
+    npyload_loader_destroy(L);
+    tu_rmtree(d.dir);
 }

@@ -461,6 +461,7 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *dst,
     out->memory_budget = L->started && L->ctrl.mode ? L->ctrl.budget : 0;
     out->memory_bytes = L->started ? npyl_auto_bytes((npyl_auto *)&L->ctrl) : 0;
     out->parked_slots = L->started ? npyl_auto_parked((npyl_auto *)&L->ctrl) : 0;
+    out->slot_wait_ns = atomic_load(&L->ring.slot_wait_ns);
     if (L->started) {
         uint64_t total = 0;
         npyl_auto_history((npyl_auto *)&L->ctrl, NULL, 0, sizeof(npyload_auto_event), &total);

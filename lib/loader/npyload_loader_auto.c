@@ -22,6 +22,11 @@
 #define CALM_WINDOWS 3   /* windows with room to spare before a removal */
 #define BUSY_FULL 0.9    /* workers busy this share of their time never wait
                             for a free slot: a slot more cannot help */
+#define SLOT_USED 0.05   /* workers waiting for a free slot this share of
+                            their time would use a slot more */
+#define DEVICE_TRIAL 0.1 /* workers not BUSY_FULL that wait for a device
+                            this share of their time earn a trial of one
+                            worker above the cores */
 #define BACKOFF_MAX 64u  /* windows */
 #define AUTO_MAX_SLOTS NPYL_AUTO_MAX_SLOTS
 #define FORCE_MAX_WORKERS 4
@@ -178,6 +183,7 @@ static void record(npyl_auto *a, const npyl_auto_meas *m, int reason, size_t pw,
         .samples_per_s = rate,
         .worker_busy = busy,
         .read_blocked = blocked,
+        .slot_wait = a->slot_wait,
     };
     pthread_mutex_lock(&a->hist_mu);
     uint64_t n = atomic_load(&a->nevents);
@@ -380,6 +386,7 @@ static void back_off(npyl_auto *a, int which)
 /* The measurements of one window. */
 typedef struct window {
     double share, rate, busy, blocked, step_pb;
+    double slot_wait; /* the workers' wait for a free slot (their share) */
 } window;
 
 /* +1 or -1: now moved above or below ref by more than REGIME (and the
@@ -398,13 +405,19 @@ static int regime_moved(double now, double ref, double slack)
  * the cores busy; b counts only spans with a voluntary context switch
  * (npyl_blocked_since), so time lost to preemption on a busy machine
  * never justifies a thread more. b is taken at most 1/2: at most twice
- * the cores (cap_workers). */
-static size_t worker_ceiling(const npyl_auto *a, double blocked)
+ * the cores (cap_workers). Workers that are not busy all the time
+ * (BUSY_FULL) and wait for a device DEVICE_TRIAL of it earn one above the
+ * cores, judged as any worker added: the cores idle while a worker waits
+ * for its reads and the others for their turn (zstd decode on two cores
+ * with reads throttled: 3 workers did better than 2 where b ~ 0.15). */
+static size_t worker_ceiling(const npyl_auto *a, double blocked, double busy)
 {
     double b = blocked < 0 ? 0 : blocked > 0.5 ? 0.5 : blocked;
     size_t c = (size_t)((double)a->core_workers / (1.0 - b) + 1e-9);
     if (c < a->core_workers)
         c = a->core_workers;
+    if (c == a->core_workers && b >= DEVICE_TRIAL && busy < BUSY_FULL)
+        c++;
     if (c > a->cap_workers)
         c = a->cap_workers;
     return c < a->w_ceiling ? c : a->w_ceiling;
@@ -435,20 +448,25 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
     if (w->share > a->target) {
         a->calm = 0;
         a->hot_rate += w->rate;
+        a->hot_slot_wait += w->slot_wait;
         if (++a->hot < HOT_WINDOWS)
             return;
         a->base_rate = a->hot_rate / a->hot;
+        a->base_slot_wait = a->hot_slot_wait / a->hot;
         a->hot = 0;
-        a->hot_rate = 0;
+        a->hot_rate = a->hot_slot_wait = 0;
         size_t need = min_slots(a, a->workers) + (held > 1 ? held - 1 : 0);
-        if (as && a->slots < need && a->slots > a->low_slots && w->busy < BUSY_FULL &&
+        /* A slot more can be used: the workers are not busy all the time,
+         * or they did wait for a free slot. */
+        int room = w->busy < BUSY_FULL || a->base_slot_wait >= SLOT_USED;
+        if (as && a->slots < need && a->slots > a->low_slots && room &&
             apply_slots(a, a->slots + 1) != ps) {
             /* The workers' own need (not judged), unless they never wait
              * for a free slot (BUSY_FULL) or a kept removal showed the
              * loop does without it (low_slots: then only a judged trial
              * below brings it back). */
             reason = NPYLOAD_AUTO_WAIT;
-        } else if (aw && a->workers < worker_ceiling(a, w->blocked) &&
+        } else if (aw && a->workers < worker_ceiling(a, w->blocked, w->busy) &&
                    a->win >= a->until[B_ADD_W] && apply_workers(a, a->workers + 1) != pw) {
             /* Its slots too: the new worker's fill only, when a kept
              * removal showed the loop does without a ready one. Taken
@@ -459,7 +477,7 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
             a->trial_slots = ps;
             a->pending = ACT_ADD_W;
             reason = NPYLOAD_AUTO_WAIT;
-        } else if (as && a->slots < need + a->workers && w->busy < BUSY_FULL &&
+        } else if (as && a->slots < need + a->workers && room &&
                    a->win >= a->until[B_ADD_S] && apply_slots(a, a->slots + 1) != ps) {
             /* A deeper queue absorbs jitter, when it does: judged as a
              * worker is (more slots are more memory to fault in and to
@@ -469,8 +487,8 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
              * slot, so one more would stay empty. */
             a->pending = ACT_ADD_S;
             reason = NPYLOAD_AUTO_WAIT;
-        } else if (as && a->slots > need && a->win >= a->until[B_DROP_S] &&
-                   remove_slot(a, ACT_TRIM_S)) {
+        } else if (as && a->slots > need && a->slots > a->used_slots &&
+                   a->win >= a->until[B_DROP_S] && remove_slot(a, ACT_TRIM_S)) {
             /* Nothing more is tried: the loader is the limit, the loop
              * takes each batch as it lands and the slots beyond those the
              * workers fill, the one it holds and the ready one stay
@@ -480,7 +498,7 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
         }
     } else {
         a->hot = 0;
-        a->hot_rate = 0;
+        a->hot_rate = a->hot_slot_wait = 0;
         if (w->share < a->target / 2 && ++a->calm >= CALM_WINDOWS) {
             a->calm = 0;
             a->base_rate = w->rate;
@@ -501,6 +519,7 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
         a->judged = 0;
         a->seen_min_rate = 0;
         a->seen_max_share = 0;
+        a->seen_rate = a->seen_slot_wait = 0;
         /* A move seen before the change does not pair with one after. */
         a->moved_step = a->moved_rate = 0;
     }
@@ -508,17 +527,21 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
 
 /* Judges the change being judged after JUDGE_WINDOWS windows: an addition
  * is kept only when every one of them delivered GAIN times the rate of the
- * windows before it; a removal is taken back when one of them waited above
+ * windows before it (a slot added where the workers waited for one: also
+ * when that wait halved and the rate did not fall); a removal is taken back when one of them waited above
  * the target, or the rate fell by as much while the loop waited at least
  * half the target, a slot trimmed while the loader
  * is the limit (the wait above the target before and after) only when the
- * rate fell. What is taken back backs off. */
+ * rate fell or the workers now wait for a free slot SLOT_USED of their
+ * time. What is taken back backs off. */
 static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
 {
     if (!a->judged || w->rate < a->seen_min_rate)
         a->seen_min_rate = w->rate;
     if (w->share > a->seen_max_share)
         a->seen_max_share = w->share;
+    a->seen_rate += w->rate;
+    a->seen_slot_wait += w->slot_wait;
     if (++a->judged < JUDGE_WINDOWS)
         return;
     size_t pw = a->workers, ps = a->slots;
@@ -527,6 +550,18 @@ static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
     /* Whatever the verdict, nothing is parked after it: a removal taken
      * back offers its parked slot again (apply_slots), one kept frees it. */
     int paid = a->seen_min_rate >= a->base_rate * GAIN;
+    /* A slot added where the workers waited for a free one SLOT_USED of
+     * their time: kept when that wait fell by half and the rate did not
+     * fall (the mean of the judging windows against the windows before,
+     * within GAIN). The rate alone swings 2x between the windows of one
+     * run here (transforms in the page cache): asking each window for
+     * GAIN more took a used slot back as often as not. */
+    double n = (double)a->judged;
+    if (act == ACT_ADD_S && !paid && a->base_slot_wait >= SLOT_USED)
+        paid = a->seen_slot_wait / n <= a->base_slot_wait / 2 &&
+               a->seen_rate / n * GAIN >= a->base_rate;
+    /* A slot trimmed that the workers then wait for was used. */
+    int slot_missed = act == ACT_TRIM_S && a->seen_slot_wait / n >= SLOT_USED;
     /* A loop that never waited half the target lost at most that much of
      * its rate to the loader: a fall beyond is its own step's (a consumer
      * that jitters), not the removal's. */
@@ -544,13 +579,15 @@ static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
         back_off(a, B_ADD_S);
         record(a, m, NPYLOAD_AUTO_NO_GAIN, pw, ps, w->share, w->rate, w->busy, w->blocked);
     } else if (((act == ACT_DROP_W || act == ACT_DROP_S) && worse) ||
-               (act == ACT_TRIM_S && a->seen_min_rate * GAIN < a->base_rate)) {
+               (act == ACT_TRIM_S && (a->seen_min_rate * GAIN < a->base_rate || slot_missed))) {
         if (act == ACT_DROP_W) {
             apply_workers(a, a->workers + 1);
             back_off(a, B_DROP_W);
         } else {
             apply_slots(a, a->slots + 1);
             back_off(a, B_DROP_S);
+            if (slot_missed)
+                a->used_slots = a->slots;
         }
         record(a, m, NPYLOAD_AUTO_WORSE, pw, ps, w->share, w->rate, w->busy, w->blocked);
     } else if (act == ACT_TRIM_S) {
@@ -560,6 +597,8 @@ static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
     } else if (act == ACT_ADD_W || act == ACT_ADD_S) {
         a->backoff[act == ACT_ADD_W ? B_ADD_W : B_ADD_S] = 0; /* it paid */
         a->low_slots = 0;
+        if (act == ACT_ADD_S && a->base_slot_wait >= SLOT_USED)
+            a->used_slots = a->slots; /* the workers use it: never trimmed */
     } else if ((act == ACT_DROP_W || act == ACT_DROP_S) && a->seen_max_share < a->target / 2) {
         /* A removal kept with room to spare: its windows were calm ones,
          * the next removal comes at the next calm window. */
@@ -574,6 +613,7 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
 {
     if (!a->mode || !a->ring)
         return;
+    a->slot_wait = 0; /* recorded with the window's events only */
     size_t on, held;
     npyl_slots_counts(a->ring, &on, &held);
     int as = a->mode & NPYL_AUTO_SLOTS; /* never in device mode (plan) */
@@ -603,13 +643,21 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
     wait -= fill;
     uint64_t steady = wall > fill ? wall - fill : 1;
     double wk = (double)wall * (double)(a->workers ? a->workers : 1);
+    /* Read-ahead: a worker waiting for the reads its read-ahead thread
+     * does waits for a device as far as that thread was blocked in them
+     * (off the CPU after a voluntary switch): the smaller of the two. */
+    uint64_t rw = m->read_wait_ns - a->last.read_wait_ns;
+    uint64_t ab = m->ahead_blocked_ns - a->last.ahead_blocked_ns;
+    uint64_t ahead_wait = rw < ab ? rw : ab;
     window w = {
         .share = wait + step ? (double)wait / (double)(wait + step) : 0,
         .rate = (double)(m->samples - a->last.samples) * 1e9 / (double)steady,
         .busy = (double)(m->busy_ns - a->last.busy_ns) / wk,
-        .blocked = (double)(m->blocked_ns - a->last.blocked_ns) / wk,
+        .blocked = (double)(m->blocked_ns - a->last.blocked_ns + ahead_wait) / wk,
         .step_pb = (double)step / (double)nb,
+        .slot_wait = (double)(m->slot_wait_ns - a->last.slot_wait_ns) / wk,
     };
+    a->slot_wait = w.slot_wait;
     a->last = *m;
     a->win++;
     if (a->pending) {
@@ -643,7 +691,7 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
         if (a->w_ceiling < a->cap_workers || a->backoff[0] || a->backoff[1] ||
             a->backoff[2] || a->backoff[3]) {
             a->w_ceiling = a->cap_workers;
-            a->low_slots = 0;
+            a->low_slots = a->used_slots = 0;
             memset(a->backoff, 0, sizeof a->backoff);
             memset(a->until, 0, sizeof a->until);
             record(a, m, NPYLOAD_AUTO_REGIME, a->workers, a->slots, w.share, w.rate, w.busy,

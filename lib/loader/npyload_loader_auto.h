@@ -54,6 +54,11 @@ typedef struct npyl_auto_setup {
  * controller judges the steady state without it. */
 typedef struct npyl_auto_meas {
     uint64_t now_ns, batches, samples, wait_ns, fill_wait_ns, step_ns, busy_ns, blocked_ns;
+    uint64_t slot_wait_ns; /* workers waiting for a free slot (the ring) */
+    /* Read-ahead: the workers' wait for the reads handed to their
+     * read-ahead threads (read_wait_ns), and those threads' off-CPU time
+     * in the reads (a wait for a device, as blocked_ns). */
+    uint64_t read_wait_ns, ahead_blocked_ns;
 } npyl_auto_meas;
 
 typedef struct npyl_auto {
@@ -88,8 +93,12 @@ typedef struct npyl_auto {
     unsigned judged;         /* windows seen since it was made */
     double base_rate;        /* the rate of the windows before it */
     double seen_min_rate, seen_max_share; /* the windows since */
+    double seen_rate, seen_slot_wait; /* their rates and slot waits, summed */
+    double base_slot_wait;   /* the workers' slot wait before it */
     unsigned hot;            /* windows in a row above the target */
     double hot_rate;         /* their rates, summed */
+    double hot_slot_wait;    /* their workers' slot waits, summed */
+    double slot_wait;        /* the window's, for the events it records */
     double ref_step, ref_rate; /* the last steady window's (none judged
                                   a change), kept while one is judged */
     int moved_step, moved_rate; /* a window moved them (+1 up, -1 down):
@@ -98,6 +107,10 @@ typedef struct npyl_auto {
                                 for a regime */
     size_t w_ceiling;        /* adding up to this did not help */
     size_t trial_slots;      /* the slots before a worker trial */
+    size_t used_slots;       /* the workers waited for a free slot with
+                                fewer (a slot added that cut that wait, or
+                                a trim that brought it back): no trim
+                                below (until the regime changes) */
     size_t low_slots;        /* a kept removal left this many with room to
                                 spare: below the workers' need, yet enough
                                 (until a slot added pays or the regime

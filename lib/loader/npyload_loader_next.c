@@ -92,7 +92,13 @@ static void auto_tick(npyload_loader *L)
         .step_ns = atomic_load(&L->st.step_ns),
         .busy_ns = atomic_load(&L->st.io_ns) + atomic_load(&L->st.transform_ns),
         .blocked_ns = atomic_load(&L->st.blocked_ns),
+        .slot_wait_ns = atomic_load(&L->ring.slot_wait_ns),
+        .read_wait_ns = atomic_load(&L->st.read_wait_ns),
     };
+    /* The read-ahead threads' waits for reads (the workers made so far). */
+    size_t made = npyl_auto_made(&L->ctrl);
+    for (size_t i = 0; L->workers && i < made && i < L->nworkers; i++)
+        m.ahead_blocked_ns += npyl_read_ctx_ahead_blocked(&L->workers[i].rd);
     npyl_auto_tick(&L->ctrl, &m);
     npyl_ctl_leave(L);
 }

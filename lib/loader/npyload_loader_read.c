@@ -282,6 +282,11 @@ void npyl_read_ctx_fini(npyl_read_ctx *c)
     c->zdst_cap = 0;
 }
 
+uint64_t npyl_read_ctx_ahead_blocked(const npyl_read_ctx *c)
+{
+    return c->ahead ? atomic_load(&c->ahead->blocked_ns) : 0;
+}
+
 void npyl_read_ctx_counters(const npyl_read_ctx *c, npyl_store_counters *k,
                             uint64_t *cpu_ns, uint64_t *blocked_ns, uint64_t *fallbacks)
 {

@@ -38,6 +38,10 @@ NPYL_HIDDEN void npyl_read_ctx_counters(const npyl_read_ctx *c, npyl_store_count
                                         uint64_t *cpu_ns, uint64_t *blocked_ns,
                                         uint64_t *fallbacks);
 
+/* The read-ahead thread's off-CPU time in its rounds (0 without one).
+ * Any thread: an atomic load. */
+NPYL_HIDDEN uint64_t npyl_read_ctx_ahead_blocked(const npyl_read_ctx *c);
+
 /* Reads rows indices[0 .. *rows) of every field fi to dst[fi] + row *
  * row_bytes, through c. With ON_ERROR skip, failed rows are dropped (*rows
  * and indices shrink, the good rows packed to the front; c->kept[r] is

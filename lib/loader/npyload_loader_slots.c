@@ -91,10 +91,17 @@ npyl_slot *npyl_slots_claim(npyl_ring *r, size_t who, int wait, int *copy_pendin
     pthread_mutex_lock(&r->mu);
     if (wait) {
         while (!r->stopping) {
-            if (who < r->workers_on && r->claim_seq < r->nbatches &&
-                (h = free_staging(r)) != NULL)
+            int mine = who < r->workers_on && r->claim_seq < r->nbatches;
+            if (mine && (h = free_staging(r)) != NULL)
                 break;
+            /* Only a wait for a free slot counts (slot_wait_ns): not a
+             * parked worker's, nor one for the next pass (a wait whose
+             * batches were all claimed by others meanwhile counts
+             * nothing). */
+            uint64_t t0 = mine ? npyl_now_ns() : 0;
             pthread_cond_wait(&r->work_cv, &r->mu);
+            if (mine && who < r->workers_on && r->claim_seq < r->nbatches)
+                atomic_fetch_add(&r->slot_wait_ns, npyl_now_ns() - t0);
         }
         if (r->stopping)
             h = NULL;

@@ -153,6 +153,10 @@ typedef struct npyl_ring {
     size_t workers_on;        /* [mu] workers with index >= this claim
                                  nothing (they park on work_cv) */
     size_t slots_on;          /* [mu] staging slots not OFF */
+    /* Workers' time waiting in npyl_slots_claim for a FREE staging slot
+     * (a batch left to claim, the worker not parked), summed: the slots
+     * the workers would use more of. Written under mu, read without. */
+    _Atomic uint64_t slot_wait_ns;
 } npyl_ring;
 
 NPYL_HIDDEN void npyl_slots_init(npyl_ring *r);

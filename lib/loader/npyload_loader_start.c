@@ -812,10 +812,13 @@ static int create_workers(npyload_loader *L, size_t nworkers, size_t made)
 static int plan_auto(npyload_loader *L, int mode, size_t *nworkers, size_t *cap_workers,
                      size_t *prefetch, size_t *cap_slots)
 {
-    /* READ_AHEAD 1 reads ahead always (a worker fills two slots); the
-     * default only where a batch has work after its reads. */
-    int ahead = read_ahead(L) && L->opt[NPYLOAD_OPT_READ_AHEAD] == 1;
-    uint64_t per = read_ahead(L) ? 2 : 1;
+    /* Workers that read ahead (READ_AHEAD 1, or the default where a batch
+     * has work after its reads: transforms, .npy.zst) fill two slots each:
+     * the controller's start and the workers' need count them (issue 37:
+     * with one a worker could not read ahead while the slot before its
+     * batch was still unread, and waited for its reads instead). */
+    int ahead = read_ahead(L);
+    uint64_t per = ahead ? 2 : 1;
     npyl_auto_setup su = {
         .mode = mode,
         .workers = *nworkers,

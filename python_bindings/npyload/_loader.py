@@ -456,7 +456,7 @@ class Loader(Generic[_B]):
         if total == self._auto_seen:
             return
         self._auto_seen = total
-        for (t_ns, batch, w, s, pw, ps, why, share, rate, busy, blocked) in events:
+        for (t_ns, batch, w, s, pw, ps, why, share, rate, busy, blocked, _slot) in events:
             if why == "start" or not _auto_log.isEnabledFor(_logging.INFO):
                 continue
             _auto_log.info(
@@ -471,14 +471,15 @@ class Loader(Generic[_B]):
         prev_workers, prev_slots, reason ("start", "wait", "no-gain",
         "spare", "worse", "held", "regime", "forced", "unused") and the window's
         measurements behind it: wait_share (the loop's wait in next() over
-        wait + step), samples_per_s, worker_busy and read_blocked (shares of
-        the workers' time). Empty before the first iter() and with explicit
-        num_workers and prefetch."""
+        wait + step), samples_per_s, worker_busy, read_blocked and slot_wait
+        (shares of the workers' time; slot_wait: waiting for a free slot).
+        Empty before the first iter() and with explicit num_workers and
+        prefetch."""
         if not self._running:
             return []
         _, events = self._live().auto_history(0)
         keys = ("t", "batch", "workers", "slots", "prev_workers", "prev_slots", "reason",
-                "wait_share", "samples_per_s", "worker_busy", "read_blocked")
+                "wait_share", "samples_per_s", "worker_busy", "read_blocked", "slot_wait")
         out = []
         for e in events:
             d = dict(zip(keys, e))

@@ -186,3 +186,39 @@ def test_a_mixture_under_the_controller_delivers_the_fixed_order(tmp_path, force
         assert any(h["reason"] == "forced" for h in auto.auto_history())
     auto.close()
     fixed.close()
+
+
+def _two_cores(loader: npyload.Loader) -> None:
+    # Two cores whatever the machine: the controller starts at two workers.
+    loader._opts[_npyload.OPT_AUTO_CORES] = 2
+    loader._c.close()
+    loader._c = loader._check_start()
+
+
+def test_read_ahead_workers_start_with_two_slots_each(files):
+    """Issue 37: workers that read ahead (a host transform here) fill two
+    slots each; the controller starts with both workers' and the held one
+    (4 at most: the library's default slots), not with one each (3), which
+    left a worker unable to read ahead while the loop had not taken the
+    batch before. A loader without read-ahead still starts at 3. Every
+    event carries the workers' wait for a free slot, and stats() the
+    counter it comes from."""
+    fields, x, _ = files
+    tf = {"x": npyload.Transform(dtype="float16")}
+    for transforms, want in ((tf, 4), (None, 3)):
+        ld = npyload.Loader(fields, batch_size=32, transforms=transforms)
+        _two_cores(ld)
+        it = iter(ld)
+        b = next(it)
+        if transforms:
+            idx = np.asarray(b.indices)
+            assert np.array_equal(np.asarray(b["x"]), x[idx].astype(np.float16))
+        start = ld.auto_history()[0]
+        assert start["reason"] == "start" and start["workers"] == 2
+        assert start["slots"] == want, (transforms is not None, start)
+        assert "slot_wait" in start
+        for _ in it:
+            pass
+        st = ld.stats()
+        assert 0 <= st["slot_wait_ns"] <= st["num_workers"] * st["elapsed_ns"] + 1
+        ld.close()
