@@ -531,12 +531,12 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
 /* Judges the change being judged after JUDGE_WINDOWS windows: an addition
  * is kept only when every one of them delivered GAIN times the rate of the
  * windows before it (a slot added where the workers waited for one: also
- * when that wait halved and the rate did not fall); a removal is taken back when one of them waited above
- * the target, or the rate fell by as much while the loop waited at least
- * half the target, a slot trimmed while the loader
- * is the limit (the wait above the target before and after) only when the
- * rate fell or the workers now wait for a free slot SLOT_USED of their
- * time. What is taken back backs off. */
+ * when that wait halved and the rate did not fall); a removal is taken
+ * back when one of them waited above the target, or the rate fell by as
+ * much while the loop waited at least half the target, a slot trimmed
+ * while the loader is the limit (the wait above the target before and
+ * after) only when the rate fell or the workers now wait for a free slot
+ * SLOT_USED of their time. What is taken back backs off. */
 static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
 {
     if (!a->judged || w->rate < a->seen_min_rate)
