@@ -341,8 +341,8 @@ typedef enum npyload_shuffle {
  * does not count; with read-ahead, the workers' wait for their read-ahead
  * threads as far as those were blocked in the reads), AUTO_CORES / (1 - b)
  * of them, at most twice AUTO_CORES; workers busy less than 90 % of their
- * time with b at least 10 % earn the trial of one above AUTO_CORES. It keeps slots plus read buffers within
- * MEMORY_BUDGET, never takes a slot the caller holds, settles after a
+ * time with b at least 10 % earn the trial of one above AUTO_CORES. It
+ * keeps slots plus read buffers within MEMORY_BUDGET, never takes a slot the caller holds, settles after a
  * change that did not help (the back-off doubles), and forgets its
  * back-offs when the regime changes (the step time or the throughput moves
  * by more than a third). Order and bytes never depend on it. Device mode:
