@@ -409,7 +409,8 @@ static int regime_moved(double now, double ref, double slack)
  * (BUSY_FULL) and wait for a device DEVICE_TRIAL of it earn one above the
  * cores, judged as any worker added: the cores idle while a worker waits
  * for its reads and the others for their turn (zstd decode on two cores
- * with reads throttled: 3 workers did better than 2 where b ~ 0.15). */
+ * with reads throttled: the best fixed configuration had 3 workers where
+ * b was 0.05-0.25). */
 static size_t worker_ceiling(const npyl_auto *a, double blocked, double busy)
 {
     double b = blocked < 0 ? 0 : blocked > 0.5 ? 0.5 : blocked;
