@@ -1488,3 +1488,24 @@ Test(io_shared, truncated_under_a_shared_mapping_is_an_error)
     free_file(&f);
     tu_rmtree(dir);
 }
+
+/* npyl_span (lib/common), which the workers wrap their reads in: time
+ * spent asleep counts as blocked, CPU work without a wait counts 0 (the
+ * CPU time and the voluntary switches come from one getrusage per end). */
+Test(io, span_counts_a_sleep_as_blocked_and_work_as_not)
+{
+    npyl_span m = npyl_span_begin();
+    struct timespec ts = {0, 30 * 1000 * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+    uint64_t blocked = npyl_blocked_since(m);
+    /* Slept 30 ms on the wall, almost no CPU: at least 25 ms off it. */
+    cr_assert_geq(blocked, 25000000ull, "blocked %llu ns", (unsigned long long)blocked);
+    cr_assert_lt(blocked, 60ull * 1000000000ull);
+    m = npyl_span_begin();
+    volatile uint64_t x = 0;
+    uint64_t t0 = npyl_now_ns();
+    while (npyl_now_ns() - t0 < 20000000ull) /* 20 ms of CPU, no wait */
+        x += 1;
+    cr_assert_eq(npyl_blocked_since(m), 0);
+}

@@ -46,10 +46,10 @@ NPYL_HIDDEN void npyl_count_cpu(_Atomic uint64_t *sum, uint64_t *mark);
 
 /* Off-CPU time of a span on the calling thread (time blocked, e.g. in a
  * read from a device): mark, do the work, then npyl_blocked_since. Wall
- * minus the thread's CPU time (CLOCK_THREAD_CPUTIME_ID) is the time off
- * the CPU, blocked or preempted; the thread's voluntary context switches
- * (getrusage RUSAGE_THREAD) tell them apart: a span without one was only
- * preempted (a page-cache copy on a busy machine) and counts 0. */
+ * minus the thread's CPU time is the time off the CPU, blocked or
+ * preempted; the thread's voluntary context switches tell them apart: a
+ * span without one was only preempted (a page-cache copy on a busy
+ * machine) and counts 0. Both from one getrusage(RUSAGE_THREAD) per end. */
 typedef struct npyl_span {
     uint64_t wall, cpu, vcsw;
 } npyl_span;

@@ -87,7 +87,12 @@ static void *ahead_main(void *arg)
         a->bad = bad;
         a->got = got;
         a->state = AHEAD_DONE;
+        /* Woken after the unlock, the worker does not block at once on the
+         * mutex this thread holds (as npyl_slots_publish); ahead_stop joins
+         * this thread before the condition variable goes. */
+        pthread_mutex_unlock(&a->mu);
         pthread_cond_broadcast(&a->cv);
+        pthread_mutex_lock(&a->mu);
     }
     pthread_mutex_unlock(&a->mu);
     return NULL;
@@ -153,8 +158,8 @@ void npyl_read_begin(const npyl_read_view *v, npyl_read_ctx *c, const int64_t *i
     a->reqs = b->reqs;
     a->n = b->nreq;
     a->state = AHEAD_QUEUED;
-    pthread_cond_broadcast(&a->cv);
     pthread_mutex_unlock(&a->mu);
+    pthread_cond_broadcast(&a->cv); /* after the unlock, as in ahead_main */
 }
 
 void npyl_read_wait(npyl_read_ctx *c)

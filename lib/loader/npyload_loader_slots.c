@@ -140,15 +140,23 @@ static int discard_stale(npyl_ring *r, npyl_slot *h)
     return 1;
 }
 
+/* The hand-off's two hot wake-ups (a batch published, a slot given back)
+ * are made after mu is unlocked: woken inside, the waiter (on the other
+ * core) would at once block again on the mutex its waker still holds, a
+ * futex wait and wake and two more context switches per batch. Waking
+ * after the unlock is sound here: every waiter re-checks its condition
+ * under mu, and the ring outlives both callers (a worker is joined before
+ * the ring goes; a release holds the loader's reference until after). */
 void npyl_slots_publish(npyl_ring *r, npyl_slot *h, int copy_pending)
 {
     pthread_mutex_lock(&r->mu);
     h->copy_pending = copy_pending;
-    if (!discard_stale(r, h)) {
+    int ready = !discard_stale(r, h);
+    if (ready)
         h->state = SLOT_READY;
-        pthread_cond_broadcast(&r->ready_cv);
-    }
     pthread_mutex_unlock(&r->mu);
+    if (ready)
+        pthread_cond_broadcast(&r->ready_cv);
 }
 
 npyl_slot *npyl_slots_take_device(npyl_ring *r, npyl_slot *h, int copy_pending,
@@ -367,8 +375,8 @@ void npyl_slots_give_back(npyl_ring *r, npyl_slot *s, int ordered, int recorded,
         snprintf(r->poison_msg, sizeof r->poison_msg, "%s", why);
     }
     r->held--;
-    wake_all(r);
     pthread_mutex_unlock(&r->mu);
+    wake_all(r); /* after the unlock: see npyl_slots_publish */
 }
 
 /* ---- control ---- */
