@@ -168,9 +168,20 @@ int npyl_auto_plan(npyl_auto *a, const npyl_auto_setup *s, size_t *workers0,
     return 0;
 }
 
+/* The measurements of one window. */
+typedef struct window {
+    double share, rate, busy, blocked, step_pb;
+    double slot_wait; /* the workers' wait for a free slot (their share) */
+} window;
+
+/* One event of the history: the change from (pw, ps) to the counts now,
+ * with the window behind it (NULL: a change no window decided). */
 static void record(npyl_auto *a, const npyl_auto_meas *m, int reason, size_t pw, size_t ps,
-                   double share, double rate, double busy, double blocked)
+                   const window *w)
 {
+    const window none = {0};
+    if (!w)
+        w = &none;
     npyload_auto_event e = {
         .t_ns = m->now_ns - a->t0,
         .batch = m->batches,
@@ -179,11 +190,11 @@ static void record(npyl_auto *a, const npyl_auto_meas *m, int reason, size_t pw,
         .prev_workers = (uint32_t)pw,
         .prev_slots = (uint32_t)ps,
         .reason = reason,
-        .wait_share = share,
-        .samples_per_s = rate,
-        .worker_busy = busy,
-        .read_blocked = blocked,
-        .slot_wait = a->slot_wait,
+        .wait_share = w->share,
+        .samples_per_s = w->rate,
+        .worker_busy = w->busy,
+        .read_blocked = w->blocked,
+        .slot_wait = w->slot_wait,
     };
     pthread_mutex_lock(&a->hist_mu);
     uint64_t n = atomic_load(&a->nevents);
@@ -228,7 +239,7 @@ void npyl_auto_begin(npyl_auto *a, npyl_ring *ring, npyl_worker *workers, size_t
     atomic_store(&a->live_workers, a->workers);
     atomic_store(&a->live_slots, a->slots);
     if (a->mode)
-        record(a, m, NPYLOAD_AUTO_START, a->workers, a->slots, 0, 0, 0, 0);
+        record(a, m, NPYLOAD_AUTO_START, a->workers, a->slots, NULL);
 }
 
 /* ---- applying a change ---- */
@@ -373,7 +384,7 @@ static void forced(npyl_auto *a, const npyl_auto_meas *m)
         apply_slots(a, 2 + (size_t)((h >> 32) % (top > 2 ? top - 1 : 1)));
     }
     if (pw != a->workers || ps != a->slots)
-        record(a, m, NPYLOAD_AUTO_FORCED, pw, ps, 0, 0, 0, 0);
+        record(a, m, NPYLOAD_AUTO_FORCED, pw, ps, NULL);
 }
 
 static void back_off(npyl_auto *a, int which)
@@ -382,12 +393,6 @@ static void back_off(npyl_auto *a, int which)
     a->backoff[which] = b < BACKOFF_MAX ? b : BACKOFF_MAX;
     a->until[which] = a->win + a->backoff[which];
 }
-
-/* The measurements of one window. */
-typedef struct window {
-    double share, rate, busy, blocked, step_pb;
-    double slot_wait; /* the workers' wait for a free slot (their share) */
-} window;
 
 /* +1 or -1: now moved above or below ref by more than REGIME (and the
  * slack); 0 otherwise, or without a reference. */
@@ -518,7 +523,7 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
         }
     }
     if (reason >= 0)
-        record(a, m, reason, pw, ps, w->share, w->rate, w->busy, w->blocked);
+        record(a, m, reason, pw, ps, w);
     if (a->pending) {
         a->judged = 0;
         a->seen_min_rate = 0;
@@ -577,11 +582,11 @@ static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
             apply_slots(a, a->trial_slots);
         a->w_ceiling = a->workers; /* until the regime changes */
         back_off(a, B_ADD_W);
-        record(a, m, NPYLOAD_AUTO_NO_GAIN, pw, ps, w->share, w->rate, w->busy, w->blocked);
+        record(a, m, NPYLOAD_AUTO_NO_GAIN, pw, ps, w);
     } else if (act == ACT_ADD_S && !paid) {
         apply_slots(a, a->slots - 1);
         back_off(a, B_ADD_S);
-        record(a, m, NPYLOAD_AUTO_NO_GAIN, pw, ps, w->share, w->rate, w->busy, w->blocked);
+        record(a, m, NPYLOAD_AUTO_NO_GAIN, pw, ps, w);
     } else if (((act == ACT_DROP_W || act == ACT_DROP_S) && worse) ||
                (act == ACT_TRIM_S && (a->seen_min_rate * GAIN < a->base_rate || slot_missed))) {
         if (act == ACT_DROP_W) {
@@ -593,7 +598,7 @@ static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
             if (slot_missed)
                 a->used_slots = a->slots;
         }
-        record(a, m, NPYLOAD_AUTO_WORSE, pw, ps, w->share, w->rate, w->busy, w->blocked);
+        record(a, m, NPYLOAD_AUTO_WORSE, pw, ps, w);
     } else if (act == ACT_TRIM_S) {
         /* The slot was unused: adding one back waits, as after a slot
          * added in vain. */
@@ -617,7 +622,6 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
 {
     if (!a->mode || !a->ring)
         return;
-    a->slot_wait = 0; /* recorded with the window's events only */
     size_t on, held;
     npyl_slots_counts(a->ring, &on, &held);
     int as = a->mode & NPYL_AUTO_SLOTS; /* never in device mode (plan) */
@@ -627,7 +631,7 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
         if (held >= on && on < a->cap_slots) {
             size_t ps = a->slots;
             if (apply_slots(a, held + 1) != ps)
-                record(a, m, NPYLOAD_AUTO_HELD, a->workers, ps, 0, 0, 0, 0);
+                record(a, m, NPYLOAD_AUTO_HELD, a->workers, ps, NULL);
         } else if (on > a->slots) {
             apply_slots(a, a->slots); /* slots that were in use come out now */
         }
@@ -661,7 +665,6 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
         .step_pb = (double)step / (double)nb,
         .slot_wait = (double)(m->slot_wait_ns - a->last.slot_wait_ns) / wk,
     };
-    a->slot_wait = w.slot_wait;
     a->last = *m;
     a->win++;
     if (a->pending) {
@@ -698,8 +701,7 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
             a->low_slots = a->used_slots = 0;
             memset(a->backoff, 0, sizeof a->backoff);
             memset(a->until, 0, sizeof a->until);
-            record(a, m, NPYLOAD_AUTO_REGIME, a->workers, a->slots, w.share, w.rate, w.busy,
-                   w.blocked);
+            record(a, m, NPYLOAD_AUTO_REGIME, a->workers, a->slots, &w);
         }
         ds = dr = 0; /* the new regime's window is the reference */
     }

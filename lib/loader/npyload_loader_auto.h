@@ -98,7 +98,6 @@ typedef struct npyl_auto {
     unsigned hot;            /* windows in a row above the target */
     double hot_rate;         /* their rates, summed */
     double hot_slot_wait;    /* their workers' slot waits, summed */
-    double slot_wait;        /* the window's, for the events it records */
     double ref_step, ref_rate; /* the last steady window's (none judged
                                   a change), kept while one is judged */
     int moved_step, moved_rate; /* a window moved them (+1 up, -1 down):
