@@ -102,6 +102,13 @@ static const char usage[] =
     "                       sleep; with cuda a GPU busy kernel); the\n"
     "                       recommendation then minimises consumer stall\n"
     "  --cold               evict the files from the page cache before each run\n"
+    "  --warmup-batches N   untimed batches before each run's timed part,\n"
+    "                       wrapping epochs (default: prefetch + 1, at most\n"
+    "                       4; with --cold 1 and at most the epoch; --auto\n"
+    "                       none). The default times the first epoch's page-\n"
+    "                       table population (one minor fault per 16 cached\n"
+    "                       pages); e.g. the batches of one epoch measure the\n"
+    "                       steady state, as gather_copy's warm-up pass does\n"
     "  --direct             O_DIRECT reads in the loader\n"
     "  --transform F=SPEC   the field's transform in the workers (or on the\n"
     "                       GPU), as npyload.Transform: SPEC = dtype[,scale=X]\n"
@@ -477,7 +484,7 @@ static void add_transform(nb_config *cfg, const char *a)
 
 enum {
     OPT_BATCH_SIZE = 256, OPT_WORKERS, OPT_PREFETCH, OPT_IO, OPT_SHUFFLE, OPT_DEVICE,
-    OPT_BATCHES, OPT_SECONDS, OPT_COMPUTE_MS, OPT_COLD, OPT_DIRECT, OPT_NO_READ_AHEAD, OPT_NO_REPEAT, OPT_TRANSFORM, OPT_RANKS, OPT_JSON, OPT_PLOT, OPT_SEED, OPT_DROP_LAST,
+    OPT_BATCHES, OPT_SECONDS, OPT_COMPUTE_MS, OPT_COLD, OPT_WARMUP_BATCHES, OPT_DIRECT, OPT_NO_READ_AHEAD, OPT_NO_REPEAT, OPT_TRANSFORM, OPT_RANKS, OPT_JSON, OPT_PLOT, OPT_SEED, OPT_DROP_LAST,
     OPT_VERSION, OPT_AUTO, OPT_SOURCE, OPT_WEIGHTS,
 };
 
@@ -492,6 +499,7 @@ static const struct option longopts[] = {
     {"seconds", required_argument, NULL, OPT_SECONDS},
     {"compute-ms", required_argument, NULL, OPT_COMPUTE_MS},
     {"cold", no_argument, NULL, OPT_COLD},
+    {"warmup-batches", required_argument, NULL, OPT_WARMUP_BATCHES},
     {"direct", no_argument, NULL, OPT_DIRECT},
     {"no-read-ahead", no_argument, NULL, OPT_NO_READ_AHEAD},
     {"no-repeat", no_argument, NULL, OPT_NO_REPEAT},
@@ -534,6 +542,9 @@ static void apply_opt(nb_ctx *ctx, nb_config *cfg, opts *o, int opt, const char 
         break;
     case OPT_COMPUTE_MS: cfg->compute_ms = parse_num("--compute-ms", v, 0, 1e6); break;
     case OPT_COLD: cfg->cold = 1; break;
+    case OPT_WARMUP_BATCHES:
+        cfg->warmup_batches = parse_int("--warmup-batches", v, 0, 1000000000000000);
+        break;
     case OPT_DIRECT: cfg->direct = 1; break;
     case OPT_NO_READ_AHEAD: cfg->no_read_ahead = 1; break;
     case OPT_NO_REPEAT: o->no_repeat = 1; break;
@@ -592,6 +603,7 @@ static void parse_args(int argc, char **argv, nb_ctx *ctx, nb_config *cfg, opts 
     cfg->ranks = 1;
     cfg->device = -1;
     cfg->seconds = 1.5;
+    cfg->warmup_batches = -1;
     o->nworkers = parse_list("1,2", o->workers, NB_MAX_GRID, "--workers");
     o->nprefetch = parse_list("1,2,4", o->prefetch, NB_MAX_GRID, "--prefetch");
     o->io[0] = NPYLOAD_IO_AUTO;
@@ -781,6 +793,9 @@ static void setup_device(nb_ctx *ctx, nb_config *cfg)
     if (cfg->cold)
         add_note(cfg, "cold: files evicted with POSIX_FADV_DONTNEED before each run; a run "
                  "stops at the end of its epoch. ");
+    if (cfg->warmup_batches >= 0)
+        add_note(cfg, "warm-up: %lld untimed batches before each fixed run's timed part "
+                 "(--warmup-batches). ", (long long)cfg->warmup_batches);
 }
 
 /* The ceilings, first, in the same run. .npy.zst fields: no pread_copy (it

@@ -160,6 +160,10 @@ typedef struct nb_config {
     double compute_ms;         /* simulated step; 0 none */
     int cold;
     int direct;
+    int64_t warmup_batches;    /* --warmup-batches N: batches before the timed
+                                  part, wrapping epochs; -1 (default): prefetch
+                                  + 1, at most 4 (1 with --cold, none for
+                                  --auto) */
     int no_read_ahead;         /* --no-read-ahead: READ_AHEAD -1 */
     int64_t seed;              /* --seed (0 by default, as the Loader's) */
     int seed_given;

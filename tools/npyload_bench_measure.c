@@ -222,18 +222,36 @@ static npyload_loader *run_loader(const nb_config *cfg, int workers, int prefetc
     return L;
 }
 
+/* The next batch, wrapping epochs unless --cold (a second epoch would be
+ * partly warm). @return : 0, NPYLOAD_EOF, or an error. */
+static int next_batch(npyload_loader *L, const nb_config *cfg, uint64_t *epoch,
+                      npyload_batch **b)
+{
+    int rc = npyload_loader_next(L, b);
+    if (rc == NPYLOAD_EOF && !cfg->cold) {
+        rc = npyload_loader_set_epoch(L, ++*epoch);
+        if (rc == 0)
+            rc = npyload_loader_next(L, b);
+    }
+    return rc;
+}
+
 /* Warm-up: a few batches, not counted (thread start-up, first touch of
- * slots, the pipeline filling). @return : 0 or the failing code. */
-static int run_warmup(npyload_loader *L, const nb_config *cfg, int prefetch)
+ * slots, the pipeline filling); --warmup-batches N: N, wrapping epochs
+ * (not with --cold: a second epoch would be partly warm). `epoch` : the
+ * epoch reached. @return : 0 or the failing code. */
+static int run_warmup(npyload_loader *L, const nb_config *cfg, int prefetch, uint64_t *epoch)
 {
     int64_t nbatches = npyload_loader_num_batches(L);
     /* Auto (prefetch NPYLOAD_AUTO): none, its convergence counts. */
-    int warm = prefetch < 0 ? 0 : cfg->cold ? 1 : (prefetch + 1 < 4 ? prefetch + 1 : 4);
-    if (nbatches > 0 && warm > nbatches / 2)
-        warm = nbatches / 2 > 0 ? (int)(nbatches / 2) : 0;
-    for (int i = 0; i < warm; i++) {
+    int64_t warm = prefetch < 0 ? 0 : cfg->cold ? 1 : (prefetch + 1 < 4 ? prefetch + 1 : 4);
+    if (prefetch >= 0 && cfg->warmup_batches >= 0)
+        warm = cfg->warmup_batches;
+    else if (nbatches > 0 && warm > nbatches / 2)
+        warm = nbatches / 2 > 0 ? nbatches / 2 : 0;
+    for (int64_t i = 0; i < warm; i++) {
         npyload_batch *b = NULL;
-        int rc = npyload_loader_next(L, &b);
+        int rc = next_batch(L, cfg, epoch, &b);
         if (rc != 0)
             return rc < 0 ? rc : 0;
         if (cfg->device >= 0)
@@ -260,20 +278,6 @@ static void lat_add(lat_log *l, double ms)
         l->cap = cap;
     }
     l->v[l->n++] = ms;
-}
-
-/* The next batch, wrapping epochs unless --cold (a second epoch would be
- * partly warm). @return : 0, NPYLOAD_EOF, or an error. */
-static int next_batch(npyload_loader *L, const nb_config *cfg, uint64_t *epoch,
-                      npyload_batch **b)
-{
-    int rc = npyload_loader_next(L, b);
-    if (rc == NPYLOAD_EOF && !cfg->cold) {
-        rc = npyload_loader_set_epoch(L, ++*epoch);
-        if (rc == 0)
-            rc = npyload_loader_next(L, b);
-    }
-    return rc;
 }
 
 /* The npyload_stats counters a run keeps for its timed part (the
@@ -314,13 +318,14 @@ static void timed_stats(npyload_loader *L, const npyload_stats *st0, uint64_t in
 
 /* The timed batches: each taken with next() (and synced on a GPU without a
  * step kernel), then a simulated step of compute_ms, then released.
- * Fills samples, wall_s, stall and cpu. @return : 0, NPYLOAD_EOF or an
+ * Fills samples, wall_s, stall and cpu. `epoch` : the loader's epoch
+ * (the warm-up may have wrapped). @return : 0, NPYLOAD_EOF or an
  * error. */
 static int run_timed(nb_ctx *ctx, npyload_loader *L, const nb_config *cfg, nb_gpu_step *step,
-                     const char *what, int show, lat_log *lat, nb_run *r)
+                     const char *what, int show, uint64_t epoch, lat_log *lat, nb_run *r)
 {
     uint64_t compute_ns = (uint64_t)(cfg->compute_ms * 1e6);
-    uint64_t bound_ns = (uint64_t)(cfg->seconds * 1e9), epoch = 0, in_next = 0;
+    uint64_t bound_ns = (uint64_t)(cfg->seconds * 1e9), in_next = 0;
     double cpu0 = rusage_cpu_s();
     npyload_stats st0;
     if (npyload_loader_get_stats(L, &st0, sizeof st0) != 0)
@@ -452,7 +457,8 @@ static void add_stats(npyload_loader *L, nb_run *r)
 static void run_loader_measure(nb_ctx *ctx, npyload_loader *L, const nb_config *cfg,
                                int prefetch, double ceiling_gbps, nb_run *r)
 {
-    int rc = run_warmup(L, cfg, prefetch);
+    uint64_t epoch = 0;
+    int rc = run_warmup(L, cfg, prefetch, &epoch);
     if (rc < 0) {
         run_error(r, "next", rc, L);
         return;
@@ -473,7 +479,7 @@ static void run_loader_measure(nb_ctx *ctx, npyload_loader *L, const nb_config *
     char what[64];
     snprintf(what, sizeof what, "%s w=%d p=%d", r->io_requested_name, r->workers, prefetch);
     lat_log lat = {0};
-    rc = run_timed(ctx, L, cfg, step, what, 1, &lat, r);
+    rc = run_timed(ctx, L, cfg, step, what, 1, epoch, &lat, r);
     nb_gpu_step_destroy(step);
     if (rc < 0) {
         free(lat.v);
@@ -506,9 +512,11 @@ typedef struct rank_job {
 static void *rank_main(void *arg)
 {
     rank_job *j = arg;
-    j->rc = run_warmup(j->L, j->cfg, j->prefetch);
+    uint64_t epoch = 0;
+    j->rc = run_warmup(j->L, j->cfg, j->prefetch, &epoch);
     if (j->rc >= 0)
-        j->rc = run_timed(j->ctx, j->L, j->cfg, NULL, j->what, j->rank == 0, &j->lat, &j->r);
+        j->rc = run_timed(j->ctx, j->L, j->cfg, NULL, j->what, j->rank == 0, epoch, &j->lat,
+                          &j->r);
     return NULL;
 }
 
