@@ -628,3 +628,24 @@ def test_a_mixture_is_measured_per_source_and_pasted(bench, dataset, tmp_path):
 def test_mixture_arguments_are_checked(bench, dataset, args, why):
     p = run(bench, *[a.format(d=dataset) for a in args])
     assert p.returncode == 2 and why in p.stderr, p.stderr
+
+
+def test_warmup_batches_wrap_epochs_and_are_said(bench, dataset, tmp_path):
+    """--warmup-batches N: N untimed batches first (20 here: two and a half
+    8-batch epochs, so the warm-up wraps epochs), then the timed ones; the
+    run says so. The default (no option) keeps its own short warm-up."""
+    out_json = tmp_path / "w.json"
+    p = run(bench, *fields(dataset), "--workers", "1", "--prefetch", "2",
+            "--batches", "5", "--batch-size", "8", "--warmup-batches", "20",
+            "--json", out_json)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(out_json.read_text())
+    check_schema(doc)
+    (r,) = doc["runs"]
+    assert r["ok"] and r["batches"] == 5, r
+    assert "warm-up: 20 untimed batches" in p.stdout + json.dumps(doc), p.stdout
+    p = run(bench, *fields(dataset), "--workers", "1", "--prefetch", "2",
+            "--batches", "5", "--batch-size", "8", "--json", out_json)
+    assert p.returncode == 0 and "warm-up:" not in p.stdout + out_json.read_text()
+    p = run(bench, *fields(dataset), "--warmup-batches", "-1")
+    assert p.returncode != 0 and "--warmup-batches" in p.stderr, p.stderr
