@@ -259,7 +259,10 @@ typedef enum npyload_shuffle {
                        "raise; 0 = no limit (default)")                      \
     XX(READ_AHEAD, 18, "0 (default): on when a batch has work after its "   \
                        "reads (.npy.zst decode, narrowed codes, host "      \
-                       "transforms, device copies), else off; 1: on; -1: "  \
+                       "transforms, device copies), else off (host mode "   \
+                       "under NPYLOAD_AUTO: the controller switches it off "\
+                       "while no read blocks, back on when reads block); "  \
+                       "1: on; -1: "                                        \
                        "off. Each worker thread has the reads of its next " \
                        "batch in flight while it decodes and transforms "   \
                        "the current one (a read thread and a second read "  \
@@ -345,7 +348,13 @@ typedef enum npyload_shuffle {
  * keeps slots plus read buffers within MEMORY_BUDGET, never takes a slot the caller holds, settles after a
  * change that did not help (the back-off doubles), and forgets its
  * back-offs when the regime changes (the step time or the throughput moves
- * by more than a third). Order and bytes never depend on it. Device mode:
+ * by more than a third). Where the workers read ahead by default
+ * (READ_AHEAD 0, host mode) it switches read-ahead too: off after two
+ * windows whose reads never blocked (the page cache), kept unless the
+ * mean rate of the next three falls by 5 %; back on at once when the
+ * workers, reading their own batches, block in the reads 5 % of their
+ * time (npyload_stats.read_ahead_on; a worker with read-ahead off fills
+ * one slot). Order and bytes never depend on it. Device mode:
  * the controller changes the workers; the device slots stay at their
  * first count (with NUM_WORKERS fixed there is no controller).
  * npyload_loader_auto_history() lists its decisions. */
