@@ -1110,6 +1110,22 @@ static int sim_reason(sim *s, int reason, int *at)
     return k;
 }
 
+/* The one event of `reason` in the history: it switched read-ahead from
+ * `from` to the other state and changed no count. */
+static npyload_auto_event sim_switch(sim *s, int reason, int from)
+{
+    npyload_auto_event ev[NPYL_AUTO_HISTORY];
+    int at = -1;
+    cr_assert_eq(sim_reason(s, reason, &at), 1, "%s: not one switch",
+                 npyload_auto_reason_name(reason));
+    sim_events(s, ev);
+    cr_assert_eq(ev[at].prev_read_ahead, from);
+    cr_assert_eq(ev[at].read_ahead, !from);
+    cr_assert_eq(ev[at].workers, ev[at].prev_workers);
+    cr_assert_eq(ev[at].slots, ev[at].prev_slots);
+    return ev[at];
+}
+
 /* Transforms in the page cache: no read blocks, neither the workers' nor
  * their read-ahead threads'. After two such windows the controller
  * switches read-ahead off; the rate (the consumer's here) does not fall,
@@ -1123,15 +1139,10 @@ Test(auto_sim, reads_from_the_page_cache_switch_read_ahead_off)
     s.busy = 0.5;
     for (int i = 0; i < 12; i++)
         sim_window(&s, 8, 0.01, 0);
-    int at = -1;
-    cr_assert_eq(sim_reason(&s, NPYLOAD_AUTO_AHEAD_OFF, &at), 1, "no switch off");
+    npyload_auto_event off = sim_switch(&s, NPYLOAD_AUTO_AHEAD_OFF, 1);
+    cr_assert_lt(off.read_blocked, 0.01);
     npyload_auto_event ev[NPYL_AUTO_HISTORY];
     sim_events(&s, ev);
-    cr_assert_eq(ev[at].prev_read_ahead, 1);
-    cr_assert_eq(ev[at].read_ahead, 0);
-    cr_assert_eq(ev[at].workers, ev[at].prev_workers);
-    cr_assert_eq(ev[at].slots, ev[at].prev_slots);
-    cr_assert_lt(ev[at].read_blocked, 0.01);
     cr_assert_eq(ev[0].read_ahead, 1, "the start: read-ahead on");
     cr_assert_eq(sim_reason(&s, NPYLOAD_AUTO_WORSE, NULL), 0, "taken back");
     cr_assert_eq(npyl_auto_ahead(&s.a), 0);
@@ -1153,12 +1164,7 @@ Test(auto_sim, read_ahead_off_that_lowers_the_rate_is_taken_back)
     cr_assert_eq(npyl_auto_ahead(&s.a), 0, "never switched off");
     for (int k = 0; k < 3; k++)
         sim_window(&s, 8, 12, 0); /* 20 % slower */
-    int at = -1;
-    cr_assert_eq(sim_reason(&s, NPYLOAD_AUTO_WORSE, &at), 1);
-    npyload_auto_event ev[NPYL_AUTO_HISTORY];
-    sim_events(&s, ev);
-    cr_assert_eq(ev[at].prev_read_ahead, 0);
-    cr_assert_eq(ev[at].read_ahead, 1);
+    sim_switch(&s, NPYLOAD_AUTO_WORSE, 0);
     cr_assert_eq(npyl_auto_ahead(&s.a), 1);
     cr_assert_eq(s.a.per, 2);
     /* The back-off (4 windows): no second trial in the next three. */
@@ -1181,13 +1187,8 @@ Test(auto_sim, reads_that_block_switch_read_ahead_back_on)
     cr_assert_eq(npyl_auto_ahead(&s.a), 0);
     s.blocked = 0.2;
     sim_window(&s, 8, 0.01, 0);
-    int at = -1;
-    cr_assert_eq(sim_reason(&s, NPYLOAD_AUTO_AHEAD_ON, &at), 1, "not switched back on");
-    npyload_auto_event ev[NPYL_AUTO_HISTORY];
-    sim_events(&s, ev);
-    cr_assert_eq(ev[at].prev_read_ahead, 0);
-    cr_assert_eq(ev[at].read_ahead, 1);
-    cr_assert_geq(ev[at].read_blocked, 0.19);
+    npyload_auto_event on = sim_switch(&s, NPYLOAD_AUTO_AHEAD_ON, 0);
+    cr_assert_geq(on.read_blocked, 0.19);
     cr_assert_eq(s.a.per, 2);
     /* Blocked read-ahead threads keep it on. */
     s.blocked = 0;
