@@ -259,7 +259,10 @@ typedef enum npyload_shuffle {
                        "raise; 0 = no limit (default)")                      \
     XX(READ_AHEAD, 18, "0 (default): on when a batch has work after its "   \
                        "reads (.npy.zst decode, narrowed codes, host "      \
-                       "transforms, device copies), else off; 1: on; -1: "  \
+                       "transforms, device copies), else off (host mode "   \
+                       "under NPYLOAD_AUTO: the controller switches it off "\
+                       "while no read blocks, back on when reads block); "  \
+                       "1: on; -1: "                                        \
                        "off. Each worker thread has the reads of its next " \
                        "batch in flight while it decodes and transforms "   \
                        "the current one (a read thread and a second read "  \
@@ -345,7 +348,13 @@ typedef enum npyload_shuffle {
  * keeps slots plus read buffers within MEMORY_BUDGET, never takes a slot the caller holds, settles after a
  * change that did not help (the back-off doubles), and forgets its
  * back-offs when the regime changes (the step time or the throughput moves
- * by more than a third). Order and bytes never depend on it. Device mode:
+ * by more than a third). Where the workers read ahead by default
+ * (READ_AHEAD 0, host mode) it switches read-ahead too: off after two
+ * windows whose reads never blocked (the page cache), kept unless the
+ * mean rate of the next three falls by 5 %; back on at once when the
+ * workers, reading their own batches, block in the reads 5 % of their
+ * time (npyload_stats.read_ahead_on; a worker with read-ahead off fills
+ * one slot). Order and bytes never depend on it. Device mode:
  * the controller changes the workers; the device slots stay at their
  * first count (with NUM_WORKERS fixed there is no controller).
  * npyload_loader_auto_history() lists its decisions. */
@@ -1315,6 +1324,11 @@ typedef struct npyload_stats {
                                    one for the next pass. A share of
                                    num_workers x elapsed_ns well above 0:
                                    a slot more would be used */
+    uint64_t read_ahead_on;     /* 1: the workers read ahead now (READ_AHEAD
+                                   1, or the default where a batch has work
+                                   after its reads, unless NPYLOAD_AUTO's
+                                   controller switched it off: the reads
+                                   served from the page cache); 0 */
 } npyload_stats;
 
 /*! npyload_fill_state: npyload_stats.fill_state. */
@@ -1343,12 +1357,20 @@ typedef enum npyload_auto_reason {
     NPYLOAD_AUTO_REGIME = 6, /* the step or the throughput moved: back-offs
                                 forgotten (no count changes) */
     NPYLOAD_AUTO_FORCED = 7, /* AUTO_FORCE (testing) */
-    NPYLOAD_AUTO_UNUSED = 8  /* the loader is the limit (the consumer waits,
+    NPYLOAD_AUTO_UNUSED = 8, /* the loader is the limit (the consumer waits,
                                 no worker or slot more is tried) and holds
                                 slots beyond those its workers fill, those
                                 the loop holds and one ready: one fewer,
                                 taken back (WORSE) when the throughput
                                 falls */
+    NPYLOAD_AUTO_AHEAD_OFF = 9, /* read-ahead switched off (READ_AHEAD 0):
+                                   the reads never blocked (the page
+                                   cache) for windows in a row; taken back
+                                   (WORSE, read-ahead on) when the
+                                   throughput falls */
+    NPYLOAD_AUTO_AHEAD_ON = 10 /* read-ahead switched back on: the workers,
+                                  reading each batch themselves, blocked
+                                  in the reads (a cold disk) */
 } npyload_auto_reason;
 
 /*! One decision of the controller (npyload_loader_auto_history), with the
@@ -1372,6 +1394,9 @@ typedef struct npyload_auto_event {
     /* Appended (the sized-struct rule): */
     double slot_wait;           /* workers' wait for a free slot over the
                                    same (npyload_stats.slot_wait_ns) */
+    int32_t read_ahead, prev_read_ahead; /* the workers' read-ahead after it
+                                            and before (1 on, 0 off;
+                                            npyload_stats.read_ahead_on) */
 } npyload_auto_event;
 
 /*! npyload_loader_auto_history() : the controller's last decisions
@@ -1387,7 +1412,8 @@ NPYLOAD_API int npyload_loader_auto_history(const npyload_loader *L, npyload_aut
                                             size_t n, size_t size, uint64_t *total);
 
 /*! npyload_auto_reason_name() : "start", "wait", "no-gain", "spare", "worse",
- * "held", "regime", "forced", "unused", or "?" for an unknown value. */
+ * "held", "regime", "forced", "unused", "read-ahead-off", "read-ahead-on",
+ * or "?" for an unknown value. */
 NPYLOAD_API const char *npyload_auto_reason_name(int reason);
 
 /*! npyload_stats_verdict() : one line naming where the time of `s` went

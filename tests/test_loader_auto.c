@@ -413,11 +413,15 @@ typedef struct sim {
     double blocked; /* the share of the workers' time blocked in reads */
     double busy;    /* the share of the workers' time reading and transforming */
     double slot_wait; /* the share of the workers' time waiting for a free slot */
+    double ahead_blocked; /* the read-ahead threads' off-CPU share (of the
+                             workers' time), which the workers also waited */
 } sim;
 
-/* Starts as the Python default does: 2 workers, 3 slots (prefetch auto),
- * the caller holding `held` batches while it calls next(). */
-static void sim_start(sim *s, size_t held)
+/* Starts as the Python default does: 2 workers, 3 slots (prefetch auto;
+ * with read-ahead, `ahead` 1: 4, the controller owning its switch; 2: 4,
+ * READ_AHEAD 1 given), the caller holding `held` batches while it calls
+ * next(). */
+static void sim_start_ahead(sim *s, size_t held, int ahead)
 {
     memset(s, 0, sizeof *s);
     npyl_auto_init(&s->a);
@@ -430,12 +434,14 @@ static void sim_start(sim *s, size_t held)
         .slot_bytes = 4096,
         .worker_bytes = 4096,
         .budget = (2 + SIM_SLOTS) * 4096, /* room for SIM_SLOTS slots */
+        .ahead = ahead > 0,
+        .ahead_switch = ahead == 1,
     };
     size_t w0, cw, s0, cs;
     char err[256];
     cr_assert_eq(npyl_auto_plan(&s->a, &su, &w0, &cw, &s0, &cs, err, sizeof err), 0, "%s", err);
     cr_assert_eq(w0, 2);
-    cr_assert_eq(s0, 3, "the workers' fill and the held slot");
+    cr_assert_eq(s0, ahead ? 4 : 3, "the workers' fill and the held slot");
     cr_assert_eq(cs, SIM_SLOTS);
     s->r.hslots = s->slots;
     s->r.nh = SIM_SLOTS;
@@ -448,9 +454,12 @@ static void sim_start(sim *s, size_t held)
     s->r.held = held;
     npyl_worker_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
+    cfg.ahead = ahead > 0;
     s->m.now_ns = 1000000000ull;
     npyl_auto_begin(&s->a, &s->r, s->workers, w0, NULL, &cfg, &s->dev, &s->m);
 }
+
+static void sim_start(sim *s, size_t held) { sim_start_ahead(s, held, 0); }
 
 static void sim_end(sim *s)
 {
@@ -478,6 +487,10 @@ static void sim_window(sim *s, double step_ms, double wait_ms, double fill_ms)
                                (double)npyl_auto_workers(&s->a));
     s->m.slot_wait_ns += (uint64_t)(s->slot_wait * (double)(step + wait) *
                                     (double)npyl_auto_workers(&s->a));
+    uint64_t ab = (uint64_t)(s->ahead_blocked * (double)(step + wait) *
+                             (double)npyl_auto_workers(&s->a));
+    s->m.ahead_blocked_ns += ab;
+    s->m.read_wait_ns += ab;
     npyl_auto_tick(&s->a, &s->m);
 }
 
@@ -1082,4 +1095,127 @@ Test(auto, slot_wait_counts_the_workers_wait_for_a_free_slot)
     cr_assert_eq(st.slot_wait_ns, at_end, "the wait for the next pass counted as slot wait");
     npyload_loader_destroy(L);
     tu_rmtree(d.dir);
+}
+
+/* ---- read-ahead: the controller's switch (issue 37 item 5) ---- */
+
+/* The events of `reason` in the history, the first one's index in *at. */
+static int sim_reason(sim *s, int reason, int *at)
+{
+    npyload_auto_event ev[NPYL_AUTO_HISTORY];
+    int n = sim_events(s, ev), k = 0;
+    for (int i = 0; i < n; i++)
+        if (ev[i].reason == reason && k++ == 0 && at)
+            *at = i;
+    return k;
+}
+
+/* The one event of `reason` in the history: it switched read-ahead from
+ * `from` to the other state and changed no count. */
+static npyload_auto_event sim_switch(sim *s, int reason, int from)
+{
+    npyload_auto_event ev[NPYL_AUTO_HISTORY];
+    int at = -1;
+    cr_assert_eq(sim_reason(s, reason, &at), 1, "%s: not one switch",
+                 npyload_auto_reason_name(reason));
+    sim_events(s, ev);
+    cr_assert_eq(ev[at].prev_read_ahead, from);
+    cr_assert_eq(ev[at].read_ahead, !from);
+    cr_assert_eq(ev[at].workers, ev[at].prev_workers);
+    cr_assert_eq(ev[at].slots, ev[at].prev_slots);
+    return ev[at];
+}
+
+/* Transforms in the page cache: no read blocks, neither the workers' nor
+ * their read-ahead threads'. After two such windows the controller
+ * switches read-ahead off; the rate (the consumer's here) does not fall,
+ * so it stays off, and the workers count one slot each. */
+Test(auto_sim, reads_from_the_page_cache_switch_read_ahead_off)
+{
+    sim s;
+    sim_start_ahead(&s, 1, 1);
+    cr_assert_eq(npyl_auto_ahead(&s.a), 1);
+    cr_assert_eq(s.a.per, 2);
+    s.busy = 0.5;
+    for (int i = 0; i < 12; i++)
+        sim_window(&s, 8, 0.01, 0);
+    npyload_auto_event off = sim_switch(&s, NPYLOAD_AUTO_AHEAD_OFF, 1);
+    cr_assert_lt(off.read_blocked, 0.01);
+    npyload_auto_event ev[NPYL_AUTO_HISTORY];
+    sim_events(&s, ev);
+    cr_assert_eq(ev[0].read_ahead, 1, "the start: read-ahead on");
+    cr_assert_eq(sim_reason(&s, NPYLOAD_AUTO_WORSE, NULL), 0, "taken back");
+    cr_assert_eq(npyl_auto_ahead(&s.a), 0);
+    cr_assert_eq(s.a.per, 1, "a worker without read-ahead fills one slot");
+    sim_end(&s);
+}
+
+/* Read-ahead off that lowers the rate (the loop waits more: the workers
+ * were limited by their reads after all) is switched back on (WORSE),
+ * and the next trial off waits for the back-off. */
+Test(auto_sim, read_ahead_off_that_lowers_the_rate_is_taken_back)
+{
+    sim s;
+    sim_start_ahead(&s, 1, 1);
+    s.busy = 0.5;
+    int i = 0;
+    for (; i < 12 && npyl_auto_ahead(&s.a); i++)
+        sim_window(&s, 8, 4, 0);
+    cr_assert_eq(npyl_auto_ahead(&s.a), 0, "never switched off");
+    for (int k = 0; k < 3; k++)
+        sim_window(&s, 8, 12, 0); /* 20 % slower */
+    sim_switch(&s, NPYLOAD_AUTO_WORSE, 0);
+    cr_assert_eq(npyl_auto_ahead(&s.a), 1);
+    cr_assert_eq(s.a.per, 2);
+    /* The back-off (4 windows): no second trial in the next three. */
+    for (int k = 0; k < 3; k++)
+        sim_window(&s, 8, 12, 0);
+    cr_assert_eq(sim_reason(&s, NPYLOAD_AUTO_AHEAD_OFF, NULL), 1, "retried at once");
+    sim_end(&s);
+}
+
+/* A regime change to a cold disk: read-ahead off, the workers now block
+ * in their own reads 20 % of their time: read-ahead back on in the next
+ * window, unjudged; and off again when the reads are cached once more. */
+Test(auto_sim, reads_that_block_switch_read_ahead_back_on)
+{
+    sim s;
+    sim_start_ahead(&s, 1, 1);
+    s.busy = 0.5;
+    for (int i = 0; i < 12; i++)
+        sim_window(&s, 8, 0.01, 0);
+    cr_assert_eq(npyl_auto_ahead(&s.a), 0);
+    s.blocked = 0.2;
+    sim_window(&s, 8, 0.01, 0);
+    npyload_auto_event on = sim_switch(&s, NPYLOAD_AUTO_AHEAD_ON, 0);
+    cr_assert_geq(on.read_blocked, 0.19);
+    cr_assert_eq(s.a.per, 2);
+    /* Blocked read-ahead threads keep it on. */
+    s.blocked = 0;
+    s.ahead_blocked = 0.2;
+    for (int i = 0; i < 8; i++)
+        sim_window(&s, 8, 0.01, 0);
+    cr_assert_eq(npyl_auto_ahead(&s.a), 1, "switched off while the reads blocked");
+    s.ahead_blocked = 0;
+    for (int i = 0; i < 8; i++)
+        sim_window(&s, 8, 0.01, 0);
+    cr_assert_eq(sim_reason(&s, NPYLOAD_AUTO_AHEAD_OFF, NULL), 2);
+    cr_assert_eq(npyl_auto_ahead(&s.a), 0);
+    sim_end(&s);
+}
+
+/* READ_AHEAD 1 given (or workers made without read-ahead): the
+ * controller never switches it, however cached the reads. */
+Test(auto_sim, an_explicit_read_ahead_is_never_switched)
+{
+    for (int ahead = 0; ahead <= 2; ahead += 2) {
+        sim s;
+        sim_start_ahead(&s, 1, ahead);
+        s.busy = 0.5;
+        for (int i = 0; i < 16; i++)
+            sim_window(&s, 8, 0.01, 0);
+        cr_assert_eq(sim_reason(&s, NPYLOAD_AUTO_AHEAD_OFF, NULL), 0, "READ_AHEAD %d", ahead);
+        cr_assert_eq(npyl_auto_ahead(&s.a), ahead ? 1 : 0);
+        sim_end(&s);
+    }
 }

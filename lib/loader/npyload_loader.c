@@ -98,7 +98,8 @@ int npyload_loader_create(npyload_loader **out)
     L->dev.device = -1;
     L->pid = getpid();
     atomic_init(&L->refs, 1);
-    L->env = (npyl_work_env){.ring = &L->ring, .rv = &L->rv, .dev = &L->dev, .st = &L->st};
+    L->env = (npyl_work_env){.ring = &L->ring, .rv = &L->rv, .dev = &L->dev, .st = &L->st,
+                             .ahead_on = &L->ctrl.ahead_on};
     *out = L;
     return 0;
 }
@@ -462,6 +463,7 @@ int npyload_loader_get_stats(const npyload_loader *L, npyload_stats *dst,
     out->memory_bytes = L->started ? npyl_auto_bytes((npyl_auto *)&L->ctrl) : 0;
     out->parked_slots = L->started ? npyl_auto_parked((npyl_auto *)&L->ctrl) : 0;
     out->slot_wait_ns = atomic_load(&L->ring.slot_wait_ns);
+    out->read_ahead_on = L->started ? (uint64_t)npyl_auto_ahead((npyl_auto *)&L->ctrl) : 0;
     if (L->started) {
         uint64_t total = 0;
         npyl_auto_history((npyl_auto *)&L->ctrl, NULL, 0, sizeof(npyload_auto_event), &total);
@@ -512,7 +514,7 @@ const char *npyload_auto_reason_name(int reason)
 {
     static const char *const names[] = {"start", "wait", "no-gain", "spare",
                                         "worse", "held", "regime", "forced",
-                                        "unused"};
+                                        "unused", "read-ahead-off", "read-ahead-on"};
     return reason >= 0 && reason < (int)(sizeof names / sizeof *names) ? names[reason] : "?";
 }
 

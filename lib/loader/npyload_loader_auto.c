@@ -27,14 +27,24 @@
 #define DEVICE_TRIAL 0.1 /* workers not BUSY_FULL that wait for a device
                             this share of their time earn a trial of one
                             worker above the cores */
+#define AHEAD_CACHED 0.01 /* reads blocked below this share of the workers'
+                             time (theirs and their read-ahead threads'):
+                             every read served from the page cache */
+#define AHEAD_WINDOWS 2   /* such windows in a row before read-ahead off */
+#define AHEAD_JUDGE 3     /* windows that judge read-ahead off */
+#define AHEAD_BLOCKED 0.05 /* workers reading their own batches (read-ahead
+                              off) blocked this share of their time: the
+                              reads wait for a device again, read-ahead
+                              back on */
 #define BACKOFF_MAX 64u  /* windows */
 #define AUTO_MAX_SLOTS NPYL_AUTO_MAX_SLOTS
 #define FORCE_MAX_WORKERS 4
 #define FORCE_MAX_SLOTS 8
 
-/* ACT_TRIM_S: a slot removed while the loader is the limit (UNUSED). */
-enum { ACT_NONE = 0, ACT_ADD_W, ACT_DROP_W, ACT_DROP_S, ACT_ADD_S, ACT_TRIM_S };
-enum { B_ADD_W = 0, B_DROP_W, B_DROP_S, B_ADD_S };
+/* ACT_TRIM_S: a slot removed while the loader is the limit (UNUSED).
+ * ACT_AHEAD_OFF: read-ahead switched off (AHEAD_OFF). */
+enum { ACT_NONE = 0, ACT_ADD_W, ACT_DROP_W, ACT_DROP_S, ACT_ADD_S, ACT_TRIM_S, ACT_AHEAD_OFF };
+enum { B_ADD_W = 0, B_DROP_W, B_DROP_S, B_ADD_S, B_AHEAD };
 
 void npyl_auto_init(npyl_auto *a)
 {
@@ -108,6 +118,7 @@ int npyl_auto_plan(npyl_auto *a, const npyl_auto_setup *s, size_t *workers0,
     a->mode = mode;
     a->device_mode = s->device_mode;
     a->per = s->ahead ? 2 : 1;
+    a->ahead_switch = s->ahead && s->ahead_switch && !s->device_mode;
     a->slot_bytes = s->slot_bytes;
     a->worker_bytes = s->worker_bytes;
     a->force = s->force;
@@ -172,6 +183,8 @@ int npyl_auto_plan(npyl_auto *a, const npyl_auto_setup *s, size_t *workers0,
 typedef struct window {
     double share, rate, busy, blocked, step_pb;
     double slot_wait; /* the workers' wait for a free slot (their share) */
+    double ahead_blocked; /* the read-ahead threads' off-CPU time in their
+                             reads (over the workers' time) */
 } window;
 
 /* One event of the history: the change from (pw, ps) to the counts now,
@@ -195,7 +208,10 @@ static void record(npyl_auto *a, const npyl_auto_meas *m, int reason, size_t pw,
         .worker_busy = w->busy,
         .read_blocked = w->blocked,
         .slot_wait = w->slot_wait,
+        .read_ahead = npyl_auto_ahead(a),
+        .prev_read_ahead = a->logged_ahead,
     };
+    a->logged_ahead = e.read_ahead;
     pthread_mutex_lock(&a->hist_mu);
     uint64_t n = atomic_load(&a->nevents);
     a->hist[n % NPYL_AUTO_HISTORY] = e;
@@ -218,6 +234,16 @@ void npyl_auto_begin(npyl_auto *a, npyl_ring *ring, npyl_worker *workers, size_t
     a->force_at = m->batches;
     a->w_ceiling = a->cap_workers;
     a->workers_arr = workers;
+    /* Workers made without a read-ahead context (the descriptors did not
+     * allow two) fill one slot each and have nothing to switch. */
+    if (!cfg->ahead) {
+        a->per = 1;
+        a->ahead_switch = 0;
+    }
+    atomic_store(&a->ahead_on, cfg->ahead); /* before any worker thread starts */
+    a->cached = 0;
+    a->cached_rate = 0;
+    a->logged_ahead = npyl_auto_ahead(a);
     a->nparked = 0; /* the stop before freed every slot's memory */
     atomic_store(&a->live_parked, 0);
     /* A start after a stop begins a new search and a new history. */
@@ -294,6 +320,15 @@ static size_t apply_workers(npyl_auto *a, size_t want)
     a->workers = want;
     atomic_store(&a->live_workers, want);
     return want;
+}
+
+/* Read-ahead on or off (ahead_switch): the workers read the switch
+ * between batches; one with read-ahead off claims one batch at a time, so
+ * it fills one slot (per: the slots the workers need follow). */
+static void apply_ahead(npyl_auto *a, int on)
+{
+    atomic_store(&a->ahead_on, on);
+    a->per = on ? 2 : 1;
 }
 
 /* Whether the change being judged removed slots: those it takes out are
@@ -375,15 +410,18 @@ static void forced(npyl_auto *a, const npyl_auto_meas *m)
     a->force_at = m->batches;
     uint64_t h = mix64(++a->force_k);
     size_t pw = a->workers, ps = a->slots;
+    int pa = npyl_auto_ahead(a);
     if (a->mode & NPYL_AUTO_WORKERS) {
         size_t top = a->cap_workers < FORCE_MAX_WORKERS ? a->cap_workers : FORCE_MAX_WORKERS;
         apply_workers(a, 1 + (size_t)(h % top));
     }
+    if (a->ahead_switch)
+        apply_ahead(a, (int)((h >> 20) & 1));
     if (a->mode & NPYL_AUTO_SLOTS) {
         size_t top = a->cap_slots < FORCE_MAX_SLOTS ? a->cap_slots : FORCE_MAX_SLOTS;
         apply_slots(a, 2 + (size_t)((h >> 32) % (top > 2 ? top - 1 : 1)));
     }
-    if (pw != a->workers || ps != a->slots)
+    if (pw != a->workers || ps != a->slots || pa != npyl_auto_ahead(a))
         record(a, m, NPYLOAD_AUTO_FORCED, pw, ps, NULL);
 }
 
@@ -442,6 +480,54 @@ static int remove_slot(npyl_auto *a, int act)
     return 0;
 }
 
+/* Read-ahead (ahead_switch), before the counts: off, judged (judge),
+ * after AHEAD_WINDOWS windows in a row whose reads never blocked
+ * (AHEAD_CACHED: the workers' and their read-ahead threads' off-CPU time
+ * in reads; every read a copy from the page cache, where the second
+ * batch in flight only costs its hand-offs, its memory and, on busy
+ * cores, the time its thread takes from the decode). Returns the reason
+ * of a change, or -1. (Back on: ahead_back_on.) */
+static int decide_ahead(npyl_auto *a, const window *w)
+{
+    if (!atomic_load(&a->ahead_on))
+        return -1;
+    if (w->blocked + w->ahead_blocked >= AHEAD_CACHED || a->win < a->until[B_AHEAD]) {
+        a->cached = 0;
+        a->cached_rate = 0;
+        return -1;
+    }
+    a->cached_rate += w->rate;
+    if (++a->cached < AHEAD_WINDOWS)
+        return -1;
+    a->base_rate = a->cached_rate / a->cached;
+    a->cached = 0;
+    a->cached_rate = 0;
+    apply_ahead(a, 0);
+    a->pending = ACT_AHEAD_OFF;
+    return NPYLOAD_AUTO_AHEAD_OFF;
+}
+
+/* Read-ahead off (ahead_switch) and the workers, reading their own
+ * batches, blocked AHEAD_BLOCKED of the window (a cold disk, the cache
+ * evicted: the reads wait for a device, where a read in flight while the
+ * batch before decodes keeps the cores busy): back on at once, not
+ * judged, whatever change is being judged (a trial of read-ahead off
+ * ends there); the back-off of the trial off goes, so that the next warm
+ * pass tries it again. */
+static void ahead_back_on(npyl_auto *a, const npyl_auto_meas *m, const window *w)
+{
+    if (!a->ahead_switch || atomic_load(&a->ahead_on) || w->blocked < AHEAD_BLOCKED)
+        return;
+    if (a->pending == ACT_AHEAD_OFF)
+        a->pending = ACT_NONE;
+    apply_ahead(a, 1);
+    a->backoff[B_AHEAD] = 0;
+    a->until[B_AHEAD] = 0;
+    a->cached = 0;
+    a->cached_rate = 0;
+    record(a, m, NPYLOAD_AUTO_AHEAD_ON, a->workers, a->slots, w);
+}
+
 /* One decision from the window w (no change being judged). A count rises
  * only after HOT_WINDOWS windows in a row above the target; the change is
  * then judged over JUDGE_WINDOWS windows (judge). */
@@ -451,7 +537,11 @@ static void decide(npyl_auto *a, const npyl_auto_meas *m, const window *w, size_
     int reason = -1;
     a->pending = ACT_NONE;
     int aw = a->mode & NPYL_AUTO_WORKERS, as = a->mode & NPYL_AUTO_SLOTS;
-    if (w->share > a->target) {
+    if (a->ahead_switch && (reason = decide_ahead(a, w)) >= 0) {
+        /* The windows before the switch count for nothing after it. */
+        a->hot = a->calm = 0;
+        a->hot_rate = a->hot_slot_wait = 0;
+    } else if (w->share > a->target) {
         a->calm = 0;
         a->hot_rate += w->rate;
         a->hot_slot_wait += w->slot_wait;
@@ -551,7 +641,7 @@ static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
         a->seen_max_share = w->share;
     a->seen_rate += w->rate;
     a->seen_slot_wait += w->slot_wait;
-    if (++a->judged < JUDGE_WINDOWS)
+    if (++a->judged < (a->pending == ACT_AHEAD_OFF ? AHEAD_JUDGE : JUDGE_WINDOWS))
         return;
     size_t pw = a->workers, ps = a->slots;
     int act = a->pending;
@@ -614,6 +704,15 @@ static void judge(npyl_auto *a, const npyl_auto_meas *m, const window *w)
         a->calm = CALM_WINDOWS - 1;
         if (act == ACT_DROP_S)
             a->low_slots = a->slots;
+    } else if (act == ACT_AHEAD_OFF && a->seen_rate / n * GAIN < a->base_rate) {
+        /* Read-ahead off is kept unless the mean rate of its windows fell
+         * by GAIN against the cached windows before it (the mean: one
+         * window's rate swings 2x in the page cache with transforms). */
+        apply_ahead(a, 1);
+        back_off(a, B_AHEAD);
+        record(a, m, NPYLOAD_AUTO_WORSE, pw, ps, w);
+    } else if (act == ACT_AHEAD_OFF) {
+        a->backoff[B_AHEAD] = 0;
     }
     release_parked(a);
 }
@@ -664,9 +763,11 @@ void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m)
         .blocked = (double)(m->blocked_ns - a->last.blocked_ns + ahead_wait) / wk,
         .step_pb = (double)step / (double)nb,
         .slot_wait = (double)(m->slot_wait_ns - a->last.slot_wait_ns) / wk,
+        .ahead_blocked = (double)ab / wk,
     };
     a->last = *m;
     a->win++;
+    ahead_back_on(a, m, &w);
     if (a->pending) {
         /* The windows that judge a change set no reference; the one from
          * before it stays, so that a regime change made while a change is
@@ -720,6 +821,8 @@ size_t npyl_auto_workers(npyl_auto *a) { return atomic_load(&a->live_workers); }
 size_t npyl_auto_slots(npyl_auto *a) { return atomic_load(&a->live_slots); }
 size_t npyl_auto_made(npyl_auto *a) { return atomic_load(&a->live_made); }
 size_t npyl_auto_parked(npyl_auto *a) { return atomic_load(&a->live_parked); }
+
+int npyl_auto_ahead(npyl_auto *a) { return atomic_load(&a->ahead_on); }
 
 uint64_t npyl_auto_bytes(npyl_auto *a)
 {

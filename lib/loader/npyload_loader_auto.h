@@ -40,6 +40,8 @@ typedef struct npyl_auto_setup {
     size_t slots;           /* a fixed PREFETCH (mode without SLOTS) */
     int device_mode;
     int ahead;              /* workers read ahead: each fills two slots */
+    int ahead_switch;       /* the controller may switch read-ahead off and
+                               on (READ_AHEAD 0, host mode) */
     uint64_t budget;        /* MEMORY_BUDGET, 0 = default */
     int64_t cores;          /* AUTO_CORES, 0 = the process's */
     int64_t target_bp;      /* AUTO_TARGET, 0 = default */
@@ -66,6 +68,8 @@ typedef struct npyl_auto {
     int mode;
     int device_mode;
     size_t per;              /* slots one worker fills at once (1, 2 ahead) */
+    int ahead_switch;        /* workers made with read-ahead whose switch
+                                the controller owns (ahead_on) */
     size_t cap_workers;      /* the workers array */
     size_t core_workers;     /* the ceiling unless reads wait for a device
                                 (AUTO_CORES, else the process's cores) */
@@ -104,6 +108,12 @@ typedef struct npyl_auto {
                                    the next one confirms a new regime */
     int settling;            /* the window after a verdict: not measured
                                 for a regime */
+    /* Read-ahead (ahead_switch): the windows in a row whose reads never
+     * blocked (served from the page cache) and their rates, summed; the
+     * state the history's last event recorded. */
+    unsigned cached;
+    double cached_rate;
+    int logged_ahead;
     size_t w_ceiling;        /* adding up to this did not help */
     size_t trial_slots;      /* the slots before a worker trial */
     size_t used_slots;       /* the workers waited for a free slot with
@@ -116,9 +126,13 @@ typedef struct npyl_auto {
                                 changes) */
     uint64_t win, force_k, force_at;
     unsigned calm;
-    uint64_t until[4];       /* windows: add worker, drop worker, drop slot,
-                                add slot */
-    unsigned backoff[4];
+    uint64_t until[5];       /* windows: add worker, drop worker, drop slot,
+                                add slot, read-ahead off */
+    unsigned backoff[5];
+    /* The workers' read-ahead now: 1 on, 0 off (the switch they read
+     * between batches, npyl_work_env.ahead_on); without ahead_switch,
+     * whether start made them with read-ahead. */
+    _Atomic int ahead_on;
     /* published for queries */
     _Atomic size_t live_workers, live_slots, live_made, live_parked;
     _Atomic uint64_t nevents;
@@ -146,11 +160,12 @@ NPYL_HIDDEN void npyl_auto_begin(npyl_auto *a, npyl_ring *ring, npyl_worker *wor
 NPYL_HIDDEN void npyl_auto_tick(npyl_auto *a, const npyl_auto_meas *m);
 
 /* Queries: the current counts, the bytes they hold (parked slots
- * included), the history. */
+ * included), whether the workers read ahead now, the history. */
 NPYL_HIDDEN size_t npyl_auto_workers(npyl_auto *a);
 NPYL_HIDDEN size_t npyl_auto_slots(npyl_auto *a);
 NPYL_HIDDEN size_t npyl_auto_made(npyl_auto *a);
 NPYL_HIDDEN size_t npyl_auto_parked(npyl_auto *a);
+NPYL_HIDDEN int npyl_auto_ahead(npyl_auto *a);
 NPYL_HIDDEN uint64_t npyl_auto_bytes(npyl_auto *a);
 NPYL_HIDDEN size_t npyl_auto_history(npyl_auto *a, npyload_auto_event *ev, size_t n,
                                      size_t size, uint64_t *total);

@@ -825,6 +825,7 @@ static int plan_auto(npyload_loader *L, int mode, size_t *nworkers, size_t *cap_
         .slots = *prefetch,
         .device_mode = L->dev.device >= 0,
         .ahead = ahead,
+        .ahead_switch = L->opt[NPYLOAD_OPT_READ_AHEAD] == 0,
         .budget = (uint64_t)L->opt[NPYLOAD_OPT_MEMORY_BUDGET],
         .cores = L->opt[NPYLOAD_OPT_AUTO_CORES],
         .target_bp = L->opt[NPYLOAD_OPT_AUTO_TARGET],

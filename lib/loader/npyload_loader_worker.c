@@ -278,8 +278,10 @@ static int begin_job(npyl_worker *w, fill_job *j, int here)
  * batch k, the reads of the next batch it claimed are in flight. The next
  * batch is claimed without waiting (npyl_slots_claim_ahead), right after
  * batch k's own reads are done and before its decode starts; when no slot
- * is free, the worker finishes k and then waits for a claim as without
- * read-ahead. A worker holds at most two slots. */
+ * is free, or the controller switched read-ahead off (env->ahead_on,
+ * read once a batch), the worker finishes k and then waits for a claim as
+ * without read-ahead, reading that batch itself. A worker holds at most
+ * two slots (one while read-ahead is off). */
 static void run_ahead(npyl_worker *w, int bind_rc)
 {
     npyl_ring *ring = w->env->ring;
@@ -299,7 +301,9 @@ static void run_ahead(npyl_worker *w, int bind_rc)
             atomic_fetch_add(&w->env->st->read_wait_ns, npyl_now_ns() - t0);
         }
         int next_begun = 0;
-        npyl_slot *n = npyl_slots_claim_ahead(ring, w->index, &pend);
+        npyl_slot *n = NULL;
+        if (atomic_load_explicit(w->env->ahead_on, memory_order_relaxed))
+            n = npyl_slots_claim_ahead(ring, w->index, &pend);
         if (n) {
             next = job_of(w, n, pend);
             next_begun = begin_job(w, &next, 0);

@@ -20,6 +20,11 @@ typedef struct npyl_work_env {
     const npyl_read_view *rv;   /* rv->fields / nfields: the slot layout too */
     const npyl_device *dev;
     npyl_stats *st;
+    /* Read-ahead on (1) or off (0) now, for workers made with it: the
+     * controller's switch (NPYLOAD_AUTO), read between batches. Off, a
+     * worker claims no second batch and reads each batch itself (its
+     * second context and thread stay, idle). */
+    const _Atomic int *ahead_on;
 } npyl_work_env;
 
 typedef struct npyl_worker {

@@ -456,34 +456,42 @@ class Loader(Generic[_B]):
         if total == self._auto_seen:
             return
         self._auto_seen = total
-        for (t_ns, batch, w, s, pw, ps, why, share, rate, busy, blocked, _slot) in events:
+        for (t_ns, batch, w, s, pw, ps, why, share, rate, busy, blocked, _slot, ahead,
+             pahead) in events:
             if why == "start" or not _auto_log.isEnabledFor(_logging.INFO):
                 continue
             _auto_log.info(
-                "npyload auto: workers %d->%d, slots %d->%d (%s) at batch %d, %.1f s: "
-                "consumer waited %.1f%% of its loop, %.0f samples/s, workers busy %.0f%%, "
-                "blocked in reads %.0f%%", pw, w, ps, s, why, batch, t_ns / 1e9,
-                100 * share, rate, 100 * busy, 100 * blocked)
+                "npyload auto: workers %d->%d, slots %d->%d, read-ahead %s->%s (%s) at "
+                "batch %d, %.1f s: consumer waited %.1f%% of its loop, %.0f samples/s, "
+                "workers busy %.0f%%, blocked in reads %.0f%%", pw, w, ps, s,
+                "on" if pahead else "off", "on" if ahead else "off", why, batch,
+                t_ns / 1e9, 100 * share, rate, 100 * busy, 100 * blocked)
 
     def auto_history(self) -> list[dict[str, Any]]:
         """The controller's last decisions (at most 32), oldest first: dicts
         with t (seconds since the first iter()), batch, workers, slots,
         prev_workers, prev_slots, reason ("start", "wait", "no-gain",
-        "spare", "worse", "held", "regime", "forced", "unused") and the window's
-        measurements behind it: wait_share (the loop's wait in next() over
-        wait + step), samples_per_s, worker_busy, read_blocked and slot_wait
-        (shares of the workers' time; slot_wait: waiting for a free slot).
+        "spare", "worse", "held", "regime", "forced", "unused",
+        "read-ahead-off", "read-ahead-on"), read_ahead and prev_read_ahead
+        (the workers read ahead after it and before: True or False) and the
+        window's measurements behind it: wait_share (the loop's wait in
+        next() over wait + step), samples_per_s, worker_busy, read_blocked
+        and slot_wait (shares of the workers' time; slot_wait: waiting for a
+        free slot).
         Empty before the first iter() and with explicit num_workers and
         prefetch."""
         if not self._running:
             return []
         _, events = self._live().auto_history(0)
         keys = ("t", "batch", "workers", "slots", "prev_workers", "prev_slots", "reason",
-                "wait_share", "samples_per_s", "worker_busy", "read_blocked", "slot_wait")
+                "wait_share", "samples_per_s", "worker_busy", "read_blocked", "slot_wait",
+                "read_ahead", "prev_read_ahead")
         out = []
         for e in events:
             d = dict(zip(keys, e))
             d["t"] = e[0] / 1e9
+            d["read_ahead"] = bool(d["read_ahead"])
+            d["prev_read_ahead"] = bool(d["prev_read_ahead"])
             out.append(d)
         return out
 

@@ -69,8 +69,11 @@ LOADER = """Batches of NPY fields, read by worker threads into reused slots.
         that work on the current one (a read thread and a second read
         buffer per worker; README, "Read-ahead inside every worker"); a
         batch delivered as stored has nothing to overlap and is read by its
-        worker. False: a worker reads a batch when it starts it (less
-        memory: one read buffer and one slot per worker).
+        worker. With ``num_workers='auto'`` (host mode) the controller
+        switches it off while no read blocks (the page cache) and back on
+        when reads block; ``stats()["read_ahead_on"]`` says which. False: a
+        worker reads a batch when it starts it (less memory: one read
+        buffer and one slot per worker).
     align : 'names' or 'none'
         'names' (default): when every field has the same number of files,
         the i-th files of all fields must carry the same number as the last

@@ -912,7 +912,8 @@ static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *args, PyObject *
                 {"memory_bytes", s.memory_bytes},
                 {"auto_decisions", s.auto_decisions},
                 {"parked_slots", s.parked_slots},
-                {"slot_wait_ns", s.slot_wait_ns}};
+                {"slot_wait_ns", s.slot_wait_ns},
+                {"read_ahead_on", s.read_ahead_on}};
     for (size_t i = 0; d && i < sizeof more / sizeof more[0]; i++) {
         PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)more[i].v);
         if (!v || PyDict_SetItemString(d, more[i].name, v) < 0)
@@ -939,7 +940,8 @@ static PyObject *loader_stats(NpyloadPy_Loader *self, PyObject *args, PyObject *
 
 /* auto_history(since=0) -> (total, [(t_ns, batch, workers, slots,
  * prev_workers, prev_slots, reason name, wait_share, samples_per_s,
- * worker_busy, read_blocked, slot_wait), ...]): the controller's decisions numbered
+ * worker_busy, read_blocked, slot_wait, read_ahead, prev_read_ahead), ...]): the
+ * controller's decisions numbered
  * `since` and later that the library still keeps (the last 32). Shared,
  * as stats(). */
 static PyObject *loader_auto_history(NpyloadPy_Loader *self, PyObject *args)
@@ -960,12 +962,12 @@ static PyObject *loader_auto_history(NpyloadPy_Loader *self, PyObject *args)
     PyObject *list = PyList_New(0);
     for (int i = 0; list && i < n; i++) {
         const npyload_auto_event *e = &ev[i];
-        PyObject *t = Py_BuildValue("(KKIIIIsddddd)", (unsigned long long)e->t_ns,
+        PyObject *t = Py_BuildValue("(KKIIIIsdddddii)", (unsigned long long)e->t_ns,
                                     (unsigned long long)e->batch, e->workers, e->slots,
                                     e->prev_workers, e->prev_slots,
                                     npyload_auto_reason_name(e->reason), e->wait_share,
                                     e->samples_per_s, e->worker_busy, e->read_blocked,
-                                    e->slot_wait);
+                                    e->slot_wait, (int)e->read_ahead, (int)e->prev_read_ahead);
         if (!t || PyList_Append(list, t) < 0)
             Py_CLEAR(list);
         Py_XDECREF(t);

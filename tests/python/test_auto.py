@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -222,3 +223,73 @@ def test_read_ahead_workers_start_with_two_slots_each(files):
         st = ld.stats()
         assert 0 <= st["slot_wait_ns"] <= st["num_workers"] * st["elapsed_ns"] + 1
         ld.close()
+
+
+def test_forced_read_ahead_switching_keeps_bytes_and_order(files):
+    """Issue 37 item 5: the controller switching read-ahead off and on
+    every few batches (AUTO_FORCE flips it with the counts) delivers
+    numpy's bytes in the order of a fixed loader with read-ahead, for
+    host transforms (read-ahead on at start) over three epochs; stats()
+    and the history say the state."""
+    fields, x, y = files
+    tf = {"x": npyload.Transform(dtype="float16", scale=0.5)}
+    fixed = npyload.Loader(fields, batch_size=16, shuffle=True, seed=3, num_workers=2,
+                           prefetch=6, transforms=tf)
+    auto = npyload.Loader(fields, batch_size=16, shuffle=True, seed=3, transforms=tf)
+    _forced(auto, 2)
+    states = set()
+    for epoch in range(3):
+        want, got = [], []
+        for ld, out in ((fixed, want), (auto, got)):
+            ld.set_epoch(epoch)
+            for b in ld:
+                idx = np.asarray(b.indices)
+                xb, yb = np.asarray(b["x"]), np.asarray(b["y"])
+                assert np.array_equal(xb, (x[idx] * 0.5).astype(np.float16))
+                assert np.array_equal(yb, y[idx])
+                out.append(idx.tolist())
+                if ld is auto:
+                    states.add(ld.stats()["read_ahead_on"])
+        assert got == want, f"epoch {epoch}: the order differs"
+    hist = auto.auto_history()
+    assert hist[0]["read_ahead"] is True
+    assert any(h["read_ahead"] != h["prev_read_ahead"] for h in hist), hist
+    assert states == {0, 1}, states
+    assert fixed.stats()["read_ahead_on"] == 1
+    auto.close()
+    fixed.close()
+
+
+def test_read_ahead_goes_off_in_the_page_cache(files):
+    """Issue 37 item 5, the rule on a real loader: host transforms read
+    from the page cache (the files were just written) never block in
+    their reads, so the controller switches read-ahead off (reason
+    "read-ahead-off", in the history and the INFO log) and the batches
+    stay numpy's. The consumer sleeps 5 ms a batch so that windows
+    close. Plain rows (no read-ahead at start) and an explicit
+    read_ahead=False never switch, and report read-ahead off."""
+    fields, x, _ = files
+    tf = {"x": npyload.Transform(dtype="float16")}
+    ld = npyload.Loader(fields, batch_size=8, shuffle=True, seed=1, transforms=tf)
+    _two_cores(ld)
+    off = None
+    for epoch in range(4):
+        ld.set_epoch(epoch)
+        for b in ld:
+            idx = np.asarray(b.indices)
+            assert np.array_equal(np.asarray(b["x"]), x[idx].astype(np.float16))
+            time.sleep(0.005)
+        off = next((h for h in ld.auto_history() if h["reason"] == "read-ahead-off"), None)
+        if off is not None:
+            break
+    assert off is not None, ld.auto_history()
+    assert off["prev_read_ahead"] is True and off["read_ahead"] is False
+    assert off["read_blocked"] < 0.01
+    ld.close()
+    for kw in ({}, {"transforms": tf, "read_ahead": False}):
+        other = npyload.Loader(fields, batch_size=8, **kw)
+        for _ in other:
+            pass
+        assert other.stats()["read_ahead_on"] == 0
+        assert all(not h["read_ahead"] for h in other.auto_history())
+        other.close()

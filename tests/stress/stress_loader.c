@@ -30,9 +30,11 @@ static int failures, passes;
 #define CHECK(cond, ...) TU_STRESS_CHECK(failures, cond, __VA_ARGS__)
 
 /* Second pass (issue 37): every threaded loader is an auto loader whose
- * controller changes workers and slots after every batch (AUTO_FORCE 1)
- * while the scenarios below run: next, set_epoch, set_state, save and
- * restore, stats, destroy with batches held, a mixture's set_weights. */
+ * controller changes workers and slots after every batch (AUTO_FORCE 1),
+ * and switches read-ahead off and on where the workers read ahead (the
+ * default READ_AHEAD with transforms: transforms_under_load), while the
+ * scenarios below run: next, set_epoch, set_state, save and restore,
+ * stats, destroy with batches held, a mixture's set_weights. */
 static int forced_auto;
 
 static int set_counts(npyload_loader *L, int64_t workers, int64_t prefetch)
@@ -227,6 +229,15 @@ static void transforms_under_load(int backend, int workers)
             npyload_batch_release(b);
             k++;
         }
+    }
+    if (forced_auto && workers != NPYLOAD_WORKERS_SYNC && read_ahead == 0) {
+        /* The default read-ahead of transforms: the forced controller
+         * switched it while the bytes above were checked. */
+        npyload_auto_event ev[32];
+        int n = npyload_loader_auto_history(L, ev, 32, sizeof *ev, NULL), flips = 0;
+        for (int i = 0; i < n; i++)
+            flips += ev[i].read_ahead != ev[i].prev_read_ahead;
+        CHECK(flips > 0, "the forced controller never switched read-ahead");
     }
     npyload_loader_destroy(L);
     passes++;
