@@ -92,18 +92,21 @@ def _evict(paths: list[str]) -> None:
             os.close(fd)
 
 
+def _transforms() -> dict[str, Any]:
+    """The transforms regime's host transforms (normalise + hflip + float16
+    + channels-last on the images)."""
+    return {"images": npyload.Transform(dtype="float16", scale=1.0, mean=[0.5, 0.0],
+                                        std=[0.25, 1.0], hflip=0.5, channels_last=True)}
+
+
 def _run(fields: dict[str, str], cfg: Config, epochs: int, *, sleep: float = 0.0,
          transforms: bool = False, evict: list[str] | None = None,
          evict_every: bool = False, sync: Any = None) -> dict[str, Any]:
     """One run of `epochs` epochs. evict: these files leave the page cache
     before the first epoch (evict_every: before every epoch). sync: a
     torch.distributed all_reduce per batch (ranks2)."""
-    tf = None
-    if transforms:
-        tf = {"images": npyload.Transform(dtype="float16", scale=1.0, mean=[0.5, 0.0],
-                                          std=[0.25, 1.0], hflip=0.5, channels_last=True)}
     ld = npyload.Loader(fields, batch_size=128, shuffle=True, seed=0, num_workers=cfg[0],
-                        prefetch=cfg[1], transforms=tf)
+                        prefetch=cfg[1], transforms=_transforms() if transforms else None)
     n = 0
     per_epoch = []
     t0 = time.perf_counter()

@@ -42,12 +42,8 @@ import bench_auto as ba  # noqa: E402
 def _one(fields: Any, on: bool, workers: int, prefetch: int, epochs: int, *,
          batch: int = 128, transforms: bool = False,
          evict: list[str] | None = None) -> dict[str, float]:
-    tf = None
-    if transforms:
-        tf = {"images": npyload.Transform(dtype="float16", scale=1.0, mean=[0.5, 0.0],
-                                          std=[0.25, 1.0], hflip=0.5, channels_last=True)}
     ld = npyload.Loader(fields, batch_size=batch, shuffle=True, seed=0, num_workers=workers,
-                        prefetch=prefetch, transforms=tf)
+                        prefetch=prefetch, transforms=ba._transforms() if transforms else None)
     # READ_AHEAD 1 forces it on (the Python option only turns it off).
     ld._c.set(npyload._npyload.OPT_READ_AHEAD, 1 if on else -1)
     n = 0
